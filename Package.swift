@@ -1,0 +1,87 @@
+// swift-tools-version: 6.1
+import PackageDescription
+
+let package = Package(
+    name: "order-ledger",
+    platforms: [.macOS(.v14)],
+    products: [
+        .executable(name: "ledger", targets: ["ledger"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1"),
+        .package(url: "https://github.com/vapor/postgres-nio.git", from: "1.33.2"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-crypto.git", "3.12.3"..<"5.0.0"),
+        .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
+        .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
+        .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
+    ],
+    targets: [
+        /// Pure domain: events, stream ids, expected versions. No I/O.
+        .target(name: "LedgerCore"),
+        /// The numbered SQL migrations of `sql/`, embedded in the binary.
+        .target(
+            name: "LedgerSchema",
+            path: "sql",
+            exclude: ["README.md"],
+            resources: [.embedInCode("migrations")]
+        ),
+        /// PostgreSQL: event store, migrations, the private cluster.
+        .target(
+            name: "LedgerStore",
+            dependencies: [
+                "LedgerCore", "LedgerSchema",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            ]
+        ),
+        /// The Hummingbird application: routes, configuration, service group.
+        .target(
+            name: "LedgerServer",
+            dependencies: [
+                "LedgerCore", "LedgerStore",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]
+        ),
+        .executableTarget(
+            name: "ledger",
+            dependencies: [
+                "LedgerCore", "LedgerStore", "LedgerServer",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+            ]
+        ),
+        /// Shared test support: the test PostgreSQL and per-suite databases.
+        .target(
+            name: "LedgerTestSupport",
+            dependencies: ["LedgerStore", .product(name: "PostgresNIO", package: "postgres-nio")],
+            path: "Tests/LedgerTestSupport"
+        ),
+        .testTarget(name: "LedgerCoreTests", dependencies: ["LedgerCore"]),
+        .testTarget(
+            name: "LedgerStoreTests",
+            dependencies: ["LedgerStore", "LedgerTestSupport", .product(name: "PostgresNIO", package: "postgres-nio")]
+        ),
+        .testTarget(
+            name: "LedgerServerTests",
+            dependencies: [
+                "LedgerServer", "LedgerTestSupport",
+                .product(name: "HummingbirdTesting", package: "hummingbird"),
+            ]
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

@@ -1,0 +1,34 @@
+import Hummingbird
+import LedgerStore
+import Logging
+import PostgresNIO
+import ServiceLifecycle
+
+/// Builds the router of every ledger route.
+public func buildRouter(database: Database, migrator: Migrator) -> Router<LedgerRequestContext> {
+    let router = Router(context: LedgerRequestContext.self)
+    router.add(middleware: RequestIDMiddleware())
+    HealthController(database: database, migrator: migrator).addRoutes(to: router)
+    return router
+}
+
+/// Builds the HTTP application: the PostgreSQL client runs as a service, migrations run before
+/// the server accepts connections.
+public func buildApplication(
+    configuration: LedgerConfiguration, client: PostgresClient, logger: Logger, migrate: Bool = true
+) -> some ApplicationProtocol {
+    let database = Database(client: client, logger: logger)
+    let migrator = Migrator(logger: logger)
+    var application = Application(
+        router: buildRouter(database: database, migrator: migrator),
+        configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "order-ledger"),
+        services: [client],
+        logger: logger
+    )
+    if migrate {
+        application.beforeServerStarts {
+            try await migrator.migrate(client)
+        }
+    }
+    return application
+}

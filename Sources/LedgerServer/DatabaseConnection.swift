@@ -1,0 +1,29 @@
+import LedgerStore
+import Logging
+import PostgresNIO
+
+/// The database the ledger runs on, opened from the configuration: a configured server, or the
+/// private cluster started (or reused) for this process.
+public struct OpenedDatabase: Sendable {
+    public let clientConfiguration: PostgresClient.Configuration
+    /// Set when the private cluster is in use.
+    public let privateCluster: RunningPrivateCluster?
+
+    /// Opens the configured database, starting the private cluster when no URL is given.
+    public static func open(_ source: LedgerConfiguration.DatabaseSource, durable: Bool = true, logger: Logger) async throws -> OpenedDatabase {
+        switch source {
+        case .url(let url):
+            logger.info("using the configured database", metadata: ["db.url": "\(url)"])
+            return OpenedDatabase(clientConfiguration: url.clientConfiguration, privateCluster: nil)
+        case .privateCluster(let directory):
+            let cluster = PrivateCluster(directory: directory, durable: durable)
+            let running = try await cluster.start(logger: logger)
+            return OpenedDatabase(clientConfiguration: cluster.clientConfiguration(), privateCluster: running)
+        }
+    }
+
+    /// Stops the private cluster if this process owns it.
+    public func close(logger: Logger) throws {
+        try privateCluster?.stop(logger: logger)
+    }
+}

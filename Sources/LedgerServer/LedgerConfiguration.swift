@@ -1,0 +1,127 @@
+import Foundation
+import LedgerStore
+import Logging
+
+/// Every setting of the ledger, read in one place from the environment (and flags, which use
+/// the same names) and validated at start with a message naming every bad or missing setting.
+public struct LedgerConfiguration: Sendable {
+    /// Where the events live: a configured server, or the ledger's own private cluster.
+    public enum DatabaseSource: Sendable, Equatable {
+        case url(DatabaseURL)
+        case privateCluster(dataDirectory: String)
+    }
+
+    /// Apple verification settings (used by the receipts and notifications routes).
+    public struct Apple: Sendable, Equatable {
+        public var rootCertificateFiles: [String] = []
+        public var bundleID: String?
+        public var appID: Int64?
+        public var environment: String = "Production"
+        public var verifyReceiptURL = "https://buy.itunes.apple.com/verifyReceipt"
+        public var verifyReceiptSandboxURL = "https://sandbox.itunes.apple.com/verifyReceipt"
+        public var sharedSecret: String?
+    }
+
+    /// The names of every setting, as environment variables.
+    public enum Key {
+        public static let databaseURL = "LEDGER_DATABASE_URL"
+        public static let dataDirectory = "LEDGER_DATA_DIR"
+        public static let host = "LEDGER_HOST"
+        public static let port = "LEDGER_PORT"
+        public static let logLevel = "LEDGER_LOG_LEVEL"
+        public static let appleRootCertificates = "LEDGER_APPLE_ROOT_CERTS"
+        public static let appleBundleID = "LEDGER_APPLE_BUNDLE_ID"
+        public static let appleAppID = "LEDGER_APPLE_APP_ID"
+        public static let appleEnvironment = "LEDGER_APPLE_ENVIRONMENT"
+        public static let verifyReceiptURL = "LEDGER_APPLE_VERIFY_RECEIPT_URL"
+        public static let verifyReceiptSandboxURL = "LEDGER_APPLE_VERIFY_RECEIPT_SANDBOX_URL"
+        public static let appleSharedSecret = "LEDGER_APPLE_SHARED_SECRET"
+
+        public static let all = [
+            databaseURL, dataDirectory, host, port, logLevel, appleRootCertificates, appleBundleID, appleAppID,
+            appleEnvironment, verifyReceiptURL, verifyReceiptSandboxURL, appleSharedSecret,
+        ]
+    }
+
+    public var database: DatabaseSource = .privateCluster(dataDirectory: "./.ledger")
+    public var host = "127.0.0.1"
+    public var port = 8080
+    public var logLevel: Logger.Level = .info
+    public var apple = Apple()
+
+    public init() {}
+
+    /// Reads the settings from `values` (environment names as keys); empty values count as unset.
+    public static func load(_ values: [String: String]) throws(LedgerConfigurationError) -> LedgerConfiguration {
+        let values = values.filter { !$0.value.isEmpty }
+        var configuration = LedgerConfiguration()
+        var problems: [LedgerConfigurationProblem] = []
+
+        if let url = values[Key.databaseURL] {
+            do { configuration.database = .url(try DatabaseURL(url)) } catch { problems.append(error) }
+        } else if let directory = values[Key.dataDirectory] {
+            configuration.database = .privateCluster(dataDirectory: directory)
+        }
+        if let host = values[Key.host] { configuration.host = host }
+        if let text = values[Key.port] {
+            if let port = Int(text), (0...65535).contains(port) {
+                configuration.port = port
+            } else {
+                problems.append(.init(Key.port, "is \(text), not a port number (0 to 65535)"))
+            }
+        }
+        if let text = values[Key.logLevel] {
+            if let level = Logger.Level(rawValue: text.lowercased()) {
+                configuration.logLevel = level
+            } else {
+                problems.append(.init(Key.logLevel, "is \(text); use trace, debug, info, notice, warning, error or critical"))
+            }
+        }
+        problems += configuration.apple.load(values)
+        guard problems.isEmpty else { throw LedgerConfigurationError(problems: problems) }
+        return configuration
+    }
+}
+
+extension LedgerConfiguration.Apple {
+    mutating func load(_ values: [String: String]) -> [LedgerConfigurationProblem] {
+        typealias Key = LedgerConfiguration.Key
+        var problems: [LedgerConfigurationProblem] = []
+        if let files = values[Key.appleRootCertificates] {
+            rootCertificateFiles = files.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+            for file in rootCertificateFiles where !FileManager.default.isReadableFile(atPath: file) {
+                problems.append(.init(Key.appleRootCertificates, "names \(file), which is missing or unreadable"))
+            }
+        }
+        bundleID = values[Key.appleBundleID]
+        if let text = values[Key.appleAppID] {
+            if let id = Int64(text), id > 0 { appID = id } else { problems.append(.init(Key.appleAppID, "is \(text), not a numeric app id")) }
+        }
+        if let text = values[Key.appleEnvironment] {
+            if let known = ["Production", "Sandbox"].first(where: { $0.lowercased() == text.lowercased() }) {
+                environment = known
+            } else {
+                problems.append(.init(Key.appleEnvironment, "is \(text); use Production or Sandbox"))
+            }
+        }
+        for (key, assign) in [(Key.verifyReceiptURL, \Self.verifyReceiptURL), (Key.verifyReceiptSandboxURL, \Self.verifyReceiptSandboxURL)] {
+            guard let text = values[key] else { continue }
+            if let url = URL(string: text), ["http", "https"].contains(url.scheme ?? ""), url.host != nil {
+                self[keyPath: assign] = text
+            } else {
+                problems.append(.init(key, "is \(text), not an http(s) URL"))
+            }
+        }
+        sharedSecret = values[Key.appleSharedSecret]
+        return problems
+    }
+}
+
+/// Every problem found in the configuration, one per line.
+public struct LedgerConfigurationError: Error, Sendable, CustomStringConvertible {
+    public let problems: [LedgerConfigurationProblem]
+
+    public var description: String {
+        "invalid configuration: " + problems.map(\.description).joined(separator: "; ")
+    }
+}

@@ -1,0 +1,83 @@
+import HTTPTypes
+import Hummingbird
+import Logging
+import PostgresNIO
+
+/// Gives every request an id (the caller's `X-Request-Id` when usable), puts it in the logger's
+/// metadata and the response headers, and turns every error into the JSON error shape: unexpected
+/// errors are logged at error level with the request id instead of becoming an empty 500.
+struct RequestIDMiddleware: RouterMiddleware {
+    typealias Context = LedgerRequestContext
+
+    static let header = HTTPField.Name("X-Request-Id")!
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        var context = context
+        let requestID = Self.usableID(request.headers[Self.header]) ?? context.id
+        context.requestID = requestID
+        context.logger[metadataKey: "request.id"] = .string(requestID)
+        var response: Response
+        do {
+            response = try await next(request, context)
+        } catch {
+            response = Self.errorResponse(error, request: request, context: context)
+        }
+        response.headers[Self.header] = requestID
+        return response
+    }
+
+    /// A caller's id is used when it is short printable ASCII; anything else is replaced.
+    static func usableID(_ value: String?) -> String? {
+        guard let value, !value.isEmpty, value.utf8.count <= 128,
+              value.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F }) else { return nil }
+        return value
+    }
+
+    static func errorResponse(_ error: any Error, request: Request, context: Context) -> Response {
+        switch error {
+        case let error as APIError:
+            return error.response(requestID: context.requestID)
+        case let error as HTTPError:
+            let message = error.body ?? error.status.reasonPhrase
+            return APIError(error.status, code: code(for: error.status), message: message, headers: error.headers)
+                .response(requestID: context.requestID)
+        case let error as any HTTPResponseError:
+            return APIError(error.status, code: code(for: error.status), message: error.status.reasonPhrase)
+                .response(requestID: context.requestID)
+        case let error as PSQLError where error.isConnectionFailure:
+            context.logger.warning("database unavailable", metadata: ["error": "\(String(reflecting: error))"])
+            return APIError(.serviceUnavailable, code: "database-unavailable", message: "the database is unavailable; retry later",
+                            headers: [.retryAfter: "5"]).response(requestID: context.requestID)
+        default:
+            context.logger.error("unexpected error", metadata: [
+                "error": "\(String(reflecting: error))", "http.method": "\(request.method)", "http.path": "\(request.uri.path)",
+            ])
+            return APIError(.internalServerError, code: "internal",
+                            message: "internal error; the server log has the details under request id \(context.requestID)")
+                .response(requestID: context.requestID)
+        }
+    }
+
+    static func code(for status: HTTPResponse.Status) -> String {
+        switch status.code {
+        case 400: "bad-request"
+        case 401: "unauthorized"
+        case 403: "forbidden"
+        case 404: "not-found"
+        case 405: "method-not-allowed"
+        case 409: "conflict"
+        case 413: "body-too-large"
+        case 415: "unsupported-media-type"
+        case 503: "unavailable"
+        default: status.reasonPhrase.lowercased().replacingOccurrences(of: " ", with: "-")
+        }
+    }
+}
+
+extension PSQLError {
+    /// True when the database could not be reached, as opposed to refusing a statement.
+    var isConnectionFailure: Bool {
+        [.connectionError, .serverClosedConnection, .clientClosedConnection, .poolClosed, .uncleanShutdown].contains(code)
+            || (serverInfo?[.sqlState]).map { $0.hasPrefix("08") || $0 == "57P01" || $0 == "57P03" } ?? false
+    }
+}

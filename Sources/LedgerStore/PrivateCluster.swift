@@ -1,0 +1,238 @@
+import Foundation
+import Logging
+import PostgresNIO
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A PostgreSQL cluster of the ledger's own under a data directory, used when no database URL is
+/// configured: created on first use, started on a Unix socket inside the directory (no TCP),
+/// reused on the next start, and stopped by the process that owns it.
+///
+/// Ownership: the first process to start the cluster holds `owner.lock` (a `flock`, released by
+/// the kernel if the process dies) and stops the cluster when it stops. Other processes that find
+/// the cluster owned just connect. A cluster left running by a crashed owner is adopted.
+public struct PrivateCluster: Sendable {
+    /// Socket name suffix; no TCP port is opened.
+    public static let port = 5432
+    public static let user = "ledger"
+    public static let database = "ledger"
+
+    public let directory: URL
+    /// False for test clusters: fsync and synchronous commit off, faster and not crash-safe.
+    public let durable: Bool
+
+    public init(directory: String, durable: Bool = true) {
+        let url = URL(fileURLWithPath: directory, relativeTo: URL(fileURLWithPath: FileManager.default.currentDirectoryPath))
+        self.directory = url.standardizedFileURL
+        self.durable = durable
+    }
+
+    public var dataPath: String { directory.appendingPathComponent("pgdata").path }
+    public var socketDirectory: String { directory.appendingPathComponent("run").path }
+    public var socketPath: String { socketDirectory + "/.s.PGSQL.\(Self.port)" }
+    public var logPath: String { directory.appendingPathComponent("postgresql.log").path }
+
+    /// The command that opens a shell on the cluster's ledger database.
+    public func psqlCommand(database: String = PrivateCluster.database) -> String {
+        "psql -h '\(socketDirectory)' -p \(Self.port) -U \(Self.user) \(database)"
+    }
+
+    /// How postgres-nio reaches the cluster.
+    public func clientConfiguration(database: String = PrivateCluster.database) -> PostgresClient.Configuration {
+        PostgresClient.Configuration(unixSocketPath: socketPath, username: Self.user, password: nil, database: database)
+    }
+
+    /// Initialises (first time), starts or adopts the cluster, and makes sure the ledger database exists.
+    public func start(logger: Logger) async throws -> RunningPrivateCluster {
+        guard socketPath.utf8.count < 108 else {
+            throw PrivateClusterError("the data directory \(directory.path) is too long for a Unix socket path; set LEDGER_DATA_DIR to a shorter one")
+        }
+        let binaries = try PostgresBinaries.locate()
+        let account = try SystemAccount.forPostgres()
+        try prepareDirectory(account: account)
+
+        let startLock = try FileLock(path: directory.appendingPathComponent("start.lock").path)
+        try startLock.lock(wait: true)
+        defer { startLock.unlock() }
+        let ownerLock = try FileLock(path: directory.appendingPathComponent("owner.lock").path)
+        let owns = try ownerLock.lock(wait: false)
+        let runner = ProcessRunner(user: account.runAs, workingDirectory: directory)
+
+        if owns {
+            try initialiseIfNeeded(binaries: binaries, runner: runner, account: account, logger: logger)
+            try writeSettings(account: account)
+            if let pid = runningServerPID() {
+                logger.info("adopting the private PostgreSQL left running", metadata: ["pg.pid": "\(pid)"])
+            } else {
+                removeStaleLockFiles(logger: logger)
+                let outcome = try runner.run(binaries.pgCtl, ["-D", dataPath, "-l", logPath, "-w", "-t", "60", "start"])
+                guard outcome.status == 0 else {
+                    throw PrivateClusterError("pg_ctl start failed (\(outcome.status)): \(outcome.output); see \(logPath)")
+                }
+            }
+        } else {
+            ownerLock.close()
+            guard runningServerPID() != nil else {
+                throw PrivateClusterError("another ledger process owns \(directory.path) but its PostgreSQL is not running")
+            }
+        }
+        let running = RunningPrivateCluster(cluster: self, binaries: binaries, runner: runner, ownerLock: owns ? ownerLock : nil)
+        do {
+            try await waitUntilReady(logger: logger)
+            try await ensureDatabase(Self.database, logger: logger)
+        } catch {
+            try? running.stop(logger: logger)
+            throw error
+        }
+        logger.info(
+            "private PostgreSQL ready",
+            metadata: ["pg.data": "\(dataPath)", "pg.log": "\(logPath)", "pg.psql": "\(psqlCommand())"]
+        )
+        return running
+    }
+
+    private func prepareDirectory(account: SystemAccount) throws {
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        chmod(directory.path, 0o700)
+        try account.chown(directory.path)
+    }
+
+    private func initialiseIfNeeded(binaries: PostgresBinaries, runner: ProcessRunner, account: SystemAccount, logger: Logger) throws {
+        let fileManager = FileManager.default
+        if fileManager.fileExists(atPath: dataPath + "/PG_VERSION") { return }
+        // A half-made data directory (initdb interrupted) is of no use: start again.
+        if fileManager.fileExists(atPath: dataPath) { try fileManager.removeItem(atPath: dataPath) }
+        logger.info("creating the private PostgreSQL cluster", metadata: ["pg.data": "\(dataPath)"])
+        var arguments = ["-D", dataPath, "-U", Self.user, "--auth=trust", "-E", "UTF8", "--locale=C", "--no-instructions"]
+        if !durable { arguments.append("--no-sync") }
+        let outcome = try runner.run(binaries.initdb, arguments)
+        guard outcome.status == 0 else {
+            throw PrivateClusterError("initdb failed (\(outcome.status)): \(outcome.output)")
+        }
+        let configuration = dataPath + "/postgresql.conf"
+        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: configuration))
+        handle.seekToEndOfFile()
+        handle.write(Data("\n# Order Ledger's settings, rewritten at every start\ninclude 'ledger.conf'\n".utf8))
+        try handle.close()
+    }
+
+    private func writeSettings(account: SystemAccount) throws {
+        try FileManager.default.createDirectory(atPath: socketDirectory, withIntermediateDirectories: true)
+        chmod(socketDirectory, 0o700)
+        try account.chown(socketDirectory)
+        var settings = """
+            listen_addresses = ''
+            unix_socket_directories = '\(socketDirectory.replacingOccurrences(of: "'", with: "''"))'
+            unix_socket_permissions = 0700
+            port = \(Self.port)
+            max_connections = 300
+            shared_buffers = 256MB
+            max_locks_per_transaction = 256
+
+            """
+        if !durable {
+            settings += "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
+        }
+        let path = dataPath + "/ledger.conf"
+        try settings.write(toFile: path, atomically: true, encoding: .utf8)
+        try account.chown(path)
+    }
+
+    /// The postmaster's pid when a live PostgreSQL process holds this data directory.
+    func runningServerPID() -> Int32? {
+        guard let text = try? String(contentsOfFile: dataPath + "/postmaster.pid", encoding: .utf8),
+              let firstLine = text.split(separator: "\n").first,
+              let pid = Int32(firstLine.trimmingCharacters(in: .whitespaces)), pid > 0
+        else { return nil }
+        guard kill(pid, 0) == 0 || errno == EPERM else { return nil }
+        // The pid may have been reused by an unrelated process after a crash.
+        let command = (try? String(contentsOfFile: "/proc/\(pid)/comm", encoding: .utf8))?
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        return command == "postgres" || command == "postmaster" ? pid : nil
+    }
+
+    /// Removes lock files of a PostgreSQL that is no longer running: PostgreSQL refuses to start
+    /// over them when their pid now belongs to another live process.
+    private func removeStaleLockFiles(logger: Logger) {
+        let stale = [dataPath + "/postmaster.pid", socketPath + ".lock", socketPath]
+        for path in stale where FileManager.default.fileExists(atPath: path) {
+            try? FileManager.default.removeItem(atPath: path)
+            logger.info("removed a stale file of a stopped PostgreSQL", metadata: ["file": "\(path)"])
+        }
+    }
+
+    private func waitUntilReady(logger: Logger) async throws {
+        var lastError: (any Error)?
+        for _ in 0..<120 {
+            do {
+                let connection = try await PostgresConnection.connect(
+                    configuration: .init(unixSocketPath: socketPath, username: Self.user, password: nil, database: "postgres"),
+                    id: 1, logger: logger)
+                try await connection.close()
+                return
+            } catch {
+                lastError = error
+                try await Task.sleep(for: .milliseconds(250))
+            }
+        }
+        throw PrivateClusterError("PostgreSQL did not accept connections within 30 s: \(String(describing: lastError)); see \(logPath)")
+    }
+
+    /// Creates `name` unless it exists.
+    public func ensureDatabase(_ name: String, template: String? = nil, logger: Logger) async throws {
+        let connection = try await PostgresConnection.connect(
+            configuration: .init(unixSocketPath: socketPath, username: Self.user, password: nil, database: "postgres"),
+            id: 1, logger: logger)
+        defer { Task { try? await connection.close() } }
+        let rows = try await connection.query("SELECT count(*) FROM pg_database WHERE datname = \(name)", logger: logger)
+        for try await count in rows.decode(Int.self) where count > 0 { return }
+        do {
+            let templateClause = template.map { " TEMPLATE \(Self.quoteIdentifier($0))" } ?? ""
+            try await connection.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(Self.quoteIdentifier(name))\(templateClause)"), logger: logger)
+        } catch let error as PSQLError where error.sqlState == "42P04" {
+            // Created meanwhile by another process.
+        }
+    }
+
+    static func quoteIdentifier(_ name: String) -> String {
+        "\"" + name.replacingOccurrences(of: "\"", with: "\"\"") + "\""
+    }
+}
+
+/// A started (or adopted, or shared) private cluster; `stop` shuts it down when this process owns it.
+public final class RunningPrivateCluster: Sendable {
+    public let cluster: PrivateCluster
+    let binaries: PostgresBinaries
+    let runner: ProcessRunner
+    let ownerLock: FileLock?
+
+    init(cluster: PrivateCluster, binaries: PostgresBinaries, runner: ProcessRunner, ownerLock: FileLock?) {
+        self.cluster = cluster
+        self.binaries = binaries
+        self.runner = runner
+        self.ownerLock = ownerLock
+    }
+
+    /// True when this process owns the cluster and will stop it.
+    public var isOwner: Bool { ownerLock != nil }
+
+    /// Stops the cluster if this process owns it; otherwise leaves it to its owner.
+    public func stop(logger: Logger) throws {
+        guard let ownerLock else { return }
+        defer { ownerLock.close() }
+        guard cluster.runningServerPID() != nil else { return }
+        let outcome = try runner.run(binaries.pgCtl, ["-D", cluster.dataPath, "-m", "fast", "-w", "-t", "60", "stop"])
+        guard outcome.status == 0 else {
+            throw PrivateClusterError("pg_ctl stop failed (\(outcome.status)): \(outcome.output)")
+        }
+        logger.info("private PostgreSQL stopped", metadata: ["pg.data": "\(cluster.dataPath)"])
+    }
+}
+
+/// A private cluster that could not be created, started or stopped, with the reason.
+public struct PrivateClusterError: Error, Sendable, CustomStringConvertible {
+    public let description: String
+    init(_ description: String) { self.description = description }
+}

@@ -1,0 +1,64 @@
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Runs a command to completion, as another system user when asked, and captures its output.
+///
+/// Uses posix_spawn and waitpid directly: pg_ctl leaves a daemon behind, and the child must not
+/// pass it any descriptor of ours (Foundation's Process then never notices pg_ctl's exit).
+struct ProcessRunner: Sendable {
+    /// The result of one run: exit status and combined output.
+    struct Outcome {
+        let status: Int32
+        let output: String
+    }
+
+    /// The system user to run PostgreSQL's programs as, or nil to run them as ourselves.
+    let user: String?
+    /// Where the child runs and where its output is collected.
+    let workingDirectory: URL
+
+    func run(_ executable: String, _ arguments: [String]) throws -> Outcome {
+        let argv = user.map { [Self.runuser, "-u", $0, "--", executable] } ?? [executable]
+        let outputPath = workingDirectory.appendingPathComponent("command-\(getpid())-\(UUID().uuidString).out").path
+        defer { unlink(outputPath) }
+
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, outputPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        posix_spawn_file_actions_adddup2(&actions, 1, 2)
+        _ = Self.addCloseFrom?(&actions, 3)
+        _ = Self.addChdir?(&actions, workingDirectory.path)
+
+        let cArguments = (argv + arguments).map { strdup($0) } + [nil]
+        defer { cArguments.forEach { free($0) } }
+        var pid: pid_t = 0
+        let spawned = posix_spawn(&pid, argv[0], &actions, nil, cArguments, environ)
+        guard spawned == 0 else {
+            throw PrivateClusterError("cannot run \(argv[0]): \(String(cString: strerror(spawned)))")
+        }
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) < 0 {
+            guard errno == EINTR else { throw PrivateClusterError("waiting for \(executable): \(String(cString: strerror(errno)))") }
+        }
+        let text = (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? ""
+        // WIFEXITED / WEXITSTATUS are macros Swift cannot import.
+        let exitStatus = (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
+        return Outcome(status: exitStatus, output: text.trimmingCharacters(in: .whitespacesAndNewlines))
+    }
+
+    // glibc's *_np spawn actions are hidden from Swift's Glibc module by feature macros.
+    private typealias AddCloseFrom = @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32
+    private typealias AddChdir = @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, UnsafePointer<CChar>) -> Int32
+    private static let addCloseFrom = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "posix_spawn_file_actions_addclosefrom_np")
+        .map { unsafeBitCast($0, to: AddCloseFrom.self) }
+    private static let addChdir = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "posix_spawn_file_actions_addchdir_np")
+        .map { unsafeBitCast($0, to: AddChdir.self) }
+
+    static let runuser: String = ["/usr/sbin/runuser", "/sbin/runuser", "/usr/bin/runuser"]
+        .first { FileManager.default.isExecutableFile(atPath: $0) } ?? "/usr/sbin/runuser"
+}

@@ -1,0 +1,2 @@
+import ArgumentParser
+struct Bench: AsyncParsableCommand { func run() async throws {} }

@@ -1,0 +1,58 @@
+import ArgumentParser
+import Foundation
+import LedgerServer
+import Logging
+
+/// The settings of DESIGN.md as flags; each falls back to its environment variable.
+struct ConfigurationOptions: ParsableArguments {
+    @Option(help: "PostgreSQL URL (LEDGER_DATABASE_URL); unset: a private cluster under --data-dir")
+    var databaseURL: String?
+    @Option(help: "Private cluster directory (LEDGER_DATA_DIR, default ./.ledger)")
+    var dataDir: String?
+    @Option(help: "Listen address (LEDGER_HOST, default 127.0.0.1)")
+    var host: String?
+    @Option(help: "Listen port (LEDGER_PORT, default 8080)")
+    var port: String?
+    @Option(help: "trace, debug, info, notice, warning, error or critical (LEDGER_LOG_LEVEL, default info)")
+    var logLevel: String?
+    @Option(help: "Comma-separated Apple root certificate files, PEM or DER (LEDGER_APPLE_ROOT_CERTS)")
+    var appleRootCerts: String?
+    @Option(help: "The app's bundle id (LEDGER_APPLE_BUNDLE_ID)")
+    var appleBundleId: String?
+    @Option(help: "The app's Apple id, required in production (LEDGER_APPLE_APP_ID)")
+    var appleAppId: String?
+    @Option(help: "Production or Sandbox (LEDGER_APPLE_ENVIRONMENT)")
+    var appleEnvironment: String?
+    @Option(help: "verifyReceipt production URL (LEDGER_APPLE_VERIFY_RECEIPT_URL)")
+    var appleVerifyReceiptUrl: String?
+    @Option(help: "verifyReceipt sandbox URL (LEDGER_APPLE_VERIFY_RECEIPT_SANDBOX_URL)")
+    var appleVerifyReceiptSandboxUrl: String?
+    @Option(help: "App-specific shared secret for verifyReceipt (LEDGER_APPLE_SHARED_SECRET)")
+    var appleSharedSecret: String?
+
+    /// The environment with the flags given on the command line laid over it.
+    func values(environment: [String: String] = ProcessInfo.processInfo.environment) -> [String: String] {
+        typealias Key = LedgerConfiguration.Key
+        var values = environment.filter { Key.all.contains($0.key) }
+        let flags: [(String, String?)] = [
+            (Key.databaseURL, databaseURL), (Key.dataDirectory, dataDir), (Key.host, host), (Key.port, port),
+            (Key.logLevel, logLevel), (Key.appleRootCertificates, appleRootCerts), (Key.appleBundleID, appleBundleId),
+            (Key.appleAppID, appleAppId), (Key.appleEnvironment, appleEnvironment),
+            (Key.verifyReceiptURL, appleVerifyReceiptUrl), (Key.verifyReceiptSandboxURL, appleVerifyReceiptSandboxUrl),
+            (Key.appleSharedSecret, appleSharedSecret),
+        ]
+        for (key, value) in flags { if let value { values[key] = value } }
+        return values
+    }
+
+    /// The validated configuration, with logging set up at its level.
+    func load() throws -> LedgerConfiguration {
+        let configuration = try LedgerConfiguration.load(values())
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = configuration.logLevel
+            return handler
+        }
+        return configuration
+    }
+}

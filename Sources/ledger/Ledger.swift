@@ -1,0 +1,11 @@
+import ArgumentParser
+
+/// The `ledger` command: the service and its operations.
+@main
+struct Ledger: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "ledger",
+        abstract: "Order Ledger: an event-sourced ledger of Apple in-app purchase orders.",
+        subcommands: [Serve.self, Migrate.self, Bench.self]
+    )
+}

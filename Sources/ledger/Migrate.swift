@@ -1,0 +1,36 @@
+import ArgumentParser
+import LedgerServer
+import LedgerStore
+import Logging
+import PostgresNIO
+
+/// `ledger migrate`: apply pending migrations and exit.
+struct Migrate: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Apply the pending SQL migrations.")
+
+    @OptionGroup var options: ConfigurationOptions
+
+    func run() async throws {
+        let configuration = try options.load()
+        let logger = Logger(label: "ledger")
+        let database = try await OpenedDatabase.open(configuration.database, logger: logger)
+        defer { try? database.close(logger: logger) }
+        let applied = try await withPostgresClient(database.clientConfiguration, logger: logger) { client in
+            try await Migrator(logger: logger).migrate(client)
+        }
+        print(applied.isEmpty ? "migrations are current" : "applied: \(applied.joined(separator: ", "))")
+    }
+}
+
+/// Runs `body` with a running client, shutting the client down afterwards.
+func withPostgresClient<Result: Sendable>(
+    _ configuration: PostgresClient.Configuration, logger: Logger,
+    _ body: @Sendable (PostgresClient) async throws -> Result
+) async throws -> Result {
+    let client = PostgresClient(configuration: configuration, backgroundLogger: logger)
+    return try await withThrowingTaskGroup(of: Void.self) { group in
+        group.addTask { await client.run() }
+        defer { group.cancelAll() }
+        return try await body(client)
+    }
+}

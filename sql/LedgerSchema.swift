@@ -1,0 +1,15 @@
+/// The numbered migrations of `sql/migrations`, embedded in the binary in the order they apply.
+///
+/// SwiftPM embeds each file as a static property without a way to list them, so a new migration
+/// is added here too; `MigrationFilesTests` fails when this list and the folder disagree.
+public enum LedgerSchema {
+    /// One migration file: its name (which orders it) and its SQL text.
+    public struct Migration: Sendable {
+        public let name: String
+        public let sql: String
+    }
+
+    public static let migrations: [Migration] = [
+        Migration(name: "001_event_log.sql", sql: String(decoding: PackageResources._01_event_log_sql, as: UTF8.self)),
+    ]
+}
