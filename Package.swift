@@ -67,7 +67,7 @@ let package = Package(
         /// Shared test support: the test PostgreSQL and per-suite databases.
         .target(
             name: "LedgerTestSupport",
-            dependencies: ["LedgerStore", .product(name: "PostgresNIO", package: "postgres-nio")],
+            dependencies: ["LedgerCore", "LedgerStore", .product(name: "PostgresNIO", package: "postgres-nio")],
             path: "Tests/LedgerTestSupport"
         ),
         .testTarget(name: "LedgerCoreTests", dependencies: ["LedgerCore"]),

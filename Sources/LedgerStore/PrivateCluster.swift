@@ -141,7 +141,7 @@ public struct PrivateCluster: Sendable {
     }
 
     /// The postmaster's pid when a live PostgreSQL process holds this data directory.
-    func runningServerPID() -> Int32? {
+    public func runningServerPID() -> Int32? {
         guard let text = try? String(contentsOfFile: dataPath + "/postmaster.pid", encoding: .utf8),
               let firstLine = text.split(separator: "\n").first,
               let pid = Int32(firstLine.trimmingCharacters(in: .whitespaces)), pid > 0

@@ -1,0 +1,92 @@
+import Foundation
+import LedgerCore
+import LedgerStore
+import LedgerTestSupport
+import PostgresNIO
+import Testing
+
+@Suite("Event store: the gap-safe global feed")
+struct GapSafetyTests {
+    @Test("a transaction that took a lower position and commits late is not skipped by a reader")
+    func lateCommitIsNotSkipped() async throws {
+        try await withTestDatabase { db in
+            let slow = try await db.connect(id: 1)
+            let fast = try await db.connect(id: 2)
+            let start = try await db.store.readAll(after: 0).last?.position ?? 0
+
+            // The slow writer takes its position first and keeps its transaction open.
+            try await slow.query("BEGIN", logger: TestServer.logger)
+            let late = try await db.store.append([try event("created")], to: try uniqueStream(), on: slow)
+            // The fast writer appends afterwards and commits at once: a higher position, visible first.
+            let early = try await db.store.append([try event("created")], to: try uniqueStream(), on: fast)
+            #expect(late.positions[0] < early.positions[0])
+
+            // The scenario is real: a naive reader ordering by position would now see the higher one.
+            let naive = try await fast.query(
+                "SELECT global_position FROM events WHERE global_position > \(start) ORDER BY global_position",
+                logger: TestServer.logger)
+            var naivePositions: [Int64] = []
+            for try await position in naive.decode(Int64.self) { naivePositions.append(position) }
+            #expect(naivePositions == early.positions)
+
+            // The gap-safe reader does not pass the open transaction's position.
+            var cursor = start
+            var seen: [Int64] = []
+            let whileOpen = try await db.store.readAll(after: cursor)
+            #expect(!whileOpen.contains { $0.position >= late.positions[0] })
+            seen += whileOpen.map(\.position)
+            cursor = whileOpen.last?.position ?? cursor
+
+            try await slow.query("COMMIT", logger: TestServer.logger)
+
+            // Resuming after the last position it saw, the reader gets both events, lower first.
+            // (Other tests' open transactions in the same cluster may delay visibility a little.)
+            let deadline = ContinuousClock.now + .seconds(20)
+            while !seen.contains(early.positions[0]), ContinuousClock.now < deadline {
+                let page = try await db.store.readAll(after: cursor)
+                seen += page.map(\.position)
+                cursor = page.last?.position ?? cursor
+                if page.isEmpty { try await Task.sleep(for: .milliseconds(20)) }
+            }
+            #expect(seen == [late.positions[0], early.positions[0]])
+            try await slow.close()
+            try await fast.close()
+        }
+    }
+
+    @Test("a reader polling during concurrent appends sees every committed event exactly once")
+    func pollingReaderMissesNothing() async throws {
+        try await withTestDatabase { db in
+            let writers = 8, perWriter = 40
+            let appended = try await withThrowingTaskGroup(of: [Int64].self) { group in
+                for _ in 0..<writers {
+                    group.addTask {
+                        var positions: [Int64] = []
+                        for _ in 0..<perWriter {
+                            positions += try await db.store.append([try event()], to: try uniqueStream()).positions
+                        }
+                        return positions
+                    }
+                }
+                group.addTask {
+                    // The reader: follows the feed while the writers run, never re-reading.
+                    var cursor: Int64 = 0
+                    var seen: [Int64] = []
+                    let deadline = ContinuousClock.now + .seconds(60)
+                    while seen.count < writers * perWriter, ContinuousClock.now < deadline {
+                        let page = try await db.store.readAll(after: cursor, limit: 7)
+                        seen += page.map(\.position)
+                        cursor = page.last?.position ?? cursor
+                        if page.isEmpty { try await Task.sleep(for: .milliseconds(2)) }
+                    }
+                    return seen.map { -$0 }  // negated to tell the reader's list apart
+                }
+                return try await group.reduce(into: [[Int64]]()) { $0.append($1) }
+            }
+            let read = appended.first { $0.first.map { $0 < 0 } ?? false }.map { $0.map { -$0 } } ?? []
+            let written = appended.filter { $0.first.map { $0 > 0 } ?? false }.flatMap { $0 }
+            #expect(written.count == writers * perWriter)
+            #expect(read == written.sorted(), "the reader skipped or repeated events")
+        }
+    }
+}

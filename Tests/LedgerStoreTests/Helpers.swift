@@ -1,0 +1,12 @@
+import Foundation
+import LedgerCore
+
+/// An event with a JSON body given as text.
+func event(_ type: String = "created", _ json: String = #"{"n": 1}"#, id: EventID = EventID()) throws -> NewEvent {
+    try NewEvent(id: id, type: type, data: Data(json.utf8))
+}
+
+/// A stream id unique to one test.
+func uniqueStream(_ prefix: String = "order") throws -> StreamID {
+    try StreamID("\(prefix)-\(UUID().uuidString.prefix(8))")
+}

@@ -1,0 +1,112 @@
+import Foundation
+import LedgerSchema
+import LedgerStore
+import LedgerTestSupport
+import PostgresNIO
+import Testing
+
+@Suite("Migrations")
+struct MigrationTests {
+    let first = Migrator.Migration(name: "001_a.sql", sql: "CREATE TABLE a (id int); CREATE TABLE a2 (id int);")
+    let second = Migrator.Migration(name: "002_b.sql", sql: "CREATE TABLE b (id int)")
+
+    func appliedRows(_ db: TestDatabase) async throws -> [String] {
+        let rows = try await db.client.query("SELECT name FROM schema_migrations ORDER BY name", logger: TestServer.logger)
+        var names: [String] = []
+        for try await name in rows.decode(String.self) { names.append(name) }
+        return names
+    }
+
+    @Test("each file applies once, in order, with its checksum recorded")
+    func appliesOnce() async throws {
+        try await withTestDatabase(migrated: false) { db in
+            let migrator = Migrator(migrations: [second, first], logger: TestServer.logger)
+            let before = try await migrator.status(db.client)
+            #expect(before == .pending(["001_a.sql", "002_b.sql"]))
+            let applied = try await migrator.migrate(db.client)
+            #expect(applied == ["001_a.sql", "002_b.sql"])
+            let second = try await migrator.migrate(db.client)
+            #expect(second.isEmpty)
+            let after = try await migrator.status(db.client)
+            #expect(after == .current)
+            let rows = try await appliedRows(db)
+            #expect(rows == ["001_a.sql", "002_b.sql"])
+        }
+    }
+
+    @Test("a migration changed after it was applied is refused, and so is an unknown applied one")
+    func changedMigrationIsRefused() async throws {
+        try await withTestDatabase(migrated: false) { db in
+            try await Migrator(migrations: [first], logger: TestServer.logger).migrate(db.client)
+            let edited = Migrator.Migration(name: first.name, sql: first.sql + " -- edited")
+            let migrator = Migrator(migrations: [edited, second], logger: TestServer.logger)
+            await #expect(throws: MigrationError.self) { try await migrator.migrate(db.client) }
+            guard case .changed(let name, _, _) = try await migrator.status(db.client) else {
+                Issue.record("status should report the changed file")
+                return
+            }
+            #expect(name == first.name)
+            // Nothing after the refused check was applied.
+            let rows = try await appliedRows(db)
+            #expect(rows == ["001_a.sql"])
+
+            let older = Migrator(migrations: [], logger: TestServer.logger)
+            let status = try await older.status(db.client)
+            #expect(status == .unknownApplied(first.name))
+        }
+    }
+
+    @Test("a failing migration is rolled back whole and named")
+    func failingMigrationRollsBack() async throws {
+        try await withTestDatabase(migrated: false) { db in
+            let broken = Migrator.Migration(name: "003_broken.sql", sql: "CREATE TABLE c (id int); SELECT * FROM missing_table;")
+            let migrator = Migrator(migrations: [first, broken], logger: TestServer.logger)
+            do {
+                try await migrator.migrate(db.client)
+                Issue.record("the broken migration was applied")
+            } catch let error as MigrationError {
+                #expect(error.description.contains("003_broken.sql"))
+            }
+            let rows = try await appliedRows(db)
+            #expect(rows == ["001_a.sql"])
+            let table = try await db.client.query("SELECT to_regclass('c') IS NULL", logger: TestServer.logger)
+            for try await missing in table.decode(Bool.self) { #expect(missing) }
+        }
+    }
+
+    @Test("migrators racing on one database apply each file once")
+    func racingMigrators() async throws {
+        try await withTestDatabase(migrated: false) { db in
+            let racers = 8
+            let applied = try await withThrowingTaskGroup(of: [String].self) { group in
+                for _ in 0..<racers {
+                    group.addTask {
+                        // Each racer has its own pool, as separate service instances would.
+                        let client = PostgresClient(configuration: db.configuration, backgroundLogger: TestServer.clientLogger)
+                        return try await withThrowingTaskGroup(of: [String].self) { inner in
+                            inner.addTask { await client.run(); return [] }
+                            defer { inner.cancelAll() }
+                            return try await Migrator(logger: TestServer.logger).migrate(client)
+                        }
+                    }
+                }
+                return try await group.reduce(into: []) { $0 += $1 }
+            }
+            let bundled = Migrator.bundled.map(\.name)
+            #expect(applied.sorted() == bundled.sorted())
+            let rows = try await appliedRows(db)
+            #expect(rows == bundled.sorted())
+        }
+    }
+
+    @Test("the embedded migrations are exactly the files of sql/migrations")
+    func embeddedListMatchesFolder() throws {
+        let folder = TestServer.packageRoot.appendingPathComponent("sql/migrations")
+        let files = try FileManager.default.contentsOfDirectory(atPath: folder.path).filter { $0.hasSuffix(".sql") }.sorted()
+        #expect(LedgerSchema.migrations.map(\.name) == files)
+        for migration in LedgerSchema.migrations {
+            let text = try String(contentsOf: folder.appendingPathComponent(migration.name), encoding: .utf8)
+            #expect(migration.sql == text, "\(migration.name) differs from its file")
+        }
+    }
+}

@@ -1,0 +1,84 @@
+import Foundation
+import LedgerStore
+import LedgerTestSupport
+import Logging
+import PostgresNIO
+import Testing
+
+@Suite("The private PostgreSQL cluster", .serialized)
+struct PrivateClusterTests {
+    /// A cluster directory of its own inside the package (the postgres user must reach it).
+    func clusterDirectory() throws -> String {
+        let root = TestServer.packageRoot.appendingPathComponent(".ledger-clusters")
+        try FileManager.default.createDirectory(at: root, withIntermediateDirectories: true)
+        chmod(root.path, 0o755)
+        return root.appendingPathComponent(String(UUID().uuidString.prefix(8))).path
+    }
+
+    func count(_ cluster: PrivateCluster) async throws -> Int {
+        let connection = try await PostgresConnection.connect(
+            configuration: .init(unixSocketPath: cluster.socketPath, username: PrivateCluster.user, password: nil, database: PrivateCluster.database),
+            id: 1, logger: TestServer.logger)
+        defer { Task { try? await connection.close() } }
+        try await connection.query("CREATE TABLE IF NOT EXISTS marks (n int)", logger: TestServer.logger)
+        try await connection.query("INSERT INTO marks VALUES (1)", logger: TestServer.logger)
+        let rows = try await connection.query("SELECT count(*) FROM marks", logger: TestServer.logger)
+        for try await n in rows.decode(Int.self) { return n }
+        return 0
+    }
+
+    @Test("starts, is shared with a second process's start, stops, and is reused with its data")
+    func lifecycle() async throws {
+        let directory = try clusterDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let cluster = PrivateCluster(directory: directory, durable: false)
+        let owner = try await cluster.start(logger: TestServer.logger)
+        #expect(owner.isOwner)
+        #expect(try await count(cluster) == 1)
+
+        // A second start while the owner runs joins it and does not stop it.
+        let guest = try await cluster.start(logger: TestServer.logger)
+        #expect(!guest.isOwner)
+        try guest.stop(logger: TestServer.logger)
+        #expect(cluster.runningServerPID() != nil)
+
+        try owner.stop(logger: TestServer.logger)
+        #expect(cluster.runningServerPID() == nil)
+
+        let again = try await cluster.start(logger: TestServer.logger)
+        #expect(again.isOwner)
+        #expect(try await count(cluster) == 2, "the data of the first run is gone")
+        try again.stop(logger: TestServer.logger)
+    }
+
+    @Test("a stale pid file left by a crash does not block the next start")
+    func stalePidFile() async throws {
+        let directory = try clusterDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let cluster = PrivateCluster(directory: directory, durable: false)
+        try await cluster.start(logger: TestServer.logger).stop(logger: TestServer.logger)
+
+        // A crash leaves postmaster.pid behind; its pid now belongs to a live, unrelated process
+        // (this test process), which PostgreSQL itself would take for a running server.
+        let pidFile = cluster.dataPath + "/postmaster.pid"
+        let stale = "\(getpid())\n\(cluster.dataPath)\n1700000000\n5432\n\(cluster.socketDirectory)\n\n  5432001         0\nready   \n"
+        try stale.write(toFile: pidFile, atomically: true, encoding: .utf8)
+        try stale.write(toFile: cluster.socketPath + ".lock", atomically: true, encoding: .utf8)
+        #expect(cluster.runningServerPID() == nil)
+
+        let running = try await cluster.start(logger: TestServer.logger)
+        #expect(try await count(cluster) == 1)
+        try running.stop(logger: TestServer.logger)
+    }
+
+    @Test("a data directory too long for a Unix socket is refused with a clear reason")
+    func longPathIsRefused() async throws {
+        let cluster = PrivateCluster(directory: "/tmp/" + String(repeating: "x", count: 120))
+        do {
+            _ = try await cluster.start(logger: TestServer.logger)
+            Issue.record("started with an impossible socket path")
+        } catch let error as PrivateClusterError {
+            #expect(error.description.contains("LEDGER_DATA_DIR"))
+        }
+    }
+}

@@ -1,0 +1,60 @@
+import Foundation
+import LedgerCore
+import LedgerStore
+import Logging
+import PostgresNIO
+
+/// A fresh migrated database with a running client, for the length of one test.
+public struct TestDatabase: Sendable {
+    public let name: String
+    public let configuration: PostgresClient.Configuration
+    public let client: PostgresClient
+    public var database: Database { Database(client: client, logger: TestServer.logger) }
+    public var store: EventStore { EventStore(database: database) }
+
+    /// Opens a single connection of its own (for tests that hold transactions open).
+    public func connect(id: Int = 1) async throws -> PostgresConnection {
+        try await PostgresConnection.connect(configuration: .init(configuration), id: id, logger: TestServer.logger)
+    }
+}
+
+/// Runs `body` with a fresh database (migrated unless asked otherwise), dropped afterwards.
+public func withTestDatabase<Result: Sendable>(
+    migrated: Bool = true, _ body: @Sendable (TestDatabase) async throws -> Result
+) async throws -> Result {
+    let (name, configuration) = try await TestServer.shared.makeDatabase(migrated: migrated)
+    let client = PostgresClient(configuration: configuration, backgroundLogger: TestServer.clientLogger)
+    let outcome: Swift.Result<Result, any Error>
+    do {
+        let value = try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await client.run() }
+            defer { group.cancelAll() }
+            return try await body(TestDatabase(name: name, configuration: configuration, client: client))
+        }
+        outcome = .success(value)
+    } catch {
+        outcome = .failure(error)
+    }
+    await TestServer.shared.dropDatabase(name)
+    return try outcome.get()
+}
+
+/// Parses JSON text for comparisons that ignore jsonb's formatting.
+public func jsonObject(_ data: Data) -> NSObject? {
+    try? JSONSerialization.jsonObject(with: data, options: [.fragmentsAllowed]) as? NSObject
+}
+
+extension EventStore {
+    /// Reads the feed until it holds at least `count` events after `position` (or 20 s pass).
+    ///
+    /// The feed withholds events while any older transaction of the cluster is open, and tests
+    /// in parallel keep creating and dropping databases, so visibility can lag an append briefly.
+    public func readAllWhenVisible(after position: Int64, count: Int, limit: Int = 1000) async throws -> [RecordedEvent] {
+        let deadline = ContinuousClock.now + .seconds(20)
+        while true {
+            let events = try await readAll(after: position, limit: limit)
+            if events.count >= min(count, limit) || ContinuousClock.now > deadline { return events }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+    }
+}

@@ -1,0 +1,143 @@
+import Foundation
+import LedgerStore
+import Logging
+import PostgresNIO
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The PostgreSQL server the tests run on: `LEDGER_TEST_DATABASE_URL` when set (the tests create
+/// and drop databases on it), else a private cluster under `.ledger-test` in the package, started
+/// once per test process and stopped when the process exits.
+///
+/// Every test gets a database of its own, cloned from a migrated template, so tests run in parallel.
+public actor TestServer {
+    public static let shared = TestServer()
+
+    /// The package's root folder, found from this file's path.
+    public static let packageRoot = URL(fileURLWithPath: #filePath)
+        .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+
+    public static let templateName = "ledger_test_template"
+
+    private var prepared: Task<URLTemplate, any Error>?
+
+    /// How to reach the server, as a function of the database name.
+    struct URLTemplate: Sendable {
+        let make: @Sendable (String) -> PostgresClient.Configuration
+        let admin: String
+    }
+
+    public static let logger: Logger = {
+        var logger = Logger(label: "ledger-test")
+        logger.logLevel = ProcessInfo.processInfo.environment["LEDGER_TEST_LOG_LEVEL"].flatMap { Logger.Level(rawValue: $0) } ?? .warning
+        return logger
+    }()
+
+    /// Quieter: pools warn when leased before their run loop has started, which is harmless here.
+    public static let clientLogger: Logger = {
+        var logger = Logger(label: "ledger-test-client")
+        logger.logLevel = .error
+        return logger
+    }()
+
+    /// A new, migrated database of its own, by name and client configuration.
+    public func makeDatabase(migrated: Bool = true) async throws -> (name: String, configuration: PostgresClient.Configuration) {
+        let server = try await prepare()
+        let name = "ledger_t_" + UUID().uuidString.prefix(12).lowercased().replacingOccurrences(of: "-", with: "")
+        let template = migrated ? " TEMPLATE \(Self.templateName)" : ""
+        try await Self.admin(server) { connection in
+            try await connection.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name)\(template)"), logger: Self.logger)
+        }
+        return (name, server.make(name))
+    }
+
+    /// Drops a database made by `makeDatabase`.
+    public func dropDatabase(_ name: String) async {
+        guard let server = try? await prepare() else { return }
+        try? await Self.admin(server) { connection in
+            try await connection.query(PostgresQuery(unsafeSQL: "DROP DATABASE IF EXISTS \(name) WITH (FORCE)"), logger: Self.logger)
+        }
+    }
+
+    /// The configuration of a database on the test server (for tests that connect on their own).
+    public func configuration(database: String) async throws -> PostgresClient.Configuration {
+        try await prepare().make(database)
+    }
+
+    private func prepare() async throws -> URLTemplate {
+        if let prepared { return try await prepared.value }
+        let task = Task { try await Self.startServerAndTemplate() }
+        prepared = task
+        return try await task.value
+    }
+
+    private static func startServerAndTemplate() async throws -> URLTemplate {
+        let server: URLTemplate
+        if let text = ProcessInfo.processInfo.environment["LEDGER_TEST_DATABASE_URL"], !text.isEmpty {
+            let url = try DatabaseURL(text)
+            server = URLTemplate(make: { url.with(database: $0).clientConfiguration }, admin: url.database)
+        } else {
+            let cluster = PrivateCluster(directory: packageRoot.appendingPathComponent(".ledger-test").path, durable: false)
+            let running = try await cluster.start(logger: logger)
+            ClusterAtExit.register(running)
+            server = URLTemplate(make: { cluster.clientConfiguration(database: $0) }, admin: "postgres")
+        }
+        try await admin(server) { connection in
+            let rows = try await connection.query(
+                "SELECT datname FROM pg_database WHERE datname LIKE 'ledger_t_%' OR datname = \(templateName)", logger: logger)
+            var stale: [String] = []
+            for try await name in rows.decode(String.self) { stale.append(name) }
+            for name in stale {
+                try await connection.query(PostgresQuery(unsafeSQL: "DROP DATABASE IF EXISTS \(name) WITH (FORCE)"), logger: logger)
+            }
+            try await connection.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(templateName)"), logger: logger)
+        }
+        // Migrate the template through a client that is fully shut down afterwards: a template
+        // with open connections cannot be cloned.
+        let client = PostgresClient(configuration: server.make(templateName), backgroundLogger: clientLogger)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await client.run() }
+            try await Migrator(logger: logger).migrate(client)
+            group.cancelAll()
+        }
+        return server
+    }
+
+    private static func admin(_ server: URLTemplate, _ body: (PostgresConnection) async throws -> Void) async throws {
+        let connection = try await PostgresConnection.connect(configuration: .init(server.make(server.admin)), id: 1, logger: logger)
+        do {
+            try await body(connection)
+        } catch {
+            try? await connection.close()
+            throw error
+        }
+        try await connection.close()
+    }
+}
+
+extension PostgresConnection.Configuration {
+    /// A single connection's configuration from a pool's.
+    init(_ pool: PostgresClient.Configuration) {
+        if let path = pool.unixSocketPath {
+            self.init(unixSocketPath: path, username: pool.username, password: pool.password, database: pool.database)
+        } else {
+            let tls: PostgresConnection.Configuration.TLS = .disable
+            self.init(host: pool.host ?? "localhost", port: pool.port ?? 5432, username: pool.username,
+                      password: pool.password, database: pool.database, tls: tls)
+        }
+    }
+}
+
+/// Stops the test cluster when the test process exits.
+enum ClusterAtExit {
+    nonisolated(unsafe) static var running: RunningPrivateCluster?
+
+    static func register(_ cluster: RunningPrivateCluster) {
+        running = cluster
+        atexit {
+            try? ClusterAtExit.running?.stop(logger: TestServer.logger)
+        }
+    }
+}
