@@ -15,10 +15,21 @@ struct HealthController {
         }
     }
 
+    /// How long readiness waits for the database before answering 503.
+    static let databaseTimeout = Duration.seconds(2)
+
     func readiness() async throws -> Response {
         let status: MigrationStatus
         do {
-            status = try await migrator.status(database.client)
+            status = try await withThrowingTaskGroup(of: MigrationStatus.self) { group in
+                group.addTask { try await migrator.status(database.client) }
+                group.addTask {
+                    try await Task.sleep(for: Self.databaseTimeout)
+                    throw CancellationError()
+                }
+                defer { group.cancelAll() }
+                return try await group.next()!
+            }
         } catch {
             return try jsonResponse(.serviceUnavailable, ["status": "not-ready", "reason": "the database is unreachable"])
         }

@@ -1,0 +1,99 @@
+import Foundation
+import Hummingbird
+import HummingbirdTesting
+import LedgerServer
+import LedgerStore
+import LedgerTestSupport
+import Logging
+import PostgresNIO
+import Testing
+
+/// Runs the real application over HTTP on a database of its own.
+func withLiveApplication(
+    migrated: Bool = true, migrateAtStart: Bool = true,
+    _ test: @Sendable @escaping (any TestClientProtocol, TestDatabase) async throws -> Void
+) async throws {
+    try await withTestDatabase(migrated: migrated) { db in
+        var configuration = LedgerConfiguration()
+        configuration.port = 0
+        let client = PostgresClient(configuration: db.configuration, backgroundLogger: TestServer.clientLogger)
+        let application = buildApplication(configuration: configuration, client: client, logger: TestServer.logger, migrate: migrateAtStart)
+        try await application.test(.live) { http in try await test(http, db) }
+    }
+}
+
+func json(_ buffer: ByteBuffer) -> [String: Any] {
+    (try? JSONSerialization.jsonObject(with: Data(buffer: buffer))) as? [String: Any] ?? [:]
+}
+
+@Suite("Health and readiness over HTTP")
+struct HealthTests {
+    @Test("/healthz and /readyz answer 200 on a migrated database")
+    func healthy() async throws {
+        try await withLiveApplication { http, _ in
+            let health = try await http.execute(uri: "/healthz", method: .get)
+            #expect(health.status == .ok)
+            #expect(json(health.body)["status"] as? String == "ok")
+            let ready = try await http.execute(uri: "/readyz", method: .get)
+            #expect(ready.status == .ok)
+            #expect(json(ready.body)["status"] as? String == "ready")
+        }
+    }
+
+    @Test("the server migrates an empty database before it serves")
+    func migratesAtStart() async throws {
+        try await withLiveApplication(migrated: false, migrateAtStart: true) { http, _ in
+            let ready = try await http.execute(uri: "/readyz", method: .get)
+            #expect(ready.status == .ok)
+        }
+    }
+
+    @Test("/readyz answers 503 naming the pending migrations")
+    func notMigrated() async throws {
+        try await withLiveApplication(migrated: false, migrateAtStart: false) { http, _ in
+            let ready = try await http.execute(uri: "/readyz", method: .get)
+            #expect(ready.status == .serviceUnavailable)
+            #expect((json(ready.body)["reason"] as? String)?.contains("001_event_log.sql") == true)
+            let health = try await http.execute(uri: "/healthz", method: .get)
+            #expect(health.status == .ok)
+        }
+    }
+
+    @Test("/readyz answers 503 when the database is unreachable")
+    func unreachable() async throws {
+        var configuration = LedgerConfiguration()
+        configuration.port = 0
+        let nowhere = PostgresClient.Configuration(unixSocketPath: "/nonexistent/.s.PGSQL.5432", username: "x", password: nil, database: "x")
+        let client = PostgresClient(configuration: nowhere, backgroundLogger: TestServer.clientLogger)
+        let application = buildApplication(configuration: configuration, client: client, logger: TestServer.logger, migrate: false)
+        try await application.test(.live) { http in
+            let ready = try await http.execute(uri: "/readyz", method: .get)
+            #expect(ready.status == .serviceUnavailable)
+            #expect(json(ready.body)["reason"] as? String == "the database is unreachable")
+        }
+    }
+
+    @Test("every answer carries a request id: the caller's, or a new one")
+    func requestIDs() async throws {
+        try await withLiveApplication { http, _ in
+            let echoed = try await http.execute(uri: "/healthz", method: .get, headers: [.init("X-Request-Id")!: "req-123"])
+            #expect(echoed.headers[.init("X-Request-Id")!] == "req-123")
+            let made = try await http.execute(uri: "/healthz", method: .get)
+            #expect((made.headers[.init("X-Request-Id")!]?.count ?? 0) >= 16)
+            let unusable = try await http.execute(uri: "/healthz", method: .get, headers: [.init("X-Request-Id")!: String(repeating: "a", count: 200)])
+            #expect(unusable.headers[.init("X-Request-Id")!]?.count != 200)
+        }
+    }
+
+    @Test("an unknown route is a JSON 404 with a stable code")
+    func notFound() async throws {
+        try await withLiveApplication { http, _ in
+            let response = try await http.execute(uri: "/v1/nothing-here", method: .get, headers: [.init("X-Request-Id")!: "r-1"])
+            #expect(response.status == .notFound)
+            let error = json(response.body)["error"] as? [String: Any]
+            #expect(error?["code"] as? String == "not-found")
+            #expect(error?["requestId"] as? String == "r-1")
+            #expect(response.headers[.contentType]?.hasPrefix("application/json") == true)
+        }
+    }
+}
