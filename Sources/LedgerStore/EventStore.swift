@@ -31,14 +31,20 @@ public struct EventStore: Sendable {
         on connection: PostgresConnection
     ) async throws -> AppendResult {
         guard !events.isEmpty else { throw AppendError.invalidBatch("a batch holds at least one event") }
-        let batch = Self.batchJSON(events)
+        let ids = events.map(\.id.uuid)
+        let types = events.map(\.type)
+        let data = events.map { String(decoding: $0.data, as: UTF8.self) }
+        let metadata = events.map { String(decoding: $0.metadata, as: UTF8.self) }
         let expected = expectedVersion.databaseValue
         var versions: [Int64] = []
         var positions: [Int64] = []
         var replayed = false
         do {
             let rows = try await connection.query(
-                "SELECT r_stream_version, r_global_position, r_replayed FROM append_events(\(stream.rawValue), \(expected), \(batch)::jsonb)",
+                """
+                SELECT r_stream_version, r_global_position, r_replayed
+                FROM append_events(\(stream.rawValue), \(expected), \(ids), \(types), \(data)::jsonb[], \(metadata)::jsonb[])
+                """,
                 logger: database.logger
             )
             for try await (version, position, wasReplayed) in rows.decode((Int64, Int64, Bool).self) {
@@ -110,23 +116,6 @@ public struct EventStore: Sendable {
             ))
         }
         return events
-    }
-
-    /// The batch as the JSON array `append_events` takes; bodies are spliced in as they are.
-    static func batchJSON(_ events: [NewEvent]) -> String {
-        var json = "["
-        for (index, event) in events.enumerated() {
-            if index > 0 { json += "," }
-            json += #"{"eventId":""# + event.id.description + #"","type":"# + jsonString(event.type)
-            json += #","data":"# + String(decoding: event.data, as: UTF8.self)
-            json += #","metadata":"# + String(decoding: event.metadata, as: UTF8.self) + "}"
-        }
-        return json + "]"
-    }
-
-    static func jsonString(_ text: String) -> String {
-        let encoded = try? JSONEncoder().encode(text)
-        return encoded.map { String(decoding: $0, as: UTF8.self) } ?? "\"\""
     }
 
     static func appendError(_ error: PSQLError, stream: StreamID, expected: ExpectedVersion, events: [NewEvent]) -> any Error {

@@ -2,12 +2,17 @@ import Foundation
 
 /// Where PostgreSQL's server programs are: `LEDGER_POSTGRES_BIN`, else the newest of Debian's
 /// `/usr/lib/postgresql/<version>/bin`, else the PATH.
-struct PostgresBinaries: Sendable {
-    let directory: String
+public struct PostgresBinaries: Sendable {
+    public let directory: String
     var initdb: String { directory + "/initdb" }
     var pgCtl: String { directory + "/pg_ctl" }
+    /// pgbench beside the server programs, else the one on the PATH.
+    public var pgbench: String {
+        let beside = directory + "/pgbench"
+        return FileManager.default.isExecutableFile(atPath: beside) ? beside : "/usr/bin/pgbench"
+    }
 
-    static func locate(environment: [String: String] = ProcessInfo.processInfo.environment) throws -> PostgresBinaries {
+    public static func locate(environment: [String: String] = ProcessInfo.processInfo.environment) throws -> PostgresBinaries {
         var candidates: [String] = []
         if let configured = environment["LEDGER_POSTGRES_BIN"], !configured.isEmpty { candidates.append(configured) }
         let debian = "/usr/lib/postgresql"

@@ -51,6 +51,9 @@ public struct PrivateCluster: Sendable {
         }
         let binaries = try PostgresBinaries.locate()
         let account = try SystemAccount.forPostgres()
+        guard isReachable(by: account) else {
+            throw PrivateClusterError("the postgres user cannot reach \(directory.path): a parent folder is not searchable by it; set LEDGER_DATA_DIR to a folder under one it can enter (such as /var/tmp)")
+        }
         try prepareDirectory(account: account)
 
         let startLock = try FileLock(path: directory.appendingPathComponent("start.lock").path)
@@ -91,6 +94,28 @@ public struct PrivateCluster: Sendable {
             metadata: ["pg.data": "\(dataPath)", "pg.log": "\(logPath)", "pg.psql": "\(psqlCommand())"]
         )
         return running
+    }
+
+    /// True when the account that runs PostgreSQL can enter every folder above the data directory.
+    public func isReachableByServerAccount() -> Bool {
+        guard let account = try? SystemAccount.forPostgres() else { return false }
+        return isReachable(by: account)
+    }
+
+    private func isReachable(by account: SystemAccount) -> Bool {
+        guard account.runAs != nil else { return true }
+        var folder = directory.deletingLastPathComponent()
+        while true {
+            var info = stat()
+            if stat(folder.path, &info) == 0 {
+                let mode = info.st_mode
+                let searchable = (info.st_uid == account.uid && mode & S_IXUSR != 0)
+                    || (info.st_gid == account.gid && mode & S_IXGRP != 0) || mode & S_IXOTH != 0
+                guard searchable else { return false }
+            }
+            if folder.path == "/" { return true }
+            folder = folder.deletingLastPathComponent()
+        }
     }
 
     private func prepareDirectory(account: SystemAccount) throws {

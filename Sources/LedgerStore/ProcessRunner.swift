@@ -8,19 +8,24 @@ import Glibc
 ///
 /// Uses posix_spawn and waitpid directly: pg_ctl leaves a daemon behind, and the child must not
 /// pass it any descriptor of ours (Foundation's Process then never notices pg_ctl's exit).
-struct ProcessRunner: Sendable {
+public struct ProcessRunner: Sendable {
     /// The result of one run: exit status and combined output.
-    struct Outcome {
-        let status: Int32
-        let output: String
+    public struct Outcome: Sendable {
+        public let status: Int32
+        public let output: String
     }
 
     /// The system user to run PostgreSQL's programs as, or nil to run them as ourselves.
-    let user: String?
+    public let user: String?
     /// Where the child runs and where its output is collected.
-    let workingDirectory: URL
+    public let workingDirectory: URL
 
-    func run(_ executable: String, _ arguments: [String]) throws -> Outcome {
+    public init(user: String? = nil, workingDirectory: URL) {
+        self.user = user
+        self.workingDirectory = workingDirectory
+    }
+
+    public func run(_ executable: String, _ arguments: [String]) throws -> Outcome {
         let argv = user.map { [Self.runuser, "-u", $0, "--", executable] } ?? [executable]
         let outputPath = workingDirectory.appendingPathComponent("command-\(getpid())-\(UUID().uuidString).out").path
         defer { unlink(outputPath) }
@@ -34,10 +39,23 @@ struct ProcessRunner: Sendable {
         _ = Self.addCloseFrom?(&actions, 3)
         _ = Self.addChdir?(&actions, workingDirectory.path)
 
+        // Swift's threads block most signals; a child inherits that mask (pgbench -T then never
+        // sees its SIGALRM). Start children with nothing blocked and default handlers.
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var noSignals = sigset_t()
+        sigemptyset(&noSignals)
+        var allSignals = sigset_t()
+        sigfillset(&allSignals)
+        posix_spawnattr_setsigmask(&attributes, &noSignals)
+        posix_spawnattr_setsigdefault(&attributes, &allSignals)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+
         let cArguments = (argv + arguments).map { strdup($0) } + [nil]
         defer { cArguments.forEach { free($0) } }
         var pid: pid_t = 0
-        let spawned = posix_spawn(&pid, argv[0], &actions, nil, cArguments, environ)
+        let spawned = posix_spawn(&pid, argv[0], &actions, &attributes, cArguments, environ)
         guard spawned == 0 else {
             throw PrivateClusterError("cannot run \(argv[0]): \(String(cString: strerror(spawned)))")
         }

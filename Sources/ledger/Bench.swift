@@ -1,2 +1,9 @@
 import ArgumentParser
-struct Bench: AsyncParsableCommand { func run() async throws {} }
+
+/// `ledger bench`: measurements printed next to a baseline measured in the same run.
+struct Bench: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Run benchmarks against a pgbench baseline measured in the same run.",
+        subcommands: [BenchAppend.self]
+    )
+}

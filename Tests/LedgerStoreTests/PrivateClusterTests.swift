@@ -9,7 +9,7 @@ import Testing
 struct PrivateClusterTests {
     /// A cluster directory of its own inside the package (the postgres user must reach it).
     func clusterDirectory() throws -> String {
-        let root = TestServer.packageRoot.appendingPathComponent(".ledger-clusters")
+        let root = TestServer.scratchRoot.appendingPathComponent(".ledger-clusters")
         try FileManager.default.createDirectory(at: root, withIntermediateDirectories: true)
         chmod(root.path, 0o755)
         return root.appendingPathComponent(String(UUID().uuidString.prefix(8))).path
@@ -79,6 +79,25 @@ struct PrivateClusterTests {
             Issue.record("started with an impossible socket path")
         } catch let error as PrivateClusterError {
             #expect(error.description.contains("LEDGER_DATA_DIR"))
+        }
+    }
+}
+
+@Suite("The private PostgreSQL cluster: reachability")
+struct PrivateClusterReachabilityTests {
+    @Test("a data directory the postgres user cannot enter is refused with a clear reason", .enabled(if: geteuid() == 0))
+    func unreachableDirectory() async throws {
+        let hidden = "/tmp/ledger-private-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: hidden, withIntermediateDirectories: true)
+        chmod(hidden, 0o700)
+        defer { try? FileManager.default.removeItem(atPath: hidden) }
+        let cluster = PrivateCluster(directory: hidden + "/data")
+        #expect(!cluster.isReachableByServerAccount())
+        do {
+            _ = try await cluster.start(logger: TestServer.logger)
+            Issue.record("started in a folder postgres cannot reach")
+        } catch let error as PrivateClusterError {
+            #expect(error.description.contains("cannot reach"))
         }
     }
 }

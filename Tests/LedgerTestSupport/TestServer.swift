@@ -79,7 +79,7 @@ public actor TestServer {
             let url = try DatabaseURL(text)
             server = URLTemplate(make: { url.with(database: $0).clientConfiguration }, admin: url.database)
         } else {
-            let cluster = PrivateCluster(directory: packageRoot.appendingPathComponent(".ledger-test").path, durable: false)
+            let cluster = testCluster()
             let running = try await cluster.start(logger: logger)
             ClusterAtExit.register(running)
             server = URLTemplate(make: { cluster.clientConfiguration(database: $0) }, admin: "postgres")
@@ -103,6 +103,23 @@ public actor TestServer {
             group.cancelAll()
         }
         return server
+    }
+
+    /// Where test clusters live: the package folder, or a folder of its own under /var/tmp when
+    /// the postgres user cannot reach the package (a checkout inside a private folder).
+    public static let scratchRoot: URL = {
+        let probe = PrivateCluster(directory: packageRoot.appendingPathComponent(".ledger-test").path)
+        if probe.isReachableByServerAccount() { return packageRoot }
+        // FNV-1a of the package path: stable across runs, so the cluster is reused.
+        let hash = packageRoot.path.utf8.reduce(UInt64(0xcbf2_9ce4_8422_2325)) { ($0 ^ UInt64($1)) &* 0x100_0000_01b3 }
+        let folder = URL(fileURLWithPath: "/var/tmp/ledger-\(String(hash, radix: 36))")
+        try? FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        chmod(folder.path, 0o755)
+        return folder
+    }()
+
+    static func testCluster() -> PrivateCluster {
+        PrivateCluster(directory: scratchRoot.appendingPathComponent(".ledger-test").path, durable: false)
     }
 
     private static func admin(_ server: URLTemplate, _ body: (PostgresConnection) async throws -> Void) async throws {

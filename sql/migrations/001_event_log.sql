@@ -51,85 +51,94 @@ CREATE TRIGGER events_no_truncate
 -- Appends a batch of events to one stream in the caller's transaction.
 --
 -- p_expected_version: NULL = any version, -1 = the stream must not exist, n >= 0 = the stream's
--- last version must be n. p_events: a JSON array of {"eventId", "type", "data", "metadata"}.
+-- last version must be n. The batch comes as parallel arrays (ids, types, bodies, metadata).
 -- Errors (SQLSTATE): LE001 wrong expected version (DETAIL = current version, -1 for no stream),
 -- LE002 an event id already used with a different body (DETAIL = that event id),
--- LE003 an invalid batch (empty, too large, repeated event id).
+-- LE003 an invalid batch (empty, too large, arrays of unequal length, repeated event id).
 -- A batch whose every event id is already stored with the same stream, type and data is a
 -- replay: nothing is appended and the original versions and positions are returned.
-CREATE FUNCTION append_events(p_stream_id text, p_expected_version bigint, p_events jsonb)
+--
+-- The common case (new events) runs four statements: lock, one index probe per id, one query for
+-- both the stream version and the transaction's next position, the insert.
+CREATE FUNCTION append_events(
+    p_stream_id text, p_expected_version bigint,
+    p_event_ids uuid[], p_types text[], p_data jsonb[], p_metadata jsonb[])
 RETURNS TABLE (r_event_id uuid, r_stream_version bigint, r_global_position bigint, r_replayed boolean)
 LANGUAGE plpgsql AS $fn$
 DECLARE
     -- Taking the xid before any position is what makes positions follow transaction ids.
-    v_xid      bigint := pg_current_xact_id()::text::bigint;
-    v_count    integer := jsonb_array_length(p_events);
-    v_distinct integer;
-    v_existing integer;
-    v_matching integer;
-    v_conflict uuid;
-    v_current  bigint;
-    v_next     bigint;
+    v_xid     bigint := pg_current_xact_id()::text::bigint;
+    v_count   integer := coalesce(cardinality(p_event_ids), 0);
+    v_current bigint;
+    v_next    bigint;
 BEGIN
     IF v_count = 0 OR v_count > 4096 THEN
         RAISE EXCEPTION 'a batch holds 1 to 4096 events, not %', v_count USING ERRCODE = 'LE003';
     END IF;
-
-    SELECT count(DISTINCT (x.e->>'eventId')::uuid) INTO v_distinct
-      FROM jsonb_array_elements(p_events) AS x(e);
-    IF v_distinct <> v_count THEN
+    IF coalesce(cardinality(p_types), 0) <> v_count OR coalesce(cardinality(p_data), 0) <> v_count
+       OR coalesce(cardinality(p_metadata), 0) <> v_count THEN
+        RAISE EXCEPTION 'ids, types, data and metadata must have one entry per event' USING ERRCODE = 'LE003';
+    END IF;
+    IF v_count > 1 AND (SELECT count(DISTINCT id) FROM unnest(p_event_ids) AS id) <> v_count THEN
         RAISE EXCEPTION 'an event id appears twice in one batch' USING ERRCODE = 'LE003';
     END IF;
 
     -- One writer per stream at a time; writers of other streams never wait.
     PERFORM pg_advisory_xact_lock(hashtextextended(p_stream_id, 0));
 
-    SELECT count(*),
-           count(*) FILTER (WHERE s.stream_id = p_stream_id AND s.type = x.e->>'type' AND s.data = x.e->'data'),
-           min(s.event_id::text) FILTER (WHERE NOT (s.stream_id = p_stream_id AND s.type = x.e->>'type' AND s.data = x.e->'data'))::uuid
-      INTO v_existing, v_matching, v_conflict
-      FROM jsonb_array_elements(p_events) AS x(e)
-      JOIN events s ON s.event_id = (x.e->>'eventId')::uuid;
-
-    IF v_existing > 0 THEN
-        IF v_existing = v_count AND v_matching = v_count THEN
-            RETURN QUERY
-                SELECT s.event_id, s.stream_version, s.global_position, true
-                  FROM events s
-                 WHERE s.event_id IN (SELECT (x.e->>'eventId')::uuid FROM jsonb_array_elements(p_events) AS x(e))
-                 ORDER BY s.stream_version;
-            RETURN;
-        END IF;
-        IF v_conflict IS NULL THEN
-            SELECT (x.e->>'eventId')::uuid INTO v_conflict
-              FROM jsonb_array_elements(p_events) AS x(e)
-              JOIN events s ON s.event_id = (x.e->>'eventId')::uuid
-             LIMIT 1;
-        END IF;
-        RAISE EXCEPTION 'event id % was already appended with a different body or batch', v_conflict
-            USING ERRCODE = 'LE002', DETAIL = v_conflict::text;
+    IF EXISTS (SELECT 1 FROM events s WHERE s.event_id = ANY (p_event_ids)) THEN
+        RETURN QUERY SELECT * FROM append_events_replay(p_stream_id, p_event_ids, p_types, p_data);
+        RETURN;
     END IF;
 
-    SELECT coalesce(max(s.stream_version), -1) INTO v_current FROM events s WHERE s.stream_id = p_stream_id;
+    SELECT coalesce((SELECT max(s.stream_version) FROM events s WHERE s.stream_id = p_stream_id), -1),
+           coalesce((SELECT max(s.global_position) + 1 FROM events s
+                      WHERE s.global_position >= (v_xid << 12) AND s.global_position < ((v_xid + 1) << 12)),
+                    v_xid << 12)
+      INTO v_current, v_next;
     IF p_expected_version IS NOT NULL AND p_expected_version <> v_current THEN
         RAISE EXCEPTION 'stream % is at version %, not the expected %', p_stream_id, v_current, p_expected_version
             USING ERRCODE = 'LE001', DETAIL = v_current::text;
     END IF;
-
-    SELECT coalesce(max(s.global_position) + 1, v_xid << 12) INTO v_next
-      FROM events s
-     WHERE s.global_position >= (v_xid << 12) AND s.global_position < ((v_xid + 1) << 12);
     IF v_next + v_count > ((v_xid + 1) << 12) THEN
         RAISE EXCEPTION 'one database transaction appends at most 4096 events' USING ERRCODE = 'LE003';
     END IF;
 
     RETURN QUERY
         INSERT INTO events (global_position, stream_id, stream_version, event_id, type, data, metadata, transaction_id)
-        SELECT v_next + x.ord - 1, p_stream_id, v_current + x.ord, (x.e->>'eventId')::uuid, x.e->>'type',
-               x.e->'data', coalesce(x.e->'metadata', '{}'::jsonb), v_xid::text::xid8
-          FROM jsonb_array_elements(p_events) WITH ORDINALITY AS x(e, ord)
-         ORDER BY x.ord
+        SELECT v_next + x.ord - 1, p_stream_id, v_current + x.ord, x.id, x.type, x.data,
+               coalesce(x.metadata, '{}'::jsonb), v_xid::text::xid8
+          FROM unnest(p_event_ids, p_types, p_data, p_metadata) WITH ORDINALITY AS x(id, type, data, metadata, ord)
         RETURNING event_id, stream_version, global_position, false;
+END
+$fn$;
+
+-- The slow path of append_events when some event id is already stored: the original result when
+-- the whole batch is stored unchanged in this stream (a retry), else LE002.
+CREATE FUNCTION append_events_replay(p_stream_id text, p_event_ids uuid[], p_types text[], p_data jsonb[])
+RETURNS TABLE (r_event_id uuid, r_stream_version bigint, r_global_position bigint, r_replayed boolean)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_conflict uuid;
+BEGIN
+    SELECT x.id INTO v_conflict
+      FROM unnest(p_event_ids, p_types, p_data) AS x(id, type, data)
+      LEFT JOIN events s ON s.event_id = x.id
+     WHERE s.event_id IS NULL OR s.stream_id <> p_stream_id OR s.type <> x.type OR s.data <> x.data
+     ORDER BY s.event_id IS NULL  -- name a stored id that differs before a new one
+     LIMIT 1;
+    IF v_conflict IS NOT NULL THEN
+        IF NOT EXISTS (SELECT 1 FROM events s WHERE s.event_id = v_conflict) THEN
+            -- The batch mixes stored and new ids: name a stored one.
+            SELECT s.event_id INTO v_conflict FROM events s WHERE s.event_id = ANY (p_event_ids) LIMIT 1;
+        END IF;
+        RAISE EXCEPTION 'event id % was already appended with a different body or batch', v_conflict
+            USING ERRCODE = 'LE002', DETAIL = v_conflict::text;
+    END IF;
+    RETURN QUERY
+        SELECT s.event_id, s.stream_version, s.global_position, true
+          FROM events s WHERE s.event_id = ANY (p_event_ids)
+         ORDER BY s.stream_version;
 END
 $fn$;
 

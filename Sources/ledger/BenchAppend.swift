@@ -1,0 +1,130 @@
+import ArgumentParser
+import Foundation
+import LedgerCore
+import LedgerServer
+import LedgerStore
+import Logging
+import PostgresNIO
+
+/// `ledger bench append`: single-event streams appended through the event store, next to
+/// pgbench's single-row INSERT of the same shape, at each concurrency, in one run.
+struct BenchAppend: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "append",
+        abstract: "Event-store appends per second against a pgbench INSERT baseline."
+    )
+
+    @OptionGroup var options: ConfigurationOptions
+    @Option(help: "Seconds per measurement")
+    var seconds = 15
+    @Option(help: "Comma-separated concurrency levels")
+    var concurrency = "1,8,32"
+
+    static let benchDatabase = "ledger_bench"
+
+    static let logger: Logger = {
+        var logger = Logger(label: "ledger-bench")
+        logger.logLevel = .warning
+        return logger
+    }()
+
+    func run() async throws {
+        let levels = concurrency.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }
+        guard !levels.isEmpty, levels.allSatisfy({ $0 > 0 && $0 <= 256 }) else {
+            throw ValidationError("--concurrency takes numbers from 1 to 256, such as 1,8,32")
+        }
+        let configuration = try options.load()
+        let logger = Self.logger
+        let opened = try await OpenedDatabase.open(configuration.database, logger: logger)
+        defer { try? opened.close(logger: logger) }
+
+        var benchConfiguration = opened.clientConfiguration
+        benchConfiguration.database = Self.benchDatabase
+        try await recreateDatabase(opened.clientConfiguration, logger: logger)
+        let version = try await withPostgresClient(benchConfiguration, logger: logger) { client in
+            try await Migrator(logger: logger).migrate(client)
+            try await client.query(PostgresQuery(unsafeSQL: PgbenchBaseline.tableSQL), logger: logger)
+            let rows = try await client.query("SELECT current_setting('server_version')", logger: logger)
+            for try await version in rows.decode(String.self) { return version }
+            return "?"
+        }
+        let work = FileManager.default.temporaryDirectory.appendingPathComponent("ledger-bench-\(getpid())")
+        try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: work) }
+        let baseline = PgbenchBaseline(binaries: try PostgresBinaries.locate(), configuration: benchConfiguration, workDirectory: work)
+
+        print("Event-store append vs pgbench single-row INSERT: PostgreSQL \(version), \(ProcessInfo.processInfo.activeProcessorCount) cores, \(seconds) s per cell")
+        print("| concurrency | ledger events/s | p50 ms | p99 ms | pgbench rows/s | p50 ms | p99 ms | ratio |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for level in levels {
+            let ledger = try await measureAppends(benchConfiguration, concurrency: level, logger: logger)
+            let base = try baseline.run(concurrency: level, seconds: seconds)
+            let ratio = base.perSecond > 0 ? ledger.perSecond / base.perSecond : .nan
+            print("| \(level) | \(format(ledger.perSecond)) | \(format(ledger.percentile(50), decimals: 2)) | \(format(ledger.percentile(99), decimals: 2)) | \(format(base.perSecond)) | \(format(base.percentile(50), decimals: 2)) | \(format(base.percentile(99), decimals: 2)) | \(format(ratio, decimals: 2)) |")
+        }
+        try await dropDatabase(opened.clientConfiguration, logger: logger)
+    }
+
+    func measureAppends(_ configuration: PostgresClient.Configuration, concurrency: Int, logger: Logger) async throws -> LatencySummary {
+        var configuration = configuration
+        configuration.options.maximumConnections = concurrency
+        configuration.options.minimumConnections = concurrency
+        let seconds = self.seconds
+        return try await withPostgresClient(configuration, logger: logger) { client in
+            let store = EventStore(database: Database(client: client, logger: logger))
+            let run = UUID().uuidString.prefix(8)
+            // Warm up the pool and the server's caches, unmeasured.
+            _ = try await appendLoop(store, workers: concurrency, for: .seconds(1), prefix: "warm-\(run)")
+            let start = ContinuousClock.now
+            let latencies = try await appendLoop(store, workers: concurrency, for: .seconds(seconds), prefix: "bench-\(run)")
+            let elapsed = ContinuousClock.now - start
+            let elapsedSeconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+            return LatencySummary(operations: latencies.count, seconds: elapsedSeconds, latencies: latencies)
+        }
+    }
+
+    /// Each worker appends one-event streams until the time is up; returns every latency in ms.
+    func appendLoop(_ store: EventStore, workers: Int, for duration: Duration, prefix: String) async throws -> [Double] {
+        let deadline = ContinuousClock.now + duration
+        let body = Data(#"{"orderId": "o-1", "userId": "u-1", "productId": "p-1", "price": "0.99"}"#.utf8)
+        let metadata = Data(#"{"by": "bench"}"#.utf8)
+        return try await withThrowingTaskGroup(of: [Double].self) { group in
+            for worker in 0..<workers {
+                group.addTask {
+                    var latencies: [Double] = []
+                    var index = 0
+                    while ContinuousClock.now < deadline {
+                        let stream = try StreamID("\(prefix)-\(worker)-\(index)")
+                        let event = try NewEvent(type: "created", data: body, metadata: metadata)
+                        let started = ContinuousClock.now
+                        _ = try await store.append([event], to: stream, expectedVersion: .noStream)
+                        let took = ContinuousClock.now - started
+                        latencies.append(Double(took.components.attoseconds) / 1e15 + Double(took.components.seconds) * 1000)
+                        index += 1
+                    }
+                    return latencies
+                }
+            }
+            return try await group.reduce(into: []) { $0 += $1 }
+        }
+    }
+
+    func recreateDatabase(_ server: PostgresClient.Configuration, logger: Logger) async throws {
+        try await dropDatabase(server, logger: logger)
+        try await onAdminDatabase(server, logger: logger) { client in
+            try await client.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(Self.benchDatabase)"), logger: logger)
+        }
+    }
+
+    func dropDatabase(_ server: PostgresClient.Configuration, logger: Logger) async throws {
+        try await onAdminDatabase(server, logger: logger) { client in
+            try await client.query(PostgresQuery(unsafeSQL: "DROP DATABASE IF EXISTS \(Self.benchDatabase) WITH (FORCE)"), logger: logger)
+        }
+    }
+
+    func onAdminDatabase(_ server: PostgresClient.Configuration, logger: Logger, _ body: @Sendable (PostgresClient) async throws -> Void) async throws {
+        var admin = server
+        admin.database = "postgres"
+        try await withPostgresClient(admin, logger: logger, body)
+    }
+}

@@ -1,0 +1,34 @@
+/// Throughput and latency percentiles of one benchmark run.
+struct LatencySummary {
+    let operations: Int
+    let seconds: Double
+    /// Sorted latencies in milliseconds.
+    let latencies: [Double]
+
+    init(operations: Int, seconds: Double, latencies: [Double]) {
+        self.operations = operations
+        self.seconds = seconds
+        self.latencies = latencies.sorted()
+    }
+
+    var perSecond: Double { seconds > 0 ? Double(operations) / seconds : 0 }
+
+    func percentile(_ p: Double) -> Double {
+        guard !latencies.isEmpty else { return .nan }
+        let index = min(latencies.count - 1, Int((p / 100 * Double(latencies.count)).rounded(.up)) - 1)
+        return latencies[max(0, index)]
+    }
+}
+
+func format(_ value: Double, decimals: Int = 0) -> String {
+    guard value.isFinite else { return "-" }
+    var text = String(Int((value * pow10(decimals)).rounded()))
+    guard decimals > 0 else { return text }
+    let negative = text.hasPrefix("-")
+    if negative { text.removeFirst() }
+    while text.count <= decimals { text = "0" + text }
+    text.insert(".", at: text.index(text.endIndex, offsetBy: -decimals))
+    return (negative ? "-" : "") + text
+}
+
+private func pow10(_ n: Int) -> Double { (0..<n).reduce(1.0) { acc, _ in acc * 10 } }

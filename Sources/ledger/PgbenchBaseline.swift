@@ -1,0 +1,63 @@
+import ArgumentParser
+import Foundation
+import LedgerStore
+import PostgresNIO
+
+/// The baseline: pgbench doing single-row INSERTs of an event's shape into a bare table.
+struct PgbenchBaseline {
+    let binaries: PostgresBinaries
+    let configuration: PostgresClient.Configuration
+    let workDirectory: URL
+
+    static let tableSQL = """
+        CREATE TABLE bench_baseline (
+            stream_id text, stream_version bigint, event_id uuid, type text, data jsonb, metadata jsonb,
+            recorded_at timestamptz DEFAULT now(), transaction_id xid8 DEFAULT pg_current_xact_id())
+        """
+
+    static let script = """
+        \\set n random(1, 2000000000)
+        INSERT INTO bench_baseline (stream_id, stream_version, event_id, type, data, metadata) VALUES ('bench-' || :n, 0, gen_random_uuid(), 'created', '{"orderId": "o-1", "userId": "u-1", "productId": "p-1", "price": "0.99"}', '{"by": "bench"}');
+
+        """
+
+    func run(concurrency: Int, seconds: Int) throws -> LatencySummary {
+        let runDirectory = workDirectory.appendingPathComponent("pgbench-\(concurrency)")
+        try? FileManager.default.removeItem(at: runDirectory)
+        try FileManager.default.createDirectory(at: runDirectory, withIntermediateDirectories: true)
+        let scriptPath = runDirectory.appendingPathComponent("insert.sql").path
+        try Self.script.write(toFile: scriptPath, atomically: true, encoding: .utf8)
+
+        var arguments = ["-n", "-M", "prepared", "-c", "\(concurrency)", "-j", "\(min(concurrency, 2))", "-T", "\(seconds)",
+                         "-l", "--log-prefix", runDirectory.appendingPathComponent("log").path, "-f", scriptPath,
+                         "-U", configuration.username]
+        if let socket = configuration.unixSocketPath {
+            let url = URL(fileURLWithPath: socket)
+            arguments += ["-h", url.deletingLastPathComponent().path, "-p", String(url.lastPathComponent.split(separator: ".").last ?? "5432")]
+        } else {
+            arguments += ["-h", configuration.host ?? "localhost", "-p", "\(configuration.port ?? 5432)"]
+        }
+        arguments.append(configuration.database ?? configuration.username)
+        if let password = configuration.password { setenv("PGPASSWORD", password, 1) }
+
+        let outcome = try ProcessRunner(workingDirectory: runDirectory).run(binaries.pgbench, arguments)
+        guard outcome.status == 0 else { throw ValidationError("pgbench failed: \(outcome.output)") }
+        return try summary(output: outcome.output, logDirectory: runDirectory, seconds: seconds)
+    }
+
+    /// Transactions from the summary, latencies from the per-transaction logs (third field, µs).
+    private func summary(output: String, logDirectory: URL, seconds: Int) throws -> LatencySummary {
+        let processed = output.split(separator: "\n").first { $0.contains("number of transactions actually processed") }
+            .flatMap { $0.split(separator: ":").last?.split(separator: "/").first }
+            .flatMap { Int($0.trimmingCharacters(in: .whitespaces)) } ?? 0
+        var latencies: [Double] = []
+        for file in try FileManager.default.contentsOfDirectory(atPath: logDirectory.path) where file.hasPrefix("log") {
+            let text = try String(contentsOf: logDirectory.appendingPathComponent(file), encoding: .utf8)
+            for line in text.split(separator: "\n") {
+                let fields = line.split(separator: " ")
+                if fields.count > 2, let micros = Double(fields[2]) { latencies.append(micros / 1000) }
+            }
+        }
+        return LatencySummary(operations: processed, seconds: Double(seconds), latencies: latencies)
+    }
+}
