@@ -3,7 +3,7 @@ import PackageDescription
 
 let package = Package(
     name: "order-ledger",
-    platforms: [.macOS(.v14)],
+    platforms: [.macOS(.v15)],
     products: [
         .executable(name: "ledger", targets: ["ledger"]),
     ],

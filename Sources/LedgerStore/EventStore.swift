@@ -10,55 +10,46 @@ public struct EventStore: Sendable {
     public static let maximumReadLimit = 10_000
 
     public let database: Database
+    private let batcher: AppendBatcher
 
-    public init(database: Database) {
+    /// - Parameter groupCommitWriters: how many group-commit transactions may be in flight at
+    ///   once. One measured best on 2 cores (bigger batches); more isolate a batch that waits
+    ///   for a stream lock held by a caller's own transaction.
+    public init(database: Database, groupCommitWriters: Int = 1) {
         self.database = database
+        self.batcher = AppendBatcher(database: database, maximumWriters: groupCommitWriters)
     }
 
-    /// Appends `events` to `stream` in a transaction of its own.
+    /// Appends `events` to `stream` in a transaction of its own; concurrent appends share one
+    /// transaction (group commit), each still checked and answered on its own. The answer comes
+    /// after COMMIT: an acknowledged append is durable.
     public func append(
         _ events: [NewEvent], to stream: StreamID, expectedVersion: ExpectedVersion = .any
     ) async throws -> AppendResult {
-        try await database.client.withConnection { connection in
-            try await append(events, to: stream, expectedVersion: expectedVersion, on: connection)
-        }
+        guard !events.isEmpty else { throw AppendError.invalidBatch("a batch holds at least one event") }
+        return try await batcher.append(events, to: stream, expectedVersion: expectedVersion)
     }
 
-    /// Appends `events` to `stream` on `connection`, inside whatever transaction it has open: the
-    /// stream stays locked for other writers until that transaction ends.
+    /// Appends `events` to `stream` on `connection`, inside the transaction the caller has open:
+    /// the stream stays locked for other writers until that transaction ends, and the events are
+    /// durable only once the caller's COMMIT returns.
     public func append(
         _ events: [NewEvent], to stream: StreamID, expectedVersion: ExpectedVersion = .any,
         on connection: PostgresConnection
     ) async throws -> AppendResult {
         guard !events.isEmpty else { throw AppendError.invalidBatch("a batch holds at least one event") }
-        let ids = events.map(\.id.uuid)
-        let types = events.map(\.type)
-        let data = events.map { String(decoding: $0.data, as: UTF8.self) }
-        let metadata = events.map { String(decoding: $0.metadata, as: UTF8.self) }
-        let expected = expectedVersion.databaseValue
-        var versions: [Int64] = []
-        var positions: [Int64] = []
-        var replayed = false
         do {
-            let rows = try await connection.query(
-                """
-                SELECT r_stream_version, r_global_position, r_replayed
-                FROM append_events(\(stream.rawValue), \(expected), \(ids), \(types), \(data)::jsonb[], \(metadata)::jsonb[])
-                """,
-                logger: database.logger
-            )
-            for try await (version, position, wasReplayed) in rows.decode((Int64, Int64, Bool).self) {
-                versions.append(version)
-                positions.append(position)
-                replayed = wasReplayed
-            }
-        } catch let error as PSQLError {
-            throw Self.appendError(error, stream: stream, expected: expectedVersion, events: events)
+            let rows = try await Self.appendRows(events, to: stream, expected: expectedVersion, on: connection, logger: database.logger)
+            return try Self.answer(rows, stream, expectedVersion).get()
+        } catch {
+            throw Self.mapError(error, stream, expectedVersion, events)
         }
-        guard let last = versions.last else {
-            throw AppendError.invalidBatch("the database appended nothing")
-        }
-        return AppendResult(streamVersion: last, positions: positions, replayed: replayed)
+    }
+
+    /// How many batches and appends the group commit has written.
+    public var groupCommitStatistics: (batches: Int, appends: Int) {
+        let statistics = batcher.statistics
+        return (statistics.batches, statistics.appends)
     }
 
     /// The version of the stream's last event, or -1 when the stream has none.
@@ -118,21 +109,67 @@ public struct EventStore: Sendable {
         return events
     }
 
-    static func appendError(_ error: PSQLError, stream: StreamID, expected: ExpectedVersion, events: [NewEvent]) -> any Error {
+    /// One row of `append_to_stream`'s answer.
+    struct StatusRow: Sendable {
+        let status: String
+        let detail: String?
+        let eventID: UUID?
+        let version: Int64?
+        let position: Int64?
+    }
+
+    static func appendRows(
+        _ events: [NewEvent], to stream: StreamID, expected: ExpectedVersion, on connection: PostgresConnection, logger: Logger
+    ) async throws -> [StatusRow] {
+        let ids = events.map(\.id.uuid)
+        let types = events.map(\.type)
+        let data = events.map { String(decoding: $0.data, as: UTF8.self) }
+        let metadata = events.map { String(decoding: $0.metadata, as: UTF8.self) }
+        let rows = try await connection.query(
+            """
+            SELECT r_status, r_detail, r_event_id, r_stream_version, r_global_position
+            FROM append_to_stream(\(stream.rawValue), \(expected.databaseValue), \(ids), \(types), \(data)::jsonb[], \(metadata)::jsonb[])
+            """,
+            logger: logger
+        )
+        var answer: [StatusRow] = []
+        for try await (status, detail, id, version, position) in rows.decode((String, String?, UUID?, Int64?, Int64?).self) {
+            answer.append(StatusRow(status: status, detail: detail, eventID: id, version: version, position: position))
+        }
+        return answer
+    }
+
+    /// The append's result, or its refusal, from its status rows.
+    static func answer(_ rows: [StatusRow], _ stream: StreamID, _ expected: ExpectedVersion) -> Result<AppendResult, any Error> {
+        guard let first = rows.first else { return .failure(AppendError.invalidBatch("the database answered nothing")) }
+        switch first.status {
+        case "appended", "replayed":
+            let positions = rows.compactMap(\.position)
+            guard positions.count == rows.count, let version = rows.last?.version else {
+                return .failure(AppendError.invalidBatch("the database answered an incomplete append"))
+            }
+            return .success(AppendResult(streamVersion: version, positions: positions, replayed: first.status == "replayed"))
+        case "wrong-expected-version":
+            let current = first.detail.flatMap(Int64.init) ?? ExpectedVersion.noStreamVersion
+            return .failure(AppendError.wrongExpectedVersion(stream: stream, expected: expected, current: current))
+        case "event-id-conflict":
+            return .failure(AppendError.eventIDConflict(EventID(first.eventID ?? UUID())))
+        default:
+            return .failure(AppendError.invalidBatch(first.detail ?? first.status))
+        }
+    }
+
+    /// Maps PostgreSQL's refusals of an append to domain errors; other errors pass through.
+    static func mapError(_ error: any Error, _ stream: StreamID, _ expected: ExpectedVersion, _ events: [NewEvent]) -> any Error {
+        guard let error = error as? PSQLError else { return error }
         switch error.sqlState {
-        case "LE001":
-            let current = error.serverInfo?[.detail].flatMap(Int64.init) ?? ExpectedVersion.noStreamVersion
-            return AppendError.wrongExpectedVersion(stream: stream, expected: expected, current: current)
-        case "LE002":
-            let id = error.serverInfo?[.detail].flatMap { try? EventID($0) } ?? events[0].id
-            return AppendError.eventIDConflict(id)
-        case "LE003":
-            return AppendError.invalidBatch(error.serverMessage ?? "invalid batch")
         case "22P02", "22032":
             return AppendError.invalidBatch("data and metadata must be JSON: \(error.serverMessage ?? "")")
         case "23505" where error.serverInfo?[.constraintName] == "events_event_id_key":
-            // Another transaction took this event id for another stream at the same moment.
-            return AppendError.eventIDConflict(events[0].id)
+            // Another transaction took one of these event ids at the same moment.
+            let detail = error.serverInfo?[.detail] ?? ""
+            let id = events.first { detail.contains($0.id.description) }?.id ?? events[0].id
+            return AppendError.eventIDConflict(id)
         default:
             return error
         }

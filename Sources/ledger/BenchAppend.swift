@@ -19,6 +19,8 @@ struct BenchAppend: AsyncParsableCommand {
     var seconds = 15
     @Option(help: "Comma-separated concurrency levels")
     var concurrency = "1,8,32"
+    @Option(help: "Group-commit transactions in flight at once")
+    var groupCommitWriters = 1
 
     static let benchDatabase = "ledger_bench"
 
@@ -56,22 +58,27 @@ struct BenchAppend: AsyncParsableCommand {
         print("Event-store append vs pgbench single-row INSERT: PostgreSQL \(version), \(ProcessInfo.processInfo.activeProcessorCount) cores, \(seconds) s per cell")
         print("| concurrency | ledger events/s | p50 ms | p99 ms | pgbench rows/s | p50 ms | p99 ms | ratio |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        var batching: [String] = []
         for level in levels {
-            let ledger = try await measureAppends(benchConfiguration, concurrency: level, logger: logger)
+            let (ledger, perTransaction) = try await measureAppends(benchConfiguration, concurrency: level, logger: logger)
+            batching.append("\(level): \(format(perTransaction, decimals: 1))")
             let base = try baseline.run(concurrency: level, seconds: seconds)
             let ratio = base.perSecond > 0 ? ledger.perSecond / base.perSecond : .nan
             print("| \(level) | \(format(ledger.perSecond)) | \(format(ledger.percentile(50), decimals: 2)) | \(format(ledger.percentile(99), decimals: 2)) | \(format(base.perSecond)) | \(format(base.percentile(50), decimals: 2)) | \(format(base.percentile(99), decimals: 2)) | \(format(ratio, decimals: 2)) |")
         }
+        print("Appends per group-commit transaction, by concurrency: \(batching.joined(separator: ", "))")
         try await dropDatabase(opened.clientConfiguration, logger: logger)
     }
 
-    func measureAppends(_ configuration: PostgresClient.Configuration, concurrency: Int, logger: Logger) async throws -> LatencySummary {
+    /// Appends per second and latencies, and the mean number of appends per group commit.
+    func measureAppends(_ configuration: PostgresClient.Configuration, concurrency: Int, logger: Logger) async throws -> (LatencySummary, Double) {
         var configuration = configuration
         configuration.options.maximumConnections = concurrency
         configuration.options.minimumConnections = concurrency
         let seconds = self.seconds
+        let groupCommitWriters = self.groupCommitWriters
         return try await withPostgresClient(configuration, logger: logger) { client in
-            let store = EventStore(database: Database(client: client, logger: logger))
+            let store = EventStore(database: Database(client: client, logger: logger), groupCommitWriters: groupCommitWriters)
             let run = UUID().uuidString.prefix(8)
             // Warm up the pool and the server's caches, unmeasured.
             _ = try await appendLoop(store, workers: concurrency, for: .seconds(1), prefix: "warm-\(run)")
@@ -79,7 +86,9 @@ struct BenchAppend: AsyncParsableCommand {
             let latencies = try await appendLoop(store, workers: concurrency, for: .seconds(seconds), prefix: "bench-\(run)")
             let elapsed = ContinuousClock.now - start
             let elapsedSeconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-            return LatencySummary(operations: latencies.count, seconds: elapsedSeconds, latencies: latencies)
+            let batching = store.groupCommitStatistics
+            let perTransaction = Double(batching.appends) / Double(max(1, batching.batches))
+            return (LatencySummary(operations: latencies.count, seconds: elapsedSeconds, latencies: latencies), perTransaction)
         }
     }
 

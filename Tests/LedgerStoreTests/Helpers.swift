@@ -10,3 +10,10 @@ func event(_ type: String = "created", _ json: String = #"{"n": 1}"#, id: EventI
 func uniqueStream(_ prefix: String = "order") throws -> StreamID {
     try StreamID("\(prefix)-\(UUID().uuidString.prefix(8))")
 }
+
+extension Result where Failure == any Error {
+    /// The result of an async throwing body.
+    init(catching body: () async throws -> Success) async {
+        do { self = .success(try await body()) } catch { self = .failure(error) }
+    }
+}

@@ -9,8 +9,17 @@ public struct TestDatabase: Sendable {
     public let name: String
     public let configuration: PostgresClient.Configuration
     public let client: PostgresClient
-    public var database: Database { Database(client: client, logger: TestServer.logger) }
-    public var store: EventStore { EventStore(database: database) }
+    public let database: Database
+    /// One store for the whole test, so that its appends share the group commit.
+    public let store: EventStore
+
+    init(name: String, configuration: PostgresClient.Configuration, client: PostgresClient) {
+        self.name = name
+        self.configuration = configuration
+        self.client = client
+        self.database = Database(client: client, logger: TestServer.logger)
+        self.store = EventStore(database: database)
+    }
 
     /// Opens a single connection of its own (for tests that hold transactions open).
     public func connect(id: Int = 1) async throws -> PostgresConnection {
