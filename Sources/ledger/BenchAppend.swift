@@ -26,7 +26,8 @@ struct BenchAppend: AsyncParsableCommand {
 
     static let logger: Logger = {
         var logger = Logger(label: "ledger-bench")
-        logger.logLevel = .warning
+        // Pools warn when leased before their run loop starts, which is harmless here.
+        logger.logLevel = .error
         return logger
     }()
 
