@@ -19,6 +19,11 @@ public struct StreamID: Hashable, Sendable, Codable, CustomStringConvertible {
         self.rawValue = rawValue
     }
 
+    /// A stream id built from already validated parts.
+    init(unchecked rawValue: String) {
+        self.rawValue = rawValue
+    }
+
     public init(from decoder: any Decoder) throws {
         let container = try decoder.singleValueContainer()
         try self.init(container.decode(String.self))

@@ -1,0 +1,74 @@
+/// Validation shared by the ledger's string identifiers: 1 to 128 characters, no control characters.
+public enum Identifier {
+    public static let maximumLength = 128
+
+    public static func validate(_ value: String, field: String) throws(LedgerInputError) -> String {
+        guard !value.isEmpty else { throw LedgerInputError(field: field, problem: "is empty") }
+        guard value.count <= maximumLength else {
+            throw LedgerInputError(field: field, problem: "is longer than \(maximumLength) characters")
+        }
+        guard !value.unicodeScalars.contains(where: { $0.properties.generalCategory == .control }) else {
+            throw LedgerInputError(field: field, problem: "contains a control character")
+        }
+        return value
+    }
+}
+
+/// A string identifier with its field name, validated on creation and when decoded.
+public protocol ValidatedIdentifier: Hashable, Sendable, Codable, CustomStringConvertible {
+    static var field: String { get }
+    var rawValue: String { get }
+    init(unchecked rawValue: String)
+}
+
+extension ValidatedIdentifier {
+    public init(_ rawValue: String) throws(LedgerInputError) {
+        self.init(unchecked: try Identifier.validate(rawValue, field: Self.field))
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.singleValueContainer()
+        try self.init(container.decode(String.self))
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        try container.encode(rawValue)
+    }
+
+    public var description: String { rawValue }
+}
+
+/// The client-chosen id of an order (the value once put in `applicationUsername`).
+public struct OrderID: ValidatedIdentifier {
+    public static let field = "orderId"
+    public let rawValue: String
+    public init(unchecked rawValue: String) { self.rawValue = rawValue }
+
+    /// The order's event stream.
+    public var streamID: StreamID { StreamID(unchecked: "order-" + rawValue) }
+}
+
+/// The backend's id of the paying user.
+public struct UserID: ValidatedIdentifier {
+    public static let field = "userId"
+    public let rawValue: String
+    public init(unchecked rawValue: String) { self.rawValue = rawValue }
+}
+
+/// An App Store product id.
+public struct ProductID: ValidatedIdentifier {
+    public static let field = "productId"
+    public let rawValue: String
+    public init(unchecked rawValue: String) { self.rawValue = rawValue }
+}
+
+/// Apple's id of one transaction.
+public struct TransactionID: ValidatedIdentifier {
+    public static let field = "transactionId"
+    public let rawValue: String
+    public init(unchecked rawValue: String) { self.rawValue = rawValue }
+
+    /// The transaction's event stream, once it enters the pool.
+    public var streamID: StreamID { StreamID(unchecked: "transaction-" + rawValue) }
+}

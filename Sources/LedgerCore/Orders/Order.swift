@@ -1,0 +1,110 @@
+import Foundation
+
+/// The current state of one order, folded from its events by `Order.evolve`.
+public struct Order: Sendable, Equatable, Codable {
+    public var orderId: OrderID
+    public var userId: UserID
+    public var productId: ProductID
+    public var quantity: Int
+    public var price: String?
+    public var currency: String?
+    public var appAccountToken: UUID
+    public var state: OrderState
+    /// The stream version of the order's last event.
+    public var version: Int64
+    public var transactionId: TransactionID?
+    public var createdAt: Date
+    public var updatedAt: Date
+    /// When the client last put the payment into the StoreKit queue (the reconciler's tie-break).
+    public var queuedAt: Date?
+    /// The state a refund interrupted, restored by `refund-reversed`.
+    public var stateBeforeRefund: OrderState?
+    public var failureReason: String?
+}
+
+extension Order {
+    /// Applies one accepted event (the event at `version`, recorded at `date`). Pure: projections
+    /// and replays both use it. An event the transition table refuses leaves the order unchanged.
+    public static func evolve(_ order: Order?, _ event: OrderEvent, orderID: OrderID, version: Int64, at date: Date) -> Order? {
+        guard OrderTransitions.isAllowed(event.type, from: order?.state) else { return order }
+        if case .created(let body) = event {
+            return Order(
+                orderId: orderID, userId: body.userId, productId: body.productId, quantity: body.quantity,
+                price: body.price, currency: body.currency, appAccountToken: body.appAccountToken,
+                state: .created, version: version, transactionId: nil, createdAt: date, updatedAt: date,
+                queuedAt: nil, stateBeforeRefund: nil, failureReason: nil)
+        }
+        guard var next = order else { return nil }
+        next.version = version
+        next.updatedAt = date
+        switch event {
+        case .created:
+            break
+        case .paymentAdded(let body):
+            next.state = .paymentAdded
+            next.queuedAt = body.queuedAt
+        case .receiptReceived(let body):
+            next.state = .receiptReceived
+            next.transactionId = body.transactionId
+        case .verified:
+            next.state = .verified
+        case .delivered:
+            next.state = .delivered
+        case .finished:
+            next.state = .finished
+        case .refunded:
+            next.stateBeforeRefund = next.state
+            next.state = .refunded
+        case .refundReversed:
+            next.state = next.stateBeforeRefund ?? .verified
+            next.stateBeforeRefund = nil
+        case .failed(let body):
+            next.state = .failed
+            next.failureReason = body.reason
+        }
+        return next
+    }
+
+    /// Decides whether `event` may be appended to `order` (nil: no order yet): the events to
+    /// append, or why not.
+    public static func decide(_ order: Order?, _ event: OrderEvent) -> Result<[OrderEvent], OrderDecisionError> {
+        if case .created = event, let order {
+            return .failure(.orderExists(order.orderId))
+        }
+        guard OrderTransitions.isAllowed(event.type, from: order?.state) else {
+            guard let order else { return .failure(.noSuchOrder) }
+            return .failure(.transitionNotAllowed(
+                state: order.state, type: event.type, allowed: OrderTransitions.allowed(from: order.state)))
+        }
+        return .success([event])
+    }
+}
+
+/// Why an order event was refused, with a stable code.
+public enum OrderDecisionError: Error, Sendable, Equatable, CustomStringConvertible {
+    case transitionNotAllowed(state: OrderState, type: OrderEventType, allowed: [OrderEventType])
+    case orderExists(OrderID)
+    case noSuchOrder
+
+    public var code: String {
+        switch self {
+        case .transitionNotAllowed: "transition-not-allowed"
+        case .orderExists: "order-exists"
+        case .noSuchOrder: "order-not-found"
+        }
+    }
+
+    public var description: String {
+        return switch self {
+        case .transitionNotAllowed(let state, let type, let allowed):
+            Self.refusal(state: state, type: type, allowed: allowed)
+        case .orderExists(let id): "order \(id) already exists"
+        case .noSuchOrder: "the order does not exist"
+        }
+    }
+
+    static func refusal(state: OrderState, type: OrderEventType, allowed: [OrderEventType]) -> String {
+        let list = allowed.isEmpty ? "none: the order is closed" : allowed.map(\.rawValue).joined(separator: ", ")
+        return "\(type.rawValue) is not allowed when the order is \(state.rawValue); allowed: \(list)"
+    }
+}

@@ -1,0 +1,93 @@
+import Foundation
+
+/// `created`: the order exists.
+public struct OrderCreated: Codable, Sendable, Equatable {
+    public var userId: UserID
+    public var productId: ProductID
+    public var quantity: Int
+    public var price: String?
+    public var currency: String?
+    public var appAccountToken: UUID
+
+    public init(userId: UserID, productId: ProductID, quantity: Int = 1, price: String? = nil, currency: String? = nil, appAccountToken: UUID = UUID()) {
+        self.userId = userId
+        self.productId = productId
+        self.quantity = quantity
+        self.price = price
+        self.currency = currency
+        self.appAccountToken = appAccountToken
+    }
+}
+
+/// `payment-added`: the client put the payment into the StoreKit queue.
+public struct PaymentAdded: Codable, Sendable, Equatable {
+    public var queuedAt: Date
+    public init(queuedAt: Date) { self.queuedAt = queuedAt }
+}
+
+/// How a transaction was tied to its order.
+public enum MatchedBy: String, Codable, Sendable, CaseIterable {
+    case applicationUsername, appAccountToken, reconciler, support
+}
+
+/// The form a proof of purchase came in.
+public enum ReceiptFormat: String, Codable, Sendable, CaseIterable {
+    case jws, receipt
+}
+
+/// `receipt-received`: proof of an Apple transaction for this order arrived.
+public struct ReceiptReceived: Codable, Sendable, Equatable {
+    public var transactionId: TransactionID
+    public var productId: ProductID
+    public var purchaseDate: Date
+    public var receiptSha256: String
+    public var format: ReceiptFormat
+    public var matchedBy: MatchedBy
+
+    public init(transactionId: TransactionID, productId: ProductID, purchaseDate: Date, receiptSha256: String, format: ReceiptFormat, matchedBy: MatchedBy) {
+        self.transactionId = transactionId
+        self.productId = productId
+        self.purchaseDate = purchaseDate
+        self.receiptSha256 = receiptSha256
+        self.format = format
+        self.matchedBy = matchedBy
+    }
+}
+
+/// `verified`: the transaction was verified and matches the order.
+public struct Verified: Codable, Sendable, Equatable {
+    public var transactionId: TransactionID?
+    public var environment: String?
+    public init(transactionId: TransactionID? = nil, environment: String? = nil) {
+        self.transactionId = transactionId
+        self.environment = environment
+    }
+}
+
+/// `refunded`: Apple refunded or revoked the transaction.
+public struct Refunded: Codable, Sendable, Equatable {
+    public var revocationDate: Date
+    public var revocationReason: Int?
+    public var revocationType: String?
+    public init(revocationDate: Date, revocationReason: Int? = nil, revocationType: String? = nil) {
+        self.revocationDate = revocationDate
+        self.revocationReason = revocationReason
+        self.revocationType = revocationType
+    }
+}
+
+/// `failed`: the order ended without delivery.
+public struct Failed: Codable, Sendable, Equatable {
+    public var reason: String
+    public var detail: String?
+    public init(reason: String, detail: String? = nil) {
+        self.reason = reason
+        self.detail = detail
+    }
+}
+
+/// An event with no fields of its own (`delivered`, `finished`, `refund-reversed`); any fields a
+/// caller sends with it are kept in the stored body.
+public struct NoFields: Codable, Sendable, Equatable {
+    public init() {}
+}

@@ -1,0 +1,51 @@
+/// Where an order stands: the type of its last state-changing event.
+public enum OrderState: String, Codable, Sendable, CaseIterable {
+    case created
+    case paymentAdded = "payment-added"
+    case receiptReceived = "receipt-received"
+    case verified, delivered, finished, failed, refunded
+
+    /// True once the client may finish the StoreKit transaction: the goods were delivered, or the
+    /// order was definitively rejected (DESIGN.md promise 11).
+    public var clientMayFinish: Bool {
+        switch self {
+        case .delivered, .finished, .failed, .refunded: true
+        case .created, .paymentAdded, .receiptReceived, .verified: false
+        }
+    }
+
+    /// Open orders can still receive a transaction.
+    public var isOpen: Bool { self == .created || self == .paymentAdded }
+}
+
+/// The type of an order event, exactly as it is named on the wire.
+public enum OrderEventType: String, Codable, Sendable, CaseIterable {
+    case created
+    case paymentAdded = "payment-added"
+    case receiptReceived = "receipt-received"
+    case verified, delivered, finished, refunded
+    case refundReversed = "refund-reversed"
+    case failed
+}
+
+/// The order state machine's transition table: the only place that knows it.
+public enum OrderTransitions {
+    /// The event types an order accepts in `state` (nil: no order yet).
+    public static func allowed(from state: OrderState?) -> [OrderEventType] {
+        switch state {
+        case nil: [.created]
+        case .created: [.paymentAdded, .receiptReceived, .failed]
+        case .paymentAdded: [.receiptReceived, .failed]
+        case .receiptReceived: [.verified, .failed]
+        case .verified: [.delivered, .refunded, .failed]
+        case .delivered: [.finished, .refunded, .failed]
+        case .finished: [.refunded]
+        case .refunded: [.refundReversed]
+        case .failed: []
+        }
+    }
+
+    public static func isAllowed(_ type: OrderEventType, from state: OrderState?) -> Bool {
+        allowed(from: state).contains(type)
+    }
+}
