@@ -6,11 +6,12 @@ public struct APIError: Error, HTTPResponseError, Sendable {
     public let status: HTTPResponse.Status
     public let code: String
     public let message: String
-    /// Further fields of the error object, such as the current version of a stream.
-    public let details: [String: String]
+    /// Further fields of the error object, such as the current version of a stream (values are
+    /// JSON-serializable: strings, numbers, arrays of them).
+    public let details: [String: any Sendable]
     public let headers: HTTPFields
 
-    public init(_ status: HTTPResponse.Status, code: String, message: String, details: [String: String] = [:], headers: HTTPFields = [:]) {
+    public init(_ status: HTTPResponse.Status, code: String, message: String, details: [String: any Sendable] = [:], headers: HTTPFields = [:]) {
         self.status = status
         self.code = code
         self.message = message
@@ -23,7 +24,7 @@ public struct APIError: Error, HTTPResponseError, Sendable {
     }
 
     func response(requestID: String?) -> Response {
-        var error: [String: String] = details
+        var error: [String: Any] = details
         error["code"] = code
         error["message"] = message
         if let requestID { error["requestId"] = requestID }

@@ -1,4 +1,5 @@
 import Hummingbird
+import LedgerCore
 import LedgerStore
 import Logging
 import PostgresNIO
@@ -9,6 +10,9 @@ public func buildRouter(database: Database, migrator: Migrator) -> Router<Ledger
     let router = Router(context: LedgerRequestContext.self)
     router.add(middleware: RequestIDMiddleware())
     HealthController(database: database, migrator: migrator).addRoutes(to: router)
+    let store = EventStore(database: database)
+    OrdersController(ledger: OrderLedger(database: database, store: store)).addRoutes(to: router)
+    EventsController(store: store).addRoutes(to: router)
     return router
 }
 

@@ -34,6 +34,9 @@ struct RequestIDMiddleware: RouterMiddleware {
     }
 
     static func errorResponse(_ error: any Error, request: Request, context: Context) -> Response {
+        if let mapped = APIError.from(error) {
+            return mapped.response(requestID: context.requestID)
+        }
         switch error {
         case let error as APIError:
             return error.response(requestID: context.requestID)

@@ -20,6 +20,28 @@ public struct Order: Sendable, Equatable, Codable {
     /// The state a refund interrupted, restored by `refund-reversed`.
     public var stateBeforeRefund: OrderState?
     public var failureReason: String?
+
+    public init(
+        orderId: OrderID, userId: UserID, productId: ProductID, quantity: Int, price: String?, currency: String?,
+        appAccountToken: UUID, state: OrderState, version: Int64, transactionId: TransactionID?, createdAt: Date,
+        updatedAt: Date, queuedAt: Date?, stateBeforeRefund: OrderState?, failureReason: String?
+    ) {
+        self.orderId = orderId
+        self.userId = userId
+        self.productId = productId
+        self.quantity = quantity
+        self.price = price
+        self.currency = currency
+        self.appAccountToken = appAccountToken
+        self.state = state
+        self.version = version
+        self.transactionId = transactionId
+        self.createdAt = createdAt
+        self.updatedAt = updatedAt
+        self.queuedAt = queuedAt
+        self.stateBeforeRefund = stateBeforeRefund
+        self.failureReason = failureReason
+    }
 }
 
 extension Order {

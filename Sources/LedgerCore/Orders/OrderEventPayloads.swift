@@ -17,6 +17,21 @@ public struct OrderCreated: Codable, Sendable, Equatable {
         self.currency = currency
         self.appAccountToken = appAccountToken
     }
+
+    enum CodingKeys: String, CodingKey {
+        case userId, productId, quantity, price, currency, appAccountToken
+    }
+
+    /// Writes the token in lower case, as the API shows it.
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(userId, forKey: .userId)
+        try container.encode(productId, forKey: .productId)
+        try container.encode(quantity, forKey: .quantity)
+        try container.encodeIfPresent(price, forKey: .price)
+        try container.encodeIfPresent(currency, forKey: .currency)
+        try container.encode(appAccountToken.uuidString.lowercased(), forKey: .appAccountToken)
+    }
 }
 
 /// `payment-added`: the client put the payment into the StoreKit queue.

@@ -1,0 +1,45 @@
+import Foundation
+import Hummingbird
+import LedgerCore
+import LedgerStore
+
+/// The log's read routes: the gap-safe global feed and one stream.
+struct EventsController {
+    let store: EventStore
+
+    func addRoutes(to router: Router<LedgerRequestContext>) {
+        router.get("/v1/events") { request, _ in try await feed(request) }
+        router.get("/v1/streams/:streamId/events") { request, context in try await stream(request, context) }
+    }
+
+    /// `GET /v1/events?after=&limit=`: events after a position, in position order, never
+    /// skipping one that commits later (docs/architecture.md).
+    func feed(_ request: Request) async throws -> Response {
+        let query = request.uri.queryParameters
+        let after = try Self.position(query["after"], field: "after")
+        let limit = try OrdersController.limit(query["limit"], default: 100, maximum: 1000)
+        let events = try await store.readAll(after: after, limit: limit)
+        return Rendering.response(.ok, [
+            "events": events.map { Rendering.event($0, withStream: true) },
+            "next": events.last?.position ?? after,
+        ])
+    }
+
+    /// `GET /v1/streams/{streamId}/events?from=&limit=`.
+    func stream(_ request: Request, _ context: LedgerRequestContext) async throws -> Response {
+        let stream = try StreamID(context.parameters.get("streamId") ?? "")
+        let query = request.uri.queryParameters
+        let from = try Self.position(query["from"], field: "from")
+        let limit = try OrdersController.limit(query["limit"], default: 1000, maximum: 10_000)
+        let events = try await store.readStream(stream, from: from, limit: limit)
+        return Rendering.response(.ok, ["streamId": stream.rawValue, "events": events.map { Rendering.event($0) }])
+    }
+
+    static func position(_ text: Substring?, field: String) throws(LedgerInputError) -> Int64 {
+        guard let text else { return 0 }
+        guard let value = Int64(text), value >= 0 else {
+            throw LedgerInputError(field: field, problem: "must be a whole number, 0 or more")
+        }
+        return value
+    }
+}

@@ -1,0 +1,66 @@
+import Foundation
+import Hummingbird
+import LedgerCore
+
+/// A request's JSON object, read with a size limit, with typed accessors that name the field
+/// that is missing or wrong.
+struct JSONBody {
+    /// The largest body the API reads.
+    static let maximumBytes = 256 * 1024
+
+    let object: [String: Any]
+
+    static func read(_ request: Request, context: LedgerRequestContext) async throws -> JSONBody {
+        let buffer: ByteBuffer
+        do {
+            buffer = try await request.body.collect(upTo: maximumBytes)
+        } catch {
+            throw APIError(.contentTooLarge, code: "body-too-large", message: "the body is larger than \(maximumBytes / 1024) KiB")
+        }
+        guard buffer.readableBytes > 0 else {
+            throw APIError(.badRequest, code: "invalid-json", message: "the body is empty; send a JSON object")
+        }
+        let parsed = try? JSONSerialization.jsonObject(with: Data(buffer: buffer), options: [.fragmentsAllowed])
+        guard let parsed else {
+            throw APIError(.badRequest, code: "invalid-json", message: "the body is not valid JSON")
+        }
+        guard let object = parsed as? [String: Any] else {
+            throw APIError(.badRequest, code: "invalid-json", message: "the body must be a JSON object")
+        }
+        return JSONBody(object: object)
+    }
+
+    func string(_ field: String) throws(LedgerInputError) -> String? {
+        guard let value = object[field], !(value is NSNull) else { return nil }
+        guard let text = value as? String else { throw LedgerInputError(field: field, problem: "must be a string") }
+        return text
+    }
+
+    func requiredString(_ field: String) throws(LedgerInputError) -> String {
+        guard let text = try string(field) else { throw LedgerInputError(field: field, problem: "is missing") }
+        return text
+    }
+
+    func integer(_ field: String) throws(LedgerInputError) -> Int64? {
+        guard let value = object[field], !(value is NSNull) else { return nil }
+        guard let number = value as? NSNumber, !Self.isBoolean(number), number.doubleValue == number.doubleValue.rounded(),
+              let integer = Int64(exactly: number.doubleValue) else {
+            throw LedgerInputError(field: field, problem: "must be an integer")
+        }
+        return integer
+    }
+
+    /// A nested JSON object, as JSON text.
+    func objectData(_ field: String) throws(LedgerInputError) -> Data {
+        guard let value = object[field], !(value is NSNull) else { throw LedgerInputError(field: field, problem: "is missing") }
+        guard value is [String: Any], let data = try? JSONSerialization.data(withJSONObject: value, options: [.sortedKeys]) else {
+            throw LedgerInputError(field: field, problem: "must be a JSON object")
+        }
+        return data
+    }
+
+    /// JSON's true and false arrive as NSNumber too; their type name tells them apart.
+    static func isBoolean(_ number: NSNumber) -> Bool {
+        String(describing: type(of: number)).contains("Boolean")
+    }
+}

@@ -1,0 +1,156 @@
+import Foundation
+import LedgerCore
+import Logging
+import PostgresNIO
+
+/// Orders on the event log: creating, appending through the state machine, reading. Each append
+/// and its projection rows commit in one database transaction.
+public struct OrderLedger: Sendable {
+    public let database: Database
+    public let store: EventStore
+    let projection: OrderProjection
+
+    public init(database: Database, store: EventStore) {
+        self.database = database
+        self.store = store
+        self.projection = OrderProjection(logger: database.logger)
+    }
+
+    /// What an append did to an order.
+    public struct Outcome: Sendable {
+        public let order: Order
+        /// False when this was a retry of an event already stored: nothing was appended.
+        public let appended: Bool
+    }
+
+    /// Creates the order, or answers the existing one when the same order is created again.
+    public func create(_ id: OrderID, _ body: OrderCreated, tokenGiven: Bool, metadata: Data) async throws -> Outcome {
+        if let existing = try await order(id) {
+            return try sameOrder(existing, body, tokenGiven: tokenGiven)
+        }
+        do {
+            return try await append(id, event: .created(body), eventID: EventID(), expected: .noStream, metadata: metadata)
+        } catch AppendError.wrongExpectedVersion {
+            // Created meanwhile by a concurrent request: the same order, or a conflict.
+            guard let existing = try await order(id) else { throw OrderDecisionError.noSuchOrder }
+            return try sameOrder(existing, body, tokenGiven: tokenGiven)
+        } catch let error as PSQLError where error.sqlState == "23505" {
+            throw OrderLedgerError.appAccountTokenTaken(body.appAccountToken)
+        }
+    }
+
+    private func sameOrder(_ existing: Order, _ body: OrderCreated, tokenGiven: Bool) throws -> Outcome {
+        let same = existing.userId == body.userId && existing.productId == body.productId && existing.quantity == body.quantity
+            && Self.sameDecimal(existing.price, body.price) && existing.currency == body.currency
+            && (!tokenGiven || existing.appAccountToken == body.appAccountToken)
+        guard same else { throw OrderDecisionError.orderExists(existing.orderId) }
+        return Outcome(order: existing, appended: false)
+    }
+
+    static func sameDecimal(_ a: String?, _ b: String?) -> Bool {
+        switch (a, b) {
+        case (nil, nil): true
+        case let (a?, b?): Decimal(string: a) == Decimal(string: b)
+        default: false
+        }
+    }
+
+    /// Appends one event through the state machine. A retry of an event id already stored with
+    /// the same body answers the order as it is, whatever its state now.
+    public func append(
+        _ id: OrderID, event: OrderEvent, eventID: EventID, expected: ExpectedVersion?, data: Data? = nil, metadata: Data
+    ) async throws -> Outcome {
+        let body = data ?? event.encodedData()
+        let newEvent = try NewEvent(id: eventID, type: event.type.rawValue, data: body, metadata: metadata)
+        return try await database.transaction { connection in
+            let current = try await projection.order(id, on: connection, forUpdate: true)
+            if let stored = try await storedEvent(eventID, on: connection) {
+                guard stored.streamID == id.streamID, stored.type == newEvent.type, try await sameJSON(stored.data, body, on: connection),
+                      let current else {
+                    throw AppendError.eventIDConflict(eventID)
+                }
+                return Outcome(order: current, appended: false)
+            }
+            let currentVersion = current?.version ?? ExpectedVersion.noStreamVersion
+            if let expected, expected != .any, expected.databaseValue != currentVersion {
+                throw AppendError.wrongExpectedVersion(stream: id.streamID, expected: expected, current: currentVersion)
+            }
+            let events = try Order.decide(current, event).get()
+            let result = try await store.append(
+                [newEvent], to: id.streamID,
+                expectedVersion: current.map { .exact($0.version) } ?? .noStream, on: connection)
+            guard !result.replayed else {
+                return Outcome(order: current!, appended: false)
+            }
+            let now = Date()
+            guard let next = events.reduce(current, { Order.evolve($0, $1, orderID: id, version: result.streamVersion, at: now) }) else {
+                throw OrderDecisionError.noSuchOrder
+            }
+            try await projection.save(next, on: connection)
+            if case .receiptReceived(let receipt) = event {
+                try await projection.claim(receipt, for: next, at: now, on: connection)
+            } else if next.transactionId != nil {
+                try await projection.updateTransaction(of: next, at: now, on: connection)
+            }
+            return Outcome(order: next, appended: true)
+        }
+    }
+
+    /// The order as its projection row has it, or nil.
+    public func order(_ id: OrderID) async throws -> Order? {
+        try await database.client.withConnection { try await projection.order(id, on: $0) }
+    }
+
+    /// Orders filtered by user, product and state (`open`: not finished, failed or refunded),
+    /// oldest first, after the order id `after` (for paging).
+    public func orders(userID: UserID?, productID: ProductID?, states: [OrderState]?, after: OrderID?, limit: Int) async throws -> [Order] {
+        let states = states?.map(\.rawValue)
+        let rows = try await database.client.query(
+            """
+            SELECT \(unescaped: OrderProjection.orderColumns) FROM orders
+            WHERE (\(userID?.rawValue)::text IS NULL OR user_id = \(userID?.rawValue))
+              AND (\(productID?.rawValue)::text IS NULL OR product_id = \(productID?.rawValue))
+              AND (\(states)::text[] IS NULL OR state = ANY(\(states)::text[]))
+              AND (\(after?.rawValue)::text IS NULL OR order_id > \(after?.rawValue))
+            ORDER BY order_id LIMIT \(min(max(limit, 1), 1000))
+            """,
+            logger: database.logger)
+        return try await OrderProjection.decodeOrders(rows)
+    }
+
+    private func storedEvent(_ id: EventID, on connection: PostgresConnection) async throws -> RecordedEvent? {
+        let rows = try await connection.query(
+            "SELECT \(unescaped: EventStore.columns) FROM events WHERE event_id = \(id.uuid)", logger: database.logger)
+        return try await EventStore.decode(rows).first
+    }
+
+    private func sameJSON(_ stored: Data, _ sent: Data, on connection: PostgresConnection) async throws -> Bool {
+        let rows = try await connection.query(
+            "SELECT \(String(decoding: stored, as: UTF8.self))::jsonb = \(String(decoding: sent, as: UTF8.self))::jsonb",
+            logger: database.logger)
+        for try await same in rows.decode(Bool.self) { return same }
+        return false
+    }
+}
+
+/// Refusals of the order ledger beyond the state machine, with stable codes.
+public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// The Apple transaction already belongs to another order.
+    case duplicateTransaction(TransactionID)
+    /// Another order already uses this appAccountToken.
+    case appAccountTokenTaken(UUID)
+
+    public var code: String {
+        switch self {
+        case .duplicateTransaction: "duplicate-transaction"
+        case .appAccountTokenTaken: "app-account-token-taken"
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .duplicateTransaction(let id): "Apple transaction \(id) already belongs to another order"
+        case .appAccountTokenTaken(let token): "appAccountToken \(token.uuidString.lowercased()) already belongs to another order"
+        }
+    }
+}

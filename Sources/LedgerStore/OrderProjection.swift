@@ -1,0 +1,79 @@
+import Foundation
+import LedgerCore
+import Logging
+import PostgresNIO
+
+/// The `orders` and `apple_transactions` projection rows, read and written on a connection (in
+/// the caller's transaction, next to the events they come from).
+struct OrderProjection: Sendable {
+    let logger: Logger
+
+    static let orderColumns = """
+        order_id, user_id, product_id, quantity, price::text, currency, app_account_token, state, version,
+        transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason
+        """
+
+    func order(_ id: OrderID, on connection: PostgresConnection, forUpdate: Bool = false) async throws -> Order? {
+        let lock = forUpdate ? " FOR UPDATE" : ""
+        let rows = try await connection.query(
+            "SELECT \(unescaped: Self.orderColumns) FROM orders WHERE order_id = \(id.rawValue)\(unescaped: lock)", logger: logger)
+        return try await Self.decodeOrders(rows).first
+    }
+
+    static func decodeOrders(_ rows: PostgresRowSequence) async throws -> [Order] {
+        var orders: [Order] = []
+        let columns = (String, String, String, Int, String?, String?, UUID, String, Int64, String?, Date, Date, Date?, String?, String?).self
+        for try await row in rows.decode(columns) {
+            let (id, user, product, quantity, price, currency, token, state, version, transaction, created, updated, queued, beforeRefund, failure) = row
+            orders.append(Order(
+                orderId: OrderID(unchecked: id), userId: UserID(unchecked: user), productId: ProductID(unchecked: product),
+                quantity: quantity, price: price, currency: currency, appAccountToken: token,
+                state: OrderState(rawValue: state) ?? .created, version: version,
+                transactionId: transaction.map(TransactionID.init(unchecked:)), createdAt: created, updatedAt: updated,
+                queuedAt: queued, stateBeforeRefund: beforeRefund.flatMap(OrderState.init(rawValue:)), failureReason: failure))
+        }
+        return orders
+    }
+
+    /// Writes the order's row as `evolve` left it.
+    func save(_ order: Order, on connection: PostgresConnection) async throws {
+        try await connection.query(
+            """
+            INSERT INTO orders (order_id, user_id, product_id, quantity, price, currency, app_account_token, state, version,
+                                transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason)
+            VALUES (\(order.orderId.rawValue), \(order.userId.rawValue), \(order.productId.rawValue), \(order.quantity),
+                    \(order.price)::numeric, \(order.currency), \(order.appAccountToken), \(order.state.rawValue), \(order.version),
+                    \(order.transactionId?.rawValue), \(order.createdAt), \(order.updatedAt), \(order.queuedAt),
+                    \(order.stateBeforeRefund?.rawValue), \(order.failureReason))
+            ON CONFLICT (order_id) DO UPDATE SET
+                state = EXCLUDED.state, version = EXCLUDED.version, transaction_id = EXCLUDED.transaction_id,
+                updated_at = EXCLUDED.updated_at, queued_at = EXCLUDED.queued_at,
+                state_before_refund = EXCLUDED.state_before_refund, failure_reason = EXCLUDED.failure_reason
+            """,
+            logger: logger)
+    }
+
+    /// Ties an Apple transaction to an order; a transaction already tied elsewhere is refused by
+    /// the primary key inside this transaction.
+    func claim(_ receipt: ReceiptReceived, for order: Order, at date: Date, on connection: PostgresConnection) async throws {
+        do {
+            try await connection.query(
+                """
+                INSERT INTO apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date, status, received_at, updated_at)
+                VALUES (\(receipt.transactionId.rawValue), \(order.orderId.rawValue), \(order.userId.rawValue),
+                        \(receipt.productId.rawValue), \(receipt.purchaseDate), 'claimed', \(date), \(date))
+                """,
+                logger: logger)
+        } catch let error as PSQLError where error.sqlState == "23505" {
+            throw OrderLedgerError.duplicateTransaction(receipt.transactionId)
+        }
+    }
+
+    /// Records what later events of its order say about a claimed transaction.
+    func updateTransaction(of order: Order, at date: Date, on connection: PostgresConnection) async throws {
+        guard let transaction = order.transactionId else { return }
+        try await connection.query(
+            "UPDATE apple_transactions SET status = \(order.state.rawValue), updated_at = \(date) WHERE transaction_id = \(transaction.rawValue)",
+            logger: logger)
+    }
+}

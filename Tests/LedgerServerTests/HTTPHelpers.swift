@@ -1,0 +1,30 @@
+import Foundation
+import Hummingbird
+import HummingbirdTesting
+import NIOCore
+
+extension TestClientProtocol {
+    /// Sends a JSON body (or raw text) and answers the status and the decoded JSON object.
+    @discardableResult
+    func send(_ method: HTTPRequest.Method, _ uri: String, json: Any? = nil, raw: String? = nil) async throws -> (HTTPResponse.Status, [String: Any]) {
+        var body: ByteBuffer?
+        if let json { body = ByteBuffer(bytes: try JSONSerialization.data(withJSONObject: json)) }
+        if let raw { body = ByteBuffer(string: raw) }
+        let response = try await execute(uri: uri, method: method, headers: [.contentType: "application/json"], body: body)
+        return (response.status, LedgerServerTests.json(response.body))
+    }
+}
+
+/// The error object of an error answer.
+func errorOf(_ json: [String: Any]) -> [String: Any] { json["error"] as? [String: Any] ?? [:] }
+
+func newOrder(_ id: String, user: String = "u-1", product: String = "gems.100") -> [String: Any] {
+    ["orderId": id, "userId": user, "productId": product, "price": "0.99", "currency": "USD"]
+}
+
+let sha = String(repeating: "ab", count: 32)
+
+func receipt(_ transaction: String, product: String = "gems.100") -> [String: Any] {
+    ["transactionId": transaction, "productId": product, "purchaseDate": "2026-11-21T10:00:00Z",
+     "receiptSha256": sha, "format": "jws", "matchedBy": "applicationUsername"]
+}

@@ -1,0 +1,231 @@
+import Foundation
+import Hummingbird
+import HummingbirdTesting
+import LedgerServer
+import LedgerTestSupport
+import Testing
+
+@Suite("Order routes over HTTP")
+struct OrderRoutesTests {
+    @Test("creating is idempotent on orderId: 201, then 200 with the same order, 409 for a different body")
+    func createIdempotent() async throws {
+        try await withLiveApplication { http, _ in
+            let (status, order) = try await http.send(.post, "/v1/orders", json: newOrder("o-1"))
+            #expect(status == .created)
+            #expect(order["state"] as? String == "created")
+            #expect(order["version"] as? Int == 0)
+            #expect(order["finishTransaction"] as? Bool == false)
+            let token = try #require(order["appAccountToken"] as? String)
+            #expect(UUID(uuidString: token) != nil)
+            #expect((order["events"] as? [[String: Any]])?.count == 1)
+
+            var again = newOrder("o-1")
+            again["price"] = "0.990"
+            let (retryStatus, retried) = try await http.send(.post, "/v1/orders", json: again)
+            #expect(retryStatus == .ok)
+            #expect(retried["appAccountToken"] as? String == token)
+            #expect((retried["events"] as? [[String: Any]])?.count == 1)
+
+            let (conflict, error) = try await http.send(.post, "/v1/orders", json: newOrder("o-1", user: "u-2"))
+            #expect(conflict == .conflict)
+            #expect(errorOf(error)["code"] as? String == "order-exists")
+
+            let given = "6f1c2a4e-0000-4000-8000-000000000042"
+            var withToken = newOrder("o-2")
+            withToken["appAccountToken"] = given
+            let (_, second) = try await http.send(.post, "/v1/orders", json: withToken)
+            #expect(second["appAccountToken"] as? String == given)
+            var reused = newOrder("o-3")
+            reused["appAccountToken"] = given
+            let (taken, takenError) = try await http.send(.post, "/v1/orders", json: reused)
+            #expect(taken == .conflict)
+            #expect(errorOf(takenError)["code"] as? String == "app-account-token-taken")
+        }
+    }
+
+    @Test("events go through the state machine; a refusal names the state and the allowed types")
+    func stateMachineOverHTTP() async throws {
+        try await withLiveApplication { http, _ in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-1"))
+            let (refused, error) = try await http.send(.post, "/v1/orders/o-1/events", json: ["type": "delivered", "data": [:]])
+            #expect(refused == .conflict)
+            #expect(errorOf(error)["code"] as? String == "transition-not-allowed")
+            #expect(errorOf(error)["state"] as? String == "created")
+            #expect(errorOf(error)["allowed"] as? [String] == ["payment-added", "receipt-received", "failed"])
+
+            let steps: [(String, [String: Any], String, Bool)] = [
+                ("payment-added", ["queuedAt": "2026-11-21T09:59:00Z"], "payment-added", false),
+                ("receipt-received", receipt("2000001"), "receipt-received", false),
+                ("verified", ["environment": "Production"], "verified", false),
+                ("delivered", [:], "delivered", true),
+                ("finished", [:], "finished", true),
+            ]
+            for (version, (type, data, state, finish)) in steps.enumerated() {
+                let (status, order) = try await http.send(.post, "/v1/orders/o-1/events", json: ["type": type, "data": data])
+                #expect(status == .created, "\(type)")
+                #expect(order["state"] as? String == state)
+                #expect(order["version"] as? Int == version + 1)
+                #expect(order["finishTransaction"] as? Bool == finish)
+            }
+            let (readStatus, order) = try await http.send(.get, "/v1/orders/o-1")
+            #expect(readStatus == .ok)
+            #expect(order["transactionId"] as? String == "2000001")
+            let events = try #require(order["events"] as? [[String: Any]])
+            #expect(events.map { $0["type"] as? String } == ["created", "payment-added", "receipt-received", "verified", "delivered", "finished"])
+            #expect(events.map { $0["version"] as? Int } == [0, 1, 2, 3, 4, 5])
+            #expect((events[1]["metadata"] as? [String: Any])?["requestId"] != nil)
+
+            let (closed, closedError) = try await http.send(.post, "/v1/orders/o-1/events", json: ["type": "failed", "data": ["reason": "cancelled"]])
+            #expect(closed == .conflict)
+            #expect(errorOf(closedError)["allowed"] as? [String] == ["refunded"])
+        }
+    }
+
+    @Test("retries with the same eventId answer the first result; another body is a 409; expectedVersion is checked")
+    func idempotentEventsAndVersions() async throws {
+        try await withLiveApplication { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-1"))
+            let event: [String: Any] = ["type": "payment-added", "eventId": "6f1c2a4e-0000-4000-8000-0000000000aa",
+                                        "expectedVersion": 0, "data": ["queuedAt": "2026-11-21T09:59:00Z"]]
+            let (first, _) = try await http.send(.post, "/v1/orders/o-1/events", json: event)
+            #expect(first == .created)
+            for _ in 0..<3 {
+                let (again, order) = try await http.send(.post, "/v1/orders/o-1/events", json: event)
+                #expect(again == .ok)
+                #expect(order["version"] as? Int == 1)
+            }
+            var changed = event
+            changed["data"] = ["queuedAt": "2026-11-21T10:59:00Z"]
+            let (conflict, error) = try await http.send(.post, "/v1/orders/o-1/events", json: changed)
+            #expect(conflict == .conflict)
+            #expect(errorOf(error)["code"] as? String == "event-id-conflict")
+
+            let stale: [String: Any] = ["type": "receipt-received", "expectedVersion": 0, "data": receipt("2000002")]
+            let (staleStatus, staleError) = try await http.send(.post, "/v1/orders/o-1/events", json: stale)
+            #expect(staleStatus == .conflict)
+            #expect(errorOf(staleError)["code"] as? String == "wrong-expected-version")
+            #expect(errorOf(staleError)["currentVersion"] as? Int == 1)
+            #expect(try await db.store.readStream(try .init("order-o-1")).count == 2)
+        }
+    }
+
+    @Test("32 concurrent conflicting appends to one order: exactly one is accepted")
+    func concurrentConflictingAppends() async throws {
+        try await withLiveApplication { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-1"))
+            let statuses = try await withThrowingTaskGroup(of: HTTPResponse.Status.self) { group in
+                for index in 0..<32 {
+                    group.addTask {
+                        try await http.send(.post, "/v1/orders/o-1/events", json: ["type": "receipt-received", "data": receipt("300\(index)")]).0
+                    }
+                }
+                return try await group.reduce(into: [HTTPResponse.Status]()) { $0.append($1) }
+            }
+            #expect(statuses.filter { $0 == .created }.count == 1)
+            #expect(statuses.filter { $0 == .conflict }.count == 31)
+            let events = try await db.store.readStream(try .init("order-o-1"))
+            #expect(events.map(\.type) == ["created", "receipt-received"])
+        }
+    }
+
+    @Test("an Apple transaction belongs to one order only")
+    func transactionClaimedOnce() async throws {
+        try await withLiveApplication { http, _ in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-1"))
+            try await http.send(.post, "/v1/orders", json: newOrder("o-2", user: "u-2"))
+            let (first, _) = try await http.send(.post, "/v1/orders/o-1/events", json: ["type": "receipt-received", "data": receipt("2000001")])
+            #expect(first == .created)
+            let (second, error) = try await http.send(.post, "/v1/orders/o-2/events", json: ["type": "receipt-received", "data": receipt("2000001")])
+            #expect(second == .conflict)
+            #expect(errorOf(error)["code"] as? String == "duplicate-transaction")
+            let (_, order) = try await http.send(.get, "/v1/orders/o-2")
+            #expect(order["state"] as? String == "created")
+        }
+    }
+
+    @Test("searching: by user, product and state (open), paged")
+    func search() async throws {
+        try await withLiveApplication { http, _ in
+            for index in 1...5 { try await http.send(.post, "/v1/orders", json: newOrder("o-\(index)")) }
+            try await http.send(.post, "/v1/orders", json: newOrder("o-other", user: "u-2"))
+            try await http.send(.post, "/v1/orders", json: newOrder("o-6", product: "coins.5"))
+            try await http.send(.post, "/v1/orders/o-2/events", json: ["type": "failed", "data": ["reason": "cancelled"]])
+
+            let (_, open) = try await http.send(.get, "/v1/orders?userId=u-1&productId=gems.100&state=open")
+            let ids = (open["orders"] as? [[String: Any]])?.compactMap { $0["orderId"] as? String }
+            #expect(ids == ["o-1", "o-3", "o-4", "o-5"])
+            let (_, page) = try await http.send(.get, "/v1/orders?userId=u-1&limit=2")
+            #expect((page["orders"] as? [[String: Any]])?.count == 2)
+            let next = try #require(page["next"] as? String)
+            let (_, rest) = try await http.send(.get, "/v1/orders?userId=u-1&limit=10&after=\(next)")
+            #expect((rest["orders"] as? [[String: Any]])?.count == 4)
+            let (_, failed) = try await http.send(.get, "/v1/orders?state=failed")
+            #expect((failed["orders"] as? [[String: Any]])?.compactMap { $0["orderId"] as? String } == ["o-2"])
+        }
+    }
+
+    @Test("the feed and stream routes read the log")
+    func feedAndStream() async throws {
+        try await withLiveApplication { http, _ in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-1"))
+            try await http.send(.post, "/v1/orders", json: newOrder("o-2"))
+            var feed: [[String: Any]] = []
+            for _ in 0..<200 where feed.count < 2 {
+                let (_, page) = try await http.send(.get, "/v1/events?after=0&limit=10")
+                feed = page["events"] as? [[String: Any]] ?? []
+                if feed.count < 2 { try await Task.sleep(for: .milliseconds(20)) }
+            }
+            #expect(feed.compactMap { $0["streamId"] as? String } == ["order-o-1", "order-o-2"])
+            let first = try #require(feed.first?["position"] as? Int)
+            let (_, after) = try await http.send(.get, "/v1/events?after=\(first)")
+            #expect((after["events"] as? [[String: Any]])?.count == 1)
+            let (_, stream) = try await http.send(.get, "/v1/streams/order-o-1/events")
+            #expect((stream["events"] as? [[String: Any]])?.first?["type"] as? String == "created")
+        }
+    }
+
+    @Test("bad input is a 4xx naming the problem, never a 500")
+    func badInput() async throws {
+        try await withLiveApplication { http, _ in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-1"))
+            let long = String(repeating: "x", count: 129)
+            let cases: [(HTTPRequest.Method, String, Any?, String?, HTTPResponse.Status, String, String?)] = [
+                (.post, "/v1/orders", nil, "{\"orderId\":", .badRequest, "invalid-json", nil),
+                (.post, "/v1/orders", nil, "", .badRequest, "invalid-json", nil),
+                (.post, "/v1/orders", ["x"], nil, .badRequest, "invalid-json", nil),
+                (.post, "/v1/orders", ["userId": "u", "productId": "p"], nil, .badRequest, "invalid-input", "orderId"),
+                (.post, "/v1/orders", ["orderId": 5, "userId": "u", "productId": "p"], nil, .badRequest, "invalid-input", "orderId"),
+                (.post, "/v1/orders", ["orderId": "", "userId": "u", "productId": "p"], nil, .badRequest, "invalid-input", "orderId"),
+                (.post, "/v1/orders", ["orderId": long, "userId": "u", "productId": "p"], nil, .badRequest, "invalid-input", "orderId"),
+                (.post, "/v1/orders", ["orderId": "o-9", "productId": "p"], nil, .badRequest, "invalid-input", "userId"),
+                (.post, "/v1/orders", ["orderId": "o-9", "userId": "u", "productId": "p", "quantity": "2"], nil, .badRequest, "invalid-input", "quantity"),
+                (.post, "/v1/orders", ["orderId": "o-9", "userId": "u", "productId": "p", "price": 0.99], nil, .badRequest, "invalid-input", "price"),
+                (.post, "/v1/orders/o-1/events", ["data": [:]], nil, .badRequest, "invalid-input", "type"),
+                (.post, "/v1/orders/o-1/events", ["type": "teleported", "data": [:]], nil, .badRequest, "unknown-event-type", nil),
+                (.post, "/v1/orders/o-1/events", ["type": "payment-added", "data": ["queuedAt": "soon"]], nil, .badRequest, "invalid-input", "queuedAt"),
+                (.post, "/v1/orders/o-1/events", ["type": "payment-added", "data": "x"], nil, .badRequest, "invalid-input", "data"),
+                (.post, "/v1/orders/o-1/events", ["type": "finished", "eventId": "nope", "data": [:]], nil, .badRequest, "invalid-input", "eventId"),
+                (.post, "/v1/orders/o-1/events", ["type": "finished", "expectedVersion": true, "data": [:]], nil, .badRequest, "invalid-input", "expectedVersion"),
+                (.post, "/v1/orders/o-1/events", ["type": "finished", "expectedVersion": 1.5, "data": [:]], nil, .badRequest, "invalid-input", "expectedVersion"),
+                (.post, "/v1/orders/\(long)/events", ["type": "finished", "data": [:]], nil, .badRequest, "invalid-input", "orderId"),
+                (.post, "/v1/orders/o-missing/events", ["type": "finished", "data": [:]], nil, .notFound, "order-not-found", nil),
+                (.get, "/v1/orders/o-missing", nil, nil, .notFound, "order-not-found", nil),
+                (.get, "/v1/orders?limit=0", nil, nil, .badRequest, "invalid-input", "limit"),
+                (.get, "/v1/orders?state=lost", nil, nil, .badRequest, "invalid-input", "state"),
+                (.get, "/v1/events?after=x", nil, nil, .badRequest, "invalid-input", "after"),
+                (.get, "/v1/events?limit=5000", nil, nil, .badRequest, "invalid-input", "limit"),
+            ]
+            for (method, uri, body, raw, status, code, field) in cases {
+                let (answer, json) = try await http.send(method, uri, json: body, raw: raw)
+                #expect(answer == status, "\(method) \(uri) \(String(describing: body ?? raw as Any))")
+                #expect(errorOf(json)["code"] as? String == code, "\(uri) \(String(describing: body ?? raw as Any)): \(json)")
+                if let field { #expect(errorOf(json)["field"] as? String == field, "\(uri) \(String(describing: body)): \(json)") }
+                #expect(errorOf(json)["message"] is String)
+            }
+            let big = "{\"orderId\":\"" + String(repeating: "a", count: 300_000) + "\"}"
+            let (tooLarge, error) = try await http.send(.post, "/v1/orders", raw: big)
+            #expect(tooLarge == .contentTooLarge)
+            #expect(errorOf(error)["code"] as? String == "body-too-large")
+        }
+    }
+}
