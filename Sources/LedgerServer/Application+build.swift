@@ -9,6 +9,7 @@ import ServiceLifecycle
 public func buildRouter(database: Database, migrator: Migrator) -> Router<LedgerRequestContext> {
     let router = Router(context: LedgerRequestContext.self)
     router.add(middleware: RequestIDMiddleware())
+    router.add(middleware: AuthMiddleware(keys: APIKeyStore(database: database)))
     HealthController(database: database, migrator: migrator).addRoutes(to: router)
     let store = EventStore(database: database)
     OrdersController(ledger: OrderLedger(database: database, store: store)).addRoutes(to: router)

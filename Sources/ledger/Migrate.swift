@@ -22,6 +22,24 @@ struct Migrate: AsyncParsableCommand {
     }
 }
 
+/// Opens the configured database (starting the private cluster when no URL is set), applies
+/// pending migrations unless asked not to, runs `body`, and closes everything again.
+func withLedgerDatabase<Result: Sendable>(
+    _ options: ConfigurationOptions, migrate: Bool = true, _ body: @Sendable (PostgresClient, Logger) async throws -> Result
+) async throws -> Result {
+    let configuration = try options.load()
+    // One-off commands keep stdout for their answer and log only warnings unless asked for more.
+    var quiet = Logger(label: "ledger")
+    quiet.logLevel = max(configuration.logLevel, .warning)
+    let logger = quiet
+    let database = try await OpenedDatabase.open(configuration.database, logger: logger)
+    defer { try? database.close(logger: logger) }
+    return try await withPostgresClient(database.clientConfiguration, logger: logger) { client in
+        if migrate { try await Migrator(logger: logger).migrate(client) }
+        return try await body(client, logger)
+    }
+}
+
 /// Runs `body` with a running client, shutting the client down afterwards.
 func withPostgresClient<Result: Sendable>(
     _ configuration: PostgresClient.Configuration, logger: Logger,

@@ -3,14 +3,23 @@ import Hummingbird
 import HummingbirdTesting
 import NIOCore
 
-extension TestClientProtocol {
-    /// Sends a JSON body (or raw text) and answers the status and the decoded JSON object.
+/// The live test client with an API key it sends as a Bearer token.
+struct LedgerHTTP: Sendable {
+    let client: any TestClientProtocol
+    let key: String
+
+    /// Sends a JSON body (or raw text) with `key` (this client's own unless given; nil: none) and
+    /// answers the status and the decoded JSON object.
     @discardableResult
-    func send(_ method: HTTPRequest.Method, _ uri: String, json: Any? = nil, raw: String? = nil) async throws -> (HTTPResponse.Status, [String: Any]) {
+    func send(
+        _ method: HTTPRequest.Method, _ uri: String, json: Any? = nil, raw: String? = nil, key: String?? = .none
+    ) async throws -> (HTTPResponse.Status, [String: Any]) {
         var body: ByteBuffer?
         if let json { body = ByteBuffer(bytes: try JSONSerialization.data(withJSONObject: json)) }
         if let raw { body = ByteBuffer(string: raw) }
-        let response = try await execute(uri: uri, method: method, headers: [.contentType: "application/json"], body: body)
+        var headers: HTTPFields = [.contentType: "application/json"]
+        if let token = key ?? self.key { headers[.authorization] = "Bearer \(token)" }
+        let response = try await client.execute(uri: uri, method: method, headers: headers, body: body)
         return (response.status, LedgerServerTests.json(response.body))
     }
 }

@@ -8,17 +8,18 @@ import Logging
 import PostgresNIO
 import Testing
 
-/// Runs the real application over HTTP on a database of its own.
+/// Runs the real application over HTTP on a database of its own; `http` sends an admin key.
 func withLiveApplication(
     migrated: Bool = true, migrateAtStart: Bool = true,
-    _ test: @Sendable @escaping (any TestClientProtocol, TestDatabase) async throws -> Void
+    _ test: @Sendable @escaping (LedgerHTTP, TestDatabase) async throws -> Void
 ) async throws {
     try await withTestDatabase(migrated: migrated) { db in
         var configuration = LedgerConfiguration()
         configuration.port = 0
+        let key = migrated ? try await APIKeyStore(database: db.database).create(name: "test-admin", scopes: [.admin]) : ""
         let client = PostgresClient(configuration: db.configuration, backgroundLogger: TestServer.clientLogger)
         let application = buildApplication(configuration: configuration, client: client, logger: TestServer.logger, migrate: migrateAtStart)
-        try await application.test(.live) { http in try await test(http, db) }
+        try await application.test(.live) { http in try await test(LedgerHTTP(client: http, key: key), db) }
     }
 }
 
@@ -31,10 +32,10 @@ struct HealthTests {
     @Test("/healthz and /readyz answer 200 on a migrated database")
     func healthy() async throws {
         try await withLiveApplication { http, _ in
-            let health = try await http.execute(uri: "/healthz", method: .get)
+            let health = try await http.client.execute(uri: "/healthz", method: .get)
             #expect(health.status == .ok)
             #expect(json(health.body)["status"] as? String == "ok")
-            let ready = try await http.execute(uri: "/readyz", method: .get)
+            let ready = try await http.client.execute(uri: "/readyz", method: .get)
             #expect(ready.status == .ok)
             #expect(json(ready.body)["status"] as? String == "ready")
         }
@@ -43,7 +44,7 @@ struct HealthTests {
     @Test("the server migrates an empty database before it serves")
     func migratesAtStart() async throws {
         try await withLiveApplication(migrated: false, migrateAtStart: true) { http, _ in
-            let ready = try await http.execute(uri: "/readyz", method: .get)
+            let ready = try await http.client.execute(uri: "/readyz", method: .get)
             #expect(ready.status == .ok)
         }
     }
@@ -51,10 +52,10 @@ struct HealthTests {
     @Test("/readyz answers 503 naming the pending migrations")
     func notMigrated() async throws {
         try await withLiveApplication(migrated: false, migrateAtStart: false) { http, _ in
-            let ready = try await http.execute(uri: "/readyz", method: .get)
+            let ready = try await http.client.execute(uri: "/readyz", method: .get)
             #expect(ready.status == .serviceUnavailable)
             #expect((json(ready.body)["reason"] as? String)?.contains("001_event_log.sql") == true)
-            let health = try await http.execute(uri: "/healthz", method: .get)
+            let health = try await http.client.execute(uri: "/healthz", method: .get)
             #expect(health.status == .ok)
         }
     }
@@ -76,11 +77,11 @@ struct HealthTests {
     @Test("every answer carries a request id: the caller's, or a new one")
     func requestIDs() async throws {
         try await withLiveApplication { http, _ in
-            let echoed = try await http.execute(uri: "/healthz", method: .get, headers: [.init("X-Request-Id")!: "req-123"])
+            let echoed = try await http.client.execute(uri: "/healthz", method: .get, headers: [.init("X-Request-Id")!: "req-123"])
             #expect(echoed.headers[.init("X-Request-Id")!] == "req-123")
-            let made = try await http.execute(uri: "/healthz", method: .get)
+            let made = try await http.client.execute(uri: "/healthz", method: .get)
             #expect((made.headers[.init("X-Request-Id")!]?.count ?? 0) >= 16)
-            let unusable = try await http.execute(uri: "/healthz", method: .get, headers: [.init("X-Request-Id")!: String(repeating: "a", count: 200)])
+            let unusable = try await http.client.execute(uri: "/healthz", method: .get, headers: [.init("X-Request-Id")!: String(repeating: "a", count: 200)])
             #expect(unusable.headers[.init("X-Request-Id")!]?.count != 200)
         }
     }
@@ -88,7 +89,8 @@ struct HealthTests {
     @Test("an unknown route is a JSON 404 with a stable code")
     func notFound() async throws {
         try await withLiveApplication { http, _ in
-            let response = try await http.execute(uri: "/v1/nothing-here", method: .get, headers: [.init("X-Request-Id")!: "r-1"])
+            let response = try await http.client.execute(
+                uri: "/v1/nothing-here", method: .get, headers: [.init("X-Request-Id")!: "r-1", .authorization: "Bearer \(http.key)"])
             #expect(response.status == .notFound)
             let error = json(response.body)["error"] as? [String: Any]
             #expect(error?["code"] as? String == "not-found")

@@ -1,0 +1,42 @@
+import Hummingbird
+import LedgerStore
+
+/// Requires `Authorization: Bearer <key>` on the API routes, with the scope the route needs:
+/// 401 without a key or with an unknown or revoked one, 403 with a key that lacks the scope.
+struct AuthMiddleware: RouterMiddleware {
+    typealias Context = LedgerRequestContext
+
+    let keys: APIKeyStore
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        guard let scope = Self.requiredScope(request.method, request.uri.path) else {
+            return try await next(request, context)
+        }
+        guard let header = request.headers[.authorization], header.hasPrefix("Bearer "),
+              case let key = header.dropFirst("Bearer ".count).trimmingCharacters(in: .whitespaces), !key.isEmpty, key.count <= 256
+        else {
+            throw APIError(.unauthorized, code: "unauthorized", message: "send an API key as Authorization: Bearer <key>",
+                           headers: [.wwwAuthenticate: "Bearer"])
+        }
+        guard let record = try await keys.find(key: key) else {
+            throw APIError(.unauthorized, code: "unauthorized", message: "the API key is unknown or revoked",
+                           headers: [.wwwAuthenticate: "Bearer"])
+        }
+        guard record.allows(scope) else {
+            throw APIError(.forbidden, code: "forbidden", message: "the key \(record.name) lacks the \(scope.rawValue) scope",
+                           details: ["requiredScope": scope.rawValue])
+        }
+        var context = context
+        context.apiKeyName = record.name
+        context.logger[metadataKey: "api.key"] = .string(record.name)
+        return try await next(request, context)
+    }
+
+    /// The scope a route needs, or nil for routes open to all (health, metrics).
+    static func requiredScope(_ method: HTTPRequest.Method, _ path: String) -> APIScope? {
+        guard path.hasPrefix("/v1/") else { return nil }
+        if path == "/v1/notifications/apple" { return nil }  // Apple signs these instead
+        if path == "/v1/reconcile" || (path.hasPrefix("/v1/transactions/") && path.hasSuffix("/match")) { return .admin }
+        return method == .get || method == .head ? .read : .append
+    }
+}

@@ -1,0 +1,76 @@
+import ArgumentParser
+import Foundation
+import LedgerCore
+import LedgerServer
+import LedgerStore
+
+/// `ledger keys`: API keys.
+struct Keys: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Create, list and revoke API keys.",
+        subcommands: [Create.self, List.self, Revoke.self]
+    )
+
+    /// `ledger keys create --name N --scopes append,read,admin`: prints the key alone on stdout.
+    struct Create: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Create a key and print it (only its hash is stored).")
+
+        @OptionGroup var options: ConfigurationOptions
+        @Option(help: "A name for the key, recorded with every event appended with it")
+        var name: String
+        @Option(help: "Comma-separated scopes: append, read, admin (admin includes the others)")
+        var scopes: String
+
+        func run() async throws {
+            var parsed = Set<APIScope>()
+            for text in scopes.split(separator: ",").map({ $0.trimmingCharacters(in: .whitespaces) }) where !text.isEmpty {
+                guard let scope = APIScope(rawValue: text) else {
+                    throw ValidationError("unknown scope \(text); use append, read or admin")
+                }
+                parsed.insert(scope)
+            }
+            let name = self.name
+            let scopes = parsed
+            let key = try await withLedgerDatabase(options) { client, logger in
+                try await APIKeyStore(database: Database(client: client, logger: logger)).create(name: name, scopes: scopes)
+            }
+            print(key)
+        }
+    }
+
+    /// `ledger keys list`.
+    struct List: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List the keys (names and scopes, never the keys).")
+
+        @OptionGroup var options: ConfigurationOptions
+
+        func run() async throws {
+            let keys = try await withLedgerDatabase(options) { client, logger in
+                try await APIKeyStore(database: Database(client: client, logger: logger)).list()
+            }
+            for key in keys {
+                let scopes = key.scopes.map(\.rawValue).sorted().joined(separator: ",")
+                let state = key.revokedAt.map { "revoked \(LedgerJSON.formatDate($0))" } ?? "active"
+                print("\(key.name)\t\(scopes)\tcreated \(LedgerJSON.formatDate(key.createdAt))\t\(state)")
+            }
+        }
+    }
+
+    /// `ledger keys revoke --name N`.
+    struct Revoke: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Revoke a key: it is refused from then on.")
+
+        @OptionGroup var options: ConfigurationOptions
+        @Option(help: "The key's name")
+        var name: String
+
+        func run() async throws {
+            let name = self.name
+            let revoked = try await withLedgerDatabase(options) { client, logger in
+                try await APIKeyStore(database: Database(client: client, logger: logger)).revoke(name: name)
+            }
+            guard revoked else { throw ValidationError("no active key is named \(name)") }
+            print("revoked \(name)")
+        }
+    }
+}
