@@ -82,7 +82,9 @@ public struct OrderLedger: Sendable {
             guard !result.replayed else {
                 return Outcome(order: current!, appended: false)
             }
-            let now = Date()
+            // The transaction's own time, which `recorded_at` holds too: a rebuild from the log
+            // then reproduces these rows exactly.
+            let now = try await transactionTime(on: connection)
             guard let next = events.reduce(current, { Order.evolve($0, $1, orderID: id, version: result.streamVersion, at: now) }) else {
                 throw OrderDecisionError.noSuchOrder
             }
@@ -122,6 +124,12 @@ public struct OrderLedger: Sendable {
         let rows = try await connection.query(
             "SELECT \(unescaped: EventStore.columns) FROM events WHERE event_id = \(id.uuid)", logger: database.logger)
         return try await EventStore.decode(rows).first
+    }
+
+    private func transactionTime(on connection: PostgresConnection) async throws -> Date {
+        let rows = try await connection.query("SELECT now()", logger: database.logger)
+        for try await now in rows.decode(Date.self) { return now }
+        return Date()
     }
 
     private func sameJSON(_ stored: Data, _ sent: Data, on connection: PostgresConnection) async throws -> Bool {

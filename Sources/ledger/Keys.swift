@@ -69,7 +69,7 @@ struct Keys: AsyncParsableCommand {
             let revoked = try await withLedgerDatabase(options) { client, logger in
                 try await APIKeyStore(database: Database(client: client, logger: logger)).revoke(name: name)
             }
-            guard revoked else { throw ValidationError("no active key is named \(name)") }
+            guard revoked else { throw CommandFailure("no active key is named \(name)") }
             print("revoked \(name)")
         }
     }

@@ -1,0 +1,165 @@
+import Foundation
+import LedgerCore
+import Logging
+import PostgresNIO
+
+/// Rebuilds the projections from the event log with the same `Order.evolve` the inline
+/// projection uses, and verifies that the live projections equal a fresh rebuild, row for row.
+public struct ProjectionRebuilder: Sendable {
+    public let database: Database
+    /// Called with (events read, events in the log) as the rebuild goes.
+    public var progress: (@Sendable (Int, Int) -> Void)?
+
+    public init(database: Database, progress: (@Sendable (Int, Int) -> Void)? = nil) {
+        self.database = database
+        self.progress = progress
+    }
+
+    /// The projection tables, in the order they are compared.
+    static let tables = ["orders", "apple_transactions"]
+    static let scratchSchema = "ledger_projection_verify"
+
+    /// Empties the projections and fills them again from the log, in one transaction.
+    @discardableResult
+    public func rebuild() async throws -> Int {
+        try await database.transaction { connection in
+            try await connection.query("TRUNCATE orders, apple_transactions", logger: database.logger)
+            return try await fill(schema: "public", on: connection)
+        }
+    }
+
+    /// Rebuilds into a scratch schema and compares with the live projections; answers the
+    /// differing rows (empty when they are identical). The scratch schema is dropped afterwards.
+    public func verify() async throws -> [String] {
+        try await database.transaction { connection in
+            let scratch = Self.scratchSchema
+            try await connection.query("DROP SCHEMA IF EXISTS \(unescaped: scratch) CASCADE", logger: database.logger)
+            try await connection.query("CREATE SCHEMA \(unescaped: scratch)", logger: database.logger)
+            for table in Self.tables {
+                try await connection.query(
+                    "CREATE TABLE \(unescaped: scratch).\(unescaped: table) (LIKE public.\(unescaped: table) INCLUDING ALL)",
+                    logger: database.logger)
+            }
+            try await fill(schema: scratch, on: connection)
+            var differences: [String] = []
+            for table in Self.tables {
+                let rows = try await connection.query(
+                    """
+                    SELECT 'only in the live projection: ' || row_to_json(live)::text FROM
+                      (SELECT * FROM public.\(unescaped: table) EXCEPT SELECT * FROM \(unescaped: scratch).\(unescaped: table)) AS live
+                    UNION ALL
+                    SELECT 'only in the rebuild: ' || row_to_json(fresh)::text FROM
+                      (SELECT * FROM \(unescaped: scratch).\(unescaped: table) EXCEPT SELECT * FROM public.\(unescaped: table)) AS fresh
+                    """,
+                    logger: database.logger)
+                for try await line in rows.decode(String.self) { differences.append("\(table): \(line)") }
+            }
+            try await connection.query("DROP SCHEMA \(unescaped: scratch) CASCADE", logger: database.logger)
+            return differences
+        }
+    }
+
+    /// Folds every order event of the log, in position order, into `schema`'s tables.
+    @discardableResult
+    private func fill(schema: String, on connection: PostgresConnection) async throws -> Int {
+        let total = try await count(on: connection)
+        var orders: [OrderID: Order] = [:]
+        var claims: [TransactionID: TransactionRow] = [:]
+        var after: Int64 = -1
+        var read = 0
+        while true {
+            let rows = try await connection.query(
+                """
+                SELECT global_position, stream_id, stream_version, type, data::text, recorded_at FROM events
+                WHERE global_position > \(after) AND stream_id LIKE 'order-%'
+                ORDER BY global_position LIMIT 5000
+                """,
+                logger: database.logger)
+            var page = 0
+            for try await (position, stream, version, typeName, data, recordedAt) in rows.decode((Int64, String, Int64, String, String, Date).self) {
+                after = position
+                page += 1
+                guard let type = OrderEventType(rawValue: typeName),
+                      let event = try? OrderEvent.decode(type: type, data: Data(data.utf8)) else { continue }
+                let id = OrderID(unchecked: String(stream.dropFirst("order-".count)))
+                guard let next = Order.evolve(orders[id], event, orderID: id, version: version, at: recordedAt) else { continue }
+                orders[id] = next
+                if case .receiptReceived(let receipt) = event {
+                    claims[receipt.transactionId] = TransactionRow(receipt: receipt, order: next, at: recordedAt)
+                } else if let transaction = next.transactionId {
+                    claims[transaction]?.status = next.state.rawValue
+                    claims[transaction]?.updatedAt = recordedAt
+                }
+            }
+            read += page
+            progress?(read, total)
+            if page < 5000 { break }
+        }
+        try await write(orders: Array(orders.values), claims: Array(claims.values), schema: schema, on: connection)
+        return read
+    }
+
+    private func count(on connection: PostgresConnection) async throws -> Int {
+        let rows = try await connection.query("SELECT count(*) FROM events WHERE stream_id LIKE 'order-%'", logger: database.logger)
+        for try await count in rows.decode(Int.self) { return count }
+        return 0
+    }
+
+    private func write(orders: [Order], claims: [TransactionRow], schema: String, on connection: PostgresConnection) async throws {
+        for chunk in stride(from: 0, to: orders.count, by: 2000).map({ Array(orders[$0..<min($0 + 2000, orders.count)]) }) {
+            // Arrays cannot hold NULLs here: "" and distantPast stand for none (no valid value is empty).
+            try await connection.query(
+                """
+                INSERT INTO \(unescaped: schema).orders (order_id, user_id, product_id, quantity, price, currency, app_account_token,
+                    state, version, transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason)
+                SELECT r.order_id, r.user_id, r.product_id, r.quantity, nullif(r.price, '')::numeric, nullif(r.currency, ''),
+                       r.token, r.state, r.version, nullif(r.transaction_id, ''), r.created_at, r.updated_at,
+                       CASE WHEN r.queued_at < '0002-01-01' THEN NULL ELSE r.queued_at END,
+                       nullif(r.state_before_refund, ''), nullif(r.failure_reason, '')
+                FROM unnest(\(chunk.map(\.orderId.rawValue)), \(chunk.map(\.userId.rawValue)), \(chunk.map(\.productId.rawValue)),
+                    \(chunk.map { Int32($0.quantity) }), \(chunk.map { $0.price ?? "" }), \(chunk.map { $0.currency ?? "" }),
+                    \(chunk.map(\.appAccountToken)), \(chunk.map(\.state.rawValue)), \(chunk.map(\.version)),
+                    \(chunk.map { $0.transactionId?.rawValue ?? "" }), \(chunk.map(\.createdAt)), \(chunk.map(\.updatedAt)),
+                    \(chunk.map { $0.queuedAt ?? .distantPast }), \(chunk.map { $0.stateBeforeRefund?.rawValue ?? "" }),
+                    \(chunk.map { $0.failureReason ?? "" }))
+                  AS r(order_id, user_id, product_id, quantity, price, currency, token, state, version, transaction_id,
+                       created_at, updated_at, queued_at, state_before_refund, failure_reason)
+                """,
+                logger: database.logger)
+        }
+        for chunk in stride(from: 0, to: claims.count, by: 2000).map({ Array(claims[$0..<min($0 + 2000, claims.count)]) }) {
+            try await connection.query(
+                """
+                INSERT INTO \(unescaped: schema).apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date,
+                    status, received_at, updated_at)
+                SELECT * FROM unnest(\(chunk.map(\.transactionID)), \(chunk.map(\.orderID)), \(chunk.map(\.userID)),
+                    \(chunk.map(\.productID)), \(chunk.map(\.purchaseDate)), \(chunk.map(\.status)), \(chunk.map(\.receivedAt)),
+                    \(chunk.map(\.updatedAt)))
+                """,
+                logger: database.logger)
+        }
+    }
+
+    /// An `apple_transactions` row as the inline projection writes it.
+    struct TransactionRow {
+        let transactionID: String
+        let orderID: String
+        let userID: String
+        let productID: String
+        let purchaseDate: Date
+        var status: String
+        let receivedAt: Date
+        var updatedAt: Date
+
+        init(receipt: ReceiptReceived, order: Order, at date: Date) {
+            transactionID = receipt.transactionId.rawValue
+            orderID = order.orderId.rawValue
+            userID = order.userId.rawValue
+            productID = receipt.productId.rawValue
+            purchaseDate = receipt.purchaseDate
+            status = "claimed"
+            receivedAt = date
+            updatedAt = date
+        }
+    }
+}
