@@ -8,11 +8,17 @@ import ServiceLifecycle
 /// Builds the router of every ledger route.
 public func buildRouter(database: Database, migrator: Migrator) -> Router<LedgerRequestContext> {
     let router = Router(context: LedgerRequestContext.self)
+    let metrics = LedgerMetrics()
+    router.add(middleware: MetricsMiddleware(metrics: metrics))
     router.add(middleware: RequestIDMiddleware())
     router.add(middleware: AuthMiddleware(keys: APIKeyStore(database: database)))
     HealthController(database: database, migrator: migrator).addRoutes(to: router)
     let store = EventStore(database: database)
-    OrdersController(ledger: OrderLedger(database: database, store: store)).addRoutes(to: router)
+    OrdersController(ledger: OrderLedger(database: database, store: store), metrics: metrics).addRoutes(to: router)
+    router.get("/metrics") { _, _ in
+        Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
+                 body: .init(byteBuffer: ByteBuffer(string: metrics.registry.emitToString())))
+    }
     EventsController(store: store).addRoutes(to: router)
     return router
 }

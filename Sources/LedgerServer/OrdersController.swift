@@ -6,6 +6,7 @@ import LedgerStore
 /// The order routes: create, append an event, read one, search.
 struct OrdersController {
     let ledger: OrderLedger
+    let metrics: LedgerMetrics
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
         router.post("/v1/orders") { request, context in try await create(request, context) }
@@ -31,6 +32,7 @@ struct OrdersController {
             throw LedgerInputError(field: "body", problem: "is not an order")
         }
         let outcome = try await ledger.create(id, created, tokenGiven: tokenGiven, metadata: metadata(context))
+        if outcome.appended { metrics.eventAppended(type: OrderEventType.created.rawValue) }
         let events = try await ledger.store.readStream(id.streamID)
         return Rendering.response(outcome.appended ? .created : .ok, Rendering.order(outcome.order, events: events))
     }
@@ -55,6 +57,7 @@ struct OrdersController {
         let data = body.object["data"] == nil ? Data("{}".utf8) : try body.objectData("data")
         let event = try OrderEvent.decode(type: type, data: data)
         let outcome = try await ledger.append(id, event: event, eventID: eventID, expected: expected, data: data, metadata: metadata(context))
+        if outcome.appended { metrics.eventAppended(type: type.rawValue) }
         return Rendering.response(outcome.appended ? .created : .ok, Rendering.order(outcome.order))
     }
 

@@ -1,0 +1,46 @@
+import Hummingbird
+import Prometheus
+
+/// The service's Prometheus metrics, in a registry of its own (one per application).
+final class LedgerMetrics: Sendable {
+    let registry = PrometheusCollectorRegistry()
+
+    static let durationBuckets: [Duration] = [
+        .milliseconds(1), .milliseconds(2), .milliseconds(5), .milliseconds(10), .milliseconds(25), .milliseconds(50),
+        .milliseconds(100), .milliseconds(250), .milliseconds(500), .seconds(1), .seconds(2.5), .seconds(5),
+    ]
+
+    func request(route: String, method: String, status: Int, duration: Duration) {
+        registry.makeCounter(
+            descriptor: .init(metricName: "http_server_requests", unitName: "total", helpText: "HTTP requests answered, by route and status"),
+            labels: [("http_route", route), ("http_request_method", method), ("http_response_status_code", String(status))]
+        ).increment()
+        registry.makeDurationHistogram(
+            descriptor: .init(metricName: "http_server_request_duration", unitName: "seconds", helpText: "HTTP request durations, by route"),
+            labels: [("http_route", route), ("http_request_method", method)],
+            buckets: Self.durationBuckets
+        ).record(duration)
+    }
+
+    func eventAppended(type: String) {
+        registry.makeCounter(
+            descriptor: .init(metricName: "ledger_events_appended", unitName: "total", helpText: "Order events appended, by type"),
+            labels: [("type", type)]
+        ).increment()
+    }
+}
+
+/// Records every answer's route, status and duration; outermost, so it sees the final status.
+struct MetricsMiddleware: RouterMiddleware {
+    typealias Context = LedgerRequestContext
+    let metrics: LedgerMetrics
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        let start = ContinuousClock.now
+        let response = try await next(request, context)
+        metrics.request(
+            route: context.endpointPath ?? "unknown", method: request.method.rawValue,
+            status: response.status.code, duration: ContinuousClock.now - start)
+        return response
+    }
+}
