@@ -1,5 +1,9 @@
 import Foundation
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The ledger's JSON conventions: ISO 8601 dates (fractional seconds accepted), sorted keys.
 public enum LedgerJSON {
     public static var decoder: JSONDecoder {
@@ -25,21 +29,83 @@ public enum LedgerJSON {
         return encoder
     }
 
-    /// Parses `2026-01-01T10:00:00Z` or `2026-01-01T10:00:00.123+08:00`.
+    /// Parses `2026-01-01T10:00:00Z`, `2026-01-01T10:00:00.123456Z` or `2026-01-01T10:00:00+08:00`.
+    ///
+    /// Hand-written: Foundation's ISO8601DateFormatter costs a formatter per call on Linux (it was
+    /// the server's largest cost per request) and is not safe to share between threads there.
     public static func parseDate(_ text: String) -> Date? {
-        let fractional = ISO8601DateFormatter()
-        fractional.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-        if let date = fractional.date(from: text) { return date }
-        let plain = ISO8601DateFormatter()
-        plain.formatOptions = [.withInternetDateTime]
-        return plain.date(from: text)
+        let bytes = Array(text.utf8)
+        func number(_ from: Int, _ count: Int) -> Int? {
+            guard from + count <= bytes.count else { return nil }
+            var value = 0
+            for byte in bytes[from..<(from + count)] {
+                guard (0x30...0x39).contains(byte) else { return nil }
+                value = value * 10 + Int(byte - 0x30)
+            }
+            return value
+        }
+        guard bytes.count >= 20, bytes[4] == 0x2D, bytes[7] == 0x2D, bytes[10] == 0x54 || bytes[10] == 0x74,
+              bytes[13] == 0x3A, bytes[16] == 0x3A,
+              let year = number(0, 4), let month = number(5, 2), let day = number(8, 2),
+              let hour = number(11, 2), let minute = number(14, 2), let second = number(17, 2),
+              (1...12).contains(month), (1...31).contains(day), hour < 24, minute < 60, second < 61
+        else { return nil }
+        var index = 19
+        var fraction = 0.0
+        if index < bytes.count, bytes[index] == 0x2E {
+            index += 1
+            var digits = 0
+            var divisor = 1.0
+            let start = index
+            while index < bytes.count, (0x30...0x39).contains(bytes[index]), index - start < 9 {
+                digits = digits * 10 + Int(bytes[index] - 0x30)
+                divisor *= 10
+                index += 1
+            }
+            guard index > start else { return nil }
+            fraction = Double(digits) / divisor
+        }
+        guard index < bytes.count else { return nil }
+        var offset = 0
+        switch bytes[index] {
+        case 0x5A, 0x7A:
+            index += 1
+        case 0x2B, 0x2D:
+            guard let hours = number(index + 1, 2), bytes.count > index + 3, bytes[index + 3] == 0x3A,
+                  let minutes = number(index + 4, 2), hours < 24, minutes < 60 else { return nil }
+            offset = (hours * 3600 + minutes * 60) * (bytes[index] == 0x2D ? -1 : 1)
+            index += 6
+        default:
+            return nil
+        }
+        guard index == bytes.count else { return nil }
+        var parts = tm()
+        parts.tm_year = Int32(year - 1900)
+        parts.tm_mon = Int32(month - 1)
+        parts.tm_mday = Int32(day)
+        parts.tm_hour = Int32(hour)
+        parts.tm_min = Int32(minute)
+        parts.tm_sec = Int32(second)
+        let seconds = timegm(&parts)
+        // timegm normalises impossible dates (February 30th): refuse them instead.
+        guard parts.tm_mday == Int32(day), parts.tm_mon == Int32(month - 1) else { return nil }
+        return Date(timeIntervalSince1970: Double(seconds - offset) + fraction)
     }
 
-    /// Formats with milliseconds in UTC.
+    /// Formats in UTC with milliseconds: `2026-11-21T10:00:00.123Z`.
     public static func formatDate(_ date: Date) -> String {
-        let formatter = ISO8601DateFormatter()
-        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-        return formatter.string(from: date)
+        let interval = date.timeIntervalSince1970
+        var whole = time_t(interval.rounded(.down))
+        var milliseconds = Int(((interval - Double(whole)) * 1000).rounded())
+        if milliseconds >= 1000 { milliseconds -= 1000; whole += 1 }
+        var parts = tm()
+        gmtime_r(&whole, &parts)
+        func pad(_ value: Int32, _ width: Int) -> String {
+            let text = String(value)
+            return String(repeating: "0", count: max(0, width - text.count)) + text
+        }
+        return "\(pad(parts.tm_year + 1900, 4))-\(pad(parts.tm_mon + 1, 2))-\(pad(parts.tm_mday, 2))T"
+            + "\(pad(parts.tm_hour, 2)):\(pad(parts.tm_min, 2)):\(pad(parts.tm_sec, 2)).\(pad(Int32(milliseconds), 3))Z"
     }
 
     /// A decoding failure as an input error naming the field.

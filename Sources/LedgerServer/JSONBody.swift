@@ -53,7 +53,7 @@ struct JSONBody {
     /// A nested JSON object, as JSON text.
     func objectData(_ field: String) throws(LedgerInputError) -> Data {
         guard let value = object[field], !(value is NSNull) else { throw LedgerInputError(field: field, problem: "is missing") }
-        guard value is [String: Any], let data = try? JSONSerialization.data(withJSONObject: value, options: [.sortedKeys]) else {
+        guard value is [String: Any], let data = try? JSONSerialization.data(withJSONObject: value) else {
             throw LedgerInputError(field: field, problem: "must be a JSON object")
         }
         return data

@@ -27,7 +27,7 @@ struct OrdersController {
         for required in ["userId", "productId"] where fields[required] == nil {
             throw LedgerInputError(field: required, problem: "is missing")
         }
-        let data = try JSONSerialization.data(withJSONObject: fields, options: [.sortedKeys])
+        let data = try JSONSerialization.data(withJSONObject: fields)
         guard case .created(let created) = try OrderEvent.decode(type: .created, data: data) else {
             throw LedgerInputError(field: "body", problem: "is not an order")
         }
@@ -108,5 +108,5 @@ struct OrdersController {
 func metadata(_ context: LedgerRequestContext) -> Data {
     var json: [String: Any] = ["requestId": context.requestID]
     if let key = context.apiKeyName { json["appendedBy"] = key }
-    return (try? JSONSerialization.data(withJSONObject: json, options: [.sortedKeys])) ?? Data("{}".utf8)
+    return (try? JSONSerialization.data(withJSONObject: json)) ?? Data("{}".utf8)
 }

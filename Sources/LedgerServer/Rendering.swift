@@ -33,7 +33,7 @@ enum Rendering {
     }
 
     static func response(_ status: HTTPResponse.Status, _ json: [String: Any]) -> Response {
-        let data = (try? JSONSerialization.data(withJSONObject: json, options: [.sortedKeys, .withoutEscapingSlashes])) ?? Data("{}".utf8)
+        let data = (try? JSONSerialization.data(withJSONObject: json, options: [.withoutEscapingSlashes])) ?? Data("{}".utf8)
         return Response(status: status, headers: [.contentType: "application/json; charset=utf-8"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
     }
 }

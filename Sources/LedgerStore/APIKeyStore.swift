@@ -33,7 +33,8 @@ public struct APIKeyStore: Sendable {
     public func create(name: String, scopes: Set<APIScope>) async throws -> String {
         guard !name.isEmpty, name.count <= 128 else { throw APIKeyError.invalidName }
         guard !scopes.isEmpty else { throw APIKeyError.noScopes }
-        let key = "ol_" + (0..<32).map { _ in String(format: "%02x", UInt8.random(in: 0...255)) }.joined()
+        var generator = SystemRandomNumberGenerator()
+        let key = "ol_" + Self.hex((0..<32).map { _ in UInt8.random(in: 0...255, using: &generator) })
         let names = scopes.map(\.rawValue).sorted()
         do {
             try await database.client.query(
@@ -69,7 +70,19 @@ public struct APIKeyStore: Sendable {
     }
 
     static func hash(_ key: String) -> String {
-        SHA256.hash(data: Data(key.utf8)).map { String(format: "%02x", $0) }.joined()
+        hex(Array(SHA256.hash(data: Data(key.utf8))))
+    }
+
+    /// Lower-case hexadecimal (String(format:) goes through the locale machinery: slow).
+    static func hex(_ bytes: [UInt8]) -> String {
+        let digits = Array("0123456789abcdef".utf8)
+        var text = [UInt8]()
+        text.reserveCapacity(bytes.count * 2)
+        for byte in bytes {
+            text.append(digits[Int(byte >> 4)])
+            text.append(digits[Int(byte & 0x0f)])
+        }
+        return String(decoding: text, as: UTF8.self)
     }
 
     static func decode(_ rows: PostgresRowSequence) async throws -> [APIKey] {

@@ -26,15 +26,23 @@ public struct ProcessRunner: Sendable {
     }
 
     public func run(_ executable: String, _ arguments: [String]) throws -> Outcome {
-        let argv = user.map { [Self.runuser, "-u", $0, "--", executable] } ?? [executable]
         let outputPath = workingDirectory.appendingPathComponent("command-\(getpid())-\(UUID().uuidString).out").path
         defer { unlink(outputPath) }
+        let pid = try spawn(executable, arguments, outputPath: outputPath)
+        let exitStatus = try Self.wait(for: pid)
+        let text = (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? ""
+        return Outcome(status: exitStatus, output: text.trimmingCharacters(in: .whitespacesAndNewlines))
+    }
+
+    /// Starts the command with its output appended to `outputPath`, and returns its pid at once.
+    public func spawn(_ executable: String, _ arguments: [String], outputPath: String, environment: [String: String] = [:]) throws -> pid_t {
+        let argv = user.map { [Self.runuser, "-u", $0, "--", executable] } ?? [executable]
 
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
         posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
-        posix_spawn_file_actions_addopen(&actions, 1, outputPath, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        posix_spawn_file_actions_addopen(&actions, 1, outputPath, O_WRONLY | O_CREAT | O_APPEND, 0o644)
         posix_spawn_file_actions_adddup2(&actions, 1, 2)
         _ = Self.addCloseFrom?(&actions, 3)
         _ = Self.addChdir?(&actions, workingDirectory.path)
@@ -52,21 +60,28 @@ public struct ProcessRunner: Sendable {
         posix_spawnattr_setsigdefault(&attributes, &allSignals)
         posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
 
+        var variables = ProcessInfo.processInfo.environment
+        for (key, value) in environment { variables[key] = value }
+        let cEnvironment = variables.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        defer { cEnvironment.forEach { free($0) } }
         let cArguments = (argv + arguments).map { strdup($0) } + [nil]
         defer { cArguments.forEach { free($0) } }
         var pid: pid_t = 0
-        let spawned = posix_spawn(&pid, argv[0], &actions, &attributes, cArguments, environ)
+        let spawned = posix_spawn(&pid, argv[0], &actions, &attributes, cArguments, cEnvironment)
         guard spawned == 0 else {
             throw PrivateClusterError("cannot run \(argv[0]): \(String(cString: strerror(spawned)))")
         }
+        return pid
+    }
+
+    /// Waits for a child to end and answers its exit status (128 + signal when killed).
+    public static func wait(for pid: pid_t) throws -> Int32 {
         var status: Int32 = 0
         while waitpid(pid, &status, 0) < 0 {
-            guard errno == EINTR else { throw PrivateClusterError("waiting for \(executable): \(String(cString: strerror(errno)))") }
+            guard errno == EINTR else { throw PrivateClusterError("waiting for \(pid): \(String(cString: strerror(errno)))") }
         }
-        let text = (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? ""
         // WIFEXITED / WEXITSTATUS are macros Swift cannot import.
-        let exitStatus = (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
-        return Outcome(status: exitStatus, output: text.trimmingCharacters(in: .whitespacesAndNewlines))
+        return (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
     }
 
     // glibc's *_np spawn actions are hidden from Swift's Glibc module by feature macros.

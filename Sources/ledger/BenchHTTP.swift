@@ -1,0 +1,178 @@
+import ArgumentParser
+import AsyncHTTPClient
+import Foundation
+import LedgerCore
+import LedgerServer
+import LedgerStore
+import Logging
+import NIOCore
+import PostgresNIO
+
+/// `ledger bench http`: order events appended over HTTP by concurrent keep-alive clients (each
+/// order created, then taken through its events) against a `ledger serve` child process, next to
+/// pgbench's single-row INSERT at the same concurrency; prints the server's peak RSS.
+struct BenchHTTP: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "http", abstract: "Order events over HTTP against a pgbench INSERT baseline.")
+
+    @OptionGroup var options: ConfigurationOptions
+    @Option(help: "Seconds to measure")
+    var seconds = 15
+    @Option(help: "Concurrent keep-alive clients")
+    var concurrency = 32
+
+    func run() async throws {
+        let configuration = try options.load()
+        let logger = BenchAppend.logger
+        let opened = try await OpenedDatabase.open(configuration.database, logger: logger)
+        defer { try? opened.close(logger: logger) }
+        var benchConfiguration = opened.clientConfiguration
+        benchConfiguration.database = BenchAppend.benchDatabase
+        try await BenchAppend().recreateDatabase(opened.clientConfiguration, logger: logger)
+        let key = try await withPostgresClient(benchConfiguration, logger: logger) { client in
+            try await Migrator(logger: logger).migrate(client)
+            try await client.query(PostgresQuery(unsafeSQL: PgbenchBaseline.tableSQL), logger: logger)
+            return try await APIKeyStore(database: Database(client: client, logger: logger)).create(name: "bench", scopes: [.admin])
+        }
+        let work = FileManager.default.temporaryDirectory.appendingPathComponent("ledger-bench-http-\(getpid())")
+        try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: work) }
+
+        let port = try Self.freePort()
+        let server = try ProcessRunner(workingDirectory: work).spawn(
+            Self.executablePath(), ["serve"], outputPath: work.appendingPathComponent("server.log").path,
+            environment: ["LEDGER_DATABASE_URL": Self.url(benchConfiguration), "LEDGER_PORT": "\(port)",
+                          "LEDGER_HOST": "127.0.0.1", "LEDGER_LOG_LEVEL": "warning"])
+        let measured: (LatencySummary, Int, Int)
+        do {
+            measured = try await drive(port: port, key: key)
+        } catch {
+            kill(server, SIGKILL)
+            _ = try? ProcessRunner.wait(for: server)
+            throw error
+        }
+        let peakRSS = Self.peakRSSKiB(of: server)
+        kill(server, SIGTERM)
+        _ = try ProcessRunner.wait(for: server)
+        let (ledger, failures, _) = measured
+
+        let baseline = try PgbenchBaseline(binaries: try PostgresBinaries.locate(), configuration: benchConfiguration, workDirectory: work)
+            .run(concurrency: concurrency, seconds: seconds)
+        let ratio = baseline.perSecond > 0 ? ledger.perSecond / baseline.perSecond : .nan
+        print("Order events over HTTP (\(concurrency) keep-alive clients, each order created then taken through 5 events) vs pgbench single-row INSERT, \(seconds) s")
+        print("| clients | HTTP events/s | p50 ms | p99 ms | failed | pgbench rows/s | p50 ms | p99 ms | ratio | server peak RSS MB |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("| \(concurrency) | \(format(ledger.perSecond)) | \(format(ledger.percentile(50), decimals: 2)) | \(format(ledger.percentile(99), decimals: 2)) | \(failures) | \(format(baseline.perSecond)) | \(format(baseline.percentile(50), decimals: 2)) | \(format(baseline.percentile(99), decimals: 2)) | \(format(ratio, decimals: 2)) | \(format(Double(peakRSS) / 1024, decimals: 1)) |")
+        try await BenchAppend().dropDatabase(opened.clientConfiguration, logger: logger)
+    }
+
+    /// Runs the workload; answers the latencies of successful appends, failures, orders made.
+    func drive(port: Int, key: String) async throws -> (LatencySummary, Int, Int) {
+        var settings = HTTPClient.Configuration()
+        settings.connectionPool = .init(idleTimeout: .seconds(60))
+        settings.httpVersion = .http1Only
+        let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: settings)
+        defer { _ = client.shutdown() }
+        let base = "http://127.0.0.1:\(port)"
+        try await waitUntilReady(client, base)
+        let run = UUID().uuidString.prefix(6)
+        _ = try await workload(client, base: base, key: key, until: .now + .seconds(2), prefix: "warm-\(run)")
+        let start = ContinuousClock.now
+        let (latencies, failures, orders) = try await workload(client, base: base, key: key, until: start + .seconds(seconds), prefix: "run-\(run)")
+        let elapsed = ContinuousClock.now - start
+        let elapsedSeconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        return (LatencySummary(operations: latencies.count, seconds: elapsedSeconds, latencies: latencies), failures, orders)
+    }
+
+    func workload(_ client: HTTPClient, base: String, key: String, until deadline: ContinuousClock.Instant, prefix: String) async throws -> ([Double], Int, Int) {
+        let concurrency = self.concurrency
+        return try await withThrowingTaskGroup(of: ([Double], Int, Int).self) { group in
+            for worker in 0..<concurrency {
+                group.addTask {
+                    var latencies: [Double] = []
+                    var failures = 0
+                    var orders = 0
+                    while ContinuousClock.now < deadline {
+                        let id = "\(prefix)-\(worker)-\(orders)"
+                        let now = LedgerJSON.formatDate(Date())
+                        let requests: [(String, String)] = [
+                            ("/v1/orders", #"{"orderId":"\#(id)","userId":"u-\#(worker)","productId":"gems.100","price":"0.99","currency":"USD"}"#),
+                            ("/v1/orders/\(id)/events", #"{"type":"payment-added","data":{"queuedAt":"\#(now)"}}"#),
+                            ("/v1/orders/\(id)/events", #"{"type":"receipt-received","data":{"transactionId":"t-\#(id)","productId":"gems.100","purchaseDate":"\#(now)","receiptSha256":"\#(String(repeating: "ab", count: 32))","format":"jws","matchedBy":"applicationUsername"}}"#),
+                            ("/v1/orders/\(id)/events", #"{"type":"verified","data":{"environment":"Sandbox"}}"#),
+                            ("/v1/orders/\(id)/events", #"{"type":"delivered","data":{}}"#),
+                            ("/v1/orders/\(id)/events", #"{"type":"finished","data":{}}"#),
+                        ]
+                        for (path, body) in requests {
+                            var request = HTTPClientRequest(url: base + path)
+                            request.method = .POST
+                            request.headers.add(name: "Authorization", value: "Bearer \(key)")
+                            request.headers.add(name: "Content-Type", value: "application/json")
+                            request.body = .bytes(ByteBuffer(string: body))
+                            let started = ContinuousClock.now
+                            let response = try await client.execute(request, timeout: .seconds(30))
+                            _ = try await response.body.collect(upTo: 1 << 20)
+                            let took = ContinuousClock.now - started
+                            if (200..<300).contains(response.status.code) {
+                                latencies.append(Double(took.components.seconds) * 1000 + Double(took.components.attoseconds) / 1e15)
+                            } else {
+                                failures += 1
+                            }
+                        }
+                        orders += 1
+                    }
+                    return (latencies, failures, orders)
+                }
+            }
+            return try await group.reduce(into: ([Double](), 0, 0)) { $0.0 += $1.0; $0.1 += $1.1; $0.2 += $1.2 }
+        }
+    }
+
+    func waitUntilReady(_ client: HTTPClient, _ base: String) async throws {
+        for _ in 0..<300 {
+            if let response = try? await client.execute(HTTPClientRequest(url: base + "/readyz"), timeout: .seconds(2)),
+               response.status == .ok { return }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        throw CommandFailure("the server did not become ready within 30 s")
+    }
+
+    /// A URL for the child server from the benchmark database's configuration.
+    static func url(_ configuration: PostgresClient.Configuration) -> String {
+        let database = configuration.database ?? configuration.username
+        let user = configuration.username.addingPercentEncoding(withAllowedCharacters: .urlUserAllowed) ?? configuration.username
+        let password = configuration.password.map { ":" + ($0.addingPercentEncoding(withAllowedCharacters: .urlPasswordAllowed) ?? $0) } ?? ""
+        if let socket = configuration.unixSocketPath {
+            return "postgres://\(user)\(password)@/\(database)?host=\(URL(fileURLWithPath: socket).deletingLastPathComponent().path)"
+        }
+        return "postgres://\(user)\(password)@\(configuration.host ?? "localhost"):\(configuration.port ?? 5432)/\(database)"
+    }
+
+    static func executablePath() throws -> String {
+        let path = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
+        return path
+    }
+
+    /// A TCP port that was free a moment ago on 127.0.0.1.
+    static func freePort() throws -> Int {
+        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard descriptor >= 0 else { throw CommandFailure("cannot open a socket") }
+        defer { close(descriptor) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = 0
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) == 0 && getsockname(descriptor, $0, &length) == 0 }
+        }
+        guard bound else { throw CommandFailure("cannot find a free port") }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    /// The peak resident set (VmHWM) of a process, in KiB.
+    static func peakRSSKiB(of pid: pid_t) -> Int {
+        let status = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
+        let line = status.split(separator: "\n").first { $0.hasPrefix("VmHWM:") } ?? ""
+        return Int(line.split(separator: " ").dropFirst().first { Int($0) != nil } ?? "0") ?? 0
+    }
+}
