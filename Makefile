@@ -5,4 +5,4 @@ serve:
 test:
 	scripts/test
 bench:
-	scripts/bench append
+	scripts/bench

@@ -2,7 +2,7 @@
 public enum Identifier {
     public static let maximumLength = 128
 
-    public static func validate(_ value: String, field: String) throws(LedgerInputError) -> String {
+    public static func validate(_ value: String, field: String, maximumLength: Int = maximumLength) throws(LedgerInputError) -> String {
         guard !value.isEmpty else { throw LedgerInputError(field: field, problem: "is empty") }
         guard value.count <= maximumLength else {
             throw LedgerInputError(field: field, problem: "is longer than \(maximumLength) characters")
@@ -17,13 +17,17 @@ public enum Identifier {
 /// A string identifier with its field name, validated on creation and when decoded.
 public protocol ValidatedIdentifier: Hashable, Sendable, Codable, CustomStringConvertible {
     static var field: String { get }
+    /// The longest value accepted (128 unless a type says otherwise).
+    static var maximumLength: Int { get }
     var rawValue: String { get }
     init(unchecked rawValue: String)
 }
 
 extension ValidatedIdentifier {
+    public static var maximumLength: Int { Identifier.maximumLength }
+
     public init(_ rawValue: String) throws(LedgerInputError) {
-        self.init(unchecked: try Identifier.validate(rawValue, field: Self.field))
+        self.init(unchecked: try Identifier.validate(rawValue, field: Self.field, maximumLength: Self.maximumLength))
     }
 
     public init(from decoder: any Decoder) throws {

@@ -41,12 +41,8 @@ struct BenchAppend: AsyncParsableCommand {
         let opened = try await OpenedDatabase.open(configuration.database, logger: logger)
         defer { try? opened.close(logger: logger) }
 
-        var benchConfiguration = opened.clientConfiguration
-        benchConfiguration.database = Self.benchDatabase
-        try await recreateDatabase(opened.clientConfiguration, logger: logger)
+        let benchConfiguration = try await Self.prepareDatabase(opened.clientConfiguration, logger: logger)
         let version = try await withPostgresClient(benchConfiguration, logger: logger) { client in
-            try await Migrator(logger: logger).migrate(client)
-            try await client.query(PostgresQuery(unsafeSQL: PgbenchBaseline.tableSQL), logger: logger)
             let rows = try await client.query("SELECT current_setting('server_version')", logger: logger)
             for try await version in rows.decode(String.self) { return version }
             return "?"
@@ -117,6 +113,18 @@ struct BenchAppend: AsyncParsableCommand {
             }
             return try await group.reduce(into: []) { $0 += $1 }
         }
+    }
+
+    /// A fresh, migrated scratch database with pgbench's baseline table; answers its configuration.
+    static func prepareDatabase(_ server: PostgresClient.Configuration, logger: Logger) async throws -> PostgresClient.Configuration {
+        var bench = server
+        bench.database = benchDatabase
+        try await BenchAppend().recreateDatabase(server, logger: logger)
+        try await withPostgresClient(bench, logger: logger) { client in
+            try await Migrator(logger: logger).migrate(client)
+            try await client.query(PostgresQuery(unsafeSQL: PgbenchBaseline.tableSQL), logger: logger)
+        }
+        return bench
     }
 
     func recreateDatabase(_ server: PostgresClient.Configuration, logger: Logger) async throws {

@@ -25,13 +25,9 @@ struct BenchHTTP: AsyncParsableCommand {
         let logger = BenchAppend.logger
         let opened = try await OpenedDatabase.open(configuration.database, logger: logger)
         defer { try? opened.close(logger: logger) }
-        var benchConfiguration = opened.clientConfiguration
-        benchConfiguration.database = BenchAppend.benchDatabase
-        try await BenchAppend().recreateDatabase(opened.clientConfiguration, logger: logger)
+        let benchConfiguration = try await BenchAppend.prepareDatabase(opened.clientConfiguration, logger: logger)
         let key = try await withPostgresClient(benchConfiguration, logger: logger) { client in
-            try await Migrator(logger: logger).migrate(client)
-            try await client.query(PostgresQuery(unsafeSQL: PgbenchBaseline.tableSQL), logger: logger)
-            return try await APIKeyStore(database: Database(client: client, logger: logger)).create(name: "bench", scopes: [.admin])
+            try await APIKeyStore(database: Database(client: client, logger: logger)).create(name: "bench", scopes: [.admin])
         }
         let work = FileManager.default.temporaryDirectory.appendingPathComponent("ledger-bench-http-\(getpid())")
         try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
