@@ -33,10 +33,18 @@ struct AuthMiddleware: RouterMiddleware {
     }
 
     /// The scope a route needs, or nil for routes open to all (health, metrics).
+    ///
+    /// Decided on the path as the router sees it: the router ignores empty segments, so
+    /// `//v1/orders` and `/v1//orders/` reach the same handlers as `/v1/orders` and must need
+    /// the same key. Everything under `/v1` needs a key unless listed here as open.
     static func requiredScope(_ method: HTTPRequest.Method, _ path: String) -> APIScope? {
-        guard path.hasPrefix("/v1/") else { return nil }
-        if path == "/v1/notifications/apple" { return nil }  // Apple signs these instead
-        if path == "/v1/reconcile" || (path.hasPrefix("/v1/transactions/") && path.hasSuffix("/match")) { return .admin }
+        let segments = path.split(separator: "/", omittingEmptySubsequences: true)
+        guard segments.first == "v1" else { return nil }
+        let route = "/" + segments.joined(separator: "/")
+        if route == "/v1/notifications/apple" { return nil }  // Apple signs these instead
+        if route == "/v1/reconcile" || (segments.count == 4 && segments[1] == "transactions" && segments[3] == "match") {
+            return .admin
+        }
         return method == .get || method == .head ? .read : .append
     }
 }

@@ -1,7 +1,7 @@
 import Foundation
 import Hummingbird
 import HummingbirdTesting
-import LedgerServer
+@testable import LedgerServer
 import LedgerStore
 import LedgerTestSupport
 import Testing
@@ -42,6 +42,22 @@ struct AuthTests {
             let health = try await http.client.execute(uri: "/healthz", method: .get)
             #expect(health.status == .ok)
             #expect(try await keys.list().map(\.name) == ["dashboard", "game-backend", "old", "test-admin"])
+        }
+    }
+
+    @Test("paths with empty segments need the same key as the route they reach")
+    func noBypassThroughSlashes() async throws {
+        try await withLiveApplication { http, _ in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-1"))
+            for (method, uri) in [(HTTPRequest.Method.post, "//v1/orders"), (.get, "//v1/orders/o-1"), (.get, "/v1//events"),
+                                  (.get, "//v1//orders/o-1/"), (.post, "/v1/orders/o-1//events"), (.get, "/v1")] {
+                let (status, json) = try await http.send(method, uri, json: method == .post ? newOrder("o-2") : nil, key: .some(nil))
+                #expect(status == .unauthorized, "\(method) \(uri)")
+                #expect(errorOf(json)["code"] as? String == "unauthorized")
+            }
+            #expect(AuthMiddleware.requiredScope(.post, "/v1/transactions/t-1/match/") == .admin)
+            #expect(AuthMiddleware.requiredScope(.post, "//v1/reconcile") == .admin)
+            #expect(AuthMiddleware.requiredScope(.get, "/healthz") == nil)
         }
     }
 
