@@ -4,7 +4,9 @@ public enum Identifier {
 
     public static func validate(_ value: String, field: String, maximumLength: Int = maximumLength) throws(LedgerInputError) -> String {
         guard !value.isEmpty else { throw LedgerInputError(field: field, problem: "is empty") }
-        guard value.count <= maximumLength else {
+        // Counted in code points, as PostgreSQL's length() counts (not in Swift's characters,
+        // where one letter may carry any number of combining marks).
+        guard value.unicodeScalars.count <= maximumLength else {
             throw LedgerInputError(field: field, problem: "is longer than \(maximumLength) characters")
         }
         guard !value.unicodeScalars.contains(where: { $0.properties.generalCategory == .control }) else {

@@ -29,7 +29,8 @@ public enum LedgerJSON {
         return encoder
     }
 
-    /// Parses `2026-01-01T10:00:00Z`, `2026-01-01T10:00:00.123456Z` or `2026-01-01T10:00:00+08:00`.
+    /// Parses `2026-01-01T10:00:00Z`, `2026-01-01T10:00:00.123456Z` or `2026-01-01T10:00:00+08:00`;
+    /// years before 1970 are refused (no App Store date is older, and the rebuild uses year 1 as "none").
     ///
     /// Hand-written: Foundation's ISO8601DateFormatter costs a formatter per call on Linux (it was
     /// the server's largest cost per request) and is not safe to share between threads there.
@@ -48,7 +49,7 @@ public enum LedgerJSON {
               bytes[13] == 0x3A, bytes[16] == 0x3A,
               let year = number(0, 4), let month = number(5, 2), let day = number(8, 2),
               let hour = number(11, 2), let minute = number(14, 2), let second = number(17, 2),
-              (1...12).contains(month), (1...31).contains(day), hour < 24, minute < 60, second < 61
+              year >= 1970, (1...12).contains(month), (1...31).contains(day), hour < 24, minute < 60, second < 61
         else { return nil }
         var index = 19
         var fraction = 0.0

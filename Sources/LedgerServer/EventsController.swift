@@ -27,7 +27,7 @@ struct EventsController {
 
     /// `GET /v1/streams/{streamId}/events?from=&limit=`.
     func stream(_ request: Request, _ context: LedgerRequestContext) async throws -> Response {
-        let stream = try StreamID(context.parameters.get("streamId") ?? "")
+        let stream = try StreamID(pathParameter(context, "streamId"))
         let query = request.uri.queryParameters
         let from = try Self.position(query["from"], field: "from")
         let limit = try OrdersController.limit(query["limit"], default: 1000, maximum: 10_000)

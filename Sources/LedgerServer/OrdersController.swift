@@ -92,7 +92,7 @@ struct OrdersController {
     }
 
     func orderID(_ context: LedgerRequestContext) throws -> OrderID {
-        try OrderID(context.parameters.get("orderId") ?? "")
+        try OrderID(pathParameter(context, "orderId"))
     }
 
     static func limit(_ text: Substring?, default value: Int, maximum: Int) throws(LedgerInputError) -> Int {
@@ -102,6 +102,15 @@ struct OrdersController {
         }
         return limit
     }
+}
+
+/// A path parameter, percent-decoded (an order id may hold characters a path must escape).
+func pathParameter(_ context: LedgerRequestContext, _ name: String) throws(LedgerInputError) -> String {
+    let raw = context.parameters.get(name) ?? ""
+    guard let decoded = raw.removingPercentEncoding else {
+        throw LedgerInputError(field: name, problem: "is not valid percent-encoding")
+    }
+    return decoded
 }
 
 /// The metadata recorded with every event appended through the API.

@@ -163,8 +163,8 @@ public struct EventStore: Sendable {
     static func mapError(_ error: any Error, _ stream: StreamID, _ expected: ExpectedVersion, _ events: [NewEvent]) -> any Error {
         guard let error = error as? PSQLError else { return error }
         switch error.sqlState {
-        case "22P02", "22032":
-            return AppendError.invalidBatch("data and metadata must be JSON: \(error.serverMessage ?? "")")
+        case "22P02", "22032", "22P05":
+            return AppendError.invalidBatch("data and metadata must be JSON that PostgreSQL can store (no \\u0000): \(error.serverMessage ?? "")")
         case "23505" where error.serverInfo?[.constraintName] == "events_event_id_key":
             // Another transaction took one of these event ids at the same moment.
             let detail = error.serverInfo?[.detail] ?? ""

@@ -18,7 +18,7 @@ struct DateTests {
 
     @Test("malformed or impossible dates are refused", arguments: [
         "", "2026-11-21", "2026-11-21 10:00:00Z", "2026-13-01T10:00:00Z", "2026-02-30T10:00:00Z", "2026-11-21T25:00:00Z",
-        "2026-11-21T10:00:00", "2026-11-21T10:00:00.Z", "2026-11-21T10:00:00+0800", "2026-11-21T10:00:00Zjunk", "yesterday",
+        "2026-11-21T10:00:00", "2026-11-21T10:00:00.Z", "2026-11-21T10:00:00+0800", "2026-11-21T10:00:00Zjunk", "yesterday", "0001-06-01T00:00:00Z", "1969-12-31T23:59:59Z",
     ])
     func refused(text: String) {
         #expect(LedgerJSON.parseDate(text) == nil)

@@ -164,6 +164,22 @@ struct OrderRoutesTests {
         }
     }
 
+    @Test("order ids that a path must escape are reached percent-encoded")
+    func escapedOrderIDs() async throws {
+        try await withLiveApplication { http, _ in
+            let (created, _) = try await http.send(.post, "/v1/orders", json: newOrder("a b/c?d"))
+            #expect(created == .created)
+            let (status, order) = try await http.send(.get, "/v1/orders/a%20b%2Fc%3Fd")
+            #expect(status == .ok)
+            #expect(order["orderId"] as? String == "a b/c?d")
+            let (appended, _) = try await http.send(.post, "/v1/orders/a%20b%2Fc%3Fd/events", json: ["type": "failed", "data": ["reason": "cancelled"]])
+            #expect(appended == .created)
+            let (stream, events) = try await http.send(.get, "/v1/streams/order-a%20b%2Fc%3Fd/events")
+            #expect(stream == .ok)
+            #expect((events["events"] as? [[String: Any]])?.count == 2)
+        }
+    }
+
     @Test("the feed and stream routes read the log")
     func feedAndStream() async throws {
         try await withLiveApplication { http, _ in
@@ -222,6 +238,16 @@ struct OrderRoutesTests {
                 if let field { #expect(errorOf(json)["field"] as? String == field, "\(uri) \(String(describing: body)): \(json)") }
                 #expect(errorOf(json)["message"] is String)
             }
+            // Values only PostgreSQL refuses are still the caller's: 400, not 500.
+            let (nul, nulError) = try await http.send(.post, "/v1/orders/o-1/events", json: ["type": "failed", "data": ["reason": "x", "detail": "a\u{0}b"]])
+            #expect(nul == .badRequest, "\(nulError)")
+            let accented = String(repeating: "e\u{301}\u{301}", count: 100)
+            let (combining, combiningError) = try await http.send(.post, "/v1/orders", json: newOrder(accented))
+            #expect(combining == .badRequest)
+            #expect(errorOf(combiningError)["field"] as? String == "orderId")
+            let (ancient, ancientError) = try await http.send(.post, "/v1/orders/o-1/events", json: ["type": "payment-added", "data": ["queuedAt": "0001-06-01T00:00:00Z"]])
+            #expect(ancient == .badRequest)
+            #expect(errorOf(ancientError)["field"] as? String == "queuedAt")
             let big = "{\"orderId\":\"" + String(repeating: "a", count: 300_000) + "\"}"
             let (tooLarge, error) = try await http.send(.post, "/v1/orders", raw: big)
             #expect(tooLarge == .contentTooLarge)
