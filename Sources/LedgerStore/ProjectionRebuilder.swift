@@ -23,6 +23,8 @@ public struct ProjectionRebuilder: Sendable {
     @discardableResult
     public func rebuild() async throws -> Int {
         try await database.transaction { connection in
+            // One snapshot for the whole replay; the TRUNCATE holds appends to orders until COMMIT.
+            try await connection.query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", logger: database.logger)
             try await connection.query("TRUNCATE orders, apple_transactions", logger: database.logger)
             return try await fill(schema: "public", on: connection)
         }
@@ -32,6 +34,9 @@ public struct ProjectionRebuilder: Sendable {
     /// differing rows (empty when they are identical). The scratch schema is dropped afterwards.
     public func verify() async throws -> [String] {
         try await database.transaction { connection in
+            // One snapshot: the replay and the comparison see the same log and the same rows,
+            // so appends committed meanwhile are not reported as differences.
+            try await connection.query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", logger: database.logger)
             let scratch = Self.scratchSchema
             try await connection.query("DROP SCHEMA IF EXISTS \(unescaped: scratch) CASCADE", logger: database.logger)
             try await connection.query("CREATE SCHEMA \(unescaped: scratch)", logger: database.logger)
@@ -59,25 +64,29 @@ public struct ProjectionRebuilder: Sendable {
         }
     }
 
-    /// Folds every order event of the log, in position order, into `schema`'s tables.
+    /// Folds every order stream, each in version order, into `schema`'s tables. (Version order,
+    /// not position order: a writer may commit version n + 1 of a stream with a lower position
+    /// than version n when its transaction took its id before the stream lock.)
     @discardableResult
     private func fill(schema: String, on connection: PostgresConnection) async throws -> Int {
         let total = try await count(on: connection)
         var orders: [OrderID: Order] = [:]
         var claims: [TransactionID: TransactionRow] = [:]
-        var after: Int64 = -1
+        var afterStream = "order-"
+        var afterVersion: Int64 = -1
         var read = 0
         while true {
             let rows = try await connection.query(
                 """
-                SELECT global_position, stream_id, stream_version, type, data::text, recorded_at FROM events
-                WHERE global_position > \(after) AND stream_id LIKE 'order-%'
-                ORDER BY global_position LIMIT 5000
+                SELECT stream_id, stream_version, type, data::text, recorded_at FROM events
+                WHERE (stream_id, stream_version) > (\(afterStream), \(afterVersion)) AND stream_id LIKE 'order-%'
+                ORDER BY stream_id, stream_version LIMIT 5000
                 """,
                 logger: database.logger)
             var page = 0
-            for try await (position, stream, version, typeName, data, recordedAt) in rows.decode((Int64, String, Int64, String, String, Date).self) {
-                after = position
+            for try await (stream, version, typeName, data, recordedAt) in rows.decode((String, Int64, String, String, Date).self) {
+                afterStream = stream
+                afterVersion = version
                 page += 1
                 guard let type = OrderEventType(rawValue: typeName),
                       let event = try? OrderEvent.decode(type: type, data: Data(data.utf8)) else { continue }

@@ -48,4 +48,24 @@ struct ProjectionTests {
             #expect(refundReversed["state"] as? String == "delivered")
         }
     }
+
+    @Test("verify reports no difference while appends go on (one snapshot)")
+    func verifyUnderLoad() async throws {
+        try await withLiveApplication { http, db in
+            for index in 0..<20 { try await http.send(.post, "/v1/orders", json: newOrder("seed-\(index)")) }
+            let rebuilder = ProjectionRebuilder(database: db.database)
+            try await withThrowingTaskGroup(of: [String].self) { group in
+                group.addTask {
+                    for index in 0..<60 {
+                        try await http.send(.post, "/v1/orders", json: newOrder("load-\(index)"))
+                        try await http.send(.post, "/v1/orders/load-\(index)/events", json: ["type": "receipt-received", "data": receipt("tl-\(index)")])
+                    }
+                    return []
+                }
+                for _ in 0..<4 { group.addTask { try await rebuilder.verify() } }
+                for try await differences in group { #expect(differences == []) }
+            }
+            #expect(try await rebuilder.verify() == [])
+        }
+    }
 }
