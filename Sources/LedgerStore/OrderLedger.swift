@@ -65,11 +65,10 @@ public struct OrderLedger: Sendable {
         return try await database.transaction { connection in
             let current = try await projection.order(id, on: connection, forUpdate: true)
             if let stored = try await storedEvent(eventID, on: connection) {
-                guard stored.streamID == id.streamID, stored.type == newEvent.type, try await sameJSON(stored.data, body, on: connection),
-                      let current else {
+                guard stored.streamID == id.streamID, stored.type == newEvent.type, try await sameJSON(stored.data, body, on: connection) else {
                     throw AppendError.eventIDConflict(eventID)
                 }
-                return Outcome(order: current, appended: false)
+                return Outcome(order: try await orderAsOf(id, version: stored.streamVersion, on: connection), appended: false)
             }
             let currentVersion = current?.version ?? ExpectedVersion.noStreamVersion
             if let expected, expected != .any, expected.databaseValue != currentVersion {
@@ -80,7 +79,7 @@ public struct OrderLedger: Sendable {
                 [newEvent], to: id.streamID,
                 expectedVersion: current.map { .exact($0.version) } ?? .noStream, on: connection)
             guard !result.replayed else {
-                return Outcome(order: current!, appended: false)
+                return Outcome(order: try await orderAsOf(id, version: result.streamVersion, on: connection), appended: false)
             }
             // The transaction's own time, which `recorded_at` holds too: a rebuild from the log
             // then reproduces these rows exactly.
@@ -96,6 +95,24 @@ public struct OrderLedger: Sendable {
             }
             return Outcome(order: next, appended: true)
         }
+    }
+
+    /// The order as it stood right after its event `version`: what the first answer to an append
+    /// said, given again to its retries (DESIGN.md promise 3).
+    private func orderAsOf(_ id: OrderID, version: Int64, on connection: PostgresConnection) async throws -> Order {
+        let rows = try await connection.query(
+            """
+            SELECT \(unescaped: EventStore.columns) FROM events
+            WHERE stream_id = \(id.streamID.rawValue) AND stream_version <= \(version) ORDER BY stream_version
+            """,
+            logger: database.logger)
+        var order: Order?
+        for event in try await EventStore.decode(rows) {
+            guard let type = OrderEventType(rawValue: event.type), let body = try? OrderEvent.decode(type: type, data: event.data) else { continue }
+            order = Order.evolve(order, body, orderID: id, version: event.streamVersion, at: event.recordedAt)
+        }
+        guard let order else { throw OrderDecisionError.noSuchOrder }
+        return order
     }
 
     /// The order as its projection row has it, or nil.

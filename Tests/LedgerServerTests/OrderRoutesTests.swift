@@ -94,6 +94,15 @@ struct OrderRoutesTests {
                 #expect(again == .ok)
                 #expect(order["version"] as? Int == 1)
             }
+            // After the order moved on, a retry still answers the first result: the order as
+            // that event left it.
+            try await http.send(.post, "/v1/orders/o-1/events", json: ["type": "failed", "data": ["reason": "cancelled"]])
+            let (late, lateOrder) = try await http.send(.post, "/v1/orders/o-1/events", json: event)
+            #expect(late == .ok)
+            #expect(lateOrder["state"] as? String == "payment-added")
+            #expect(lateOrder["version"] as? Int == 1)
+            let (_, now) = try await http.send(.get, "/v1/orders/o-1")
+            #expect(now["state"] as? String == "failed")
             var changed = event
             changed["data"] = ["queuedAt": "2026-11-21T10:59:00Z"]
             let (conflict, error) = try await http.send(.post, "/v1/orders/o-1/events", json: changed)
@@ -104,8 +113,8 @@ struct OrderRoutesTests {
             let (staleStatus, staleError) = try await http.send(.post, "/v1/orders/o-1/events", json: stale)
             #expect(staleStatus == .conflict)
             #expect(errorOf(staleError)["code"] as? String == "wrong-expected-version")
-            #expect(errorOf(staleError)["currentVersion"] as? Int == 1)
-            #expect(try await db.store.readStream(try .init("order-o-1")).count == 2)
+            #expect(errorOf(staleError)["currentVersion"] as? Int == 2)
+            #expect(try await db.store.readStream(try .init("order-o-1")).count == 3)
         }
     }
 
