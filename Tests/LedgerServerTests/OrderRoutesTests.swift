@@ -152,6 +152,32 @@ struct OrderRoutesTests {
         }
     }
 
+    @Test("20 orders racing for one Apple transaction: exactly one gets it")
+    func racingClaims() async throws {
+        try await withLiveApplication { http, db in
+            for index in 0..<20 { try await http.send(.post, "/v1/orders", json: newOrder("o-\(index)", user: "u-\(index)")) }
+            let answers = try await withThrowingTaskGroup(of: (Int, HTTPResponse.Status).self) { group in
+                for index in 0..<20 {
+                    group.addTask {
+                        (index, try await http.send(.post, "/v1/orders/o-\(index)/events", json: ["type": "receipt-received", "data": receipt("2000000042")]).0)
+                    }
+                }
+                return try await group.reduce(into: [Int: HTTPResponse.Status]()) { $0[$1.0] = $1.1 }
+            }
+            let winners = answers.filter { $0.value == .created }.map(\.key)
+            #expect(winners.count == 1)
+            #expect(answers.values.filter { $0 == .conflict }.count == 19)
+            let rows = try await db.client.query(
+                "SELECT order_id FROM apple_transactions WHERE transaction_id = '2000000042'", logger: TestServer.logger)
+            var owners: [String] = []
+            for try await owner in rows.decode(String.self) { owners.append(owner) }
+            #expect(owners == winners.map { "o-\($0)" })
+            let claimed = try await db.client.query(
+                "SELECT count(*) FROM events WHERE type = 'receipt-received'", logger: TestServer.logger)
+            for try await count in claimed.decode(Int.self) { #expect(count == 1) }
+        }
+    }
+
     @Test("searching: by user, product and state (open), paged")
     func search() async throws {
         try await withLiveApplication { http, _ in
