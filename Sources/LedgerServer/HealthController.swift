@@ -8,17 +8,17 @@ struct HealthController {
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
         router.get("/healthz") { _, _ in
-            try jsonResponse(.ok, ["status": "ok"])
+            Rendering.response(.ok, ["status": "ok"])
         }
         router.get("/readyz") { _, _ in
-            try await readiness()
+            await readiness()
         }
     }
 
     /// How long readiness waits for the database before answering 503.
     static let databaseTimeout = Duration.seconds(2)
 
-    func readiness() async throws -> Response {
+    func readiness() async -> Response {
         let status: MigrationStatus
         do {
             status = try await withThrowingTaskGroup(of: MigrationStatus.self) { group in
@@ -31,11 +31,11 @@ struct HealthController {
                 return try await group.next()!
             }
         } catch {
-            return try jsonResponse(.serviceUnavailable, ["status": "not-ready", "reason": "the database is unreachable"])
+            return Rendering.response(.serviceUnavailable, ["status": "not-ready", "reason": "the database is unreachable"])
         }
         guard status == .current else {
-            return try jsonResponse(.serviceUnavailable, ["status": "not-ready", "reason": MigrationError(status: status).description])
+            return Rendering.response(.serviceUnavailable, ["status": "not-ready", "reason": MigrationError(status: status).description])
         }
-        return try jsonResponse(.ok, ["status": "ready"])
+        return Rendering.response(.ok, ["status": "ready"])
     }
 }

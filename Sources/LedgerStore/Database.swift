@@ -31,16 +31,6 @@ public struct Database: Sendable {
             return result
         }
     }
-
-    /// True when the server answers a trivial query.
-    public func isReachable() async -> Bool {
-        do {
-            try await client.query("SELECT 1", logger: logger)
-            return true
-        } catch {
-            return false
-        }
-    }
 }
 
 extension PSQLError {

@@ -64,17 +64,24 @@ public struct OrderLedger: Sendable {
         let newEvent = try NewEvent(id: eventID, type: event.type.rawValue, data: body, metadata: metadata)
         return try await database.transaction { connection in
             let current = try await projection.order(id, on: connection, forUpdate: true)
-            if let stored = try await storedEvent(eventID, on: connection) {
-                guard stored.streamID == id.streamID, stored.type == newEvent.type, try await sameJSON(stored.data, body, on: connection) else {
-                    throw AppendError.eventIDConflict(eventID)
-                }
-                return Outcome(order: try await orderAsOf(id, version: stored.streamVersion, on: connection), appended: false)
-            }
             let currentVersion = current?.version ?? ExpectedVersion.noStreamVersion
+            let decision = Order.decide(current, event)
+            let refusal: (any Error)?
             if let expected, expected != .any, expected.databaseValue != currentVersion {
-                throw AppendError.wrongExpectedVersion(stream: id.streamID, expected: expected, current: currentVersion)
+                refusal = AppendError.wrongExpectedVersion(stream: id.streamID, expected: expected, current: currentVersion)
+            } else if case .failure(let error) = decision {
+                refusal = error
+            } else {
+                refusal = nil
             }
-            let events = try Order.decide(current, event).get()
+            if let refusal {
+                // A retry of an event stored before the order moved on is refused by both checks
+                // above, yet must get its first answer. (When both pass, append_to_stream itself
+                // finds a stored event id.)
+                if let retry = try await retried(eventID, newEvent, in: id, on: connection) { return retry }
+                throw refusal
+            }
+            let events = try decision.get()
             let result = try await store.append(
                 [newEvent], to: id.streamID,
                 expectedVersion: current.map { .exact($0.version) } ?? .noStream, on: connection)
@@ -95,6 +102,16 @@ public struct OrderLedger: Sendable {
             }
             return Outcome(order: next, appended: true)
         }
+    }
+
+    /// The first answer again when `eventID` is stored as this same event of this order; nil
+    /// when it is not stored; `event-id-conflict` when it is stored as something else.
+    private func retried(_ eventID: EventID, _ event: NewEvent, in id: OrderID, on connection: PostgresConnection) async throws -> Outcome? {
+        guard let stored = try await storedEvent(eventID, on: connection) else { return nil }
+        guard stored.streamID == id.streamID, stored.type == event.type, try await sameJSON(stored.data, event.data, on: connection) else {
+            throw AppendError.eventIDConflict(eventID)
+        }
+        return Outcome(order: try await orderAsOf(id, version: stored.streamVersion, on: connection), appended: false)
     }
 
     /// The order as it stood right after its event `version`: what the first answer to an append

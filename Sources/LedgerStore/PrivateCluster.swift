@@ -206,7 +206,7 @@ public struct PrivateCluster: Sendable {
     }
 
     /// Creates `name` unless it exists.
-    public func ensureDatabase(_ name: String, template: String? = nil, logger: Logger) async throws {
+    private func ensureDatabase(_ name: String, logger: Logger) async throws {
         let connection = try await PostgresConnection.connect(
             configuration: .init(unixSocketPath: socketPath, username: Self.user, password: nil, database: "postgres"),
             id: 1, logger: logger)
@@ -214,8 +214,7 @@ public struct PrivateCluster: Sendable {
         let rows = try await connection.query("SELECT count(*) FROM pg_database WHERE datname = \(name)", logger: logger)
         for try await count in rows.decode(Int.self) where count > 0 { return }
         do {
-            let templateClause = template.map { " TEMPLATE \(Self.quoteIdentifier($0))" } ?? ""
-            try await connection.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(Self.quoteIdentifier(name))\(templateClause)"), logger: logger)
+            try await connection.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(Self.quoteIdentifier(name))"), logger: logger)
         } catch let error as PSQLError where error.sqlState == "42P04" {
             // Created meanwhile by another process.
         }

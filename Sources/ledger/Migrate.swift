@@ -11,11 +11,7 @@ struct Migrate: AsyncParsableCommand {
     @OptionGroup var options: ConfigurationOptions
 
     func run() async throws {
-        let configuration = try options.load()
-        let logger = Logger(label: "ledger")
-        let database = try await OpenedDatabase.open(configuration.database, logger: logger)
-        defer { try? database.close(logger: logger) }
-        let applied = try await withPostgresClient(database.clientConfiguration, logger: logger) { client in
+        let applied = try await withLedgerDatabase(options, migrate: false) { client, logger in
             try await Migrator(logger: logger).migrate(client)
         }
         print(applied.isEmpty ? "migrations are current" : "applied: \(applied.joined(separator: ", "))")

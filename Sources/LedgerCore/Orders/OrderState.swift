@@ -13,9 +13,6 @@ public enum OrderState: String, Codable, Sendable, CaseIterable {
         case .created, .paymentAdded, .receiptReceived, .verified: false
         }
     }
-
-    /// Open orders can still receive a transaction.
-    public var isOpen: Bool { self == .created || self == .paymentAdded }
 }
 
 /// The type of an order event, exactly as it is named on the wire.
