@@ -19,6 +19,9 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
         .package(url: "https://github.com/apple/swift-http-types.git", from: "1.8.0"),
         .package(url: "https://github.com/swift-server/async-http-client.git", from: "1.37.0"),
+        .package(url: "https://github.com/vapor/jwt-kit.git", from: "5.7.1"),
+        .package(url: "https://github.com/apple/swift-certificates.git", from: "1.21.1"),
+        .package(url: "https://github.com/apple/swift-asn1.git", from: "1.7.4"),
     ],
     targets: [
         /// Pure domain: events, stream ids, expected versions. No I/O.
@@ -42,11 +45,25 @@ let package = Package(
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
             ]
         ),
+        /// Verification of Apple's proofs: signed transactions and notifications (JWS with an x5c
+        /// chain), legacy receipts through verifyReceipt.
+        .target(
+            name: "AppleReceipts",
+            dependencies: [
+                "LedgerCore",
+                .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         /// The Hummingbird application: routes, configuration, service group.
         .target(
             name: "LedgerServer",
             dependencies: [
-                "LedgerCore", "LedgerStore",
+                "LedgerCore", "LedgerStore", "AppleReceipts",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
@@ -59,7 +76,8 @@ let package = Package(
         .executableTarget(
             name: "ledger",
             dependencies: [
-                "LedgerCore", "LedgerStore", "LedgerServer",
+                "LedgerCore", "LedgerStore", "LedgerServer", "AppleReceipts",
+                .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
@@ -69,10 +87,22 @@ let package = Package(
         /// Shared test support: the test PostgreSQL and per-suite databases.
         .target(
             name: "LedgerTestSupport",
-            dependencies: ["LedgerCore", "LedgerStore", .product(name: "PostgresNIO", package: "postgres-nio")],
+            dependencies: [
+                "LedgerCore", "LedgerStore", "AppleReceipts",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+            ],
             path: "Tests/LedgerTestSupport"
         ),
         .testTarget(name: "LedgerCoreTests", dependencies: ["LedgerCore"]),
+        .testTarget(
+            name: "AppleReceiptsTests",
+            dependencies: ["AppleReceipts", "LedgerTestSupport", .product(name: "JWTKit", package: "jwt-kit")]
+        ),
         .testTarget(
             name: "LedgerStoreTests",
             dependencies: ["LedgerStore", "LedgerTestSupport", .product(name: "PostgresNIO", package: "postgres-nio")]

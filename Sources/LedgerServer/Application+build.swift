@@ -1,3 +1,4 @@
+import AppleReceipts
 import Hummingbird
 import LedgerCore
 import LedgerStore
@@ -6,7 +7,7 @@ import PostgresNIO
 import ServiceLifecycle
 
 /// Builds the router of every ledger route.
-public func buildRouter(database: Database, migrator: Migrator) -> Router<LedgerRequestContext> {
+public func buildRouter(database: Database, migrator: Migrator, apple: AppleProofVerifier) -> Router<LedgerRequestContext> {
     let router = Router(context: LedgerRequestContext.self)
     let metrics = LedgerMetrics()
     router.add(middleware: MetricsMiddleware(metrics: metrics))
@@ -14,7 +15,11 @@ public func buildRouter(database: Database, migrator: Migrator) -> Router<Ledger
     router.add(middleware: AuthMiddleware(keys: APIKeyStore(database: database)))
     HealthController(database: database, migrator: migrator).addRoutes(to: router)
     let store = EventStore(database: database)
-    OrdersController(ledger: OrderLedger(database: database, store: store), metrics: metrics).addRoutes(to: router)
+    let orders = OrderLedger(database: database, store: store)
+    OrdersController(ledger: orders, metrics: metrics).addRoutes(to: router)
+    let receipts = ReceiptLedger(orders: orders)
+    ReceiptsController(receipts: receipts, verifier: apple, metrics: metrics).addRoutes(to: router)
+    NotificationsController(notifications: NotificationLedger(receipts: receipts), verifier: apple, metrics: metrics).addRoutes(to: router)
     router.get("/metrics") { _, _ in
         Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
                  body: .init(byteBuffer: ByteBuffer(string: metrics.registry.emitToString())))
@@ -24,14 +29,14 @@ public func buildRouter(database: Database, migrator: Migrator) -> Router<Ledger
 }
 
 /// Builds the HTTP application: the PostgreSQL client runs as a service, migrations run before
-/// the server accepts connections.
+/// the server accepts connections. Throws when the Apple root certificates cannot be read.
 public func buildApplication(
     configuration: LedgerConfiguration, client: PostgresClient, logger: Logger, migrate: Bool = true
-) -> some ApplicationProtocol {
+) throws -> some ApplicationProtocol {
     let database = Database(client: client, logger: logger)
     let migrator = Migrator(logger: logger)
     var application = Application(
-        router: buildRouter(database: database, migrator: migrator),
+        router: buildRouter(database: database, migrator: migrator, apple: try configuration.apple.verifier(logger: logger)),
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "order-ledger"),
         services: [client],
         logger: logger

@@ -1,3 +1,4 @@
+import AppleReceipts
 import Foundation
 import LedgerStore
 import Logging
@@ -123,5 +124,19 @@ public struct LedgerConfigurationError: Error, Sendable, CustomStringConvertible
 
     public var description: String {
         "invalid configuration: " + problems.map(\.description).joined(separator: "; ")
+    }
+}
+
+extension LedgerConfiguration.Apple {
+    /// The verifier these settings describe. Throws when a root certificate file cannot be read
+    /// or holds no certificate: the service refuses to start rather than reject every proof.
+    public func verifier(logger: Logger) throws -> AppleProofVerifier {
+        let roots = try AppleRootCertificates.load(paths: rootCertificateFiles)
+        return AppleProofVerifier(
+            app: .init(bundleId: bundleID, appAppleId: appID, environment: AppleEnvironment(name: environment) ?? .production),
+            signedData: SignedDataVerifier(rootCertificates: roots),
+            verifyReceipt: VerifyReceiptClient(
+                settings: .init(productionURL: verifyReceiptURL, sandboxURL: verifyReceiptSandboxURL, sharedSecret: sharedSecret),
+                logger: logger))
     }
 }

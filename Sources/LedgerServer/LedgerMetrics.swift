@@ -28,6 +28,21 @@ final class LedgerMetrics: Sendable {
             labels: [("type", type)]
         ).increment()
     }
+
+    /// Receipts by outcome: `rejected` and `retry-later` are the verification failures worth an alert.
+    func receiptAnswered(_ outcome: String) {
+        registry.makeCounter(
+            descriptor: .init(metricName: "ledger_receipts", unitName: "total", helpText: "Proofs of purchase answered, by outcome"),
+            labels: [("outcome", outcome)]
+        ).increment()
+    }
+
+    func notificationAnswered(_ result: String) {
+        registry.makeCounter(
+            descriptor: .init(metricName: "ledger_apple_notifications", unitName: "total", helpText: "App Store Server Notifications, by result"),
+            labels: [("result", result)]
+        ).increment()
+    }
 }
 
 /// Records every answer's route, status and duration; outermost, so it sees the final status.

@@ -49,6 +49,9 @@ struct OrdersController {
         guard type != .created else {
             throw APIError(.badRequest, code: "unknown-event-type", message: "orders are created with POST /v1/orders")
         }
+        guard type.isWrittenByClients else {
+            throw APIError(.badRequest, code: "unknown-event-type", message: "\(typeName) is recorded by the ledger from Apple's notifications (POST /v1/notifications/apple)")
+        }
         let eventID = try body.string("eventId").map { text throws(LedgerInputError) in try EventID(text) } ?? EventID()
         let expected = try body.integer("expectedVersion").map { version throws(LedgerInputError) -> ExpectedVersion in
             guard version >= -1 else { throw LedgerInputError(field: "expectedVersion", problem: "must be -1 (no order) or more") }

@@ -104,6 +104,42 @@ public struct OrderLedger: Sendable {
         }
     }
 
+    /// Appends events the ledger itself decided (receipts, notifications) to an order the caller
+    /// has locked in its open transaction, through the same `decide` and `evolve` as any append,
+    /// and writes the projection rows. Answers the order as the events leave it.
+    func apply(_ events: [(OrderEvent, EventID)], to current: Order, metadata: Data, on connection: PostgresConnection) async throws -> Order {
+        var provisional: Order? = current
+        var newEvents: [NewEvent] = []
+        for (event, eventID) in events {
+            for accepted in try Order.decide(provisional, event).get() {
+                provisional = Order.evolve(provisional, accepted, orderID: current.orderId, version: current.version, at: current.updatedAt)
+            }
+            newEvents.append(try NewEvent(id: eventID, type: event.type.rawValue, data: event.encodedData(), metadata: metadata))
+        }
+        let result = try await store.append(newEvents, to: current.orderId.streamID, expectedVersion: .exact(current.version), on: connection)
+        guard !result.replayed else {
+            return try await orderAsOf(current.orderId, version: result.streamVersion, on: connection)
+        }
+        let now = try await transactionTime(on: connection)
+        var order = current
+        var version = result.streamVersion - Int64(events.count) + 1
+        var transactionChanged = false
+        for (event, _) in events {
+            guard let next = Order.evolve(order, event, orderID: current.orderId, version: version, at: now) else { break }
+            order = next
+            version += 1
+            if case .receiptReceived(let receipt) = event {
+                try await projection.claim(receipt, for: order, at: now, on: connection)
+                transactionChanged = false
+            } else {
+                transactionChanged = order.transactionId != nil
+            }
+        }
+        try await projection.save(order, on: connection)
+        if transactionChanged { try await projection.updateTransaction(of: order, at: now, on: connection) }
+        return order
+    }
+
     /// The first answer again when `eventID` is stored as this same event of this order; nil
     /// when it is not stored; `event-id-conflict` when it is stored as something else.
     private func retried(_ eventID: EventID, _ event: NewEvent, in id: OrderID, on connection: PostgresConnection) async throws -> Outcome? {
@@ -160,7 +196,7 @@ public struct OrderLedger: Sendable {
         return try await EventStore.decode(rows).first
     }
 
-    private func transactionTime(on connection: PostgresConnection) async throws -> Date {
+    func transactionTime(on connection: PostgresConnection) async throws -> Date {
         let rows = try await connection.query("SELECT now()", logger: database.logger)
         for try await now in rows.decode(Date.self) { return now }
         return Date()

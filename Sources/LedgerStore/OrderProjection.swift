@@ -53,20 +53,65 @@ struct OrderProjection: Sendable {
             logger: logger)
     }
 
-    /// Ties an Apple transaction to an order; a transaction already tied elsewhere is refused by
-    /// the primary key inside this transaction.
+    /// Ties an Apple transaction to an order. A transaction already tied elsewhere is refused by
+    /// the primary key inside this transaction; one waiting in the pool leaves it, keeping what
+    /// the pool knew of it.
     func claim(_ receipt: ReceiptReceived, for order: Order, at date: Date, on connection: PostgresConnection) async throws {
+        var claimed = false
         do {
-            try await connection.query(
+            let rows = try await connection.query(
                 """
-                INSERT INTO apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date, status, received_at, updated_at)
+                INSERT INTO apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date, environment, status,
+                    received_at, updated_at, original_transaction_id, app_transaction_id, app_account_token, matched_by)
                 VALUES (\(receipt.transactionId.rawValue), \(order.orderId.rawValue), \(order.userId.rawValue),
-                        \(receipt.productId.rawValue), \(receipt.purchaseDate), 'claimed', \(date), \(date))
+                        \(receipt.productId.rawValue), \(receipt.purchaseDate), \(receipt.environment), 'claimed', \(date), \(date),
+                        \(receipt.originalTransactionId), \(receipt.appTransactionId), \(receipt.appAccountToken), \(receipt.matchedBy.rawValue))
+                ON CONFLICT (transaction_id) DO UPDATE SET
+                    order_id = EXCLUDED.order_id, user_id = EXCLUDED.user_id, status = 'claimed', matched_by = EXCLUDED.matched_by,
+                    updated_at = EXCLUDED.updated_at,
+                    environment = coalesce(apple_transactions.environment, EXCLUDED.environment),
+                    original_transaction_id = coalesce(apple_transactions.original_transaction_id, EXCLUDED.original_transaction_id),
+                    app_transaction_id = coalesce(apple_transactions.app_transaction_id, EXCLUDED.app_transaction_id),
+                    app_account_token = coalesce(apple_transactions.app_account_token, EXCLUDED.app_account_token)
+                WHERE apple_transactions.order_id IS NULL AND apple_transactions.status = 'unmatched'
+                RETURNING 1
                 """,
                 logger: logger)
+            for try await _ in rows { claimed = true }
         } catch let error as PSQLError where error.sqlState == "23505" {
             throw OrderLedgerError.duplicateTransaction(receipt.transactionId)
         }
+        guard claimed else { throw OrderLedgerError.duplicateTransaction(receipt.transactionId) }
+    }
+
+    /// Puts a transaction in the pool: its row with no order, and everything known of it.
+    func enterPool(_ body: TransactionUnmatched, verification: Data, at date: Date, on connection: PostgresConnection) async throws {
+        let transaction = body.transaction
+        try await connection.query(
+            """
+            INSERT INTO apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date, environment, status,
+                received_at, updated_at, original_transaction_id, app_transaction_id, app_account_token, matched_by, verification)
+            VALUES (\(transaction.transactionId.rawValue), NULL, \(body.userId?.rawValue), \(transaction.productId.rawValue),
+                    \(transaction.purchaseDate), \(transaction.environment), 'unmatched', \(date), \(date),
+                    \(transaction.originalTransactionId), \(transaction.appTransactionId), \(transaction.appAccountToken), NULL,
+                    \(String(decoding: verification, as: UTF8.self))::jsonb)
+            """,
+            logger: logger)
+    }
+
+    /// Records what a notification did to a transaction waiting in the pool (`refunded`, or back
+    /// to `unmatched` when the refund is reversed).
+    func setPoolStatus(_ id: TransactionID, _ status: String, at date: Date, on connection: PostgresConnection) async throws {
+        try await connection.query(
+            "UPDATE apple_transactions SET status = \(status), updated_at = \(date) WHERE transaction_id = \(id.rawValue) AND order_id IS NULL",
+            logger: logger)
+    }
+
+    func order(appAccountToken token: UUID, on connection: PostgresConnection, forUpdate: Bool) async throws -> Order? {
+        let lock = forUpdate ? " FOR UPDATE" : ""
+        let rows = try await connection.query(
+            "SELECT \(unescaped: Self.orderColumns) FROM orders WHERE app_account_token = \(token)\(unescaped: lock)", logger: logger)
+        return try await Self.decodeOrders(rows).first
     }
 
     /// Records what later events of its order say about a claimed transaction.

@@ -72,6 +72,7 @@ public struct ProjectionRebuilder: Sendable {
         let total = try await count(on: connection)
         var orders: [OrderID: Order] = [:]
         var claims: [TransactionID: TransactionRow] = [:]
+        var pool: [TransactionID: TransactionRow] = [:]
         var afterStream = "order-"
         var afterVersion: Int64 = -1
         var read = 0
@@ -79,7 +80,8 @@ public struct ProjectionRebuilder: Sendable {
             let rows = try await connection.query(
                 """
                 SELECT stream_id, stream_version, type, data::text, recorded_at FROM events
-                WHERE (stream_id, stream_version) > (\(afterStream), \(afterVersion)) AND stream_id LIKE 'order-%'
+                WHERE (stream_id, stream_version) > (\(afterStream), \(afterVersion))
+                  AND (stream_id LIKE 'order-%' OR stream_id LIKE 'transaction-%')
                 ORDER BY stream_id, stream_version LIMIT 5000
                 """,
                 logger: database.logger)
@@ -88,6 +90,11 @@ public struct ProjectionRebuilder: Sendable {
                 afterStream = stream
                 afterVersion = version
                 page += 1
+                if stream.hasPrefix("transaction-") {
+                    let id = TransactionID(unchecked: String(stream.dropFirst("transaction-".count)))
+                    Self.fold(transactionEvent: typeName, data: data, at: recordedAt, into: &pool[id])
+                    continue
+                }
                 guard let type = OrderEventType(rawValue: typeName),
                       let event = try? OrderEvent.decode(type: type, data: Data(data.utf8)) else { continue }
                 let id = OrderID(unchecked: String(stream.dropFirst("order-".count)))
@@ -104,12 +111,16 @@ public struct ProjectionRebuilder: Sendable {
             progress?(read, total)
             if page < 5000 { break }
         }
+        // A transaction that waited in the pool and was then claimed keeps what the pool knew.
+        for (id, pooled) in pool {
+            claims[id] = claims[id].map { $0.leavingPool(pooled) } ?? pooled
+        }
         try await write(orders: Array(orders.values), claims: Array(claims.values), schema: schema, on: connection)
         return read
     }
 
     private func count(on connection: PostgresConnection) async throws -> Int {
-        let rows = try await connection.query("SELECT count(*) FROM events WHERE stream_id LIKE 'order-%'", logger: database.logger)
+        let rows = try await connection.query("SELECT count(*) FROM events WHERE stream_id LIKE 'order-%' OR stream_id LIKE 'transaction-%'", logger: database.logger)
         for try await count in rows.decode(Int.self) { return count }
         return 0
     }
@@ -140,10 +151,19 @@ public struct ProjectionRebuilder: Sendable {
             try await connection.query(
                 """
                 INSERT INTO \(unescaped: schema).apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date,
-                    status, received_at, updated_at)
-                SELECT * FROM unnest(\(chunk.map(\.transactionID)), \(chunk.map(\.orderID)), \(chunk.map(\.userID)),
-                    \(chunk.map(\.productID)), \(chunk.map(\.purchaseDate)), \(chunk.map(\.status)), \(chunk.map(\.receivedAt)),
-                    \(chunk.map(\.updatedAt)))
+                    environment, status, received_at, updated_at, original_transaction_id, app_transaction_id, app_account_token,
+                    matched_by, verification)
+                SELECT r.transaction_id, nullif(r.order_id, ''), nullif(r.user_id, ''), r.product_id, r.purchase_date,
+                       nullif(r.environment, ''), r.status, r.received_at, r.updated_at, nullif(r.original_transaction_id, ''),
+                       nullif(r.app_transaction_id, ''), nullif(r.app_account_token, '')::uuid, nullif(r.matched_by, ''),
+                       nullif(r.verification, '')::jsonb
+                FROM unnest(\(chunk.map(\.transactionID)), \(chunk.map { $0.orderID ?? "" }), \(chunk.map { $0.userID ?? "" }),
+                    \(chunk.map(\.productID)), \(chunk.map(\.purchaseDate)), \(chunk.map { $0.environment ?? "" }), \(chunk.map(\.status)),
+                    \(chunk.map(\.receivedAt)), \(chunk.map(\.updatedAt)), \(chunk.map { $0.originalTransactionID ?? "" }),
+                    \(chunk.map { $0.appTransactionID ?? "" }), \(chunk.map { $0.appAccountToken?.uuidString ?? "" }),
+                    \(chunk.map { $0.matchedBy ?? "" }), \(chunk.map { $0.verification ?? "" }))
+                  AS r(transaction_id, order_id, user_id, product_id, purchase_date, environment, status, received_at, updated_at,
+                       original_transaction_id, app_transaction_id, app_account_token, matched_by, verification)
                 """,
                 logger: database.logger)
         }
@@ -152,13 +172,19 @@ public struct ProjectionRebuilder: Sendable {
     /// An `apple_transactions` row as the inline projection writes it.
     struct TransactionRow {
         let transactionID: String
-        let orderID: String
-        let userID: String
-        let productID: String
-        let purchaseDate: Date
+        var orderID: String?
+        var userID: String?
+        var productID: String
+        var purchaseDate: Date
+        var environment: String?
         var status: String
-        let receivedAt: Date
+        var receivedAt: Date
         var updatedAt: Date
+        var originalTransactionID: String?
+        var appTransactionID: String?
+        var appAccountToken: UUID?
+        var matchedBy: String?
+        var verification: String?
 
         init(receipt: ReceiptReceived, order: Order, at date: Date) {
             transactionID = receipt.transactionId.rawValue
@@ -166,9 +192,62 @@ public struct ProjectionRebuilder: Sendable {
             userID = order.userId.rawValue
             productID = receipt.productId.rawValue
             purchaseDate = receipt.purchaseDate
+            environment = receipt.environment
             status = "claimed"
             receivedAt = date
             updatedAt = date
+            originalTransactionID = receipt.originalTransactionId
+            appTransactionID = receipt.appTransactionId
+            appAccountToken = receipt.appAccountToken
+            matchedBy = receipt.matchedBy.rawValue
+        }
+
+        init(pooled body: TransactionUnmatched, data: String, at date: Date) {
+            let transaction = body.transaction
+            transactionID = transaction.transactionId.rawValue
+            userID = body.userId?.rawValue
+            productID = transaction.productId.rawValue
+            purchaseDate = transaction.purchaseDate
+            environment = transaction.environment
+            status = "unmatched"
+            receivedAt = date
+            updatedAt = date
+            originalTransactionID = transaction.originalTransactionId
+            appTransactionID = transaction.appTransactionId
+            appAccountToken = transaction.appAccountToken
+            verification = data
+        }
+
+        /// This claim of a transaction that had waited in `pooled`: as `OrderProjection.claim`
+        /// updates the pool's row.
+        func leavingPool(_ pooled: TransactionRow) -> TransactionRow {
+            var row = pooled
+            row.orderID = orderID
+            row.userID = userID
+            row.status = status
+            row.matchedBy = matchedBy
+            row.updatedAt = updatedAt
+            row.environment = pooled.environment ?? environment
+            row.originalTransactionID = pooled.originalTransactionID ?? originalTransactionID
+            row.appTransactionID = pooled.appTransactionID ?? appTransactionID
+            row.appAccountToken = pooled.appAccountToken ?? appAccountToken
+            return row
+        }
+    }
+
+    /// Folds one event of a transaction's stream into its pool row.
+    static func fold(transactionEvent type: String, data: String, at date: Date, into row: inout TransactionRow?) {
+        switch TransactionEventType(rawValue: type) {
+        case .unmatched:
+            guard let body = try? LedgerJSON.decoder.decode(TransactionUnmatched.self, from: Data(data.utf8)) else { return }
+            row = TransactionRow(pooled: body, data: data, at: date)
+        case .notificationReceived:
+            guard let body = try? LedgerJSON.decoder.decode(NotificationReceived.self, from: Data(data.utf8)),
+                  let status = NotificationLedger.poolStatus(after: body.notificationType), row?.orderID == nil else { return }
+            row?.status = status
+            row?.updatedAt = date
+        case .matched, nil:
+            break
         }
     }
 }

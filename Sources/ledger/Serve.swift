@@ -14,7 +14,7 @@ struct Serve: AsyncParsableCommand {
         let logger = Logger(label: "ledger")
         let database = try await OpenedDatabase.open(configuration.database, logger: logger)
         let client = PostgresClient(configuration: database.clientConfiguration, backgroundLogger: logger)
-        let application = buildApplication(configuration: configuration, client: client, logger: logger)
+        let application = try buildApplication(configuration: configuration, client: client, logger: logger)
         do {
             try await application.runService()
         } catch {

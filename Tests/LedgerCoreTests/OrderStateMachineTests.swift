@@ -32,6 +32,8 @@ func sample(_ type: OrderEventType, seed: Int = 0) -> OrderEvent {
     case .refunded: return .refunded(Refunded(revocationDate: date, revocationReason: 1))
     case .refundReversed: return .refundReversed
     case .failed: return .failed(Failed(reason: "cancelled"))
+    case .notificationReceived: return .notificationReceived(NotificationReceived(
+        notificationUUID: UUID(), notificationType: "CONSUMPTION_REQUEST", subtype: nil, transactionId: nil, signedDate: date))
     }
 }
 
@@ -83,6 +85,11 @@ struct OrderStateMachineTests {
             let decision = Order.decide(current, sample(type))
             if type == .created {
                 #expect(decision == .failure(.orderExists(current.orderId)))
+            } else if type == .notificationReceived {
+                // A record, not a transition: every state takes it and stays as it is.
+                #expect(decision == .success([sample(type)]))
+                let next = Order.evolve(current, sample(type), orderID: current.orderId, version: current.version + 1, at: .now)
+                #expect(next?.state == state && next?.version == current.version + 1)
             } else if designTable[state]!.contains(type) {
                 #expect(decision == .success([sample(type)]), "\(type) from \(state)")
                 let next = Order.evolve(current, sample(type), orderID: current.orderId, version: current.version + 1, at: .now)

@@ -34,7 +34,8 @@ struct OpenAPITests {
     func routesMatchTheSpec() throws {
         let client = PostgresClient(configuration: .init(unixSocketPath: "/nonexistent", username: "x", password: nil, database: "x"),
                                     backgroundLogger: TestServer.clientLogger)
-        let router = buildRouter(database: Database(client: client, logger: TestServer.logger), migrator: Migrator(logger: TestServer.logger))
+        let router = buildRouter(database: Database(client: client, logger: TestServer.logger), migrator: Migrator(logger: TestServer.logger),
+                                 apple: try LedgerConfiguration().apple.verifier(logger: TestServer.logger))
         let served = Set(router.routes.map { "\($0.method) \($0.path)" })
         let documented = try documentedRoutes()
         #expect(served.count >= 9)

@@ -83,6 +83,8 @@ extension Order {
         case .failed(let body):
             next.state = .failed
             next.failureReason = body.reason
+        case .notificationReceived:
+            break
         }
         return next
     }

@@ -11,6 +11,7 @@ public enum OrderEvent: Sendable, Equatable {
     case refunded(Refunded)
     case refundReversed
     case failed(Failed)
+    case notificationReceived(NotificationReceived)
 
     public var type: OrderEventType {
         switch self {
@@ -23,6 +24,7 @@ public enum OrderEvent: Sendable, Equatable {
         case .refunded: .refunded
         case .refundReversed: .refundReversed
         case .failed: .failed
+        case .notificationReceived: .notificationReceived
         }
     }
 
@@ -39,6 +41,7 @@ public enum OrderEvent: Sendable, Equatable {
             case .refunded: .refunded(try LedgerJSON.decoder.decode(Refunded.self, from: data))
             case .refundReversed: try noFields(data, .refundReversed)
             case .failed: .failed(try LedgerJSON.decoder.decode(Failed.self, from: data))
+            case .notificationReceived: .notificationReceived(try LedgerJSON.decoder.decode(NotificationReceived.self, from: data))
             }
             try event.validate()
             return event
@@ -65,6 +68,7 @@ public enum OrderEvent: Sendable, Equatable {
         case .verified(let body): try? encoder.encode(body)
         case .refunded(let body): try? encoder.encode(body)
         case .failed(let body): try? encoder.encode(body)
+        case .notificationReceived(let body): try? encoder.encode(body)
         case .delivered, .finished, .refundReversed: try? encoder.encode(NoFields())
         }
         return data ?? Data("{}".utf8)

@@ -58,14 +58,27 @@ public struct ReceiptReceived: Codable, Sendable, Equatable {
     public var receiptSha256: String
     public var format: ReceiptFormat
     public var matchedBy: MatchedBy
+    /// What verification learnt of the transaction, when the ledger wrote the event itself.
+    public var originalTransactionId: String?
+    public var appTransactionId: String?
+    public var appAccountToken: UUID?
+    public var environment: String?
 
-    public init(transactionId: TransactionID, productId: ProductID, purchaseDate: Date, receiptSha256: String, format: ReceiptFormat, matchedBy: MatchedBy) {
+    public init(
+        transactionId: TransactionID, productId: ProductID, purchaseDate: Date, receiptSha256: String, format: ReceiptFormat,
+        matchedBy: MatchedBy, originalTransactionId: String? = nil, appTransactionId: String? = nil,
+        appAccountToken: UUID? = nil, environment: String? = nil
+    ) {
         self.transactionId = transactionId
         self.productId = productId
         self.purchaseDate = purchaseDate
         self.receiptSha256 = receiptSha256
         self.format = format
         self.matchedBy = matchedBy
+        self.originalTransactionId = originalTransactionId
+        self.appTransactionId = appTransactionId
+        self.appAccountToken = appAccountToken
+        self.environment = environment
     }
 }
 

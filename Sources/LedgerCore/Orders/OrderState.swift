@@ -23,6 +23,12 @@ public enum OrderEventType: String, Codable, Sendable, CaseIterable {
     case verified, delivered, finished, refunded
     case refundReversed = "refund-reversed"
     case failed
+    /// An App Store Server Notification recorded on the order; it changes no state, and only the
+    /// ledger writes it (from `POST /v1/notifications/apple`).
+    case notificationReceived = "notification-received"
+
+    /// Whether clients may append this type through the API.
+    public var isWrittenByClients: Bool { self != .notificationReceived }
 }
 
 /// The order state machine's transition table: the only place that knows it.
@@ -43,6 +49,8 @@ public enum OrderTransitions {
     }
 
     public static func isAllowed(_ type: OrderEventType, from state: OrderState?) -> Bool {
-        allowed(from: state).contains(type)
+        // A notification is a record, not a transition: any existing order takes it.
+        if type == .notificationReceived { return state != nil }
+        return allowed(from: state).contains(type)
     }
 }

@@ -1,0 +1,140 @@
+import Crypto
+import Foundation
+import LedgerCore
+
+/// Turns a client's or Apple's proof into verified `AppleTransaction`s: the signature or Apple's
+/// answer first, then the app's own checks (bundle id, app id, environment).
+public struct AppleProofVerifier: Sendable {
+    /// The app the ledger serves.
+    public struct App: Sendable {
+        public var bundleId: String?
+        /// Apple's numeric app id; checked on production notifications when set.
+        public var appAppleId: Int64?
+        /// The environment signed data must come from.
+        public var environment: AppleEnvironment
+
+        public init(bundleId: String?, appAppleId: Int64?, environment: AppleEnvironment) {
+            self.bundleId = bundleId
+            self.appAppleId = appAppleId
+            self.environment = environment
+        }
+    }
+
+    public let app: App
+    public let signedData: SignedDataVerifier
+    public let verifyReceipt: VerifyReceiptClient?
+
+    public init(app: App, signedData: SignedDataVerifier, verifyReceipt: VerifyReceiptClient?) {
+        self.app = app
+        self.signedData = signedData
+        self.verifyReceipt = verifyReceipt
+    }
+
+    /// A StoreKit 2 signed transaction, verified and checked against the app.
+    public func transaction(signed jws: String) async throws(AppleVerificationError) -> AppleTransaction {
+        let payload = try await signedData.verify(jws, as: SignedTransactionPayload.self)
+        try check(bundleId: payload.bundleId, environment: payload.environment)
+        return try Self.transaction(payload, sha256: Self.sha256(jws))
+    }
+
+    /// A verified App Store Server Notification V2 and the transaction it carries.
+    public func notification(signed signedPayload: String) async throws(AppleVerificationError) -> VerifiedNotification {
+        let payload = try await signedData.verify(signedPayload, as: SignedNotificationPayload.self)
+        guard let uuid = UUID(uuidString: payload.notificationUUID) else {
+            throw .malformed("notificationUUID is not a UUID")
+        }
+        var transaction: AppleTransaction?
+        var revocation: (date: Date, reason: Int?)?
+        if let data = payload.data {
+            if let environment = data.environment { try check(bundleId: data.bundleId, environment: environment) }
+            if app.environment == .production, let expected = app.appAppleId, data.appAppleId != expected {
+                throw AppleVerificationError(code: "wrong-app-id", message: "the notification is for app id \(data.appAppleId.map(String.init) ?? "none"), not \(expected)")
+            }
+            if let signedTransaction = data.signedTransactionInfo {
+                let inner = try await signedData.verify(signedTransaction, as: SignedTransactionPayload.self)
+                try check(bundleId: inner.bundleId, environment: inner.environment)
+                transaction = try Self.transaction(inner, sha256: Self.sha256(signedTransaction))
+                if let date = inner.revocationDate { revocation = (Date(millisecondsSince1970: date), inner.revocationReason) }
+            }
+        }
+        return VerifiedNotification(
+            notificationUUID: uuid, notificationType: payload.notificationType, subtype: payload.subtype,
+            signedDate: payload.signedAt, transaction: transaction,
+            revocationDate: revocation?.date, revocationReason: revocation?.reason)
+    }
+
+    /// The transactions of a legacy app receipt, as Apple's verifyReceipt reports them.
+    public func transactions(receipt receiptData: String) async throws(AppleVerificationError) -> [AppleTransaction] {
+        guard let verifyReceipt else {
+            throw AppleVerificationError(code: "verification-unavailable", message: "legacy receipts need LEDGER_APPLE_VERIFY_RECEIPT_URL", isRetryable: true)
+        }
+        let response = try await verifyReceipt.verify(receiptData: receiptData)
+        let bundleId = response.receipt?.bundleId ?? ""
+        if let expected = app.bundleId, bundleId != expected {
+            throw AppleVerificationError(code: "wrong-bundle-id", message: "the receipt is for bundle \"\(bundleId)\", not \"\(expected)\"")
+        }
+        let sha = Self.sha256(receiptData)
+        // Apple vouched for the receipt, whichever environment answered (21007 sends App Review's
+        // sandbox receipts on to the sandbox), so the environment is recorded, not enforced.
+        let environment = response.environment ?? "Production"
+        return try response.transactions.map { item throws(AppleVerificationError) in
+            guard let id = try? TransactionID(item.transactionId), let product = try? ProductID(item.productId),
+                  let millis = item.purchaseDateMs.flatMap(Int64.init) else {
+                throw AppleVerificationError(code: "apple-answer-malformed", message: "a transaction in verifyReceipt's answer lacks an id, product or purchase date", isRetryable: true)
+            }
+            return AppleTransaction(
+                transactionId: id, originalTransactionId: item.originalTransactionId, productId: product,
+                purchaseDate: Date(millisecondsSince1970: millis), environment: environment, bundleId: bundleId,
+                quantity: item.quantity.flatMap(Int.init) ?? 1, appAccountToken: item.appAccountToken.flatMap(UUID.init(uuidString:)),
+                inAppOwnershipType: item.inAppOwnershipType, format: .receipt, receiptSha256: sha)
+        }
+    }
+
+    private func check(bundleId: String?, environment: String) throws(AppleVerificationError) {
+        if let expected = app.bundleId, bundleId != expected {
+            throw AppleVerificationError(code: "wrong-bundle-id", message: "signed for bundle \"\(bundleId ?? "")\", not \"\(expected)\"")
+        }
+        guard AppleEnvironment(name: environment) == app.environment else {
+            throw AppleVerificationError(code: "wrong-environment", message: "signed in the \(environment) environment; this ledger accepts \(app.environment.rawValue)")
+        }
+    }
+
+    static func transaction(_ payload: SignedTransactionPayload, sha256: String) throws(AppleVerificationError) -> AppleTransaction {
+        guard let id = try? TransactionID(payload.transactionId), let product = try? ProductID(payload.productId) else {
+            throw .malformed("the transaction's transactionId or productId is empty or longer than 128 characters")
+        }
+        return AppleTransaction(
+            transactionId: id, originalTransactionId: payload.originalTransactionId, productId: product,
+            purchaseDate: Date(millisecondsSince1970: payload.purchaseDate), environment: payload.environment,
+            bundleId: payload.bundleId, quantity: payload.quantity ?? 1,
+            appAccountToken: payload.appAccountToken.flatMap(UUID.init(uuidString:)), appTransactionId: payload.appTransactionId,
+            inAppOwnershipType: payload.inAppOwnershipType, price: payload.price.map(Self.decimal(milliUnits:)),
+            currency: payload.currency, format: .jws, receiptSha256: sha256)
+    }
+
+    /// Apple's milli-units as a decimal string: 990 → "0.99".
+    static func decimal(milliUnits: Int64) -> String {
+        let sign = milliUnits < 0 ? "-" : ""
+        let value = milliUnits.magnitude
+        var fraction = String(value % 1000)
+        fraction = String(repeating: "0", count: 3 - fraction.count) + fraction
+        while fraction.hasSuffix("0") { fraction.removeLast() }
+        return sign + String(value / 1000) + (fraction.isEmpty ? "" : "." + fraction)
+    }
+
+    /// SHA-256 of a proof as it was sent, in hex.
+    public static func sha256(_ text: String) -> String {
+        SHA256.hash(data: Data(text.utf8)).map { String(format: "%02x", $0) }.joined()
+    }
+}
+
+/// A verified notification: what happened, and to which transaction.
+public struct VerifiedNotification: Sendable, Equatable {
+    public var notificationUUID: UUID
+    public var notificationType: String
+    public var subtype: String?
+    public var signedDate: Date
+    public var transaction: AppleTransaction?
+    public var revocationDate: Date?
+    public var revocationReason: Int?
+}

@@ -1,0 +1,119 @@
+import Crypto
+import Foundation
+import JWTKit
+import Synchronization
+import X509
+@_spi(FixedExpiryValidationTime) import X509
+
+/// Verifies Apple's signed data (StoreKit 2 transactions, App Store Server Notifications V2): a
+/// JWS signed with ES256 by the leaf of an `x5c` chain of exactly three certificates that leads
+/// to a configured root, with Apple's marker extensions, each certificate valid at the payload's
+/// `signedDate`. Chains already verified are cached, so a busy app's one signing chain costs one
+/// chain validation, then one signature check per token.
+public final class SignedDataVerifier: Sendable {
+    /// Apple's tokens are a few kilobytes (three certificates and a payload); anything this big is not one.
+    public static let maximumTokenBytes = 64 * 1024
+    static let maximumCachedChains = 64
+
+    let roots: CertificateStore
+    let rootCount: Int
+    /// The verified chains by their `x5c` text: the leaf's key, and the time every certificate
+    /// of the chain is valid in (checked against each payload's own `signedDate`).
+    private let chains = Mutex<[String: VerifiedChain]>([:])
+
+    struct VerifiedChain: Sendable {
+        let keys: JWTKeyCollection
+        let notBefore: Date
+        let notAfter: Date
+    }
+
+    public init(rootCertificates: [Certificate]) {
+        roots = CertificateStore(rootCertificates)
+        rootCount = rootCertificates.count
+    }
+
+    /// The payload of `token` once its chain and signature verify; an `AppleVerificationError`
+    /// naming the problem otherwise. The payload's own fields (bundle, environment) are the
+    /// caller's to check.
+    public func verify<Payload: AppleSignedPayload>(_ token: String, as _: Payload.Type = Payload.self) async throws(AppleVerificationError) -> Payload {
+        guard token.utf8.count <= Self.maximumTokenBytes else { throw .tooLarge }
+        guard rootCount > 0 else {
+            throw AppleVerificationError(code: "verification-unavailable", message: "no Apple root certificates are configured (LEDGER_APPLE_ROOT_CERTS)", isRetryable: true)
+        }
+        let header: JWTHeader
+        let unverified: Payload
+        do {
+            (header, unverified, _) = try DefaultJWTParser().parse(Array(token.utf8), as: Payload.self)
+        } catch {
+            throw .malformed("the token is not a JWS with a base64url JSON header and payload (\(Self.reason(error)))")
+        }
+        guard header.alg == "ES256" else { throw .unsupportedAlgorithm(header.alg) }
+        guard let x5c = header.x5c, x5c.count == 3 else {
+            throw .chain("the x5c header must hold exactly 3 certificates; it holds \(header.x5c?.count ?? 0)")
+        }
+        let signedAt = unverified.signedAt
+        let chain = try await verifiedChain(x5c, at: signedAt)
+        guard chain.notBefore <= signedAt, signedAt <= chain.notAfter else {
+            throw .chain("a certificate of the chain is not valid at signedDate \(signedAt)")
+        }
+        do {
+            return try await chain.keys.verify(token, as: Payload.self)
+        } catch {
+            throw .badSignature
+        }
+    }
+
+    private func verifiedChain(_ x5c: [String], at date: Date) async throws(AppleVerificationError) -> VerifiedChain {
+        let cacheKey = x5c.joined(separator: ".")
+        if let known = chains.withLock({ $0[cacheKey] }) { return known }
+        let certificates: [Certificate]
+        do {
+            certificates = try x5c.map { encoded in
+                guard let der = Data(base64Encoded: encoded) else { throw AppleVerificationError.chain("an x5c entry is not base64") }
+                return try Certificate(derEncoded: Array(der))
+            }
+        } catch let error as AppleVerificationError {
+            throw error
+        } catch {
+            throw .chain("an x5c entry is not a DER certificate (\(Self.reason(error)))")
+        }
+        var verifier = Verifier(rootCertificates: roots) {
+            RFC5280Policy(fixedExpiryValidationTime: date)
+            AppleMarkerPolicy()
+        }
+        let result = await verifier.validate(leaf: certificates[0], intermediates: CertificateStore([certificates[1]]))
+        guard case .validCertificate(let validated) = result else {
+            if case .couldNotValidate(let failures) = result {
+                let reasons = failures.map { $0.policyFailureReason.description }
+                throw .chain(reasons.isEmpty ? "no chain to a trusted root" : Array(Set(reasons)).sorted().joined(separator: "; "))
+            }
+            throw .chain("no chain to a trusted root")
+        }
+        let key: ES256PublicKey
+        do {
+            guard let p256 = P256.Signing.PublicKey(certificates[0].publicKey) else {
+                throw AppleVerificationError.chain("the leaf certificate's key is not a P-256 key")
+            }
+            key = try ES256PublicKey(backing: p256)
+        } catch let error as AppleVerificationError {
+            throw error
+        } catch {
+            throw .chain("the leaf certificate's key is unusable (\(Self.reason(error)))")
+        }
+        let keys = JWTKeyCollection()
+        await keys.add(ecdsa: key)
+        let chain = VerifiedChain(
+            keys: keys,
+            notBefore: validated.map(\.notValidBefore).max() ?? date,
+            notAfter: validated.map(\.notValidAfter).min() ?? date)
+        chains.withLock { cache in
+            if cache.count >= Self.maximumCachedChains { cache.removeAll() }
+            cache[cacheKey] = chain
+        }
+        return chain
+    }
+
+    static func reason(_ error: any Error) -> String {
+        String(describing: error).prefix(200).description
+    }
+}

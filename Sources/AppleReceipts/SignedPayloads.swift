@@ -1,0 +1,106 @@
+import Foundation
+import JWTKit
+
+/// The fields every Apple-signed payload carries that verification needs.
+public protocol AppleSignedPayload: JWTPayload {
+    /// When Apple signed it, in milliseconds since 1970; the certificates are checked at this time.
+    var signedDate: Int64 { get }
+}
+
+extension AppleSignedPayload {
+    /// Signature and chain are checked by `SignedDataVerifier`; the payload's own fields by the
+    /// caller, which knows the configured bundle and environment.
+    public func verify(using algorithm: some JWTAlgorithm) async throws {}
+
+    public var signedAt: Date { Date(millisecondsSince1970: signedDate) }
+}
+
+/// A StoreKit 2 signed transaction's payload (Apple's JWSTransactionDecodedPayload), the fields
+/// the ledger reads.
+public struct SignedTransactionPayload: AppleSignedPayload, Equatable {
+    public var transactionId: String
+    public var originalTransactionId: String?
+    public var bundleId: String
+    public var productId: String
+    public var purchaseDate: Int64
+    public var signedDate: Int64
+    public var environment: String
+    public var quantity: Int?
+    public var type: String?
+    public var appAccountToken: String?
+    public var appTransactionId: String?
+    public var inAppOwnershipType: String?
+    /// Price in milli-units of `currency` (Apple's convention).
+    public var price: Int64?
+    public var currency: String?
+    public var revocationDate: Int64?
+    public var revocationReason: Int?
+
+    public init(
+        transactionId: String, originalTransactionId: String? = nil, bundleId: String, productId: String,
+        purchaseDate: Int64, signedDate: Int64, environment: String, quantity: Int? = 1, type: String? = "Consumable",
+        appAccountToken: String? = nil, appTransactionId: String? = nil, inAppOwnershipType: String? = "PURCHASED",
+        price: Int64? = nil, currency: String? = nil, revocationDate: Int64? = nil, revocationReason: Int? = nil
+    ) {
+        self.transactionId = transactionId
+        self.originalTransactionId = originalTransactionId
+        self.bundleId = bundleId
+        self.productId = productId
+        self.purchaseDate = purchaseDate
+        self.signedDate = signedDate
+        self.environment = environment
+        self.quantity = quantity
+        self.type = type
+        self.appAccountToken = appAccountToken
+        self.appTransactionId = appTransactionId
+        self.inAppOwnershipType = inAppOwnershipType
+        self.price = price
+        self.currency = currency
+        self.revocationDate = revocationDate
+        self.revocationReason = revocationReason
+    }
+}
+
+/// An App Store Server Notification V2's payload (Apple's ResponseBodyV2DecodedPayload).
+public struct SignedNotificationPayload: AppleSignedPayload, Equatable {
+    public var notificationType: String
+    public var subtype: String?
+    public var notificationUUID: String
+    public var signedDate: Int64
+    public var version: String?
+    public var data: NotificationData?
+
+    /// The app and the signed transaction a notification is about.
+    public struct NotificationData: Codable, Sendable, Equatable {
+        public var bundleId: String?
+        public var appAppleId: Int64?
+        public var environment: String?
+        public var signedTransactionInfo: String?
+        public var signedRenewalInfo: String?
+
+        public init(bundleId: String?, appAppleId: Int64? = nil, environment: String?, signedTransactionInfo: String?, signedRenewalInfo: String? = nil) {
+            self.bundleId = bundleId
+            self.appAppleId = appAppleId
+            self.environment = environment
+            self.signedTransactionInfo = signedTransactionInfo
+            self.signedRenewalInfo = signedRenewalInfo
+        }
+    }
+
+    public init(notificationType: String, subtype: String? = nil, notificationUUID: String, signedDate: Int64, version: String? = "2.0", data: NotificationData?) {
+        self.notificationType = notificationType
+        self.subtype = subtype
+        self.notificationUUID = notificationUUID
+        self.signedDate = signedDate
+        self.version = version
+        self.data = data
+    }
+}
+
+extension Date {
+    public init(millisecondsSince1970 milliseconds: Int64) {
+        self.init(timeIntervalSince1970: Double(milliseconds) / 1000)
+    }
+
+    public var millisecondsSince1970: Int64 { Int64((timeIntervalSince1970 * 1000).rounded()) }
+}

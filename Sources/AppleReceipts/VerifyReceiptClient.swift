@@ -1,0 +1,130 @@
+import AsyncHTTPClient
+import Foundation
+import LedgerCore
+import Logging
+import NIOCore
+import NIOFoundationCompat
+
+/// Apple's legacy verifyReceipt: production first, then the sandbox on 21007 (and back on
+/// 21008), with the shared secret and a time-out per call. Transport failures, time-outs and
+/// malformed answers are `retry-later`: the proof may be fine, Apple's answer was not usable.
+public struct VerifyReceiptClient: Sendable {
+    public struct Settings: Sendable {
+        public var productionURL: String
+        public var sandboxURL: String
+        public var sharedSecret: String?
+        public var timeout: TimeAmount
+
+        public init(
+            productionURL: String = "https://buy.itunes.apple.com/verifyReceipt",
+            sandboxURL: String = "https://sandbox.itunes.apple.com/verifyReceipt",
+            sharedSecret: String? = nil, timeout: TimeAmount = .seconds(10)
+        ) {
+            self.productionURL = productionURL
+            self.sandboxURL = sandboxURL
+            self.sharedSecret = sharedSecret
+            self.timeout = timeout
+        }
+    }
+
+    public let settings: Settings
+    let httpClient: HTTPClient
+    let logger: Logger
+
+    public init(settings: Settings, httpClient: HTTPClient = .shared, logger: Logger) {
+        self.settings = settings
+        self.httpClient = httpClient
+        self.logger = logger
+    }
+
+    /// Apple's answer for a receipt once it is valid (status 0 or 21006).
+    public func verify(receiptData: String) async throws(AppleVerificationError) -> VerifyReceiptResponse {
+        var url = settings.productionURL
+        // At most one hop each way: production → sandbox (21007) or sandbox → production (21008).
+        for _ in 0..<2 {
+            let response = try await post(receiptData, to: url)
+            switch VerifyReceiptStatus.meaning(of: response.status) {
+            case .valid: return response
+            case .useSandbox: url = settings.sandboxURL
+            case .useProduction: url = settings.productionURL
+            case .retryLater(let code, let message):
+                throw AppleVerificationError(code: code, message: message, isRetryable: true, appleStatus: response.status)
+            case .rejected(let code, let message):
+                throw AppleVerificationError(code: code, message: message, appleStatus: response.status)
+            }
+        }
+        throw AppleVerificationError(code: "apple-environment-loop", message: "verifyReceipt sent the receipt back and forth between production and sandbox", isRetryable: true)
+    }
+
+    private func post(_ receiptData: String, to url: String) async throws(AppleVerificationError) -> VerifyReceiptResponse {
+        var body: [String: String] = ["receipt-data": receiptData]
+        if let secret = settings.sharedSecret { body["password"] = secret }
+        do {
+            var request = HTTPClientRequest(url: url)
+            request.method = .POST
+            request.headers.add(name: "Content-Type", value: "application/json")
+            request.body = .bytes(ByteBuffer(data: try JSONEncoder().encode(body)))
+            let response = try await httpClient.execute(request, timeout: settings.timeout, logger: logger)
+            let bytes = try await response.body.collect(upTo: 8 * 1024 * 1024)
+            guard response.status == .ok else {
+                throw AppleVerificationError(code: "apple-unavailable", message: "verifyReceipt answered HTTP \(response.status.code)", isRetryable: true)
+            }
+            do {
+                return try JSONDecoder().decode(VerifyReceiptResponse.self, from: bytes)
+            } catch {
+                throw AppleVerificationError(code: "apple-answer-malformed", message: "verifyReceipt's answer is not the JSON it documents", isRetryable: true)
+            }
+        } catch let error as AppleVerificationError {
+            throw error
+        } catch let error as HTTPClientError where error == .deadlineExceeded || error == .readTimeout || error == .connectTimeout {
+            throw AppleVerificationError(code: "apple-timeout", message: "verifyReceipt did not answer within \(settings.timeout.nanoseconds / 1_000_000) ms", isRetryable: true)
+        } catch {
+            throw AppleVerificationError(code: "apple-unreachable", message: "verifyReceipt could not be reached (\(SignedDataVerifier.reason(error)))", isRetryable: true)
+        }
+    }
+}
+
+/// The parts of verifyReceipt's answer the ledger reads.
+public struct VerifyReceiptResponse: Decodable, Sendable {
+    public var status: Int
+    public var environment: String?
+    public var receipt: Receipt?
+    public var latestReceiptInfo: [InApp]?
+
+    public struct Receipt: Decodable, Sendable {
+        public var bundleId: String?
+        public var inApp: [InApp]?
+        enum CodingKeys: String, CodingKey {
+            case bundleId = "bundle_id", inApp = "in_app"
+        }
+    }
+
+    /// One transaction of the receipt. Apple sends its numbers as strings.
+    public struct InApp: Decodable, Sendable {
+        public var transactionId: String
+        public var originalTransactionId: String?
+        public var productId: String
+        public var purchaseDateMs: String?
+        public var quantity: String?
+        public var inAppOwnershipType: String?
+        public var appAccountToken: String?
+        enum CodingKeys: String, CodingKey {
+            case transactionId = "transaction_id", originalTransactionId = "original_transaction_id"
+            case productId = "product_id", purchaseDateMs = "purchase_date_ms", quantity
+            case inAppOwnershipType = "in_app_ownership_type", appAccountToken = "app_account_token"
+        }
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case status, environment, receipt
+        case latestReceiptInfo = "latest_receipt_info"
+    }
+
+    /// Every transaction in `in_app` and `latest_receipt_info`, each once, in purchase order.
+    public var transactions: [InApp] {
+        var seen = Set<String>()
+        let all = (receipt?.inApp ?? []) + (latestReceiptInfo ?? [])
+        return all.filter { seen.insert($0.transactionId).inserted }
+            .sorted { (Int64($0.purchaseDateMs ?? "") ?? 0, $0.transactionId) < (Int64($1.purchaseDateMs ?? "") ?? 0, $1.transactionId) }
+    }
+}

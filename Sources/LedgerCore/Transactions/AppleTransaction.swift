@@ -1,0 +1,104 @@
+import Foundation
+
+/// An Apple transaction as verification established it: the same shape whether it came from a
+/// StoreKit 2 signed transaction, a legacy receipt or a server notification.
+public struct AppleTransaction: Codable, Sendable, Equatable {
+    public var transactionId: TransactionID
+    public var originalTransactionId: String?
+    public var productId: ProductID
+    public var purchaseDate: Date
+    /// `Production` or `Sandbox` (Apple's names).
+    public var environment: String
+    public var bundleId: String
+    public var quantity: Int
+    public var appAccountToken: UUID?
+    public var appTransactionId: String?
+    public var inAppOwnershipType: String?
+    /// Decimal string in `currency` (Apple sends milli-units; converted on the way in).
+    public var price: String?
+    public var currency: String?
+    /// `jws` or `receipt`.
+    public var format: ReceiptFormat
+    /// SHA-256 of the proof as it was sent, hex: which upload proved it.
+    public var receiptSha256: String
+
+    public init(
+        transactionId: TransactionID, originalTransactionId: String?, productId: ProductID, purchaseDate: Date,
+        environment: String, bundleId: String, quantity: Int = 1, appAccountToken: UUID? = nil, appTransactionId: String? = nil,
+        inAppOwnershipType: String? = nil, price: String? = nil, currency: String? = nil, format: ReceiptFormat, receiptSha256: String
+    ) {
+        self.transactionId = transactionId
+        self.originalTransactionId = originalTransactionId
+        self.productId = productId
+        self.purchaseDate = purchaseDate
+        self.environment = environment
+        self.bundleId = bundleId
+        self.quantity = quantity
+        self.appAccountToken = appAccountToken
+        self.appTransactionId = appTransactionId
+        self.inAppOwnershipType = inAppOwnershipType
+        self.price = price
+        self.currency = currency
+        self.format = format
+        self.receiptSha256 = receiptSha256
+    }
+}
+
+/// The event types of a transaction's stream (`transaction-<transactionId>`).
+public enum TransactionEventType: String, Codable, Sendable, CaseIterable {
+    /// Entered the unmatched pool, with everything known of it.
+    case unmatched = "transaction-unmatched"
+    /// Left the pool: tied to an order.
+    case matched = "transaction-matched"
+    /// An App Store Server Notification about it arrived while it had no order.
+    case notificationReceived = "notification-received"
+}
+
+/// `transaction-unmatched`: a verified transaction with no usable order.
+public struct TransactionUnmatched: Codable, Sendable, Equatable {
+    public var transaction: AppleTransaction
+    /// The user the proof came from, when known.
+    public var userId: UserID?
+    /// The order id the proof named, when it named one that could not take it.
+    public var claimedOrderId: OrderID?
+    /// Why it could not be tied: `no-order`, `unknown-order`, `user-mismatch`, `order-closed`, `product-mismatch`, `notification`.
+    public var reason: String
+
+    public init(transaction: AppleTransaction, userId: UserID?, claimedOrderId: OrderID?, reason: String) {
+        self.transaction = transaction
+        self.userId = userId
+        self.claimedOrderId = claimedOrderId
+        self.reason = reason
+    }
+}
+
+/// `transaction-matched`: the transaction left the pool for an order.
+public struct TransactionMatched: Codable, Sendable, Equatable {
+    public var orderId: OrderID
+    public var matchedBy: MatchedBy
+    /// How many open orders could have taken it (1 for direct evidence).
+    public var candidates: Int
+
+    public init(orderId: OrderID, matchedBy: MatchedBy, candidates: Int) {
+        self.orderId = orderId
+        self.matchedBy = matchedBy
+        self.candidates = candidates
+    }
+}
+
+/// An App Store Server Notification as it is recorded on a stream (`notification-received`).
+public struct NotificationReceived: Codable, Sendable, Equatable {
+    public var notificationUUID: UUID
+    public var notificationType: String
+    public var subtype: String?
+    public var transactionId: TransactionID?
+    public var signedDate: Date
+
+    public init(notificationUUID: UUID, notificationType: String, subtype: String?, transactionId: TransactionID?, signedDate: Date) {
+        self.notificationUUID = notificationUUID
+        self.notificationType = notificationType
+        self.subtype = subtype
+        self.transactionId = transactionId
+        self.signedDate = signedDate
+    }
+}

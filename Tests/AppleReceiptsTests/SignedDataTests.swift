@@ -1,0 +1,204 @@
+import AppleReceipts
+import Foundation
+import JWTKit
+import LedgerTestSupport
+import Testing
+import X509
+
+/// A verifier trusting `apple`'s root, for the test app in the sandbox.
+func verifier(trusting apple: TestApple, bundleId: String = TestApple.bundleId, environment: AppleEnvironment = .sandbox) throws -> AppleProofVerifier {
+    AppleProofVerifier(
+        app: .init(bundleId: bundleId, appAppleId: TestApple.appAppleId, environment: environment),
+        signedData: SignedDataVerifier(rootCertificates: try AppleRootCertificates.load(paths: [apple.rootFile])),
+        verifyReceipt: nil)
+}
+
+func base64URL(_ text: String) -> String {
+    Data(text.utf8).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+        .replacingOccurrences(of: "=", with: "")
+}
+
+/// The refusal code of verifying `token`, or nil when it verified.
+func refusal(_ token: String, _ verifier: AppleProofVerifier) async -> String? {
+    do {
+        _ = try await verifier.transaction(signed: token)
+        return nil
+    } catch {
+        return error.code
+    }
+}
+
+@Suite("Signed transactions: JWS with an x5c chain to the configured root")
+struct SignedDataTests {
+    let apple: TestApple
+    init() throws { apple = try TestApple() }
+
+    @Test("a transaction signed by the chain verifies and reads as Apple wrote it")
+    func verifies() async throws {
+        let token = UUID()
+        let payload = TestApple.transaction("2000000001", appAccountToken: token)
+        let transaction = try await verifier(trusting: apple).transaction(signed: try await apple.sign(payload))
+        #expect(transaction.transactionId.rawValue == "2000000001")
+        #expect(transaction.productId.rawValue == "gems.100")
+        #expect(transaction.appAccountToken == token)
+        #expect(transaction.price == "0.99")
+        #expect(transaction.environment == "Sandbox")
+        #expect(transaction.format == .jws)
+        #expect(transaction.receiptSha256.count == 64)
+    }
+
+    @Test("the same chain verifies many tokens (cached) and each token's signature is still checked")
+    func cachedChainStillChecksSignatures() async throws {
+        let verifier = try verifier(trusting: apple)
+        for n in 0..<20 {
+            _ = try await verifier.transaction(signed: try await apple.sign(TestApple.transaction("3000\(n)")))
+        }
+        let good = try await apple.sign(TestApple.transaction("30009999"))
+        let parts = good.split(separator: ".").map(String.init)
+        let other = try await apple.sign(TestApple.transaction("30008888"))
+        let forged = [parts[0], other.split(separator: ".").map(String.init)[1], parts[2]].joined(separator: ".")
+        #expect(await refusal(forged, verifier) == "invalid-signature")
+    }
+
+    @Test("alg none is refused")
+    func algNone() async throws {
+        let header = base64URL(#"{"alg":"none","x5c":\#(String(data: try JSONEncoder().encode(try apple.chain.x5c()), encoding: .utf8)!)}"#)
+        let payload = base64URL(String(data: try JSONEncoder().encode(TestApple.transaction("1")), encoding: .utf8)!)
+        #expect(await refusal("\(header).\(payload).", try verifier(trusting: apple)) == "unsupported-algorithm")
+    }
+
+    @Test("HS256 is refused, even signed with a key the attacker knows")
+    func hs256() async throws {
+        let keys = JWTKeyCollection()
+        await keys.add(hmac: HMACKey(from: String(repeating: "attacker-known-secret", count: 2)), digestAlgorithm: .sha256)
+        // jwt-kit will not sign with an x5c that is not PEM, so this token has none: the
+        // algorithm is refused before the chain is looked at.
+        let token = try await keys.sign(TestApple.transaction("1"))
+        #expect(await refusal(token, try verifier(trusting: apple)) == "unsupported-algorithm")
+    }
+
+    @Test("a bad signature is refused")
+    func badSignature() async throws {
+        let token = try await apple.sign(TestApple.transaction("1"))
+        var parts = token.split(separator: ".").map(String.init)
+        parts[2] = String(parts[2].reversed())
+        #expect(await refusal(parts.joined(separator: "."), try verifier(trusting: apple)) == "invalid-signature")
+    }
+
+    @Test("a chain to an untrusted root is refused")
+    func untrustedRoot() async throws {
+        let stranger = try TestApple()
+        let token = try await stranger.sign(TestApple.transaction("1"))
+        #expect(await refusal(token, try verifier(trusting: apple)) == "invalid-certificate-chain")
+    }
+
+    @Test("a leaf without Apple's marker OID is refused")
+    func missingLeafMarker() async throws {
+        var options = ThrowawaySigningChain.Options()
+        options.leafMarker = false
+        let unmarked = try TestApple(options: options)
+        let token = try await unmarked.sign(TestApple.transaction("1"))
+        #expect(await refusal(token, try verifier(trusting: unmarked)) == "invalid-certificate-chain")
+    }
+
+    @Test("an intermediate without Apple's marker OID is refused")
+    func missingIntermediateMarker() async throws {
+        var options = ThrowawaySigningChain.Options()
+        options.intermediateMarker = false
+        let unmarked = try TestApple(options: options)
+        let token = try await unmarked.sign(TestApple.transaction("1"))
+        #expect(await refusal(token, try verifier(trusting: unmarked)) == "invalid-certificate-chain")
+    }
+
+    @Test("a leaf expired at signedDate is refused, also once the chain is cached")
+    func expiredLeaf() async throws {
+        var options = ThrowawaySigningChain.Options()
+        options.leafNotBefore = Date(timeIntervalSinceNow: -86_400 * 10)
+        options.leafNotAfter = Date(timeIntervalSinceNow: -86_400)
+        let expired = try TestApple(options: options)
+        let verifier = try verifier(trusting: expired)
+        let late = try await expired.sign(TestApple.transaction("1", signedDate: Date()))
+        #expect(await refusal(late, verifier) == "invalid-certificate-chain")
+        // Signed while the leaf was valid: accepted (Apple's rule: validity at signedDate)...
+        let early = try await expired.sign(TestApple.transaction("2", signedDate: Date(timeIntervalSinceNow: -86_400 * 2)))
+        #expect(await refusal(early, verifier) == nil)
+        // ...and the cached chain still refuses a payload signed after the leaf expired.
+        #expect(await refusal(late, verifier) == "invalid-certificate-chain")
+    }
+
+    @Test("an x5c of two certificates is refused")
+    func twoCertificates() async throws {
+        let x5c = Array(try apple.chain.x5c().prefix(2))
+        let token = try apple.chain.sign(TestApple.transaction("1"), x5c: x5c)
+        #expect(await refusal(token, try verifier(trusting: apple)) == "invalid-certificate-chain")
+    }
+
+    @Test("a wrong bundle id is refused")
+    func wrongBundle() async throws {
+        let token = try await apple.sign(TestApple.transaction("1", bundleId: "com.example.other"))
+        #expect(await refusal(token, try verifier(trusting: apple)) == "wrong-bundle-id")
+    }
+
+    @Test("a wrong environment is refused")
+    func wrongEnvironment() async throws {
+        let token = try await apple.sign(TestApple.transaction("1", environment: "Sandbox"))
+        #expect(await refusal(token, try verifier(trusting: apple, environment: .production)) == "wrong-environment")
+    }
+
+    @Test("malformed base64 or JSON is refused", arguments: [
+        "not-a-token", "a.b.c", "!!!.???.***",
+        base64URL("{\"alg\":\"ES256\"") + "." + base64URL("{}") + ".sig",
+        base64URL("{\"alg\":\"ES256\"}") + "." + base64URL("[1,2") + ".sig",
+    ])
+    func malformed(token: String) async throws {
+        #expect(await refusal(token, try verifier(trusting: apple)) == "malformed-token")
+    }
+
+    @Test("an oversized token is refused before it is parsed")
+    func oversized() async throws {
+        let token = String(repeating: "a", count: SignedDataVerifier.maximumTokenBytes + 1)
+        #expect(await refusal(token, try verifier(trusting: apple)) == "token-too-large")
+    }
+
+    @Test("with no root configured, nothing verifies and the answer is to retry later")
+    func noRoots() async throws {
+        let verifier = AppleProofVerifier(
+            app: .init(bundleId: nil, appAppleId: nil, environment: .sandbox), signedData: SignedDataVerifier(rootCertificates: []), verifyReceipt: nil)
+        do {
+            _ = try await verifier.transaction(signed: try await apple.sign(TestApple.transaction("1")))
+            Issue.record("verified without roots")
+        } catch let error as AppleVerificationError {
+            #expect(error.code == "verification-unavailable" && error.isRetryable)
+        }
+    }
+
+    @Test("a missing or unreadable root file is refused by name")
+    func unreadableRootFile() throws {
+        #expect(throws: AppleVerificationError.self) { try AppleRootCertificates.load(paths: ["/nonexistent/root.pem"]) }
+        let garbage = NSTemporaryDirectory() + "garbage-\(UUID()).pem"
+        try "not a certificate".write(toFile: garbage, atomically: true, encoding: .utf8)
+        do {
+            _ = try AppleRootCertificates.load(paths: [garbage])
+            Issue.record("loaded a file with no certificate")
+        } catch let error as AppleVerificationError {
+            #expect(error.message.contains(garbage))
+        }
+    }
+
+    @Test("notifications verify with their nested transaction, and the app id is checked in production")
+    func notifications() async throws {
+        let uuid = UUID()
+        let signed = try await apple.notification("REFUND", uuid: uuid, transaction: TestApple.transaction("77"))
+        let notification = try await verifier(trusting: apple).notification(signed: signed)
+        #expect(notification.notificationUUID == uuid)
+        #expect(notification.notificationType == "REFUND")
+        #expect(notification.transaction?.transactionId.rawValue == "77")
+        let production = try await apple.notification("REFUND", transaction: TestApple.transaction("78", environment: "Production"), environment: "Production")
+        var app = AppleProofVerifier.App(bundleId: TestApple.bundleId, appAppleId: 42, environment: .production)
+        let wrongApp = AppleProofVerifier(app: app, signedData: try verifier(trusting: apple).signedData, verifyReceipt: nil)
+        await #expect(throws: AppleVerificationError.self) { _ = try await wrongApp.notification(signed: production) }
+        app.appAppleId = TestApple.appAppleId
+        let rightApp = AppleProofVerifier(app: app, signedData: try verifier(trusting: apple).signedData, verifyReceipt: nil)
+        #expect(try await rightApp.notification(signed: production).transaction?.transactionId.rawValue == "78")
+    }
+}

@@ -1,0 +1,121 @@
+import AppleReceipts
+import Foundation
+import LedgerTestSupport
+import Logging
+import NIOCore
+import Testing
+
+/// A verifier that asks `standIn`'s URLs, with a short time-out.
+func legacyVerifier(_ production: String, _ sandbox: String, timeout: TimeAmount = .seconds(5)) -> AppleProofVerifier {
+    AppleProofVerifier(
+        app: .init(bundleId: TestApple.bundleId, appAppleId: nil, environment: .production),
+        signedData: SignedDataVerifier(rootCertificates: []),
+        verifyReceipt: VerifyReceiptClient(
+            settings: .init(productionURL: production, sandboxURL: sandbox, sharedSecret: "s3cret", timeout: timeout),
+            logger: Logger(label: "test")))
+}
+
+@Suite("Legacy receipts through a stand-in verifyReceipt")
+struct VerifyReceiptTests {
+    static let purchase: Int64 = 1_795_000_000_000
+
+    @Test("status 0: the receipt's transactions, in_app and latest_receipt_info, each once")
+    func valid() async throws {
+        let standIn = VerifyReceiptStandIn(answers: [
+            "production:R1": .json("""
+                {"status": 0, "environment": "Production", "receipt": {"bundle_id": "\(TestApple.bundleId)",
+                 "in_app": [{"transaction_id": "t2", "product_id": "gems.100", "purchase_date_ms": "\(Self.purchase + 5)"},
+                            {"transaction_id": "t1", "product_id": "gems.500", "purchase_date_ms": "\(Self.purchase)"}]},
+                 "latest_receipt_info": [{"transaction_id": "t1", "product_id": "gems.500", "purchase_date_ms": "\(Self.purchase)"},
+                                         {"transaction_id": "t3", "product_id": "gems.100", "purchase_date_ms": "\(Self.purchase + 9)"}]}
+                """),
+        ])
+        let transactions = try await standIn.run { production, sandbox in
+            try await legacyVerifier(production, sandbox).transactions(receipt: "R1")
+        }
+        #expect(transactions.map(\.transactionId.rawValue) == ["t1", "t2", "t3"])
+        #expect(transactions.allSatisfy { $0.format == .receipt && $0.environment == "Production" })
+        #expect(await standIn.calls("sandbox:R1") == 0)
+    }
+
+    @Test("21007 from production: asked again in the sandbox, which answers 0")
+    func sandboxReceipt() async throws {
+        let standIn = VerifyReceiptStandIn(answers: [
+            "production:R2": .json(#"{"status": 21007}"#),
+            "sandbox:R2": VerifyReceiptStandIn.valid(environment: "Sandbox", transactions: [("t9", "gems.100", Self.purchase)]),
+        ])
+        let transactions = try await standIn.run { production, sandbox in
+            try await legacyVerifier(production, sandbox).transactions(receipt: "R2")
+        }
+        #expect(transactions.map(\.transactionId.rawValue) == ["t9"])
+        #expect(transactions.first?.environment == "Sandbox")
+        #expect(await standIn.calls("production:R2") == 1)
+        #expect(await standIn.calls("sandbox:R2") == 1)
+    }
+
+    /// The error verifying `receipt` against `answer` gives.
+    func failure(_ answer: VerifyReceiptStandIn.Answer, timeout: TimeAmount = .seconds(5)) async throws -> AppleVerificationError? {
+        let standIn = VerifyReceiptStandIn(answers: ["production:R": answer])
+        return try await standIn.run { production, sandbox -> AppleVerificationError? in
+            do {
+                _ = try await legacyVerifier(production, sandbox, timeout: timeout).transactions(receipt: "R")
+                return nil
+            } catch let error as AppleVerificationError {
+                return error
+            }
+        }
+    }
+
+    @Test("21005: Apple unavailable, retry later")
+    func unavailable() async throws {
+        let error = try #require(try await failure(.json(#"{"status": 21005}"#)))
+        #expect(error.isRetryable && error.appleStatus == 21005 && error.code == "apple-unavailable")
+    }
+
+    @Test("21003: the receipt is not authentic, rejected for good")
+    func notAuthentic() async throws {
+        let error = try #require(try await failure(.json(#"{"status": 21003}"#)))
+        #expect(!error.isRetryable && error.appleStatus == 21003 && error.code == "receipt-not-authenticated")
+    }
+
+    @Test("a malformed answer: retry later")
+    func malformedAnswer() async throws {
+        let error = try #require(try await failure(.raw("<html>oops</html>")))
+        #expect(error.isRetryable && error.code == "apple-answer-malformed")
+    }
+
+    @Test("no answer within the time-out: retry later")
+    func timeout() async throws {
+        let started = ContinuousClock.now
+        let error = try #require(try await failure(.hang, timeout: .milliseconds(500)))
+        #expect(error.isRetryable && error.code == "apple-timeout")
+        #expect(ContinuousClock.now - started < .seconds(10))
+    }
+
+    @Test("a receipt of another app is rejected")
+    func otherBundle() async throws {
+        let error = try #require(try await failure(VerifyReceiptStandIn.valid(bundleId: "com.other", transactions: [("t", "p", Self.purchase)])))
+        #expect(error.code == "wrong-bundle-id" && !error.isRetryable)
+    }
+
+    @Test("every status of 21000–21010 and 21100–21199 has a meaning; the retryable ones never fail an order")
+    func statusTable() {
+        let retryable = [21000, 21001, 21002, 21004, 21005, 21009] + Array(21100...21199)
+        for status in retryable {
+            guard case .retryLater = VerifyReceiptStatus.meaning(of: status) else {
+                Issue.record("\(status) should be retry-later")
+                continue
+            }
+        }
+        for status in [21003, 21010] {
+            guard case .rejected = VerifyReceiptStatus.meaning(of: status) else {
+                Issue.record("\(status) should be rejected")
+                continue
+            }
+        }
+        #expect(VerifyReceiptStatus.meaning(of: 0) == .valid)
+        #expect(VerifyReceiptStatus.meaning(of: 21006) == .valid)
+        #expect(VerifyReceiptStatus.meaning(of: 21007) == .useSandbox)
+        #expect(VerifyReceiptStatus.meaning(of: 21008) == .useProduction)
+    }
+}

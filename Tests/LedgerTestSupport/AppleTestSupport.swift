@@ -1,0 +1,143 @@
+import AppleReceipts
+import Foundation
+import Hummingbird
+import JWTKit
+import Logging
+import NIOCore
+
+/// A throwaway "Apple" for tests: a signing chain whose root is written to a file the ledger is
+/// configured to trust, and helpers that sign transactions and notifications with it.
+public struct TestApple: Sendable {
+    public static let bundleId = "com.example.ledger-tests"
+    public static let appAppleId: Int64 = 1_234_567_890
+
+    public let chain: ThrowawaySigningChain
+    /// A PEM file holding the chain's root.
+    public let rootFile: String
+
+    public init(options: ThrowawaySigningChain.Options = .init()) throws {
+        chain = try ThrowawaySigningChain(name: "Test Apple", options: options)
+        rootFile = NSTemporaryDirectory() + "ledger-test-root-\(UUID().uuidString).pem"
+        try chain.rootPEM().write(toFile: rootFile, atomically: true, encoding: .utf8)
+    }
+
+    /// A transaction payload with sensible values; override what a test is about.
+    public static func transaction(
+        _ id: String, product: String = "gems.100", environment: String = "Sandbox", bundleId: String = TestApple.bundleId,
+        appAccountToken: UUID? = nil, purchaseDate: Date = Date(timeIntervalSinceNow: -60), signedDate: Date = Date()
+    ) -> SignedTransactionPayload {
+        SignedTransactionPayload(
+            transactionId: id, originalTransactionId: id, bundleId: bundleId, productId: product,
+            purchaseDate: purchaseDate.millisecondsSince1970, signedDate: signedDate.millisecondsSince1970,
+            environment: environment, appAccountToken: appAccountToken?.uuidString.lowercased(),
+            appTransactionId: "app-tx-\(id)", price: 990, currency: "USD")
+    }
+
+    public func sign(_ payload: some Encodable) async throws -> String {
+        try chain.sign(payload)
+    }
+
+    /// A signed notification about `transaction` (signed too, as Apple nests it).
+    public func notification(
+        _ type: String, subtype: String? = nil, uuid: UUID = UUID(), transaction: SignedTransactionPayload?,
+        environment: String = "Sandbox"
+    ) async throws -> String {
+        let signedTransaction: String? = if let transaction { try await sign(transaction) } else { nil }
+        let payload = SignedNotificationPayload(
+            notificationType: type, subtype: subtype, notificationUUID: uuid.uuidString.lowercased(),
+            signedDate: Date().millisecondsSince1970,
+            data: .init(bundleId: Self.bundleId, appAppleId: Self.appAppleId, environment: environment, signedTransactionInfo: signedTransaction))
+        return try await sign(payload)
+    }
+}
+
+/// A stand-in for Apple's verifyReceipt on a local port: answers each receipt-data value with
+/// the answer a test scripted for it, per environment, and counts the calls.
+public final class VerifyReceiptStandIn: Sendable {
+    /// What one environment answers for one receipt: a JSON object, raw text, or no answer in time.
+    public enum Answer: Sendable {
+        case json(String)
+        case raw(String)
+        case hang
+    }
+
+    private let answers: [String: Answer]
+    private let calls = CallLog()
+
+    /// `answers` keyed by "production:<receipt-data>" or "sandbox:<receipt-data>".
+    public init(answers: [String: Answer]) {
+        self.answers = answers
+    }
+
+    public func calls(_ key: String) async -> Int { await calls.count(key) }
+
+    /// Runs the stand-in for the duration of `body`, which gets its production and sandbox URLs.
+    public func run<T: Sendable>(_ body: @Sendable (_ production: String, _ sandbox: String) async throws -> T) async throws -> T {
+        let router = Router()
+        for environment in ["production", "sandbox"] {
+            router.post("/\(environment)/verifyReceipt") { request, context -> Response in
+                let body = try await request.body.collect(upTo: 1 << 20)
+                let object = (try? JSONSerialization.jsonObject(with: Data(buffer: body))) as? [String: Any] ?? [:]
+                let receipt = object["receipt-data"] as? String ?? ""
+                let key = "\(environment):\(receipt)"
+                await self.calls.record(key)
+                switch self.answers[key] ?? .json(#"{"status": 21002}"#) {
+                case .json(let text), .raw(let text):
+                    return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(string: text)))
+                case .hang:
+                    try await Task.sleep(for: .seconds(30))
+                    return Response(status: .ok)
+                }
+            }
+        }
+        let port = PortBox()
+        let server = Application(
+            router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),
+            onServerRunning: { channel in await port.set(channel.localAddress?.port ?? 0) },
+            logger: Self.quietLogger)
+        return try await withThrowingTaskGroup(of: T?.self) { group in
+            group.addTask {
+                try await server.runService(gracefulShutdownSignals: [])
+                return nil
+            }
+            let bound = await port.wait()
+            let result = try await body("http://127.0.0.1:\(bound)/production/verifyReceipt", "http://127.0.0.1:\(bound)/sandbox/verifyReceipt")
+            group.cancelAll()
+            return result
+        }
+    }
+
+    static let quietLogger: Logger = {
+        var logger = Logger(label: "verify-receipt-stand-in")
+        logger.logLevel = .critical
+        return logger
+    }()
+
+    /// A verifyReceipt answer with status 0 holding `transactions` (id, product, purchase ms).
+    public static func valid(bundleId: String = TestApple.bundleId, environment: String = "Production", transactions: [(String, String, Int64)]) -> Answer {
+        let items = transactions.map { id, product, millis in
+            #"{"transaction_id": "\#(id)", "original_transaction_id": "\#(id)", "product_id": "\#(product)", "purchase_date_ms": "\#(millis)", "quantity": "1"}"#
+        }
+        return .json(#"{"status": 0, "environment": "\#(environment)", "receipt": {"bundle_id": "\#(bundleId)", "in_app": [\#(items.joined(separator: ","))]}}"#)
+    }
+}
+
+actor CallLog {
+    var counts: [String: Int] = [:]
+    func record(_ key: String) { counts[key, default: 0] += 1 }
+    func count(_ key: String) -> Int { counts[key] ?? 0 }
+}
+
+actor PortBox {
+    var port: Int?
+    var waiters: [CheckedContinuation<Int, Never>] = []
+    func set(_ value: Int) {
+        port = value
+        for waiter in waiters { waiter.resume(returning: value) }
+        waiters = []
+    }
+    func wait() async -> Int {
+        if let port { return port }
+        return await withCheckedContinuation { waiters.append($0) }
+    }
+}
