@@ -33,7 +33,7 @@ func sample(_ type: OrderEventType, seed: Int = 0) -> OrderEvent {
     case .refundReversed: return .refundReversed
     case .failed: return .failed(Failed(reason: "cancelled"))
     case .notificationReceived: return .notificationReceived(NotificationReceived(
-        notificationUUID: UUID(), notificationType: "CONSUMPTION_REQUEST", subtype: nil, transactionId: nil, signedDate: date))
+        notificationUUID: UUID(uuidString: "00000000-0000-4000-8000-\(String(seed).leftPadded(to: 12))")!, notificationType: "CONSUMPTION_REQUEST", subtype: nil, transactionId: nil, signedDate: date))
     }
 }
 

@@ -10,12 +10,13 @@ import Testing
 
 /// Runs the real application over HTTP on a database of its own; `http` sends an admin key.
 func withLiveApplication(
-    migrated: Bool = true, migrateAtStart: Bool = true,
+    migrated: Bool = true, migrateAtStart: Bool = true, configure: @Sendable (inout LedgerConfiguration) -> Void = { _ in },
     _ test: @Sendable @escaping (LedgerHTTP, TestDatabase) async throws -> Void
 ) async throws {
     try await withTestDatabase(migrated: migrated) { db in
         var configuration = LedgerConfiguration()
         configuration.port = 0
+        configure(&configuration)
         let key = migrated ? try await APIKeyStore(database: db.database).create(name: "test-admin", scopes: [.admin]) : ""
         let client = PostgresClient(configuration: db.configuration, backgroundLogger: TestServer.clientLogger)
         let application = try buildApplication(configuration: configuration, client: client, logger: TestServer.logger, migrate: migrateAtStart)

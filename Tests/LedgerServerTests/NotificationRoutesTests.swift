@@ -1,0 +1,158 @@
+import AppleReceipts
+import Foundation
+import Hummingbird
+import HummingbirdTesting
+import LedgerServer
+import LedgerStore
+import LedgerTestSupport
+import Testing
+
+@Suite("POST /v1/notifications/apple and legacy receipts over HTTP")
+struct NotificationRoutesTests {
+    let apple: TestApple
+    init() throws { apple = try TestApple() }
+
+    /// Posts a notification with no API key (Apple signs it instead).
+    func notify(_ http: LedgerHTTP, _ signedPayload: String) async throws -> (HTTPResponse.Status, [String: Any]) {
+        try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": signedPayload], key: .some(nil))
+    }
+
+    @Test("REFUND refunds the order once per notificationUUID; REFUND_REVERSED reverses it; other types are recorded")
+    func refunds() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-refund"))
+            let transaction = TestApple.transaction("2000001")
+            try await http.send(.post, "/v1/receipts", json: ["orderId": "o-refund", "signedTransaction": try await apple.sign(transaction)])
+            try await http.send(.post, "/v1/orders/o-refund/events", json: ["type": "delivered", "data": [:]])
+
+            var refunded = transaction
+            refunded.revocationDate = Date().millisecondsSince1970
+            refunded.revocationReason = 1
+            let uuid = UUID()
+            let refund = try await apple.notification("REFUND", uuid: uuid, transaction: refunded)
+            let (status, first) = try await notify(http, refund)
+            #expect(status == .ok && first["applied"] as? Bool == true && first["type"] as? String == "refunded")
+            let count = try await eventCount(db)
+            let (again, second) = try await notify(http, refund)
+            #expect(again == .ok && second["applied"] as? Bool == false)
+            #expect(try await eventCount(db) == count)
+            let (_, order) = try await http.send(.get, "/v1/orders/o-refund")
+            #expect(order["state"] as? String == "refunded")
+            let refundEvent = (order["events"] as? [[String: Any]])?.last
+            #expect(refundEvent?["eventId"] as? String == uuid.uuidString.lowercased())
+            #expect((refundEvent?["data"] as? [String: Any])?["revocationType"] as? String == "REFUND")
+
+            let (_, reversed) = try await notify(http, try await apple.notification("REFUND_REVERSED", transaction: transaction))
+            #expect(reversed["type"] as? String == "refund-reversed")
+            let (_, consumption) = try await notify(http, try await apple.notification("CONSUMPTION_REQUEST", transaction: transaction))
+            #expect(consumption["type"] as? String == "notification-received" && consumption["streamId"] as? String == "order-o-refund")
+            let (_, after) = try await http.send(.get, "/v1/orders/o-refund")
+            #expect(after["state"] as? String == "delivered")
+        }
+    }
+
+    @Test("a notification about a transaction the ledger does not know puts it in the pool; a refund keeps it from being granted")
+    func unknownTransaction() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let (_, answer) = try await notify(http, try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("2000002")))
+            #expect(answer["streamId"] as? String == "transaction-2000002")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions WHERE transaction_id = '2000002'", as: Int.self) == 1)
+            try await notify(http, try await apple.notification("REFUND", transaction: TestApple.transaction("2000002")))
+            #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions WHERE transaction_id = '2000002'", as: Int.self) == 0)
+            try await http.send(.post, "/v1/orders", json: newOrder("o-late"))
+            let (_, receipt) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-late", "signedTransaction": try await apple.sign(TestApple.transaction("2000002"))])
+            #expect(receipt["outcome"] as? String == "rejected" && receipt["reason"] as? String == "transaction-refunded")
+            let (_, order) = try await http.send(.get, "/v1/orders/o-late")
+            #expect(order["state"] as? String == "created")
+        }
+    }
+
+    @Test("a notification whose token finds an order ties the transaction to it")
+    func notificationMatchesByToken() async throws {
+        try await withReceiptsApplication(apple) { http, _ in
+            let (_, created) = try await http.send(.post, "/v1/orders", json: newOrder("o-notified"))
+            let token = UUID(uuidString: created["appAccountToken"] as? String ?? "")
+            try await notify(http, try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("2000003", appAccountToken: token)))
+            let (_, order) = try await http.send(.get, "/v1/orders/o-notified")
+            #expect(order["state"] as? String == "verified")
+            #expect((order["events"] as? [[String: Any]])?.map { $0["type"] as? String } == ["created", "receipt-received", "verified", "notification-received"])
+        }
+    }
+
+    @Test("a forged or malformed notification is a 400 and changes nothing")
+    func forgedNotification() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let count = try await eventCount(db)
+            let forger = try TestApple()
+            let (status, answer) = try await notify(http, try await forger.notification("REFUND", transaction: TestApple.transaction("2000004")))
+            #expect(status == .badRequest && errorOf(answer)["code"] as? String == "invalid-certificate-chain")
+            let (missing, _) = try await http.send(.post, "/v1/notifications/apple", json: ["nothing": true], key: .some(nil))
+            #expect(missing == .badRequest)
+            #expect(try await eventCount(db) == count)
+        }
+    }
+
+    @Test("legacy receipts: matched by claimed id; 21005 retry-later and 21003 rejected leave the order as it was; no claimed id processes every transaction")
+    func legacyReceipts() async throws {
+        let purchase = Date().millisecondsSince1970 - 60_000
+        let standIn = VerifyReceiptStandIn(answers: [
+            "production:OK": VerifyReceiptStandIn.valid(transactions: [("3000001", "gems.100", purchase)]),
+            "production:BUSY": .json(#"{"status": 21005}"#),
+            "production:FAKE": .json(#"{"status": 21003}"#),
+            "production:MANY": VerifyReceiptStandIn.valid(transactions: [("3000002", "gems.500", purchase), ("3000003", "gems.100", purchase + 1), ("3000004", "gems.100", purchase + 2)]),
+        ])
+        try await standIn.run { production, sandbox in
+            try await withReceiptsApplication(apple, production: production, sandbox: sandbox) { http, db in
+                for id in ["o-ok", "o-busy", "o-fake", "o-many"] { try await http.send(.post, "/v1/orders", json: newOrder(id)) }
+                let (_, ok) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-ok", "transactionId": "3000001", "receiptData": "OK"])
+                #expect(ok["outcome"] as? String == "matched" && ok["state"] as? String == "verified")
+                let (_, missing) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-ok", "transactionId": "9999", "receiptData": "OK"])
+                #expect(missing["outcome"] as? String == "rejected" && missing["reason"] as? String == "transaction-not-in-receipt")
+                #expect(missing["finishTransaction"] as? Bool == false)
+
+                let (_, busy) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-busy", "receiptData": "BUSY"])
+                #expect(busy["outcome"] as? String == "retry-later" && busy["appleStatus"] as? Int == 21005)
+                let (_, fake) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-fake", "receiptData": "FAKE"])
+                #expect(fake["outcome"] as? String == "rejected" && fake["appleStatus"] as? Int == 21003)
+                for id in ["o-busy", "o-fake"] {
+                    let (_, order) = try await http.send(.get, "/v1/orders/\(id)")
+                    #expect(order["state"] as? String == "created" && order["version"] as? Int == 0)
+                }
+
+                let (_, many) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-1", "orderId": "o-many", "receiptData": "MANY"])
+                #expect(many["outcome"] as? String == "matched" && many["transactionId"] as? String == "3000003")
+                #expect((many["transactions"] as? [[String: Any]])?.map { $0["outcome"] as? String } == ["unmatched", "matched", "unmatched"])
+                #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions WHERE user_id = 'u-1'", as: Int.self) == 2)
+                let count = try await eventCount(db)
+                let (_, again) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-1", "orderId": "o-many", "receiptData": "MANY"])
+                #expect(again["outcome"] as? String == "matched" && again["transactionId"] as? String == "3000003")
+                #expect(try await eventCount(db) == count)
+            }
+        }
+    }
+
+    @Test("after receipts, pool entries, refunds and notifications, a rebuild equals the inline projections")
+    func projectionsVerify() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            for index in 0..<6 { try await http.send(.post, "/v1/orders", json: newOrder("p-\(index)", user: "u-\(index % 2)")) }
+            let (_, created) = try await http.send(.post, "/v1/orders", json: newOrder("p-token"))
+            let token = UUID(uuidString: created["appAccountToken"] as? String ?? "")
+            try await http.send(.post, "/v1/receipts", json: ["orderId": "p-0", "signedTransaction": try await apple.sign(TestApple.transaction("4000000"))])
+            try await http.send(.post, "/v1/receipts", json: ["signedTransaction": try await apple.sign(TestApple.transaction("4000001", appAccountToken: token))])
+            try await http.send(.post, "/v1/receipts", json: ["userId": "u-1", "signedTransaction": try await apple.sign(TestApple.transaction("4000002"))])
+            try await http.send(.post, "/v1/receipts", json: ["userId": "u-1", "orderId": "p-1", "signedTransaction": try await apple.sign(TestApple.transaction("4000002"))])
+            try await http.send(.post, "/v1/receipts", json: ["orderId": "p-2", "signedTransaction": try await apple.sign(TestApple.transaction("4000003", product: "other"))])
+            try await http.send(.post, "/v1/receipts", json: ["orderId": "p-3", "signedTransaction": try await apple.sign(TestApple.transaction("4000000"))])
+            try await http.send(.post, "/v1/orders/p-0/events", json: ["type": "delivered", "data": [:]])
+            try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("REFUND", transaction: TestApple.transaction("4000000"))], key: .some(nil))
+            try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("4000004"))], key: .some(nil))
+            try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("REVOKE", transaction: TestApple.transaction("4000004"))], key: .some(nil))
+            try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("TEST", transaction: nil)], key: .some(nil))
+            let rebuilder = ProjectionRebuilder(database: db.database)
+            #expect(try await rebuilder.verify() == [])
+            try await rebuilder.rebuild()
+            #expect(try await rebuilder.verify() == [])
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_transactions", as: Int.self) == 5)
+        }
+    }
+}

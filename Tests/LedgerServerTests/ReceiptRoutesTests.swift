@@ -1,0 +1,230 @@
+import AppleReceipts
+import Foundation
+import Hummingbird
+import HummingbirdTesting
+import LedgerServer
+import LedgerStore
+import LedgerTestSupport
+import PostgresNIO
+import Testing
+
+/// A live ledger that trusts `apple`'s root, for the test app in the sandbox.
+func withReceiptsApplication(
+    _ apple: TestApple, production: String? = nil, sandbox: String? = nil,
+    _ test: @Sendable @escaping (LedgerHTTP, TestDatabase) async throws -> Void
+) async throws {
+    try await withLiveApplication(configure: { configuration in
+        configuration.apple.rootCertificateFiles = [apple.rootFile]
+        configuration.apple.bundleID = TestApple.bundleId
+        configuration.apple.environment = "Sandbox"
+        if let production { configuration.apple.verifyReceiptURL = production }
+        if let sandbox { configuration.apple.verifyReceiptSandboxURL = sandbox }
+    }, test)
+}
+
+/// One value of a query's first row.
+func scalar<T: PostgresDecodable & Sendable>(_ db: TestDatabase, _ query: PostgresQuery, as _: T.Type = T.self) async throws -> T? {
+    for try await value in try await db.client.query(query, logger: TestServer.logger).decode(T.self) { return value }
+    return nil
+}
+
+func eventCount(_ db: TestDatabase) async throws -> Int {
+    try await scalar(db, "SELECT count(*)::int FROM events", as: Int.self) ?? -1
+}
+
+@Suite("POST /v1/receipts: signed transactions tied to orders, pooled, or refused")
+struct ReceiptRoutesTests {
+    let apple: TestApple
+    init() throws { apple = try TestApple() }
+
+    @Test("a proof naming its order: receipt-received and verified appended, the transaction claimed; re-sending it appends nothing")
+    func matchedByOrderID() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-1"))
+            let jws = try await apple.sign(TestApple.transaction("1000001"))
+            let (status, answer) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-1", "orderId": "o-1", "signedTransaction": jws])
+            #expect(status == .ok)
+            #expect(answer["outcome"] as? String == "matched")
+            #expect(answer["orderId"] as? String == "o-1")
+            #expect(answer["state"] as? String == "verified")
+            #expect(answer["finishTransaction"] as? Bool == false)
+            let (_, order) = try await http.send(.get, "/v1/orders/o-1")
+            let events = order["events"] as? [[String: Any]] ?? []
+            #expect(events.map { $0["type"] as? String } == ["created", "receipt-received", "verified"])
+            let received = events[1]["data"] as? [String: Any] ?? [:]
+            #expect(received["matchedBy"] as? String == "applicationUsername")
+            #expect(received["format"] as? String == "jws")
+            #expect(order["transactionId"] as? String == "1000001")
+            let count = try await eventCount(db)
+            for _ in 0..<5 {
+                let (_, again) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-1", "orderId": "o-1", "signedTransaction": jws])
+                #expect(again["outcome"] as? String == "matched" && again["state"] as? String == "verified")
+            }
+            #expect(try await eventCount(db) == count)
+            // Delivered: now the client may finish the StoreKit transaction.
+            try await http.send(.post, "/v1/orders/o-1/events", json: ["type": "delivered", "data": [:]])
+            let (_, delivered) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-1", "signedTransaction": jws])
+            #expect(delivered["state"] as? String == "delivered" && delivered["finishTransaction"] as? Bool == true)
+        }
+    }
+
+    @Test("a proof with no order id finds its order by appAccountToken")
+    func matchedByToken() async throws {
+        try await withReceiptsApplication(apple) { http, _ in
+            let (_, created) = try await http.send(.post, "/v1/orders", json: newOrder("o-token"))
+            let token = try #require(UUID(uuidString: created["appAccountToken"] as? String ?? ""))
+            let jws = try await apple.sign(TestApple.transaction("1000002", appAccountToken: token))
+            let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": jws])
+            #expect(answer["outcome"] as? String == "matched" && answer["orderId"] as? String == "o-token")
+            let (_, order) = try await http.send(.get, "/v1/orders/o-token")
+            let events = order["events"] as? [[String: Any]] ?? []
+            #expect((events[1]["data"] as? [String: Any])?["matchedBy"] as? String == "appAccountToken")
+        }
+    }
+
+    @Test("a proof with no usable order enters the pool, stays there on re-sends, and leaves it for its order")
+    func pooledThenMatched() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let jws = try await apple.sign(TestApple.transaction("1000003"))
+            let (_, first) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-9", "signedTransaction": jws])
+            #expect(first["outcome"] as? String == "unmatched" && first["finishTransaction"] as? Bool == false)
+            #expect(first["reason"] as? String == "no-order")
+            let (_, unknown) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-9", "orderId": "nope", "signedTransaction": jws])
+            #expect(unknown["outcome"] as? String == "unmatched")
+            #expect(try await scalar(db, "SELECT user_id FROM unmatched_transactions WHERE transaction_id = '1000003'", as: String.self) == "u-9")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM events WHERE stream_id = 'transaction-1000003'", as: Int.self) == 1)
+            try await http.send(.post, "/v1/orders", json: newOrder("o-later", user: "u-9"))
+            let (_, matched) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-9", "orderId": "o-later", "signedTransaction": jws])
+            #expect(matched["outcome"] as? String == "matched" && matched["orderId"] as? String == "o-later")
+            let (_, stream) = try await http.send(.get, "/v1/streams/transaction-1000003/events")
+            #expect((stream["events"] as? [[String: Any]])?.map { $0["type"] as? String } == ["transaction-unmatched", "transaction-matched"])
+            #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions", as: Int.self) == 0)
+        }
+    }
+
+    @Test("a proof whose userId is not the order's never changes that order")
+    func otherUsersOrder() async throws {
+        try await withReceiptsApplication(apple) { http, _ in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-victim", user: "u-victim"))
+            let jws = try await apple.sign(TestApple.transaction("1000004"))
+            let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-attacker", "orderId": "o-victim", "signedTransaction": jws])
+            #expect(answer["outcome"] as? String == "unmatched" && answer["reason"] as? String == "user-mismatch")
+            #expect(answer["orderId"] is NSNull)
+            let (_, order) = try await http.send(.get, "/v1/orders/o-victim")
+            #expect(order["state"] as? String == "created" && order["version"] as? Int == 0)
+        }
+    }
+
+    @Test("Apple's product differs from the order's: the order fails with product-mismatch, the transaction waits in the pool")
+    func productMismatch() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-gems", product: "gems.100"))
+            let jws = try await apple.sign(TestApple.transaction("1000005", product: "gems.5000"))
+            let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-gems", "signedTransaction": jws])
+            #expect(answer["outcome"] as? String == "unmatched" && answer["reason"] as? String == "product-mismatch")
+            #expect(answer["state"] as? String == "failed")
+            let (_, order) = try await http.send(.get, "/v1/orders/o-gems")
+            let last = (order["events"] as? [[String: Any]])?.last
+            #expect(last?["type"] as? String == "failed")
+            #expect((last?["data"] as? [String: Any])?["reason"] as? String == "product-mismatch")
+            #expect(try await scalar(db, "SELECT product_id FROM unmatched_transactions WHERE transaction_id = '1000005'", as: String.self) == "gems.5000")
+            let count = try await eventCount(db)
+            let (_, again) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-gems", "signedTransaction": jws])
+            #expect(again["outcome"] as? String == "unmatched" && again["state"] as? String == "failed")
+            #expect(try await eventCount(db) == count)
+        }
+    }
+
+    @Test("a transaction already granted: the second order fails with duplicate-transaction, once")
+    func duplicate() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-a"))
+            try await http.send(.post, "/v1/orders", json: newOrder("o-b"))
+            let jws = try await apple.sign(TestApple.transaction("1000006"))
+            try await http.send(.post, "/v1/receipts", json: ["orderId": "o-a", "signedTransaction": jws])
+            let (_, second) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-b", "signedTransaction": jws])
+            #expect(second["outcome"] as? String == "duplicate" && second["orderId"] as? String == "o-b")
+            #expect(second["state"] as? String == "failed")
+            let count = try await eventCount(db)
+            let (_, again) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-b", "signedTransaction": jws])
+            #expect(again["outcome"] as? String == "duplicate")
+            #expect(try await eventCount(db) == count)
+            let (_, a) = try await http.send(.get, "/v1/orders/o-a")
+            #expect(a["state"] as? String == "verified" && a["transactionId"] as? String == "1000006")
+        }
+    }
+
+    @Test("20 concurrent uploads of one transaction for 20 orders: exactly one order gets it, the others are duplicates")
+    func concurrentUploads() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            for index in 0..<20 { try await http.send(.post, "/v1/orders", json: newOrder("race-\(index)")) }
+            let jws = try await apple.sign(TestApple.transaction("1000007"))
+            let outcomes = try await withThrowingTaskGroup(of: String.self) { group in
+                for index in 0..<20 {
+                    group.addTask {
+                        let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": "race-\(index)", "signedTransaction": jws])
+                        return answer["outcome"] as? String ?? "?"
+                    }
+                }
+                return try await group.reduce(into: [String]()) { $0.append($1) }
+            }
+            #expect(outcomes.filter { $0 == "matched" }.count == 1, "\(outcomes)")
+            #expect(outcomes.filter { $0 == "duplicate" }.count == 19, "\(outcomes)")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM orders WHERE transaction_id = '1000007'", as: Int.self) == 1)
+            #expect(try await scalar(db, "SELECT count(*)::int FROM orders WHERE failure_reason = 'duplicate-transaction'", as: Int.self) == 19)
+            #expect(try await scalar(db, "SELECT count(*)::int FROM events WHERE type = 'receipt-received'", as: Int.self) == 1)
+        }
+    }
+
+    @Test("a forged proof changes no order, is recorded for audit once, and is answered rejected with the reason")
+    func forged() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-forged"))
+            let forger = try TestApple()
+            let jws = try await forger.sign(TestApple.transaction("1000008"))
+            for _ in 0..<3 {
+                let (status, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-forged", "signedTransaction": jws])
+                #expect(status == .ok)
+                #expect(answer["outcome"] as? String == "rejected" && answer["reason"] as? String == "invalid-certificate-chain")
+                #expect(answer["finishTransaction"] as? Bool == true)
+            }
+            let (_, order) = try await http.send(.get, "/v1/orders/o-forged")
+            #expect(order["state"] as? String == "created" && order["version"] as? Int == 0)
+            #expect(try await scalar(db, "SELECT count(*)::int FROM events WHERE type = 'proof-rejected'", as: Int.self) == 1)
+            #expect(try await scalar(db, "SELECT reason FROM dashboards.rejected_proofs", as: String.self) == "invalid-certificate-chain")
+        }
+    }
+
+    @Test("with no Apple root configured: retry-later with Retry-After, nothing recorded")
+    func noRootsConfigured() async throws {
+        try await withLiveApplication { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-wait"))
+            let count = try await eventCount(db)
+            let jws = try await apple.sign(TestApple.transaction("1000009"))
+            let response = try await http.client.execute(
+                uri: "/v1/receipts", method: .post,
+                headers: [.authorization: "Bearer \(http.key)", .contentType: "application/json"],
+                body: ByteBuffer(bytes: try JSONSerialization.data(withJSONObject: ["orderId": "o-wait", "signedTransaction": jws])))
+            #expect(response.status == .ok)
+            #expect(response.headers[.retryAfter] == "60")
+            let answer = json(response.body)
+            #expect(answer["outcome"] as? String == "retry-later" && answer["finishTransaction"] as? Bool == false)
+            #expect(try await eventCount(db) == count)
+        }
+    }
+
+    @Test("bad requests are 400s naming the problem", arguments: [
+        (["orderId": "o"], "signedTransaction"),
+        (["signedTransaction": "a", "receiptData": "b"], "receiptData"),
+        (["userId": "", "signedTransaction": "a"], "userId"),
+        (["orderId": String(repeating: "x", count: 129), "signedTransaction": "a"], "orderId"),
+        (["signedTransaction": 42], "signedTransaction"),
+    ] as [([String: any Sendable], String)])
+    func badRequests(body: [String: any Sendable], field: String) async throws {
+        try await withReceiptsApplication(apple) { http, _ in
+            let (status, answer) = try await http.send(.post, "/v1/receipts", json: body)
+            #expect(status == .badRequest)
+            #expect((errorOf(answer)["message"] as? String ?? "").contains(field), "\(answer)")
+        }
+    }
+}
