@@ -6,7 +6,11 @@ import LedgerStore
 struct AuthMiddleware: RouterMiddleware {
     typealias Context = LedgerRequestContext
 
-    let keys: APIKeyStore
+    let keys: APIKeyCache
+
+    init(keys: APIKeyStore, cacheTTL: Duration = .seconds(5)) {
+        self.keys = APIKeyCache(keys: keys, ttl: cacheTTL)
+    }
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         guard let scope = Self.requiredScope(request.method, request.uri.path) else {

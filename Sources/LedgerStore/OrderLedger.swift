@@ -107,7 +107,9 @@ public struct OrderLedger: Sendable {
     /// Appends events the ledger itself decided (receipts, notifications) to an order the caller
     /// has locked in its open transaction, through the same `decide` and `evolve` as any append,
     /// and writes the projection rows. Answers the order as the events leave it.
-    func apply(_ events: [(OrderEvent, EventID)], to current: Order, metadata: Data, on connection: PostgresConnection) async throws -> Order {
+    func apply(
+        _ events: [(OrderEvent, EventID)], to current: Order, at date: Date? = nil, metadata: Data, on connection: PostgresConnection
+    ) async throws -> Order {
         var provisional: Order? = current
         var newEvents: [NewEvent] = []
         for (event, eventID) in events {
@@ -120,23 +122,32 @@ public struct OrderLedger: Sendable {
         guard !result.replayed else {
             return try await orderAsOf(current.orderId, version: result.streamVersion, on: connection)
         }
-        let now = try await transactionTime(on: connection)
+        let now: Date
+        if let date { now = date } else { now = try await transactionTime(on: connection) }
         var order = current
         var version = result.streamVersion - Int64(events.count) + 1
+        var claimed: ReceiptReceived?
         var transactionChanged = false
         for (event, _) in events {
             guard let next = Order.evolve(order, event, orderID: current.orderId, version: version, at: now) else { break }
             order = next
             version += 1
             if case .receiptReceived(let receipt) = event {
-                try await projection.claim(receipt, for: order, at: now, on: connection)
+                claimed = receipt
                 transactionChanged = false
             } else {
                 transactionChanged = order.transactionId != nil
             }
         }
-        try await projection.save(order, on: connection)
-        if transactionChanged { try await projection.updateTransaction(of: order, at: now, on: connection) }
+        if let claimed {
+            // One statement: the order's row and the claim, with the status the events after the
+            // claim leave it in (as a replay reaches it event by event).
+            let status = transactionChanged ? order.state.rawValue : "claimed"
+            try await projection.saveAndClaim(order, claimed, status: status, at: now, on: connection)
+        } else {
+            try await projection.save(order, on: connection)
+            if transactionChanged { try await projection.updateTransaction(of: order, at: now, on: connection) }
+        }
         return order
     }
 

@@ -20,20 +20,30 @@ struct OrderProjection: Sendable {
         return try await Self.decodeOrders(rows).first
     }
 
+    typealias OrderColumns = (String, String, String, Int, String?, String?, UUID, String, Int64, String?, Date, Date, Date?, String?, String?)
+
     static func decodeOrders(_ rows: PostgresRowSequence) async throws -> [Order] {
         var orders: [Order] = []
-        let columns = (String, String, String, Int, String?, String?, UUID, String, Int64, String?, Date, Date, Date?, String?, String?).self
-        for try await row in rows.decode(columns) {
-            let (id, user, product, quantity, price, currency, token, state, version, transaction, created, updated, queued, beforeRefund, failure) = row
-            orders.append(Order(
+        for try await row in rows.decode(OrderColumns.self) { orders.append(makeOrder(row)) }
+        return orders
+    }
+
+    static func makeOrder(_ row: OrderColumns) -> Order {
+        let (id, user, product, quantity, price, currency, token, state, version, transaction, created, updated, queued, beforeRefund, failure) = row
+            return Order(
                 orderId: OrderID(unchecked: id), userId: UserID(unchecked: user), productId: ProductID(unchecked: product),
                 quantity: quantity, price: price, currency: currency, appAccountToken: token,
                 state: OrderState(rawValue: state) ?? .created, version: version,
                 transactionId: transaction.map(TransactionID.init(unchecked:)), createdAt: created, updatedAt: updated,
-                queuedAt: queued, stateBeforeRefund: beforeRefund.flatMap(OrderState.init(rawValue:)), failureReason: failure))
-        }
-        return orders
+                queuedAt: queued, stateBeforeRefund: beforeRefund.flatMap(OrderState.init(rawValue:)), failureReason: failure)
     }
+
+    static let saveConflict = """
+        ON CONFLICT (order_id) DO UPDATE SET
+            state = EXCLUDED.state, version = EXCLUDED.version, transaction_id = EXCLUDED.transaction_id,
+            updated_at = EXCLUDED.updated_at, queued_at = EXCLUDED.queued_at,
+            state_before_refund = EXCLUDED.state_before_refund, failure_reason = EXCLUDED.failure_reason
+        """
 
     /// Writes the order's row as `evolve` left it.
     func save(_ order: Order, on connection: PostgresConnection) async throws {
@@ -45,10 +55,7 @@ struct OrderProjection: Sendable {
                     \(order.price)::numeric, \(order.currency), \(order.appAccountToken), \(order.state.rawValue), \(order.version),
                     \(order.transactionId?.rawValue), \(order.createdAt), \(order.updatedAt), \(order.queuedAt),
                     \(order.stateBeforeRefund?.rawValue), \(order.failureReason))
-            ON CONFLICT (order_id) DO UPDATE SET
-                state = EXCLUDED.state, version = EXCLUDED.version, transaction_id = EXCLUDED.transaction_id,
-                updated_at = EXCLUDED.updated_at, queued_at = EXCLUDED.queued_at,
-                state_before_refund = EXCLUDED.state_before_refund, failure_reason = EXCLUDED.failure_reason
+            \(unescaped: Self.saveConflict)
             """,
             logger: logger)
     }
@@ -57,31 +64,72 @@ struct OrderProjection: Sendable {
     /// the primary key inside this transaction; one waiting in the pool leaves it, keeping what
     /// the pool knew of it.
     func claim(_ receipt: ReceiptReceived, for order: Order, at date: Date, on connection: PostgresConnection) async throws {
+        try await claim(receipt, for: order, status: "claimed", at: date, alsoSave: false, on: connection)
+    }
+
+    /// Writes the order's row and claims its transaction in one statement.
+    func saveAndClaim(_ order: Order, _ receipt: ReceiptReceived, status: String, at date: Date, on connection: PostgresConnection) async throws {
+        try await claim(receipt, for: order, status: status, at: date, alsoSave: true, on: connection)
+    }
+
+    private func claim(
+        _ receipt: ReceiptReceived, for order: Order, status: String, at date: Date, alsoSave: Bool, on connection: PostgresConnection
+    ) async throws {
         var claimed = false
         do {
             let rows = try await connection.query(
-                """
-                INSERT INTO apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date, environment, status,
-                    received_at, updated_at, original_transaction_id, app_transaction_id, app_account_token, matched_by)
-                VALUES (\(receipt.transactionId.rawValue), \(order.orderId.rawValue), \(order.userId.rawValue),
-                        \(receipt.productId.rawValue), \(receipt.purchaseDate), \(receipt.environment), 'claimed', \(date), \(date),
-                        \(receipt.originalTransactionId), \(receipt.appTransactionId), \(receipt.appAccountToken), \(receipt.matchedBy.rawValue))
-                ON CONFLICT (transaction_id) DO UPDATE SET
-                    order_id = EXCLUDED.order_id, user_id = EXCLUDED.user_id, status = 'claimed', matched_by = EXCLUDED.matched_by,
-                    updated_at = EXCLUDED.updated_at,
-                    environment = coalesce(apple_transactions.environment, EXCLUDED.environment),
-                    original_transaction_id = coalesce(apple_transactions.original_transaction_id, EXCLUDED.original_transaction_id),
-                    app_transaction_id = coalesce(apple_transactions.app_transaction_id, EXCLUDED.app_transaction_id),
-                    app_account_token = coalesce(apple_transactions.app_account_token, EXCLUDED.app_account_token)
-                WHERE apple_transactions.order_id IS NULL AND apple_transactions.status = 'unmatched'
-                RETURNING 1
-                """,
+                alsoSave ? Self.saveAndClaimQuery(order, receipt, status: status, at: date) : Self.claimQuery(order, receipt, status: status, at: date),
                 logger: logger)
             for try await _ in rows { claimed = true }
         } catch let error as PSQLError where error.sqlState == "23505" {
             throw OrderLedgerError.duplicateTransaction(receipt.transactionId)
         }
         guard claimed else { throw OrderLedgerError.duplicateTransaction(receipt.transactionId) }
+    }
+
+    // The claim: a new row, or the pool's row of the transaction taken over (keeping what the
+    // pool knew). A row already tied to an order is left alone and nothing is returned.
+    static let claimConflict = """
+        ON CONFLICT (transaction_id) DO UPDATE SET
+            order_id = EXCLUDED.order_id, user_id = EXCLUDED.user_id, status = EXCLUDED.status, matched_by = EXCLUDED.matched_by,
+            updated_at = EXCLUDED.updated_at,
+            environment = coalesce(apple_transactions.environment, EXCLUDED.environment),
+            original_transaction_id = coalesce(apple_transactions.original_transaction_id, EXCLUDED.original_transaction_id),
+            app_transaction_id = coalesce(apple_transactions.app_transaction_id, EXCLUDED.app_transaction_id),
+            app_account_token = coalesce(apple_transactions.app_account_token, EXCLUDED.app_account_token)
+        WHERE apple_transactions.order_id IS NULL AND apple_transactions.status = 'unmatched'
+        RETURNING 1
+        """
+
+    static func claimQuery(_ order: Order, _ receipt: ReceiptReceived, status: String, at date: Date) -> PostgresQuery {
+        """
+        INSERT INTO apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date, environment, status,
+            received_at, updated_at, original_transaction_id, app_transaction_id, app_account_token, matched_by)
+        VALUES (\(receipt.transactionId.rawValue), \(order.orderId.rawValue), \(order.userId.rawValue),
+                \(receipt.productId.rawValue), \(receipt.purchaseDate), \(receipt.environment), \(status), \(date), \(date),
+                \(receipt.originalTransactionId), \(receipt.appTransactionId), \(receipt.appAccountToken), \(receipt.matchedBy.rawValue))
+        \(unescaped: claimConflict)
+        """
+    }
+
+    static func saveAndClaimQuery(_ order: Order, _ receipt: ReceiptReceived, status: String, at date: Date) -> PostgresQuery {
+        """
+        WITH saved AS (
+            INSERT INTO orders (order_id, user_id, product_id, quantity, price, currency, app_account_token, state, version,
+                                transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason)
+            VALUES (\(order.orderId.rawValue), \(order.userId.rawValue), \(order.productId.rawValue), \(order.quantity),
+                    \(order.price)::numeric, \(order.currency), \(order.appAccountToken), \(order.state.rawValue), \(order.version),
+                    \(order.transactionId?.rawValue), \(order.createdAt), \(order.updatedAt), \(order.queuedAt),
+                    \(order.stateBeforeRefund?.rawValue), \(order.failureReason))
+            \(unescaped: saveConflict)
+        )
+        INSERT INTO apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date, environment, status,
+            received_at, updated_at, original_transaction_id, app_transaction_id, app_account_token, matched_by)
+        VALUES (\(receipt.transactionId.rawValue), \(order.orderId.rawValue), \(order.userId.rawValue),
+                \(receipt.productId.rawValue), \(receipt.purchaseDate), \(receipt.environment), \(status), \(date), \(date),
+                \(receipt.originalTransactionId), \(receipt.appTransactionId), \(receipt.appAccountToken), \(receipt.matchedBy.rawValue))
+        \(unescaped: claimConflict)
+        """
     }
 
     /// Puts a transaction in the pool: its row with no order, and everything known of it.
@@ -105,6 +153,29 @@ struct OrderProjection: Sendable {
         try await connection.query(
             "UPDATE apple_transactions SET status = \(status), updated_at = \(date) WHERE transaction_id = \(id.rawValue) AND order_id IS NULL",
             logger: logger)
+    }
+
+    /// The order, locked, with the order and status holding `transaction` (nil: unknown) read
+    /// in the same statement. Call it after the transaction's advisory lock: the statement's
+    /// snapshot then sees every committed holder, and no other can appear meanwhile.
+    func orderForUpdate(_ id: OrderID, holderOf transaction: TransactionID, on connection: PostgresConnection) async throws -> (Order, (OrderID?, String)?)? {
+        let rows = try await connection.query(
+            """
+            SELECT \(unescaped: Self.orderColumns),
+                   (SELECT row_to_json(h)::text FROM (SELECT order_id, status FROM apple_transactions WHERE transaction_id = \(transaction.rawValue)) h)
+            FROM orders WHERE order_id = \(id.rawValue) FOR UPDATE
+            """,
+            logger: logger)
+        var found: (Order, String?)?
+        for try await (id, user, product, quantity, price, currency, token, state, version, transactionID, created, updated, queued, beforeRefund, failure, holder)
+            in rows.decode((String, String, String, Int, String?, String?, UUID, String, Int64, String?, Date, Date, Date?, String?, String?, String?).self) {
+            found = (Self.makeOrder((id, user, product, quantity, price, currency, token, state, version, transactionID, created, updated, queued, beforeRefund, failure)), holder)
+        }
+        guard let (order, holderJSON) = found else { return nil }
+        guard let text = holderJSON,
+              let object = try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any],
+              let status = object["status"] as? String else { return (order, nil) }
+        return (order, ((object["order_id"] as? String).map(OrderID.init(unchecked:)), status))
     }
 
     func order(appAccountToken token: UUID, on connection: PostgresConnection, forUpdate: Bool) async throws -> Order? {

@@ -47,9 +47,8 @@ public struct ReceiptLedger: Sendable {
     }
 
     func apply(_ transaction: AppleTransaction, claim: Claim, metadata: Data, on connection: PostgresConnection) async throws -> Answer {
-        try await lockTransaction(transaction.transactionId, on: connection)
-        let holder = try await holderOfTransaction(transaction.transactionId, on: connection)
-        let (candidate, matchedBy, noOrderReason) = try await candidateOrder(transaction, claim: claim, on: connection)
+        let now = try await lockTransaction(transaction.transactionId, on: connection)
+        let (holder, candidate, matchedBy, noOrderReason) = try await lookUp(transaction, claim: claim, on: connection)
         let id = transaction.transactionId
 
         if let holder = holder, let holderOrder = holder.orderId {
@@ -68,7 +67,7 @@ public struct ReceiptLedger: Sendable {
             }
             if loser.isOpen {
                 let failed = OrderEvent.failed(Failed(reason: "duplicate-transaction", detail: "Apple transaction \(id) belongs to another order"))
-                loser = try await orders.apply([(failed, Self.eventID("duplicate", loser.orderId.rawValue, id.rawValue))], to: loser, metadata: metadata, on: connection)
+                loser = try await orders.apply([(failed, Self.eventID("duplicate", loser.orderId.rawValue, id.rawValue))], to: loser, at: now, metadata: metadata, on: connection)
             }
             return Answer(outcome: .duplicate, transactionId: id, orderId: loser.orderId, state: loser.state,
                           finishTransaction: ownerMayFinish, reason: "duplicate-transaction")
@@ -87,19 +86,19 @@ public struct ReceiptLedger: Sendable {
                 let failed = OrderEvent.failed(Failed(
                     reason: "product-mismatch",
                     detail: "Apple transaction \(id) is for \(transaction.productId), the order for \(order.productId)"))
-                order = try await orders.apply([(failed, Self.eventID("product-mismatch", order.orderId.rawValue, id.rawValue))], to: order, metadata: metadata, on: connection)
+                order = try await orders.apply([(failed, Self.eventID("product-mismatch", order.orderId.rawValue, id.rawValue))], to: order, at: now, metadata: metadata, on: connection)
                 if !pooled {
-                    try await pool(transaction, userId: claim.userId ?? order.userId, claimedOrder: order.orderId, reason: "product-mismatch", metadata: metadata, on: connection)
+                    try await pool(transaction, userId: claim.userId ?? order.userId, claimedOrder: order.orderId, reason: "product-mismatch", at: now, metadata: metadata, on: connection)
                 }
                 return Answer(outcome: .unmatched, transactionId: id, orderId: order.orderId, state: order.state, finishTransaction: false, reason: "product-mismatch")
             }
-            order = try await match(transaction, to: order, by: matchedBy, candidates: 1, fromPool: pooled, metadata: metadata, on: connection)
+            order = try await match(transaction, to: order, by: matchedBy, candidates: 1, fromPool: pooled, at: now, metadata: metadata, on: connection)
             return Answer(outcome: .matched, transactionId: id, orderId: order.orderId, state: order.state,
                           finishTransaction: order.state.clientMayFinish, reason: nil)
         }
         let reason = candidate == nil ? noOrderReason : "order-closed"
         if !pooled {
-            try await pool(transaction, userId: claim.userId ?? candidate?.userId, claimedOrder: claim.orderId, reason: reason, metadata: metadata, on: connection)
+            try await pool(transaction, userId: claim.userId ?? candidate?.userId, claimedOrder: claim.orderId, reason: reason, at: now, metadata: metadata, on: connection)
         }
         return Answer(outcome: .unmatched, transactionId: id, orderId: candidate?.orderId, state: candidate?.state, finishTransaction: false, reason: reason)
     }
@@ -108,7 +107,7 @@ public struct ReceiptLedger: Sendable {
     /// `transaction-matched` on the transaction's stream when it leaves the pool.
     func match(
         _ transaction: AppleTransaction, to order: Order, by matchedBy: MatchedBy, candidates: Int, fromPool: Bool,
-        metadata: Data, on connection: PostgresConnection
+        at now: Date, metadata: Data, on connection: PostgresConnection
     ) async throws -> Order {
         let id = transaction.transactionId
         if fromPool {
@@ -127,12 +126,12 @@ public struct ReceiptLedger: Sendable {
         return try await orders.apply(
             [(received, Self.eventID("receipt-received", order.orderId.rawValue, id.rawValue)),
              (verified, Self.eventID("verified", order.orderId.rawValue, id.rawValue))],
-            to: order, metadata: metadata, on: connection)
+            to: order, at: now, metadata: metadata, on: connection)
     }
 
     /// Puts a verified transaction no order can take into the pool (`transaction-unmatched`).
     func pool(
-        _ transaction: AppleTransaction, userId: UserID?, claimedOrder: OrderID?, reason: String, metadata: Data,
+        _ transaction: AppleTransaction, userId: UserID?, claimedOrder: OrderID?, reason: String, at now: Date, metadata: Data,
         on connection: PostgresConnection
     ) async throws {
         let body = TransactionUnmatched(transaction: transaction, userId: userId, claimedOrderId: claimedOrder, reason: reason)
@@ -142,37 +141,45 @@ public struct ReceiptLedger: Sendable {
             data: data, metadata: metadata)
         let result = try await orders.store.append([event], to: transaction.transactionId.streamID, expectedVersion: .any, on: connection)
         guard !result.replayed else { return }
-        let now = try await orders.transactionTime(on: connection)
         try await orders.projection.enterPool(body, verification: data, at: now, on: connection)
     }
 
-    /// The order the proof names, by the strongest evidence: the order id it carries, then its
-    /// appAccountToken; never an order of another user than the proof's.
-    private func candidateOrder(
+    /// Who holds the transaction now, and the order the proof names by the strongest evidence:
+    /// the order id it carries, then its appAccountToken; never an order of another user than
+    /// the proof's. The named order comes locked, in one round trip with the holder.
+    private func lookUp(
         _ transaction: AppleTransaction, claim: Claim, on connection: PostgresConnection
-    ) async throws -> (Order?, MatchedBy?, String) {
+    ) async throws -> (Holder?, Order?, MatchedBy?, String) {
         var reason = "no-order"
+        var holder: Holder??
         if let orderId = claim.orderId {
-            if let order = try await orders.projection.order(orderId, on: connection, forUpdate: true) {
-                if claim.userId == nil || claim.userId == order.userId { return (order, .applicationUsername, "") }
+            if let (order, held) = try await orders.projection.orderForUpdate(orderId, holderOf: transaction.transactionId, on: connection) {
+                holder = .some(held.map { Holder(orderId: $0.0, status: $0.1) })
+                if claim.userId == nil || claim.userId == order.userId { return (holder!, order, .applicationUsername, "") }
                 reason = "user-mismatch"
             } else {
                 reason = "unknown-order"
             }
         }
+        let known: Holder?
+        if let holder { known = holder } else { known = try await holderOfTransaction(transaction.transactionId, on: connection) }
         if let token = transaction.appAccountToken,
            let order = try await orders.projection.order(appAccountToken: token, on: connection, forUpdate: true),
            claim.userId == nil || claim.userId == order.userId {
-            return (order, .appAccountToken, "")
+            return (known, order, .appAccountToken, "")
         }
-        return (nil, nil, reason)
+        return (known, nil, nil, reason)
     }
 
     /// Serialises every writer of one Apple transaction id (receipts, notifications, the
-    /// reconciler) for the rest of the database transaction.
-    func lockTransaction(_ id: TransactionID, on connection: PostgresConnection) async throws {
-        try await connection.query(
-            "SELECT pg_advisory_xact_lock(hashtextextended('apple-transaction:' || \(id.rawValue), 0))", logger: logger)
+    /// reconciler) for the rest of the database transaction; answers the transaction's time.
+    @discardableResult
+    func lockTransaction(_ id: TransactionID, on connection: PostgresConnection) async throws -> Date {
+        let rows = try await connection.query(
+            "SELECT now() FROM (SELECT pg_advisory_xact_lock(hashtextextended('apple-transaction:' || \(id.rawValue), 0))) AS locked",
+            logger: logger)
+        for try await now in rows.decode(Date.self) { return now }
+        throw OrderLedgerError.duplicateTransaction(id)
     }
 
     struct Holder {

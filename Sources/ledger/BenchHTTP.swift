@@ -69,7 +69,7 @@ struct BenchHTTP: AsyncParsableCommand {
         let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: settings)
         defer { _ = client.shutdown() }
         let base = "http://127.0.0.1:\(port)"
-        try await waitUntilReady(client, base)
+        try await Self.waitUntilReady(client, base)
         let run = UUID().uuidString.prefix(6)
         _ = try await workload(client, base: base, key: key, until: .now + .seconds(2), prefix: "warm-\(run)")
         let start = ContinuousClock.now
@@ -123,7 +123,7 @@ struct BenchHTTP: AsyncParsableCommand {
         }
     }
 
-    func waitUntilReady(_ client: HTTPClient, _ base: String) async throws {
+    static func waitUntilReady(_ client: HTTPClient, _ base: String) async throws {
         for _ in 0..<300 {
             if let response = try? await client.execute(HTTPClientRequest(url: base + "/readyz"), timeout: .seconds(2)),
                response.status == .ok { return }

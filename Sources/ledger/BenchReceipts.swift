@@ -1,0 +1,148 @@
+import AppleReceipts
+import ArgumentParser
+import AsyncHTTPClient
+import Foundation
+import LedgerCore
+import LedgerServer
+import LedgerStore
+import Logging
+import NIOCore
+import PostgresNIO
+
+/// `ledger bench receipts`: StoreKit 2 signed transactions posted to `POST /v1/receipts` by
+/// concurrent keep-alive clients against a `ledger serve` child process that trusts a throwaway
+/// signing chain made for this run; each receipt is verified (chain, signature) and applied to
+/// its own open order (receipt-received + verified, the transaction claimed).
+struct BenchReceipts: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "receipts", abstract: "Signed-transaction receipts verified and applied over HTTP.")
+
+    @OptionGroup var options: ConfigurationOptions
+    @Option(help: "Receipts to post (each for an order of its own, made beforehand)")
+    var receipts = 15_000
+    @Option(help: "Concurrent keep-alive clients")
+    var concurrency = 32
+
+    static let bundleId = "com.example.ledger-bench"
+
+    func run() async throws {
+        let configuration = try options.load()
+        let logger = BenchAppend.logger
+        let opened = try await OpenedDatabase.open(configuration.database, logger: logger)
+        defer { try? opened.close(logger: logger) }
+        let benchConfiguration = try await BenchAppend.prepareDatabase(opened.clientConfiguration, logger: logger)
+        let work = FileManager.default.temporaryDirectory.appendingPathComponent("ledger-bench-receipts-\(getpid())")
+        try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: work) }
+
+        let chain = try ThrowawaySigningChain(name: "Order Ledger benchmark")
+        let rootFile = work.appendingPathComponent("bench-root.pem").path
+        try chain.rootPEM().write(toFile: rootFile, atomically: true, encoding: .utf8)
+        let run = UUID().uuidString.prefix(6).lowercased()
+        let (key, bodies) = try await withPostgresClient(benchConfiguration, logger: logger) { client in
+            let database = Database(client: client, logger: logger)
+            let key = try await APIKeyStore(database: database).create(name: "bench", scopes: [.admin])
+            return (key, try await prepare(chain: chain, run: String(run), ledger: OrderLedger(database: database, store: EventStore(database: database))))
+        }
+
+        let port = try BenchHTTP.freePort()
+        let server = try ProcessRunner(workingDirectory: work).spawn(
+            BenchHTTP.executablePath(), ["serve"], outputPath: work.appendingPathComponent("server.log").path,
+            environment: ["LEDGER_DATABASE_URL": BenchHTTP.url(benchConfiguration), "LEDGER_PORT": "\(port)",
+                          "LEDGER_HOST": "127.0.0.1", "LEDGER_LOG_LEVEL": "warning",
+                          "LEDGER_APPLE_ROOT_CERTS": rootFile, "LEDGER_APPLE_BUNDLE_ID": Self.bundleId,
+                          "LEDGER_APPLE_ENVIRONMENT": "Sandbox"])
+        let measured: (LatencySummary, [String: Int])
+        do {
+            measured = try await drive(port: port, key: key, bodies: bodies)
+        } catch {
+            kill(server, SIGKILL)
+            _ = try? ProcessRunner.wait(for: server)
+            throw error
+        }
+        let peakRSS = BenchHTTP.peakRSSKiB(of: server)
+        kill(server, SIGTERM)
+        _ = try ProcessRunner.wait(for: server)
+        let (summary, outcomes) = measured
+        print("Signed-transaction receipts over HTTP (\(concurrency) keep-alive clients, \(receipts) receipts, each verified and applied to its own order)")
+        print("| clients | receipts/s | p50 ms | p99 ms | outcomes | server peak RSS MB |")
+        print("|---:|---:|---:|---:|---|---:|")
+        let outcomeText = outcomes.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", ")
+        print("| \(concurrency) | \(format(summary.perSecond)) | \(format(summary.percentile(50), decimals: 2)) | \(format(summary.percentile(99), decimals: 2)) | \(outcomeText) | \(format(Double(peakRSS) / 1024, decimals: 1)) |")
+        try await BenchAppend().dropDatabase(opened.clientConfiguration, logger: logger)
+    }
+
+    /// One open order per receipt and the request body proving its purchase, signed beforehand
+    /// so the measurement holds the server's work only.
+    func prepare(chain: ThrowawaySigningChain, run: String, ledger: OrderLedger) async throws -> [String] {
+        let total = receipts
+        let concurrency = concurrency
+        return try await withThrowingTaskGroup(of: [String].self) { group in
+            for worker in 0..<concurrency {
+                group.addTask {
+                    var bodies: [String] = []
+                    for index in stride(from: worker, to: total, by: concurrency) {
+                        let orderID = "bench-\(run)-\(index)"
+                        let user = try UserID("user-\(index % 500)")
+                        _ = try await ledger.create(
+                            try OrderID(orderID), OrderCreated(userId: user, productId: try ProductID("gems.100"), price: "0.99", currency: "USD"),
+                            tokenGiven: false, metadata: Data("{}".utf8))
+                        let now = Date()
+                        let payload = SignedTransactionPayload(
+                            transactionId: "\(run)\(index)", originalTransactionId: "\(run)\(index)", bundleId: Self.bundleId,
+                            productId: "gems.100", purchaseDate: now.millisecondsSince1970, signedDate: now.millisecondsSince1970,
+                            environment: "Sandbox", price: 990, currency: "USD")
+                        let jws = try chain.sign(payload)
+                        bodies.append(#"{"userId":"\#(user.rawValue)","orderId":"\#(orderID)","signedTransaction":"\#(jws)"}"#)
+                    }
+                    return bodies
+                }
+            }
+            return try await group.reduce(into: [String]()) { $0 += $1 }
+        }
+    }
+
+    func drive(port: Int, key: String, bodies: [String]) async throws -> (LatencySummary, [String: Int]) {
+        var settings = HTTPClient.Configuration()
+        settings.connectionPool = .init(idleTimeout: .seconds(60))
+        settings.httpVersion = .http1Only
+        let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: settings)
+        defer { _ = client.shutdown() }
+        let base = "http://127.0.0.1:\(port)"
+        try await BenchHTTP.waitUntilReady(client, base)
+        let concurrency = concurrency
+        let start = ContinuousClock.now
+        let (latencies, outcomes) = try await withThrowingTaskGroup(of: ([Double], [String: Int]).self) { group in
+            for worker in 0..<concurrency {
+                group.addTask {
+                    var latencies: [Double] = []
+                    var outcomes: [String: Int] = [:]
+                    for index in stride(from: worker, to: bodies.count, by: concurrency) {
+                        var request = HTTPClientRequest(url: base + "/v1/receipts")
+                        request.method = .POST
+                        request.headers.add(name: "Authorization", value: "Bearer \(key)")
+                        request.headers.add(name: "Content-Type", value: "application/json")
+                        request.body = .bytes(ByteBuffer(string: bodies[index]))
+                        let started = ContinuousClock.now
+                        let response = try await client.execute(request, timeout: .seconds(30))
+                        let body = try await response.body.collect(upTo: 1 << 20)
+                        let took = ContinuousClock.now - started
+                        let answer = (try? JSONSerialization.jsonObject(with: Data(buffer: body))) as? [String: Any]
+                        let outcome = response.status == .ok ? (answer?["outcome"] as? String ?? "?") : "HTTP \(response.status.code)"
+                        outcomes[outcome, default: 0] += 1
+                        if outcome == "matched" {
+                            latencies.append(Double(took.components.seconds) * 1000 + Double(took.components.attoseconds) / 1e15)
+                        }
+                    }
+                    return (latencies, outcomes)
+                }
+            }
+            return try await group.reduce(into: ([Double](), [String: Int]())) { total, part in
+                total.0 += part.0
+                total.1.merge(part.1, uniquingKeysWith: +)
+            }
+        }
+        let elapsed = ContinuousClock.now - start
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        return (LatencySummary(operations: latencies.count, seconds: seconds, latencies: latencies), outcomes)
+    }
+}
