@@ -161,21 +161,38 @@ struct OrderProjection: Sendable {
     func orderForUpdate(_ id: OrderID, holderOf transaction: TransactionID, on connection: PostgresConnection) async throws -> (Order, (OrderID?, String)?)? {
         let rows = try await connection.query(
             """
-            SELECT \(unescaped: Self.orderColumns),
-                   (SELECT row_to_json(h)::text FROM (SELECT order_id, status FROM apple_transactions WHERE transaction_id = \(transaction.rawValue)) h)
+            SELECT now(), \(unescaped: Self.orderColumns), (SELECT row_to_json(h)::text FROM (SELECT order_id, status FROM apple_transactions WHERE transaction_id = \(transaction.rawValue)) h)
             FROM orders WHERE order_id = \(id.rawValue) FOR UPDATE
             """,
             logger: logger)
-        var found: (Order, String?)?
-        for try await (id, user, product, quantity, price, currency, token, state, version, transactionID, created, updated, queued, beforeRefund, failure, holder)
-            in rows.decode((String, String, String, Int, String?, String?, UUID, String, Int64, String?, Date, Date, Date?, String?, String?, String?).self) {
-            found = (Self.makeOrder((id, user, product, quantity, price, currency, token, state, version, transactionID, created, updated, queued, beforeRefund, failure)), holder)
+        return try await Self.decodeOrderAndHolder(rows).map { ($0.1, $0.2) }
+    }
+
+    /// The transaction's advisory lock, the order's row lock, the order and the transaction's
+    /// holder, in one statement; nil (and maybe no lock taken) when there is no such order.
+    /// The holder is read with the statement's snapshot, taken before the lock was granted.
+    func lockAndOrder(_ id: OrderID, transaction: TransactionID, on connection: PostgresConnection) async throws -> (Date, Order, (OrderID?, String)?)? {
+        let rows = try await connection.query(
+            """
+            SELECT now(), \(unescaped: Self.orderColumns), (SELECT row_to_json(h)::text FROM (SELECT order_id, status FROM apple_transactions WHERE transaction_id = \(transaction.rawValue)) h)
+            FROM (SELECT pg_advisory_xact_lock(hashtextextended('apple-transaction:' || \(transaction.rawValue), 0))) AS locked, orders
+            WHERE order_id = \(id.rawValue) FOR UPDATE OF orders
+            """,
+            logger: logger)
+        return try await Self.decodeOrderAndHolder(rows)
+    }
+
+    static func decodeOrderAndHolder(_ rows: PostgresRowSequence) async throws -> (Date, Order, (OrderID?, String)?)? {
+        var found: (Date, Order, String?)?
+        for try await (now, id, user, product, quantity, price, currency, token, state, version, transactionID, created, updated, queued, beforeRefund, failure, holder)
+            in rows.decode((Date, String, String, String, Int, String?, String?, UUID, String, Int64, String?, Date, Date, Date?, String?, String?, String?).self) {
+            found = (now, Self.makeOrder((id, user, product, quantity, price, currency, token, state, version, transactionID, created, updated, queued, beforeRefund, failure)), holder)
         }
-        guard let (order, holderJSON) = found else { return nil }
+        guard let (now, order, holderJSON) = found else { return nil }
         guard let text = holderJSON,
               let object = try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any],
-              let status = object["status"] as? String else { return (order, nil) }
-        return (order, ((object["order_id"] as? String).map(OrderID.init(unchecked:)), status))
+              let status = object["status"] as? String else { return (now, order, nil) }
+        return (now, order, ((object["order_id"] as? String).map(OrderID.init(unchecked:)), status))
     }
 
     func order(appAccountToken token: UUID, on connection: PostgresConnection, forUpdate: Bool) async throws -> Order? {

@@ -41,15 +41,45 @@ public struct ReceiptLedger: Sendable {
 
     /// Applies `transaction`, proven by the client or by Apple, for `claim`.
     public func apply(_ transaction: AppleTransaction, claim: Claim, metadata: Data) async throws -> Answer {
-        try await database.transaction { connection in
-            try await apply(transaction, claim: claim, metadata: metadata, on: connection)
+        do {
+            return try await database.transaction { connection in
+                try await apply(transaction, claim: claim, metadata: metadata, fast: true, on: connection)
+            }
+        } catch let error where Self.lostRace(error) {
+            // The one-statement lookup read the holder before it had the lock: another writer of
+            // this transaction committed meanwhile and the database refused what this one
+            // decided. Again, reading only after the lock: it now sees that writer's work.
+            return try await database.transaction { connection in
+                try await apply(transaction, claim: claim, metadata: metadata, fast: false, on: connection)
+            }
         }
     }
 
-    func apply(_ transaction: AppleTransaction, claim: Claim, metadata: Data, on connection: PostgresConnection) async throws -> Answer {
-        let now = try await lockTransaction(transaction.transactionId, on: connection)
-        let (holder, candidate, matchedBy, noOrderReason) = try await lookUp(transaction, claim: claim, on: connection)
+    /// The refusals a stale holder read ends in: the claim's key or the pool's event id taken.
+    static func lostRace(_ error: any Error) -> Bool {
+        switch error {
+        case OrderLedgerError.duplicateTransaction, AppendError.eventIDConflict, AppendError.wrongExpectedVersion: true
+        case let error as PSQLError: error.sqlState == "23505"
+        default: false
+        }
+    }
+
+    /// - Parameter fast: take the transaction's lock, the named order's row lock and the holder
+    ///   in one statement (its snapshot predates the lock, so a race ends in a refusal that
+    ///   `apply` retries); false: lock first, then read.
+    func apply(_ transaction: AppleTransaction, claim: Claim, metadata: Data, fast: Bool = false, on connection: PostgresConnection) async throws -> Answer {
         let id = transaction.transactionId
+        let now: Date
+        let holder: Holder?, candidate: Order?, matchedBy: MatchedBy?, noOrderReason: String
+        if fast, let orderId = claim.orderId,
+           let (time, order, held) = try await orders.projection.lockAndOrder(orderId, transaction: id, on: connection),
+           claim.userId == nil || claim.userId == order.userId {
+            now = time
+            (holder, candidate, matchedBy, noOrderReason) = (held.map { Holder(orderId: $0.0, status: $0.1) }, order, .applicationUsername, "")
+        } else {
+            now = try await lockTransaction(id, on: connection)
+            (holder, candidate, matchedBy, noOrderReason) = try await lookUp(transaction, claim: claim, on: connection)
+        }
 
         if let holder = holder, let holderOrder = holder.orderId {
             // Already granted: to this order (a re-sent proof), or to another one.
