@@ -22,7 +22,7 @@ public final class SignedDataVerifier: Sendable {
     private let chains = Mutex<[String: VerifiedChain]>([:])
 
     struct VerifiedChain: Sendable {
-        let keys: JWTKeyCollection
+        let key: P256.Signing.PublicKey
         let notBefore: Date
         let notAfter: Date
     }
@@ -56,11 +56,15 @@ public final class SignedDataVerifier: Sendable {
         guard chain.notBefore <= signedAt, signedAt <= chain.notAfter else {
             throw .chain("a certificate of the chain is not valid at signedDate \(signedAt)")
         }
-        do {
-            return try await chain.keys.verify(token, as: Payload.self)
-        } catch {
-            throw .badSignature
-        }
+        // ES256 (RFC 7518 §3.4): the raw r‖s signature over "header.payload", with the leaf's key.
+        let signingInput = token.utf8.prefix { $0 != UInt8(ascii: ".") }.count
+        let payloadEnd = token.utf8.lastIndex(of: UInt8(ascii: "."))
+        guard let payloadEnd, let signatureBytes = Self.base64URLDecoded(token[token.index(after: payloadEnd)...]),
+              let signature = try? P256.Signing.ECDSASignature(rawRepresentation: signatureBytes),
+              signingInput > 0,
+              chain.key.isValidSignature(signature, for: SHA256.hash(data: Data(token[..<payloadEnd].utf8)))
+        else { throw .badSignature }
+        return unverified
     }
 
     private func verifiedChain(_ x5c: [String], at date: Date) async throws(AppleVerificationError) -> VerifiedChain {
@@ -89,21 +93,11 @@ public final class SignedDataVerifier: Sendable {
             }
             throw .chain("no chain to a trusted root")
         }
-        let key: ES256PublicKey
-        do {
-            guard let p256 = P256.Signing.PublicKey(certificates[0].publicKey) else {
-                throw AppleVerificationError.chain("the leaf certificate's key is not a P-256 key")
-            }
-            key = try ES256PublicKey(backing: p256)
-        } catch let error as AppleVerificationError {
-            throw error
-        } catch {
-            throw .chain("the leaf certificate's key is unusable (\(Self.reason(error)))")
+        guard let key = P256.Signing.PublicKey(certificates[0].publicKey) else {
+            throw .chain("the leaf certificate's key is not a P-256 key")
         }
-        let keys = JWTKeyCollection()
-        await keys.add(ecdsa: key)
         let chain = VerifiedChain(
-            keys: keys,
+            key: key,
             notBefore: validated.map(\.notValidBefore).max() ?? date,
             notAfter: validated.map(\.notValidAfter).min() ?? date)
         chains.withLock { cache in
@@ -111,6 +105,12 @@ public final class SignedDataVerifier: Sendable {
             cache[cacheKey] = chain
         }
         return chain
+    }
+
+    static func base64URLDecoded(_ text: Substring) -> Data? {
+        var base64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        base64 += String(repeating: "=", count: (4 - base64.count % 4) % 4)
+        return Data(base64Encoded: base64)
     }
 
     static func reason(_ error: any Error) -> String {
