@@ -15,5 +15,6 @@ public enum LedgerSchema {
         Migration(name: "003_api_keys.sql", sql: String(decoding: PackageResources._03_api_keys_sql, as: UTF8.self)),
         Migration(name: "004_dashboards.sql", sql: String(decoding: PackageResources._04_dashboards_sql, as: UTF8.self)),
         Migration(name: "005_receipts.sql", sql: String(decoding: PackageResources._05_receipts_sql, as: UTF8.self)),
+        Migration(name: "006_receipt_functions.sql", sql: String(decoding: PackageResources._06_receipt_functions_sql, as: UTF8.self)),
     ]
 }

@@ -114,21 +114,13 @@ struct OrderProjection: Sendable {
 
     static func saveAndClaimQuery(_ order: Order, _ receipt: ReceiptReceived, status: String, at date: Date) -> PostgresQuery {
         """
-        WITH saved AS (
-            INSERT INTO orders (order_id, user_id, product_id, quantity, price, currency, app_account_token, state, version,
-                                transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason)
-            VALUES (\(order.orderId.rawValue), \(order.userId.rawValue), \(order.productId.rawValue), \(order.quantity),
-                    \(order.price)::numeric, \(order.currency), \(order.appAccountToken), \(order.state.rawValue), \(order.version),
-                    \(order.transactionId?.rawValue), \(order.createdAt), \(order.updatedAt), \(order.queuedAt),
-                    \(order.stateBeforeRefund?.rawValue), \(order.failureReason))
-            \(unescaped: saveConflict)
-        )
-        INSERT INTO apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date, environment, status,
-            received_at, updated_at, original_transaction_id, app_transaction_id, app_account_token, matched_by)
-        VALUES (\(receipt.transactionId.rawValue), \(order.orderId.rawValue), \(order.userId.rawValue),
-                \(receipt.productId.rawValue), \(receipt.purchaseDate), \(receipt.environment), \(status), \(date), \(date),
-                \(receipt.originalTransactionId), \(receipt.appTransactionId), \(receipt.appAccountToken), \(receipt.matchedBy.rawValue))
-        \(unescaped: claimConflict)
+        SELECT 1 WHERE save_order_and_claim(
+            \(order.orderId.rawValue), \(order.userId.rawValue), \(order.productId.rawValue), \(order.quantity)::integer,
+            \(order.price)::numeric, \(order.currency), \(order.appAccountToken), \(order.state.rawValue), \(order.version),
+            \(order.transactionId?.rawValue), \(order.createdAt), \(order.updatedAt), \(order.queuedAt),
+            \(order.stateBeforeRefund?.rawValue), \(order.failureReason),
+            \(receipt.productId.rawValue), \(receipt.purchaseDate), \(receipt.environment), \(status), \(date),
+            \(receipt.originalTransactionId), \(receipt.appTransactionId), \(receipt.appAccountToken), \(receipt.matchedBy.rawValue))
         """
     }
 
@@ -168,17 +160,12 @@ struct OrderProjection: Sendable {
         return try await Self.decodeOrderAndHolder(rows).map { ($0.1, $0.2) }
     }
 
-    /// The transaction's advisory lock, the order's row lock, the order and the transaction's
-    /// holder, in one statement; nil (and maybe no lock taken) when there is no such order.
-    /// The holder is read with the statement's snapshot, taken before the lock was granted.
+    /// The transaction's advisory lock, then the order's row lock, the order and the
+    /// transaction's holder read after the lock (`lock_order_for_receipt`), in one round trip;
+    /// nil when there is no such order (the lock is held either way).
     func lockAndOrder(_ id: OrderID, transaction: TransactionID, on connection: PostgresConnection) async throws -> (Date, Order, (OrderID?, String)?)? {
         let rows = try await connection.query(
-            """
-            SELECT now(), \(unescaped: Self.orderColumns), (SELECT row_to_json(h)::text FROM (SELECT order_id, status FROM apple_transactions WHERE transaction_id = \(transaction.rawValue)) h)
-            FROM (SELECT pg_advisory_xact_lock(hashtextextended('apple-transaction:' || \(transaction.rawValue), 0))) AS locked, orders
-            WHERE order_id = \(id.rawValue) FOR UPDATE OF orders
-            """,
-            logger: logger)
+            "SELECT * FROM lock_order_for_receipt(\(id.rawValue), \(transaction.rawValue))", logger: logger)
         return try await Self.decodeOrderAndHolder(rows)
     }
 

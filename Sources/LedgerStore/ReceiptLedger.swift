@@ -46,9 +46,9 @@ public struct ReceiptLedger: Sendable {
                 try await apply(transaction, claim: claim, metadata: metadata, fast: true, on: connection)
             }
         } catch let error where Self.lostRace(error) {
-            // The one-statement lookup read the holder before it had the lock: another writer of
-            // this transaction committed meanwhile and the database refused what this one
-            // decided. Again, reading only after the lock: it now sees that writer's work.
+            // A writer that takes no transaction lock (an order event appended by hand, naming
+            // this transaction) claimed it meanwhile, and the database refused this claim.
+            // Again, from the start: the holder is now visible.
             return try await database.transaction { connection in
                 try await apply(transaction, claim: claim, metadata: metadata, fast: false, on: connection)
             }
@@ -65,8 +65,7 @@ public struct ReceiptLedger: Sendable {
     }
 
     /// - Parameter fast: take the transaction's lock, the named order's row lock and the holder
-    ///   in one statement (its snapshot predates the lock, so a race ends in a refusal that
-    ///   `apply` retries); false: lock first, then read.
+    ///   in one round trip (`lock_order_for_receipt`); false: one statement for each.
     func apply(_ transaction: AppleTransaction, claim: Claim, metadata: Data, fast: Bool = false, on connection: PostgresConnection) async throws -> Answer {
         let id = transaction.transactionId
         let now: Date
@@ -74,6 +73,8 @@ public struct ReceiptLedger: Sendable {
         if fast, let orderId = claim.orderId,
            let (time, order, held) = try await orders.projection.lockAndOrder(orderId, transaction: id, on: connection),
            claim.userId == nil || claim.userId == order.userId {
+            // (When the order is unknown or another user's, the lock is held and the slow path
+            // below takes it again: advisory locks are re-entrant within a transaction.)
             now = time
             (holder, candidate, matchedBy, noOrderReason) = (held.map { Holder(orderId: $0.0, status: $0.1) }, order, .applicationUsername, "")
         } else {
