@@ -17,8 +17,9 @@ public final class SignedDataVerifier: Sendable {
 
     let roots: CertificateStore
     let rootCount: Int
-    /// The verified chains by their `x5c` text: the leaf's key, and the time every certificate
-    /// of the chain is valid in (checked against each payload's own `signedDate`).
+    /// The verified chains by the encoded JWS header that carried them (alg ES256 and the x5c):
+    /// the leaf's key, and the time every certificate of the chain is valid in (checked against
+    /// each payload's own `signedDate`).
     private let chains = Mutex<[String: VerifiedChain]>([:])
 
     struct VerifiedChain: Sendable {
@@ -40,19 +41,33 @@ public final class SignedDataVerifier: Sendable {
         guard rootCount > 0 else {
             throw AppleVerificationError(code: "verification-unavailable", message: "no Apple root certificates are configured (LEDGER_APPLE_ROOT_CERTS)", isRetryable: true)
         }
-        let header: JWTHeader
+        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3 else { throw .malformed("a JWS has three dot-separated parts; this has \(parts.count)") }
+        // A header already verified (the same alg and x5c text) is known by its encoded form:
+        // only the payload needs decoding. Otherwise jwt-kit parses the whole token.
+        let headerKey = String(parts[0])
         let unverified: Payload
-        do {
-            (header, unverified, _) = try DefaultJWTParser().parse(Array(token.utf8), as: Payload.self)
-        } catch {
-            throw .malformed("the token is not a JWS with a base64url JSON header and payload (\(Self.reason(error)))")
-        }
-        guard header.alg == "ES256" else { throw .unsupportedAlgorithm(header.alg) }
-        guard let x5c = header.x5c, x5c.count == 3 else {
-            throw .chain("the x5c header must hold exactly 3 certificates; it holds \(header.x5c?.count ?? 0)")
+        let chain: VerifiedChain
+        if let known = chains.withLock({ $0[headerKey] }) {
+            guard let payload = Self.base64URLDecoded(parts[1]), let decoded = try? JSONDecoder().decode(Payload.self, from: payload) else {
+                throw .malformed("the payload is not base64url JSON of a signed Apple payload")
+            }
+            unverified = decoded
+            chain = known
+        } else {
+            let header: JWTHeader
+            do {
+                (header, unverified, _) = try DefaultJWTParser().parse(Array(token.utf8), as: Payload.self)
+            } catch {
+                throw .malformed("the token is not a JWS with a base64url JSON header and payload (\(Self.reason(error)))")
+            }
+            guard header.alg == "ES256" else { throw .unsupportedAlgorithm(header.alg) }
+            guard let x5c = header.x5c, x5c.count == 3 else {
+                throw .chain("the x5c header must hold exactly 3 certificates; it holds \(header.x5c?.count ?? 0)")
+            }
+            chain = try await verifiedChain(x5c, at: unverified.signedAt, cacheKey: headerKey)
         }
         let signedAt = unverified.signedAt
-        let chain = try await verifiedChain(x5c, at: signedAt)
         guard chain.notBefore <= signedAt, signedAt <= chain.notAfter else {
             throw .chain("a certificate of the chain is not valid at signedDate \(signedAt)")
         }
@@ -67,9 +82,8 @@ public final class SignedDataVerifier: Sendable {
         return unverified
     }
 
-    private func verifiedChain(_ x5c: [String], at date: Date) async throws(AppleVerificationError) -> VerifiedChain {
-        let cacheKey = x5c.joined(separator: ".")
-        if let known = chains.withLock({ $0[cacheKey] }) { return known }
+    /// Validates the chain at `date` and caches it under the token's encoded header.
+    private func verifiedChain(_ x5c: [String], at date: Date, cacheKey: String) async throws(AppleVerificationError) -> VerifiedChain {
         let certificates: [Certificate]
         do {
             certificates = try x5c.map { encoded in
