@@ -118,6 +118,9 @@ public struct OrderLedger: Sendable {
             }
             newEvents.append(try NewEvent(id: eventID, type: event.type.rawValue, data: event.encodedData(), metadata: metadata))
         }
+        if let date, events.contains(where: { if case .receiptReceived = $0.0 { true } else { false } }) {
+            return try await appendAndClaim(events.map(\.0), newEvents, to: current, at: date, on: connection)
+        }
         let result = try await store.append(newEvents, to: current.orderId.streamID, expectedVersion: .exact(current.version), on: connection)
         guard !result.replayed else {
             return try await orderAsOf(current.orderId, version: result.streamVersion, on: connection)
@@ -148,6 +151,52 @@ public struct OrderLedger: Sendable {
             try await projection.save(order, on: connection)
             if transactionChanged { try await projection.updateTransaction(of: order, at: now, on: connection) }
         }
+        return order
+    }
+
+    /// A claim's events and projection rows in one statement: with the order row locked its new
+    /// versions are known beforehand, so the rows are computed first and written only when
+    /// `append_to_stream` appended (not on a replay or a refusal).
+    private func appendAndClaim(
+        _ events: [OrderEvent], _ newEvents: [NewEvent], to current: Order, at now: Date, on connection: PostgresConnection
+    ) async throws -> Order {
+        var order = current
+        var version = current.version + 1
+        var claimed: ReceiptReceived?
+        var transactionChanged = false
+        for event in events {
+            guard let next = Order.evolve(order, event, orderID: current.orderId, version: version, at: now) else { break }
+            order = next
+            version += 1
+            if case .receiptReceived(let receipt) = event {
+                claimed = receipt
+                transactionChanged = false
+            } else {
+                transactionChanged = order.transactionId != nil
+            }
+        }
+        guard let claimed else { throw OrderDecisionError.noSuchOrder }
+        let status = transactionChanged ? order.state.rawValue : "claimed"
+        let stream = current.orderId.streamID
+        let expected = ExpectedVersion.exact(current.version)
+        var statusRows: [EventStore.StatusRow] = []
+        var wasClaimed: Bool?
+        do {
+            let rows = try await connection.query(
+                OrderProjection.appendSaveAndClaimQuery(newEvents, stream: stream, expected: expected, order, claimed, status: status, at: now),
+                logger: database.logger)
+            for try await (rowStatus, detail, id, rowVersion, position, claim) in rows.decode((String, String?, UUID?, Int64?, Int64?, Bool?).self) {
+                statusRows.append(EventStore.StatusRow(status: rowStatus, detail: detail, eventID: id, version: rowVersion, position: position))
+                wasClaimed = claim
+            }
+        } catch {
+            throw EventStore.mapError(error, stream, expected, newEvents)
+        }
+        let result = try EventStore.answer(statusRows, stream, expected).get()
+        guard !result.replayed else {
+            return try await orderAsOf(current.orderId, version: result.streamVersion, on: connection)
+        }
+        guard wasClaimed == true else { throw OrderLedgerError.duplicateTransaction(claimed.transactionId) }
         return order
     }
 

@@ -112,6 +112,33 @@ struct OrderProjection: Sendable {
         """
     }
 
+    /// `append_to_stream` and, only when it appended, `save_order_and_claim`, in one statement.
+    static func appendSaveAndClaimQuery(
+        _ events: [NewEvent], stream: StreamID, expected: ExpectedVersion, _ order: Order, _ receipt: ReceiptReceived,
+        status: String, at date: Date
+    ) -> PostgresQuery {
+        let ids = events.map(\.id.uuid)
+        let types = events.map(\.type)
+        let data = events.map { String(decoding: $0.data, as: UTF8.self) }
+        let metadata = events.map { String(decoding: $0.metadata, as: UTF8.self) }
+        return """
+        WITH appended AS MATERIALIZED (
+            SELECT * FROM append_to_stream(\(stream.rawValue), \(expected.databaseValue), \(ids), \(types), \(data)::jsonb[], \(metadata)::jsonb[])
+        ), claimed AS MATERIALIZED (
+            SELECT save_order_and_claim(
+                \(order.orderId.rawValue), \(order.userId.rawValue), \(order.productId.rawValue), \(order.quantity)::integer,
+                \(order.price)::numeric, \(order.currency), \(order.appAccountToken), \(order.state.rawValue), \(order.version),
+                \(order.transactionId?.rawValue), \(order.createdAt), \(order.updatedAt), \(order.queuedAt),
+                \(order.stateBeforeRefund?.rawValue), \(order.failureReason),
+                \(receipt.productId.rawValue), \(receipt.purchaseDate), \(receipt.environment), \(status), \(date),
+                \(receipt.originalTransactionId), \(receipt.appTransactionId), \(receipt.appAccountToken), \(receipt.matchedBy.rawValue)) AS ok
+            WHERE NOT EXISTS (SELECT 1 FROM appended WHERE r_status <> 'appended')
+        )
+        SELECT r_status, r_detail, r_event_id, r_stream_version, r_global_position, (SELECT ok FROM claimed)
+        FROM appended
+        """
+    }
+
     static func saveAndClaimQuery(_ order: Order, _ receipt: ReceiptReceived, status: String, at date: Date) -> PostgresQuery {
         """
         SELECT 1 WHERE save_order_and_claim(

@@ -21,6 +21,8 @@ struct BenchReceipts: AsyncParsableCommand {
     var receipts = 15_000
     @Option(help: "Concurrent keep-alive clients")
     var concurrency = 32
+    @Option(help: "Receipts posted before the clock starts (connections and plans warm up), not counted")
+    var warmup = 1_000
 
     static let bundleId = "com.example.ledger-bench"
 
@@ -41,7 +43,7 @@ struct BenchReceipts: AsyncParsableCommand {
         let (key, bodies) = try await withPostgresClient(benchConfiguration, logger: logger) { client in
             let database = Database(client: client, logger: logger)
             let key = try await APIKeyStore(database: database).create(name: "bench", scopes: [.admin])
-            return (key, try await prepare(chain: chain, run: String(run), ledger: OrderLedger(database: database, store: EventStore(database: database))))
+            return (key, try await prepare(chain: chain, run: String(run), total: receipts + warmup, ledger: OrderLedger(database: database, store: EventStore(database: database))))
         }
 
         let port = try BenchHTTP.freePort()
@@ -63,7 +65,7 @@ struct BenchReceipts: AsyncParsableCommand {
         kill(server, SIGTERM)
         _ = try ProcessRunner.wait(for: server)
         let (summary, outcomes) = measured
-        print("Signed-transaction receipts over HTTP (\(concurrency) keep-alive clients, \(receipts) receipts, each verified and applied to its own order)")
+        print("Signed-transaction receipts over HTTP (\(concurrency) keep-alive clients, \(receipts) receipts after \(warmup) for warm-up, each verified and applied to its own order)")
         print("| clients | receipts/s | p50 ms | p99 ms | outcomes | server peak RSS MB |")
         print("|---:|---:|---:|---:|---|---:|")
         let outcomeText = outcomes.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", ")
@@ -73,8 +75,7 @@ struct BenchReceipts: AsyncParsableCommand {
 
     /// One open order per receipt and the request body proving its purchase, signed beforehand
     /// so the measurement holds the server's work only.
-    func prepare(chain: ThrowawaySigningChain, run: String, ledger: OrderLedger) async throws -> [String] {
-        let total = receipts
+    func prepare(chain: ThrowawaySigningChain, run: String, total: Int, ledger: OrderLedger) async throws -> [String] {
         let concurrency = concurrency
         return try await withThrowingTaskGroup(of: [String].self) { group in
             for worker in 0..<concurrency {
@@ -109,9 +110,19 @@ struct BenchReceipts: AsyncParsableCommand {
         defer { _ = client.shutdown() }
         let base = "http://127.0.0.1:\(port)"
         try await BenchHTTP.waitUntilReady(client, base)
-        let concurrency = concurrency
+        _ = try await post(Array(bodies.prefix(warmup)), client: client, base: base, key: key)
         let start = ContinuousClock.now
-        let (latencies, outcomes) = try await withThrowingTaskGroup(of: ([Double], [String: Int]).self) { group in
+        let (latencies, outcomes) = try await post(Array(bodies.dropFirst(warmup)), client: client, base: base, key: key)
+        let elapsed = ContinuousClock.now - start
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        return (LatencySummary(operations: latencies.count, seconds: seconds, latencies: latencies), outcomes)
+    }
+
+    /// Posts `bodies` from `concurrency` clients; answers the latencies of matched receipts and
+    /// the count of each outcome.
+    func post(_ bodies: [String], client: HTTPClient, base: String, key: String) async throws -> ([Double], [String: Int]) {
+        let concurrency = concurrency
+        return try await withThrowingTaskGroup(of: ([Double], [String: Int]).self) { group in
             for worker in 0..<concurrency {
                 group.addTask {
                     var latencies: [Double] = []
@@ -141,8 +152,5 @@ struct BenchReceipts: AsyncParsableCommand {
                 total.1.merge(part.1, uniquingKeysWith: +)
             }
         }
-        let elapsed = ContinuousClock.now - start
-        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-        return (LatencySummary(operations: latencies.count, seconds: seconds, latencies: latencies), outcomes)
     }
 }
