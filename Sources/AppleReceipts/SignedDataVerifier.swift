@@ -20,7 +20,7 @@ public final class SignedDataVerifier: Sendable {
     /// The verified chains by the encoded JWS header that carried them (alg ES256 and the x5c):
     /// the leaf's key, and the time every certificate of the chain is valid in (checked against
     /// each payload's own `signedDate`).
-    private let chains = Mutex<[String: VerifiedChain]>([:])
+    private let chains = Mutex<[ArraySlice<UInt8>: VerifiedChain]>([:])
 
     struct VerifiedChain: Sendable {
         let key: P256.Signing.PublicKey
@@ -41,15 +41,17 @@ public final class SignedDataVerifier: Sendable {
         guard rootCount > 0 else {
             throw AppleVerificationError(code: "verification-unavailable", message: "no Apple root certificates are configured (LEDGER_APPLE_ROOT_CERTS)", isRetryable: true)
         }
-        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 3 else { throw .malformed("a JWS has three dot-separated parts; this has \(parts.count)") }
+        let bytes = Array(token.utf8)
+        let dots = bytes.indices.filter { bytes[$0] == UInt8(ascii: ".") }
+        guard dots.count == 2 else { throw .malformed("a JWS has three dot-separated parts; this has \(dots.count + 1)") }
         // A header already verified (the same alg and x5c text) is known by its encoded form:
         // only the payload needs decoding. Otherwise jwt-kit parses the whole token.
-        let headerKey = String(parts[0])
+        let headerKey = bytes[..<dots[0]]
         let unverified: Payload
         let chain: VerifiedChain
         if let known = chains.withLock({ $0[headerKey] }) {
-            guard let payload = Self.base64URLDecoded(parts[1]), let decoded = try? JSONDecoder().decode(Payload.self, from: payload) else {
+            guard let payload = Self.base64URLDecoded(bytes[(dots[0] + 1)..<dots[1]]),
+                  let decoded = try? JSONDecoder().decode(Payload.self, from: Data(payload)) else {
                 throw .malformed("the payload is not base64url JSON of a signed Apple payload")
             }
             unverified = decoded
@@ -57,7 +59,7 @@ public final class SignedDataVerifier: Sendable {
         } else {
             let header: JWTHeader
             do {
-                (header, unverified, _) = try DefaultJWTParser().parse(Array(token.utf8), as: Payload.self)
+                (header, unverified, _) = try DefaultJWTParser().parse(bytes, as: Payload.self)
             } catch {
                 throw .malformed("the token is not a JWS with a base64url JSON header and payload (\(Self.reason(error)))")
             }
@@ -72,18 +74,15 @@ public final class SignedDataVerifier: Sendable {
             throw .chain("a certificate of the chain is not valid at signedDate \(signedAt)")
         }
         // ES256 (RFC 7518 §3.4): the raw r‖s signature over "header.payload", with the leaf's key.
-        let signingInput = token.utf8.prefix { $0 != UInt8(ascii: ".") }.count
-        let payloadEnd = token.utf8.lastIndex(of: UInt8(ascii: "."))
-        guard let payloadEnd, let signatureBytes = Self.base64URLDecoded(token[token.index(after: payloadEnd)...]),
+        guard let signatureBytes = Self.base64URLDecoded(bytes[(dots[1] + 1)...]),
               let signature = try? P256.Signing.ECDSASignature(rawRepresentation: signatureBytes),
-              signingInput > 0,
-              chain.key.isValidSignature(signature, for: SHA256.hash(data: Data(token[..<payloadEnd].utf8)))
+              chain.key.isValidSignature(signature, for: SHA256.hash(data: bytes[..<dots[1]]))
         else { throw .badSignature }
         return unverified
     }
 
     /// Validates the chain at `date` and caches it under the token's encoded header.
-    private func verifiedChain(_ x5c: [String], at date: Date, cacheKey: String) async throws(AppleVerificationError) -> VerifiedChain {
+    private func verifiedChain(_ x5c: [String], at date: Date, cacheKey: ArraySlice<UInt8>) async throws(AppleVerificationError) -> VerifiedChain {
         let certificates: [Certificate]
         do {
             certificates = try x5c.map { encoded in
@@ -121,10 +120,30 @@ public final class SignedDataVerifier: Sendable {
         return chain
     }
 
-    static func base64URLDecoded(_ text: Substring) -> Data? {
-        var base64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-        base64 += String(repeating: "=", count: (4 - base64.count % 4) % 4)
-        return Data(base64Encoded: base64)
+    /// Base64url without padding (RFC 7515 §2) to bytes; nil on any other character.
+    static func base64URLDecoded(_ text: ArraySlice<UInt8>) -> [UInt8]? {
+        var out: [UInt8] = []
+        out.reserveCapacity(text.count * 3 / 4)
+        var buffer: UInt32 = 0
+        var bits = 0
+        for character in text {
+            let value: UInt8
+            switch character {
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"): value = character - UInt8(ascii: "A")
+            case UInt8(ascii: "a")...UInt8(ascii: "z"): value = character - UInt8(ascii: "a") + 26
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): value = character - UInt8(ascii: "0") + 52
+            case UInt8(ascii: "-"): value = 62
+            case UInt8(ascii: "_"): value = 63
+            default: return nil
+            }
+            buffer = (buffer << 6) | UInt32(value)
+            bits += 6
+            if bits >= 8 {
+                bits -= 8
+                out.append(UInt8(truncatingIfNeeded: buffer >> UInt32(bits)))
+            }
+        }
+        return bits >= 6 ? nil : out
     }
 
     static func reason(_ error: any Error) -> String {

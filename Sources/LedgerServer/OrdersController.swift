@@ -118,7 +118,8 @@ func pathParameter(_ context: LedgerRequestContext, _ name: String) throws(Ledge
 
 /// The metadata recorded with every event appended through the API.
 func metadata(_ context: LedgerRequestContext) -> Data {
-    var json: [String: Any] = ["requestId": context.requestID]
-    if let key = context.apiKeyName { json["appendedBy"] = key }
-    return (try? JSONSerialization.data(withJSONObject: json)) ?? Data("{}".utf8)
+    var json = JSONText()
+    json.add("requestId", context.requestID)
+    if let key = context.apiKeyName { json.add("appendedBy", key) }
+    return Data(json.result.utf8)
 }

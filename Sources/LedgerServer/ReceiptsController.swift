@@ -117,7 +117,14 @@ struct ReceiptsController {
     }
 
     static func response(_ answer: ReceiptLedger.Answer) -> Response {
-        Rendering.response(.ok, json(answer))
+        var json = JSONText()
+        json.add("outcome", answer.outcome.rawValue)
+        json.add("transactionId", answer.transactionId.rawValue)
+        json.add("orderId", answer.orderId?.rawValue)
+        json.add("state", answer.state?.rawValue)
+        json.add("finishTransaction", answer.finishTransaction)
+        if let reason = answer.reason { json.add("reason", reason) }
+        return Response(status: .ok, headers: [.contentType: "application/json; charset=utf-8"], body: .init(byteBuffer: ByteBuffer(string: json.result)))
     }
 
     static func json(_ answer: ReceiptLedger.Answer) -> [String: Any] {
