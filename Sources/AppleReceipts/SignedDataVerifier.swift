@@ -16,7 +16,7 @@ public final class SignedDataVerifier: Sendable {
     static let maximumCachedChains = 64
 
     let roots: CertificateStore
-    let rootCount: Int
+    public let rootCount: Int
     /// The verified chains by the encoded JWS header that carried them (alg ES256 and the x5c):
     /// the leaf's key, and the time every certificate of the chain is valid in (checked against
     /// each payload's own `signedDate`).

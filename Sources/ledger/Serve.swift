@@ -12,10 +12,12 @@ struct Serve: AsyncParsableCommand {
     func run() async throws {
         let configuration = try options.load()
         let logger = Logger(label: "ledger")
+        // The Apple roots are read before anything starts: a bad file stops here, not later.
+        _ = try configuration.apple.verifier(logger: logger)
         let database = try await OpenedDatabase.open(configuration.database, logger: logger)
         let client = PostgresClient(configuration: database.clientConfiguration, backgroundLogger: logger)
-        let application = try buildApplication(configuration: configuration, client: client, logger: logger)
         do {
+            let application = try buildApplication(configuration: configuration, client: client, logger: logger)
             try await application.runService()
         } catch {
             try? database.close(logger: logger)

@@ -1,6 +1,8 @@
+import AppleReceipts
 import Foundation
 import LedgerServer
 import LedgerStore
+import LedgerTestSupport
 import Testing
 
 @Suite("Configuration")
@@ -12,6 +14,25 @@ struct ConfigurationTests {
         #expect(configuration.host == "127.0.0.1")
         #expect(configuration.port == 8080)
         #expect(configuration.apple.environment == "Production")
+    }
+
+    @Test("Apple roots: a missing file is a configuration error; a file without a certificate stops the application from being built")
+    func appleRoots() throws {
+        #expect(throws: LedgerConfigurationError.self) {
+            _ = try LedgerConfiguration.load([LedgerConfiguration.Key.appleRootCertificates: "/nonexistent/AppleRootCA-G3.cer"])
+        }
+        let garbage = NSTemporaryDirectory() + "not-a-root-\(UUID()).pem"
+        try "not a certificate".write(toFile: garbage, atomically: true, encoding: .utf8)
+        let configuration = try LedgerConfiguration.load([LedgerConfiguration.Key.appleRootCertificates: garbage])
+        do {
+            _ = try configuration.apple.verifier(logger: TestServer.logger)
+            Issue.record("a file without a certificate was accepted")
+        } catch let error as AppleVerificationError {
+            #expect(error.code == "root-certificate-unreadable" && error.message.contains(garbage))
+        }
+        let apple = try TestApple()
+        let good = try LedgerConfiguration.load([LedgerConfiguration.Key.appleRootCertificates: apple.rootFile])
+        #expect(try good.apple.verifier(logger: TestServer.logger).signedData.rootCount == 1)
     }
 
     @Test("every bad setting is named in one error")
