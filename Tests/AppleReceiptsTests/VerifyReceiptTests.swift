@@ -36,6 +36,7 @@ struct VerifyReceiptTests {
         #expect(transactions.map(\.transactionId.rawValue) == ["t1", "t2", "t3"])
         #expect(transactions.allSatisfy { $0.format == .receipt && $0.environment == "Production" })
         #expect(await standIn.calls("sandbox:R1") == 0)
+        #expect(await standIn.calls("password:s3cret") == 1)
     }
 
     @Test("21007 from production: asked again in the sandbox, which answers 0")

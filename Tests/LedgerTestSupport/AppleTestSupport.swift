@@ -69,6 +69,8 @@ public final class VerifyReceiptStandIn: Sendable {
         self.answers = answers
     }
 
+    /// How many requests came for `key` ("production:<receipt>", "sandbox:<receipt>", or
+    /// "password:<shared secret sent>").
     public func calls(_ key: String) async -> Int { await calls.count(key) }
 
     /// Runs the stand-in for the duration of `body`, which gets its production and sandbox URLs.
@@ -81,6 +83,7 @@ public final class VerifyReceiptStandIn: Sendable {
                 let receipt = object["receipt-data"] as? String ?? ""
                 let key = "\(environment):\(receipt)"
                 await self.calls.record(key)
+                await self.calls.record("password:\(object["password"] as? String ?? "")")
                 switch self.answers[key] ?? .json(#"{"status": 21002}"#) {
                 case .json(let text), .raw(let text):
                     return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(string: text)))
