@@ -7,7 +7,9 @@ import PostgresNIO
 import ServiceLifecycle
 
 /// Builds the router of every ledger route.
-public func buildRouter(database: Database, migrator: Migrator, apple: AppleProofVerifier) -> Router<LedgerRequestContext> {
+public func buildRouter(
+    database: Database, migrator: Migrator, apple: AppleProofVerifier, reconciler settings: Reconciler.Settings = .init()
+) -> Router<LedgerRequestContext> {
     let router = Router(context: LedgerRequestContext.self)
     let metrics = LedgerMetrics()
     router.add(middleware: MetricsMiddleware(metrics: metrics))
@@ -20,6 +22,7 @@ public func buildRouter(database: Database, migrator: Migrator, apple: AppleProo
     let receipts = ReceiptLedger(orders: orders)
     ReceiptsController(receipts: receipts, verifier: apple, metrics: metrics).addRoutes(to: router)
     NotificationsController(notifications: NotificationLedger(receipts: receipts), verifier: apple, metrics: metrics).addRoutes(to: router)
+    ReconcileController(pass: ReconcilerPass(receipts: receipts, settings: settings)).addRoutes(to: router)
     router.get("/metrics") { _, _ in
         Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
                  body: .init(byteBuffer: ByteBuffer(string: metrics.registry.emitToString())))
@@ -36,11 +39,17 @@ public func buildApplication(
     let database = Database(client: client, logger: logger)
     let migrator = Migrator(logger: logger)
     var application = Application(
-        router: buildRouter(database: database, migrator: migrator, apple: try configuration.apple.verifier(logger: logger)),
+        router: buildRouter(
+            database: database, migrator: migrator, apple: try configuration.apple.verifier(logger: logger),
+            reconciler: configuration.reconciler),
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "order-ledger"),
         services: [client],
         logger: logger
     )
+    if configuration.reconcileInterval > 0 {
+        let pass = ReconcilerPass(receipts: ReceiptLedger(orders: OrderLedger(database: database, store: EventStore(database: database))), settings: configuration.reconciler)
+        application.addServices(ReconcilerService(pass: pass, interval: .seconds(configuration.reconcileInterval), logger: logger))
+    }
     if migrate {
         application.beforeServerStarts {
             try await migrator.migrate(client)

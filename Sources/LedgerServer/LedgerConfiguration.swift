@@ -1,5 +1,6 @@
 import AppleReceipts
 import Foundation
+import LedgerCore
 import LedgerStore
 import Logging
 
@@ -37,10 +38,14 @@ public struct LedgerConfiguration: Sendable {
         public static let verifyReceiptURL = "LEDGER_APPLE_VERIFY_RECEIPT_URL"
         public static let verifyReceiptSandboxURL = "LEDGER_APPLE_VERIFY_RECEIPT_SANDBOX_URL"
         public static let appleSharedSecret = "LEDGER_APPLE_SHARED_SECRET"
+        public static let reconcileInterval = "LEDGER_RECONCILE_INTERVAL"
+        public static let reconcileClockSkew = "LEDGER_RECONCILE_CLOCK_SKEW"
+        public static let reconcileMaximumAge = "LEDGER_RECONCILE_MAX_AGE"
 
         public static let all = [
             databaseURL, dataDirectory, host, port, logLevel, appleRootCertificates, appleBundleID, appleAppID,
             appleEnvironment, verifyReceiptURL, verifyReceiptSandboxURL, appleSharedSecret,
+            reconcileInterval, reconcileClockSkew, reconcileMaximumAge,
         ]
     }
 
@@ -49,6 +54,9 @@ public struct LedgerConfiguration: Sendable {
     public var port = 8080
     public var logLevel: Logger.Level = .info
     public var apple = Apple()
+    /// Seconds between the background reconciler's passes inside `ledger serve`; 0: none.
+    public var reconcileInterval = 60
+    public var reconciler = Reconciler.Settings()
 
     public init() {}
 
@@ -79,6 +87,18 @@ public struct LedgerConfiguration: Sendable {
             }
         }
         problems += configuration.apple.load(values)
+        for (key, minimum, apply) in [
+            (Key.reconcileInterval, 0, { (c: inout LedgerConfiguration, v: Int) in c.reconcileInterval = v }),
+            (Key.reconcileClockSkew, 0, { (c: inout LedgerConfiguration, v: Int) in c.reconciler.clockSkew = TimeInterval(v) }),
+            (Key.reconcileMaximumAge, 1, { (c: inout LedgerConfiguration, v: Int) in c.reconciler.maximumAge = TimeInterval(v) }),
+        ] as [(String, Int, (inout LedgerConfiguration, Int) -> Void)] {
+            guard let text = values[key] else { continue }
+            if let seconds = Int(text), seconds >= minimum {
+                apply(&configuration, seconds)
+            } else {
+                problems.append(.init(key, "is \(text), not a whole number of seconds (\(minimum) or more)"))
+            }
+        }
         guard problems.isEmpty else { throw LedgerConfigurationError(problems: problems) }
         return configuration
     }

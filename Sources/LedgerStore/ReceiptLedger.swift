@@ -137,12 +137,12 @@ public struct ReceiptLedger: Sendable {
     /// Ties `transaction` to `order`: `receipt-received` and `verified` on the order, and
     /// `transaction-matched` on the transaction's stream when it leaves the pool.
     func match(
-        _ transaction: AppleTransaction, to order: Order, by matchedBy: MatchedBy, candidates: Int, fromPool: Bool,
+        _ transaction: AppleTransaction, to order: Order, by matchedBy: MatchedBy, candidates: Int, rule: String? = nil, fromPool: Bool,
         at now: Date, metadata: Data, on connection: PostgresConnection
     ) async throws -> Order {
         let id = transaction.transactionId
         if fromPool {
-            let matched = TransactionMatched(orderId: order.orderId, matchedBy: matchedBy, candidates: candidates)
+            let matched = TransactionMatched(orderId: order.orderId, matchedBy: matchedBy, candidates: candidates, rule: rule ?? matchedBy.rawValue)
             let event = try NewEvent(
                 id: Self.eventID("matched", id.rawValue, order.orderId.rawValue), type: TransactionEventType.matched.rawValue,
                 data: try LedgerJSON.encoder.encode(matched), metadata: metadata)

@@ -29,6 +29,12 @@ struct ConfigurationOptions: ParsableArguments {
     var appleVerifyReceiptSandboxUrl: String?
     @Option(help: "App-specific shared secret for verifyReceipt (LEDGER_APPLE_SHARED_SECRET)")
     var appleSharedSecret: String?
+    @Option(help: "Seconds between background reconciler passes in serve, 0: none (LEDGER_RECONCILE_INTERVAL, default 60)")
+    var reconcileInterval: String?
+    @Option(help: "Seconds an order may be created after the purchase and still match (LEDGER_RECONCILE_CLOCK_SKEW, default 300)")
+    var reconcileClockSkew: String?
+    @Option(help: "Seconds before the purchase an order may be created and still match (LEDGER_RECONCILE_MAX_AGE, default 2592000)")
+    var reconcileMaxAge: String?
 
     /// The environment with the flags given on the command line laid over it.
     func values(environment: [String: String] = ProcessInfo.processInfo.environment) -> [String: String] {
@@ -39,7 +45,8 @@ struct ConfigurationOptions: ParsableArguments {
             (Key.logLevel, logLevel), (Key.appleRootCertificates, appleRootCerts), (Key.appleBundleID, appleBundleId),
             (Key.appleAppID, appleAppId), (Key.appleEnvironment, appleEnvironment),
             (Key.verifyReceiptURL, appleVerifyReceiptUrl), (Key.verifyReceiptSandboxURL, appleVerifyReceiptSandboxUrl),
-            (Key.appleSharedSecret, appleSharedSecret),
+            (Key.appleSharedSecret, appleSharedSecret), (Key.reconcileInterval, reconcileInterval),
+            (Key.reconcileClockSkew, reconcileClockSkew), (Key.reconcileMaximumAge, reconcileMaxAge),
         ]
         for (key, value) in flags { if let value { values[key] = value } }
         return values

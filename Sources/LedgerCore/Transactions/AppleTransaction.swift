@@ -78,11 +78,14 @@ public struct TransactionMatched: Codable, Sendable, Equatable {
     public var matchedBy: MatchedBy
     /// How many open orders could have taken it (1 for direct evidence).
     public var candidates: Int
+    /// The reconciler's rule (`nearest-queued`, `oldest-created`), or how it was tied otherwise.
+    public var rule: String?
 
-    public init(orderId: OrderID, matchedBy: MatchedBy, candidates: Int) {
+    public init(orderId: OrderID, matchedBy: MatchedBy, candidates: Int, rule: String? = nil) {
         self.orderId = orderId
         self.matchedBy = matchedBy
         self.candidates = candidates
+        self.rule = rule
     }
 }
 

@@ -1,0 +1,33 @@
+import ArgumentParser
+import Foundation
+import LedgerServer
+import LedgerStore
+
+/// `ledger reconcile`: one reconciler pass, with progress on a terminal and a summary.
+struct Reconcile: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Pair orphan Apple transactions with open orders of the same user and product.")
+    @OptionGroup var options: ConfigurationOptions
+
+    /// Progress on standard error, only when it is a terminal.
+    static var progress: (@Sendable (Int, Int) -> Void)? {
+        guard isatty(STDERR_FILENO) == 1 else { return nil }
+        return { @Sendable (done: Int, total: Int) in
+            FileHandle.standardError.write(Data("\r\(done) of \(total) users".utf8))
+            if done >= total { FileHandle.standardError.write(Data("\n".utf8)) }
+        }
+    }
+
+    func run() async throws {
+        // (withLedgerDatabase sets logging up; the settings alone are read here.)
+        let configuration = try LedgerConfiguration.load(options.values())
+        let progress = Self.progress
+        let summary = try await withLedgerDatabase(options) { client, logger in
+            let database = Database(client: client, logger: logger)
+            let receipts = ReceiptLedger(orders: OrderLedger(database: database, store: EventStore(database: database)))
+            return try await ReconcilerPass(receipts: receipts, settings: configuration.reconciler).run(progress: progress)
+        }
+        let rules = summary.byRule.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
+        print("paired \(summary.paired) of \(summary.considered) orphans with a known user (\(rules.isEmpty ? "none" : rules); \(summary.ambiguous) ambiguous)")
+        print("\(summary.usersResolved) users found through earlier transactions; \(summary.unknownUser) orphans without a user left for support; \(summary.lostRaces) pairings taken by another writer first; \(String(format: "%.2f", summary.seconds)) s")
+    }
+}

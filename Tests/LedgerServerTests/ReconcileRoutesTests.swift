@@ -1,0 +1,113 @@
+import AppleReceipts
+import Foundation
+import Hummingbird
+import HummingbirdTesting
+import LedgerServer
+import LedgerStore
+import LedgerTestSupport
+import Testing
+
+@Suite("The reconciler over HTTP")
+struct ReconcileRoutesTests {
+    let apple: TestApple
+    init() throws { apple = try TestApple() }
+
+    /// A signed transaction with `appTransactionId` as given (one Apple account).
+    func transaction(_ id: String, product: String = "gems.100", appTransactionId: String? = nil, minutesAgo: Double = 1) async throws -> String {
+        var payload = TestApple.transaction(id, product: product, purchaseDate: Date(timeIntervalSinceNow: -60 * minutesAgo))
+        if let appTransactionId { payload.appTransactionId = appTransactionId }
+        return try await apple.sign(payload)
+    }
+
+    @Test("an orphan is paired with its user's open order of the same product; the rule and candidates are recorded")
+    func pairsAnOrphan() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-other-product", user: "u-1", product: "gems.500"))
+            try await http.send(.post, "/v1/orders", json: newOrder("o-other-user", user: "u-2"))
+            try await http.send(.post, "/v1/orders", json: newOrder("o-mine", user: "u-1"))
+            try await http.send(.post, "/v1/orders/o-mine/events", json: ["type": "payment-added", "data": ["queuedAt": LedgerJSONDate.now(minus: 300)]])
+            let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-1", "signedTransaction": try await transaction("5000001")])
+            #expect(pooled["outcome"] as? String == "unmatched")
+
+            let (status, summary) = try await http.send(.post, "/v1/reconcile")
+            #expect(status == .ok)
+            #expect(summary["paired"] as? Int == 1 && summary["considered"] as? Int == 1)
+            #expect((summary["byRule"] as? [String: Int])?["nearest-queued"] == 1)
+            let (_, order) = try await http.send(.get, "/v1/orders/o-mine")
+            #expect(order["state"] as? String == "verified" && order["transactionId"] as? String == "5000001")
+            let received = (order["events"] as? [[String: Any]])?.first { $0["type"] as? String == "receipt-received" }
+            #expect((received?["data"] as? [String: Any])?["matchedBy"] as? String == "reconciler")
+            let (_, stream) = try await http.send(.get, "/v1/streams/transaction-5000001/events")
+            let matched = (stream["events"] as? [[String: Any]])?.last?["data"] as? [String: Any]
+            #expect(matched?["orderId"] as? String == "o-mine" && matched?["rule"] as? String == "nearest-queued" && matched?["candidates"] as? Int == 1)
+            for id in ["o-other-product", "o-other-user"] {
+                let (_, untouched) = try await http.send(.get, "/v1/orders/\(id)")
+                #expect(untouched["state"] as? String == "created")
+            }
+            // The client's re-upload now finds its order.
+            let (_, again) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-1", "signedTransaction": try await transaction("5000001")])
+            #expect(again["outcome"] as? String == "matched" && again["orderId"] as? String == "o-mine")
+            let (_, second) = try await http.send(.post, "/v1/reconcile")
+            #expect(second["paired"] as? Int == 0)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
+    @Test("an orphan without a user takes the user of an earlier transaction of the same Apple account")
+    func resolvesUser() async throws {
+        try await withReceiptsApplication(apple) { http, _ in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-first", user: "u-7"))
+            try await http.send(.post, "/v1/receipts", json: ["orderId": "o-first", "signedTransaction": try await transaction("5000010", appTransactionId: "acct-7", minutesAgo: 60)])
+            try await http.send(.post, "/v1/orders", json: newOrder("o-second", user: "u-7"))
+            let (_, orphan) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": try await transaction("5000011", appTransactionId: "acct-7")])
+            #expect(orphan["outcome"] as? String == "unmatched")
+            let (_, summary) = try await http.send(.post, "/v1/reconcile")
+            #expect(summary["paired"] as? Int == 1 && summary["usersResolved"] as? Int == 1)
+            let (_, order) = try await http.send(.get, "/v1/orders/o-second")
+            #expect(order["transactionId"] as? String == "5000011")
+        }
+    }
+
+    @Test("two reconcilers and live receipt uploads racing on the same users never pair one transaction twice or give an order two")
+    func racing() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            for user in 0..<4 {
+                for index in 0..<6 { try await http.send(.post, "/v1/orders", json: newOrder("race-\(user)-\(index)", user: "ru-\(user)")) }
+                for index in 0..<4 {
+                    try await http.send(.post, "/v1/receipts", json: ["userId": "ru-\(user)", "signedTransaction": try await transaction("6\(user)0\(index)")])
+                }
+            }
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for _ in 0..<2 { group.addTask { try await http.send(.post, "/v1/reconcile") } }
+                for user in 0..<4 {
+                    group.addTask {
+                        // Live uploads naming orders, some of them for transactions in the pool.
+                        for index in 0..<3 {
+                            try await http.send(.post, "/v1/receipts", json: [
+                                "userId": "ru-\(user)", "orderId": "race-\(user)-\(index)",
+                                "signedTransaction": try await transaction(index == 0 ? "6\(user)00" : "6\(user)9\(index)"),
+                            ])
+                        }
+                    }
+                }
+                try await group.waitForAll()
+            }
+            try await http.send(.post, "/v1/reconcile")
+            let perTransaction = try await scalar(db, "SELECT max(n)::int FROM (SELECT count(*) AS n FROM events WHERE type = 'receipt-received' GROUP BY data->>'transactionId') c", as: Int.self)
+            let perOrder = try await scalar(db, "SELECT max(n)::int FROM (SELECT count(*) AS n FROM events WHERE type = 'receipt-received' GROUP BY stream_id) c", as: Int.self)
+            #expect(perTransaction == 1 && perOrder == 1)
+            // Every orphan found an order: 4 users × (4 pooled + 2 uploaded) transactions for 6 orders each.
+            #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions", as: Int.self) == 0)
+            #expect(try await scalar(db, "SELECT count(*)::int FROM orders WHERE transaction_id IS NOT NULL", as: Int.self) == 24)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+}
+
+enum LedgerJSONDate {
+    /// An ISO 8601 time `seconds` before now, as the API takes it.
+    static func now(minus seconds: TimeInterval) -> String {
+        let formatter = ISO8601DateFormatter()
+        return formatter.string(from: Date(timeIntervalSinceNow: -seconds))
+    }
+}
