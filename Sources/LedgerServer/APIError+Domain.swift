@@ -36,6 +36,13 @@ extension APIError {
             }
         case let error as OrderLedgerError:
             return APIError(.conflict, code: error.code, message: error.description)
+        case let error as SupportMatchError:
+            let status: HTTPResponse.Status = switch error {
+            case .transactionNotFound: .notFound
+            case .reasonRequired: .badRequest
+            default: .conflict
+            }
+            return APIError(status, code: error.code, message: error.description)
         case let error as PSQLError:
             // A value the checks above let through but PostgreSQL refuses: still the caller's input.
             guard let state = error.serverInfo?[.sqlState], clientDataStates.contains(state) else { return nil }

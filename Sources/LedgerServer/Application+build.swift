@@ -23,6 +23,7 @@ public func buildRouter(
     ReceiptsController(receipts: receipts, verifier: apple, metrics: metrics).addRoutes(to: router)
     NotificationsController(notifications: NotificationLedger(receipts: receipts), verifier: apple, metrics: metrics).addRoutes(to: router)
     ReconcileController(pass: ReconcilerPass(receipts: receipts, settings: settings)).addRoutes(to: router)
+    TransactionsController(desk: SupportDesk(receipts: receipts)).addRoutes(to: router)
     router.get("/metrics") { _, _ in
         Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
                  body: .init(byteBuffer: ByteBuffer(string: metrics.registry.emitToString())))

@@ -1,0 +1,123 @@
+import Foundation
+import LedgerCore
+import Logging
+import PostgresNIO
+
+/// Support's tools on the pool: search it, and pair a transaction with an order by hand.
+public struct SupportDesk: Sendable {
+    public let receipts: ReceiptLedger
+    var database: Database { receipts.orders.database }
+    var logger: Logger { database.logger }
+
+    public init(receipts: ReceiptLedger) {
+        self.receipts = receipts
+    }
+
+    /// A transaction waiting in the pool, as the API shows it.
+    public struct PooledTransaction: Sendable {
+        public let transactionId: TransactionID
+        public let userId: UserID?
+        public let productId: ProductID
+        public let purchaseDate: Date
+        public let environment: String?
+        public let appAccountToken: UUID?
+        public let receivedAt: Date
+        /// The `transaction-unmatched` body: the verified transaction and why no order took it.
+        public let verification: Data?
+    }
+
+    /// The pool filtered by user, product, purchase time (`from` inclusive, `to` exclusive) and
+    /// transaction id, oldest received first, after the transaction id `after` (for paging).
+    public func unmatched(
+        userId: UserID?, productId: ProductID?, from: Date?, to: Date?, transactionId: TransactionID?, after: TransactionID?, limit: Int
+    ) async throws -> [PooledTransaction] {
+        let rows = try await database.client.query(
+            """
+            SELECT transaction_id, user_id, product_id, purchase_date, environment, app_account_token, received_at, verification::text
+            FROM unmatched_transactions
+            WHERE (\(userId?.rawValue)::text IS NULL OR user_id = \(userId?.rawValue))
+              AND (\(productId?.rawValue)::text IS NULL OR product_id = \(productId?.rawValue))
+              AND (\(from)::timestamptz IS NULL OR purchase_date >= \(from))
+              AND (\(to)::timestamptz IS NULL OR purchase_date < \(to))
+              AND (\(transactionId?.rawValue)::text IS NULL OR transaction_id = \(transactionId?.rawValue))
+              AND (\(after?.rawValue)::text IS NULL OR transaction_id > \(after?.rawValue))
+            ORDER BY transaction_id LIMIT \(min(max(limit, 1), 1000))
+            """,
+            logger: logger)
+        var found: [PooledTransaction] = []
+        for try await (id, user, product, purchase, environment, token, received, verification)
+            in rows.decode((String, String?, String, Date, String?, UUID?, Date, String?).self) {
+            found.append(PooledTransaction(
+                transactionId: TransactionID(unchecked: id), userId: user.map(UserID.init(unchecked:)), productId: ProductID(unchecked: product),
+                purchaseDate: purchase, environment: environment, appAccountToken: token, receivedAt: received,
+                verification: verification.map { Data($0.utf8) }))
+        }
+        return found
+    }
+
+    /// Pairs a pooled transaction with an open order by hand (`matchedBy: support`). Another
+    /// user's or another product's order is refused unless `force` comes with a `reason`, which
+    /// is recorded with the pairing, as is who did it (the metadata).
+    public func match(
+        _ transactionId: TransactionID, to orderId: OrderID, force: Bool, reason: String?, metadata: Data
+    ) async throws -> Order {
+        if force, (reason ?? "").isEmpty { throw SupportMatchError.reasonRequired }
+        return try await database.transaction { connection in
+            let now = try await receipts.lockTransaction(transactionId, on: connection)
+            let rows = try await connection.query(
+                "SELECT order_id, status, verification::text FROM apple_transactions WHERE transaction_id = \(transactionId.rawValue)",
+                logger: logger)
+            var row: (String?, String, String?)?
+            for try await found in rows.decode((String?, String, String?).self) { row = found }
+            guard let row else { throw SupportMatchError.transactionNotFound(transactionId) }
+            guard row.0 == nil, row.1 == "unmatched", let text = row.2,
+                  let pooled = try? LedgerJSON.decoder.decode(TransactionUnmatched.self, from: Data(text.utf8))
+            else { throw SupportMatchError.notInPool(transactionId, status: row.0 == nil ? row.1 : "claimed") }
+            guard let order = try await receipts.orders.projection.order(orderId, on: connection, forUpdate: true) else {
+                throw OrderDecisionError.noSuchOrder
+            }
+            guard order.isOpen else { throw SupportMatchError.orderNotOpen(orderId, state: order.state) }
+            if !force {
+                if let user = pooled.userId, user != order.userId { throw SupportMatchError.userMismatch(transaction: user, order: order.userId) }
+                if pooled.transaction.productId != order.productId {
+                    throw SupportMatchError.productMismatch(transaction: pooled.transaction.productId, order: order.productId)
+                }
+            }
+            return try await receipts.match(
+                pooled.transaction, to: order, by: .support, candidates: 1, rule: force ? "support-forced: \(reason ?? "")" : "support",
+                fromPool: true, at: now, metadata: metadata, on: connection)
+        }
+    }
+}
+
+/// Why support's pairing was refused, with a stable code.
+public enum SupportMatchError: Error, Sendable, Equatable, CustomStringConvertible {
+    case transactionNotFound(TransactionID)
+    case notInPool(TransactionID, status: String)
+    case orderNotOpen(OrderID, state: OrderState)
+    case userMismatch(transaction: UserID, order: UserID)
+    case productMismatch(transaction: ProductID, order: ProductID)
+    case reasonRequired
+
+    public var code: String {
+        switch self {
+        case .transactionNotFound: "transaction-not-found"
+        case .notInPool: "transaction-not-unmatched"
+        case .orderNotOpen: "order-not-open"
+        case .userMismatch: "user-mismatch"
+        case .productMismatch: "product-mismatch"
+        case .reasonRequired: "reason-required"
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .transactionNotFound(let id): "Apple transaction \(id) is not known to the ledger"
+        case .notInPool(let id, let status): "Apple transaction \(id) is not waiting in the pool (it is \(status))"
+        case .orderNotOpen(let id, let state): "order \(id) is \(state.rawValue); only created or payment-added orders without a transaction take one"
+        case .userMismatch(let transaction, let order): "the transaction is user \(transaction)'s, the order user \(order)'s; send force with a reason to pair them anyway"
+        case .productMismatch(let transaction, let order): "the transaction is for \(transaction), the order for \(order); send force with a reason to pair them anyway"
+        case .reasonRequired: "force needs a reason, recorded with the pairing"
+        }
+    }
+}

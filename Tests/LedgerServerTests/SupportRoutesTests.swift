@@ -1,0 +1,80 @@
+import AppleReceipts
+import Foundation
+import Hummingbird
+import HummingbirdTesting
+import LedgerServer
+import LedgerStore
+import LedgerTestSupport
+import Testing
+
+@Suite("Support: searching the pool and pairing by hand")
+struct SupportRoutesTests {
+    let apple: TestApple
+    init() throws { apple = try TestApple() }
+
+    func pool(_ http: LedgerHTTP, _ id: String, user: String?, product: String = "gems.100") async throws {
+        var body: [String: Any] = ["signedTransaction": try await apple.sign(TestApple.transaction(id, product: product))]
+        if let user { body["userId"] = user }
+        let (_, answer) = try await http.send(.post, "/v1/receipts", json: body)
+        #expect(answer["outcome"] as? String == "unmatched")
+    }
+
+    @Test("the pool is searchable by user, product, time and transaction id, and pages")
+    func search() async throws {
+        try await withReceiptsApplication(apple) { http, _ in
+            try await pool(http, "7000001", user: "s-1")
+            try await pool(http, "7000002", user: "s-1", product: "gems.500")
+            try await pool(http, "7000003", user: "s-2")
+            try await pool(http, "7000004", user: nil)
+            let (status, all) = try await http.send(.get, "/v1/transactions/unmatched")
+            #expect(status == .ok && (all["transactions"] as? [[String: Any]])?.count == 4)
+            let (_, mine) = try await http.send(.get, "/v1/transactions/unmatched?userId=s-1&productId=gems.500")
+            let rows = mine["transactions"] as? [[String: Any]] ?? []
+            #expect(rows.map { $0["transactionId"] as? String } == ["7000002"])
+            #expect((rows.first?["verification"] as? [String: Any])?["reason"] as? String == "no-order")
+            let (_, one) = try await http.send(.get, "/v1/transactions/unmatched?transactionId=7000004")
+            #expect((one["transactions"] as? [[String: Any]])?.first?["userId"] is NSNull)
+            let (_, future) = try await http.send(.get, "/v1/transactions/unmatched?from=2100-01-01T00:00:00Z")
+            #expect((future["transactions"] as? [[String: Any]])?.isEmpty == true)
+            let (_, page) = try await http.send(.get, "/v1/transactions/unmatched?limit=3")
+            #expect(page["next"] as? String == "7000003")
+            let (_, rest) = try await http.send(.get, "/v1/transactions/unmatched?limit=3&after=7000003")
+            #expect((rest["transactions"] as? [[String: Any]])?.map { $0["transactionId"] as? String } == ["7000004"])
+            let (bad, error) = try await http.send(.get, "/v1/transactions/unmatched?from=yesterday")
+            #expect(bad == .badRequest && errorOf(error)["field"] as? String == "from")
+        }
+    }
+
+    @Test("support pairs by hand; another user's or product's order needs force and a reason; who did it is recorded")
+    func matchByHand() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await pool(http, "7000010", user: "s-1")
+            try await pool(http, "7000011", user: nil, product: "gems.500")
+            try await http.send(.post, "/v1/orders", json: newOrder("s-own", user: "s-1"))
+            try await http.send(.post, "/v1/orders", json: newOrder("s-other", user: "s-2"))
+            try await http.send(.post, "/v1/orders", json: newOrder("s-gems", user: "s-3", product: "gems.100"))
+
+            let (refused, error) = try await http.send(.post, "/v1/transactions/7000010/match", json: ["orderId": "s-other"])
+            #expect(refused == .conflict && errorOf(error)["code"] as? String == "user-mismatch")
+            let (noReason, _) = try await http.send(.post, "/v1/transactions/7000010/match", json: ["orderId": "s-other", "force": true])
+            #expect(noReason == .badRequest)
+            let (status, order) = try await http.send(.post, "/v1/transactions/7000010/match", json: ["orderId": "s-own"])
+            #expect(status == .ok && order["state"] as? String == "verified" && order["transactionId"] as? String == "7000010")
+            let (again, twice) = try await http.send(.post, "/v1/transactions/7000010/match", json: ["orderId": "s-own"])
+            #expect(again == .conflict && errorOf(twice)["code"] as? String == "transaction-not-unmatched")
+
+            let (product, productError) = try await http.send(.post, "/v1/transactions/7000011/match", json: ["orderId": "s-gems"])
+            #expect(product == .conflict && errorOf(productError)["code"] as? String == "product-mismatch")
+            let (forced, _) = try await http.send(.post, "/v1/transactions/7000011/match", json: ["orderId": "s-gems", "force": true, "reason": "ticket 42: app v1 sold gems.500 as gems.100"])
+            #expect(forced == .ok)
+            let (_, stream) = try await http.send(.get, "/v1/streams/transaction-7000011/events")
+            let matched = (stream["events"] as? [[String: Any]])?.last
+            #expect((matched?["data"] as? [String: Any])?["matchedBy"] as? String == "support")
+            #expect(((matched?["data"] as? [String: Any])?["rule"] as? String ?? "").contains("ticket 42"))
+            #expect((matched?["metadata"] as? [String: Any])?["appendedBy"] as? String == "test-admin")
+            let (missing, _) = try await http.send(.post, "/v1/transactions/0000/match", json: ["orderId": "s-own"])
+            #expect(missing == .notFound)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+}
