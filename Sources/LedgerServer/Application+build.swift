@@ -8,7 +8,7 @@ import ServiceLifecycle
 
 /// Builds the router of every ledger route.
 public func buildRouter(
-    database: Database, migrator: Migrator, apple: AppleProofVerifier, reconciler settings: Reconciler.Settings = .init()
+    database: Database, migrator: Migrator, apple: AppleProofVerifier, configuration: LedgerConfiguration = .init()
 ) -> Router<LedgerRequestContext> {
     let router = Router(context: LedgerRequestContext.self)
     let metrics = LedgerMetrics()
@@ -22,7 +22,8 @@ public func buildRouter(
     let receipts = ReceiptLedger(orders: orders)
     ReceiptsController(receipts: receipts, verifier: apple, metrics: metrics).addRoutes(to: router)
     NotificationsController(notifications: NotificationLedger(receipts: receipts), verifier: apple, metrics: metrics).addRoutes(to: router)
-    ReconcileController(pass: ReconcilerPass(receipts: receipts, settings: settings)).addRoutes(to: router)
+    ReconcileController(pass: configuration.reconcilerPass(receipts)).addRoutes(to: router)
+    ProductsController(catalog: ProductCatalog(database: database)).addRoutes(to: router)
     TransactionsController(desk: SupportDesk(receipts: receipts)).addRoutes(to: router)
     router.get("/metrics") { _, _ in
         Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
@@ -42,13 +43,13 @@ public func buildApplication(
     var application = Application(
         router: buildRouter(
             database: database, migrator: migrator, apple: try configuration.apple.verifier(logger: logger),
-            reconciler: configuration.reconciler),
+            configuration: configuration),
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "order-ledger"),
         services: [client],
         logger: logger
     )
     if configuration.reconcileInterval > 0 {
-        let pass = ReconcilerPass(receipts: ReceiptLedger(orders: OrderLedger(database: database, store: EventStore(database: database))), settings: configuration.reconciler)
+        let pass = configuration.reconcilerPass(ReceiptLedger(orders: OrderLedger(database: database, store: EventStore(database: database))))
         application.addServices(ReconcilerService(pass: pass, interval: .seconds(configuration.reconcileInterval), logger: logger))
     }
     if migrate {

@@ -49,6 +49,8 @@ struct AuthMiddleware: RouterMiddleware {
         if route == "/v1/reconcile" || (segments.count == 4 && segments[1] == "transactions" && segments[3] == "match") {
             return .admin
         }
+        // The catalog is read by anyone with a key; changed by admins only.
+        if segments.count >= 2, segments[1] == "products", method != .get, method != .head { return .admin }
         return method == .get || method == .head ? .read : .append
     }
 }

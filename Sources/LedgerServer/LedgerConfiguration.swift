@@ -41,11 +41,12 @@ public struct LedgerConfiguration: Sendable {
         public static let reconcileInterval = "LEDGER_RECONCILE_INTERVAL"
         public static let reconcileClockSkew = "LEDGER_RECONCILE_CLOCK_SKEW"
         public static let reconcileMaximumAge = "LEDGER_RECONCILE_MAX_AGE"
+        public static let reconcileRecoveryOrders = "LEDGER_RECONCILE_RECOVERY_ORDERS"
 
         public static let all = [
             databaseURL, dataDirectory, host, port, logLevel, appleRootCertificates, appleBundleID, appleAppID,
             appleEnvironment, verifyReceiptURL, verifyReceiptSandboxURL, appleSharedSecret,
-            reconcileInterval, reconcileClockSkew, reconcileMaximumAge,
+            reconcileInterval, reconcileClockSkew, reconcileMaximumAge, reconcileRecoveryOrders,
         ]
     }
 
@@ -57,6 +58,8 @@ public struct LedgerConfiguration: Sendable {
     /// Seconds between the background reconciler's passes inside `ledger serve`; 0: none.
     public var reconcileInterval = 60
     public var reconciler = Reconciler.Settings()
+    /// Whether the reconciler creates a recovery order for an orphan with no candidate (active catalog products only).
+    public var recoveryOrders = false
 
     public init() {}
 
@@ -97,6 +100,13 @@ public struct LedgerConfiguration: Sendable {
                 apply(&configuration, seconds)
             } else {
                 problems.append(.init(key, "is \(text), not a whole number of seconds (\(minimum) or more)"))
+            }
+        }
+        if let text = values[Key.reconcileRecoveryOrders] {
+            switch text.lowercased() {
+            case "true", "1", "yes", "on": configuration.recoveryOrders = true
+            case "false", "0", "no", "off": configuration.recoveryOrders = false
+            default: problems.append(.init(Key.reconcileRecoveryOrders, "is \(text); use true or false"))
             }
         }
         guard problems.isEmpty else { throw LedgerConfigurationError(problems: problems) }
@@ -158,5 +168,14 @@ extension LedgerConfiguration.Apple {
             verifyReceipt: VerifyReceiptClient(
                 settings: .init(productionURL: verifyReceiptURL, sandboxURL: verifyReceiptSandboxURL, sharedSecret: sharedSecret),
                 logger: logger))
+    }
+}
+
+extension LedgerConfiguration {
+    /// A reconciler pass with these settings.
+    public func reconcilerPass(_ receipts: ReceiptLedger) -> ReconcilerPass {
+        var pass = ReconcilerPass(receipts: receipts, settings: reconciler)
+        pass.recoveryOrders = recoveryOrders
+        return pass
     }
 }

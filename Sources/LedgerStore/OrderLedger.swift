@@ -200,6 +200,19 @@ public struct OrderLedger: Sendable {
         return order
     }
 
+    /// Creates an order inside the caller's transaction (a recovery order the reconciler makes
+    /// for an orphan), through `decide` and `evolve` like any creation.
+    func createLocked(_ id: OrderID, _ body: OrderCreated, eventID: EventID, at now: Date, metadata: Data, on connection: PostgresConnection) async throws -> Order {
+        let event = OrderEvent.created(body)
+        _ = try Order.decide(nil, event).get()
+        let result = try await store.append(
+            [try NewEvent(id: eventID, type: event.type.rawValue, data: event.encodedData(), metadata: metadata)],
+            to: id.streamID, expectedVersion: .noStream, on: connection)
+        guard let order = Order.evolve(nil, event, orderID: id, version: result.streamVersion, at: now) else { throw OrderDecisionError.noSuchOrder }
+        try await projection.save(order, on: connection)
+        return order
+    }
+
     /// The first answer again when `eventID` is stored as this same event of this order; nil
     /// when it is not stored; `event-id-conflict` when it is stored as something else.
     private func retried(_ eventID: EventID, _ event: NewEvent, in id: OrderID, on connection: PostgresConnection) async throws -> Outcome? {

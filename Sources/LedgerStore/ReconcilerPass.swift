@@ -12,6 +12,10 @@ public struct ReconcilerPass: Sendable {
     public var settings: Reconciler.Settings
     /// Users per batch: their orphans and open orders are read in two queries.
     public var usersPerBatch = 1_000
+    /// The recovery policy (off by default): an orphan of a known user with no candidate gets an
+    /// order of its own (`recovery-<transactionId>`, priced from the catalog), but only for a
+    /// product the catalog lists as active: never a retired or unknown one.
+    public var recoveryOrders = false
     var database: Database { receipts.orders.database }
     var logger: Logger { database.logger }
 
@@ -35,6 +39,10 @@ public struct ReconcilerPass: Sendable {
         public var unknownUser = 0
         /// Pairings dropped because another writer got there first.
         public var lostRaces = 0
+        /// Orders created for orphans with no candidate (the recovery policy).
+        public var recoveryOrders = 0
+        /// Orphans with no candidate left in the pool because their product is retired or not in the catalog.
+        public var notRecovered = 0
         public var seconds = 0.0
         public init() {}
     }
@@ -55,13 +63,30 @@ public struct ReconcilerPass: Sendable {
             let orphans = try await orphans(of: users)
             let orders = try await openOrders(of: users)
             summary.considered += orphans.count
-            for pairing in Reconciler.pair(orphans, with: orders, settings: settings) {
+            let pairings = Reconciler.pair(orphans, with: orders, settings: settings)
+            for pairing in pairings {
                 if try await apply(pairing, metadata: metadata) {
                     summary.paired += 1
                     summary.byRule[pairing.rule.rawValue, default: 0] += 1
                     if pairing.candidates > 1 { summary.ambiguous += 1 }
                 } else {
                     summary.lostRaces += 1
+                }
+            }
+            if recoveryOrders {
+                let paired = Set(pairings.map(\.transactionId))
+                let catalog = try await activeProducts()
+                for orphan in orphans where !paired.contains(orphan.transactionId) {
+                    guard let product = catalog[orphan.productId] else {
+                        summary.notRecovered += 1
+                        continue
+                    }
+                    if try await recover(orphan, price: product, metadata: metadata) {
+                        summary.recoveryOrders += 1
+                        summary.byRule["recovery", default: 0] += 1
+                    } else {
+                        summary.lostRaces += 1
+                    }
                 }
             }
             usersDone += users.count
@@ -76,15 +101,7 @@ public struct ReconcilerPass: Sendable {
     func apply(_ pairing: Reconciler.Pairing, metadata: Data) async throws -> Bool {
         try await database.transaction { connection in
             let now = try await receipts.lockTransaction(pairing.transactionId, on: connection)
-            let rows = try await connection.query(
-                """
-                SELECT verification::text FROM apple_transactions
-                WHERE transaction_id = \(pairing.transactionId.rawValue) AND order_id IS NULL AND status = 'unmatched'
-                """,
-                logger: logger)
-            var verification: String?
-            for try await text in rows.decode(String?.self) { verification = text }
-            guard let verification, let pooled = try? LedgerJSON.decoder.decode(TransactionUnmatched.self, from: Data(verification.utf8)),
+            guard let pooled = try await pooledTransaction(pairing.transactionId, on: connection),
                   let order = try await receipts.orders.projection.order(pairing.orderId, on: connection, forUpdate: true),
                   order.isOpen, order.productId == pooled.transaction.productId
             else { return false }
@@ -93,6 +110,48 @@ public struct ReconcilerPass: Sendable {
                 fromPool: true, at: now, metadata: metadata, on: connection)
             return true
         }
+    }
+
+    /// Creates `recovery-<transactionId>` for the orphan and pairs them, if it is still in the pool.
+    func recover(_ orphan: Reconciler.Orphan, price: (String?, String?), metadata: Data) async throws -> Bool {
+        try await database.transaction { connection in
+            let now = try await receipts.lockTransaction(orphan.transactionId, on: connection)
+            guard let pooled = try await pooledTransaction(orphan.transactionId, on: connection) else { return false }
+            let id = try OrderID("recovery-" + orphan.transactionId.rawValue)
+            guard try await receipts.orders.projection.order(id, on: connection) == nil else { return false }
+            let order = try await receipts.orders.createLocked(
+                id, OrderCreated(userId: orphan.userId, productId: orphan.productId, quantity: max(1, min(pooled.transaction.quantity, 100)),
+                                 price: price.0, currency: price.1),
+                eventID: ReceiptLedger.eventID("recovery-order", orphan.transactionId.rawValue), at: now, metadata: metadata, on: connection)
+            _ = try await receipts.match(
+                pooled.transaction, to: order, by: .reconciler, candidates: 0, rule: "recovery", fromPool: true,
+                at: now, metadata: metadata, on: connection)
+            return true
+        }
+    }
+
+    /// The pool's record of a transaction still waiting there, or nil.
+    private func pooledTransaction(_ id: TransactionID, on connection: PostgresConnection) async throws -> TransactionUnmatched? {
+        let rows = try await connection.query(
+            """
+            SELECT verification::text FROM apple_transactions
+            WHERE transaction_id = \(id.rawValue) AND order_id IS NULL AND status = 'unmatched'
+            """,
+            logger: logger)
+        var verification: String?
+        for try await text in rows.decode(String?.self) { verification = text }
+        return verification.flatMap { try? LedgerJSON.decoder.decode(TransactionUnmatched.self, from: Data($0.utf8)) }
+    }
+
+    /// The catalog's active products and their prices.
+    private func activeProducts() async throws -> [ProductID: (String?, String?)] {
+        let rows = try await database.client.query(
+            "SELECT product_id, price::text, currency FROM products WHERE status = 'active'", logger: logger)
+        var products: [ProductID: (String?, String?)] = [:]
+        for try await (id, price, currency) in rows.decode((String, String?, String?).self) {
+            products[ProductID(unchecked: id)] = (price, currency)
+        }
+        return products
     }
 
     private func nextUsers(after user: String) async throws -> [String] {

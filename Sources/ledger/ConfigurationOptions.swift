@@ -35,6 +35,8 @@ struct ConfigurationOptions: ParsableArguments {
     var reconcileClockSkew: String?
     @Option(help: "Seconds before the purchase an order may be created and still match (LEDGER_RECONCILE_MAX_AGE, default 2592000)")
     var reconcileMaxAge: String?
+    @Option(help: "true: orphans with no candidate get a recovery order, active catalog products only (LEDGER_RECONCILE_RECOVERY_ORDERS, default false)")
+    var reconcileRecoveryOrders: String?
 
     /// The environment with the flags given on the command line laid over it.
     func values(environment: [String: String] = ProcessInfo.processInfo.environment) -> [String: String] {
@@ -47,6 +49,7 @@ struct ConfigurationOptions: ParsableArguments {
             (Key.verifyReceiptURL, appleVerifyReceiptUrl), (Key.verifyReceiptSandboxURL, appleVerifyReceiptSandboxUrl),
             (Key.appleSharedSecret, appleSharedSecret), (Key.reconcileInterval, reconcileInterval),
             (Key.reconcileClockSkew, reconcileClockSkew), (Key.reconcileMaximumAge, reconcileMaxAge),
+            (Key.reconcileRecoveryOrders, reconcileRecoveryOrders),
         ]
         for (key, value) in flags { if let value { values[key] = value } }
         return values

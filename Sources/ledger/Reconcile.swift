@@ -24,10 +24,13 @@ struct Reconcile: AsyncParsableCommand {
         let summary = try await withLedgerDatabase(options) { client, logger in
             let database = Database(client: client, logger: logger)
             let receipts = ReceiptLedger(orders: OrderLedger(database: database, store: EventStore(database: database)))
-            return try await ReconcilerPass(receipts: receipts, settings: configuration.reconciler).run(progress: progress)
+            return try await configuration.reconcilerPass(receipts).run(progress: progress)
         }
         let rules = summary.byRule.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
         print("paired \(summary.paired) of \(summary.considered) orphans with a known user (\(rules.isEmpty ? "none" : rules); \(summary.ambiguous) ambiguous)")
+        if configuration.recoveryOrders {
+            print("\(summary.recoveryOrders) recovery orders created; \(summary.notRecovered) orphans of retired or unknown products left for support")
+        }
         print("\(summary.usersResolved) users found through earlier transactions; \(summary.unknownUser) orphans without a user left for support; \(summary.lostRaces) pairings taken by another writer first; \(String(format: "%.2f", summary.seconds)) s")
     }
 }

@@ -11,9 +11,11 @@ import Testing
 /// A live ledger that trusts `apple`'s root, for the test app in the sandbox.
 func withReceiptsApplication(
     _ apple: TestApple, production: String? = nil, sandbox: String? = nil,
+    configure: @Sendable @escaping (inout LedgerConfiguration) -> Void = { _ in },
     _ test: @Sendable @escaping (LedgerHTTP, TestDatabase) async throws -> Void
 ) async throws {
     try await withLiveApplication(configure: { configuration in
+        configure(&configuration)
         configuration.apple.rootCertificateFiles = [apple.rootFile]
         configuration.apple.bundleID = TestApple.bundleId
         configuration.apple.environment = "Sandbox"

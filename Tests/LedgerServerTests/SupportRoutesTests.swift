@@ -78,3 +78,59 @@ struct SupportRoutesTests {
         }
     }
 }
+
+@Suite("The product catalog and recovery orders")
+struct ProductRoutesTests {
+    let apple: TestApple
+    init() throws { apple = try TestApple() }
+
+    @Test("products are set by admins and read by anyone with a key; bad values are 400s")
+    func catalog() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let (status, product) = try await http.send(.put, "/v1/products/gems.100", json: ["price": "0.99", "currency": "USD"])
+            #expect(status == .ok && product["status"] as? String == "active" && product["price"] as? String == "0.99")
+            try await http.send(.put, "/v1/products/gems.old", json: ["status": "retired"])
+            let (_, list) = try await http.send(.get, "/v1/products")
+            #expect((list["products"] as? [[String: Any]])?.map { $0["productId"] as? String } == ["gems.100", "gems.old"])
+            let (bad, error) = try await http.send(.put, "/v1/products/gems.100", json: ["status": "gone"])
+            #expect(bad == .badRequest && errorOf(error)["field"] as? String == "status")
+            let (badPrice, _) = try await http.send(.put, "/v1/products/gems.100", json: ["price": "-1"])
+            #expect(badPrice == .badRequest)
+            let reader = try await APIKeyStore(database: db.database).create(name: "reader", scopes: [.read])
+            let (forbidden, _) = try await http.send(.put, "/v1/products/gems.100", json: ["status": "retired"], key: .some(reader))
+            #expect(forbidden == .forbidden)
+            let (allowed, _) = try await http.send(.get, "/v1/products", key: .some(reader))
+            #expect(allowed == .ok)
+        }
+    }
+
+    @Test("with the recovery policy on, an orphan with no candidate gets an order of its own, never for a retired or unknown product")
+    func recoveryOrders() async throws {
+        try await withReceiptsApplication(apple, configure: { $0.recoveryOrders = true }) { http, db in
+            try await http.send(.put, "/v1/products/gems.100", json: ["price": "0.99", "currency": "USD"])
+            try await http.send(.put, "/v1/products/gems.old", json: ["status": "retired"])
+            for (id, product) in [("8000001", "gems.100"), ("8000002", "gems.old"), ("8000003", "gems.unknown")] {
+                try await http.send(.post, "/v1/receipts", json: ["userId": "r-1", "signedTransaction": try await apple.sign(TestApple.transaction(id, product: product))])
+            }
+            let (_, summary) = try await http.send(.post, "/v1/reconcile")
+            #expect(summary["recoveryOrders"] as? Int == 1 && summary["notRecovered"] as? Int == 2)
+            let (_, order) = try await http.send(.get, "/v1/orders/recovery-8000001")
+            #expect(order["state"] as? String == "verified" && order["userId"] as? String == "r-1" && order["price"] as? String == "0.99")
+            let (_, pool) = try await http.send(.get, "/v1/transactions/unmatched")
+            #expect(Set((pool["transactions"] as? [[String: Any]] ?? []).compactMap { $0["transactionId"] as? String }) == ["8000002", "8000003"])
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
+    @Test("with the policy off (the default), orphans with no candidate stay in the pool")
+    func policyOff() async throws {
+        try await withReceiptsApplication(apple) { http, _ in
+            try await http.send(.put, "/v1/products/gems.100", json: ["price": "0.99", "currency": "USD"])
+            try await http.send(.post, "/v1/receipts", json: ["userId": "r-2", "signedTransaction": try await apple.sign(TestApple.transaction("8000010"))])
+            let (_, summary) = try await http.send(.post, "/v1/reconcile")
+            #expect(summary["recoveryOrders"] as? Int == 0 && summary["paired"] as? Int == 0)
+            let (missing, _) = try await http.send(.get, "/v1/orders/recovery-8000010")
+            #expect(missing == .notFound)
+        }
+    }
+}

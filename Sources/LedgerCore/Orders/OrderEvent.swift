@@ -100,6 +100,14 @@ public enum OrderEvent: Sendable, Equatable {
         }
     }
 
+    /// A price as orders and the catalog take it: a decimal string such as "0.99".
+    public static func isValidPrice(_ text: String) -> Bool { isDecimal(text) }
+
+    /// An ISO 4217 currency code: three upper-case letters.
+    public static func isValidCurrency(_ text: String) -> Bool {
+        text.count == 3 && text.allSatisfy { $0.isASCII && $0.isUppercase }
+    }
+
     static func isDecimal(_ text: String) -> Bool {
         let parts = text.split(separator: ".", omittingEmptySubsequences: false)
         guard (1...2).contains(parts.count), text.count <= 32 else { return false }

@@ -1,0 +1,42 @@
+import ArgumentParser
+import Foundation
+import LedgerCore
+import LedgerServer
+import LedgerStore
+
+/// `ledger products set|list`: the product catalog.
+struct Products: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Manage the product catalog (active or retired products, prices).", subcommands: [Set.self, List.self])
+
+    struct Set: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Create or change a product's entry.")
+        @OptionGroup var options: ConfigurationOptions
+        @Option(help: "The Apple product id") var product: String
+        @Option(help: "active or retired") var status = "active"
+        @Option(help: "Price as a decimal string, such as 0.99") var price: String?
+        @Option(help: "ISO 4217 currency, such as USD") var currency: String?
+
+        func run() async throws {
+            guard let status = ProductCatalog.Status(rawValue: status) else { throw CommandFailure("--status must be active or retired") }
+            let id = try ProductID(product)
+            let saved = try await withLedgerDatabase(options) { client, logger in
+                try await ProductCatalog(database: Database(client: client, logger: logger)).set(id, status: status, price: price, currency: currency)
+            }
+            print("\(saved.productId)\t\(saved.status.rawValue)\t\(saved.price ?? "-")\t\(saved.currency ?? "-")")
+        }
+    }
+
+    struct List: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "List the catalog.")
+        @OptionGroup var options: ConfigurationOptions
+
+        func run() async throws {
+            let products = try await withLedgerDatabase(options) { client, logger in
+                try await ProductCatalog(database: Database(client: client, logger: logger)).list()
+            }
+            for product in products {
+                print("\(product.productId)\t\(product.status.rawValue)\t\(product.price ?? "-")\t\(product.currency ?? "-")")
+            }
+        }
+    }
+}
