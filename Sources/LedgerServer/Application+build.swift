@@ -24,6 +24,7 @@ public func buildRouter(
     NotificationsController(notifications: NotificationLedger(receipts: receipts), verifier: apple, metrics: metrics).addRoutes(to: router)
     ReconcileController(pass: configuration.reconcilerPass(receipts)).addRoutes(to: router)
     ProductsController(catalog: ProductCatalog(database: database)).addRoutes(to: router)
+    ReportsController(database: database).addRoutes(to: router)
     TransactionsController(desk: SupportDesk(receipts: receipts)).addRoutes(to: router)
     router.get("/metrics") { _, _ in
         Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],

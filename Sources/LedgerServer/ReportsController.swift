@@ -1,0 +1,45 @@
+import Foundation
+import Hummingbird
+import LedgerCore
+import LedgerStore
+
+/// `GET /v1/reports/reconciliation?from=&to=`: JSON, or CSV with `Accept: text/csv`.
+struct ReportsController {
+    let database: Database
+
+    func addRoutes(to router: Router<LedgerRequestContext>) {
+        router.get("/v1/reports/reconciliation") { request, _ in
+            let query = request.uri.queryParameters
+            let (from, to) = try ReportPeriod.parse(from: query["from"].map(String.init), to: query["to"].map(String.init))
+            let report = try await ReconciliationReport.make(database: database, from: from, to: to)
+            if (request.headers[.accept] ?? "").contains("text/csv") {
+                return Response(status: .ok, headers: [.contentType: "text/csv; charset=utf-8"], body: .init(byteBuffer: ByteBuffer(string: report.csv)))
+            }
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys]
+            return Response(status: .ok, headers: [.contentType: "application/json; charset=utf-8"],
+                            body: .init(byteBuffer: ByteBuffer(bytes: try encoder.encode(report))))
+        }
+    }
+}
+
+/// A report's period from the caller's `from` and `to`: a day (`2026-11-01`, `to` then counts
+/// that whole day) or an ISO 8601 time (`to` exclusive). Defaults: the last 30 days, to now.
+public enum ReportPeriod {
+    public static func parse(from: String?, to: String?, now: Date = Date()) throws(LedgerInputError) -> (Date, Date) {
+        let start = try from.map { text throws(LedgerInputError) in try date(text, field: "from", endOfDay: false) } ?? now.addingTimeInterval(-30 * 86_400)
+        let end = try to.map { text throws(LedgerInputError) in try date(text, field: "to", endOfDay: true) } ?? now.addingTimeInterval(1)
+        guard start < end else { throw LedgerInputError(field: "to", problem: "must be after from") }
+        return (start, end)
+    }
+
+    static func date(_ text: String, field: String, endOfDay: Bool) throws(LedgerInputError) -> Date {
+        if text.count == 10, let day = LedgerJSON.parseDate(text + "T00:00:00Z") {
+            return endOfDay ? day.addingTimeInterval(86_400) : day
+        }
+        guard let date = LedgerJSON.parseDate(text) else {
+            throw LedgerInputError(field: field, problem: "must be a day such as 2026-11-01 or an ISO 8601 time")
+        }
+        return date
+    }
+}

@@ -1,0 +1,172 @@
+import Foundation
+import LedgerCore
+import Logging
+import PostgresNIO
+
+/// Finance's reconciliation report: per day (UTC), product and currency, what happened to
+/// orders, the revenue it means, how transactions were paired; and the pool as it stands.
+public struct ReconciliationReport: Sendable, Codable, Equatable {
+    /// One day, product and currency.
+    public struct Row: Sendable, Codable, Equatable {
+        public var day: String
+        public var productId: String
+        public var currency: String?
+        public var ordersCreated = 0
+        public var verified = 0
+        public var delivered = 0
+        public var finished = 0
+        public var failed = 0
+        public var failedByReason: [String: Int] = [:]
+        public var refunded = 0
+        /// Verified minus refunded, from the orders' prices (price × quantity), as a decimal string.
+        public var revenue = "0"
+        public var pairingsByRule: [String: Int] = [:]
+        public var ambiguousPairings = 0
+        public var supportPairings = 0
+
+        init(day: String, productId: String, currency: String?) {
+            self.day = day
+            self.productId = productId
+            self.currency = currency
+        }
+    }
+
+    /// The unmatched pool now.
+    public struct Pool: Sendable, Codable, Equatable {
+        public var count = 0
+        public var oldestAgeSeconds: Double?
+        /// By age since received: `under-1h`, `1h-1d`, `1d-7d`, `over-7d`.
+        public var byAge: [String: Int] = ["under-1h": 0, "1h-1d": 0, "1d-7d": 0, "over-7d": 0]
+    }
+
+    public var from: String
+    public var to: String
+    public var rows: [Row]
+    /// The rows summed (day, product and currency "total").
+    public var totals: Row
+    public var unmatched: Pool
+
+    /// The report for events recorded from `from` (inclusive) to `to` (exclusive).
+    public static func make(database: Database, from: Date, to: Date) async throws -> ReconciliationReport {
+        var rows: [String: Row] = [:]
+        var revenue: [String: Decimal] = [:]
+        func key(_ day: String, _ product: String, _ currency: String?) -> String { "\(day)\u{1F}\(product)\u{1F}\(currency ?? "")" }
+
+        let orderRows = try await database.client.query(
+            """
+            SELECT to_char(e.recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), o.product_id, o.currency, e.type,
+                   coalesce(e.data->>'reason', ''), count(*)::int, coalesce(sum(o.price * o.quantity), 0)::text
+            FROM events e JOIN orders o ON o.order_id = substr(e.stream_id, 7)
+            WHERE e.stream_id LIKE 'order-%' AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
+              AND e.type IN ('created', 'verified', 'delivered', 'finished', 'failed', 'refunded')
+            GROUP BY 1, 2, 3, 4, 5
+            """,
+            logger: database.logger)
+        for try await (day, product, currency, type, reason, count, amount) in orderRows.decode((String, String, String?, String, String, Int, String).self) {
+            let k = key(day, product, currency)
+            var row = rows[k] ?? Row(day: day, productId: product, currency: currency)
+            switch type {
+            case "created": row.ordersCreated += count
+            case "verified":
+                row.verified += count
+                revenue[k, default: 0] += Decimal(string: amount) ?? 0
+            case "delivered": row.delivered += count
+            case "finished": row.finished += count
+            case "failed":
+                row.failed += count
+                row.failedByReason[reason.isEmpty ? "unknown" : reason, default: 0] += count
+            case "refunded":
+                row.refunded += count
+                revenue[k, default: 0] -= Decimal(string: amount) ?? 0
+            default: break
+            }
+            rows[k] = row
+        }
+
+        let pairingRows = try await database.client.query(
+            """
+            SELECT to_char(e.recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), o.product_id, o.currency,
+                   coalesce(e.data->>'rule', e.data->>'matchedBy'), e.data->>'matchedBy',
+                   count(*)::int, count(*) FILTER (WHERE (e.data->>'candidates')::int > 1)::int
+            FROM events e JOIN orders o ON o.order_id = e.data->>'orderId'
+            WHERE e.type = 'transaction-matched' AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
+            GROUP BY 1, 2, 3, 4, 5
+            """,
+            logger: database.logger)
+        for try await (day, product, currency, rule, matchedBy, count, ambiguous) in pairingRows.decode((String, String, String?, String, String, Int, Int).self) {
+            let k = key(day, product, currency)
+            var row = rows[k] ?? Row(day: day, productId: product, currency: currency)
+            // Support's forced pairings carry their reason in the rule: counted under "support".
+            row.pairingsByRule[matchedBy == "support" ? "support" : rule, default: 0] += count
+            row.ambiguousPairings += ambiguous
+            if matchedBy == "support" { row.supportPairings += count }
+            rows[k] = row
+        }
+
+        var sorted = rows.sorted { $0.key < $1.key }.map { entry -> Row in
+            var row = entry.value
+            row.revenue = "\(revenue[entry.key] ?? 0)"
+            return row
+        }
+        var totals = Row(day: "total", productId: "total", currency: nil)
+        var totalRevenue: Decimal = 0
+        for row in sorted {
+            totals.ordersCreated += row.ordersCreated
+            totals.verified += row.verified
+            totals.delivered += row.delivered
+            totals.finished += row.finished
+            totals.failed += row.failed
+            totals.failedByReason.merge(row.failedByReason, uniquingKeysWith: +)
+            totals.refunded += row.refunded
+            totals.pairingsByRule.merge(row.pairingsByRule, uniquingKeysWith: +)
+            totals.ambiguousPairings += row.ambiguousPairings
+            totals.supportPairings += row.supportPairings
+            totalRevenue += Decimal(string: row.revenue) ?? 0
+        }
+        totals.revenue = "\(totalRevenue)"
+        if sorted.isEmpty { sorted = [] }
+
+        var pool = Pool()
+        let poolRows = try await database.client.query(
+            """
+            SELECT count(*)::int, extract(epoch FROM now() - min(received_at))::float8,
+                   count(*) FILTER (WHERE now() - received_at < interval '1 hour')::int,
+                   count(*) FILTER (WHERE now() - received_at >= interval '1 hour' AND now() - received_at < interval '1 day')::int,
+                   count(*) FILTER (WHERE now() - received_at >= interval '1 day' AND now() - received_at < interval '7 days')::int,
+                   count(*) FILTER (WHERE now() - received_at >= interval '7 days')::int
+            FROM unmatched_transactions
+            """,
+            logger: database.logger)
+        for try await (count, oldest, hour, day, week, older) in poolRows.decode((Int, Double?, Int, Int, Int, Int).self) {
+            pool.count = count
+            pool.oldestAgeSeconds = oldest
+            pool.byAge = ["under-1h": hour, "1h-1d": day, "1d-7d": week, "over-7d": older]
+        }
+        return ReconciliationReport(
+            from: LedgerJSON.formatDate(from), to: LedgerJSON.formatDate(to), rows: sorted, totals: totals, unmatched: pool)
+    }
+
+    /// The report as CSV: one line per row and a totals line; maps as `key=count` lists.
+    public var csv: String {
+        var lines = ["day,product_id,currency,orders_created,verified,delivered,finished,failed,failed_by_reason,refunded,revenue,pairings_by_rule,ambiguous_pairings,support_pairings"]
+        func map(_ values: [String: Int]) -> String { values.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ";") }
+        func field(_ text: String) -> String {
+            text.contains(where: { $0 == "," || $0 == "\"" || $0 == "\n" }) ? "\"" + text.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : text
+        }
+        for row in rows + [totals] {
+            lines.append([
+                row.day, row.productId, row.currency ?? "", String(row.ordersCreated), String(row.verified), String(row.delivered),
+                String(row.finished), String(row.failed), map(row.failedByReason), String(row.refunded), row.revenue,
+                map(row.pairingsByRule), String(row.ambiguousPairings), String(row.supportPairings),
+            ].map(field).joined(separator: ","))
+        }
+        lines.append("")
+        lines.append("unmatched_count,oldest_age_seconds,under_1h,1h_1d,1d_7d,over_7d")
+        lines.append([
+            String(unmatched.count), unmatched.oldestAgeSeconds.map { String(format: "%.0f", $0) } ?? "",
+            String(unmatched.byAge["under-1h"] ?? 0), String(unmatched.byAge["1h-1d"] ?? 0),
+            String(unmatched.byAge["1d-7d"] ?? 0), String(unmatched.byAge["over-7d"] ?? 0),
+        ].joined(separator: ","))
+        return lines.joined(separator: "\n") + "\n"
+    }
+}

@@ -1,0 +1,73 @@
+import AppleReceipts
+import Foundation
+import Hummingbird
+import HummingbirdTesting
+import LedgerServer
+import LedgerStore
+import LedgerTestSupport
+import PostgresNIO
+import Testing
+
+@Suite("The reconciliation report")
+struct ReportRoutesTests {
+    let apple: TestApple
+    init() throws { apple = try TestApple() }
+
+    @Test("the report's totals equal the projections after a mixed workload; CSV on request")
+    func sumsMatchProjections() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            func order(_ id: String, user: String, product: String, price: String, currency: String) async throws {
+                try await http.send(.post, "/v1/orders", json: ["orderId": id, "userId": user, "productId": product, "price": price, "currency": currency, "quantity": 2])
+            }
+            func receipt(_ tx: String, order: String?, user: String, product: String) async throws {
+                var body: [String: Any] = ["userId": user, "signedTransaction": try await apple.sign(TestApple.transaction(tx, product: product))]
+                if let order { body["orderId"] = order }
+                try await http.send(.post, "/v1/receipts", json: body)
+            }
+            for index in 0..<4 { try await order("r-usd-\(index)", user: "ru-\(index)", product: "gems.100", price: "0.99", currency: "USD") }
+            for index in 0..<3 { try await order("r-eur-\(index)", user: "ru-\(index)", product: "gems.500", price: "4.99", currency: "EUR") }
+            try await receipt("9000001", order: "r-usd-0", user: "ru-0", product: "gems.100")
+            try await receipt("9000002", order: "r-usd-1", user: "ru-1", product: "gems.100")
+            try await receipt("9000003", order: "r-eur-0", user: "ru-0", product: "gems.500")
+            try await receipt("9000004", order: "r-eur-1", user: "ru-1", product: "gems.100")          // product mismatch: fails, pooled
+            try await receipt("9000005", order: nil, user: "ru-2", product: "gems.500")               // orphan, reconciled to r-eur-2
+            try await receipt("9000006", order: nil, user: "ru-9", product: "gems.100")               // orphan, no candidate
+            try await http.send(.post, "/v1/orders/r-usd-0/events", json: ["type": "delivered", "data": [:]])
+            try await http.send(.post, "/v1/orders/r-usd-0/events", json: ["type": "finished", "data": [:]])
+            try await http.send(.post, "/v1/orders/r-usd-3/events", json: ["type": "failed", "data": ["reason": "cancelled"]])
+            try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("REFUND", transaction: TestApple.transaction("9000002"))], key: .some(nil))
+            try await http.send(.post, "/v1/reconcile")
+            try await order("r-usd-9", user: "ru-5", product: "gems.100", price: "0.99", currency: "USD")
+            try await http.send(.post, "/v1/transactions/9000004/match", json: ["orderId": "r-usd-9", "force": true, "reason": "ticket 7"])
+
+            let (status, report) = try await http.send(.get, "/v1/reports/reconciliation?from=2000-01-01")
+            #expect(status == .ok)
+            let totals = report["totals"] as? [String: Any] ?? [:]
+            func projection(_ sql: PostgresQuery) async throws -> Int { try await scalar(db, sql, as: Int.self) ?? -1 }
+            #expect(totals["ordersCreated"] as? Int == (try await projection("SELECT count(*)::int FROM orders")))
+            #expect(totals["verified"] as? Int == (try await projection("SELECT count(*)::int FROM orders WHERE transaction_id IS NOT NULL")))
+            #expect(totals["delivered"] as? Int == 1 && totals["finished"] as? Int == 1)
+            #expect(totals["failed"] as? Int == (try await projection("SELECT count(*)::int FROM orders WHERE state = 'failed'")))
+            #expect(totals["failedByReason"] as? [String: Int] == ["cancelled": 1, "product-mismatch": 1])
+            #expect(totals["refunded"] as? Int == (try await projection("SELECT count(*)::int FROM orders WHERE state = 'refunded'")))
+            let revenue = try await scalar(db, "SELECT sum(price * quantity)::text FROM orders WHERE transaction_id IS NOT NULL AND state <> 'refunded'", as: String.self)
+            #expect(Decimal(string: totals["revenue"] as? String ?? "") == Decimal(string: revenue ?? ""))
+            #expect((totals["pairingsByRule"] as? [String: Int])?.values.reduce(0, +) == (try await projection("SELECT count(*)::int FROM events WHERE type = 'transaction-matched'")))
+            #expect(totals["supportPairings"] as? Int == 1)
+            #expect((report["unmatched"] as? [String: Any])?["count"] as? Int == (try await projection("SELECT count(*)::int FROM unmatched_transactions")))
+            let rows = report["rows"] as? [[String: Any]] ?? []
+            #expect(rows.reduce(0) { $0 + ($1["ordersCreated"] as? Int ?? 0) } == totals["ordersCreated"] as? Int)
+            #expect(Set(rows.compactMap { $0["currency"] as? String }) == ["USD", "EUR"])
+
+            let csv = try await http.client.execute(
+                uri: "/v1/reports/reconciliation?from=2000-01-01", method: .get,
+                headers: [.authorization: "Bearer \(http.key)", .accept: "text/csv"])
+            let text = String(buffer: csv.body)
+            #expect(csv.headers[.contentType]?.hasPrefix("text/csv") == true)
+            #expect(text.hasPrefix("day,product_id,currency,orders_created"))
+            #expect(text.contains("\ntotal,total,,\(totals["ordersCreated"] as? Int ?? -1),"))
+            let (bad, error) = try await http.send(.get, "/v1/reports/reconciliation?from=last-week")
+            #expect(bad == .badRequest && errorOf(error)["field"] as? String == "from")
+        }
+    }
+}
