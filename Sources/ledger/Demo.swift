@@ -1,0 +1,269 @@
+import AppleReceipts
+import ArgumentParser
+import AsyncHTTPClient
+import Foundation
+import LedgerCore
+import LedgerServer
+import LedgerStore
+import Logging
+import NIOCore
+import PostgresNIO
+import ServiceLifecycle
+
+/// `ledger demo`: the whole ledger in one command, on a private database of its own. Starts the
+/// service in-process, trusting a signing chain made for this run only, plays users and
+/// StoreKit-like clients over HTTP (lost order ids, several open orders, re-uploads, replayed
+/// events, a retired product), runs the reconciler, and prints what happened and the report.
+struct Demo: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Run a self-contained simulation against an in-process ledger and print the reconciliation report.")
+
+    @Option(help: "Private cluster directory for the demo") var dataDir = "./.ledger-demo"
+    @Option(help: "Simulated users") var users = 40
+    @Option(help: "Share of purchases whose order id StoreKit loses (0 to 1)") var lostRate = 0.3
+    @Option(help: "Random seed: the same seed plays the same story") var seed: UInt64 = 1
+    @Flag(help: "Keep the database running after the demo until Enter is pressed (to explore it with psql)") var explore = false
+
+    static let bundleId = "com.example.ledger-demo"
+    static let database = "ledger_demo"
+
+    func run() async throws {
+        guard (0...1).contains(lostRate) else { throw CommandFailure("--lost-rate must be from 0 to 1") }
+        var quiet = Logger(label: "ledger-demo")
+        quiet.logLevel = .error
+        let logger = quiet
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = .error
+            return handler
+        }
+        let opened = try await OpenedDatabase.open(.privateCluster(dataDirectory: dataDir), logger: logger)
+        defer { try? opened.close(logger: logger) }
+        var demoDatabase = opened.clientConfiguration
+        demoDatabase.database = Self.database
+        try await withPostgresClient(admin(opened.clientConfiguration), logger: logger) { client in
+            try await client.query(PostgresQuery(unsafeSQL: "DROP DATABASE IF EXISTS \(Self.database) WITH (FORCE)"), logger: logger)
+            try await client.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(Self.database)"), logger: logger)
+        }
+
+        // The throwaway "Apple": trusted by this process's server only.
+        let chain = try ThrowawaySigningChain(name: "Order Ledger demo")
+        let rootFile = FileManager.default.temporaryDirectory.appendingPathComponent("ledger-demo-root-\(getpid()).pem").path
+        try chain.rootPEM().write(toFile: rootFile, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: rootFile) }
+
+        var configuration = LedgerConfiguration()
+        configuration.host = "127.0.0.1"
+        configuration.port = try BenchHTTP.freePort()
+        configuration.apple.rootCertificateFiles = [rootFile]
+        configuration.apple.bundleID = Self.bundleId
+        configuration.apple.environment = "Sandbox"
+        configuration.reconcileInterval = 0
+        let client = PostgresClient(configuration: demoDatabase, backgroundLogger: logger)
+        let application = try buildApplication(configuration: configuration, client: client, logger: logger)
+        let group = ServiceGroup(configuration: .init(services: [application], gracefulShutdownSignals: [], logger: logger))
+        let server = Task { try await group.run() }
+
+        let base = "http://127.0.0.1:\(configuration.port)"
+        let http = HTTPClient(eventLoopGroupProvider: .singleton)
+        do {
+            try await BenchHTTP.waitUntilReady(http, base)
+            let key = try await withPostgresClient(demoDatabase, logger: logger) { client in
+                try await APIKeyStore(database: Database(client: client, logger: logger)).create(name: "demo", scopes: [.admin])
+            }
+            var story = DemoStory(http: http, base: base, key: key, chain: chain, seed: seed, lostRate: lostRate)
+            try await story.play(users: users)
+            print(story.summary)
+            let csv = try await story.request("GET", "/v1/reports/reconciliation", accept: "text/csv")
+            print("\nReconciliation report (CSV):\n\(csv)")
+        } catch {
+            try? await http.shutdown()
+            await group.triggerGracefulShutdown()
+            _ = try? await server.value
+            throw error
+        }
+        try await http.shutdown()
+        await group.triggerGracefulShutdown()
+        _ = try? await server.value
+        let psql = opened.privateCluster.map { _ in PrivateCluster(directory: dataDir).psqlCommand(database: Self.database) } ?? "psql"
+        if explore {
+            print("Explore the data while this waits (Enter stops the database): \(psql)")
+            _ = readLine()
+        } else {
+            print("The data stays in \(dataDir). To explore it: ledger demo --explore --seed \(seed) (or start the cluster with `ledger serve --data-dir \(dataDir)`), then: \(psql)")
+        }
+    }
+
+    func admin(_ configuration: PostgresClient.Configuration) -> PostgresClient.Configuration {
+        var admin = configuration
+        admin.database = "postgres"
+        return admin
+    }
+}
+
+/// The simulated population: users, their orders and their StoreKit clients.
+struct DemoStory {
+    let http: HTTPClient
+    let base: String
+    let key: String
+    let chain: ThrowawaySigningChain
+    var random: DemoRandom
+    let lostRate: Double
+    var counts: [String: Int] = [:]
+    var reconcile: [String: Any] = [:]
+
+    init(http: HTTPClient, base: String, key: String, chain: ThrowawaySigningChain, seed: UInt64, lostRate: Double) {
+        self.http = http
+        self.base = base
+        self.key = key
+        self.chain = chain
+        self.random = DemoRandom(seed: seed)
+        self.lostRate = lostRate
+    }
+
+    /// One transaction a client holds until the backend says it may finish it.
+    struct Pending {
+        let transactionId: String
+        let orderId: String
+        let user: String
+        let jws: String
+        let lost: Bool
+    }
+
+    mutating func play(users: Int) async throws {
+        _ = try await request("PUT", "/v1/products/gems.100", body: #"{"price":"0.99","currency":"USD"}"#)
+        _ = try await request("PUT", "/v1/products/gems.500", body: #"{"price":"4.99","currency":"USD"}"#)
+        _ = try await request("PUT", "/v1/products/gems.legacy", body: #"{"status":"retired","price":"1.99","currency":"USD"}"#)
+        var pending: [Pending] = []
+        var transactionNumber = 0
+        for userIndex in 0..<users {
+            let user = "demo-user-\(userIndex)"
+            for purchase in 0..<random.int(1...3) {
+                // Old clients of a removed product buy it without an order.
+                let legacy = random.chance(0.05)
+                let product = legacy ? "gems.legacy" : (random.chance(0.7) ? "gems.100" : "gems.500")
+                let orderId = "\(user)-order-\(purchase)"
+                let price = product == "gems.500" ? "4.99" : product == "gems.legacy" ? "1.99" : "0.99"
+                var token: String?
+                if !legacy {
+                    let created = try await requestJSON("POST", "/v1/orders", body: #"{"orderId":"\#(orderId)","userId":"\#(user)","productId":"\#(product)","price":"\#(price)","currency":"USD"}"#)
+                    token = created["appAccountToken"] as? String
+                    count("orders created")
+                    let queuedAt = Date()
+                    _ = try await request("POST", "/v1/orders/\(orderId)/events", body: #"{"type":"payment-added","eventId":"\#(DemoRandom.uuid(userIndex, purchase))","data":{"queuedAt":"\#(LedgerJSON.formatDate(queuedAt))"}}"#)
+                    // A retry of the same event: answered, never stored twice.
+                    if random.chance(0.2) {
+                        _ = try await request("POST", "/v1/orders/\(orderId)/events", body: #"{"type":"payment-added","eventId":"\#(DemoRandom.uuid(userIndex, purchase))","data":{"queuedAt":"\#(LedgerJSON.formatDate(queuedAt))"}}"#)
+                        count("events replayed")
+                    }
+                    if random.chance(0.25) {
+                        // An abandoned second order for the same product: the reconciler must choose.
+                        _ = try await request("POST", "/v1/orders", body: #"{"orderId":"\#(orderId)-abandoned","userId":"\#(user)","productId":"\#(product)","price":"\#(price)","currency":"USD"}"#)
+                        count("orders abandoned")
+                    }
+                }
+                transactionNumber += 1
+                let transactionId = String(100_000_000 + Int(random.seed % 1000) * 100_000 + transactionNumber)
+                let lost = legacy || random.chance(lostRate)
+                let purchaseDate = Date().addingTimeInterval(1)
+                let payload = SignedTransactionPayload(
+                    transactionId: transactionId, originalTransactionId: transactionId, bundleId: Demo.bundleId, productId: product,
+                    purchaseDate: purchaseDate.millisecondsSince1970, signedDate: Date().millisecondsSince1970, environment: "Sandbox",
+                    appAccountToken: lost ? nil : token, price: product == "gems.500" ? 4990 : 990, currency: "USD")
+                pending.append(Pending(transactionId: transactionId, orderId: orderId, user: user, jws: try chain.sign(payload), lost: lost))
+                if lost { count("order ids lost by StoreKit") }
+            }
+        }
+        // First launch: every client uploads what it holds; matched purchases are delivered.
+        var still: [Pending] = []
+        for item in pending {
+            let answer = try await upload(item)
+            count("first upload: \(answer["outcome"] as? String ?? "?")")
+            if try await deliverIfMatched(answer) { continue }
+            still.append(item)
+        }
+        // A client that re-posts on every launch: the same proof, the same answer, nothing appended.
+        for item in pending.prefix(5) {
+            _ = try await upload(item)
+            count("re-uploads of finished purchases")
+        }
+        reconcile = try await requestJSON("POST", "/v1/reconcile", body: "{}")
+        // Next launch: the clients still holding transactions upload again; paired ones now match.
+        for item in still {
+            let answer = try await upload(item)
+            count("second upload: \(answer["outcome"] as? String ?? "?")")
+            _ = try await deliverIfMatched(answer)
+        }
+    }
+
+    mutating func upload(_ item: Pending) async throws -> [String: Any] {
+        let orderPart = item.lost ? "" : #","orderId":"\#(item.orderId)""#
+        return try await requestJSON("POST", "/v1/receipts", body: #"{"userId":"\#(item.user)"\#(orderPart),"signedTransaction":"\#(item.jws)"}"#)
+    }
+
+    /// The backend grants the goods of a matched, verified order; the client then finishes.
+    mutating func deliverIfMatched(_ answer: [String: Any]) async throws -> Bool {
+        guard answer["outcome"] as? String == "matched", let order = answer["orderId"] as? String else { return false }
+        if answer["state"] as? String == "verified" {
+            _ = try await request("POST", "/v1/orders/\(order)/events", body: #"{"type":"delivered","data":{}}"#)
+            _ = try await request("POST", "/v1/orders/\(order)/events", body: #"{"type":"finished","data":{}}"#)
+            count("orders delivered and finished")
+        }
+        return true
+    }
+
+    mutating func count(_ what: String) { counts[what, default: 0] += 1 }
+
+    var summary: String {
+        var lines = ["Demo: what the simulated clients did and saw"]
+        for (what, n) in counts.sorted(by: { $0.key < $1.key }) { lines.append("  \(what): \(n)") }
+        let rules = (reconcile["byRule"] as? [String: Int] ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
+        lines.append("Reconciler: paired \(reconcile["paired"] as? Int ?? 0) of \(reconcile["considered"] as? Int ?? 0) orphans (\(rules.isEmpty ? "none" : rules)), \(reconcile["ambiguous"] as? Int ?? 0) ambiguous, \(reconcile["unknownUser"] as? Int ?? 0) without a user")
+        return lines.joined(separator: "\n")
+    }
+
+    func requestJSON(_ method: String, _ path: String, body: String? = nil) async throws -> [String: Any] {
+        let text = try await request(method, path, body: body)
+        return (try? JSONSerialization.jsonObject(with: Data(text.utf8))) as? [String: Any] ?? [:]
+    }
+
+    func request(_ method: String, _ path: String, body: String? = nil, accept: String = "application/json") async throws -> String {
+        var request = HTTPClientRequest(url: base + path)
+        request.method = .init(rawValue: method)
+        request.headers.add(name: "Authorization", value: "Bearer \(key)")
+        request.headers.add(name: "Accept", value: accept)
+        if let body {
+            request.headers.add(name: "Content-Type", value: "application/json")
+            request.body = .bytes(ByteBuffer(string: body))
+        }
+        let response = try await http.execute(request, timeout: .seconds(30))
+        let text = String(buffer: try await response.body.collect(upTo: 16 << 20))
+        guard response.status.code < 500 else { throw CommandFailure("\(method) \(path) answered \(response.status.code): \(text)") }
+        return text
+    }
+}
+
+/// A small deterministic generator (SplitMix64): the same seed, the same story.
+struct DemoRandom {
+    var state: UInt64
+    let seed: UInt64
+    init(seed: UInt64) {
+        self.seed = seed
+        self.state = seed &+ 0x9E37_79B9_7F4A_7C15
+    }
+
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+
+    mutating func chance(_ probability: Double) -> Bool { Double(next() % 1_000_000) / 1_000_000 < probability }
+    mutating func int(_ range: ClosedRange<Int>) -> Int { range.lowerBound + Int(next() % UInt64(range.count)) }
+
+    /// A fixed event id per user and purchase, so a replay sends the same one.
+    static func uuid(_ user: Int, _ purchase: Int) -> String {
+        String(format: "00000000-0000-4000-8000-%06d%06d", user % 1_000_000, purchase % 1_000_000)
+    }
+}
