@@ -1,0 +1,114 @@
+import ArgumentParser
+import Foundation
+import LedgerCore
+import LedgerServer
+import LedgerStore
+import Logging
+import PostgresNIO
+
+/// `ledger bench reconcile`: one reconciler pass over a pool of orphans and a population of open
+/// orders loaded straight into a scratch database (events and projections as the ledger writes
+/// them, in bulk), at two sizes; prints each pass's time and the ratio between the sizes.
+struct BenchReconcile: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "reconcile", abstract: "Reconciler passes at two sizes (orphans : open orders).")
+
+    @OptionGroup var options: ConfigurationOptions
+    @Option(help: "Sizes as orphans:openOrders, comma-separated") var sizes = "10000:100000,100000:1000000"
+
+    func run() async throws {
+        let configuration = try options.load()
+        let logger = BenchAppend.logger
+        let parsed = try sizes.split(separator: ",").map { pair -> (Int, Int) in
+            let parts = pair.split(separator: ":").compactMap { Int($0) }
+            guard parts.count == 2, parts[0] > 0, parts[1] >= parts[0] else { throw CommandFailure("--sizes takes orphans:openOrders pairs, such as 10000:100000") }
+            return (parts[0], parts[1])
+        }
+        let opened = try await OpenedDatabase.open(configuration.database, logger: logger)
+        defer { try? opened.close(logger: logger) }
+        var results: [(orphans: Int, orders: Int, summary: ReconcilerPass.Summary, load: Double)] = []
+        for (orphans, orders) in parsed {
+            let bench = try await BenchAppend.prepareDatabase(opened.clientConfiguration, logger: logger)
+            let (summary, load) = try await withPostgresClient(bench, logger: logger) { client in
+                let database = Database(client: client, logger: logger)
+                let loadStart = ContinuousClock.now
+                try await Self.load(orphans: orphans, orders: orders, on: database)
+                let loaded = ContinuousClock.now - loadStart
+                let receipts = ReceiptLedger(orders: OrderLedger(database: database, store: EventStore(database: database)))
+                let summary = try await ReconcilerPass(receipts: receipts).run()
+                return (summary, Double(loaded.components.seconds) + Double(loaded.components.attoseconds) / 1e18)
+            }
+            results.append((orphans, orders, summary, load))
+            FileHandle.standardError.write(Data("reconciled \(orphans) orphans against \(orders) open orders in \(format(summary.seconds, decimals: 1)) s\n".utf8))
+        }
+        print("Reconciler pass (one pass, every orphan with a candidate; loading not counted)")
+        print("| orphans | open orders | paired | ambiguous | pass s | orphans/s | load s |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        for result in results {
+            print("| \(result.orphans) | \(result.orders) | \(result.summary.paired) | \(result.summary.ambiguous) | \(format(result.summary.seconds, decimals: 1)) | \(format(Double(result.summary.paired) / max(result.summary.seconds, 0.001))) | \(format(result.load, decimals: 1)) |")
+        }
+        if results.count >= 2 {
+            let first = results[0], last = results[results.count - 1]
+            let growth = Double(last.orphans) / Double(first.orphans)
+            print("Time ratio \(last.orphans)/\(first.orphans) orphans: \(format(last.summary.seconds / max(first.summary.seconds, 0.001), decimals: 2)) for \(format(growth, decimals: 0))× the work (linear: \(format(growth, decimals: 0)))")
+        }
+        try await BenchAppend().dropDatabase(opened.clientConfiguration, logger: logger)
+    }
+
+    /// Open orders (10 per user, two products, half with payment-added) and orphans of the same
+    /// users, as events and projection rows, 4,000 per transaction (a position holds 4,096 events
+    /// per writing transaction).
+    static func load(orphans: Int, orders: Int, on database: Database) async throws {
+        let users = max(orders / 10, 1)
+        let batch = 4_000
+        for low in stride(from: 0, to: orders, by: batch) {
+            let high = min(low + batch, orders) - 1
+            try await database.client.query(
+                """
+                WITH o AS MATERIALIZED (
+                    SELECT i, 'bench-order-' || i AS order_id, 'user-' || (i % \(users)) AS user_id, 'product-' || (i % 2) AS product_id,
+                           now() - make_interval(mins => (10 + i % 1000)::int) AS created_at, gen_random_uuid() AS token
+                    FROM generate_series(\(low), \(high)) AS i
+                ), ev AS (
+                    INSERT INTO events (global_position, stream_id, stream_version, event_id, type, data, recorded_at)
+                    SELECT pg_current_xact_id()::text::bigint * 4096 + (i - \(low)), 'order-' || order_id, 0, gen_random_uuid(), 'created',
+                           jsonb_build_object('userId', user_id, 'productId', product_id, 'quantity', 1, 'appAccountToken', token), created_at
+                    FROM o
+                )
+                INSERT INTO orders (order_id, user_id, product_id, quantity, price, currency, app_account_token, state, version,
+                                    transaction_id, created_at, updated_at, queued_at)
+                SELECT order_id, user_id, product_id, 1, 0.99, 'USD', token, 'created', 0, NULL, created_at, created_at, NULL FROM o
+                """,
+                logger: database.logger)
+        }
+        for low in stride(from: 0, to: orphans, by: batch) {
+            let high = min(low + batch, orphans) - 1
+            try await database.client.query(
+                """
+                WITH t AS MATERIALIZED (
+                    SELECT j, (900000000000 + j)::text AS transaction_id, 'user-' || (j % \(users)) AS user_id, 'product-' || (j % 2) AS product_id,
+                           date_trunc('second', now()) AS purchase_date
+                    FROM generate_series(\(low), \(high)) AS j
+                ), body AS MATERIALIZED (
+                    SELECT t.*, jsonb_build_object(
+                        'transaction', jsonb_build_object(
+                            'transactionId', transaction_id, 'originalTransactionId', transaction_id, 'productId', product_id,
+                            'purchaseDate', to_char(purchase_date AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+                            'environment', 'Sandbox', 'bundleId', 'com.example.bench', 'quantity', 1, 'format', 'jws',
+                            'receiptSha256', repeat('ab', 32)),
+                        'userId', user_id, 'reason', 'no-order') AS data
+                    FROM t
+                ), ev AS (
+                    INSERT INTO events (global_position, stream_id, stream_version, event_id, type, data)
+                    SELECT pg_current_xact_id()::text::bigint * 4096 + (j - \(low)), 'transaction-' || transaction_id, 0, gen_random_uuid(),
+                           'transaction-unmatched', data
+                    FROM body
+                )
+                INSERT INTO apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date, environment, status,
+                                                received_at, updated_at, verification)
+                SELECT transaction_id, NULL, user_id, product_id, purchase_date, 'Sandbox', 'unmatched', now(), now(), data FROM body
+                """,
+                logger: database.logger)
+        }
+        try await database.client.query("ANALYZE", logger: database.logger)
+    }
+}
