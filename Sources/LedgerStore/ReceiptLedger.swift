@@ -55,11 +55,13 @@ public struct ReceiptLedger: Sendable {
         }
     }
 
-    /// The refusals a stale holder read ends in: the claim's key or the pool's event id taken.
+    /// The refusals a lost race ends in: the claim's key or the pool's event id taken, or a
+    /// deadlock broken by PostgreSQL.
     static func lostRace(_ error: any Error) -> Bool {
         switch error {
         case OrderLedgerError.duplicateTransaction, AppendError.eventIDConflict, AppendError.wrongExpectedVersion: true
-        case let error as PSQLError: error.sqlState == "23505"
+        // 40P01: a deadlock with a reconciler's chunk of pairings, which PostgreSQL broke here.
+        case let error as PSQLError: error.sqlState == "23505" || error.sqlState == "40P01"
         default: false
         }
     }

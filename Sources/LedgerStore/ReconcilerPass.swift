@@ -12,6 +12,8 @@ public struct ReconcilerPass: Sendable {
     public var settings: Reconciler.Settings
     /// Users per batch: their orphans and open orders are read in two queries.
     public var usersPerBatch = 1_000
+    /// Pairings applied per database transaction.
+    public var pairingsPerTransaction = 200
     /// The recovery policy (off by default): an orphan of a known user with no candidate gets an
     /// order of its own (`recovery-<transactionId>`, priced from the catalog), but only for a
     /// product the catalog lists as active: never a retired or unknown one.
@@ -64,13 +66,15 @@ public struct ReconcilerPass: Sendable {
             let orders = try await openOrders(of: users)
             summary.considered += orphans.count
             let pairings = Reconciler.pair(orphans, with: orders, settings: settings)
-            for pairing in pairings {
-                if try await apply(pairing, metadata: metadata) {
-                    summary.paired += 1
-                    summary.byRule[pairing.rule.rawValue, default: 0] += 1
-                    if pairing.candidates > 1 { summary.ambiguous += 1 }
-                } else {
-                    summary.lostRaces += 1
+            for chunk in stride(from: 0, to: pairings.count, by: pairingsPerTransaction).map({ Array(pairings[$0..<min($0 + pairingsPerTransaction, pairings.count)]) }) {
+                for (pairing, applied) in try await apply(chunk, metadata: metadata) {
+                    if applied {
+                        summary.paired += 1
+                        summary.byRule[pairing.rule.rawValue, default: 0] += 1
+                        if pairing.candidates > 1 { summary.ambiguous += 1 }
+                    } else {
+                        summary.lostRaces += 1
+                    }
                 }
             }
             if recoveryOrders {
@@ -97,9 +101,28 @@ public struct ReconcilerPass: Sendable {
         return summary
     }
 
-    /// Applies one pairing if both sides are still as the pass saw them.
-    func apply(_ pairing: Reconciler.Pairing, metadata: Data) async throws -> Bool {
-        try await database.transaction { connection in
+    /// Applies pairings a chunk per database transaction (one durable commit for many); when
+    /// the chunk fails as a whole (a deadlock with a live receipt, say), each pairing again in a
+    /// transaction of its own.
+    func apply(_ chunk: [Reconciler.Pairing], metadata: Data) async throws -> [(Reconciler.Pairing, Bool)] {
+        do {
+            return try await database.transaction { connection in
+                var results: [(Reconciler.Pairing, Bool)] = []
+                for pairing in chunk { results.append((pairing, try await apply(pairing, metadata: metadata, on: connection))) }
+                return results
+            }
+        } catch where chunk.count > 1 {
+            var results: [(Reconciler.Pairing, Bool)] = []
+            for pairing in chunk {
+                results.append((pairing, try await database.transaction { try await apply(pairing, metadata: metadata, on: $0) }))
+            }
+            return results
+        }
+    }
+
+    /// Applies one pairing, in the caller's transaction, if both sides are still as the pass saw them.
+    func apply(_ pairing: Reconciler.Pairing, metadata: Data, on connection: PostgresConnection) async throws -> Bool {
+        do {
             let now = try await receipts.lockTransaction(pairing.transactionId, on: connection)
             guard let pooled = try await pooledTransaction(pairing.transactionId, on: connection),
                   let order = try await receipts.orders.projection.order(pairing.orderId, on: connection, forUpdate: true),
