@@ -111,3 +111,24 @@ enum LedgerJSONDate {
         return formatter.string(from: Date(timeIntervalSinceNow: -seconds))
     }
 }
+
+extension ReconcileRoutesTests {
+    @Test("an orphan without a user takes the user of an earlier transaction of the same subscription (originalTransactionId)")
+    func resolvesUserThroughOriginalTransaction() async throws {
+        try await withReceiptsApplication(apple) { http, _ in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-sub-1", user: "u-8"))
+            var first = TestApple.transaction("5000020", purchaseDate: Date(timeIntervalSinceNow: -3600))
+            first.appTransactionId = nil
+            try await http.send(.post, "/v1/receipts", json: ["orderId": "o-sub-1", "signedTransaction": try await apple.sign(first)])
+            try await http.send(.post, "/v1/orders", json: newOrder("o-sub-2", user: "u-8"))
+            var renewal = TestApple.transaction("5000021")
+            renewal.originalTransactionId = "5000020"
+            renewal.appTransactionId = nil
+            try await http.send(.post, "/v1/receipts", json: ["signedTransaction": try await apple.sign(renewal)])
+            let (_, summary) = try await http.send(.post, "/v1/reconcile")
+            #expect(summary["paired"] as? Int == 1 && summary["usersResolved"] as? Int == 1)
+            let (_, order) = try await http.send(.get, "/v1/orders/o-sub-2")
+            #expect(order["transactionId"] as? String == "5000021")
+        }
+    }
+}
