@@ -82,24 +82,24 @@ public struct OrderLedger: Sendable {
                 throw refusal
             }
             let events = try decision.get()
+            // The transaction's own time, which `recorded_at` holds too: a rebuild from the log
+            // then reproduces these rows exactly.
+            let now = try await transactionTime(on: connection)
+            if let current, case .receiptReceived(let receipt) = event {
+                let folded = Self.fold(events, onto: current, at: now)
+                return try await appendAndClaim([newEvent], to: current, as: folded.order, receipt, status: folded.claimStatus, at: now, on: connection)
+            }
             let result = try await store.append(
                 [newEvent], to: id.streamID,
                 expectedVersion: current.map { .exact($0.version) } ?? .noStream, on: connection)
             guard !result.replayed else {
                 return Outcome(order: try await orderAsOf(id, version: result.streamVersion, on: connection), appended: false)
             }
-            // The transaction's own time, which `recorded_at` holds too: a rebuild from the log
-            // then reproduces these rows exactly.
-            let now = try await transactionTime(on: connection)
             guard let next = events.reduce(current, { Order.evolve($0, $1, orderID: id, version: result.streamVersion, at: now) }) else {
                 throw OrderDecisionError.noSuchOrder
             }
             try await projection.save(next, on: connection)
-            if case .receiptReceived(let receipt) = event {
-                try await projection.claim(receipt, for: next, at: now, on: connection)
-            } else if next.transactionId != nil {
-                try await projection.updateTransaction(of: next, at: now, on: connection)
-            }
+            if next.transactionId != nil { try await projection.updateTransaction(of: next, at: now, on: connection) }
             return Outcome(order: next, appended: true)
         }
     }
@@ -118,65 +118,48 @@ public struct OrderLedger: Sendable {
             }
             newEvents.append(try NewEvent(id: eventID, type: event.type.rawValue, data: event.encodedData(), metadata: metadata))
         }
-        if let date, events.contains(where: { if case .receiptReceived = $0.0 { true } else { false } }) {
-            return try await appendAndClaim(events.map(\.0), newEvents, to: current, at: date, on: connection)
+        let now: Date
+        if let date { now = date } else { now = try await transactionTime(on: connection) }
+        // With the order's row locked, the versions the events take are known beforehand.
+        let folded = Self.fold(events.map(\.0), onto: current, at: now)
+        if let claimed = folded.claimed {
+            return try await appendAndClaim(newEvents, to: current, as: folded.order, claimed, status: folded.claimStatus, at: now, on: connection).order
         }
         let result = try await store.append(newEvents, to: current.orderId.streamID, expectedVersion: .exact(current.version), on: connection)
         guard !result.replayed else {
             return try await orderAsOf(current.orderId, version: result.streamVersion, on: connection)
         }
-        let now: Date
-        if let date { now = date } else { now = try await transactionTime(on: connection) }
-        var order = current
-        var version = result.streamVersion - Int64(events.count) + 1
-        var claimed: ReceiptReceived?
-        var transactionChanged = false
-        for (event, _) in events {
-            guard let next = Order.evolve(order, event, orderID: current.orderId, version: version, at: now) else { break }
-            order = next
-            version += 1
-            if case .receiptReceived(let receipt) = event {
-                claimed = receipt
-                transactionChanged = false
-            } else {
-                transactionChanged = order.transactionId != nil
-            }
-        }
-        if let claimed {
-            // One statement: the order's row and the claim, with the status the events after the
-            // claim leave it in (as a replay reaches it event by event).
-            let status = transactionChanged ? order.state.rawValue : "claimed"
-            try await projection.saveAndClaim(order, claimed, status: status, at: now, on: connection)
-        } else {
-            try await projection.save(order, on: connection)
-            if transactionChanged { try await projection.updateTransaction(of: order, at: now, on: connection) }
-        }
-        return order
+        try await projection.save(folded.order, on: connection)
+        if folded.order.transactionId != nil { try await projection.updateTransaction(of: folded.order, at: now, on: connection) }
+        return folded.order
     }
 
-    /// A claim's events and projection rows in one statement: with the order row locked its new
-    /// versions are known beforehand, so the rows are computed first and written only when
-    /// `append_to_stream` appended (not on a replay or a refusal).
-    private func appendAndClaim(
-        _ events: [OrderEvent], _ newEvents: [NewEvent], to current: Order, at now: Date, on connection: PostgresConnection
-    ) async throws -> Order {
+    /// `events` folded onto `current` with the versions that follow it: the order they leave,
+    /// the transaction they claim (if any), and the status that claim's row ends in (`claimed`,
+    /// or the order's state once later events moved it, as a replay reaches it event by event).
+    static func fold(_ events: [OrderEvent], onto current: Order, at now: Date) -> (order: Order, claimed: ReceiptReceived?, claimStatus: String) {
         var order = current
-        var version = current.version + 1
         var claimed: ReceiptReceived?
-        var transactionChanged = false
-        for event in events {
-            guard let next = Order.evolve(order, event, orderID: current.orderId, version: version, at: now) else { break }
-            order = next
-            version += 1
+        var movedSinceClaim = false
+        for (offset, event) in events.enumerated() {
+            order = Order.evolve(order, event, orderID: current.orderId, version: current.version + 1 + Int64(offset), at: now) ?? order
             if case .receiptReceived(let receipt) = event {
                 claimed = receipt
-                transactionChanged = false
+                movedSinceClaim = false
             } else {
-                transactionChanged = order.transactionId != nil
+                movedSinceClaim = true
             }
         }
-        guard let claimed else { throw OrderDecisionError.noSuchOrder }
-        let status = transactionChanged ? order.state.rawValue : "claimed"
+        return (order, claimed, movedSinceClaim ? order.state.rawValue : "claimed")
+    }
+
+    /// A claim's events and projection rows in one statement (`append_to_stream`, then
+    /// `save_order_and_claim` only if it appended). A transaction another order holds is refused
+    /// by the claim's primary key: `duplicate-transaction`, and the caller's transaction rolls back.
+    private func appendAndClaim(
+        _ newEvents: [NewEvent], to current: Order, as order: Order, _ claimed: ReceiptReceived, status: String, at now: Date,
+        on connection: PostgresConnection
+    ) async throws -> Outcome {
         let stream = current.orderId.streamID
         let expected = ExpectedVersion.exact(current.version)
         var statusRows: [EventStore.StatusRow] = []
@@ -194,10 +177,10 @@ public struct OrderLedger: Sendable {
         }
         let result = try EventStore.answer(statusRows, stream, expected).get()
         guard !result.replayed else {
-            return try await orderAsOf(current.orderId, version: result.streamVersion, on: connection)
+            return Outcome(order: try await orderAsOf(current.orderId, version: result.streamVersion, on: connection), appended: false)
         }
         guard wasClaimed == true else { throw OrderLedgerError.duplicateTransaction(claimed.transactionId) }
-        return order
+        return Outcome(order: order, appended: true)
     }
 
     /// Creates an order inside the caller's transaction (a recovery order the reconciler makes

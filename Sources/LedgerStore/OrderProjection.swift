@@ -60,58 +60,6 @@ struct OrderProjection: Sendable {
             logger: logger)
     }
 
-    /// Ties an Apple transaction to an order. A transaction already tied elsewhere is refused by
-    /// the primary key inside this transaction; one waiting in the pool leaves it, keeping what
-    /// the pool knew of it.
-    func claim(_ receipt: ReceiptReceived, for order: Order, at date: Date, on connection: PostgresConnection) async throws {
-        try await claim(receipt, for: order, status: "claimed", at: date, alsoSave: false, on: connection)
-    }
-
-    /// Writes the order's row and claims its transaction in one statement.
-    func saveAndClaim(_ order: Order, _ receipt: ReceiptReceived, status: String, at date: Date, on connection: PostgresConnection) async throws {
-        try await claim(receipt, for: order, status: status, at: date, alsoSave: true, on: connection)
-    }
-
-    private func claim(
-        _ receipt: ReceiptReceived, for order: Order, status: String, at date: Date, alsoSave: Bool, on connection: PostgresConnection
-    ) async throws {
-        var claimed = false
-        do {
-            let rows = try await connection.query(
-                alsoSave ? Self.saveAndClaimQuery(order, receipt, status: status, at: date) : Self.claimQuery(order, receipt, status: status, at: date),
-                logger: logger)
-            for try await _ in rows { claimed = true }
-        } catch let error as PSQLError where error.sqlState == "23505" {
-            throw OrderLedgerError.duplicateTransaction(receipt.transactionId)
-        }
-        guard claimed else { throw OrderLedgerError.duplicateTransaction(receipt.transactionId) }
-    }
-
-    // The claim: a new row, or the pool's row of the transaction taken over (keeping what the
-    // pool knew). A row already tied to an order is left alone and nothing is returned.
-    static let claimConflict = """
-        ON CONFLICT (transaction_id) DO UPDATE SET
-            order_id = EXCLUDED.order_id, user_id = EXCLUDED.user_id, status = EXCLUDED.status, matched_by = EXCLUDED.matched_by,
-            updated_at = EXCLUDED.updated_at,
-            environment = coalesce(apple_transactions.environment, EXCLUDED.environment),
-            original_transaction_id = coalesce(apple_transactions.original_transaction_id, EXCLUDED.original_transaction_id),
-            app_transaction_id = coalesce(apple_transactions.app_transaction_id, EXCLUDED.app_transaction_id),
-            app_account_token = coalesce(apple_transactions.app_account_token, EXCLUDED.app_account_token)
-        WHERE apple_transactions.order_id IS NULL AND apple_transactions.status = 'unmatched'
-        RETURNING 1
-        """
-
-    static func claimQuery(_ order: Order, _ receipt: ReceiptReceived, status: String, at date: Date) -> PostgresQuery {
-        """
-        INSERT INTO apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date, environment, status,
-            received_at, updated_at, original_transaction_id, app_transaction_id, app_account_token, matched_by)
-        VALUES (\(receipt.transactionId.rawValue), \(order.orderId.rawValue), \(order.userId.rawValue),
-                \(receipt.productId.rawValue), \(receipt.purchaseDate), \(receipt.environment), \(status), \(date), \(date),
-                \(receipt.originalTransactionId), \(receipt.appTransactionId), \(receipt.appAccountToken), \(receipt.matchedBy.rawValue))
-        \(unescaped: claimConflict)
-        """
-    }
-
     /// `append_to_stream` and, only when it appended, `save_order_and_claim`, in one statement.
     static func appendSaveAndClaimQuery(
         _ events: [NewEvent], stream: StreamID, expected: ExpectedVersion, _ order: Order, _ receipt: ReceiptReceived,
@@ -136,18 +84,6 @@ struct OrderProjection: Sendable {
         )
         SELECT r_status, r_detail, r_event_id, r_stream_version, r_global_position, (SELECT ok FROM claimed)
         FROM appended
-        """
-    }
-
-    static func saveAndClaimQuery(_ order: Order, _ receipt: ReceiptReceived, status: String, at date: Date) -> PostgresQuery {
-        """
-        SELECT 1 WHERE save_order_and_claim(
-            \(order.orderId.rawValue), \(order.userId.rawValue), \(order.productId.rawValue), \(order.quantity)::integer,
-            \(order.price)::numeric, \(order.currency), \(order.appAccountToken), \(order.state.rawValue), \(order.version),
-            \(order.transactionId?.rawValue), \(order.createdAt), \(order.updatedAt), \(order.queuedAt),
-            \(order.stateBeforeRefund?.rawValue), \(order.failureReason),
-            \(receipt.productId.rawValue), \(receipt.purchaseDate), \(receipt.environment), \(status), \(date),
-            \(receipt.originalTransactionId), \(receipt.appTransactionId), \(receipt.appAccountToken), \(receipt.matchedBy.rawValue))
         """
     }
 
