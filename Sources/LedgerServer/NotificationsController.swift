@@ -28,9 +28,11 @@ struct NotificationsController {
             }
             throw APIError(.badRequest, code: error.code, message: error.message)
         }
-        var json: [String: Any] = ["requestId": context.requestID, "appendedBy": "apple-notification"]
-        json["notificationType"] = notification.notificationType
-        let metadata = (try? JSONSerialization.data(withJSONObject: json)) ?? Data("{}".utf8)
+        var json = JSONText()
+        json.add("requestId", context.requestID)
+        json.add("appendedBy", "apple-notification")
+        json.add("notificationType", notification.notificationType)
+        let metadata = Data(json.result.utf8)
         let record = NotificationReceived(
             notificationUUID: notification.notificationUUID, notificationType: notification.notificationType,
             subtype: notification.subtype, transactionId: notification.transaction?.transactionId, signedDate: notification.signedDate)

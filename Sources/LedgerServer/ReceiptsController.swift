@@ -47,9 +47,7 @@ struct ReceiptsController {
                             ?? "the receipt holds no transaction")
                 }
                 metrics.receiptAnswered(primary.outcome.rawValue)
-                var json = Self.json(primary)
-                json["transactions"] = answers.all.map(Self.json)
-                return Rendering.response(.ok, json)
+                return Self.response(primary, transactions: answers.all)
             } catch let error as AppleVerificationError {
                 return try await refuse(error, format: .receipt, proof: receipt, claim: claim, transactionId: claimedID, metadata: metadata)
             }
@@ -116,7 +114,16 @@ struct ReceiptsController {
         return Rendering.response(.ok, json)
     }
 
-    static func response(_ answer: ReceiptLedger.Answer) -> Response {
+    /// The answer's JSON; for a legacy receipt, with each of its transactions' answers.
+    static func response(_ answer: ReceiptLedger.Answer, transactions: [ReceiptLedger.Answer]? = nil) -> Response {
+        var json = text(answer)
+        if let transactions {
+            json.add("transactions", raw: "[" + transactions.map { text($0).result }.joined(separator: ",") + "]")
+        }
+        return Response(status: .ok, headers: [.contentType: "application/json; charset=utf-8"], body: .init(byteBuffer: ByteBuffer(string: json.result)))
+    }
+
+    static func text(_ answer: ReceiptLedger.Answer) -> JSONText {
         var json = JSONText()
         json.add("outcome", answer.outcome.rawValue)
         json.add("transactionId", answer.transactionId.rawValue)
@@ -124,17 +131,6 @@ struct ReceiptsController {
         json.add("state", answer.state?.rawValue)
         json.add("finishTransaction", answer.finishTransaction)
         if let reason = answer.reason { json.add("reason", reason) }
-        return Response(status: .ok, headers: [.contentType: "application/json; charset=utf-8"], body: .init(byteBuffer: ByteBuffer(string: json.result)))
-    }
-
-    static func json(_ answer: ReceiptLedger.Answer) -> [String: Any] {
-        var json: [String: Any] = [
-            "outcome": answer.outcome.rawValue, "transactionId": answer.transactionId.rawValue,
-            "finishTransaction": answer.finishTransaction,
-        ]
-        json["orderId"] = answer.orderId?.rawValue ?? NSNull()
-        json["state"] = answer.state?.rawValue ?? NSNull()
-        if let reason = answer.reason { json["reason"] = reason }
         return json
     }
 }

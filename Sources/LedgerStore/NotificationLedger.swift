@@ -56,13 +56,13 @@ public struct NotificationLedger: Sendable {
                 return Applied(appended: true, streamId: stream, type: OrderEventType.notificationReceived.rawValue)
             }
             try await receipts.lockTransaction(transaction.transactionId, on: connection)
-            if try await receipts.holderOfTransaction(transaction.transactionId, on: connection) == nil {
+            var known = try await receipts.holderOfTransaction(transaction.transactionId, on: connection)
+            if known == nil {
                 // Unknown to the ledger: tied to its order by appAccountToken, or into the pool.
                 _ = try await receipts.apply(transaction, claim: .init(userId: nil, orderId: nil), metadata: metadata, on: connection)
+                known = try await receipts.holderOfTransaction(transaction.transactionId, on: connection)
             }
-            guard let holder = try await receipts.holderOfTransaction(transaction.transactionId, on: connection) else {
-                throw OrderLedgerError.duplicateTransaction(transaction.transactionId)
-            }
+            guard let holder = known else { throw OrderLedgerError.duplicateTransaction(transaction.transactionId) }
             let type = notification.record.notificationType
             if let orderID = holder.orderId, let order = try await orders.projection.order(orderID, on: connection, forUpdate: true) {
                 var event = record

@@ -110,19 +110,6 @@ struct OrderProjection: Sendable {
             logger: logger)
     }
 
-    /// The order, locked, with the order and status holding `transaction` (nil: unknown) read
-    /// in the same statement. Call it after the transaction's advisory lock: the statement's
-    /// snapshot then sees every committed holder, and no other can appear meanwhile.
-    func orderForUpdate(_ id: OrderID, holderOf transaction: TransactionID, on connection: PostgresConnection) async throws -> (Order, (OrderID?, String)?)? {
-        let rows = try await connection.query(
-            """
-            SELECT now(), \(unescaped: Self.orderColumns), (SELECT row_to_json(h)::text FROM (SELECT order_id, status FROM apple_transactions WHERE transaction_id = \(transaction.rawValue)) h)
-            FROM orders WHERE order_id = \(id.rawValue) FOR UPDATE
-            """,
-            logger: logger)
-        return try await Self.decodeOrderAndHolder(rows).map { ($0.1, $0.2) }
-    }
-
     /// The transaction's advisory lock, then the order's row lock, the order and the
     /// transaction's holder read after the lock (`lock_order_for_receipt`), in one round trip;
     /// nil when there is no such order (the lock is held either way).

@@ -43,14 +43,14 @@ public struct ReceiptLedger: Sendable {
     public func apply(_ transaction: AppleTransaction, claim: Claim, metadata: Data) async throws -> Answer {
         do {
             return try await database.transaction { connection in
-                try await apply(transaction, claim: claim, metadata: metadata, fast: true, on: connection)
+                try await apply(transaction, claim: claim, metadata: metadata, on: connection)
             }
         } catch let error where Self.lostRace(error) {
             // A writer that takes no transaction lock (an order event appended by hand, naming
-            // this transaction) claimed it meanwhile, and the database refused this claim.
-            // Again, from the start: the holder is now visible.
+            // this transaction) claimed it meanwhile, and the database refused this claim; or
+            // PostgreSQL broke a deadlock here. Again, from the start: the holder is now visible.
             return try await database.transaction { connection in
-                try await apply(transaction, claim: claim, metadata: metadata, fast: false, on: connection)
+                try await apply(transaction, claim: claim, metadata: metadata, on: connection)
             }
         }
     }
@@ -66,31 +66,17 @@ public struct ReceiptLedger: Sendable {
         }
     }
 
-    /// - Parameter fast: take the transaction's lock, the named order's row lock and the holder
-    ///   in one round trip (`lock_order_for_receipt`); false: one statement for each.
-    func apply(_ transaction: AppleTransaction, claim: Claim, metadata: Data, fast: Bool = false, on connection: PostgresConnection) async throws -> Answer {
+    func apply(_ transaction: AppleTransaction, claim: Claim, metadata: Data, on connection: PostgresConnection) async throws -> Answer {
         let id = transaction.transactionId
-        let now: Date
-        let holder: Holder?, candidate: Order?, matchedBy: MatchedBy?, noOrderReason: String
-        if fast, let orderId = claim.orderId,
-           let (time, order, held) = try await orders.projection.lockAndOrder(orderId, transaction: id, on: connection),
-           claim.userId == nil || claim.userId == order.userId {
-            // (When the order is unknown or another user's, the lock is held and the slow path
-            // below takes it again: advisory locks are re-entrant within a transaction.)
-            now = time
-            (holder, candidate, matchedBy, noOrderReason) = (held.map { Holder(orderId: $0.0, status: $0.1) }, order, .applicationUsername, "")
-        } else {
-            now = try await lockTransaction(id, on: connection)
-            (holder, candidate, matchedBy, noOrderReason) = try await lookUp(transaction, claim: claim, on: connection)
-        }
+        let (now, holder, candidate, matchedBy, noOrderReason) = try await lookUp(transaction, claim: claim, on: connection)
 
         if let holder = holder, let holderOrder = holder.orderId {
             // Already granted: to this order (a re-sent proof), or to another one.
-            let owner = try await orders.projection.order(holderOrder, on: connection)
             if let candidate, candidate.orderId == holderOrder {
                 return Answer(outcome: .matched, transactionId: id, orderId: holderOrder, state: candidate.state,
                               finishTransaction: candidate.state.clientMayFinish, reason: nil)
             }
+            let owner = try await orders.projection.order(holderOrder, on: connection)
             let ownerMayFinish = owner?.state.clientMayFinish ?? false
             guard var loser = candidate else {
                 let sameUser = claim.userId == nil || owner?.userId == claim.userId
@@ -177,31 +163,36 @@ public struct ReceiptLedger: Sendable {
         try await orders.projection.enterPool(body, verification: data, at: now, on: connection)
     }
 
-    /// Who holds the transaction now, and the order the proof names by the strongest evidence:
-    /// the order id it carries, then its appAccountToken; never an order of another user than
-    /// the proof's. The named order comes locked, in one round trip with the holder.
+    /// Takes the transaction's lock, then answers the transaction's time, who holds the
+    /// transaction, and the order the proof names by the strongest evidence: the order id it
+    /// carries, then its appAccountToken; never an order of another user than the proof's. A
+    /// named order comes locked, with the holder read after the lock, in one round trip
+    /// (`lock_order_for_receipt`).
     private func lookUp(
         _ transaction: AppleTransaction, claim: Claim, on connection: PostgresConnection
-    ) async throws -> (Holder?, Order?, MatchedBy?, String) {
+    ) async throws -> (Date, Holder?, Order?, MatchedBy?, String) {
+        let id = transaction.transactionId
         var reason = "no-order"
-        var holder: Holder??
-        if let orderId = claim.orderId {
-            if let (order, held) = try await orders.projection.orderForUpdate(orderId, holderOf: transaction.transactionId, on: connection) {
-                holder = .some(held.map { Holder(orderId: $0.0, status: $0.1) })
-                if claim.userId == nil || claim.userId == order.userId { return (holder!, order, .applicationUsername, "") }
-                reason = "user-mismatch"
-            } else {
-                reason = "unknown-order"
-            }
+        let now: Date
+        let holder: Holder?
+        if let orderId = claim.orderId, let (time, order, held) = try await orders.projection.lockAndOrder(orderId, transaction: id, on: connection) {
+            now = time
+            holder = held.map { Holder(orderId: $0.0, status: $0.1) }
+            if claim.userId == nil || claim.userId == order.userId { return (now, holder, order, .applicationUsername, "") }
+            reason = "user-mismatch"
+        } else {
+            if claim.orderId != nil { reason = "unknown-order" }
+            // (When the named order is unknown the function took the lock already; advisory
+            // locks are re-entrant within a transaction, and this answers the time.)
+            now = try await lockTransaction(id, on: connection)
+            holder = try await holderOfTransaction(id, on: connection)
         }
-        let known: Holder?
-        if let holder { known = holder } else { known = try await holderOfTransaction(transaction.transactionId, on: connection) }
         if let token = transaction.appAccountToken,
            let order = try await orders.projection.order(appAccountToken: token, on: connection, forUpdate: true),
            claim.userId == nil || claim.userId == order.userId {
-            return (known, order, .appAccountToken, "")
+            return (now, holder, order, .appAccountToken, "")
         }
-        return (known, nil, nil, reason)
+        return (now, holder, nil, nil, reason)
     }
 
     /// Serialises every writer of one Apple transaction id (receipts, notifications, the
@@ -213,6 +204,19 @@ public struct ReceiptLedger: Sendable {
             logger: logger)
         for try await now in rows.decode(Date.self) { return now }
         throw OrderLedgerError.duplicateTransaction(id)
+    }
+
+    /// The pool's record of a transaction still waiting there, or nil.
+    func pooledTransaction(_ id: TransactionID, on connection: PostgresConnection) async throws -> TransactionUnmatched? {
+        let rows = try await connection.query(
+            """
+            SELECT verification::text FROM apple_transactions
+            WHERE transaction_id = \(id.rawValue) AND order_id IS NULL AND status = 'unmatched'
+            """,
+            logger: logger)
+        var verification: String?
+        for try await text in rows.decode(String?.self) { verification = text }
+        return verification.flatMap { try? LedgerJSON.decoder.decode(TransactionUnmatched.self, from: Data($0.utf8)) }
     }
 
     struct Holder {
@@ -245,11 +249,6 @@ public struct ReceiptLedger: Sendable {
 public enum ReceiptOutcome: String, Codable, Sendable {
     case matched, unmatched, duplicate, rejected
     case retryLater = "retry-later"
-}
-
-extension Order {
-    /// Open: no transaction yet, and not closed (DESIGN.md's candidates: created, payment-added).
-    public var isOpen: Bool { (state == .created || state == .paymentAdded) && transactionId == nil }
 }
 
 extension ReceiptLedger {

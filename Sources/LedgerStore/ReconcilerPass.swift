@@ -53,9 +53,18 @@ public struct ReconcilerPass: Sendable {
     public func run(metadata: Data = Data(#"{"appendedBy":"reconciler"}"#.utf8), progress: (@Sendable (Int, Int) -> Void)? = nil) async throws -> Summary {
         let started = ContinuousClock.now
         var summary = Summary()
-        summary.unknownUser = try await count("SELECT count(*)::int FROM pool_with_users WHERE resolved_user_id IS NULL")
-        summary.usersResolved = try await count("SELECT count(*)::int FROM pool_with_users WHERE user_id IS NULL AND resolved_user_id IS NOT NULL")
-        let totalUsers = try await count("SELECT count(DISTINCT resolved_user_id)::int FROM pool_with_users WHERE resolved_user_id IS NOT NULL")
+        var totalUsers = 0
+        let counts = try await database.client.query(
+            """
+            SELECT count(*) FILTER (WHERE resolved_user_id IS NULL)::int,
+                   count(*) FILTER (WHERE user_id IS NULL AND resolved_user_id IS NOT NULL)::int,
+                   count(DISTINCT resolved_user_id)::int
+            FROM pool_with_users
+            """,
+            logger: logger)
+        for try await (unknown, resolved, users) in counts.decode((Int, Int, Int).self) {
+            (summary.unknownUser, summary.usersResolved, totalUsers) = (unknown, resolved, users)
+        }
         var afterUser = ""
         var usersDone = 0
         while true {
@@ -124,7 +133,7 @@ public struct ReconcilerPass: Sendable {
     func apply(_ pairing: Reconciler.Pairing, metadata: Data, on connection: PostgresConnection) async throws -> Bool {
         do {
             let now = try await receipts.lockTransaction(pairing.transactionId, on: connection)
-            guard let pooled = try await pooledTransaction(pairing.transactionId, on: connection),
+            guard let pooled = try await receipts.pooledTransaction(pairing.transactionId, on: connection),
                   let order = try await receipts.orders.projection.order(pairing.orderId, on: connection, forUpdate: true),
                   order.isOpen, order.productId == pooled.transaction.productId
             else { return false }
@@ -139,7 +148,7 @@ public struct ReconcilerPass: Sendable {
     func recover(_ orphan: Reconciler.Orphan, price: (String?, String?), metadata: Data) async throws -> Bool {
         try await database.transaction { connection in
             let now = try await receipts.lockTransaction(orphan.transactionId, on: connection)
-            guard let pooled = try await pooledTransaction(orphan.transactionId, on: connection) else { return false }
+            guard let pooled = try await receipts.pooledTransaction(orphan.transactionId, on: connection) else { return false }
             let id = try OrderID("recovery-" + orphan.transactionId.rawValue)
             guard try await receipts.orders.projection.order(id, on: connection) == nil else { return false }
             let order = try await receipts.orders.createLocked(
@@ -151,19 +160,6 @@ public struct ReconcilerPass: Sendable {
                 at: now, metadata: metadata, on: connection)
             return true
         }
-    }
-
-    /// The pool's record of a transaction still waiting there, or nil.
-    private func pooledTransaction(_ id: TransactionID, on connection: PostgresConnection) async throws -> TransactionUnmatched? {
-        let rows = try await connection.query(
-            """
-            SELECT verification::text FROM apple_transactions
-            WHERE transaction_id = \(id.rawValue) AND order_id IS NULL AND status = 'unmatched'
-            """,
-            logger: logger)
-        var verification: String?
-        for try await text in rows.decode(String?.self) { verification = text }
-        return verification.flatMap { try? LedgerJSON.decoder.decode(TransactionUnmatched.self, from: Data($0.utf8)) }
     }
 
     /// The catalog's active products and their prices.
@@ -215,10 +211,5 @@ public struct ReconcilerPass: Sendable {
             orders.append(.init(orderId: OrderID(unchecked: id), userId: UserID(unchecked: user), productId: ProductID(unchecked: product), createdAt: created, queuedAt: queued))
         }
         return orders
-    }
-
-    private func count(_ query: PostgresQuery) async throws -> Int {
-        for try await value in try await database.client.query(query, logger: logger).decode(Int.self) { return value }
-        return 0
     }
 }

@@ -64,15 +64,12 @@ public struct SupportDesk: Sendable {
         if force, (reason ?? "").isEmpty { throw SupportMatchError.reasonRequired }
         return try await database.transaction { connection in
             let now = try await receipts.lockTransaction(transactionId, on: connection)
-            let rows = try await connection.query(
-                "SELECT order_id, status, verification::text FROM apple_transactions WHERE transaction_id = \(transactionId.rawValue)",
-                logger: logger)
-            var row: (String?, String, String?)?
-            for try await found in rows.decode((String?, String, String?).self) { row = found }
-            guard let row else { throw SupportMatchError.transactionNotFound(transactionId) }
-            guard row.0 == nil, row.1 == "unmatched", let text = row.2,
-                  let pooled = try? LedgerJSON.decoder.decode(TransactionUnmatched.self, from: Data(text.utf8))
-            else { throw SupportMatchError.notInPool(transactionId, status: row.0 == nil ? row.1 : "claimed") }
+            guard let pooled = try await receipts.pooledTransaction(transactionId, on: connection) else {
+                guard let holder = try await receipts.holderOfTransaction(transactionId, on: connection) else {
+                    throw SupportMatchError.transactionNotFound(transactionId)
+                }
+                throw SupportMatchError.notInPool(transactionId, status: holder.orderId == nil ? holder.status : "claimed")
+            }
             guard let order = try await receipts.orders.projection.order(orderId, on: connection, forUpdate: true) else {
                 throw OrderDecisionError.noSuchOrder
             }

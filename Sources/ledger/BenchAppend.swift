@@ -127,16 +127,17 @@ struct BenchAppend: AsyncParsableCommand {
         return bench
     }
 
-    func recreateDatabase(_ server: PostgresClient.Configuration, logger: Logger) async throws {
-        try await dropDatabase(server, logger: logger)
+    /// Drops and creates a scratch database (`name` is one of this program's constants).
+    func recreateDatabase(_ server: PostgresClient.Configuration, named name: String = benchDatabase, logger: Logger) async throws {
+        try await dropDatabase(server, named: name, logger: logger)
         try await onAdminDatabase(server, logger: logger) { client in
-            try await client.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(Self.benchDatabase)"), logger: logger)
+            try await client.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name)"), logger: logger)
         }
     }
 
-    func dropDatabase(_ server: PostgresClient.Configuration, logger: Logger) async throws {
+    func dropDatabase(_ server: PostgresClient.Configuration, named name: String = benchDatabase, logger: Logger) async throws {
         try await onAdminDatabase(server, logger: logger) { client in
-            try await client.query(PostgresQuery(unsafeSQL: "DROP DATABASE IF EXISTS \(Self.benchDatabase) WITH (FORCE)"), logger: logger)
+            try await client.query(PostgresQuery(unsafeSQL: "DROP DATABASE IF EXISTS \(name) WITH (FORCE)"), logger: logger)
         }
     }
 

@@ -29,26 +29,11 @@ struct BenchHTTP: AsyncParsableCommand {
         let key = try await withPostgresClient(benchConfiguration, logger: logger) { client in
             try await APIKeyStore(database: Database(client: client, logger: logger)).create(name: "bench", scopes: [.admin])
         }
-        let work = FileManager.default.temporaryDirectory.appendingPathComponent("ledger-bench-http-\(getpid())")
-        try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
+        let work = try BenchServerChild.workDirectory("http")
         defer { try? FileManager.default.removeItem(at: work) }
-
-        let port = try Self.freePort()
-        let server = try ProcessRunner(workingDirectory: work).spawn(
-            Self.executablePath(), ["serve"], outputPath: work.appendingPathComponent("server.log").path,
-            environment: ["LEDGER_DATABASE_URL": Self.url(benchConfiguration), "LEDGER_PORT": "\(port)",
-                          "LEDGER_HOST": "127.0.0.1", "LEDGER_LOG_LEVEL": "warning"])
-        let measured: (LatencySummary, Int, Int)
-        do {
-            measured = try await drive(port: port, key: key)
-        } catch {
-            kill(server, SIGKILL)
-            _ = try? ProcessRunner.wait(for: server)
-            throw error
+        let (measured, peakRSS) = try await BenchServerChild.run(database: benchConfiguration, work: work) { client, base in
+            try await drive(client, base: base, key: key)
         }
-        let peakRSS = Self.peakRSSKiB(of: server)
-        kill(server, SIGTERM)
-        _ = try ProcessRunner.wait(for: server)
         let (ledger, failures, _) = measured
 
         let baseline = try PgbenchBaseline(binaries: try PostgresBinaries.locate(), configuration: benchConfiguration, workDirectory: work)
@@ -62,14 +47,7 @@ struct BenchHTTP: AsyncParsableCommand {
     }
 
     /// Runs the workload; answers the latencies of successful appends, failures, orders made.
-    func drive(port: Int, key: String) async throws -> (LatencySummary, Int, Int) {
-        var settings = HTTPClient.Configuration()
-        settings.connectionPool = .init(idleTimeout: .seconds(60))
-        settings.httpVersion = .http1Only
-        let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: settings)
-        defer { _ = client.shutdown() }
-        let base = "http://127.0.0.1:\(port)"
-        try await Self.waitUntilReady(client, base)
+    func drive(_ client: HTTPClient, base: String, key: String) async throws -> (LatencySummary, Int, Int) {
         let run = UUID().uuidString.prefix(6)
         _ = try await workload(client, base: base, key: key, until: .now + .seconds(2), prefix: "warm-\(run)")
         let start = ContinuousClock.now

@@ -32,8 +32,7 @@ struct BenchReceipts: AsyncParsableCommand {
         let opened = try await OpenedDatabase.open(configuration.database, logger: logger)
         defer { try? opened.close(logger: logger) }
         let benchConfiguration = try await BenchAppend.prepareDatabase(opened.clientConfiguration, logger: logger)
-        let work = FileManager.default.temporaryDirectory.appendingPathComponent("ledger-bench-receipts-\(getpid())")
-        try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
+        let work = try BenchServerChild.workDirectory("receipts")
         defer { try? FileManager.default.removeItem(at: work) }
 
         let chain = try ThrowawaySigningChain(name: "Order Ledger benchmark")
@@ -46,24 +45,10 @@ struct BenchReceipts: AsyncParsableCommand {
             return (key, try await prepare(chain: chain, run: String(run), total: receipts + warmup, ledger: OrderLedger(database: database, store: EventStore(database: database))))
         }
 
-        let port = try BenchHTTP.freePort()
-        let server = try ProcessRunner(workingDirectory: work).spawn(
-            BenchHTTP.executablePath(), ["serve"], outputPath: work.appendingPathComponent("server.log").path,
-            environment: ["LEDGER_DATABASE_URL": BenchHTTP.url(benchConfiguration), "LEDGER_PORT": "\(port)",
-                          "LEDGER_HOST": "127.0.0.1", "LEDGER_LOG_LEVEL": "warning",
-                          "LEDGER_APPLE_ROOT_CERTS": rootFile, "LEDGER_APPLE_BUNDLE_ID": Self.bundleId,
-                          "LEDGER_APPLE_ENVIRONMENT": "Sandbox"])
-        let measured: (LatencySummary, [String: Int])
-        do {
-            measured = try await drive(port: port, key: key, bodies: bodies)
-        } catch {
-            kill(server, SIGKILL)
-            _ = try? ProcessRunner.wait(for: server)
-            throw error
+        let environment = ["LEDGER_APPLE_ROOT_CERTS": rootFile, "LEDGER_APPLE_BUNDLE_ID": Self.bundleId, "LEDGER_APPLE_ENVIRONMENT": "Sandbox"]
+        let (measured, peakRSS) = try await BenchServerChild.run(database: benchConfiguration, work: work, environment: environment) { client, base in
+            try await drive(client, base: base, key: key, bodies: bodies)
         }
-        let peakRSS = BenchHTTP.peakRSSKiB(of: server)
-        kill(server, SIGTERM)
-        _ = try ProcessRunner.wait(for: server)
         let (summary, outcomes) = measured
         print("Signed-transaction receipts over HTTP (\(concurrency) keep-alive clients, \(receipts) receipts after \(warmup) for warm-up, each verified and applied to its own order)")
         print("| clients | receipts/s | p50 ms | p99 ms | outcomes | server peak RSS MB |")
@@ -102,14 +87,7 @@ struct BenchReceipts: AsyncParsableCommand {
         }
     }
 
-    func drive(port: Int, key: String, bodies: [String]) async throws -> (LatencySummary, [String: Int]) {
-        var settings = HTTPClient.Configuration()
-        settings.connectionPool = .init(idleTimeout: .seconds(60))
-        settings.httpVersion = .http1Only
-        let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: settings)
-        defer { _ = client.shutdown() }
-        let base = "http://127.0.0.1:\(port)"
-        try await BenchHTTP.waitUntilReady(client, base)
+    func drive(_ client: HTTPClient, base: String, key: String, bodies: [String]) async throws -> (LatencySummary, [String: Int]) {
         _ = try await post(Array(bodies.prefix(warmup)), client: client, base: base, key: key)
         let start = ContinuousClock.now
         let (latencies, outcomes) = try await post(Array(bodies.dropFirst(warmup)), client: client, base: base, key: key)

@@ -40,10 +40,7 @@ struct Demo: AsyncParsableCommand {
         defer { try? opened.close(logger: logger) }
         var demoDatabase = opened.clientConfiguration
         demoDatabase.database = Self.database
-        try await withPostgresClient(admin(opened.clientConfiguration), logger: logger) { client in
-            try await client.query(PostgresQuery(unsafeSQL: "DROP DATABASE IF EXISTS \(Self.database) WITH (FORCE)"), logger: logger)
-            try await client.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(Self.database)"), logger: logger)
-        }
+        try await BenchAppend().recreateDatabase(opened.clientConfiguration, named: Self.database, logger: logger)
 
         // The throwaway "Apple": trusted by this process's server only.
         let chain = try ThrowawaySigningChain(name: "Order Ledger demo")
@@ -65,6 +62,7 @@ struct Demo: AsyncParsableCommand {
 
         let base = "http://127.0.0.1:\(configuration.port)"
         let http = HTTPClient(eventLoopGroupProvider: .singleton)
+        let played: Result<Void, any Error>
         do {
             try await BenchHTTP.waitUntilReady(http, base)
             let key = try await withPostgresClient(demoDatabase, logger: logger) { client in
@@ -75,15 +73,15 @@ struct Demo: AsyncParsableCommand {
             print(story.summary)
             let csv = try await story.request("GET", "/v1/reports/reconciliation", accept: "text/csv")
             print("\nReconciliation report (CSV):\n\(csv)")
+            played = .success(())
         } catch {
-            try? await http.shutdown()
-            await group.triggerGracefulShutdown()
-            _ = try? await server.value
-            throw error
+            played = .failure(error)
         }
-        try await http.shutdown()
+        // Stopped the same way whether the story ran to its end or not.
+        try? await http.shutdown()
         await group.triggerGracefulShutdown()
         _ = try? await server.value
+        try played.get()
         let psql = opened.privateCluster.map { _ in PrivateCluster(directory: dataDir).psqlCommand(database: Self.database) } ?? "psql"
         if explore {
             print("Explore the data while this waits (Enter stops the database): \(psql)")
@@ -91,12 +89,6 @@ struct Demo: AsyncParsableCommand {
         } else {
             print("The data stays in \(dataDir). To explore it: ledger demo --explore --seed \(seed) (or start the cluster with `ledger serve --data-dir \(dataDir)`), then: \(psql)")
         }
-    }
-
-    func admin(_ configuration: PostgresClient.Configuration) -> PostgresClient.Configuration {
-        var admin = configuration
-        admin.database = "postgres"
-        return admin
     }
 }
 

@@ -45,6 +45,10 @@ public struct Order: Sendable, Equatable, Codable {
 }
 
 extension Order {
+    /// Open: no transaction yet, and not closed; the orders a transaction may still go to
+    /// (DESIGN.md's candidates: created, payment-added).
+    public var isOpen: Bool { (state == .created || state == .paymentAdded) && transactionId == nil }
+
     /// Applies one accepted event (the event at `version`, recorded at `date`). Pure: projections
     /// and replays both use it. An event the transition table refuses leaves the order unchanged.
     public static func evolve(_ order: Order?, _ event: OrderEvent, orderID: OrderID, version: Int64, at date: Date) -> Order? {

@@ -1,0 +1,49 @@
+import AsyncHTTPClient
+import Foundation
+import LedgerStore
+import PostgresNIO
+
+/// A `ledger serve` child process on the benchmark database, for the HTTP benchmarks: started
+/// with the settings they add, driven through a keep-alive client once ready, then stopped;
+/// answers what the benchmark measured and the server's peak resident set (KiB).
+enum BenchServerChild {
+    static func run<Result>(
+        database: PostgresClient.Configuration, work: URL, environment extra: [String: String] = [:],
+        _ drive: (HTTPClient, _ base: String) async throws -> Result
+    ) async throws -> (Result, peakRSSKiB: Int) {
+        let port = try BenchHTTP.freePort()
+        var environment = [
+            "LEDGER_DATABASE_URL": BenchHTTP.url(database), "LEDGER_PORT": "\(port)",
+            "LEDGER_HOST": "127.0.0.1", "LEDGER_LOG_LEVEL": "warning",
+        ]
+        environment.merge(extra) { $1 }
+        let server = try ProcessRunner(workingDirectory: work).spawn(
+            BenchHTTP.executablePath(), ["serve"], outputPath: work.appendingPathComponent("server.log").path, environment: environment)
+        var settings = HTTPClient.Configuration()
+        settings.connectionPool = .init(idleTimeout: .seconds(60))
+        settings.httpVersion = .http1Only
+        let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: settings)
+        defer { _ = client.shutdown() }
+        let result: Result
+        do {
+            let base = "http://127.0.0.1:\(port)"
+            try await BenchHTTP.waitUntilReady(client, base)
+            result = try await drive(client, base)
+        } catch {
+            kill(server, SIGKILL)
+            _ = try? ProcessRunner.wait(for: server)
+            throw error
+        }
+        let peakRSS = BenchHTTP.peakRSSKiB(of: server)
+        kill(server, SIGTERM)
+        _ = try ProcessRunner.wait(for: server)
+        return (result, peakRSS)
+    }
+
+    /// A scratch folder for one benchmark's files (server log, pgbench script, roots).
+    static func workDirectory(_ name: String) throws -> URL {
+        let work = FileManager.default.temporaryDirectory.appendingPathComponent("ledger-bench-\(name)-\(getpid())")
+        try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
+        return work
+    }
+}
