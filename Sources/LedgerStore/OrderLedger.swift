@@ -86,6 +86,7 @@ public struct OrderLedger: Sendable {
             // then reproduces these rows exactly.
             let now = try await transactionTime(on: connection)
             if let current, case .receiptReceived(let receipt) = event {
+                try await recordLeavingPool(receipt, for: id, metadata: metadata, on: connection)
                 let folded = Self.fold(events, onto: current, at: now)
                 return try await appendAndClaim([newEvent], to: current, as: folded.order, receipt, status: folded.claimStatus, at: now, on: connection)
             }
@@ -151,6 +152,26 @@ public struct OrderLedger: Sendable {
             }
         }
         return (order, claimed, movedSinceClaim ? order.state.rawValue : "claimed")
+    }
+
+    /// A transaction leaves the pool only by `transaction-matched` (DESIGN.md promise 8): an order
+    /// event that claims a pooled transaction appends it too, in the same transaction. (If the
+    /// claim then fails, both roll back.)
+    private func recordLeavingPool(_ receipt: ReceiptReceived, for id: OrderID, metadata: Data, on connection: PostgresConnection) async throws {
+        let rows = try await connection.query(
+            """
+            SELECT 1 FROM apple_transactions
+            WHERE transaction_id = \(receipt.transactionId.rawValue) AND order_id IS NULL AND status = 'unmatched'
+            """,
+            logger: database.logger)
+        var pooled = false
+        for try await _ in rows { pooled = true }
+        guard pooled else { return }
+        let matched = TransactionMatched(orderId: id, matchedBy: receipt.matchedBy, candidates: 1, rule: receipt.matchedBy.rawValue)
+        let event = try NewEvent(
+            id: ReceiptLedger.eventID("matched", receipt.transactionId.rawValue, id.rawValue), type: TransactionEventType.matched.rawValue,
+            data: try LedgerJSON.encoder.encode(matched), metadata: metadata)
+        _ = try await store.append([event], to: receipt.transactionId.streamID, expectedVersion: .any, on: connection)
     }
 
     /// A claim's events and projection rows in one statement (`append_to_stream`, then

@@ -230,3 +230,21 @@ struct ReceiptRoutesTests {
         }
     }
 }
+
+extension ReceiptRoutesTests {
+    @Test("a backend's own receipt-received for a pooled transaction takes it out of the pool with transaction-matched (promise 8)")
+    func handAppendedClaimLeavesThePoolByAnEvent() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/receipts", json: ["userId": "u-1", "signedTransaction": try await apple.sign(TestApple.transaction("1000020"))])
+            try await http.send(.post, "/v1/orders", json: newOrder("o-by-hand"))
+            let (status, _) = try await http.send(.post, "/v1/orders/o-by-hand/events", json: ["type": "receipt-received", "data": receipt("1000020")])
+            #expect(status == .created)
+            let (_, stream) = try await http.send(.get, "/v1/streams/transaction-1000020/events")
+            let events = stream["events"] as? [[String: Any]] ?? []
+            #expect(events.map { $0["type"] as? String } == ["transaction-unmatched", "transaction-matched"])
+            #expect((events.last?["data"] as? [String: Any])?["orderId"] as? String == "o-by-hand")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions", as: Int.self) == 0)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+}
