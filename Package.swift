@@ -114,6 +114,15 @@ let package = Package(
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
             ]
         ),
+        /// The server killed and its database stopped under load, through a `ledger` child process.
+        .testTarget(
+            name: "FaultTests",
+            dependencies: [
+                "LedgerStore", "LedgerTestSupport",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+            ]
+        ),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -8,12 +8,14 @@ import ServiceLifecycle
 
 /// Builds the router of every ledger route.
 public func buildRouter(
-    database: Database, migrator: Migrator, apple: AppleProofVerifier, configuration: LedgerConfiguration = .init()
+    database: Database, migrator: Migrator, apple: AppleProofVerifier, configuration: LedgerConfiguration = .init(),
+    health: DatabaseHealth? = nil
 ) -> Router<LedgerRequestContext> {
     let router = Router(context: LedgerRequestContext.self)
     let metrics = LedgerMetrics()
     router.add(middleware: MetricsMiddleware(metrics: metrics))
     router.add(middleware: RequestIDMiddleware())
+    if let health { router.add(middleware: DatabaseGateMiddleware(health: health)) }
     router.add(middleware: AuthMiddleware(keys: APIKeyStore(database: database)))
     HealthController(database: database, migrator: migrator).addRoutes(to: router)
     let store = EventStore(database: database)
@@ -41,12 +43,13 @@ public func buildApplication(
 ) throws -> some ApplicationProtocol {
     let database = Database(client: client, logger: logger)
     let migrator = Migrator(logger: logger)
+    let health = DatabaseHealth(client: client, logger: logger)
     var application = Application(
         router: buildRouter(
             database: database, migrator: migrator, apple: try configuration.apple.verifier(logger: logger),
-            configuration: configuration),
+            configuration: configuration, health: health),
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "order-ledger"),
-        services: [client],
+        services: [client, health],
         logger: logger
     )
     if configuration.reconcileInterval > 0 {

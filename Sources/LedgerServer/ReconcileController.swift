@@ -26,9 +26,10 @@ struct ReconcilerService: Service {
     let logger: Logger
 
     func run() async throws {
-        try await cancelWhenGracefulShutdown {
+        await cancelWhenGracefulShutdown {
             while !Task.isCancelled {
-                try await Task.sleep(for: interval)
+                // Shutdown cancels the wait: the service then ends normally, not with an error.
+                do { try await Task.sleep(for: interval) } catch { return }
                 do {
                     let summary = try await pass.run()
                     if summary.paired > 0 || summary.lostRaces > 0 {

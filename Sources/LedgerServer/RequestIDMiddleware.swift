@@ -1,6 +1,7 @@
 import HTTPTypes
 import Hummingbird
 import Logging
+import LedgerStore
 import PostgresNIO
 
 /// Gives every request an id (the caller's `X-Request-Id` when usable), puts it in the logger's
@@ -47,10 +48,9 @@ struct RequestIDMiddleware: RouterMiddleware {
         case let error as any HTTPResponseError:
             return APIError(error.status, code: code(for: error.status), message: error.status.reasonPhrase)
                 .response(requestID: context.requestID)
-        case let error as PSQLError where error.isConnectionFailure:
+        case let error where isConnectionFailure(error):
             context.logger.warning("database unavailable", metadata: ["error": "\(String(reflecting: error))"])
-            return APIError(.serviceUnavailable, code: "database-unavailable", message: "the database is unavailable; retry later",
-                            headers: [.retryAfter: "5"]).response(requestID: context.requestID)
+            return APIError.databaseUnavailable.response(requestID: context.requestID)
         default:
             context.logger.error("unexpected error", metadata: [
                 "error": "\(String(reflecting: error))", "http.method": "\(request.method)", "http.path": "\(request.uri.path)",
@@ -74,13 +74,5 @@ struct RequestIDMiddleware: RouterMiddleware {
         case 503: "unavailable"
         default: status.reasonPhrase.lowercased().replacingOccurrences(of: " ", with: "-")
         }
-    }
-}
-
-extension PSQLError {
-    /// True when the database could not be reached, as opposed to refusing a statement.
-    var isConnectionFailure: Bool {
-        [.connectionError, .serverClosedConnection, .clientClosedConnection, .poolClosed, .uncleanShutdown].contains(code)
-            || (serverInfo?[.sqlState]).map { $0.hasPrefix("08") || $0 == "57P01" || $0 == "57P03" } ?? false
     }
 }

@@ -137,7 +137,7 @@ final class AppendBatcher: Sendable {
         let types = events.map(\.type)
         let data = events.map { String(decoding: $0.data, as: UTF8.self) }
         let metadata = events.map { String(decoding: $0.metadata, as: UTF8.self) }
-        let rows = try await connection.query(
+        let rows = try await connection.guardedQuery(
             """
             CALL append_batch_durably(\(streams), \(expected), \(sizes), \(ids), \(types), \(data)::jsonb[], \(metadata)::jsonb[],
                                       NULL, NULL, NULL, NULL, NULL, NULL)

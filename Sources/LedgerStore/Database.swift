@@ -19,23 +19,60 @@ public struct Database: Sendable {
         _ body: (PostgresConnection) async throws -> Result
     ) async throws -> Result {
         try await client.withConnection { connection in
-            try await connection.query("BEGIN", logger: logger)
+            try await connection.guardedQuery("BEGIN", logger: logger)
             let result: Result
             do {
                 result = try await body(connection)
             } catch {
-                _ = try? await connection.query("ROLLBACK", logger: logger)
+                // On a connection the server dropped, a ROLLBACK can wait forever (it is queued on
+                // a connection that is closing); PostgreSQL rolls the transaction back anyway.
+                if !connection.isClosed, !isConnectionFailure(error) {
+                    _ = try? await connection.guardedQuery("ROLLBACK", logger: logger)
+                }
                 throw error
             }
-            try await connection.query("COMMIT", logger: logger)
+            try await connection.guardedQuery("COMMIT", logger: logger)
             return result
         }
     }
 }
 
+/// True when the database could not be reached or dropped the connection.
+public func isConnectionFailure(_ error: any Error) -> Bool {
+    if error is ConnectionClosedError { return true }
+    return (error as? PSQLError)?.isConnectionFailure ?? false
+}
+
 extension PSQLError {
+    /// True when the database could not be reached or dropped the connection, as opposed to
+    /// refusing a statement.
+    public var isConnectionFailure: Bool {
+        [.connectionError, .serverClosedConnection, .clientClosedConnection, .poolClosed, .uncleanShutdown].contains(code)
+            || sqlState.map { $0.hasPrefix("08") || $0 == "57P01" || $0 == "57P02" || $0 == "57P03" } ?? false
+    }
+
     /// The SQLSTATE of a server error, if this is one.
     var sqlState: String? { serverInfo?[.sqlState] }
     /// The server's message text, if any.
     var serverMessage: String? { serverInfo?[.message] }
+}
+
+/// A query sent on a connection that PostgreSQL already closed (a restart or failover between two
+/// statements of a transaction). Nothing of the transaction committed.
+public struct ConnectionClosedError: Error, CustomStringConvertible {
+    public init() {}
+    public var description: String { "the database closed the connection" }
+}
+
+extension PostgresConnection {
+    /// `query`, failing at once on a connection that is already closed. postgres-nio (1.33) writes
+    /// a query to a closed channel without ever failing it, and the caller would wait forever —
+    /// seen when PostgreSQL stops between two statements of a transaction.
+    @discardableResult
+    public func guardedQuery(
+        _ query: PostgresQuery, logger: Logger, file: String = #fileID, line: Int = #line
+    ) async throws -> PostgresRowSequence {
+        guard !isClosed else { throw ConnectionClosedError() }
+        return try await self.query(query, logger: logger, file: file, line: line)
+    }
 }

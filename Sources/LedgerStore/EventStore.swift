@@ -125,7 +125,7 @@ public struct EventStore: Sendable {
         let types = events.map(\.type)
         let data = events.map { String(decoding: $0.data, as: UTF8.self) }
         let metadata = events.map { String(decoding: $0.metadata, as: UTF8.self) }
-        let rows = try await connection.query(
+        let rows = try await connection.guardedQuery(
             """
             SELECT r_status, r_detail, r_event_id, r_stream_version, r_global_position
             FROM append_to_stream(\(stream.rawValue), \(expected.databaseValue), \(ids), \(types), \(data)::jsonb[], \(metadata)::jsonb[])

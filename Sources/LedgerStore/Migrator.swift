@@ -38,13 +38,13 @@ public struct Migrator: Sendable {
     @discardableResult
     public func migrate(_ client: PostgresClient) async throws -> [String] {
         try await client.withConnection { connection in
-            try await connection.query("SELECT pg_advisory_lock(\(Self.lockKey))", logger: logger)
+            try await connection.guardedQuery("SELECT pg_advisory_lock(\(Self.lockKey))", logger: logger)
             do {
                 let applied = try await applyPending(on: connection)
-                try await connection.query("SELECT pg_advisory_unlock(\(Self.lockKey))", logger: logger)
+                try await connection.guardedQuery("SELECT pg_advisory_unlock(\(Self.lockKey))", logger: logger)
                 return applied
             } catch {
-                _ = try? await connection.query("SELECT pg_advisory_unlock(\(Self.lockKey))", logger: logger)
+                _ = try? await connection.guardedQuery("SELECT pg_advisory_unlock(\(Self.lockKey))", logger: logger)
                 throw error
             }
         }
@@ -59,13 +59,13 @@ public struct Migrator: Sendable {
     }
 
     private func applyPending(on connection: PostgresConnection) async throws -> [String] {
-        try await connection.query(
+        try await connection.guardedQuery(
             """
             CREATE TABLE IF NOT EXISTS schema_migrations (
                 name text PRIMARY KEY, sha256 text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())
             """, logger: logger)
         // A session-local helper so that a whole file runs as one bound parameter.
-        try await connection.query(
+        try await connection.guardedQuery(
             """
             CREATE OR REPLACE FUNCTION pg_temp.ledger_execute(sql text) RETURNS void
             LANGUAGE plpgsql AS $fn$ BEGIN EXECUTE sql; END $fn$
@@ -75,15 +75,15 @@ public struct Migrator: Sendable {
 
         var names: [String] = []
         for migration in migrations where applied[migration.name] == nil {
-            try await connection.query("BEGIN", logger: logger)
+            try await connection.guardedQuery("BEGIN", logger: logger)
             do {
-                try await connection.query("SELECT pg_temp.ledger_execute(\(migration.sql))", logger: logger)
-                try await connection.query(
+                try await connection.guardedQuery("SELECT pg_temp.ledger_execute(\(migration.sql))", logger: logger)
+                try await connection.guardedQuery(
                     "INSERT INTO schema_migrations (name, sha256) VALUES (\(migration.name), \(migration.checksum))",
                     logger: logger)
-                try await connection.query("COMMIT", logger: logger)
+                try await connection.guardedQuery("COMMIT", logger: logger)
             } catch {
-                _ = try? await connection.query("ROLLBACK", logger: logger)
+                _ = try? await connection.guardedQuery("ROLLBACK", logger: logger)
                 throw MigrationError(status: .failed(migration.name, String(reflecting: error)))
             }
             logger.info("applied migration", metadata: ["migration.name": "\(migration.name)"])
@@ -93,10 +93,10 @@ public struct Migrator: Sendable {
     }
 
     private func appliedMigrations(on connection: PostgresConnection) async throws -> [String: String] {
-        let exists = try await connection.query("SELECT to_regclass('schema_migrations') IS NOT NULL", logger: logger)
+        let exists = try await connection.guardedQuery("SELECT to_regclass('schema_migrations') IS NOT NULL", logger: logger)
         for try await present in exists.decode(Bool.self) where !present { return [:] }
         var applied: [String: String] = [:]
-        let rows = try await connection.query("SELECT name, sha256 FROM schema_migrations", logger: logger)
+        let rows = try await connection.guardedQuery("SELECT name, sha256 FROM schema_migrations", logger: logger)
         for try await (name, checksum) in rows.decode((String, String).self) { applied[name] = checksum }
         return applied
     }

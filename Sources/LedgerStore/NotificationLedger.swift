@@ -99,7 +99,7 @@ public struct NotificationLedger: Sendable {
     }
 
     private func storedEvent(_ id: EventID, on connection: PostgresConnection) async throws -> (stream: StreamID, type: String)? {
-        let rows = try await connection.query("SELECT stream_id, type FROM events WHERE event_id = \(id.uuid)", logger: logger)
+        let rows = try await connection.guardedQuery("SELECT stream_id, type FROM events WHERE event_id = \(id.uuid)", logger: logger)
         for try await (stream, type) in rows.decode((String, String).self) { return (StreamID(unchecked: stream), type) }
         return nil
     }

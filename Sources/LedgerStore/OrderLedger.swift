@@ -158,7 +158,7 @@ public struct OrderLedger: Sendable {
     /// event that claims a pooled transaction appends it too, in the same transaction. (If the
     /// claim then fails, both roll back.)
     private func recordLeavingPool(_ receipt: ReceiptReceived, for id: OrderID, metadata: Data, on connection: PostgresConnection) async throws {
-        let rows = try await connection.query(
+        let rows = try await connection.guardedQuery(
             """
             SELECT 1 FROM apple_transactions
             WHERE transaction_id = \(receipt.transactionId.rawValue) AND order_id IS NULL AND status = 'unmatched'
@@ -186,7 +186,7 @@ public struct OrderLedger: Sendable {
         var statusRows: [EventStore.StatusRow] = []
         var wasClaimed: Bool?
         do {
-            let rows = try await connection.query(
+            let rows = try await connection.guardedQuery(
                 OrderProjection.appendSaveAndClaimQuery(newEvents, stream: stream, expected: expected, order, claimed, status: status, at: now),
                 logger: database.logger)
             for try await (rowStatus, detail, id, rowVersion, position, claim) in rows.decode((String, String?, UUID?, Int64?, Int64?, Bool?).self) {
@@ -230,7 +230,7 @@ public struct OrderLedger: Sendable {
     /// The order as it stood right after its event `version`: what the first answer to an append
     /// said, given again to its retries (DESIGN.md promise 3).
     private func orderAsOf(_ id: OrderID, version: Int64, on connection: PostgresConnection) async throws -> Order {
-        let rows = try await connection.query(
+        let rows = try await connection.guardedQuery(
             """
             SELECT \(unescaped: EventStore.columns) FROM events
             WHERE stream_id = \(id.streamID.rawValue) AND stream_version <= \(version) ORDER BY stream_version
@@ -268,19 +268,19 @@ public struct OrderLedger: Sendable {
     }
 
     private func storedEvent(_ id: EventID, on connection: PostgresConnection) async throws -> RecordedEvent? {
-        let rows = try await connection.query(
+        let rows = try await connection.guardedQuery(
             "SELECT \(unescaped: EventStore.columns) FROM events WHERE event_id = \(id.uuid)", logger: database.logger)
         return try await EventStore.decode(rows).first
     }
 
     func transactionTime(on connection: PostgresConnection) async throws -> Date {
-        let rows = try await connection.query("SELECT now()", logger: database.logger)
+        let rows = try await connection.guardedQuery("SELECT now()", logger: database.logger)
         for try await now in rows.decode(Date.self) { return now }
         return Date()
     }
 
     private func sameJSON(_ stored: Data, _ sent: Data, on connection: PostgresConnection) async throws -> Bool {
-        let rows = try await connection.query(
+        let rows = try await connection.guardedQuery(
             "SELECT \(String(decoding: stored, as: UTF8.self))::jsonb = \(String(decoding: sent, as: UTF8.self))::jsonb",
             logger: database.logger)
         for try await same in rows.decode(Bool.self) { return same }

@@ -15,7 +15,7 @@ struct OrderProjection: Sendable {
 
     func order(_ id: OrderID, on connection: PostgresConnection, forUpdate: Bool = false) async throws -> Order? {
         let lock = forUpdate ? " FOR UPDATE" : ""
-        let rows = try await connection.query(
+        let rows = try await connection.guardedQuery(
             "SELECT \(unescaped: Self.orderColumns) FROM orders WHERE order_id = \(id.rawValue)\(unescaped: lock)", logger: logger)
         return try await Self.decodeOrders(rows).first
     }
@@ -47,7 +47,7 @@ struct OrderProjection: Sendable {
 
     /// Writes the order's row as `evolve` left it.
     func save(_ order: Order, on connection: PostgresConnection) async throws {
-        try await connection.query(
+        try await connection.guardedQuery(
             """
             INSERT INTO orders (order_id, user_id, product_id, quantity, price, currency, app_account_token, state, version,
                                 transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason)
@@ -90,7 +90,7 @@ struct OrderProjection: Sendable {
     /// Puts a transaction in the pool: its row with no order, and everything known of it.
     func enterPool(_ body: TransactionUnmatched, verification: Data, at date: Date, on connection: PostgresConnection) async throws {
         let transaction = body.transaction
-        try await connection.query(
+        try await connection.guardedQuery(
             """
             INSERT INTO apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date, environment, status,
                 received_at, updated_at, original_transaction_id, app_transaction_id, app_account_token, matched_by, verification)
@@ -105,7 +105,7 @@ struct OrderProjection: Sendable {
     /// Records what a notification did to a transaction waiting in the pool (`refunded`, or back
     /// to `unmatched` when the refund is reversed).
     func setPoolStatus(_ id: TransactionID, _ status: String, at date: Date, on connection: PostgresConnection) async throws {
-        try await connection.query(
+        try await connection.guardedQuery(
             "UPDATE apple_transactions SET status = \(status), updated_at = \(date) WHERE transaction_id = \(id.rawValue) AND order_id IS NULL",
             logger: logger)
     }
@@ -114,7 +114,7 @@ struct OrderProjection: Sendable {
     /// transaction's holder read after the lock (`lock_order_for_receipt`), in one round trip;
     /// nil when there is no such order (the lock is held either way).
     func lockAndOrder(_ id: OrderID, transaction: TransactionID, on connection: PostgresConnection) async throws -> (Date, Order, (OrderID?, String)?)? {
-        let rows = try await connection.query(
+        let rows = try await connection.guardedQuery(
             "SELECT * FROM lock_order_for_receipt(\(id.rawValue), \(transaction.rawValue))", logger: logger)
         return try await Self.decodeOrderAndHolder(rows)
     }
@@ -134,7 +134,7 @@ struct OrderProjection: Sendable {
 
     func order(appAccountToken token: UUID, on connection: PostgresConnection, forUpdate: Bool) async throws -> Order? {
         let lock = forUpdate ? " FOR UPDATE" : ""
-        let rows = try await connection.query(
+        let rows = try await connection.guardedQuery(
             "SELECT \(unescaped: Self.orderColumns) FROM orders WHERE app_account_token = \(token)\(unescaped: lock)", logger: logger)
         return try await Self.decodeOrders(rows).first
     }
@@ -142,7 +142,7 @@ struct OrderProjection: Sendable {
     /// Records what later events of its order say about a claimed transaction.
     func updateTransaction(of order: Order, at date: Date, on connection: PostgresConnection) async throws {
         guard let transaction = order.transactionId else { return }
-        try await connection.query(
+        try await connection.guardedQuery(
             "UPDATE apple_transactions SET status = \(order.state.rawValue), updated_at = \(date) WHERE transaction_id = \(transaction.rawValue)",
             logger: logger)
     }

@@ -211,10 +211,10 @@ public struct PrivateCluster: Sendable {
             configuration: .init(unixSocketPath: socketPath, username: Self.user, password: nil, database: "postgres"),
             id: 1, logger: logger)
         defer { Task { try? await connection.close() } }
-        let rows = try await connection.query("SELECT count(*) FROM pg_database WHERE datname = \(name)", logger: logger)
+        let rows = try await connection.guardedQuery("SELECT count(*) FROM pg_database WHERE datname = \(name)", logger: logger)
         for try await count in rows.decode(Int.self) where count > 0 { return }
         do {
-            try await connection.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(Self.quoteIdentifier(name))"), logger: logger)
+            try await connection.guardedQuery(PostgresQuery(unsafeSQL: "CREATE DATABASE \(Self.quoteIdentifier(name))"), logger: logger)
         } catch let error as PSQLError where error.sqlState == "42P04" {
             // Created meanwhile by another process.
         }

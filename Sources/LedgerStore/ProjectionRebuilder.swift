@@ -24,8 +24,8 @@ public struct ProjectionRebuilder: Sendable {
     public func rebuild() async throws -> Int {
         try await database.transaction { connection in
             // One snapshot for the whole replay; the TRUNCATE holds appends to orders until COMMIT.
-            try await connection.query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", logger: database.logger)
-            try await connection.query("TRUNCATE orders, apple_transactions", logger: database.logger)
+            try await connection.guardedQuery("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", logger: database.logger)
+            try await connection.guardedQuery("TRUNCATE orders, apple_transactions", logger: database.logger)
             return try await fill(schema: "public", on: connection)
         }
     }
@@ -36,19 +36,19 @@ public struct ProjectionRebuilder: Sendable {
         try await database.transaction { connection in
             // One snapshot: the replay and the comparison see the same log and the same rows,
             // so appends committed meanwhile are not reported as differences.
-            try await connection.query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", logger: database.logger)
+            try await connection.guardedQuery("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", logger: database.logger)
             let scratch = Self.scratchSchema
-            try await connection.query("DROP SCHEMA IF EXISTS \(unescaped: scratch) CASCADE", logger: database.logger)
-            try await connection.query("CREATE SCHEMA \(unescaped: scratch)", logger: database.logger)
+            try await connection.guardedQuery("DROP SCHEMA IF EXISTS \(unescaped: scratch) CASCADE", logger: database.logger)
+            try await connection.guardedQuery("CREATE SCHEMA \(unescaped: scratch)", logger: database.logger)
             for table in Self.tables {
-                try await connection.query(
+                try await connection.guardedQuery(
                     "CREATE TABLE \(unescaped: scratch).\(unescaped: table) (LIKE public.\(unescaped: table) INCLUDING ALL)",
                     logger: database.logger)
             }
             try await fill(schema: scratch, on: connection)
             var differences: [String] = []
             for table in Self.tables {
-                let rows = try await connection.query(
+                let rows = try await connection.guardedQuery(
                     """
                     SELECT 'only in the live projection: ' || row_to_json(live)::text FROM
                       (SELECT * FROM public.\(unescaped: table) EXCEPT SELECT * FROM \(unescaped: scratch).\(unescaped: table)) AS live
@@ -59,7 +59,7 @@ public struct ProjectionRebuilder: Sendable {
                     logger: database.logger)
                 for try await line in rows.decode(String.self) { differences.append("\(table): \(line)") }
             }
-            try await connection.query("DROP SCHEMA \(unescaped: scratch) CASCADE", logger: database.logger)
+            try await connection.guardedQuery("DROP SCHEMA \(unescaped: scratch) CASCADE", logger: database.logger)
             return differences
         }
     }
@@ -77,7 +77,7 @@ public struct ProjectionRebuilder: Sendable {
         var afterVersion: Int64 = -1
         var read = 0
         while true {
-            let rows = try await connection.query(
+            let rows = try await connection.guardedQuery(
                 """
                 SELECT stream_id, stream_version, type, data::text, recorded_at FROM events
                 WHERE (stream_id, stream_version) > (\(afterStream), \(afterVersion))
@@ -120,7 +120,7 @@ public struct ProjectionRebuilder: Sendable {
     }
 
     private func count(on connection: PostgresConnection) async throws -> Int {
-        let rows = try await connection.query("SELECT count(*) FROM events WHERE stream_id LIKE 'order-%' OR stream_id LIKE 'transaction-%'", logger: database.logger)
+        let rows = try await connection.guardedQuery("SELECT count(*) FROM events WHERE stream_id LIKE 'order-%' OR stream_id LIKE 'transaction-%'", logger: database.logger)
         for try await count in rows.decode(Int.self) { return count }
         return 0
     }
@@ -128,7 +128,7 @@ public struct ProjectionRebuilder: Sendable {
     private func write(orders: [Order], claims: [TransactionRow], schema: String, on connection: PostgresConnection) async throws {
         for chunk in stride(from: 0, to: orders.count, by: 2000).map({ Array(orders[$0..<min($0 + 2000, orders.count)]) }) {
             // Arrays cannot hold NULLs here: "" and distantPast stand for none (no valid value is empty).
-            try await connection.query(
+            try await connection.guardedQuery(
                 """
                 INSERT INTO \(unescaped: schema).orders (order_id, user_id, product_id, quantity, price, currency, app_account_token,
                     state, version, transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason)
@@ -148,7 +148,7 @@ public struct ProjectionRebuilder: Sendable {
                 logger: database.logger)
         }
         for chunk in stride(from: 0, to: claims.count, by: 2000).map({ Array(claims[$0..<min($0 + 2000, claims.count)]) }) {
-            try await connection.query(
+            try await connection.guardedQuery(
                 """
                 INSERT INTO \(unescaped: schema).apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date,
                     environment, status, received_at, updated_at, original_transaction_id, app_transaction_id, app_account_token,

@@ -199,7 +199,7 @@ public struct ReceiptLedger: Sendable {
     /// reconciler) for the rest of the database transaction; answers the transaction's time.
     @discardableResult
     func lockTransaction(_ id: TransactionID, on connection: PostgresConnection) async throws -> Date {
-        let rows = try await connection.query(
+        let rows = try await connection.guardedQuery(
             "SELECT now() FROM (SELECT pg_advisory_xact_lock(hashtextextended('apple-transaction:' || \(id.rawValue), 0))) AS locked",
             logger: logger)
         for try await now in rows.decode(Date.self) { return now }
@@ -208,7 +208,7 @@ public struct ReceiptLedger: Sendable {
 
     /// The pool's record of a transaction still waiting there, or nil.
     func pooledTransaction(_ id: TransactionID, on connection: PostgresConnection) async throws -> TransactionUnmatched? {
-        let rows = try await connection.query(
+        let rows = try await connection.guardedQuery(
             """
             SELECT verification::text FROM apple_transactions
             WHERE transaction_id = \(id.rawValue) AND order_id IS NULL AND status = 'unmatched'
@@ -225,7 +225,7 @@ public struct ReceiptLedger: Sendable {
     }
 
     func holderOfTransaction(_ id: TransactionID, on connection: PostgresConnection) async throws -> Holder? {
-        let rows = try await connection.query(
+        let rows = try await connection.guardedQuery(
             "SELECT order_id, status FROM apple_transactions WHERE transaction_id = \(id.rawValue)", logger: logger)
         for try await (order, status) in rows.decode((String?, String).self) {
             return Holder(orderId: order.map(OrderID.init(unchecked:)), status: status)

@@ -1,0 +1,161 @@
+import Hummingbird
+import LedgerStore
+import Logging
+import PostgresNIO
+import ServiceLifecycle
+import Synchronization
+
+/// Whether PostgreSQL answers, as the server last saw it. While it does not, the API answers 503
+/// with `Retry-After` at once instead of queueing requests on the pool until their clients give
+/// up; a probe notices when it is back. A connection failure seen by any request marks it down at
+/// once; the probe (every `interval` while up, every 250 ms while down) marks it up again.
+public final class DatabaseHealth: Service, Sendable {
+    private struct State {
+        var downSince: ContinuousClock.Instant?
+        /// Requests in progress, resumed (with an error) when the database goes down.
+        var waiters: [Int: CheckedContinuation<Void, any Error>] = [:]
+        var nextWaiter = 0
+    }
+
+    private let state = Mutex(State())
+    let client: PostgresClient
+    let logger: Logger
+    let interval: Duration
+    let timeout: Duration
+
+    public init(client: PostgresClient, logger: Logger, interval: Duration = .seconds(1), timeout: Duration = .seconds(2)) {
+        self.client = client
+        self.logger = logger
+        self.interval = interval
+        self.timeout = timeout
+    }
+
+    public var isAvailable: Bool { state.withLock { $0.downSince == nil } }
+
+    func markUnavailable(_ reason: String) {
+        let waiters: [CheckedContinuation<Void, any Error>]? = state.withLock { state in
+            guard state.downSince == nil else { return nil }
+            state.downSince = .now
+            defer { state.waiters = [:] }
+            return Array(state.waiters.values)
+        }
+        guard let waiters else { return }
+        logger.warning("the database is unavailable; the API answers 503 until it is back", metadata: ["reason": "\(reason)"])
+        for waiter in waiters { waiter.resume(throwing: APIError.databaseUnavailable) }
+    }
+
+    /// Returns when the database is marked down (at once if it is), by throwing
+    /// `APIError.databaseUnavailable`; ends with CancellationError when cancelled first.
+    func failWhenUnavailable() async throws {
+        let id = state.withLock { state in
+            defer { state.nextWaiter += 1 }
+            return state.nextWaiter
+        }
+        try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                let outcome: (any Error)? = state.withLock { state in
+                    if state.downSince != nil { return APIError.databaseUnavailable }
+                    if Task.isCancelled { return CancellationError() }
+                    state.waiters[id] = continuation
+                    return nil
+                }
+                if let outcome { continuation.resume(throwing: outcome) }
+            }
+        } onCancel: {
+            let waiter = state.withLock { $0.waiters.removeValue(forKey: id) }
+            waiter?.resume(throwing: CancellationError())
+        }
+    }
+
+    func markAvailable() {
+        let since = state.withLock { state in
+            defer { state.downSince = nil }
+            return state.downSince
+        }
+        if let since {
+            logger.notice("the database is back", metadata: ["down.seconds": "\((ContinuousClock.now - since).components.seconds)"])
+        }
+    }
+
+    public func run() async throws {
+        await cancelWhenGracefulShutdown {
+            while !Task.isCancelled {
+                try? await Task.sleep(for: self.isAvailable ? self.interval : .milliseconds(250))
+                guard !Task.isCancelled else { return }
+                if await self.probe() { self.markAvailable() } else { self.markUnavailable("no answer to the health probe within \(self.timeout)") }
+            }
+        }
+    }
+
+    /// True when `SELECT 1` is answered within `timeout` (a pool waiting to reconnect is not).
+    func probe() async -> Bool {
+        do {
+            return try await withThrowingTaskGroup(of: Bool.self) { group in
+                group.addTask {
+                    try await self.client.query("SELECT 1", logger: self.logger)
+                    return true
+                }
+                group.addTask {
+                    try await Task.sleep(for: self.timeout)
+                    return false
+                }
+                defer { group.cancelAll() }
+                return try await group.next() ?? false
+            }
+        } catch {
+            return false
+        }
+    }
+}
+
+/// Answers 503 `database-unavailable` with `Retry-After` on every route that needs the database
+/// while `DatabaseHealth` has it down, and marks it down when a request meets a connection failure.
+/// Health, readiness and metrics always answer.
+struct DatabaseGateMiddleware: RouterMiddleware {
+    typealias Context = LedgerRequestContext
+
+    let health: DatabaseHealth
+
+    static let ungated: Set<String> = ["/healthz", "/readyz", "/metrics"]
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        guard !Self.ungated.contains(request.uri.path) else { return try await next(request, context) }
+        guard health.isAvailable else { throw APIError.databaseUnavailable }
+        do {
+            // A request waiting on the pool while the database is gone would wait until it is
+            // back: it is answered 503 as soon as the database is marked down, and the handler is
+            // cancelled. Nothing is lost: a write either committed (and the client's retry with
+            // the same ids answers it) or did not.
+            return try await withoutActuallyEscaping(next) { next in
+                let handler = UncheckedSendable(next)
+                return try await withThrowingTaskGroup(of: Response.self) { group in
+                    group.addTask { try await handler.value(request, context) }
+                    group.addTask {
+                        try await health.failWhenUnavailable()
+                        throw CancellationError()
+                    }
+                    defer { group.cancelAll() }
+                    return try await group.next()!
+                }
+            }
+        } catch where isConnectionFailure(error) {
+            health.markUnavailable("\(error)")
+            throw error
+        }
+    }
+}
+
+/// The middleware's `next`, run by a child task that ends before `withoutActuallyEscaping` returns
+/// (the group is awaited); the parent does nothing with it meanwhile.
+private struct UncheckedSendable<Value>: @unchecked Sendable {
+    let value: Value
+    init(_ value: Value) { self.value = value }
+}
+
+extension APIError {
+    /// The answer while PostgreSQL cannot be reached: retry shortly, the same request again.
+    static var databaseUnavailable: APIError {
+        APIError(.serviceUnavailable, code: "database-unavailable", message: "the database is unavailable; retry later with the same request",
+                 headers: [.retryAfter: "2"])
+    }
+}
