@@ -14,7 +14,8 @@ public func buildRouter(
     let router = Router(context: LedgerRequestContext.self)
     let metrics = LedgerMetrics()
     router.add(middleware: MetricsMiddleware(metrics: metrics))
-    router.add(middleware: RequestIDMiddleware())
+    let routes = RouteTable()
+    router.add(middleware: RequestIDMiddleware(routes: routes))
     if let health { router.add(middleware: DatabaseGateMiddleware(health: health)) }
     router.add(middleware: AuthMiddleware(keys: APIKeyStore(database: database)))
     HealthController(database: database, migrator: migrator).addRoutes(to: router)
@@ -33,6 +34,7 @@ public func buildRouter(
                  body: .init(byteBuffer: ByteBuffer(string: metrics.registry.emitToString())))
     }
     EventsController(store: store).addRoutes(to: router)
+    routes.set(router.routes.map { ("\($0.method)", "\($0.path)") })
     return router
 }
 

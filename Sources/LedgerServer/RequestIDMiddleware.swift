@@ -3,12 +3,16 @@ import Hummingbird
 import Logging
 import LedgerStore
 import PostgresNIO
+import Synchronization
 
 /// Gives every request an id (the caller's `X-Request-Id` when usable), puts it in the logger's
 /// metadata and the response headers, and turns every error into the JSON error shape: unexpected
 /// errors are logged at error level with the request id instead of becoming an empty 500.
 struct RequestIDMiddleware: RouterMiddleware {
     typealias Context = LedgerRequestContext
+
+    /// The routes served, to answer 405 (not 404) for a known path with another method.
+    let routes: RouteTable
 
     static let header = HTTPField.Name("X-Request-Id")!
 
@@ -21,7 +25,7 @@ struct RequestIDMiddleware: RouterMiddleware {
         do {
             response = try await next(request, context)
         } catch {
-            response = Self.errorResponse(error, request: request, context: context)
+            response = Self.errorResponse(error, request: request, context: context, routes: routes)
         }
         response.headers[Self.header] = requestID
         return response
@@ -34,13 +38,23 @@ struct RequestIDMiddleware: RouterMiddleware {
         return value
     }
 
-    static func errorResponse(_ error: any Error, request: Request, context: Context) -> Response {
+    static func errorResponse(_ error: any Error, request: Request, context: Context, routes: RouteTable) -> Response {
         if let mapped = APIError.from(error) {
             return mapped.response(requestID: context.requestID)
         }
         switch error {
         case let error as APIError:
             return error.response(requestID: context.requestID)
+        case let error as HTTPError where error.status == .notFound:
+            let allowed = routes.methods(for: request.uri.path)
+            guard !allowed.isEmpty else {
+                return APIError(.notFound, code: "not-found", message: "no route \(request.method) \(request.uri.path)")
+                    .response(requestID: context.requestID)
+            }
+            return APIError(.methodNotAllowed, code: "method-not-allowed",
+                            message: "\(request.method) is not allowed on \(request.uri.path); allowed: \(allowed.joined(separator: ", "))",
+                            headers: [.allow: allowed.joined(separator: ", ")])
+                .response(requestID: context.requestID)
         case let error as HTTPError:
             let message = error.body ?? error.status.reasonPhrase
             return APIError(error.status, code: code(for: error.status), message: message, headers: error.headers)
@@ -74,5 +88,29 @@ struct RequestIDMiddleware: RouterMiddleware {
         case 503: "unavailable"
         default: status.reasonPhrase.lowercased().replacingOccurrences(of: " ", with: "-")
         }
+    }
+}
+
+/// The routes a router serves, as method and path pattern (`/v1/orders/{orderId}`), filled in
+/// once the router is built.
+final class RouteTable: Sendable {
+    private let entries = Mutex<[(method: String, segments: [Substring])]>([])
+
+    func set(_ routes: [(method: String, path: String)]) {
+        entries.withLock { $0 = routes.map { ($0.method, $0.path.split(separator: "/")) } }
+    }
+
+    /// The methods served on a path, sorted; empty when no route has this path.
+    func methods(for path: String) -> [String] {
+        let segments = path.split(separator: "/")
+        let methods = entries.withLock { entries in
+            entries.filter { entry in
+                entry.segments.count == segments.count
+                    && zip(entry.segments, segments).allSatisfy { pattern, segment in
+                        (pattern.hasPrefix("{") && pattern.hasSuffix("}")) || pattern.hasPrefix(":") || pattern == segment
+                    }
+            }.map(\.method)
+        }
+        return Set(methods).sorted()
     }
 }

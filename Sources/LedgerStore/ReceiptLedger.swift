@@ -279,7 +279,12 @@ extension ReceiptLedger {
         let event = try NewEvent(
             id: Self.eventID("proof-rejected", rejection.receiptSha256, rejection.reason, rejection.orderId?.rawValue ?? ""),
             type: "proof-rejected", data: try LedgerJSON.encoder.encode(rejection), metadata: metadata)
-        _ = try await orders.store.append([event], to: StreamID(unchecked: "proof-" + rejection.receiptSha256), expectedVersion: .any)
+        do {
+            _ = try await orders.store.append([event], to: StreamID(unchecked: "proof-" + rejection.receiptSha256), expectedVersion: .any)
+        } catch AppendError.eventIDConflict {
+            // The same proof was refused for the same reason and order before, sent then with other
+            // fields (a user id, a transaction id): the first record stands; this is a retry.
+        }
     }
 
     /// The order holding each of `ids` (nil: in the pool); ids the ledger does not know are absent.
