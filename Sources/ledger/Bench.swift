@@ -4,6 +4,6 @@ import ArgumentParser
 struct Bench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Run benchmarks against a pgbench baseline measured in the same run.",
-        subcommands: [BenchAppend.self, BenchHTTP.self, BenchReceipts.self, BenchReconcile.self]
+        subcommands: [BenchAppend.self, BenchHTTP.self, BenchReceipts.self, BenchRebuild.self, BenchReconcile.self]
     )
 }

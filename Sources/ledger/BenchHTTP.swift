@@ -17,8 +17,8 @@ struct BenchHTTP: AsyncParsableCommand {
     @OptionGroup var options: ConfigurationOptions
     @Option(help: "Seconds to measure")
     var seconds = 15
-    @Option(help: "Concurrent keep-alive clients")
-    var concurrency = 32
+    @Option(help: "Concurrent keep-alive clients, comma-separated (one measurement each)")
+    var concurrency = "1,8,32"
 
     func run() async throws {
         let configuration = try options.load()
@@ -31,34 +31,42 @@ struct BenchHTTP: AsyncParsableCommand {
         }
         let work = try BenchServerChild.workDirectory("http")
         defer { try? FileManager.default.removeItem(at: work) }
+        let levels = concurrency.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }.filter { $0 > 0 }
+        guard !levels.isEmpty else { throw CommandFailure("--concurrency takes client counts such as 1,8,32") }
         let (measured, peakRSS) = try await BenchServerChild.run(database: benchConfiguration, work: work) { client, base in
-            try await drive(client, base: base, key: key)
+            var results: [(LatencySummary, Int)] = []
+            for level in levels {
+                let (summary, failures, _) = try await drive(client, base: base, key: key, concurrency: level)
+                results.append((summary, failures))
+            }
+            return results
         }
-        let (ledger, failures, _) = measured
-
-        let baseline = try PgbenchBaseline(binaries: try PostgresBinaries.locate(), configuration: benchConfiguration, workDirectory: work)
-            .run(concurrency: concurrency, seconds: seconds)
-        let ratio = baseline.perSecond > 0 ? ledger.perSecond / baseline.perSecond : .nan
-        print("Order events over HTTP (\(concurrency) keep-alive clients, each order created then taken through 5 events) vs pgbench single-row INSERT, \(seconds) s")
-        print("| clients | HTTP events/s | p50 ms | p99 ms | failed | pgbench rows/s | p50 ms | p99 ms | ratio | server peak RSS MB |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        print("| \(concurrency) | \(format(ledger.perSecond)) | \(format(ledger.percentile(50), decimals: 2)) | \(format(ledger.percentile(99), decimals: 2)) | \(failures) | \(format(baseline.perSecond)) | \(format(baseline.percentile(50), decimals: 2)) | \(format(baseline.percentile(99), decimals: 2)) | \(format(ratio, decimals: 2)) | \(format(Double(peakRSS) / 1024, decimals: 1)) |")
+        let pgbench = try PgbenchBaseline(binaries: try PostgresBinaries.locate(), configuration: benchConfiguration, workDirectory: work)
+        print("Order events over HTTP (keep-alive clients, each order created then taken through 5 events) vs pgbench single-row INSERT at the same concurrency, \(seconds) s each; one server for all levels")
+        print("| clients | HTTP events/s | p50 ms | p99 ms | failed | pgbench rows/s | p50 ms | p99 ms | ratio |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for (level, (ledger, failures)) in zip(levels, measured) {
+            let baseline = try pgbench.run(concurrency: level, seconds: seconds)
+            let ratio = baseline.perSecond > 0 ? ledger.perSecond / baseline.perSecond : .nan
+            print("| \(level) | \(format(ledger.perSecond)) | \(format(ledger.percentile(50), decimals: 2)) | \(format(ledger.percentile(99), decimals: 2)) | \(failures) | \(format(baseline.perSecond)) | \(format(baseline.percentile(50), decimals: 2)) | \(format(baseline.percentile(99), decimals: 2)) | \(format(ratio, decimals: 2)) |")
+        }
+        print("")
+        print("Server peak RSS over the whole run: \(format(Double(peakRSS) / 1024, decimals: 1)) MB")
         try await BenchAppend().dropDatabase(opened.clientConfiguration, logger: logger)
     }
 
     /// Runs the workload; answers the latencies of successful appends, failures, orders made.
-    func drive(_ client: HTTPClient, base: String, key: String) async throws -> (LatencySummary, Int, Int) {
+    func drive(_ client: HTTPClient, base: String, key: String, concurrency: Int) async throws -> (LatencySummary, Int, Int) {
         let run = UUID().uuidString.prefix(6)
-        _ = try await workload(client, base: base, key: key, until: .now + .seconds(2), prefix: "warm-\(run)")
+        _ = try await workload(client, base: base, key: key, concurrency: concurrency, until: .now + .seconds(2), prefix: "warm-\(run)")
         let start = ContinuousClock.now
-        let (latencies, failures, orders) = try await workload(client, base: base, key: key, until: start + .seconds(seconds), prefix: "run-\(run)")
+        let (latencies, failures, orders) = try await workload(client, base: base, key: key, concurrency: concurrency, until: start + .seconds(seconds), prefix: "run-\(run)")
         let elapsed = ContinuousClock.now - start
         let elapsedSeconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
         return (LatencySummary(operations: latencies.count, seconds: elapsedSeconds, latencies: latencies), failures, orders)
     }
 
-    func workload(_ client: HTTPClient, base: String, key: String, until deadline: ContinuousClock.Instant, prefix: String) async throws -> ([Double], Int, Int) {
-        let concurrency = self.concurrency
+    func workload(_ client: HTTPClient, base: String, key: String, concurrency: Int, until deadline: ContinuousClock.Instant, prefix: String) async throws -> ([Double], Int, Int) {
         return try await withThrowingTaskGroup(of: ([Double], Int, Int).self) { group in
             for worker in 0..<concurrency {
                 group.addTask {

@@ -1,0 +1,59 @@
+import ArgumentParser
+import Foundation
+import LedgerServer
+import LedgerStore
+import Logging
+import PostgresNIO
+
+/// `ledger bench rebuild`: a log of about `--events` events (orders and orphan transactions,
+/// bulk-loaded as the ledger writes them), then `projections rebuild` over all of it and a read of
+/// the whole gap-safe feed in pages of 1,000; prints events per second for each.
+struct BenchRebuild: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "rebuild", abstract: "Projection rebuild and gap-safe feed read over a large log.")
+
+    @OptionGroup var options: ConfigurationOptions
+    @Option(help: "Events in the log (about)") var events = 1_000_000
+
+    func run() async throws {
+        let configuration = try options.load()
+        let logger = BenchAppend.logger
+        let opened = try await OpenedDatabase.open(configuration.database, logger: logger)
+        defer { try? opened.close(logger: logger) }
+        let bench = try await BenchAppend.prepareDatabase(opened.clientConfiguration, logger: logger)
+        let (logged, rebuilt, rebuildSeconds, read, readSeconds) = try await withPostgresClient(bench, logger: logger) { client in
+            let database = Database(client: client, logger: logger)
+            // One event per open order (its stream) and one per orphan (its transaction stream).
+            let orphans = events / 10
+            try await BenchReconcile.load(orphans: orphans, orders: events - orphans, on: database)
+            try await client.query("VACUUM ANALYZE", logger: logger)
+            let logged = try await client.query("SELECT count(*)::int FROM events", logger: logger).collect().first!.decode(Int.self)
+
+            let rebuildStart = ContinuousClock.now
+            let rebuilt = try await ProjectionRebuilder(database: database).rebuild()
+            let rebuildSeconds = Self.seconds(since: rebuildStart)
+
+            let store = EventStore(database: database)
+            let readStart = ContinuousClock.now
+            var after: Int64 = 0
+            var read = 0
+            while true {
+                let page = try await store.readAll(after: after, limit: 1000)
+                guard let last = page.last else { break }
+                read += page.count
+                after = last.position
+            }
+            return (logged, rebuilt, rebuildSeconds, read, Self.seconds(since: readStart))
+        }
+        print("Projection rebuild and gap-safe feed read over a log of \(logged) events")
+        print("| operation | events | seconds | events/s |")
+        print("|---|---:|---:|---:|")
+        print("| `projections rebuild` (one transaction) | \(rebuilt) | \(format(rebuildSeconds, decimals: 1)) | \(format(Double(rebuilt) / max(rebuildSeconds, 0.001))) |")
+        print("| feed read, `readAll` pages of 1,000 | \(read) | \(format(readSeconds, decimals: 1)) | \(format(Double(read) / max(readSeconds, 0.001))) |")
+        try await BenchAppend().dropDatabase(opened.clientConfiguration, logger: logger)
+    }
+
+    static func seconds(since start: ContinuousClock.Instant) -> Double {
+        let elapsed = ContinuousClock.now - start
+        return Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+    }
+}
