@@ -6,10 +6,19 @@ public enum Identifier {
         guard !value.isEmpty else { throw LedgerInputError(field: field, problem: "is empty") }
         // Counted in code points, as PostgreSQL's length() counts (not in Swift's characters,
         // where one letter may carry any number of combining marks).
-        guard value.unicodeScalars.count <= maximumLength else {
+        // One pass over the code points: the length, and the control characters (Unicode's
+        // category Cc is exactly U+0000–U+001F and U+007F–U+009F; comparing ranges is much cheaper
+        // than looking the category up, which a projection rebuild does for every identifier).
+        var count = 0
+        var control = false
+        for scalar in value.unicodeScalars {
+            count += 1
+            if scalar.value < 0x20 || (scalar.value >= 0x7F && scalar.value <= 0x9F) { control = true }
+        }
+        guard count <= maximumLength else {
             throw LedgerInputError(field: field, problem: "is longer than \(maximumLength) characters")
         }
-        guard !value.unicodeScalars.contains(where: { $0.properties.generalCategory == .control }) else {
+        guard !control else {
             throw LedgerInputError(field: field, problem: "contains a control character")
         }
         return value

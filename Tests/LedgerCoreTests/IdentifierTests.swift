@@ -53,4 +53,15 @@ struct IdentifierTests {
         #expect(throws: LedgerInputError.self) { try NewEvent(type: "", data: Data("{}".utf8)) }
         #expect(throws: LedgerInputError.self) { try NewEvent(type: String(repeating: "t", count: 129), data: Data("{}".utf8)) }
     }
+
+    @Test("the control-character check refuses exactly Unicode's category Cc, for every code point")
+    func controlCharactersAreCategoryCc() {
+        var mismatches: [UInt32] = []
+        for value in UInt32(0)...0x10FFFF {
+            guard let scalar = Unicode.Scalar(value) else { continue }  // surrogates
+            let refused = (try? Identifier.validate(String(Character(scalar)) + "x", field: "id")) == nil
+            if refused != (scalar.properties.generalCategory == .control) { mismatches.append(value) }
+        }
+        #expect(mismatches.isEmpty, "differ from category Cc: \(mismatches.prefix(10).map { String($0, radix: 16) })")
+    }
 }
