@@ -131,8 +131,8 @@ struct DatabaseGateMiddleware: RouterMiddleware {
                 return try await withThrowingTaskGroup(of: Response.self) { group in
                     group.addTask { try await handler.value(request, context) }
                     group.addTask {
-                        try await health.failWhenUnavailable()
-                        throw CancellationError()
+                        try await health.failWhenUnavailable()  // throws, by design
+                        throw APIError.databaseUnavailable
                     }
                     defer { group.cancelAll() }
                     return try await group.next()!

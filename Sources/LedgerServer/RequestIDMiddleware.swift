@@ -107,7 +107,7 @@ final class RouteTable: Sendable {
             entries.filter { entry in
                 entry.segments.count == segments.count
                     && zip(entry.segments, segments).allSatisfy { pattern, segment in
-                        (pattern.hasPrefix("{") && pattern.hasSuffix("}")) || pattern.hasPrefix(":") || pattern == segment
+                        (pattern.hasPrefix("{") && pattern.hasSuffix("}")) || pattern == segment
                     }
             }.map(\.method)
         }

@@ -37,20 +37,16 @@ public struct Database: Sendable {
     }
 }
 
-/// True when the database could not be reached or dropped the connection.
+/// True when the database could not be reached or dropped the connection, as opposed to
+/// refusing a statement.
 public func isConnectionFailure(_ error: any Error) -> Bool {
     if error is ConnectionClosedError { return true }
-    return (error as? PSQLError)?.isConnectionFailure ?? false
+    guard let error = error as? PSQLError else { return false }
+    return [.connectionError, .serverClosedConnection, .clientClosedConnection, .poolClosed, .uncleanShutdown].contains(error.code)
+        || error.sqlState.map { $0.hasPrefix("08") || $0 == "57P01" || $0 == "57P02" || $0 == "57P03" } ?? false
 }
 
 extension PSQLError {
-    /// True when the database could not be reached or dropped the connection, as opposed to
-    /// refusing a statement.
-    public var isConnectionFailure: Bool {
-        [.connectionError, .serverClosedConnection, .clientClosedConnection, .poolClosed, .uncleanShutdown].contains(code)
-            || sqlState.map { $0.hasPrefix("08") || $0 == "57P01" || $0 == "57P02" || $0 == "57P03" } ?? false
-    }
-
     /// The SQLSTATE of a server error, if this is one.
     var sqlState: String? { serverInfo?[.sqlState] }
     /// The server's message text, if any.

@@ -79,3 +79,24 @@ public struct LedgerConfigurationProblem: Error, Sendable, Equatable, CustomStri
 
     public var description: String { "\(setting) \(problem)" }
 }
+
+extension PostgresClient.Configuration {
+    /// This configuration as a `LEDGER_DATABASE_URL` (a Unix socket as `?host=<folder>`), for
+    /// handing a database to a child process.
+    public var url: String {
+        let database = self.database ?? username
+        let user = username.addingPercentEncoding(withAllowedCharacters: .urlUserAllowed) ?? username
+        let password = self.password.map { ":" + ($0.addingPercentEncoding(withAllowedCharacters: .urlPasswordAllowed) ?? $0) } ?? ""
+        if let socket = unixSocketPath {
+            return "postgres://\(user)\(password)@/\(database)?host=\(URL(fileURLWithPath: socket).deletingLastPathComponent().path)"
+        }
+        return "postgres://\(user)\(password)@\(host ?? "localhost"):\(port ?? 5432)/\(database)"
+    }
+}
+
+extension Duration {
+    /// The duration in seconds, fractions included.
+    public var inSeconds: Double {
+        Double(components.seconds) + Double(components.attoseconds) / 1e18
+    }
+}

@@ -106,7 +106,7 @@ public struct ReconcilerPass: Sendable {
             progress?(usersDone, totalUsers)
         }
         let elapsed = ContinuousClock.now - started
-        summary.seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        summary.seconds = elapsed.inSeconds
         return summary
     }
 

@@ -82,7 +82,7 @@ struct BenchAppend: AsyncParsableCommand {
             let start = ContinuousClock.now
             let latencies = try await appendLoop(store, workers: concurrency, for: .seconds(seconds), prefix: "bench-\(run)")
             let elapsed = ContinuousClock.now - start
-            let elapsedSeconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+            let elapsedSeconds = elapsed.inSeconds
             let batching = store.groupCommitStatistics
             let perTransaction = Double(batching.appends) / Double(max(1, batching.batches))
             return (LatencySummary(operations: latencies.count, seconds: elapsedSeconds, latencies: latencies), perTransaction)
@@ -105,7 +105,7 @@ struct BenchAppend: AsyncParsableCommand {
                         let started = ContinuousClock.now
                         _ = try await store.append([event], to: stream, expectedVersion: .noStream)
                         let took = ContinuousClock.now - started
-                        latencies.append(Double(took.components.attoseconds) / 1e15 + Double(took.components.seconds) * 1000)
+                        latencies.append(took.inSeconds * 1000)
                         index += 1
                     }
                     return latencies

@@ -61,9 +61,7 @@ struct BenchHTTP: AsyncParsableCommand {
         _ = try await workload(client, base: base, key: key, concurrency: concurrency, until: .now + .seconds(2), prefix: "warm-\(run)")
         let start = ContinuousClock.now
         let (latencies, failures, orders) = try await workload(client, base: base, key: key, concurrency: concurrency, until: start + .seconds(seconds), prefix: "run-\(run)")
-        let elapsed = ContinuousClock.now - start
-        let elapsedSeconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-        return (LatencySummary(operations: latencies.count, seconds: elapsedSeconds, latencies: latencies), failures, orders)
+        return (LatencySummary(operations: latencies.count, seconds: (ContinuousClock.now - start).inSeconds, latencies: latencies), failures, orders)
     }
 
     func workload(_ client: HTTPClient, base: String, key: String, concurrency: Int, until deadline: ContinuousClock.Instant, prefix: String) async throws -> ([Double], Int, Int) {
@@ -95,7 +93,7 @@ struct BenchHTTP: AsyncParsableCommand {
                             _ = try await response.body.collect(upTo: 1 << 20)
                             let took = ContinuousClock.now - started
                             if (200..<300).contains(response.status.code) {
-                                latencies.append(Double(took.components.seconds) * 1000 + Double(took.components.attoseconds) / 1e15)
+                                latencies.append(took.inSeconds * 1000)
                             } else {
                                 failures += 1
                             }
@@ -116,17 +114,6 @@ struct BenchHTTP: AsyncParsableCommand {
             try await Task.sleep(for: .milliseconds(100))
         }
         throw CommandFailure("the server did not become ready within 30 s")
-    }
-
-    /// A URL for the child server from the benchmark database's configuration.
-    static func url(_ configuration: PostgresClient.Configuration) -> String {
-        let database = configuration.database ?? configuration.username
-        let user = configuration.username.addingPercentEncoding(withAllowedCharacters: .urlUserAllowed) ?? configuration.username
-        let password = configuration.password.map { ":" + ($0.addingPercentEncoding(withAllowedCharacters: .urlPasswordAllowed) ?? $0) } ?? ""
-        if let socket = configuration.unixSocketPath {
-            return "postgres://\(user)\(password)@/\(database)?host=\(URL(fileURLWithPath: socket).deletingLastPathComponent().path)"
-        }
-        return "postgres://\(user)\(password)@\(configuration.host ?? "localhost"):\(configuration.port ?? 5432)/\(database)"
     }
 
     static func executablePath() throws -> String {

@@ -30,7 +30,7 @@ struct BenchRebuild: AsyncParsableCommand {
 
             let rebuildStart = ContinuousClock.now
             let rebuilt = try await ProjectionRebuilder(database: database).rebuild()
-            let rebuildSeconds = Self.seconds(since: rebuildStart)
+            let rebuildSeconds = (ContinuousClock.now - rebuildStart).inSeconds
 
             let store = EventStore(database: database)
             let readStart = ContinuousClock.now
@@ -42,7 +42,7 @@ struct BenchRebuild: AsyncParsableCommand {
                 read += page.count
                 after = last.position
             }
-            return (logged, rebuilt, rebuildSeconds, read, Self.seconds(since: readStart))
+            return (logged, rebuilt, rebuildSeconds, read, (ContinuousClock.now - readStart).inSeconds)
         }
         print("Projection rebuild and gap-safe feed read over a log of \(logged) events")
         print("| operation | events | seconds | events/s |")
@@ -50,10 +50,5 @@ struct BenchRebuild: AsyncParsableCommand {
         print("| `projections rebuild` (one transaction) | \(rebuilt) | \(format(rebuildSeconds, decimals: 1)) | \(format(Double(rebuilt) / max(rebuildSeconds, 0.001))) |")
         print("| feed read, `readAll` pages of 1,000 | \(read) | \(format(readSeconds, decimals: 1)) | \(format(Double(read) / max(readSeconds, 0.001))) |")
         try await BenchAppend().dropDatabase(opened.clientConfiguration, logger: logger)
-    }
-
-    static func seconds(since start: ContinuousClock.Instant) -> Double {
-        let elapsed = ContinuousClock.now - start
-        return Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
     }
 }

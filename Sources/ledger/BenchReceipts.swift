@@ -92,7 +92,7 @@ struct BenchReceipts: AsyncParsableCommand {
         let start = ContinuousClock.now
         let (latencies, outcomes) = try await post(Array(bodies.dropFirst(warmup)), client: client, base: base, key: key)
         let elapsed = ContinuousClock.now - start
-        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        let seconds = elapsed.inSeconds
         return (LatencySummary(operations: latencies.count, seconds: seconds, latencies: latencies), outcomes)
     }
 
@@ -126,7 +126,7 @@ struct BenchReceipts: AsyncParsableCommand {
                         let outcome = response.status == .ok ? Self.outcome(in: String(buffer: body)) : "HTTP \(response.status.code)"
                         outcomes[outcome, default: 0] += 1
                         if outcome == "matched" {
-                            latencies.append(Double(took.components.seconds) * 1000 + Double(took.components.attoseconds) / 1e15)
+                            latencies.append(took.inSeconds * 1000)
                         }
                     }
                     return (latencies, outcomes)

@@ -35,7 +35,7 @@ struct BenchReconcile: AsyncParsableCommand {
                 let loaded = ContinuousClock.now - loadStart
                 let receipts = ReceiptLedger(orders: OrderLedger(database: database, store: EventStore(database: database)))
                 let summary = try await ReconcilerPass(receipts: receipts).run()
-                return (summary, Double(loaded.components.seconds) + Double(loaded.components.attoseconds) / 1e18)
+                return (summary, loaded.inSeconds)
             }
             results.append((orphans, orders, summary, load))
             FileHandle.standardError.write(Data("reconciled \(orphans) orphans against \(orders) open orders in \(format(summary.seconds, decimals: 1)) s\n".utf8))

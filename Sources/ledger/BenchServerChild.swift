@@ -13,7 +13,7 @@ enum BenchServerChild {
     ) async throws -> (Result, peakRSSKiB: Int) {
         let port = try BenchHTTP.freePort()
         var environment = [
-            "LEDGER_DATABASE_URL": BenchHTTP.url(database), "LEDGER_PORT": "\(port)",
+            "LEDGER_DATABASE_URL": database.url, "LEDGER_PORT": "\(port)",
             "LEDGER_HOST": "127.0.0.1", "LEDGER_LOG_LEVEL": "warning",
         ]
         environment.merge(extra) { $1 }

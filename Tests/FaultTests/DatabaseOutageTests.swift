@@ -25,7 +25,7 @@ struct DatabaseOutageTests {
         try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: work) }
         let environment = [
-            "LEDGER_DATABASE_URL": LedgerChild.url(configuration), "LEDGER_PORT": "\(port)",
+            "LEDGER_DATABASE_URL": configuration.url, "LEDGER_PORT": "\(port)",
             "LEDGER_RECONCILE_INTERVAL": "0", "LEDGER_LOG_LEVEL": "notice",
         ]
         let base = "http://127.0.0.1:\(port)"
@@ -71,14 +71,9 @@ struct DatabaseOutageTests {
                 try await expectEveryAcknowledgedEventOnce(load, client: client)
             }
         } catch {
-            _ = try? await server.stop()
-            try? await client.shutdown()
-            Issue.record("server log:\n\(server.logText().suffix(4000))")
-            throw error
+            try await shutDown(server, client, after: error)
         }
-        try await client.shutdown()
-        let exit = try await server.stop()
-        #expect(exit == 0, "ledger serve ended with \(exit) on SIGTERM:\n\(server.logText().suffix(4000))")
+        try await shutDown(server, client)
         try await withClient(cluster.clientConfiguration(database: "postgres")) { admin in
             try await admin.query(PostgresQuery(unsafeSQL: "DROP DATABASE IF EXISTS \(name) WITH (FORCE)"), logger: TestServer.logger)
         }

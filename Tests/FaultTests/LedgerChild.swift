@@ -1,7 +1,9 @@
+import AsyncHTTPClient
 import Foundation
 import LedgerStore
 import LedgerTestSupport
 import PostgresNIO
+import Testing
 
 #if canImport(Glibc)
 import Glibc
@@ -15,12 +17,7 @@ final class LedgerChild: @unchecked Sendable {
 
     /// The `ledger` executable next to the test bundle (`swift build --build-tests` builds it).
     static func executable() throws -> URL {
-        let besideTests = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
-        var folder = besideTests.deletingLastPathComponent()
-        // The test bundle may be a folder (`*.xctest/…`) on some platforms.
-        while folder.pathExtension == "xctest" || folder.lastPathComponent == "Contents" || folder.lastPathComponent == "MacOS" {
-            folder = folder.deletingLastPathComponent()
-        }
+        let folder = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent()
         for candidate in [folder.appendingPathComponent("ledger"), TestServer.packageRoot.appendingPathComponent(".build/debug/ledger")]
         where FileManager.default.isExecutableFile(atPath: candidate.path) {
             return candidate
@@ -83,17 +80,6 @@ final class LedgerChild: @unchecked Sendable {
         return (status, child.logText())
     }
 
-    /// A PostgreSQL URL for a pool configuration (a Unix socket as `?host=` folder).
-    static func url(_ configuration: PostgresClient.Configuration) -> String {
-        let database = configuration.database ?? configuration.username
-        if let socket = configuration.unixSocketPath {
-            let folder = URL(fileURLWithPath: socket).deletingLastPathComponent().path
-            return "postgres://\(configuration.username)@/\(database)?host=\(folder)"
-        }
-        let password = configuration.password.map { ":" + $0 } ?? ""
-        return "postgres://\(configuration.username)\(password)@\(configuration.host ?? "localhost"):\(configuration.port ?? 5432)/\(database)"
-    }
-
     /// A TCP port that was free a moment ago on 127.0.0.1.
     static func freePort() throws -> Int {
         let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
@@ -109,6 +95,20 @@ final class LedgerChild: @unchecked Sendable {
         guard bound else { throw FaultTestError("cannot find a free port") }
         return Int(UInt16(bigEndian: address.sin_port))
     }
+}
+
+/// Ends a fault test's server and HTTP client. After a failure: both stopped as far as they can
+/// be, the server's log recorded, the failure rethrown. Otherwise the server must exit 0 on SIGTERM.
+func shutDown(_ server: LedgerChild, _ client: HTTPClient, after failure: (any Error)? = nil) async throws {
+    if let failure {
+        _ = try? await server.stop()
+        try? await client.shutdown()
+        Issue.record("server log:\n\(server.logText().suffix(4000))")
+        throw failure
+    }
+    try await client.shutdown()
+    let exit = try await server.stop()
+    #expect(exit == 0, "ledger serve ended with \(exit) on SIGTERM:\n\(server.logText().suffix(4000))")
 }
 
 struct FaultTestError: Error, CustomStringConvertible {

@@ -19,7 +19,7 @@ struct ServerCrashTests {
             try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
             defer { try? FileManager.default.removeItem(at: work) }
             let environment = [
-                "LEDGER_DATABASE_URL": LedgerChild.url(db.configuration), "LEDGER_PORT": "\(port)",
+                "LEDGER_DATABASE_URL": db.configuration.url, "LEDGER_PORT": "\(port)",
                 "LEDGER_LOG_LEVEL": "warning",
             ]  // the reconciler on, as by default: SIGTERM must still end the server with 0
             let log = work.appendingPathComponent("server.log")
@@ -51,14 +51,9 @@ struct ServerCrashTests {
                 #expect(refusals.isEmpty, "answers other than 2xx: \(refusals.prefix(5).map { "\($0.status) \($0.body)" })")
                 try await expectEveryAcknowledgedEventOnce(load, client: db.client)
             } catch {
-                _ = try? await server.stop()
-                try? await client.shutdown()
-                Issue.record("server log:\n\(server.logText().suffix(4000))")
-                throw error
+                try await shutDown(server, client, after: error)
             }
-            try await client.shutdown()
-            let exit = try await server.stop()
-            #expect(exit == 0, "ledger serve ended with \(exit) on SIGTERM:\n\(server.logText().suffix(4000))")
+            try await shutDown(server, client)
 
             let (verifyStatus, output) = try await LedgerChild.run(
                 ["projections", "verify"], environment: environment, log: work.appendingPathComponent("verify.log"))

@@ -99,4 +99,19 @@ struct HealthTests {
             #expect(response.headers[.contentType]?.hasPrefix("application/json") == true)
         }
     }
+
+    @Test("a known path with a method it does not serve is 405 with Allow; an unknown path is 404")
+    func methodNotAllowed() async throws {
+        try await withLiveApplication { http, _ in
+            let (status, body) = try await http.send(.delete, "/v1/orders/o-1")
+            #expect(status == .methodNotAllowed)
+            #expect(errorOf(body)["code"] as? String == "method-not-allowed")
+            let response = try await http.client.execute(uri: "/v1/orders", method: .put, headers: [.authorization: "Bearer \(http.key)"])
+            #expect(response.status == .methodNotAllowed)
+            #expect(response.headers[.allow] == "GET, POST")
+            let (missing, missingBody) = try await http.send(.get, "/v1/nothing-here")
+            #expect(missing == .notFound)
+            #expect(errorOf(missingBody)["code"] as? String == "not-found")
+        }
+    }
 }
