@@ -64,58 +64,112 @@ public struct ProjectionRebuilder: Sendable {
         }
     }
 
-    /// Folds every order stream, each in version order, into `schema`'s tables. (Version order,
-    /// not position order: a writer may commit version n + 1 of a stream with a lower position
-    /// than version n when its transaction took its id before the stream lock.)
+    /// One event of an order or transaction stream, as the rebuild reads it.
+    struct Row {
+        let stream: String
+        let version: Int64
+        let type: String
+        let data: String
+        let recordedAt: Date
+    }
+
+    /// The projections being folded from the log: orders, the transactions they claimed, and
+    /// the pool of transactions the ledger recorded as unmatched.
+    struct Fold {
+        /// One stream's projection so far and the version it takes next.
+        struct Stream<Value> {
+            var value: Value?
+            var next: Int64 = 0
+        }
+
+        var orders: [OrderID: Stream<Order>] = [:]
+        var claims: [TransactionID: TransactionRow] = [:]
+        var pool: [TransactionID: Stream<TransactionRow>] = [:]
+
+        /// Folds `row` into its stream unless it is not the stream's next version (then answers
+        /// false and changes nothing); with `anyVersion`, folds it regardless.
+        mutating func apply(_ row: Row, anyVersion: Bool = false) -> Bool {
+            if row.stream.hasPrefix("transaction-") {
+                let id = TransactionID(unchecked: String(row.stream.dropFirst("transaction-".count)))
+                var stream = pool[id] ?? Stream()
+                guard anyVersion || stream.next == row.version else { return false }
+                ProjectionRebuilder.fold(transactionEvent: row.type, data: row.data, at: row.recordedAt, into: &stream.value)
+                stream.next = row.version + 1
+                pool[id] = stream
+                return true
+            }
+            let id = OrderID(unchecked: String(row.stream.dropFirst("order-".count)))
+            var stream = orders[id] ?? Stream()
+            guard anyVersion || stream.next == row.version else { return false }
+            stream.next = row.version + 1
+            defer { orders[id] = stream }
+            guard let type = OrderEventType(rawValue: row.type),
+                  let event = try? OrderEvent.decode(type: type, data: Data(row.data.utf8)),
+                  let next = Order.evolve(stream.value, event, orderID: id, version: row.version, at: row.recordedAt)
+            else { return true }
+            stream.value = next
+            if case .receiptReceived(let receipt) = event {
+                claims[receipt.transactionId] = TransactionRow(receipt: receipt, order: next, at: row.recordedAt)
+            } else if let transaction = next.transactionId {
+                claims[transaction]?.status = next.state.rawValue
+                claims[transaction]?.updatedAt = row.recordedAt
+            }
+            return true
+        }
+
+        /// The `apple_transactions` rows: the claims, where a transaction that waited in the
+        /// pool and was then claimed keeps what the pool knew, and the pool's other rows.
+        var transactionRows: [TransactionRow] {
+            var rows = claims
+            for (id, stream) in pool {
+                guard let pooled = stream.value else { continue }
+                rows[id] = rows[id].map { $0.leavingPool(pooled) } ?? pooled
+            }
+            return Array(rows.values)
+        }
+    }
+
+    /// Folds every order and transaction stream, each in version order, into `schema`'s tables.
+    ///
+    /// One pass over the log in position order (an index scan in about the table's physical
+    /// order, no sort). A stream's events come in version order, except when a writer committed
+    /// version n + 1 with a lower position than version n (its transaction took its id before
+    /// the stream lock): such an event waits in `held` until its predecessor has been folded.
     @discardableResult
     private func fill(schema: String, on connection: PostgresConnection) async throws -> Int {
         let total = try await count(on: connection)
-        var orders: [OrderID: Order] = [:]
-        var claims: [TransactionID: TransactionRow] = [:]
-        var pool: [TransactionID: TransactionRow] = [:]
-        var afterStream = "order-"
-        var afterVersion: Int64 = -1
+        var fold = Fold()
+        var held: [String: [Row]] = [:]
         var read = 0
-        while true {
-            let rows = try await connection.guardedQuery(
-                """
-                SELECT stream_id, stream_version, type, data::text, recorded_at FROM events
-                WHERE (stream_id, stream_version) > (\(afterStream), \(afterVersion))
-                  AND (stream_id LIKE 'order-%' OR stream_id LIKE 'transaction-%')
-                ORDER BY stream_id, stream_version LIMIT 5000
-                """,
-                logger: database.logger)
-            var page = 0
-            for try await (stream, version, typeName, data, recordedAt) in rows.decode((String, Int64, String, String, Date).self) {
-                afterStream = stream
-                afterVersion = version
-                page += 1
-                if stream.hasPrefix("transaction-") {
-                    let id = TransactionID(unchecked: String(stream.dropFirst("transaction-".count)))
-                    Self.fold(transactionEvent: typeName, data: data, at: recordedAt, into: &pool[id])
-                    continue
+        let rows = try await connection.guardedQuery(
+            """
+            SELECT stream_id, stream_version, type, data::text, recorded_at FROM events
+            WHERE stream_id LIKE 'order-%' OR stream_id LIKE 'transaction-%'
+            ORDER BY global_position
+            """,
+            logger: database.logger)
+        for try await (stream, version, type, data, recordedAt) in rows.decode((String, Int64, String, String, Date).self) {
+            read += 1
+            if read % 5000 == 0 { progress?(read, total) }
+            var row = Row(stream: stream, version: version, type: type, data: data, recordedAt: recordedAt)
+            while true {
+                guard fold.apply(row) else {
+                    held[row.stream, default: []].append(row)
+                    break
                 }
-                guard let type = OrderEventType(rawValue: typeName),
-                      let event = try? OrderEvent.decode(type: type, data: Data(data.utf8)) else { continue }
-                let id = OrderID(unchecked: String(stream.dropFirst("order-".count)))
-                guard let next = Order.evolve(orders[id], event, orderID: id, version: version, at: recordedAt) else { continue }
-                orders[id] = next
-                if case .receiptReceived(let receipt) = event {
-                    claims[receipt.transactionId] = TransactionRow(receipt: receipt, order: next, at: recordedAt)
-                } else if let transaction = next.transactionId {
-                    claims[transaction]?.status = next.state.rawValue
-                    claims[transaction]?.updatedAt = recordedAt
-                }
+                // Its successor may have come first.
+                guard !held.isEmpty, var waiting = held[row.stream],
+                      let index = waiting.firstIndex(where: { $0.version == row.version + 1 }) else { break }
+                row = waiting.remove(at: index)
+                held[row.stream] = waiting.isEmpty ? nil : waiting
             }
-            read += page
-            progress?(read, total)
-            if page < 5000 { break }
         }
-        // A transaction that waited in the pool and was then claimed keeps what the pool knew.
-        for (id, pooled) in pool {
-            claims[id] = claims[id].map { $0.leavingPool(pooled) } ?? pooled
+        // Versions are gapless, so nothing stays held; should something, fold it in version order.
+        for row in held.values.joined().sorted(by: { ($0.stream, $0.version) < ($1.stream, $1.version) }) {
+            _ = fold.apply(row, anyVersion: true)
         }
-        try await write(orders: Array(orders.values), claims: Array(claims.values), schema: schema, on: connection)
+        progress?(read, total)
+        try await write(orders: fold.orders.values.compactMap(\.value), claims: fold.transactionRows, schema: schema, on: connection)
         return read
     }
 
@@ -125,7 +179,42 @@ public struct ProjectionRebuilder: Sendable {
         return 0
     }
 
+    /// Writes the rows with the tables' keys and indexes dropped, then builds each again once:
+    /// one sort per index instead of a million random inserts into each. A duplicate that a
+    /// unique index refuses fails the rebuild as an insert would have.
     private func write(orders: [Order], claims: [TransactionRow], schema: String, on connection: PostgresConnection) async throws {
+        var recreate: [String] = []
+        let definitions = try await connection.guardedQuery(
+            """
+            SELECT format('ALTER TABLE %I.%I DROP CONSTRAINT %I', n.nspname, t.relname, c.conname),
+                   format('ALTER TABLE %I.%I ADD CONSTRAINT %I %s', n.nspname, t.relname, c.conname, pg_get_constraintdef(c.oid))
+            FROM pg_constraint c JOIN pg_class t ON t.oid = c.conrelid JOIN pg_namespace n ON n.oid = t.relnamespace
+            WHERE n.nspname = \(schema) AND t.relname = ANY(\(Self.tables)) AND c.contype IN ('p', 'u', 'x')
+            UNION ALL
+            SELECT format('DROP INDEX %I.%I', n.nspname, i.relname), pg_get_indexdef(x.indexrelid)
+            FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid
+                 JOIN pg_namespace n ON n.oid = t.relnamespace
+            WHERE n.nspname = \(schema) AND t.relname = ANY(\(Self.tables))
+              AND NOT EXISTS (SELECT FROM pg_constraint c WHERE c.conindid = x.indexrelid AND c.conrelid = x.indrelid)
+            """,
+            logger: database.logger)
+        var drops: [String] = []
+        for try await (drop, create) in definitions.decode((String, String).self) {
+            drops.append(drop)
+            recreate.append(create)
+        }
+        for statement in drops {
+            try await connection.guardedQuery(PostgresQuery(unsafeSQL: statement), logger: database.logger)
+        }
+        try await insert(orders: orders, claims: claims, schema: schema, on: connection)
+        // Bigger sorts for the index builds, for this transaction only.
+        try await connection.guardedQuery("SET LOCAL maintenance_work_mem = '256MB'", logger: database.logger)
+        for statement in recreate {
+            try await connection.guardedQuery(PostgresQuery(unsafeSQL: statement), logger: database.logger)
+        }
+    }
+
+    private func insert(orders: [Order], claims: [TransactionRow], schema: String, on connection: PostgresConnection) async throws {
         for chunk in stride(from: 0, to: orders.count, by: 2000).map({ Array(orders[$0..<min($0 + 2000, orders.count)]) }) {
             // Arrays cannot hold NULLs here: "" and distantPast stand for none (no valid value is empty).
             try await connection.guardedQuery(

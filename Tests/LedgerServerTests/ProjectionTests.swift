@@ -1,9 +1,11 @@
 import Foundation
 import Hummingbird
+import LedgerCore
 import HummingbirdTesting
 import LedgerServer
 import LedgerStore
 import LedgerTestSupport
+import PostgresNIO
 import Testing
 
 @Suite("Projections are derived from the log")
@@ -66,6 +68,71 @@ struct ProjectionTests {
                 for try await differences in group { #expect(differences == []) }
             }
             #expect(try await rebuilder.verify() == [])
+        }
+    }
+
+    @Test("a rebuild folds a stream in version order when a later version has the lower position")
+    func rebuildFoldsInVersionOrder() async throws {
+        try await withLiveApplication { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("before"))
+            let store = EventStore(database: db.database)
+            let slow = try await db.connect(id: 1)
+            let fast = try await db.connect(id: 2)
+            // The slow transaction takes its id (and so its positions) first and stays open.
+            try await slow.query("BEGIN", logger: TestServer.logger)
+            try await slow.query("SELECT pg_current_xact_id()", logger: TestServer.logger)
+            let stream = try StreamID("order-late")
+            let created = OrderEvent.created(OrderCreated(userId: try UserID("u-1"), productId: try ProductID("gems.100")))
+            let first = try await store.append(
+                [try NewEvent(type: "created", data: created.encodedData())], to: stream, expectedVersion: .noStream, on: fast)
+            let queued = OrderEvent.paymentAdded(PaymentAdded(queuedAt: Date(timeIntervalSince1970: 1_790_000_000)))
+            let second = try await store.append(
+                [try NewEvent(type: "payment-added", data: queued.encodedData())], to: stream, expectedVersion: .exact(0), on: slow)
+            try await slow.query("COMMIT", logger: TestServer.logger)
+            #expect(second.positions[0] < first.positions[0], "version 1 has the lower position")
+
+            let rebuilder = ProjectionRebuilder(database: db.database)
+            try await rebuilder.rebuild()
+            let (status, order) = try await http.send(.get, "/v1/orders/late")
+            #expect(status == .ok)
+            #expect(order["state"] as? String == "payment-added")
+            #expect(order["version"] as? Int == 1)
+            try await slow.close()
+            try await fast.close()
+        }
+    }
+
+    @Test("a rebuild leaves the projection tables with the keys and indexes the migrations made")
+    func rebuildKeepsIndexes() async throws {
+        try await withLiveApplication { http, db in
+            for index in 0..<5 { try await http.send(.post, "/v1/orders", json: newOrder("ix-\(index)")) }
+            func definitions() async throws -> [String] {
+                let rows = try await db.client.query(
+                    """
+                    SELECT indexrelid::regclass::text || ' ' || pg_get_indexdef(indexrelid) || ' ' || coalesce(c.conname, '')
+                    FROM pg_index x LEFT JOIN pg_constraint c ON c.conindid = x.indexrelid
+                    WHERE indrelid IN ('public.orders'::regclass, 'public.apple_transactions'::regclass) ORDER BY 1
+                    """,
+                    logger: TestServer.logger)
+                var lines: [String] = []
+                for try await line in rows.decode(String.self) { lines.append(line) }
+                return lines
+            }
+            let before = try await definitions()
+            #expect(before.count == 10, "\(before)")
+            #expect(before.contains { $0.hasSuffix("orders_pkey") })
+            try await ProjectionRebuilder(database: db.database).rebuild()
+            #expect(try await definitions() == before)
+            // The unique indexes hold again: a second order with a taken token is refused.
+            await #expect(throws: PSQLError.self) {
+                try await db.client.query(
+                    """
+                    INSERT INTO orders (order_id, user_id, product_id, quantity, app_account_token, state, version, created_at, updated_at)
+                    SELECT 'copy', user_id, product_id, quantity, app_account_token, state, version, created_at, updated_at
+                    FROM orders WHERE order_id = 'ix-0'
+                    """,
+                    logger: TestServer.logger)
+            }
         }
     }
 }
