@@ -63,7 +63,7 @@ public struct OrderLedger: Sendable {
         let body = data ?? event.encodedData()
         let newEvent = try NewEvent(id: eventID, type: event.type.rawValue, data: body, metadata: metadata)
         return try await database.transaction { connection in
-            let current = try await projection.order(id, on: connection, forUpdate: true)
+            let (now, current) = try await projection.lockedOrder(id, on: connection)
             let currentVersion = current?.version ?? ExpectedVersion.noStreamVersion
             let decision = Order.decide(current, event)
             let refusal: (any Error)?
@@ -82,27 +82,54 @@ public struct OrderLedger: Sendable {
                 throw refusal
             }
             let events = try decision.get()
-            // The transaction's own time, which `recorded_at` holds too: a rebuild from the log
-            // then reproduces these rows exactly.
-            let now = try await transactionTime(on: connection)
+            // `now` is the transaction's own time, which `recorded_at` holds too: a rebuild from
+            // the log then reproduces these rows exactly.
             if let current, case .receiptReceived(let receipt) = event {
                 try await recordLeavingPool(receipt, for: id, metadata: metadata, on: connection)
                 let folded = Self.fold(events, onto: current, at: now)
                 return try await appendAndClaim([newEvent], to: current, as: folded.order, receipt, status: folded.claimStatus, at: now, on: connection)
             }
-            let result = try await store.append(
-                [newEvent], to: id.streamID,
-                expectedVersion: current.map { .exact($0.version) } ?? .noStream, on: connection)
-            guard !result.replayed else {
-                return Outcome(order: try await orderAsOf(id, version: result.streamVersion, on: connection), appended: false)
-            }
-            guard let next = events.reduce(current, { Order.evolve($0, $1, orderID: id, version: result.streamVersion, at: now) }) else {
+            // With the order's row locked, the version the event takes is known beforehand.
+            let version = (current?.version ?? ExpectedVersion.noStreamVersion) + 1
+            guard let next = events.reduce(current, { Order.evolve($0, $1, orderID: id, version: version, at: now) }) else {
                 throw OrderDecisionError.noSuchOrder
             }
-            try await projection.save(next, on: connection)
-            if next.transactionId != nil { try await projection.updateTransaction(of: next, at: now, on: connection) }
-            return Outcome(order: next, appended: true)
+            return try await appendAndSave([newEvent], to: current, as: next, at: now, on: connection)
         }
+    }
+
+    /// Appends `newEvents` after `current` (nil: a new stream) and, only if they were appended,
+    /// writes `order`, the order they leave, with its transaction's status, in one statement.
+    /// A retry of events already stored answers the order as it stood after them.
+    private func appendAndSave(
+        _ newEvents: [NewEvent], to current: Order?, as order: Order, at now: Date, on connection: PostgresConnection
+    ) async throws -> Outcome {
+        let expected = current.map { ExpectedVersion.exact($0.version) } ?? .noStream
+        let query = OrderProjection.appendAndSaveQuery(newEvents, stream: order.orderId.streamID, expected: expected, order, at: now)
+        let (result, _) = try await runAppend(query, newEvents, to: order.orderId.streamID, expected: expected, on: connection)
+        guard !result.replayed else {
+            return Outcome(order: try await orderAsOf(order.orderId, version: result.streamVersion, on: connection), appended: false)
+        }
+        return Outcome(order: order, appended: true)
+    }
+
+    /// Runs a statement that appends through `append_to_stream` and answers its rows with one
+    /// more column (the claim's outcome, or NULL); answers the append's result and that column.
+    private func runAppend(
+        _ query: PostgresQuery, _ newEvents: [NewEvent], to stream: StreamID, expected: ExpectedVersion, on connection: PostgresConnection
+    ) async throws -> (AppendResult, Bool?) {
+        var statusRows: [EventStore.StatusRow] = []
+        var extra: Bool?
+        do {
+            let rows = try await connection.guardedQuery(query, logger: database.logger)
+            for try await (rowStatus, detail, id, rowVersion, position, flag) in rows.decode((String, String?, UUID?, Int64?, Int64?, Bool?).self) {
+                statusRows.append(EventStore.StatusRow(status: rowStatus, detail: detail, eventID: id, version: rowVersion, position: position))
+                extra = flag
+            }
+        } catch {
+            throw EventStore.mapError(error, stream, expected, newEvents)
+        }
+        return (try EventStore.answer(statusRows, stream, expected).get(), extra)
     }
 
     /// Appends events the ledger itself decided (receipts, notifications) to an order the caller
@@ -126,13 +153,7 @@ public struct OrderLedger: Sendable {
         if let claimed = folded.claimed {
             return try await appendAndClaim(newEvents, to: current, as: folded.order, claimed, status: folded.claimStatus, at: now, on: connection).order
         }
-        let result = try await store.append(newEvents, to: current.orderId.streamID, expectedVersion: .exact(current.version), on: connection)
-        guard !result.replayed else {
-            return try await orderAsOf(current.orderId, version: result.streamVersion, on: connection)
-        }
-        try await projection.save(folded.order, on: connection)
-        if folded.order.transactionId != nil { try await projection.updateTransaction(of: folded.order, at: now, on: connection) }
-        return folded.order
+        return try await appendAndSave(newEvents, to: current, as: folded.order, at: now, on: connection).order
     }
 
     /// `events` folded onto `current` with the versions that follow it: the order they leave,
@@ -183,20 +204,8 @@ public struct OrderLedger: Sendable {
     ) async throws -> Outcome {
         let stream = current.orderId.streamID
         let expected = ExpectedVersion.exact(current.version)
-        var statusRows: [EventStore.StatusRow] = []
-        var wasClaimed: Bool?
-        do {
-            let rows = try await connection.guardedQuery(
-                OrderProjection.appendSaveAndClaimQuery(newEvents, stream: stream, expected: expected, order, claimed, status: status, at: now),
-                logger: database.logger)
-            for try await (rowStatus, detail, id, rowVersion, position, claim) in rows.decode((String, String?, UUID?, Int64?, Int64?, Bool?).self) {
-                statusRows.append(EventStore.StatusRow(status: rowStatus, detail: detail, eventID: id, version: rowVersion, position: position))
-                wasClaimed = claim
-            }
-        } catch {
-            throw EventStore.mapError(error, stream, expected, newEvents)
-        }
-        let result = try EventStore.answer(statusRows, stream, expected).get()
+        let query = OrderProjection.appendSaveAndClaimQuery(newEvents, stream: stream, expected: expected, order, claimed, status: status, at: now)
+        let (result, wasClaimed) = try await runAppend(query, newEvents, to: stream, expected: expected, on: connection)
         guard !result.replayed else {
             return Outcome(order: try await orderAsOf(current.orderId, version: result.streamVersion, on: connection), appended: false)
         }

@@ -20,6 +20,23 @@ struct OrderProjection: Sendable {
         return try await Self.decodeOrders(rows).first
     }
 
+    /// The order's row, locked until the caller's transaction ends, and the transaction's time
+    /// (`now()`, which the events it appends record), in one round trip when the order exists.
+    func lockedOrder(_ id: OrderID, on connection: PostgresConnection) async throws -> (now: Date, order: Order?) {
+        let rows = try await connection.guardedQuery(
+            "SELECT now(), \(unescaped: Self.orderColumns) FROM orders WHERE order_id = \(id.rawValue) FOR UPDATE", logger: logger)
+        let columns = (Date, String, String, String, Int, String?, String?, UUID, String, Int64, String?, Date, Date, Date?, String?, String?).self
+        var found: (Date, Order)?
+        for try await (now, order, user, product, quantity, price, currency, token, state, version, transaction, created, updated, queued, beforeRefund, failure)
+            in rows.decode(columns) {
+            found = (now, Self.makeOrder((order, user, product, quantity, price, currency, token, state, version, transaction, created, updated, queued, beforeRefund, failure)))
+        }
+        if let (now, order) = found { return (now, order) }
+        let now = try await connection.guardedQuery("SELECT now()", logger: logger)
+        for try await time in now.decode(Date.self) { return (time, nil) }
+        return (Date(), nil)
+    }
+
     typealias OrderColumns = (String, String, String, Int, String?, String?, UUID, String, Int64, String?, Date, Date, Date?, String?, String?)
 
     static func decodeOrders(_ rows: PostgresRowSequence) async throws -> [Order] {
@@ -58,6 +75,39 @@ struct OrderProjection: Sendable {
             \(unescaped: Self.saveConflict)
             """,
             logger: logger)
+    }
+
+    /// `append_to_stream` and, only when it appended, the order's row as `evolve` left it and
+    /// the status of the transaction it holds, in one statement (one round trip instead of three).
+    /// The sixth column is always NULL, as `appendSaveAndClaimQuery`'s claim.
+    static func appendAndSaveQuery(
+        _ events: [NewEvent], stream: StreamID, expected: ExpectedVersion, _ order: Order, at date: Date
+    ) -> PostgresQuery {
+        let ids = events.map(\.id.uuid)
+        let types = events.map(\.type)
+        let data = events.map { String(decoding: $0.data, as: UTF8.self) }
+        let metadata = events.map { String(decoding: $0.metadata, as: UTF8.self) }
+        return """
+        WITH appended AS MATERIALIZED (
+            SELECT * FROM append_to_stream(\(stream.rawValue), \(expected.databaseValue), \(ids), \(types), \(data)::jsonb[], \(metadata)::jsonb[])
+        ), saved AS MATERIALIZED (
+            INSERT INTO orders (order_id, user_id, product_id, quantity, price, currency, app_account_token, state, version,
+                                transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason)
+            SELECT \(order.orderId.rawValue), \(order.userId.rawValue), \(order.productId.rawValue), \(order.quantity)::integer,
+                   \(order.price)::numeric, \(order.currency), \(order.appAccountToken), \(order.state.rawValue), \(order.version),
+                   \(order.transactionId?.rawValue), \(order.createdAt), \(order.updatedAt), \(order.queuedAt),
+                   \(order.stateBeforeRefund?.rawValue), \(order.failureReason)
+            WHERE NOT EXISTS (SELECT 1 FROM appended WHERE r_status <> 'appended')
+            \(unescaped: Self.saveConflict)
+            RETURNING transaction_id
+        ), touched AS MATERIALIZED (
+            UPDATE apple_transactions SET status = \(order.state.rawValue), updated_at = \(date)
+            WHERE transaction_id = (SELECT transaction_id FROM saved)
+            RETURNING 1
+        )
+        SELECT r_status, r_detail, r_event_id, r_stream_version, r_global_position, NULL::boolean
+        FROM appended
+        """
     }
 
     /// `append_to_stream` and, only when it appended, `save_order_and_claim`, in one statement.
@@ -137,13 +187,5 @@ struct OrderProjection: Sendable {
         let rows = try await connection.guardedQuery(
             "SELECT \(unescaped: Self.orderColumns) FROM orders WHERE app_account_token = \(token)\(unescaped: lock)", logger: logger)
         return try await Self.decodeOrders(rows).first
-    }
-
-    /// Records what later events of its order say about a claimed transaction.
-    func updateTransaction(of order: Order, at date: Date, on connection: PostgresConnection) async throws {
-        guard let transaction = order.transactionId else { return }
-        try await connection.guardedQuery(
-            "UPDATE apple_transactions SET status = \(order.state.rawValue), updated_at = \(date) WHERE transaction_id = \(transaction.rawValue)",
-            logger: logger)
     }
 }
