@@ -19,10 +19,10 @@ struct EventsController {
         let after = try Self.position(query["after"], field: "after")
         let limit = try OrdersController.limit(query["limit"], default: 100, maximum: 1000)
         let events = try await store.readAll(after: after, limit: limit)
-        return Rendering.response(.ok, [
-            "events": events.map { Rendering.event($0, withStream: true) },
-            "next": events.last?.position ?? after,
-        ])
+        var json = JSONText()
+        json.add("events", raw: JSONText.array(events.map { Rendering.event($0, withStream: true) }))
+        json.add("next", events.last?.position ?? after)
+        return Rendering.response(.ok, text: json.result)
     }
 
     /// `GET /v1/streams/{streamId}/events?from=&limit=`.
@@ -32,7 +32,10 @@ struct EventsController {
         let from = try Self.position(query["from"], field: "from")
         let limit = try OrdersController.limit(query["limit"], default: 1000, maximum: 10_000)
         let events = try await store.readStream(stream, from: from, limit: limit)
-        return Rendering.response(.ok, ["streamId": stream.rawValue, "events": events.map { Rendering.event($0) }])
+        var json = JSONText()
+        json.add("streamId", stream.rawValue)
+        json.add("events", raw: JSONText.array(events.map { Rendering.event($0) }))
+        return Rendering.response(.ok, text: json.result)
     }
 
     static func position(_ text: Substring?, field: String) throws(LedgerInputError) -> Int64 {

@@ -1,4 +1,5 @@
-/// Small JSON objects written directly, for the hot paths (event metadata, receipt answers)
+/// Small JSON objects written directly, for the hot paths (event metadata, orders and events,
+/// receipt answers)
 /// where JSONSerialization's dictionaries cost more than the work they describe.
 struct JSONText {
     private var text = "{"
@@ -14,7 +15,7 @@ struct JSONText {
         text += value ? "true" : "false"
     }
 
-    mutating func add(_ key: String, _ value: Int) {
+    mutating func add(_ key: String, _ value: some BinaryInteger) {
         separate(key)
         text += String(value)
     }
@@ -26,6 +27,11 @@ struct JSONText {
     }
 
     var result: String { text + "}" }
+
+    /// A JSON array of values that are already JSON.
+    static func array(_ items: [String]) -> String {
+        "[" + items.joined(separator: ",") + "]"
+    }
 
     private mutating func separate(_ key: String) {
         if text.utf8.count > 1 { text += "," }

@@ -34,7 +34,7 @@ struct OrdersController {
         let outcome = try await ledger.create(id, created, tokenGiven: tokenGiven, metadata: metadata(context))
         if outcome.appended { metrics.eventAppended(type: OrderEventType.created.rawValue) }
         let events = try await ledger.store.readStream(id.streamID)
-        return Rendering.response(outcome.appended ? .created : .ok, Rendering.order(outcome.order, events: events))
+        return Rendering.response(outcome.appended ? .created : .ok, text: Rendering.order(outcome.order, events: events))
     }
 
     /// `POST /v1/orders/{orderId}/events`: `{type, eventId?, expectedVersion?, data}`.
@@ -61,7 +61,7 @@ struct OrdersController {
         let event = try OrderEvent.decode(type: type, data: data)
         let outcome = try await ledger.append(id, event: event, eventID: eventID, expected: expected, data: data, metadata: metadata(context))
         if outcome.appended { metrics.eventAppended(type: type.rawValue) }
-        return Rendering.response(outcome.appended ? .created : .ok, Rendering.order(outcome.order))
+        return Rendering.response(outcome.appended ? .created : .ok, text: Rendering.order(outcome.order))
     }
 
     /// `GET /v1/orders/{orderId}`: the order and its whole history.
@@ -71,7 +71,7 @@ struct OrdersController {
             throw APIError(.notFound, code: "order-not-found", message: "order \(id) does not exist")
         }
         let events = try await ledger.store.readStream(id.streamID)
-        return Rendering.response(.ok, Rendering.order(order, events: events))
+        return Rendering.response(.ok, text: Rendering.order(order, events: events))
     }
 
     /// `GET /v1/orders?userId=&productId=&state=&after=&limit=`; `state=open`: not finished, failed or refunded.
@@ -89,9 +89,10 @@ struct OrdersController {
         }
         let limit = try Self.limit(query["limit"], default: 100, maximum: 1000)
         let orders = try await ledger.orders(userID: user, productID: product, states: states, after: after, limit: limit)
-        var json: [String: Any] = ["orders": orders.map { Rendering.order($0) }]
-        json["next"] = orders.count == limit ? orders.last?.orderId.rawValue ?? NSNull() : NSNull()
-        return Rendering.response(.ok, json)
+        var json = JSONText()
+        json.add("orders", raw: JSONText.array(orders.map { Rendering.order($0) }))
+        json.add("next", orders.count == limit ? orders.last?.orderId.rawValue : nil)
+        return Rendering.response(.ok, text: json.result)
     }
 
     func orderID(_ context: LedgerRequestContext) throws -> OrderID {

@@ -48,7 +48,7 @@ struct TransactionsController {
         }
         let reason = try body.string("reason")
         let matched = try await desk.match(id, to: order, force: force, reason: reason, metadata: metadata(context))
-        return Rendering.response(.ok, Rendering.order(matched))
+        return Rendering.response(.ok, text: Rendering.order(matched))
     }
 
     static func date(_ text: String, field: String) throws(LedgerInputError) -> Date {
