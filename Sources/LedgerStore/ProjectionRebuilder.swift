@@ -65,13 +65,30 @@ public struct ProjectionRebuilder: Sendable {
     }
 
     /// One event of an order or transaction stream, as the rebuild reads it.
-    struct Row {
+    struct Row: Sendable {
         let stream: String
         let version: Int64
         let type: String
         let data: String
         let recordedAt: Date
+        /// An order event's body, decoded ahead of the fold (nil: not an order event, or not
+        /// one `OrderEvent.decode` accepts, which the fold then skips).
+        var event: OrderEvent?
+
+        var isOrderEvent: Bool { stream.hasPrefix("order-") }
+
+        /// The row with its order event decoded.
+        func decoded() -> Row {
+            guard isOrderEvent, let type = OrderEventType(rawValue: type) else { return self }
+            var row = self
+            row.event = try? OrderEvent.decode(type: type, data: Data(data.utf8))
+            return row
+        }
     }
+
+    /// Rows read before they are folded: their bodies are decoded in parallel, one slice per
+    /// processor (decoding is most of the fold's time), then folded in order.
+    static let decodeBatch = 8192
 
     /// The projections being folded from the log: orders, the transactions they claimed, and
     /// the pool of transactions the ledger recorded as unmatched.
@@ -103,8 +120,7 @@ public struct ProjectionRebuilder: Sendable {
             guard anyVersion || stream.next == row.version else { return false }
             stream.next = row.version + 1
             defer { orders[id] = stream }
-            guard let type = OrderEventType(rawValue: row.type),
-                  let event = try? OrderEvent.decode(type: type, data: Data(row.data.utf8)),
+            guard let event = row.event,
                   let next = Order.evolve(stream.value, event, orderID: id, version: row.version, at: row.recordedAt)
             else { return true }
             stream.value = next
@@ -135,6 +151,22 @@ public struct ProjectionRebuilder: Sendable {
     /// order, no sort). A stream's events come in version order, except when a writer committed
     /// version n + 1 with a lower position than version n (its transaction took its id before
     /// the stream lock): such an event waits in `held` until its predecessor has been folded.
+    /// `rows` with their order events decoded, in the same order.
+    static func decoded(_ rows: [Row]) async -> [Row] {
+        let slices = max(1, min(ProcessInfo.processInfo.activeProcessorCount, rows.count / 256))
+        guard slices > 1 else { return rows.map { $0.decoded() } }
+        let size = (rows.count + slices - 1) / slices
+        return await withTaskGroup(of: (Int, [Row]).self) { group in
+            for start in stride(from: 0, to: rows.count, by: size) {
+                let slice = rows[start..<min(start + size, rows.count)]
+                group.addTask { (start, slice.map { $0.decoded() }) }
+            }
+            var parts: [(Int, [Row])] = []
+            for await part in group { parts.append(part) }
+            return parts.sorted { $0.0 < $1.0 }.flatMap(\.1)
+        }
+    }
+
     @discardableResult
     private func fill(schema: String, on connection: PostgresConnection) async throws -> Int {
         let total = try await count(on: connection)
@@ -148,22 +180,33 @@ public struct ProjectionRebuilder: Sendable {
             ORDER BY global_position
             """,
             logger: database.logger)
+        var batch: [Row] = []
+        batch.reserveCapacity(Self.decodeBatch)
+        func foldBatch() async {
+            for var row in await Self.decoded(batch) {
+                while true {
+                    guard fold.apply(row) else {
+                        held[row.stream, default: []].append(row)
+                        break
+                    }
+                    // Its successor may have come first.
+                    guard !held.isEmpty, var waiting = held[row.stream],
+                          let index = waiting.firstIndex(where: { $0.version == row.version + 1 }) else { break }
+                    row = waiting.remove(at: index)
+                    held[row.stream] = waiting.isEmpty ? nil : waiting
+                }
+            }
+            batch.removeAll(keepingCapacity: true)
+        }
         for try await (stream, version, type, data, recordedAt) in rows.decode((String, Int64, String, String, Date).self) {
             read += 1
-            if read % 5000 == 0 { progress?(read, total) }
-            var row = Row(stream: stream, version: version, type: type, data: data, recordedAt: recordedAt)
-            while true {
-                guard fold.apply(row) else {
-                    held[row.stream, default: []].append(row)
-                    break
-                }
-                // Its successor may have come first.
-                guard !held.isEmpty, var waiting = held[row.stream],
-                      let index = waiting.firstIndex(where: { $0.version == row.version + 1 }) else { break }
-                row = waiting.remove(at: index)
-                held[row.stream] = waiting.isEmpty ? nil : waiting
+            batch.append(Row(stream: stream, version: version, type: type, data: data, recordedAt: recordedAt))
+            if batch.count == Self.decodeBatch {
+                await foldBatch()
+                progress?(read, total)
             }
         }
+        await foldBatch()
         // Versions are gapless, so nothing stays held; should something, fold it in version order.
         for row in held.values.joined().sorted(by: { ($0.stream, $0.version) < ($1.stream, $1.version) }) {
             _ = fold.apply(row, anyVersion: true)
