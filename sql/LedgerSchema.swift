@@ -18,5 +18,6 @@ public enum LedgerSchema {
         Migration(name: "006_receipt_functions.sql", sql: String(decoding: PackageResources._06_receipt_functions_sql, as: UTF8.self)),
         Migration(name: "007_reconciler.sql", sql: String(decoding: PackageResources._07_reconciler_sql, as: UTF8.self)),
         Migration(name: "008_products.sql", sql: String(decoding: PackageResources._08_products_sql, as: UTF8.self)),
+        Migration(name: "009_order_append_function.sql", sql: String(decoding: PackageResources._09_order_append_function_sql, as: UTF8.self)),
     ]
 }

@@ -77,9 +77,9 @@ struct OrderProjection: Sendable {
             logger: logger)
     }
 
-    /// `append_to_stream` and, only when it appended, the order's row as `evolve` left it and
-    /// the status of the transaction it holds, in one statement (one round trip instead of three).
-    /// The sixth column is always NULL, as `appendSaveAndClaimQuery`'s claim.
+    /// `append_and_save_order`: `append_to_stream` and, only when it appended, the order's row as
+    /// `evolve` left it and the status of the transaction it holds, in one round trip. The sixth
+    /// column is always NULL, as `appendSaveAndClaimQuery`'s claim.
     static func appendAndSaveQuery(
         _ events: [NewEvent], stream: StreamID, expected: ExpectedVersion, _ order: Order, at date: Date
     ) -> PostgresQuery {
@@ -88,25 +88,13 @@ struct OrderProjection: Sendable {
         let data = events.map { String(decoding: $0.data, as: UTF8.self) }
         let metadata = events.map { String(decoding: $0.metadata, as: UTF8.self) }
         return """
-        WITH appended AS MATERIALIZED (
-            SELECT * FROM append_to_stream(\(stream.rawValue), \(expected.databaseValue), \(ids), \(types), \(data)::jsonb[], \(metadata)::jsonb[])
-        ), saved AS MATERIALIZED (
-            INSERT INTO orders (order_id, user_id, product_id, quantity, price, currency, app_account_token, state, version,
-                                transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason)
-            SELECT \(order.orderId.rawValue), \(order.userId.rawValue), \(order.productId.rawValue), \(order.quantity)::integer,
-                   \(order.price)::numeric, \(order.currency), \(order.appAccountToken), \(order.state.rawValue), \(order.version),
-                   \(order.transactionId?.rawValue), \(order.createdAt), \(order.updatedAt), \(order.queuedAt),
-                   \(order.stateBeforeRefund?.rawValue), \(order.failureReason)
-            WHERE NOT EXISTS (SELECT 1 FROM appended WHERE r_status <> 'appended')
-            \(unescaped: Self.saveConflict)
-            RETURNING transaction_id
-        ), touched AS MATERIALIZED (
-            UPDATE apple_transactions SET status = \(order.state.rawValue), updated_at = \(date)
-            WHERE transaction_id = (SELECT transaction_id FROM saved)
-            RETURNING 1
-        )
         SELECT r_status, r_detail, r_event_id, r_stream_version, r_global_position, NULL::boolean
-        FROM appended
+        FROM append_and_save_order(
+            \(stream.rawValue), \(expected.databaseValue), \(ids), \(types), \(data)::jsonb[], \(metadata)::jsonb[],
+            \(order.orderId.rawValue), \(order.userId.rawValue), \(order.productId.rawValue), \(order.quantity)::integer,
+            \(order.price)::numeric, \(order.currency), \(order.appAccountToken), \(order.state.rawValue), \(order.version),
+            \(order.transactionId?.rawValue), \(order.createdAt), \(order.updatedAt), \(order.queuedAt),
+            \(order.stateBeforeRefund?.rawValue), \(order.failureReason), \(date))
         """
     }
 
