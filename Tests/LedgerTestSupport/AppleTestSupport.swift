@@ -6,8 +6,9 @@ import Logging
 import NIOCore
 
 /// A throwaway "Apple" for tests: a signing chain whose root is written to a file the ledger is
-/// configured to trust, and helpers that sign transactions and notifications with it.
-public struct TestApple: Sendable {
+/// configured to trust (removed when the last reference goes), and helpers that sign
+/// transactions and notifications with it.
+public final class TestApple: Sendable {
     public static let bundleId = "com.example.ledger-tests"
     public static let appAppleId: Int64 = 1_234_567_890
 
@@ -19,6 +20,10 @@ public struct TestApple: Sendable {
         chain = try ThrowawaySigningChain(name: "Test Apple", options: options)
         rootFile = NSTemporaryDirectory() + "ledger-test-root-\(UUID().uuidString).pem"
         try chain.rootPEM().write(toFile: rootFile, atomically: true, encoding: .utf8)
+    }
+
+    deinit {
+        try? FileManager.default.removeItem(atPath: rootFile)
     }
 
     /// A transaction payload with sensible values; override what a test is about.
