@@ -129,17 +129,14 @@ final class AppendBatcher: Sendable {
 
     /// Writes the batch with one CALL that commits before it answers, then answers each append.
     static func writeDurably(_ batch: [Request], on connection: PostgresConnection, logger: Logger) async throws -> [Result<AppendResult, any Error>] {
-        let events = batch.flatMap(\.events)
+        let events = EventStore.Columns(batch.flatMap(\.events))
         let streams = batch.map(\.stream.rawValue)
         let expected = batch.map { $0.expected.databaseValue ?? -2 }
         let sizes = batch.map { Int32($0.events.count) }
-        let ids = events.map(\.id.uuid)
-        let types = events.map(\.type)
-        let data = events.map { String(decoding: $0.data, as: UTF8.self) }
-        let metadata = events.map { String(decoding: $0.metadata, as: UTF8.self) }
         let rows = try await connection.guardedQuery(
             """
-            CALL append_batch_durably(\(streams), \(expected), \(sizes), \(ids), \(types), \(data)::jsonb[], \(metadata)::jsonb[],
+            CALL append_batch_durably(\(streams), \(expected), \(sizes), \(events.ids), \(events.types), \(events.data)::jsonb[],
+                                      \(events.metadata)::jsonb[],
                                       NULL, NULL, NULL, NULL, NULL, NULL)
             """,
             logger: logger

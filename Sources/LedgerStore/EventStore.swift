@@ -118,17 +118,30 @@ public struct EventStore: Sendable {
         let position: Int64?
     }
 
+    /// Events as the parallel arrays `append_to_stream` and `append_batch` take.
+    struct Columns {
+        let ids: [UUID]
+        let types: [String]
+        let data: [String]
+        let metadata: [String]
+
+        init(_ events: [NewEvent]) {
+            ids = events.map(\.id.uuid)
+            types = events.map(\.type)
+            data = events.map { String(decoding: $0.data, as: UTF8.self) }
+            metadata = events.map { String(decoding: $0.metadata, as: UTF8.self) }
+        }
+    }
+
     static func appendRows(
         _ events: [NewEvent], to stream: StreamID, expected: ExpectedVersion, on connection: PostgresConnection, logger: Logger
     ) async throws -> [StatusRow] {
-        let ids = events.map(\.id.uuid)
-        let types = events.map(\.type)
-        let data = events.map { String(decoding: $0.data, as: UTF8.self) }
-        let metadata = events.map { String(decoding: $0.metadata, as: UTF8.self) }
+        let columns = Columns(events)
         let rows = try await connection.guardedQuery(
             """
             SELECT r_status, r_detail, r_event_id, r_stream_version, r_global_position
-            FROM append_to_stream(\(stream.rawValue), \(expected.databaseValue), \(ids), \(types), \(data)::jsonb[], \(metadata)::jsonb[])
+            FROM append_to_stream(\(stream.rawValue), \(expected.databaseValue), \(columns.ids), \(columns.types),
+                                  \(columns.data)::jsonb[], \(columns.metadata)::jsonb[])
             """,
             logger: logger
         )

@@ -179,15 +179,7 @@ public struct OrderLedger: Sendable {
     /// event that claims a pooled transaction appends it too, in the same transaction. (If the
     /// claim then fails, both roll back.)
     private func recordLeavingPool(_ receipt: ReceiptReceived, for id: OrderID, metadata: Data, on connection: PostgresConnection) async throws {
-        let rows = try await connection.guardedQuery(
-            """
-            SELECT 1 FROM apple_transactions
-            WHERE transaction_id = \(receipt.transactionId.rawValue) AND order_id IS NULL AND status = 'unmatched'
-            """,
-            logger: database.logger)
-        var pooled = false
-        for try await _ in rows { pooled = true }
-        guard pooled else { return }
+        guard try await projection.pooledTransaction(receipt.transactionId, on: connection) != nil else { return }
         let matched = TransactionMatched(orderId: id, matchedBy: receipt.matchedBy, candidates: 1, rule: receipt.matchedBy.rawValue)
         let event = try NewEvent(
             id: ReceiptLedger.eventID("matched", receipt.transactionId.rawValue, id.rawValue), type: TransactionEventType.matched.rawValue,
@@ -218,12 +210,9 @@ public struct OrderLedger: Sendable {
     func createLocked(_ id: OrderID, _ body: OrderCreated, eventID: EventID, at now: Date, metadata: Data, on connection: PostgresConnection) async throws -> Order {
         let event = OrderEvent.created(body)
         _ = try Order.decide(nil, event).get()
-        let result = try await store.append(
-            [try NewEvent(id: eventID, type: event.type.rawValue, data: event.encodedData(), metadata: metadata)],
-            to: id.streamID, expectedVersion: .noStream, on: connection)
-        guard let order = Order.evolve(nil, event, orderID: id, version: result.streamVersion, at: now) else { throw OrderDecisionError.noSuchOrder }
-        try await projection.save(order, on: connection)
-        return order
+        guard let order = Order.evolve(nil, event, orderID: id, version: 0, at: now) else { throw OrderDecisionError.noSuchOrder }
+        let newEvent = try NewEvent(id: eventID, type: event.type.rawValue, data: event.encodedData(), metadata: metadata)
+        return try await appendAndSave([newEvent], to: nil, as: order, at: now, on: connection).order
     }
 
     /// The first answer again when `eventID` is stored as this same event of this order; nil

@@ -24,14 +24,9 @@ struct OrderProjection: Sendable {
     /// (`now()`, which the events it appends record), in one round trip when the order exists.
     func lockedOrder(_ id: OrderID, on connection: PostgresConnection) async throws -> (now: Date, order: Order?) {
         let rows = try await connection.guardedQuery(
-            "SELECT now(), \(unescaped: Self.orderColumns) FROM orders WHERE order_id = \(id.rawValue) FOR UPDATE", logger: logger)
-        let columns = (Date, String, String, String, Int, String?, String?, UUID, String, Int64, String?, Date, Date, Date?, String?, String?).self
-        var found: (Date, Order)?
-        for try await (now, order, user, product, quantity, price, currency, token, state, version, transaction, created, updated, queued, beforeRefund, failure)
-            in rows.decode(columns) {
-            found = (now, Self.makeOrder((order, user, product, quantity, price, currency, token, state, version, transaction, created, updated, queued, beforeRefund, failure)))
-        }
-        if let (now, order) = found { return (now, order) }
+            "SELECT now(), \(unescaped: Self.orderColumns), NULL::text FROM orders WHERE order_id = \(id.rawValue) FOR UPDATE",
+            logger: logger)
+        if let (now, order, _) = try await Self.decodeOrderAndHolder(rows) { return (now, order) }
         let now = try await connection.guardedQuery("SELECT now()", logger: logger)
         for try await time in now.decode(Date.self) { return (time, nil) }
         return (Date(), nil)
@@ -55,42 +50,17 @@ struct OrderProjection: Sendable {
                 queuedAt: queued, stateBeforeRefund: beforeRefund.flatMap(OrderState.init(rawValue:)), failureReason: failure)
     }
 
-    static let saveConflict = """
-        ON CONFLICT (order_id) DO UPDATE SET
-            state = EXCLUDED.state, version = EXCLUDED.version, transaction_id = EXCLUDED.transaction_id,
-            updated_at = EXCLUDED.updated_at, queued_at = EXCLUDED.queued_at,
-            state_before_refund = EXCLUDED.state_before_refund, failure_reason = EXCLUDED.failure_reason
-        """
-
-    /// Writes the order's row as `evolve` left it.
-    func save(_ order: Order, on connection: PostgresConnection) async throws {
-        try await connection.guardedQuery(
-            """
-            INSERT INTO orders (order_id, user_id, product_id, quantity, price, currency, app_account_token, state, version,
-                                transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason)
-            VALUES (\(order.orderId.rawValue), \(order.userId.rawValue), \(order.productId.rawValue), \(order.quantity),
-                    \(order.price)::numeric, \(order.currency), \(order.appAccountToken), \(order.state.rawValue), \(order.version),
-                    \(order.transactionId?.rawValue), \(order.createdAt), \(order.updatedAt), \(order.queuedAt),
-                    \(order.stateBeforeRefund?.rawValue), \(order.failureReason))
-            \(unescaped: Self.saveConflict)
-            """,
-            logger: logger)
-    }
-
     /// `append_and_save_order`: `append_to_stream` and, only when it appended, the order's row as
     /// `evolve` left it and the status of the transaction it holds, in one round trip. The sixth
     /// column is always NULL, as `appendSaveAndClaimQuery`'s claim.
     static func appendAndSaveQuery(
         _ events: [NewEvent], stream: StreamID, expected: ExpectedVersion, _ order: Order, at date: Date
     ) -> PostgresQuery {
-        let ids = events.map(\.id.uuid)
-        let types = events.map(\.type)
-        let data = events.map { String(decoding: $0.data, as: UTF8.self) }
-        let metadata = events.map { String(decoding: $0.metadata, as: UTF8.self) }
+        let columns = EventStore.Columns(events)
         return """
         SELECT r_status, r_detail, r_event_id, r_stream_version, r_global_position, NULL::boolean
         FROM append_and_save_order(
-            \(stream.rawValue), \(expected.databaseValue), \(ids), \(types), \(data)::jsonb[], \(metadata)::jsonb[],
+            \(stream.rawValue), \(expected.databaseValue), \(columns.ids), \(columns.types), \(columns.data)::jsonb[], \(columns.metadata)::jsonb[],
             \(order.orderId.rawValue), \(order.userId.rawValue), \(order.productId.rawValue), \(order.quantity)::integer,
             \(order.price)::numeric, \(order.currency), \(order.appAccountToken), \(order.state.rawValue), \(order.version),
             \(order.transactionId?.rawValue), \(order.createdAt), \(order.updatedAt), \(order.queuedAt),
@@ -103,13 +73,10 @@ struct OrderProjection: Sendable {
         _ events: [NewEvent], stream: StreamID, expected: ExpectedVersion, _ order: Order, _ receipt: ReceiptReceived,
         status: String, at date: Date
     ) -> PostgresQuery {
-        let ids = events.map(\.id.uuid)
-        let types = events.map(\.type)
-        let data = events.map { String(decoding: $0.data, as: UTF8.self) }
-        let metadata = events.map { String(decoding: $0.metadata, as: UTF8.self) }
+        let columns = EventStore.Columns(events)
         return """
         WITH appended AS MATERIALIZED (
-            SELECT * FROM append_to_stream(\(stream.rawValue), \(expected.databaseValue), \(ids), \(types), \(data)::jsonb[], \(metadata)::jsonb[])
+            SELECT * FROM append_to_stream(\(stream.rawValue), \(expected.databaseValue), \(columns.ids), \(columns.types), \(columns.data)::jsonb[], \(columns.metadata)::jsonb[])
         ), claimed AS MATERIALIZED (
             SELECT save_order_and_claim(
                 \(order.orderId.rawValue), \(order.userId.rawValue), \(order.productId.rawValue), \(order.quantity)::integer,
@@ -123,6 +90,19 @@ struct OrderProjection: Sendable {
         SELECT r_status, r_detail, r_event_id, r_stream_version, r_global_position, (SELECT ok FROM claimed)
         FROM appended
         """
+    }
+
+    /// The pool's record of a transaction still waiting there, or nil.
+    func pooledTransaction(_ id: TransactionID, on connection: PostgresConnection) async throws -> TransactionUnmatched? {
+        let rows = try await connection.guardedQuery(
+            """
+            SELECT verification::text FROM apple_transactions
+            WHERE transaction_id = \(id.rawValue) AND order_id IS NULL AND status = 'unmatched'
+            """,
+            logger: logger)
+        var verification: String?
+        for try await text in rows.decode(String?.self) { verification = text }
+        return verification.flatMap { try? LedgerJSON.decoder.decode(TransactionUnmatched.self, from: Data($0.utf8)) }
     }
 
     /// Puts a transaction in the pool: its row with no order, and everything known of it.

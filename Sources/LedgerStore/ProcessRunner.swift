@@ -80,8 +80,41 @@ public struct ProcessRunner: Sendable {
         while waitpid(pid, &status, 0) < 0 {
             guard errno == EINTR else { throw PrivateClusterError("waiting for \(pid): \(String(cString: strerror(errno)))") }
         }
-        // WIFEXITED / WEXITSTATUS are macros Swift cannot import.
-        return (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
+        return exitCode(status)
+    }
+
+    /// The exit status of a child that has ended (reaped now), or nil while it runs.
+    public static func exitStatus(ofEnded pid: pid_t) throws -> Int32? {
+        var status: Int32 = 0
+        while true {
+            let reaped = waitpid(pid, &status, WNOHANG)
+            if reaped == 0 { return nil }
+            if reaped == pid { break }
+            guard errno == EINTR else { throw PrivateClusterError("waiting for \(pid): \(String(cString: strerror(errno)))") }
+        }
+        return exitCode(status)
+    }
+
+    /// The exit status waitpid reported (128 + signal when killed). WIFEXITED / WEXITSTATUS are
+    /// macros Swift cannot import.
+    private static func exitCode(_ status: Int32) -> Int32 {
+        (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
+    }
+
+    /// A TCP port that was free a moment ago on 127.0.0.1.
+    public static func freeLocalPort() throws -> Int {
+        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard descriptor >= 0 else { throw PrivateClusterError("cannot open a socket: \(String(cString: strerror(errno)))") }
+        defer { close(descriptor) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) == 0 && getsockname(descriptor, $0, &length) == 0 }
+        }
+        guard bound else { throw PrivateClusterError("cannot find a free port on 127.0.0.1") }
+        return Int(UInt16(bigEndian: address.sin_port))
     }
 
     // glibc's *_np spawn actions are hidden from Swift's Glibc module by feature macros.

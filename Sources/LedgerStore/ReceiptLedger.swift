@@ -206,19 +206,6 @@ public struct ReceiptLedger: Sendable {
         throw OrderLedgerError.duplicateTransaction(id)
     }
 
-    /// The pool's record of a transaction still waiting there, or nil.
-    func pooledTransaction(_ id: TransactionID, on connection: PostgresConnection) async throws -> TransactionUnmatched? {
-        let rows = try await connection.guardedQuery(
-            """
-            SELECT verification::text FROM apple_transactions
-            WHERE transaction_id = \(id.rawValue) AND order_id IS NULL AND status = 'unmatched'
-            """,
-            logger: logger)
-        var verification: String?
-        for try await text in rows.decode(String?.self) { verification = text }
-        return verification.flatMap { try? LedgerJSON.decoder.decode(TransactionUnmatched.self, from: Data($0.utf8)) }
-    }
-
     struct Holder {
         let orderId: OrderID?
         let status: String

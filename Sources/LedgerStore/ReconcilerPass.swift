@@ -133,7 +133,7 @@ public struct ReconcilerPass: Sendable {
     func apply(_ pairing: Reconciler.Pairing, metadata: Data, on connection: PostgresConnection) async throws -> Bool {
         do {
             let now = try await receipts.lockTransaction(pairing.transactionId, on: connection)
-            guard let pooled = try await receipts.pooledTransaction(pairing.transactionId, on: connection),
+            guard let pooled = try await receipts.orders.projection.pooledTransaction(pairing.transactionId, on: connection),
                   let order = try await receipts.orders.projection.order(pairing.orderId, on: connection, forUpdate: true),
                   order.isOpen, order.productId == pooled.transaction.productId
             else { return false }
@@ -148,7 +148,7 @@ public struct ReconcilerPass: Sendable {
     func recover(_ orphan: Reconciler.Orphan, price: (String?, String?), metadata: Data) async throws -> Bool {
         try await database.transaction { connection in
             let now = try await receipts.lockTransaction(orphan.transactionId, on: connection)
-            guard let pooled = try await receipts.pooledTransaction(orphan.transactionId, on: connection) else { return false }
+            guard let pooled = try await receipts.orders.projection.pooledTransaction(orphan.transactionId, on: connection) else { return false }
             let id = try OrderID("recovery-" + orphan.transactionId.rawValue)
             guard try await receipts.orders.projection.order(id, on: connection) == nil else { return false }
             let order = try await receipts.orders.createLocked(

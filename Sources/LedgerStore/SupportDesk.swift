@@ -64,7 +64,7 @@ public struct SupportDesk: Sendable {
         if force, (reason ?? "").isEmpty { throw SupportMatchError.reasonRequired }
         return try await database.transaction { connection in
             let now = try await receipts.lockTransaction(transactionId, on: connection)
-            guard let pooled = try await receipts.pooledTransaction(transactionId, on: connection) else {
+            guard let pooled = try await receipts.orders.projection.pooledTransaction(transactionId, on: connection) else {
                 guard let holder = try await receipts.holderOfTransaction(transactionId, on: connection) else {
                     throw SupportMatchError.transactionNotFound(transactionId)
                 }

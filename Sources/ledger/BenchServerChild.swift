@@ -11,7 +11,7 @@ enum BenchServerChild {
         database: PostgresClient.Configuration, work: URL, environment extra: [String: String] = [:],
         _ drive: (HTTPClient, _ base: String) async throws -> Result
     ) async throws -> (Result, peakRSSKiB: Int) {
-        let port = try BenchHTTP.freePort()
+        let port = try ProcessRunner.freeLocalPort()
         var environment = [
             "LEDGER_DATABASE_URL": database.url, "LEDGER_PORT": "\(port)",
             "LEDGER_HOST": "127.0.0.1", "LEDGER_LOG_LEVEL": "warning",

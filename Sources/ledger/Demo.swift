@@ -50,7 +50,7 @@ struct Demo: AsyncParsableCommand {
 
         var configuration = LedgerConfiguration()
         configuration.host = "127.0.0.1"
-        configuration.port = try BenchHTTP.freePort()
+        configuration.port = try ProcessRunner.freeLocalPort()
         configuration.apple.rootCertificateFiles = [rootFile]
         configuration.apple.bundleID = Self.bundleId
         configuration.apple.environment = "Sandbox"

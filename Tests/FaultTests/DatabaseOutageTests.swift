@@ -20,7 +20,7 @@ struct DatabaseOutageTests {
             try await admin.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name)"), logger: TestServer.logger)
         }
         let configuration = cluster.clientConfiguration(database: name)
-        let port = try LedgerChild.freePort()
+        let port = try ProcessRunner.freeLocalPort()
         let work = FileManager.default.temporaryDirectory.appendingPathComponent("ledger-outage-\(UUID().uuidString.prefix(8))")
         try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: work) }

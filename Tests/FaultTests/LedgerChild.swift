@@ -3,6 +3,7 @@ import Foundation
 import LedgerStore
 import LedgerTestSupport
 import PostgresNIO
+import Synchronization
 import Testing
 
 #if canImport(Glibc)
@@ -11,9 +12,11 @@ import Glibc
 
 /// A `ledger` process started from the build the tests came with: the fault tests kill it and
 /// start it again, which an in-process server cannot show.
-final class LedgerChild: @unchecked Sendable {
-    let process: Process
+final class LedgerChild: Sendable {
+    let pid: pid_t
     let log: URL
+    /// The exit status once the process has ended and been reaped.
+    private let ended = Mutex<Int32?>(nil)
 
     /// The `ledger` executable next to the test bundle (`swift build --build-tests` builds it).
     static func executable() throws -> URL {
@@ -26,40 +29,41 @@ final class LedgerChild: @unchecked Sendable {
     }
 
     /// Runs `ledger <arguments>` with the environment given (added to this process's own),
-    /// its output going to `log`.
+    /// its output appended to `log`.
     init(_ arguments: [String], environment: [String: String], log: URL) throws {
-        process = Process()
-        process.executableURL = try Self.executable()
-        process.arguments = arguments
-        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-        FileManager.default.createFile(atPath: log.path, contents: nil)
-        let handle = try FileHandle(forWritingTo: log)
-        handle.seekToEndOfFile()
-        process.standardOutput = handle
-        process.standardError = handle
         self.log = log
-        try process.run()
+        pid = try ProcessRunner(workingDirectory: log.deletingLastPathComponent())
+            .spawn(Self.executable().path, arguments, outputPath: log.path, environment: environment)
     }
 
-    var isRunning: Bool { process.isRunning }
+    /// The exit status, or nil while the process runs.
+    private func exitStatus() throws -> Int32? {
+        try ended.withLock { ended in
+            if ended == nil { ended = try ProcessRunner.exitStatus(ofEnded: pid) }
+            return ended
+        }
+    }
+
+    var isRunning: Bool { (try? exitStatus()) == nil }
 
     func kill(_ signal: Int32) {
-        Glibc.kill(process.processIdentifier, signal)
+        // Never signal a pid that was reaped: it may belong to another process by now.
+        if isRunning { Glibc.kill(pid, signal) }
     }
 
     /// Waits for the process to end (at most `seconds`), answering its exit status.
     func wait(seconds: Double = 30) async throws -> Int32 {
         let deadline = ContinuousClock.now + .milliseconds(Int(seconds * 1000))
-        while process.isRunning {
-            guard ContinuousClock.now < deadline else { throw FaultTestError("ledger \(process.arguments ?? []) did not end within \(seconds) s") }
+        while true {
+            if let status = try exitStatus() { return status }
+            guard ContinuousClock.now < deadline else { throw FaultTestError("ledger (pid \(pid)) did not end within \(seconds) s") }
             try await Task.sleep(for: .milliseconds(50))
         }
-        return process.terminationStatus
     }
 
     /// SIGTERM, then the exit status; SIGKILL (and an error) when it does not end in 30 s.
     func stop() async throws -> Int32 {
-        if process.isRunning { kill(SIGTERM) }
+        kill(SIGTERM)
         do {
             return try await wait()
         } catch {
@@ -78,22 +82,6 @@ final class LedgerChild: @unchecked Sendable {
         let child = try LedgerChild(arguments, environment: environment, log: log)
         let status = try await child.wait(seconds: 300)
         return (status, child.logText())
-    }
-
-    /// A TCP port that was free a moment ago on 127.0.0.1.
-    static func freePort() throws -> Int {
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard descriptor >= 0 else { throw FaultTestError("cannot open a socket") }
-        defer { close(descriptor) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) == 0 && getsockname(descriptor, $0, &length) == 0 }
-        }
-        guard bound else { throw FaultTestError("cannot find a free port") }
-        return Int(UInt16(bigEndian: address.sin_port))
     }
 }
 

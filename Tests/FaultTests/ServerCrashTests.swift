@@ -14,7 +14,7 @@ struct ServerCrashTests {
     func killedDuringAppends() async throws {
         try await withTestDatabase { db in
             let key = try await APIKeyStore(database: db.database).create(name: "fault", scopes: [.append, .read])
-            let port = try LedgerChild.freePort()
+            let port = try ProcessRunner.freeLocalPort()
             let work = FileManager.default.temporaryDirectory.appendingPathComponent("ledger-fault-\(UUID().uuidString.prefix(8))")
             try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
             defer { try? FileManager.default.removeItem(at: work) }
@@ -118,6 +118,7 @@ func expectEveryAcknowledgedEventOnce(_ load: RetryingLoad, client: PostgresClie
 }
 
 /// Runs `body` with a pool on `configuration`, shut down afterwards.
+@discardableResult
 func withClient<Result: Sendable>(
     _ configuration: PostgresClient.Configuration, _ body: @Sendable (PostgresClient) async throws -> Result
 ) async throws -> Result {
