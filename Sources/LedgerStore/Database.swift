@@ -63,7 +63,8 @@ public struct ConnectionClosedError: Error, CustomStringConvertible {
 extension PostgresConnection {
     /// `query`, failing at once on a connection that is already closed. postgres-nio (1.33) writes
     /// a query to a closed channel without ever failing it, and the caller would wait forever —
-    /// seen when PostgreSQL stops between two statements of a transaction.
+    /// seen when PostgreSQL stops between two statements of a transaction. A window remains: a
+    /// close that PostgreSQL sent but this client has not read yet when the statement goes out.
     @discardableResult
     public func guardedQuery(
         _ query: PostgresQuery, logger: Logger, file: String = #fileID, line: Int = #line

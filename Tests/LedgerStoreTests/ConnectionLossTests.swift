@@ -32,6 +32,11 @@ struct ConnectionLossTests {
                 try await db.database.transaction { connection in
                     try await connection.guardedQuery("INSERT INTO loss_probe VALUES (1)", logger: TestServer.logger)
                     try await connection.guardedQuery("SELECT pg_terminate_backend(pg_backend_pid())", logger: TestServer.logger)
+                    // Until the client has seen the close, a statement sent now may be written to a
+                    // channel that is closing and never answered (the window guardedQuery cannot
+                    // close; see Database.swift): wait for it, as the first test does.
+                    let deadline = ContinuousClock.now + .seconds(10)
+                    while !connection.isClosed, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
                     try await connection.guardedQuery("INSERT INTO loss_probe VALUES (2)", logger: TestServer.logger)
                 }
             })
