@@ -1,3 +1,4 @@
+import Foundation
 import ArgumentParser
 import LedgerServer
 import LedgerStore
@@ -26,7 +27,8 @@ func withLedgerDatabase<Result: Sendable>(
     let configuration = try options.load()
     // One-off commands keep stdout for their answer and log only warnings unless asked for more.
     var quiet = Logger(label: "ledger")
-    quiet.logLevel = max(configuration.logLevel, .warning)
+    let asked = options.logLevel != nil || ProcessInfo.processInfo.environment["LEDGER_LOG_LEVEL"] != nil
+    quiet.logLevel = asked ? configuration.logLevel : .warning
     let logger = quiet
     let database = try await OpenedDatabase.open(configuration.database, logger: logger)
     defer { try? database.close(logger: logger) }
