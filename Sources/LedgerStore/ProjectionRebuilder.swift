@@ -72,7 +72,7 @@ public struct ProjectionRebuilder: Sendable {
         let data: String
         let recordedAt: Date
         /// An order event's body, decoded ahead of the fold (nil: not an order event, or not
-        /// one `OrderEvent.decode` accepts, which the fold then skips).
+        /// one `OrderEvent.decodeStored` accepts, which the fold then skips).
         var event: OrderEvent?
 
         var isOrderEvent: Bool { stream.hasPrefix("order-") }
@@ -81,7 +81,7 @@ public struct ProjectionRebuilder: Sendable {
         func decoded() -> Row {
             guard isOrderEvent, let type = OrderEventType(rawValue: type) else { return self }
             var row = self
-            row.event = try? OrderEvent.decode(type: type, data: Data(data.utf8))
+            row.event = try? OrderEvent.decodeStored(type: type, text: data)
             return row
         }
     }
@@ -170,6 +170,7 @@ public struct ProjectionRebuilder: Sendable {
     @discardableResult
     private func fill(schema: String, on connection: PostgresConnection) async throws -> Int {
         let total = try await count(on: connection)
+        let started = ContinuousClock.now
         var fold = Fold()
         var held: [String: [Row]] = [:]
         var read = 0
@@ -212,8 +213,16 @@ public struct ProjectionRebuilder: Sendable {
             _ = fold.apply(row, anyVersion: true)
         }
         progress?(read, total)
+        let folded = ContinuousClock.now
+        database.logger.info("projections folded", metadata: [
+            "rebuild.events": "\(read)", "rebuild.seconds": "\(Self.seconds(folded - started))"])
         try await write(orders: fold.orders.values.compactMap(\.value), claims: fold.transactionRows, schema: schema, on: connection)
         return read
+    }
+
+    static func seconds(_ duration: Duration) -> String {
+        let (seconds, attoseconds) = duration.components
+        return String(format: "%.2f", Double(seconds) + Double(attoseconds) / 1e18)
     }
 
     private func count(on connection: PostgresConnection) async throws -> Int {
@@ -249,55 +258,75 @@ public struct ProjectionRebuilder: Sendable {
         for statement in drops {
             try await connection.guardedQuery(PostgresQuery(unsafeSQL: statement), logger: database.logger)
         }
+        let started = ContinuousClock.now
         try await insert(orders: orders, claims: claims, schema: schema, on: connection)
+        let inserted = ContinuousClock.now
         // Bigger sorts for the index builds, for this transaction only.
         try await connection.guardedQuery("SET LOCAL maintenance_work_mem = '256MB'", logger: database.logger)
         for statement in recreate {
             try await connection.guardedQuery(PostgresQuery(unsafeSQL: statement), logger: database.logger)
         }
+        database.logger.info("projections written", metadata: [
+            "rebuild.rows": "\(orders.count + claims.count)", "rebuild.write_seconds": "\(Self.seconds(inserted - started))",
+            "rebuild.indexes": "\(recreate.count)", "rebuild.index_seconds": "\(Self.seconds(ContinuousClock.now - inserted))"])
     }
 
+    /// Streams the rows to PostgreSQL in binary `COPY`, a buffer of about a megabyte at a time, so
+    /// PostgreSQL stores one while the next is encoded.
     private func insert(orders: [Order], claims: [TransactionRow], schema: String, on connection: PostgresConnection) async throws {
-        for chunk in stride(from: 0, to: orders.count, by: 2000).map({ Array(orders[$0..<min($0 + 2000, orders.count)]) }) {
-            // Arrays cannot hold NULLs here: "" and distantPast stand for none (no valid value is empty).
-            try await connection.guardedQuery(
-                """
-                INSERT INTO \(unescaped: schema).orders (order_id, user_id, product_id, quantity, price, currency, app_account_token,
-                    state, version, transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason)
-                SELECT r.order_id, r.user_id, r.product_id, r.quantity, nullif(r.price, '')::numeric, nullif(r.currency, ''),
-                       r.token, r.state, r.version, nullif(r.transaction_id, ''), r.created_at, r.updated_at,
-                       CASE WHEN r.queued_at < '0002-01-01' THEN NULL ELSE r.queued_at END,
-                       nullif(r.state_before_refund, ''), nullif(r.failure_reason, '')
-                FROM unnest(\(chunk.map(\.orderId.rawValue)), \(chunk.map(\.userId.rawValue)), \(chunk.map(\.productId.rawValue)),
-                    \(chunk.map { Int32($0.quantity) }), \(chunk.map { $0.price ?? "" }), \(chunk.map { $0.currency ?? "" }),
-                    \(chunk.map(\.appAccountToken)), \(chunk.map(\.state.rawValue)), \(chunk.map(\.version)),
-                    \(chunk.map { $0.transactionId?.rawValue ?? "" }), \(chunk.map(\.createdAt)), \(chunk.map(\.updatedAt)),
-                    \(chunk.map { $0.queuedAt ?? .distantPast }), \(chunk.map { $0.stateBeforeRefund?.rawValue ?? "" }),
-                    \(chunk.map { $0.failureReason ?? "" }))
-                  AS r(order_id, user_id, product_id, quantity, price, currency, token, state, version, transaction_id,
-                       created_at, updated_at, queued_at, state_before_refund, failure_reason)
-                """,
-                logger: database.logger)
+        let logger = database.logger
+        try await connection.copyBinary(schema: schema, table: "orders", columns: [
+            "order_id", "user_id", "product_id", "quantity", "price", "currency", "app_account_token", "state", "version",
+            "transaction_id", "created_at", "updated_at", "queued_at", "state_before_refund", "failure_reason",
+        ], logger: logger) { send in
+            var rows = BinaryCopyRows()
+            for order in orders {
+                rows.row(columns: 15)
+                rows.text(order.orderId.rawValue)
+                rows.text(order.userId.rawValue)
+                rows.text(order.productId.rawValue)
+                rows.int32(Int32(order.quantity))
+                rows.numeric(order.price)
+                rows.text(order.currency)
+                rows.uuid(order.appAccountToken)
+                rows.text(order.state.rawValue)
+                rows.int64(order.version)
+                rows.text(order.transactionId?.rawValue)
+                rows.timestamp(order.createdAt)
+                rows.timestamp(order.updatedAt)
+                rows.timestamp(order.queuedAt)
+                rows.text(order.stateBeforeRefund?.rawValue)
+                rows.text(order.failureReason)
+                if rows.buffer.readableBytes >= 1 << 20 { try await rows.flush(send) }
+            }
+            rows.end()
+            try await rows.flush(send)
         }
-        for chunk in stride(from: 0, to: claims.count, by: 2000).map({ Array(claims[$0..<min($0 + 2000, claims.count)]) }) {
-            try await connection.guardedQuery(
-                """
-                INSERT INTO \(unescaped: schema).apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date,
-                    environment, status, received_at, updated_at, original_transaction_id, app_transaction_id, app_account_token,
-                    matched_by, verification)
-                SELECT r.transaction_id, nullif(r.order_id, ''), nullif(r.user_id, ''), r.product_id, r.purchase_date,
-                       nullif(r.environment, ''), r.status, r.received_at, r.updated_at, nullif(r.original_transaction_id, ''),
-                       nullif(r.app_transaction_id, ''), nullif(r.app_account_token, '')::uuid, nullif(r.matched_by, ''),
-                       nullif(r.verification, '')::jsonb
-                FROM unnest(\(chunk.map(\.transactionID)), \(chunk.map { $0.orderID ?? "" }), \(chunk.map { $0.userID ?? "" }),
-                    \(chunk.map(\.productID)), \(chunk.map(\.purchaseDate)), \(chunk.map { $0.environment ?? "" }), \(chunk.map(\.status)),
-                    \(chunk.map(\.receivedAt)), \(chunk.map(\.updatedAt)), \(chunk.map { $0.originalTransactionID ?? "" }),
-                    \(chunk.map { $0.appTransactionID ?? "" }), \(chunk.map { $0.appAccountToken?.uuidString ?? "" }),
-                    \(chunk.map { $0.matchedBy ?? "" }), \(chunk.map { $0.verification ?? "" }))
-                  AS r(transaction_id, order_id, user_id, product_id, purchase_date, environment, status, received_at, updated_at,
-                       original_transaction_id, app_transaction_id, app_account_token, matched_by, verification)
-                """,
-                logger: database.logger)
+        try await connection.copyBinary(schema: schema, table: "apple_transactions", columns: [
+            "transaction_id", "order_id", "user_id", "product_id", "purchase_date", "environment", "status", "received_at",
+            "updated_at", "original_transaction_id", "app_transaction_id", "app_account_token", "matched_by", "verification",
+        ], logger: logger) { send in
+            var rows = BinaryCopyRows()
+            for claim in claims {
+                rows.row(columns: 14)
+                rows.text(claim.transactionID)
+                rows.text(claim.orderID)
+                rows.text(claim.userID)
+                rows.text(claim.productID)
+                rows.timestamp(claim.purchaseDate)
+                rows.text(claim.environment)
+                rows.text(claim.status)
+                rows.timestamp(claim.receivedAt)
+                rows.timestamp(claim.updatedAt)
+                rows.text(claim.originalTransactionID)
+                rows.text(claim.appTransactionID)
+                rows.uuid(claim.appAccountToken)
+                rows.text(claim.matchedBy)
+                rows.jsonb(claim.verification)
+                if rows.buffer.readableBytes >= 1 << 20 { try await rows.flush(send) }
+            }
+            rows.end()
+            try await rows.flush(send)
         }
     }
 
@@ -371,10 +400,10 @@ public struct ProjectionRebuilder: Sendable {
     static func fold(transactionEvent type: String, data: String, at date: Date, into row: inout TransactionRow?) {
         switch TransactionEventType(rawValue: type) {
         case .unmatched:
-            guard let body = try? LedgerJSON.decoder.decode(TransactionUnmatched.self, from: Data(data.utf8)) else { return }
+            guard let body = try? StoredJSON.decode(TransactionUnmatched.self, from: data) else { return }
             row = TransactionRow(pooled: body, data: data, at: date)
         case .notificationReceived:
-            guard let body = try? LedgerJSON.decoder.decode(NotificationReceived.self, from: Data(data.utf8)),
+            guard let body = try? StoredJSON.decode(NotificationReceived.self, from: data),
                   let status = NotificationLedger.poolStatus(after: body.notificationType), row?.orderID == nil else { return }
             row?.status = status
             row?.updatedAt = date

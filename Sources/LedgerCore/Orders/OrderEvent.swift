@@ -30,18 +30,41 @@ public enum OrderEvent: Sendable, Equatable {
 
     /// Decodes and checks an event body of `type`, naming the first problem found.
     public static func decode(type: OrderEventType, data: Data) throws(LedgerInputError) -> OrderEvent {
+        try decode(type: type, body: .data(data))
+    }
+
+    /// Decodes and checks a body the ledger stored (the log's jsonb as text) through `StoredJSON`:
+    /// the same answers as `decode(type:data:)`, faster.
+    public static func decodeStored(type: OrderEventType, text: String) throws(LedgerInputError) -> OrderEvent {
+        try decode(type: type, body: .stored(text))
+    }
+
+    /// A body and the decoder it goes through.
+    private enum Body {
+        case data(Data)
+        case stored(String)
+
+        func decode<T: Decodable>(_ type: T.Type) throws -> T {
+            switch self {
+            case .data(let data): try LedgerJSON.decoder.decode(type, from: data)
+            case .stored(let text): try StoredJSON.decode(type, from: text)
+            }
+        }
+    }
+
+    private static func decode(type: OrderEventType, body: Body) throws(LedgerInputError) -> OrderEvent {
         do {
             let event: OrderEvent = switch type {
-            case .created: .created(try LedgerJSON.decoder.decode(OrderCreated.self, from: data))
-            case .paymentAdded: .paymentAdded(try LedgerJSON.decoder.decode(PaymentAdded.self, from: data))
-            case .receiptReceived: .receiptReceived(try LedgerJSON.decoder.decode(ReceiptReceived.self, from: data))
-            case .verified: .verified(try LedgerJSON.decoder.decode(Verified.self, from: data))
-            case .delivered: try noFields(data, .delivered)
-            case .finished: try noFields(data, .finished)
-            case .refunded: .refunded(try LedgerJSON.decoder.decode(Refunded.self, from: data))
-            case .refundReversed: try noFields(data, .refundReversed)
-            case .failed: .failed(try LedgerJSON.decoder.decode(Failed.self, from: data))
-            case .notificationReceived: .notificationReceived(try LedgerJSON.decoder.decode(NotificationReceived.self, from: data))
+            case .created: .created(try body.decode(OrderCreated.self))
+            case .paymentAdded: .paymentAdded(try body.decode(PaymentAdded.self))
+            case .receiptReceived: .receiptReceived(try body.decode(ReceiptReceived.self))
+            case .verified: .verified(try body.decode(Verified.self))
+            case .delivered: try noFields(body, .delivered)
+            case .finished: try noFields(body, .finished)
+            case .refunded: .refunded(try body.decode(Refunded.self))
+            case .refundReversed: try noFields(body, .refundReversed)
+            case .failed: .failed(try body.decode(Failed.self))
+            case .notificationReceived: .notificationReceived(try body.decode(NotificationReceived.self))
             }
             try event.validate()
             return event
@@ -53,8 +76,8 @@ public enum OrderEvent: Sendable, Equatable {
     }
 
     /// Checks that a body without fields of its own is a JSON object.
-    private static func noFields(_ data: Data, _ event: OrderEvent) throws -> OrderEvent {
-        _ = try LedgerJSON.decoder.decode(NoFields.self, from: data)
+    private static func noFields(_ body: Body, _ event: OrderEvent) throws -> OrderEvent {
+        _ = try body.decode(NoFields.self)
         return event
     }
 
