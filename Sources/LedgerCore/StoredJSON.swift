@@ -243,6 +243,10 @@ struct StoredJSONDecoder: Decoder {
             guard kind == .number, let text = document.text(index), let number = Double(text) else { throw Unsupported() }
             return T.self == Double.self ? number as! T : Float(number) as! T
         }
+        if T.self == UUID.self {
+            guard kind == .string, let uuid = Self.uuid(in: document, at: index) else { throw Unsupported() }
+            return uuid as! T
+        }
         if T.self == Date.self {
             guard kind == .string, let text = document.text(index), let date = LedgerJSON.parseDate(text) else { throw Unsupported() }
             return date as! T
@@ -250,6 +254,34 @@ struct StoredJSONDecoder: Decoder {
         // Foundation decodes these with strategies of its own.
         guard T.self != Data.self, T.self != Decimal.self, T.self != URL.self else { throw Unsupported() }
         return try T(from: StoredJSONDecoder(document, at: index))
+    }
+
+    /// `UUID(uuidString:)` without its `sscanf`: 8-4-4-4-12 hexadecimal digits, either case.
+    private static func uuid(in document: JSONDocument, at index: Int) -> UUID? {
+        let token = document.tokens[index]
+        guard token.end - token.start == 36 else { return nil }
+        var bytes = [UInt8](repeating: 0, count: 16)
+        var position = token.start
+        for byteIndex in 0..<16 {
+            if byteIndex == 4 || byteIndex == 6 || byteIndex == 8 || byteIndex == 10 {
+                guard document.bytes[position] == UInt8(ascii: "-") else { return nil }
+                position += 1
+            }
+            guard let high = hexValue(document.bytes[position]), let low = hexValue(document.bytes[position + 1]) else { return nil }
+            bytes[byteIndex] = high << 4 | low
+            position += 2
+        }
+        return UUID(uuid: (bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
+                           bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]))
+    }
+
+    private static func hexValue(_ byte: UInt8) -> UInt8? {
+        switch byte {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): byte - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): byte - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): byte - UInt8(ascii: "A") + 10
+        default: nil
+        }
     }
 
     private static func integer<I: FixedWidthInteger>(_ type: I.Type, in document: JSONDocument, at index: Int) throws -> I {

@@ -11,8 +11,12 @@ import PostgresNIO
 struct BinaryCopyRows {
     private(set) var buffer: ByteBuffer
 
+    /// Room for a flush's worth (a megabyte) and the row that crosses it, so the buffer is not
+    /// copied into a larger one on the way.
+    static let capacity = 1 << 20 + 1 << 18
+
     init() {
-        buffer = ByteBufferAllocator().buffer(capacity: 1 << 20)
+        buffer = ByteBufferAllocator().buffer(capacity: Self.capacity)
         buffer.writeBytes(Self.signature)
         buffer.writeInteger(Int32(0))  // flags
         buffer.writeInteger(Int32(0))  // header extension length
@@ -90,30 +94,37 @@ struct BinaryCopyRows {
         }
     }
 
-    /// Hands the rows so far to `send` and starts an empty buffer.
-    mutating func flush(_ send: (ByteBuffer) async throws -> Void) async throws {
-        try await send(buffer)
-        buffer = ByteBufferAllocator().buffer(capacity: 1 << 20)
+    /// Hands the rows so far to `sink` and starts an empty buffer.
+    mutating func flush(to sink: BinaryCopySink) async throws {
+        try await sink.writer.write(buffer)
+        buffer = ByteBufferAllocator().buffer(capacity: Self.capacity)
     }
 
     /// The trailer that ends the data.
     mutating func end() { buffer.writeInteger(Int16(-1)) }
 }
 
+/// Where a binary `COPY`'s data goes.
+struct BinaryCopySink: Sendable {
+    let writer: PostgresCopyFromWriter
+}
+
 extension PostgresConnection {
-    /// `COPY schema.table (columns) FROM STDIN (FORMAT binary)`, with the rows `write` produces;
-    /// `write` calls its argument with each full buffer.
+    /// `COPY schema.table (columns) FROM STDIN (FORMAT binary)`, with the rows `write` sends to
+    /// its sink; answers what `write` answers.
     ///
     /// postgres-nio 1.33's `copyFrom` writes only `FORMAT text`, and puts the table name into the
     /// statement as given between double quotes; the name below closes those quotes and ends the
     /// statement with a comment. `schema`, `table` and `columns` are this module's constants.
-    func copyBinary(
+    func copyBinary<Result>(
         schema: String, table: String, columns: [String], logger: Logger,
-        _ write: (_ send: (ByteBuffer) async throws -> Void) async throws -> Void
-    ) async throws {
+        _ write: (BinaryCopySink) async throws -> Result
+    ) async throws -> Result {
         let target = "\(schema)\".\"\(table)\" (\(columns.joined(separator: ", "))) FROM STDIN (FORMAT binary) --"
+        var result: Result?
         try await copyFrom(table: target, logger: logger) { writer in
-            try await write { try await writer.write($0) }
+            result = try await write(BinaryCopySink(writer: writer))
         }
+        return result!
     }
 }

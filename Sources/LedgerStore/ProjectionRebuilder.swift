@@ -10,8 +10,12 @@ public struct ProjectionRebuilder: Sendable {
     /// Called with (events read, events in the log) as the rebuild goes.
     public var progress: (@Sendable (Int, Int) -> Void)?
 
-    public init(database: Database, progress: (@Sendable (Int, Int) -> Void)? = nil) {
+    /// Rows read, decoded and folded together (tests make it small to fold many batches).
+    public var batchSize: Int
+
+    public init(database: Database, batchSize: Int = 8192, progress: (@Sendable (Int, Int) -> Void)? = nil) {
         self.database = database
+        self.batchSize = max(1, batchSize)
         self.progress = progress
     }
 
@@ -64,159 +68,96 @@ public struct ProjectionRebuilder: Sendable {
         }
     }
 
-    /// One event of an order or transaction stream, as the rebuild reads it.
-    struct Row: Sendable {
-        let stream: String
-        let version: Int64
-        let type: String
-        let data: String
-        let recordedAt: Date
-        /// An order event's body, decoded ahead of the fold (nil: not an order event, or not
-        /// one `OrderEvent.decodeStored` accepts, which the fold then skips).
-        var event: OrderEvent?
-
-        var isOrderEvent: Bool { stream.hasPrefix("order-") }
-
-        /// The row with its order event decoded.
-        func decoded() -> Row {
-            guard isOrderEvent, let type = OrderEventType(rawValue: type) else { return self }
-            var row = self
-            row.event = try? OrderEvent.decodeStored(type: type, text: data)
-            return row
-        }
-    }
-
-    /// Rows read before they are folded: their bodies are decoded in parallel, one slice per
-    /// processor (decoding is most of the fold's time), then folded in order.
-    static let decodeBatch = 8192
-
-    /// The projections being folded from the log: orders, the transactions they claimed, and
-    /// the pool of transactions the ledger recorded as unmatched.
-    struct Fold {
-        /// One stream's projection so far and the version it takes next.
-        struct Stream<Value> {
-            var value: Value?
-            var next: Int64 = 0
-        }
-
-        var orders: [OrderID: Stream<Order>] = [:]
-        var claims: [TransactionID: TransactionRow] = [:]
-        var pool: [TransactionID: Stream<TransactionRow>] = [:]
-
-        /// Folds `row` into its stream unless it is not the stream's next version (then answers
-        /// false and changes nothing); with `anyVersion`, folds it regardless.
-        mutating func apply(_ row: Row, anyVersion: Bool = false) -> Bool {
-            if row.stream.hasPrefix("transaction-") {
-                let id = TransactionID(unchecked: String(row.stream.dropFirst("transaction-".count)))
-                var stream = pool[id] ?? Stream()
-                guard anyVersion || stream.next == row.version else { return false }
-                ProjectionRebuilder.fold(transactionEvent: row.type, data: row.data, at: row.recordedAt, into: &stream.value)
-                stream.next = row.version + 1
-                pool[id] = stream
-                return true
-            }
-            let id = OrderID(unchecked: String(row.stream.dropFirst("order-".count)))
-            var stream = orders[id] ?? Stream()
-            guard anyVersion || stream.next == row.version else { return false }
-            stream.next = row.version + 1
-            defer { orders[id] = stream }
-            guard let event = row.event,
-                  let next = Order.evolve(stream.value, event, orderID: id, version: row.version, at: row.recordedAt)
-            else { return true }
-            stream.value = next
-            if case .receiptReceived(let receipt) = event {
-                claims[receipt.transactionId] = TransactionRow(receipt: receipt, order: next, at: row.recordedAt)
-            } else if let transaction = next.transactionId {
-                claims[transaction]?.status = next.state.rawValue
-                claims[transaction]?.updatedAt = row.recordedAt
-            }
-            return true
-        }
-
-        /// The `apple_transactions` rows: the claims, where a transaction that waited in the
-        /// pool and was then claimed keeps what the pool knew, and the pool's other rows.
-        var transactionRows: [TransactionRow] {
-            var rows = claims
-            for (id, stream) in pool {
-                guard let pooled = stream.value else { continue }
-                rows[id] = rows[id].map { $0.leavingPool(pooled) } ?? pooled
-            }
-            return Array(rows.values)
-        }
-    }
-
     /// Folds every order and transaction stream, each in version order, into `schema`'s tables.
     ///
-    /// One pass over the log in position order (an index scan in about the table's physical
-    /// order, no sort). A stream's events come in version order, except when a writer committed
-    /// version n + 1 with a lower position than version n (its transaction took its id before
-    /// the stream lock): such an event waits in `held` until its predecessor has been folded.
-    /// `rows` with their order events decoded, in the same order.
-    static func decoded(_ rows: [Row]) async -> [Row] {
-        let slices = max(1, min(ProcessInfo.processInfo.activeProcessorCount, rows.count / 256))
-        guard slices > 1 else { return rows.map { $0.decoded() } }
-        let size = (rows.count + slices - 1) / slices
-        return await withTaskGroup(of: (Int, [Row]).self) { group in
-            for start in stride(from: 0, to: rows.count, by: size) {
-                let slice = rows[start..<min(start + size, rows.count)]
-                group.addTask { (start, slice.map { $0.decoded() }) }
-            }
-            var parts: [(Int, [Row])] = []
-            for await part in group { parts.append(part) }
-            return parts.sorted { $0.0 < $1.0 }.flatMap(\.1)
-        }
-    }
-
+    /// The tables' keys and indexes are dropped first and built once at the end: one sort per
+    /// index instead of a million random inserts into each (a duplicate that a unique index
+    /// refuses fails the rebuild as an insert would have). A second connection reads the log
+    /// stream by stream on this transaction's snapshot, and each order is written by binary
+    /// `COPY` on this connection as soon as its stream ends, so PostgreSQL reads, Swift folds and
+    /// PostgreSQL stores at the same time, and no stream waits in memory.
     @discardableResult
     private func fill(schema: String, on connection: PostgresConnection) async throws -> Int {
-        let total = try await count(on: connection)
+        let logger = database.logger
+        // Counting the log costs a scan of it: only for someone watching.
+        let total = progress == nil ? 0 : try await count(on: connection)
+        let snapshot = try await exportSnapshot(of: connection)
+        let recreate = try await dropKeysAndIndexes(schema: schema, on: connection)
         let started = ContinuousClock.now
-        var fold = Fold()
-        var held: [String: [Row]] = [:]
         var read = 0
-        let rows = try await connection.guardedQuery(
-            """
-            SELECT stream_id, stream_version, type, data::text, recorded_at FROM events
-            WHERE stream_id LIKE 'order-%' OR stream_id LIKE 'transaction-%'
-            ORDER BY global_position
-            """,
-            logger: database.logger)
-        var batch: [Row] = []
-        batch.reserveCapacity(Self.decodeBatch)
-        func foldBatch() async {
-            for var row in await Self.decoded(batch) {
-                while true {
-                    guard fold.apply(row) else {
-                        held[row.stream, default: []].append(row)
-                        break
-                    }
-                    // Its successor may have come first.
-                    guard !held.isEmpty, var waiting = held[row.stream],
-                          let index = waiting.firstIndex(where: { $0.version == row.version + 1 }) else { break }
-                    row = waiting.remove(at: index)
-                    held[row.stream] = waiting.isEmpty ? nil : waiting
+        let state = try await connection.copyBinary(schema: schema, table: "orders", columns: Self.orderColumns, logger: logger) { sink in
+            let state = FoldState(sink: sink)
+            // Each batch's task decodes its bodies while the batch before it is folded, then
+            // folds its own once that task is done; this task meanwhile reads the next batch.
+            var folding: Task<Void, any Error> = Task {}
+            var inFlight: [Task<Void, any Error>] = []
+            func hand(_ batch: [Row]) async throws {
+                let previous = folding
+                folding = Task {
+                    let bodies = batch.map(\.body)
+                    try await previous.value
+                    try await state.fold(batch, bodies)
                 }
+                // At most three batches read ahead of the fold.
+                inFlight.append(folding)
+                if inFlight.count > 3 { try await inFlight.removeFirst().value }
             }
-            batch.removeAll(keepingCapacity: true)
-        }
-        for try await (stream, version, type, data, recordedAt) in rows.decode((String, Int64, String, String, Date).self) {
-            read += 1
-            batch.append(Row(stream: stream, version: version, type: type, data: data, recordedAt: recordedAt))
-            if batch.count == Self.decodeBatch {
-                await foldBatch()
-                progress?(read, total)
+            do {
+                try await database.transaction { reader in
+                    try await reader.guardedQuery("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY", logger: logger)
+                    try await reader.guardedQuery(PostgresQuery(unsafeSQL: "SET TRANSACTION SNAPSHOT '\(snapshot)'"), logger: logger)
+                    let rows = try await reader.guardedQuery(
+                        """
+                        SELECT stream_id, stream_version, type, data::text, recorded_at FROM events
+                        WHERE stream_id LIKE 'order-%' OR stream_id LIKE 'transaction-%'
+                        ORDER BY stream_id, stream_version
+                        """,
+                        logger: logger)
+                    var batch: [Row] = []
+                    batch.reserveCapacity(batchSize)
+                    for try await row in rows {
+                        read += 1
+                        batch.append(try Row(row))
+                        guard batch.count == batchSize else { continue }
+                        try await hand(batch)
+                        batch = []
+                        batch.reserveCapacity(batchSize)
+                        progress?(read, total)
+                    }
+                    try await hand(batch)
+                }
+                try await folding.value
+            } catch {
+                // No task may write to the COPY after it has failed.
+                _ = try? await folding.value
+                throw error
             }
-        }
-        await foldBatch()
-        // Versions are gapless, so nothing stays held; should something, fold it in version order.
-        for row in held.values.joined().sorted(by: { ($0.stream, $0.version) < ($1.stream, $1.version) }) {
-            _ = fold.apply(row, anyVersion: true)
+            try await state.finish()
+            return state
         }
         progress?(read, total)
         let folded = ContinuousClock.now
-        database.logger.info("projections folded", metadata: [
-            "rebuild.events": "\(read)", "rebuild.seconds": "\(Self.seconds(folded - started))"])
-        try await write(orders: fold.orders.values.compactMap(\.value), claims: fold.transactionRows, schema: schema, on: connection)
+        let claims = state.fold.transactionRows
+        try await connection.copyBinary(schema: schema, table: "apple_transactions", columns: Self.transactionColumns, logger: logger) { sink in
+            var copy = BinaryCopyRows()
+            for claim in claims {
+                copy.append(claim)
+                if copy.buffer.readableBytes >= 1 << 20 { try await copy.flush(to: sink) }
+            }
+            copy.end()
+            try await copy.flush(to: sink)
+        }
+        let written = ContinuousClock.now
+        // Bigger sorts for the index builds, for this transaction only.
+        try await connection.guardedQuery("SET LOCAL maintenance_work_mem = '256MB'", logger: logger)
+        for statement in recreate {
+            try await connection.guardedQuery(PostgresQuery(unsafeSQL: statement), logger: logger)
+        }
+        logger.info("projections rebuilt", metadata: [
+            "rebuild.events": "\(read)", "rebuild.orders": "\(state.orders)", "rebuild.transactions": "\(claims.count)",
+            "rebuild.fold_seconds": "\(Self.seconds(folded - started))",
+            "rebuild.transactions_seconds": "\(Self.seconds(written - folded))",
+            "rebuild.indexes": "\(recreate.count)", "rebuild.index_seconds": "\(Self.seconds(ContinuousClock.now - written))"])
         return read
     }
 
@@ -231,11 +172,20 @@ public struct ProjectionRebuilder: Sendable {
         return 0
     }
 
-    /// Writes the rows with the tables' keys and indexes dropped, then builds each again once:
-    /// one sort per index instead of a million random inserts into each. A duplicate that a
-    /// unique index refuses fails the rebuild as an insert would have.
-    private func write(orders: [Order], claims: [TransactionRow], schema: String, on connection: PostgresConnection) async throws {
-        var recreate: [String] = []
+    /// This transaction's snapshot, for the connection that reads the log to share.
+    private func exportSnapshot(of connection: PostgresConnection) async throws -> String {
+        let rows = try await connection.guardedQuery("SELECT pg_export_snapshot()", logger: database.logger)
+        for try await snapshot in rows.decode(String.self) {
+            // An identifier such as 00000003-0000001B-1, written into SET TRANSACTION SNAPSHOT.
+            guard !snapshot.isEmpty, snapshot.allSatisfy({ $0.isHexDigit || $0 == "-" }) else { break }
+            return snapshot
+        }
+        throw ProjectionRebuildError(message: "PostgreSQL exported no usable snapshot")
+    }
+
+    /// Drops the keys and indexes of `schema`'s projection tables; answers the statements that
+    /// build them again, from the catalog, so they stay the migrations' own.
+    private func dropKeysAndIndexes(schema: String, on connection: PostgresConnection) async throws -> [String] {
         let definitions = try await connection.guardedQuery(
             """
             SELECT format('ALTER TABLE %I.%I DROP CONSTRAINT %I', n.nspname, t.relname, c.conname),
@@ -251,6 +201,7 @@ public struct ProjectionRebuilder: Sendable {
             """,
             logger: database.logger)
         var drops: [String] = []
+        var recreate: [String] = []
         for try await (drop, create) in definitions.decode((String, String).self) {
             drops.append(drop)
             recreate.append(create)
@@ -258,157 +209,21 @@ public struct ProjectionRebuilder: Sendable {
         for statement in drops {
             try await connection.guardedQuery(PostgresQuery(unsafeSQL: statement), logger: database.logger)
         }
-        let started = ContinuousClock.now
-        try await insert(orders: orders, claims: claims, schema: schema, on: connection)
-        let inserted = ContinuousClock.now
-        // Bigger sorts for the index builds, for this transaction only.
-        try await connection.guardedQuery("SET LOCAL maintenance_work_mem = '256MB'", logger: database.logger)
-        for statement in recreate {
-            try await connection.guardedQuery(PostgresQuery(unsafeSQL: statement), logger: database.logger)
-        }
-        database.logger.info("projections written", metadata: [
-            "rebuild.rows": "\(orders.count + claims.count)", "rebuild.write_seconds": "\(Self.seconds(inserted - started))",
-            "rebuild.indexes": "\(recreate.count)", "rebuild.index_seconds": "\(Self.seconds(ContinuousClock.now - inserted))"])
+        return recreate
     }
 
-    /// Streams the rows to PostgreSQL in binary `COPY`, a buffer of about a megabyte at a time, so
-    /// PostgreSQL stores one while the next is encoded.
-    private func insert(orders: [Order], claims: [TransactionRow], schema: String, on connection: PostgresConnection) async throws {
-        let logger = database.logger
-        try await connection.copyBinary(schema: schema, table: "orders", columns: [
-            "order_id", "user_id", "product_id", "quantity", "price", "currency", "app_account_token", "state", "version",
-            "transaction_id", "created_at", "updated_at", "queued_at", "state_before_refund", "failure_reason",
-        ], logger: logger) { send in
-            var rows = BinaryCopyRows()
-            for order in orders {
-                rows.row(columns: 15)
-                rows.text(order.orderId.rawValue)
-                rows.text(order.userId.rawValue)
-                rows.text(order.productId.rawValue)
-                rows.int32(Int32(order.quantity))
-                rows.numeric(order.price)
-                rows.text(order.currency)
-                rows.uuid(order.appAccountToken)
-                rows.text(order.state.rawValue)
-                rows.int64(order.version)
-                rows.text(order.transactionId?.rawValue)
-                rows.timestamp(order.createdAt)
-                rows.timestamp(order.updatedAt)
-                rows.timestamp(order.queuedAt)
-                rows.text(order.stateBeforeRefund?.rawValue)
-                rows.text(order.failureReason)
-                if rows.buffer.readableBytes >= 1 << 20 { try await rows.flush(send) }
-            }
-            rows.end()
-            try await rows.flush(send)
-        }
-        try await connection.copyBinary(schema: schema, table: "apple_transactions", columns: [
-            "transaction_id", "order_id", "user_id", "product_id", "purchase_date", "environment", "status", "received_at",
-            "updated_at", "original_transaction_id", "app_transaction_id", "app_account_token", "matched_by", "verification",
-        ], logger: logger) { send in
-            var rows = BinaryCopyRows()
-            for claim in claims {
-                rows.row(columns: 14)
-                rows.text(claim.transactionID)
-                rows.text(claim.orderID)
-                rows.text(claim.userID)
-                rows.text(claim.productID)
-                rows.timestamp(claim.purchaseDate)
-                rows.text(claim.environment)
-                rows.text(claim.status)
-                rows.timestamp(claim.receivedAt)
-                rows.timestamp(claim.updatedAt)
-                rows.text(claim.originalTransactionID)
-                rows.text(claim.appTransactionID)
-                rows.uuid(claim.appAccountToken)
-                rows.text(claim.matchedBy)
-                rows.jsonb(claim.verification)
-                if rows.buffer.readableBytes >= 1 << 20 { try await rows.flush(send) }
-            }
-            rows.end()
-            try await rows.flush(send)
-        }
-    }
+    static let orderColumns = [
+        "order_id", "user_id", "product_id", "quantity", "price", "currency", "app_account_token", "state", "version",
+        "transaction_id", "created_at", "updated_at", "queued_at", "state_before_refund", "failure_reason",
+    ]
+    static let transactionColumns = [
+        "transaction_id", "order_id", "user_id", "product_id", "purchase_date", "environment", "status", "received_at",
+        "updated_at", "original_transaction_id", "app_transaction_id", "app_account_token", "matched_by", "verification",
+    ]
+}
 
-    /// An `apple_transactions` row as the inline projection writes it.
-    struct TransactionRow {
-        let transactionID: String
-        var orderID: String?
-        var userID: String?
-        var productID: String
-        var purchaseDate: Date
-        var environment: String?
-        var status: String
-        var receivedAt: Date
-        var updatedAt: Date
-        var originalTransactionID: String?
-        var appTransactionID: String?
-        var appAccountToken: UUID?
-        var matchedBy: String?
-        var verification: String?
-
-        init(receipt: ReceiptReceived, order: Order, at date: Date) {
-            transactionID = receipt.transactionId.rawValue
-            orderID = order.orderId.rawValue
-            userID = order.userId.rawValue
-            productID = receipt.productId.rawValue
-            purchaseDate = receipt.purchaseDate
-            environment = receipt.environment
-            status = "claimed"
-            receivedAt = date
-            updatedAt = date
-            originalTransactionID = receipt.originalTransactionId
-            appTransactionID = receipt.appTransactionId
-            appAccountToken = receipt.appAccountToken
-            matchedBy = receipt.matchedBy.rawValue
-        }
-
-        init(pooled body: TransactionUnmatched, data: String, at date: Date) {
-            let transaction = body.transaction
-            transactionID = transaction.transactionId.rawValue
-            userID = body.userId?.rawValue
-            productID = transaction.productId.rawValue
-            purchaseDate = transaction.purchaseDate
-            environment = transaction.environment
-            status = "unmatched"
-            receivedAt = date
-            updatedAt = date
-            originalTransactionID = transaction.originalTransactionId
-            appTransactionID = transaction.appTransactionId
-            appAccountToken = transaction.appAccountToken
-            verification = data
-        }
-
-        /// This claim of a transaction that had waited in `pooled`: as `OrderProjection.claim`
-        /// updates the pool's row.
-        func leavingPool(_ pooled: TransactionRow) -> TransactionRow {
-            var row = pooled
-            row.orderID = orderID
-            row.userID = userID
-            row.status = status
-            row.matchedBy = matchedBy
-            row.updatedAt = updatedAt
-            row.environment = pooled.environment ?? environment
-            row.originalTransactionID = pooled.originalTransactionID ?? originalTransactionID
-            row.appTransactionID = pooled.appTransactionID ?? appTransactionID
-            row.appAccountToken = pooled.appAccountToken ?? appAccountToken
-            return row
-        }
-    }
-
-    /// Folds one event of a transaction's stream into its pool row.
-    static func fold(transactionEvent type: String, data: String, at date: Date, into row: inout TransactionRow?) {
-        switch TransactionEventType(rawValue: type) {
-        case .unmatched:
-            guard let body = try? StoredJSON.decode(TransactionUnmatched.self, from: data) else { return }
-            row = TransactionRow(pooled: body, data: data, at: date)
-        case .notificationReceived:
-            guard let body = try? StoredJSON.decode(NotificationReceived.self, from: data),
-                  let status = NotificationLedger.poolStatus(after: body.notificationType), row?.orderID == nil else { return }
-            row?.status = status
-            row?.updatedAt = date
-        case .matched, nil:
-            break
-        }
-    }
+/// A rebuild that could not run.
+struct ProjectionRebuildError: Error, CustomStringConvertible {
+    let message: String
+    var description: String { message }
 }

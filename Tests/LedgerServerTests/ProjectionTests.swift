@@ -35,6 +35,10 @@ struct ProjectionTests {
 
             let rebuilder = ProjectionRebuilder(database: db.database)
             #expect(try await rebuilder.verify() == [])
+            // Batches of 2 and 3 rows: many batches, decoded and folded by the chain of tasks.
+            for batchSize in [2, 3] {
+                #expect(try await ProjectionRebuilder(database: db.database, batchSize: batchSize).verify() == [])
+            }
 
             // A projection row changed behind the ledger's back is found, and a rebuild restores it.
             try await db.client.query("UPDATE orders SET state = 'finished' WHERE order_id = 'o-4'", logger: TestServer.logger)
