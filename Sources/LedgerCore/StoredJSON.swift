@@ -4,8 +4,8 @@ import Foundation
 /// `Decodable` conformances, several times faster than Foundation's `JSONDecoder`: the rebuild
 /// decodes a million of them.
 ///
-/// It reads the plain JSON the log holds: strings without escapes, integers and decimal numbers,
-/// dates in the ledger's formats. Whatever else it meets (an escape, invalid UTF-8, a `Data` or
+/// It reads the plain JSON the log holds: strings without escapes, integers, dates in the
+/// ledger's formats. Whatever else it meets (an escape, invalid UTF-8, a `Data` or
 /// `Decimal` field, a missing key, a wrong type) makes it hand the body to `LedgerJSON.decoder`,
 /// so every answer, value or error, is the one `LedgerJSON.decoder` gives.
 public enum StoredJSON {
@@ -239,10 +239,6 @@ struct StoredJSONDecoder: Decoder {
         if let integer = T.self as? any FixedWidthInteger.Type {
             return try Self.integer(integer, in: document, at: index) as! T
         }
-        if T.self == Double.self || T.self == Float.self {
-            guard kind == .number, let text = document.text(index), let number = Double(text) else { throw Unsupported() }
-            return T.self == Double.self ? number as! T : Float(number) as! T
-        }
         if T.self == UUID.self {
             guard kind == .string, let uuid = Self.uuid(in: document, at: index) else { throw Unsupported() }
             return uuid as! T
@@ -251,8 +247,10 @@ struct StoredJSONDecoder: Decoder {
             guard kind == .string, let text = document.text(index), let date = LedgerJSON.parseDate(text) else { throw Unsupported() }
             return date as! T
         }
-        // Foundation decodes these with strategies of its own.
-        guard T.self != Data.self, T.self != Decimal.self, T.self != URL.self else { throw Unsupported() }
+        // Foundation decodes these with strategies of its own, and floating point with range
+        // checks and rounding of its own (no stored body has a floating-point field).
+        guard T.self != Data.self, T.self != Decimal.self, T.self != URL.self, T.self != Double.self, T.self != Float.self
+        else { throw Unsupported() }
         return try T(from: StoredJSONDecoder(document, at: index))
     }
 

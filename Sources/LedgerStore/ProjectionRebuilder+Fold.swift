@@ -67,7 +67,9 @@ extension ProjectionRebuilder {
         /// Folds `row` (with its decoded body), the next event of the current stream or the first
         /// of the next one; an ended stream's order goes to `finished`.
         mutating func apply(_ row: Row, _ body: Body, finished: (Order) -> Void) {
-            if row.stream != stream {
+            // Compared as bytes, as PostgreSQL tells streams apart (Swift's == would take two
+            // spellings of one accented letter for the same stream).
+            if stream == nil || !row.stream.utf8.elementsEqual(stream!.utf8) {
                 finish(finished)
                 stream = row.stream
             }

@@ -26,21 +26,35 @@ public struct ProjectionRebuilder: Sendable {
     /// Empties the projections and fills them again from the log, in one transaction.
     @discardableResult
     public func rebuild() async throws -> Int {
-        try await database.transaction { connection in
-            // One snapshot for the whole replay; the TRUNCATE holds appends to orders until COMMIT.
-            try await connection.guardedQuery("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", logger: database.logger)
-            try await connection.guardedQuery("TRUNCATE orders, apple_transactions", logger: database.logger)
-            return try await fill(schema: "public", on: connection)
+        // The reader's connection first: waiting for a second connection must not happen while
+        // the TRUNCATE holds the projections.
+        try await database.client.withConnection { reader in
+            try await database.transaction { connection in
+                // One snapshot for the whole replay; the TRUNCATE holds appends to orders until COMMIT.
+                try await connection.guardedQuery("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", logger: database.logger)
+                try await Self.liftStatementTimeout(on: connection, logger: database.logger)
+                try await connection.guardedQuery("TRUNCATE orders, apple_transactions", logger: database.logger)
+                return try await fill(schema: "public", on: connection, reader: reader)
+            }
         }
+    }
+
+    /// No `statement_timeout` a role or database may set ends the rebuild's one long COPY: an
+    /// error while a COPY buffer waits for the socket can leave postgres-nio (1.33) waiting on
+    /// that write forever, with the projections locked.
+    static func liftStatementTimeout(on connection: PostgresConnection, logger: Logger) async throws {
+        try await connection.guardedQuery("SET LOCAL statement_timeout = 0", logger: logger)
     }
 
     /// Rebuilds into a scratch schema and compares with the live projections; answers the
     /// differing rows (empty when they are identical). The scratch schema is dropped afterwards.
     public func verify() async throws -> [String] {
+        try await database.client.withConnection { reader in
         try await database.transaction { connection in
             // One snapshot: the replay and the comparison see the same log and the same rows,
             // so appends committed meanwhile are not reported as differences.
             try await connection.guardedQuery("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", logger: database.logger)
+            try await Self.liftStatementTimeout(on: connection, logger: database.logger)
             let scratch = Self.scratchSchema
             try await connection.guardedQuery("DROP SCHEMA IF EXISTS \(unescaped: scratch) CASCADE", logger: database.logger)
             try await connection.guardedQuery("CREATE SCHEMA \(unescaped: scratch)", logger: database.logger)
@@ -49,7 +63,7 @@ public struct ProjectionRebuilder: Sendable {
                     "CREATE TABLE \(unescaped: scratch).\(unescaped: table) (LIKE public.\(unescaped: table) INCLUDING ALL)",
                     logger: database.logger)
             }
-            try await fill(schema: scratch, on: connection)
+            try await fill(schema: scratch, on: connection, reader: reader)
             var differences: [String] = []
             for table in Self.tables {
                 let rows = try await connection.guardedQuery(
@@ -66,6 +80,7 @@ public struct ProjectionRebuilder: Sendable {
             try await connection.guardedQuery("DROP SCHEMA \(unescaped: scratch) CASCADE", logger: database.logger)
             return differences
         }
+        }
     }
 
     /// Folds every order and transaction stream, each in version order, into `schema`'s tables.
@@ -77,7 +92,7 @@ public struct ProjectionRebuilder: Sendable {
     /// `COPY` on this connection as soon as its stream ends, so PostgreSQL reads, Swift folds and
     /// PostgreSQL stores at the same time, and no stream waits in memory.
     @discardableResult
-    private func fill(schema: String, on connection: PostgresConnection) async throws -> Int {
+    private func fill(schema: String, on connection: PostgresConnection, reader: PostgresConnection) async throws -> Int {
         let logger = database.logger
         // Counting the log costs a scan of it: only for someone watching.
         let total = progress == nil ? 0 : try await count(on: connection)
@@ -103,7 +118,9 @@ public struct ProjectionRebuilder: Sendable {
                 if inFlight.count > 3 { try await inFlight.removeFirst().value }
             }
             do {
-                try await database.transaction { reader in
+                // The reader's own transaction, on the snapshot this one exported.
+                try await reader.guardedQuery("BEGIN", logger: logger)
+                do {
                     try await reader.guardedQuery("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY", logger: logger)
                     try await reader.guardedQuery(PostgresQuery(unsafeSQL: "SET TRANSACTION SNAPSHOT '\(snapshot)'"), logger: logger)
                     let rows = try await reader.guardedQuery(
@@ -125,6 +142,10 @@ public struct ProjectionRebuilder: Sendable {
                         progress?(read, total)
                     }
                     try await hand(batch)
+                    try await reader.guardedQuery("COMMIT", logger: logger)
+                } catch {
+                    if !reader.isClosed, !isConnectionFailure(error) { _ = try? await reader.guardedQuery("ROLLBACK", logger: logger) }
+                    throw error
                 }
                 try await folding.value
             } catch {
