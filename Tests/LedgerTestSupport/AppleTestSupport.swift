@@ -101,14 +101,20 @@ public final class VerifyReceiptStandIn: Sendable {
         let port = PortBox()
         let server = Application(
             router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),
-            onServerRunning: { channel in await port.set(channel.localAddress?.port ?? 0) },
+            onServerRunning: { channel in await port.set(.success(channel.localAddress?.port ?? 0)) },
             logger: Self.quietLogger)
         return try await withThrowingTaskGroup(of: T?.self) { group in
             group.addTask {
-                try await server.runService(gracefulShutdownSignals: [])
+                do {
+                    try await server.runService(gracefulShutdownSignals: [])
+                    await port.set(.failure(StandInEnded()))
+                } catch {
+                    await port.set(.failure(error))
+                    throw error
+                }
                 return nil
             }
-            let bound = await port.wait()
+            let bound = try await port.wait()
             let result = try await body("http://127.0.0.1:\(bound)/production/verifyReceipt", "http://127.0.0.1:\(bound)/sandbox/verifyReceipt")
             group.cancelAll()
             return result
@@ -130,22 +136,31 @@ public final class VerifyReceiptStandIn: Sendable {
     }
 }
 
+/// The stand-in server stopped before it listened.
+struct StandInEnded: Error {}
+
 actor CallLog {
     var counts: [String: Int] = [:]
     func record(_ key: String) { counts[key, default: 0] += 1 }
     func count(_ key: String) -> Int { counts[key] ?? 0 }
 }
 
+/// The stand-in's port, once it listens; or why it never will.
 actor PortBox {
-    var port: Int?
-    var waiters: [CheckedContinuation<Int, Never>] = []
-    func set(_ value: Int) {
+    var port: Result<Int, any Error>?
+    var waiters: [CheckedContinuation<Int, any Error>] = []
+
+    func set(_ value: Result<Int, any Error>) {
+        if port != nil { return }
         port = value
-        for waiter in waiters { waiter.resume(returning: value) }
+        for waiter in waiters { waiter.resume(with: value) }
         waiters = []
     }
-    func wait() async -> Int {
-        if let port { return port }
-        return await withCheckedContinuation { waiters.append($0) }
+
+    /// The port; throws if the server ended before listening (without this, a server that
+    /// fails to start leaves its test waiting forever).
+    func wait() async throws -> Int {
+        if let port { return try port.get() }
+        return try await withCheckedThrowingContinuation { waiters.append($0) }
     }
 }
