@@ -1,6 +1,5 @@
 import Logging
 import PostgresNIO
-import Synchronization
 
 /// A PostgreSQL connection pool with the ledger's transaction helper.
 public struct Database: Sendable {
@@ -62,86 +61,16 @@ public struct ConnectionClosedError: Error, CustomStringConvertible {
 }
 
 extension PostgresConnection {
-    /// `query`, failing with `ConnectionClosedError` instead of waiting forever when the
-    /// connection is or becomes closed before the query's first answer.
-    ///
-    /// postgres-nio (1.33) can leave a query unanswered when its connection closes: one written to
-    /// a channel that is closed or closing (PostgreSQL stopped between two statements of a
-    /// transaction), and one in flight when the server ends the connection (seen with a backend
-    /// that terminated itself, about one run in three; and as a server that could not shut down
-    /// after a database outage, its request waiting on such a query). The query runs in a task of
-    /// its own, raced against the connection's close; a query postgres-nio never answers is left
-    /// behind in that task, and its caller gets the error. An answer that arrives within a second
-    /// of the close still wins, so a COMMIT that PostgreSQL confirmed is not reported as failed.
+    /// `query`, failing at once on a connection that is already closed. postgres-nio (1.33) writes
+    /// a query to a closed channel without ever failing it, and the caller would wait forever —
+    /// seen when PostgreSQL stops between two statements of a transaction. A window remains: a
+    /// close that PostgreSQL sent but this client has not read yet when the statement goes out;
+    /// and a query in flight when the connection closes may not be answered either.
     @discardableResult
     public func guardedQuery(
         _ query: PostgresQuery, logger: Logger, file: String = #fileID, line: Int = #line
     ) async throws -> PostgresRowSequence {
         guard !isClosed else { throw ConnectionClosedError() }
-        return try await withCheckedThrowingContinuation { continuation in
-            let answer = Mutex<CheckedContinuation<PostgresRowSequence, any Error>?>(continuation)
-            let finish: @Sendable (Result<PostgresRowSequence, any Error>) -> Void = { result in
-                answer.withLock { $0.take() }?.resume(with: result)
-            }
-            let watch = InFlightQueries.shared.watch(self) { finish(.failure(ConnectionClosedError())) }
-            Task {
-                let result: Result<PostgresRowSequence, any Error>
-                do {
-                    result = .success(try await self.query(query, logger: logger, file: file, line: line))
-                } catch {
-                    result = .failure(error)
-                }
-                InFlightQueries.shared.unwatch(self, watch)
-                finish(result)
-            }
-        }
-    }
-}
-
-/// The queries waiting for their first answer, by connection; all of a connection's are failed a
-/// second after it closes.
-final class InFlightQueries: Sendable {
-    static let shared = InFlightQueries()
-
-    private struct State {
-        var next = 0
-        var byConnection: [ObjectIdentifier: [Int: @Sendable () -> Void]] = [:]
-    }
-
-    private let state = Mutex(State())
-
-    /// Registers `fail` for a query on `connection`; answers the id that `unwatch` takes. On a
-    /// connection already closed, `fail` runs at once.
-    func watch(_ connection: PostgresConnection, fail: @escaping @Sendable () -> Void) -> Int {
-        let key = ObjectIdentifier(connection)
-        let (id, first) = state.withLock { state in
-            defer { state.next += 1 }
-            let first = state.byConnection[key] == nil
-            state.byConnection[key, default: [:]][state.next] = fail
-            return (state.next, first)
-        }
-        if first {
-            // One callback per connection, not per query: the connection's close fails them all.
-            connection.closeFuture.whenComplete { [self] _ in
-                connection.eventLoop.scheduleTask(in: .seconds(1)) { self.failAll(key) }
-            }
-        }
-        if connection.isClosed {
-            unwatch(connection, id)
-            fail()
-        }
-        return id
-    }
-
-    func unwatch(_ connection: PostgresConnection, _ id: Int) {
-        state.withLock { state in
-            let key = ObjectIdentifier(connection)
-            state.byConnection[key]?[id] = nil
-        }
-    }
-
-    private func failAll(_ key: ObjectIdentifier) {
-        guard let waiting = state.withLock({ $0.byConnection.removeValue(forKey: key) }) else { return }
-        for fail in waiting.values { fail() }
+        return try await self.query(query, logger: logger, file: file, line: line)
     }
 }

@@ -33,10 +33,9 @@ struct ConnectionLossTests {
                     try await connection.guardedQuery("INSERT INTO loss_probe VALUES (1)", logger: TestServer.logger)
                     let pid = try await connection.guardedQuery("SELECT pg_backend_pid()", logger: TestServer.logger)
                         .collect().first!.decode(Int32.self)
-                    // Terminated from another connection while idle in its transaction. A backend
-                    // that terminates itself does so while its own query is in flight, and
-                    // postgres-nio (1.33) then sometimes never answers that query: this test hung
-                    // that way (see guardedQuery in Database.swift).
+                    // Terminated from another connection while idle in its transaction: a backend
+                    // that terminates itself does so while its own query is in flight, a case
+                    // postgres-nio (1.33) may leave unanswered (see guardedQuery in Database.swift).
                     try await db.client.query("SELECT pg_terminate_backend(\(pid))", logger: TestServer.logger)
                     // Until the client has seen the close, a statement sent now may be written to a
                     // channel that is closing and never answered: wait for it, as the first test does.
@@ -54,27 +53,6 @@ struct ConnectionLossTests {
             let count = try await db.client.query("SELECT count(*) FROM loss_probe", logger: TestServer.logger)
                 .collect().first!.decode(Int.self)
             #expect(count == 0)
-        }
-    }
-
-    @Test("a query in flight when its backend ends the connection fails as a connection failure instead of waiting forever")
-    func queryInFlightWhenTerminated() async throws {
-        try await withTestDatabase { db in
-            // postgres-nio alone left this query unanswered about one time in three.
-            for _ in 0..<10 {
-                let connection = try await db.connect()
-                do {
-                    // Its own answer may or may not come before the close: either is fine.
-                    _ = try? await connection.guardedQuery("SELECT pg_terminate_backend(pg_backend_pid())", logger: TestServer.logger)
-                        .collect()
-                    // The next statement goes out at once, whatever the client has seen of the close.
-                    try await connection.guardedQuery("SELECT 1", logger: TestServer.logger).collect()
-                    Issue.record("a query on a terminated connection was answered")
-                } catch {
-                    #expect(isConnectionFailure(error), "\(String(reflecting: error))")
-                }
-                try? await connection.close()
-            }
         }
     }
 }
