@@ -324,9 +324,7 @@ struct StoredJSONDecoder: Decoder {
         }
 
         func decodeNil(forKey key: Key) throws -> Bool { document.tokens[try member(key)].kind == .null }
-        func decode<T: Decodable>(_ type: T.Type, forKey key: Key) throws -> T {
-            try StoredJSONDecoder.value(T.self, in: document, at: try member(key))
-        }
+        func decode<T: Decodable>(_ type: T.Type, forKey key: Key) throws -> T { try decode(type, key) }
         func decode(_ type: Bool.Type, forKey key: Key) throws -> Bool { try decode(type, key) }
         func decode(_ type: String.Type, forKey key: Key) throws -> String { try decode(type, key) }
         func decode(_ type: Double.Type, forKey key: Key) throws -> Double { try decode(type, key) }
@@ -341,6 +339,8 @@ struct StoredJSONDecoder: Decoder {
         func decode(_ type: UInt16.Type, forKey key: Key) throws -> UInt16 { try decode(type, key) }
         func decode(_ type: UInt32.Type, forKey key: Key) throws -> UInt32 { try decode(type, key) }
         func decode(_ type: UInt64.Type, forKey key: Key) throws -> UInt64 { try decode(type, key) }
+        /// The one decoding path for every overload (calling the generic requirement from a
+        /// typed one would pick the typed one again).
         private func decode<T: Decodable>(_ type: T.Type, _ key: Key) throws -> T {
             try StoredJSONDecoder.value(T.self, in: document, at: try member(key))
         }
@@ -391,20 +391,20 @@ struct StoredJSONDecoder: Decoder {
             return true
         }
         mutating func decode<T: Decodable>(_ type: T.Type) throws -> T { try decode(type, generic: ()) }
-        mutating func decode(_ type: Bool.Type) throws -> Bool { try decode(type as Bool.Type, generic: ()) }
-        mutating func decode(_ type: String.Type) throws -> String { try decode(type as String.Type, generic: ()) }
-        mutating func decode(_ type: Double.Type) throws -> Double { try decode(type as Double.Type, generic: ()) }
-        mutating func decode(_ type: Float.Type) throws -> Float { try decode(type as Float.Type, generic: ()) }
-        mutating func decode(_ type: Int.Type) throws -> Int { try decode(type as Int.Type, generic: ()) }
-        mutating func decode(_ type: Int8.Type) throws -> Int8 { try decode(type as Int8.Type, generic: ()) }
-        mutating func decode(_ type: Int16.Type) throws -> Int16 { try decode(type as Int16.Type, generic: ()) }
-        mutating func decode(_ type: Int32.Type) throws -> Int32 { try decode(type as Int32.Type, generic: ()) }
-        mutating func decode(_ type: Int64.Type) throws -> Int64 { try decode(type as Int64.Type, generic: ()) }
-        mutating func decode(_ type: UInt.Type) throws -> UInt { try decode(type as UInt.Type, generic: ()) }
-        mutating func decode(_ type: UInt8.Type) throws -> UInt8 { try decode(type as UInt8.Type, generic: ()) }
-        mutating func decode(_ type: UInt16.Type) throws -> UInt16 { try decode(type as UInt16.Type, generic: ()) }
-        mutating func decode(_ type: UInt32.Type) throws -> UInt32 { try decode(type as UInt32.Type, generic: ()) }
-        mutating func decode(_ type: UInt64.Type) throws -> UInt64 { try decode(type as UInt64.Type, generic: ()) }
+        mutating func decode(_ type: Bool.Type) throws -> Bool { try decode(type, generic: ()) }
+        mutating func decode(_ type: String.Type) throws -> String { try decode(type, generic: ()) }
+        mutating func decode(_ type: Double.Type) throws -> Double { try decode(type, generic: ()) }
+        mutating func decode(_ type: Float.Type) throws -> Float { try decode(type, generic: ()) }
+        mutating func decode(_ type: Int.Type) throws -> Int { try decode(type, generic: ()) }
+        mutating func decode(_ type: Int8.Type) throws -> Int8 { try decode(type, generic: ()) }
+        mutating func decode(_ type: Int16.Type) throws -> Int16 { try decode(type, generic: ()) }
+        mutating func decode(_ type: Int32.Type) throws -> Int32 { try decode(type, generic: ()) }
+        mutating func decode(_ type: Int64.Type) throws -> Int64 { try decode(type, generic: ()) }
+        mutating func decode(_ type: UInt.Type) throws -> UInt { try decode(type, generic: ()) }
+        mutating func decode(_ type: UInt8.Type) throws -> UInt8 { try decode(type, generic: ()) }
+        mutating func decode(_ type: UInt16.Type) throws -> UInt16 { try decode(type, generic: ()) }
+        mutating func decode(_ type: UInt32.Type) throws -> UInt32 { try decode(type, generic: ()) }
+        mutating func decode(_ type: UInt64.Type) throws -> UInt64 { try decode(type, generic: ()) }
         private mutating func decode<T: Decodable>(_ type: T.Type, generic: Void) throws -> T {
             guard !isAtEnd else { throw Unsupported() }
             let value = try StoredJSONDecoder.value(T.self, in: document, at: next)

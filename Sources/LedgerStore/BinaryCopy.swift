@@ -11,9 +11,12 @@ import PostgresNIO
 struct BinaryCopyRows {
     private(set) var buffer: ByteBuffer
 
-    /// Room for a flush's worth (a megabyte) and the row that crosses it, so the buffer is not
-    /// copied into a larger one on the way.
-    static let capacity = 1 << 20 + 1 << 18
+    /// Rows are handed on a megabyte at a time, so PostgreSQL stores one buffer while the next
+    /// is encoded.
+    static let flushSize = 1 << 20
+    /// Room for a flush's worth and the row that crosses it, so the buffer is not copied into a
+    /// larger one on the way.
+    static let capacity = flushSize + 1 << 18
 
     init() {
         buffer = ByteBufferAllocator().buffer(capacity: Self.capacity)
@@ -94,36 +97,39 @@ struct BinaryCopyRows {
         }
     }
 
-    /// Hands the rows so far to `sink` and starts an empty buffer.
-    mutating func flush(to sink: BinaryCopySink) async throws {
-        try await sink.writer.write(buffer)
+    /// Hands the rows so far to `writer` and starts an empty buffer.
+    mutating func flush(to writer: PostgresCopyFromWriter) async throws {
+        try await writer.write(buffer)
         buffer = ByteBufferAllocator().buffer(capacity: Self.capacity)
     }
 
-    /// The trailer that ends the data.
-    mutating func end() { buffer.writeInteger(Int16(-1)) }
-}
+    /// Flushes once a flush's worth of rows is waiting.
+    mutating func flushIfFull(to writer: PostgresCopyFromWriter) async throws {
+        if buffer.readableBytes >= Self.flushSize { try await flush(to: writer) }
+    }
 
-/// Where a binary `COPY`'s data goes.
-struct BinaryCopySink: Sendable {
-    let writer: PostgresCopyFromWriter
+    /// Ends the data with its trailer and hands the rest to `writer`.
+    mutating func finish(to writer: PostgresCopyFromWriter) async throws {
+        buffer.writeInteger(Int16(-1))
+        try await flush(to: writer)
+    }
 }
 
 extension PostgresConnection {
-    /// `COPY schema.table (columns) FROM STDIN (FORMAT binary)`, with the rows `write` sends to
-    /// its sink; answers what `write` answers.
+    /// `COPY schema.table (columns) FROM STDIN (FORMAT binary)`, with the rows `write` hands to
+    /// the writer; answers what `write` answers.
     ///
     /// postgres-nio 1.33's `copyFrom` writes only `FORMAT text`, and puts the table name into the
     /// statement as given between double quotes; the name below closes those quotes and ends the
     /// statement with a comment. `schema`, `table` and `columns` are this module's constants.
     func copyBinary<Result>(
         schema: String, table: String, columns: [String], logger: Logger,
-        _ write: (BinaryCopySink) async throws -> Result
+        _ write: (PostgresCopyFromWriter) async throws -> Result
     ) async throws -> Result {
         let target = "\(schema)\".\"\(table)\" (\(columns.joined(separator: ", "))) FROM STDIN (FORMAT binary) --"
         var result: Result?
         try await copyFrom(table: target, logger: logger) { writer in
-            result = try await write(BinaryCopySink(writer: writer))
+            result = try await write(writer)
         }
         return result!
     }

@@ -15,10 +15,6 @@ extension ProjectionRebuilder {
 
         var isOrderEvent: Bool { stream.hasPrefix("order-") }
 
-        init(stream: String, version: Int64, type: String, data: String, recordedAt: Date) {
-            (self.stream, self.version, self.type, self.data, self.recordedAt) = (stream, version, type, data, recordedAt)
-        }
-
         /// A row of the log query (stream_id, stream_version, type, data, recorded_at), its cells
         /// decoded one by one: postgres-nio's tuple decoding builds generic metadata for every
         /// row, a second a million rows.
@@ -28,8 +24,11 @@ extension ProjectionRebuilder {
                 guard let cell = cells.next() else { throw ProjectionRebuildError(message: "the log query answered too few columns") }
                 return try cell.decode(Value.self)
             }
-            self.init(stream: try next(String.self), version: try next(Int64.self), type: try next(String.self),
-                      data: try next(String.self), recordedAt: try next(Date.self))
+            stream = try next(String.self)
+            version = try next(Int64.self)
+            type = try next(String.self)
+            data = try next(String.self)
+            recordedAt = try next(Date.self)
         }
 
         /// The body decoded (`.none`: a body the fold skips, as one the ledger would have refused).
@@ -124,22 +123,21 @@ extension ProjectionRebuilder {
         private(set) var fold = Fold()
         private var copy = BinaryCopyRows()
         private(set) var orders = 0
-        let sink: BinaryCopySink
+        let writer: PostgresCopyFromWriter
 
-        init(sink: BinaryCopySink) { self.sink = sink }
+        init(writer: PostgresCopyFromWriter) { self.writer = writer }
 
         func fold(_ batch: [Row], _ bodies: [Body]) async throws {
             for index in batch.indices {
                 fold.apply(batch[index], bodies[index], finished: write)
-                if copy.buffer.readableBytes >= 1 << 20 { try await copy.flush(to: sink) }
+                try await copy.flushIfFull(to: writer)
             }
         }
 
         /// Ends the last stream and the COPY's data.
         func finish() async throws {
             fold.finish(write)
-            copy.end()
-            try await copy.flush(to: sink)
+            try await copy.finish(to: writer)
         }
 
         private func write(_ order: Order) {
@@ -218,7 +216,7 @@ extension ProjectionRebuilder {
 extension BinaryCopyRows {
     /// An `orders` row, in `ProjectionRebuilder.orderColumns`' order.
     mutating func append(_ order: Order) {
-        row(columns: 15)
+        row(columns: Int16(ProjectionRebuilder.orderColumns.count))
         text(order.orderId.rawValue)
         text(order.userId.rawValue)
         text(order.productId.rawValue)
@@ -238,7 +236,7 @@ extension BinaryCopyRows {
 
     /// An `apple_transactions` row, in `ProjectionRebuilder.transactionColumns`' order.
     mutating func append(_ claim: ProjectionRebuilder.TransactionRow) {
-        row(columns: 14)
+        row(columns: Int16(ProjectionRebuilder.transactionColumns.count))
         text(claim.transactionID)
         text(claim.orderID)
         text(claim.userID)

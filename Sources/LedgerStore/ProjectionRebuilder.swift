@@ -26,35 +26,39 @@ public struct ProjectionRebuilder: Sendable {
     /// Empties the projections and fills them again from the log, in one transaction.
     @discardableResult
     public func rebuild() async throws -> Int {
-        // The reader's connection first: waiting for a second connection must not happen while
-        // the TRUNCATE holds the projections.
-        try await database.client.withConnection { reader in
-            try await database.transaction { connection in
-                // One snapshot for the whole replay; the TRUNCATE holds appends to orders until COMMIT.
-                try await connection.guardedQuery("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", logger: database.logger)
-                try await Self.liftStatementTimeout(on: connection, logger: database.logger)
-                try await connection.guardedQuery("TRUNCATE orders, apple_transactions", logger: database.logger)
-                return try await fill(schema: "public", on: connection, reader: reader)
-            }
+        try await inRebuildTransaction { connection, reader in
+            // The TRUNCATE holds appends to orders until COMMIT.
+            try await connection.guardedQuery("TRUNCATE orders, apple_transactions", logger: database.logger)
+            return try await fill(schema: "public", on: connection, reader: reader)
         }
     }
 
+    /// `body` in one REPEATABLE READ transaction (one snapshot for the whole replay) with no
+    /// `statement_timeout`, with the transaction of the connection that will read the log on its
+    /// snapshot. The reader's transaction begins first: waiting for a second connection must not
+    /// happen while the projections are locked.
+    ///
     /// No `statement_timeout` a role or database may set ends the rebuild's one long COPY: an
     /// error while a COPY buffer waits for the socket can leave postgres-nio (1.33) waiting on
     /// that write forever, with the projections locked.
-    static func liftStatementTimeout(on connection: PostgresConnection, logger: Logger) async throws {
-        try await connection.guardedQuery("SET LOCAL statement_timeout = 0", logger: logger)
+    private func inRebuildTransaction<Result: Sendable>(
+        _ body: (_ connection: PostgresConnection, _ reader: PostgresConnection) async throws -> Result
+    ) async throws -> Result {
+        try await database.transaction { reader in
+            try await database.transaction { connection in
+                try await connection.guardedQuery("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", logger: database.logger)
+                try await connection.guardedQuery("SET LOCAL statement_timeout = 0", logger: database.logger)
+                return try await body(connection, reader)
+            }
+        }
     }
 
     /// Rebuilds into a scratch schema and compares with the live projections; answers the
     /// differing rows (empty when they are identical). The scratch schema is dropped afterwards.
     public func verify() async throws -> [String] {
-        try await database.client.withConnection { reader in
-        try await database.transaction { connection in
-            // One snapshot: the replay and the comparison see the same log and the same rows,
-            // so appends committed meanwhile are not reported as differences.
-            try await connection.guardedQuery("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", logger: database.logger)
-            try await Self.liftStatementTimeout(on: connection, logger: database.logger)
+        // One snapshot: the replay and the comparison see the same log and the same rows, so
+        // appends committed meanwhile are not reported as differences.
+        try await inRebuildTransaction { connection, reader in
             let scratch = Self.scratchSchema
             try await connection.guardedQuery("DROP SCHEMA IF EXISTS \(unescaped: scratch) CASCADE", logger: database.logger)
             try await connection.guardedQuery("CREATE SCHEMA \(unescaped: scratch)", logger: database.logger)
@@ -80,7 +84,6 @@ public struct ProjectionRebuilder: Sendable {
             try await connection.guardedQuery("DROP SCHEMA \(unescaped: scratch) CASCADE", logger: database.logger)
             return differences
         }
-        }
     }
 
     /// Folds every order and transaction stream, each in version order, into `schema`'s tables.
@@ -100,8 +103,8 @@ public struct ProjectionRebuilder: Sendable {
         let recreate = try await dropKeysAndIndexes(schema: schema, on: connection)
         let started = ContinuousClock.now
         var read = 0
-        let state = try await connection.copyBinary(schema: schema, table: "orders", columns: Self.orderColumns, logger: logger) { sink in
-            let state = FoldState(sink: sink)
+        let state = try await connection.copyBinary(schema: schema, table: "orders", columns: Self.orderColumns, logger: logger) { writer in
+            let state = FoldState(writer: writer)
             // Each batch's task decodes its bodies while the batch before it is folded, then
             // folds its own once that task is done; this task meanwhile reads the next batch.
             var folding: Task<Void, any Error> = Task {}
@@ -118,35 +121,28 @@ public struct ProjectionRebuilder: Sendable {
                 if inFlight.count > 3 { try await inFlight.removeFirst().value }
             }
             do {
-                // The reader's own transaction, on the snapshot this one exported.
-                try await reader.guardedQuery("BEGIN", logger: logger)
-                do {
-                    try await reader.guardedQuery("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY", logger: logger)
-                    try await reader.guardedQuery(PostgresQuery(unsafeSQL: "SET TRANSACTION SNAPSHOT '\(snapshot)'"), logger: logger)
-                    let rows = try await reader.guardedQuery(
-                        """
-                        SELECT stream_id, stream_version, type, data::text, recorded_at FROM events
-                        WHERE stream_id LIKE 'order-%' OR stream_id LIKE 'transaction-%'
-                        ORDER BY stream_id, stream_version
-                        """,
-                        logger: logger)
-                    var batch: [Row] = []
-                    batch.reserveCapacity(batchSize)
-                    for try await row in rows {
-                        read += 1
-                        batch.append(try Row(row))
-                        guard batch.count == batchSize else { continue }
-                        try await hand(batch)
-                        batch = []
-                        batch.reserveCapacity(batchSize)
-                        progress?(read, total)
-                    }
+                // The reader's transaction, begun with this one, takes the snapshot this one exported.
+                try await reader.guardedQuery("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY", logger: logger)
+                try await reader.guardedQuery(PostgresQuery(unsafeSQL: "SET TRANSACTION SNAPSHOT '\(snapshot)'"), logger: logger)
+                let rows = try await reader.guardedQuery(
+                    """
+                    SELECT stream_id, stream_version, type, data::text, recorded_at FROM events
+                    WHERE stream_id LIKE 'order-%' OR stream_id LIKE 'transaction-%'
+                    ORDER BY stream_id, stream_version
+                    """,
+                    logger: logger)
+                var batch: [Row] = []
+                batch.reserveCapacity(batchSize)
+                for try await row in rows {
+                    read += 1
+                    batch.append(try Row(row))
+                    guard batch.count == batchSize else { continue }
                     try await hand(batch)
-                    try await reader.guardedQuery("COMMIT", logger: logger)
-                } catch {
-                    if !reader.isClosed, !isConnectionFailure(error) { _ = try? await reader.guardedQuery("ROLLBACK", logger: logger) }
-                    throw error
+                    batch = []
+                    batch.reserveCapacity(batchSize)
+                    progress?(read, total)
                 }
+                try await hand(batch)
                 try await folding.value
             } catch {
                 // No task may write to the COPY after it has failed.
@@ -159,14 +155,13 @@ public struct ProjectionRebuilder: Sendable {
         progress?(read, total)
         let folded = ContinuousClock.now
         let claims = state.fold.transactionRows
-        try await connection.copyBinary(schema: schema, table: "apple_transactions", columns: Self.transactionColumns, logger: logger) { sink in
+        try await connection.copyBinary(schema: schema, table: "apple_transactions", columns: Self.transactionColumns, logger: logger) { writer in
             var copy = BinaryCopyRows()
             for claim in claims {
                 copy.append(claim)
-                if copy.buffer.readableBytes >= 1 << 20 { try await copy.flush(to: sink) }
+                try await copy.flushIfFull(to: writer)
             }
-            copy.end()
-            try await copy.flush(to: sink)
+            try await copy.finish(to: writer)
         }
         let written = ContinuousClock.now
         // Bigger sorts for the index builds, for this transaction only.
@@ -182,10 +177,7 @@ public struct ProjectionRebuilder: Sendable {
         return read
     }
 
-    static func seconds(_ duration: Duration) -> String {
-        let (seconds, attoseconds) = duration.components
-        return String(format: "%.2f", Double(seconds) + Double(attoseconds) / 1e18)
-    }
+    static func seconds(_ duration: Duration) -> String { String(format: "%.2f", duration.inSeconds) }
 
     private func count(on connection: PostgresConnection) async throws -> Int {
         let rows = try await connection.guardedQuery("SELECT count(*) FROM events WHERE stream_id LIKE 'order-%' OR stream_id LIKE 'transaction-%'", logger: database.logger)

@@ -46,7 +46,7 @@ struct BinaryCopyTests {
                     """,
                     logger: logger)
             }
-            try await connection.copyBinary(schema: "public", table: "copied", columns: ["id", "name", "big", "price", "token", "at", "body"], logger: logger) { sink in
+            try await connection.copyBinary(schema: "public", table: "copied", columns: ["id", "name", "big", "price", "token", "at", "body"], logger: logger) { writer in
                 var rows = BinaryCopyRows()
                 for (id, value) in Self.values.enumerated() {
                     rows.row(columns: 7)
@@ -58,10 +58,9 @@ struct BinaryCopyTests {
                     rows.timestamp(value.at)
                     rows.jsonb(value.body)
                     // Several buffers, as a large rebuild sends.
-                    if id % 4 == 3 { try await rows.flush(to: sink) }
+                    if id % 4 == 3 { try await rows.flush(to: writer) }
                 }
-                rows.end()
-                try await rows.flush(to: sink)
+                try await rows.finish(to: writer)
             }
             // As text, so a numeric's scale counts ("0.990" is not "0.99") and NULLs compare.
             let columns = "id, name, big, price::text, token::text, to_char(at, 'YYYY-MM-DD HH24:MI:SS.US'), body::text"

@@ -11,11 +11,7 @@ struct ConnectionLossTests {
     func queryOnClosedConnection() async throws {
         try await withTestDatabase { db in
             let connection = try await db.connect()
-            let pid = try await connection.guardedQuery("SELECT pg_backend_pid()", logger: TestServer.logger)
-                .collect().first!.decode(Int32.self)
-            try await db.client.query("SELECT pg_terminate_backend(\(pid))", logger: TestServer.logger)
-            let deadline = ContinuousClock.now + .seconds(10)
-            while !connection.isClosed, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
+            try await terminateFromOutside(connection, db)
             #expect(connection.isClosed)
             await #expect(throws: ConnectionClosedError.self) {
                 try await connection.guardedQuery("SELECT 1", logger: TestServer.logger)
@@ -31,16 +27,10 @@ struct ConnectionLossTests {
             let outcome: Result<Void, any Error> = await Result(catching: {
                 try await db.database.transaction { connection in
                     try await connection.guardedQuery("INSERT INTO loss_probe VALUES (1)", logger: TestServer.logger)
-                    let pid = try await connection.guardedQuery("SELECT pg_backend_pid()", logger: TestServer.logger)
-                        .collect().first!.decode(Int32.self)
-                    // Terminated from another connection while idle in its transaction: a backend
-                    // that terminates itself does so while its own query is in flight, a case
-                    // postgres-nio (1.33) may leave unanswered (see guardedQuery in Database.swift).
-                    try await db.client.query("SELECT pg_terminate_backend(\(pid))", logger: TestServer.logger)
-                    // Until the client has seen the close, a statement sent now may be written to a
-                    // channel that is closing and never answered: wait for it, as the first test does.
-                    let deadline = ContinuousClock.now + .seconds(10)
-                    while !connection.isClosed, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
+                    // From outside while idle in its transaction: a backend that terminates itself
+                    // does so while its own query is in flight, a case postgres-nio (1.33) may
+                    // leave unanswered (see guardedQuery in Database.swift).
+                    try await terminateFromOutside(connection, db)
                     #expect(connection.isClosed)
                     try await connection.guardedQuery("INSERT INTO loss_probe VALUES (2)", logger: TestServer.logger)
                 }
@@ -54,5 +44,16 @@ struct ConnectionLossTests {
                 .collect().first!.decode(Int.self)
             #expect(count == 0)
         }
+    }
+
+    /// Ends `connection`'s backend from another connection and waits (10 s at most) until the
+    /// client has seen the close: a statement sent before then may be written to a channel that
+    /// is closing and never answered (the window guardedQuery cannot close).
+    func terminateFromOutside(_ connection: PostgresConnection, _ db: TestDatabase) async throws {
+        let pid = try await connection.guardedQuery("SELECT pg_backend_pid()", logger: TestServer.logger)
+            .collect().first!.decode(Int32.self)
+        try await db.client.query("SELECT pg_terminate_backend(\(pid))", logger: TestServer.logger)
+        let deadline = ContinuousClock.now + .seconds(10)
+        while !connection.isClosed, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
     }
 }
