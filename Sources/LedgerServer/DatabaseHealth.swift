@@ -92,7 +92,9 @@ public final class DatabaseHealth: Service, Sendable {
         do {
             return try await withThrowingTaskGroup(of: Bool.self) { group in
                 group.addTask {
-                    try await self.client.query("SELECT 1", logger: self.logger)
+                    // Database.query: a statement that postgres-nio left unanswered would keep
+                    // this group, and so the server's shutdown, waiting forever.
+                    try await Database(client: self.client, logger: self.logger).query("SELECT 1")
                     return true
                 }
                 group.addTask {

@@ -37,9 +37,8 @@ public struct APIKeyStore: Sendable {
         let key = "ol_" + Self.hex((0..<32).map { _ in UInt8.random(in: 0...255, using: &generator) })
         let names = scopes.map(\.rawValue).sorted()
         do {
-            try await database.client.query(
-                "INSERT INTO api_keys (name, key_hash, scopes) VALUES (\(name), \(Self.hash(key)), \(names))",
-                logger: database.logger)
+            try await database.query(
+                "INSERT INTO api_keys (name, key_hash, scopes) VALUES (\(name), \(Self.hash(key)), \(names))")
         } catch let error as PSQLError where error.sqlState == "23505" {
             throw APIKeyError.nameTaken(name)
         }
@@ -48,23 +47,21 @@ public struct APIKeyStore: Sendable {
 
     /// The key's record when it exists and is not revoked.
     public func find(key: String) async throws -> APIKey? {
-        let rows = try await database.client.query(
-            "SELECT name, scopes, created_at, revoked_at FROM api_keys WHERE key_hash = \(Self.hash(key)) AND revoked_at IS NULL",
-            logger: database.logger)
+        let rows = try await database.query(
+            "SELECT name, scopes, created_at, revoked_at FROM api_keys WHERE key_hash = \(Self.hash(key)) AND revoked_at IS NULL")
         return try await Self.decode(rows).first
     }
 
     public func list() async throws -> [APIKey] {
-        let rows = try await database.client.query(
-            "SELECT name, scopes, created_at, revoked_at FROM api_keys ORDER BY name", logger: database.logger)
+        let rows = try await database.query(
+            "SELECT name, scopes, created_at, revoked_at FROM api_keys ORDER BY name")
         return try await Self.decode(rows)
     }
 
     /// Revokes the key named `name`; false when there is no such unrevoked key.
     public func revoke(name: String) async throws -> Bool {
-        let rows = try await database.client.query(
-            "UPDATE api_keys SET revoked_at = now() WHERE name = \(name) AND revoked_at IS NULL RETURNING name",
-            logger: database.logger)
+        let rows = try await database.query(
+            "UPDATE api_keys SET revoked_at = now() WHERE name = \(name) AND revoked_at IS NULL RETURNING name")
         for try await _ in rows.decode(String.self) { return true }
         return false
     }
@@ -85,7 +82,7 @@ public struct APIKeyStore: Sendable {
         return String(decoding: text, as: UTF8.self)
     }
 
-    static func decode(_ rows: PostgresRowSequence) async throws -> [APIKey] {
+    static func decode(_ rows: some AsyncSequence<PostgresRow, any Error>) async throws -> [APIKey] {
         var keys: [APIKey] = []
         for try await (name, scopes, created, revoked) in rows.decode((String, [String], Date, Date?).self) {
             keys.append(APIKey(name: name, scopes: Set(scopes.compactMap(APIScope.init(rawValue:))), createdAt: created, revokedAt: revoked))

@@ -124,7 +124,7 @@ final class AppendBatcher: Sendable {
     }
 
     private func client<Result: Sendable>(_ body: (PostgresConnection) async throws -> Result) async throws -> Result {
-        try await database.client.withConnection(body)
+        try await database.withConnection(body)
     }
 
     /// Writes the batch with one CALL that commits before it answers, then answers each append.
@@ -133,14 +133,15 @@ final class AppendBatcher: Sendable {
         let streams = batch.map(\.stream.rawValue)
         let expected = batch.map { $0.expected.databaseValue ?? -2 }
         let sizes = batch.map { Int32($0.events.count) }
-        let rows = try await connection.guardedQuery(
+        // The lease's only statement: on a connection found closed, another connection is leased.
+        let rows = PooledRows(rows: try await Database.first(try await connection.atomicallyGuardedQuery(
             """
             CALL append_batch_durably(\(streams), \(expected), \(sizes), \(events.ids), \(events.types), \(events.data)::jsonb[],
                                       \(events.metadata)::jsonb[],
                                       NULL, NULL, NULL, NULL, NULL, NULL)
             """,
             logger: logger
-        )
+        ).get().rows))
         var grouped = Array(repeating: [EventStore.StatusRow](), count: batch.count)
         let columns = ([Int32], [String], [String], [UUID], [Int64], [Int64]).self
         for try await (appends, statuses, details, eventIDs, versions, positions) in rows.decode(columns) {

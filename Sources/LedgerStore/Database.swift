@@ -1,5 +1,7 @@
 import Logging
+import NIOCore
 import PostgresNIO
+import Synchronization
 
 /// A PostgreSQL connection pool with the ledger's transaction helper.
 public struct Database: Sendable {
@@ -18,8 +20,8 @@ public struct Database: Sendable {
     public func transaction<Result: Sendable>(
         _ body: (PostgresConnection) async throws -> Result
     ) async throws -> Result {
-        try await client.withConnection { connection in
-            try await connection.guardedQuery("BEGIN", logger: logger)
+        try await withConnection { connection in
+            _ = try await Self.first(try await connection.atomicallyGuardedQuery("BEGIN", logger: logger).get())
             let result: Result
             do {
                 result = try await body(connection)
@@ -33,6 +35,56 @@ public struct Database: Sendable {
             }
             try await connection.guardedQuery("COMMIT", logger: logger)
             return result
+        }
+    }
+
+    /// Runs one statement on a pooled connection and answers all its rows. Use this, not
+    /// `client.query`: after PostgreSQL closed a connection, the pool can hand it out once more
+    /// before it has heard of the close, and postgres-nio (1.33) leaves a statement written to
+    /// such a connection unanswered forever. Here the statement is written only after the
+    /// connection is seen open on its own event loop (nothing can close it in between), and a
+    /// connection found closed is taken out of the pool and another one leased.
+    @discardableResult
+    public func query(_ query: PostgresQuery, file: String = #fileID, line: Int = #line) async throws -> PooledRows {
+        try await withConnection { connection in
+            PooledRows(rows: try await Self.first(try await connection.atomicallyGuardedQuery(query, logger: logger, file: file, line: line).get().rows))
+        }
+    }
+
+    /// Leases a pooled connection for `body`. A connection that closed is handed back only once the
+    /// pool knows of the close. When `body`'s first statement (wrapped in `first`) finds the
+    /// connection closed, nothing reached PostgreSQL, and `body` runs again on another connection
+    /// (three tries in all).
+    public func withConnection<Result: Sendable>(
+        _ body: (PostgresConnection) async throws -> Result
+    ) async throws -> Result {
+        var tries = 0
+        while true {
+            tries += 1
+            do {
+                return try await client.withConnection { connection in
+                    do {
+                        return try await body(connection)
+                    } catch {
+                        // The pool learns of a close from the connection's close future; until it
+                        // has, a connection given back is leased again as if it were open.
+                        if connection.isClosed { await connection.closed(within: .seconds(1)) }
+                        throw error
+                    }
+                }
+            } catch is StaleConnection {
+                if tries == 3 { throw ConnectionClosedError() }
+            }
+        }
+    }
+
+    /// `statement`, the first of a lease: when it finds the connection closed, `withConnection`
+    /// may lease another.
+    static func first<T>(_ statement: @autoclosure () async throws -> T) async throws -> T {
+        do {
+            return try await statement()
+        } catch is ConnectionClosedError {
+            throw StaleConnection()
         }
     }
 }
@@ -73,4 +125,55 @@ extension PostgresConnection {
         guard !isClosed else { throw ConnectionClosedError() }
         return try await self.query(query, logger: logger, file: file, line: line)
     }
+}
+
+extension PostgresConnection {
+    /// `query`, written to the connection only if it is open when the event loop takes the write:
+    /// a check made anywhere else can race with the close (postgres-nio writes a statement to a
+    /// channel whose handlers are gone, and never answers it). Answers every row at once.
+    func atomicallyGuardedQuery(
+        _ query: PostgresQuery, logger: Logger, file: String = #fileID, line: Int = #line
+    ) -> EventLoopFuture<PostgresQueryResult> {
+        eventLoop.flatSubmit {
+            // On the event loop: `isClosed` cannot change before the write below reaches the
+            // connection's handler, which fails the statement itself if the connection closes later.
+            guard !self.isClosed else { return self.eventLoop.makeFailedFuture(ConnectionClosedError()) }
+            return self.query(query, logger: logger, file: file, line: line)
+        }
+    }
+
+    /// Waits until the connection's close has been announced (to the pool, among others), at most
+    /// `limit`.
+    func closed(within limit: Duration) async {
+        let announced = eventLoop.makePromise(of: Void.self)
+        let pending = Pending()
+        let answer: @Sendable () -> Void = { if pending.take() { announced.succeed() } }
+        let timeout = eventLoop.scheduleTask(in: .nanoseconds(Int64(limit.inSeconds * 1e9))) { answer() }
+        closeFuture.whenComplete { _ in answer() }
+        _ = try? await announced.futureResult.get()
+        timeout.cancel()
+    }
+}
+
+/// True for the first `take()` only.
+private final class Pending: Sendable {
+    private let flag = Mutex(true)
+    func take() -> Bool { flag.withLock { value in defer { value = false }; return value } }
+}
+
+/// A lease found its connection closed before sending anything on it.
+private struct StaleConnection: Error {}
+
+/// The rows of `Database.query`, all read before the connection went back to the pool; decoded
+/// like postgres-nio's `PostgresRowSequence`.
+public struct PooledRows: AsyncSequence, Sendable {
+    public typealias Element = PostgresRow
+    public let rows: [PostgresRow]
+
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        var base: IndexingIterator<[PostgresRow]>
+        public mutating func next() async throws -> PostgresRow? { base.next() }
+    }
+
+    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(base: rows.makeIterator()) }
 }

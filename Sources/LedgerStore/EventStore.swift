@@ -54,10 +54,8 @@ public struct EventStore: Sendable {
 
     /// The version of the stream's last event, or -1 when the stream has none.
     public func currentVersion(of stream: StreamID) async throws -> Int64 {
-        let rows = try await database.client.query(
-            "SELECT coalesce(max(stream_version), -1) FROM events WHERE stream_id = \(stream.rawValue)",
-            logger: database.logger
-        )
+        let rows = try await database.query(
+            "SELECT coalesce(max(stream_version), -1) FROM events WHERE stream_id = \(stream.rawValue)")
         for try await version in rows.decode(Int64.self) { return version }
         return ExpectedVersion.noStreamVersion
     }
@@ -65,14 +63,12 @@ public struct EventStore: Sendable {
     /// Events of one stream from `version` on, in version order.
     public func readStream(_ stream: StreamID, from version: Int64 = 0, limit: Int = maximumReadLimit) async throws -> [RecordedEvent] {
         let limit = Self.clamp(limit)
-        let rows = try await database.client.query(
+        let rows = try await database.query(
             """
             SELECT \(unescaped: Self.columns) FROM events
             WHERE stream_id = \(stream.rawValue) AND stream_version >= \(version)
             ORDER BY stream_version LIMIT \(limit)
-            """,
-            logger: database.logger
-        )
+            """)
         return try await Self.decode(rows)
     }
 
@@ -81,14 +77,12 @@ public struct EventStore: Sendable {
     /// that resumes after the last position it saw never skips an event.
     public func readAll(after position: Int64, limit: Int = 1000) async throws -> [RecordedEvent] {
         let limit = Self.clamp(limit)
-        let rows = try await database.client.query(
+        let rows = try await database.query(
             """
             SELECT \(unescaped: Self.columns) FROM events
             WHERE global_position > \(position) AND global_position <= events_safe_position()
             ORDER BY global_position LIMIT \(limit)
-            """,
-            logger: database.logger
-        )
+            """)
         return try await Self.decode(rows)
     }
 
@@ -97,7 +91,7 @@ public struct EventStore: Sendable {
 
     static func clamp(_ limit: Int) -> Int { min(max(limit, 1), maximumReadLimit) }
 
-    static func decode(_ rows: PostgresRowSequence) async throws -> [RecordedEvent] {
+    static func decode(_ rows: some AsyncSequence<PostgresRow, any Error>) async throws -> [RecordedEvent] {
         var events: [RecordedEvent] = []
         let types = (Int64, String, Int64, UUID, String, String, String, Date).self
         for try await (position, stream, version, id, type, data, metadata, recordedAt) in rows.decode(types) {

@@ -245,14 +245,14 @@ public struct OrderLedger: Sendable {
 
     /// The order as its projection row has it, or nil.
     public func order(_ id: OrderID) async throws -> Order? {
-        try await database.client.withConnection { try await projection.order(id, on: $0) }
+        try await database.withConnection { connection in try await Database.first(try await projection.order(id, on: connection)) }
     }
 
     /// Orders filtered by user, product and state (`open`: not finished, failed or refunded),
     /// oldest first, after the order id `after` (for paging).
     public func orders(userID: UserID?, productID: ProductID?, states: [OrderState]?, after: OrderID?, limit: Int) async throws -> [Order] {
         let states = states?.map(\.rawValue)
-        let rows = try await database.client.query(
+        let rows = try await database.query(
             """
             SELECT \(unescaped: OrderProjection.orderColumns) FROM orders
             WHERE (\(userID?.rawValue)::text IS NULL OR user_id = \(userID?.rawValue))
@@ -260,8 +260,7 @@ public struct OrderLedger: Sendable {
               AND (\(states)::text[] IS NULL OR state = ANY(\(states)::text[]))
               AND (\(after?.rawValue)::text IS NULL OR order_id > \(after?.rawValue))
             ORDER BY order_id LIMIT \(min(max(limit, 1), 1000))
-            """,
-            logger: database.logger)
+            """)
         return try await OrderProjection.decodeOrders(rows)
     }
 

@@ -34,7 +34,7 @@ struct OrderProjection: Sendable {
 
     typealias OrderColumns = (String, String, String, Int, String?, String?, UUID, String, Int64, String?, Date, Date, Date?, String?, String?)
 
-    static func decodeOrders(_ rows: PostgresRowSequence) async throws -> [Order] {
+    static func decodeOrders(_ rows: some AsyncSequence<PostgresRow, any Error>) async throws -> [Order] {
         var orders: [Order] = []
         for try await row in rows.decode(OrderColumns.self) { orders.append(makeOrder(row)) }
         return orders
@@ -137,7 +137,7 @@ struct OrderProjection: Sendable {
         return try await Self.decodeOrderAndHolder(rows)
     }
 
-    static func decodeOrderAndHolder(_ rows: PostgresRowSequence) async throws -> (Date, Order, (OrderID?, String)?)? {
+    static func decodeOrderAndHolder(_ rows: some AsyncSequence<PostgresRow, any Error>) async throws -> (Date, Order, (OrderID?, String)?)? {
         var found: (Date, Order, String?)?
         for try await (now, id, user, product, quantity, price, currency, token, state, version, transactionID, created, updated, queued, beforeRefund, failure, holder)
             in rows.decode((Date, String, String, String, Int, String?, String?, UUID, String, Int64, String?, Date, Date, Date?, String?, String?, String?).self) {

@@ -32,26 +32,25 @@ public struct ProductCatalog: Sendable {
         if let currency, !OrderEvent.isValidCurrency(currency) {
             throw LedgerInputError(field: "currency", problem: "must be an ISO 4217 code such as \"USD\"")
         }
-        let rows = try await database.client.query(
+        let rows = try await database.query(
             """
             INSERT INTO products (product_id, status, price, currency, updated_at)
             VALUES (\(id.rawValue), \(status.rawValue), \(price)::numeric, \(currency), now())
             ON CONFLICT (product_id) DO UPDATE SET status = EXCLUDED.status, price = EXCLUDED.price,
                 currency = EXCLUDED.currency, updated_at = EXCLUDED.updated_at
             RETURNING product_id, status, price::text, currency, updated_at
-            """,
-            logger: database.logger)
+            """)
         guard let product = try await Self.decode(rows).first else { throw OrderDecisionError.noSuchOrder }
         return product
     }
 
     public func list() async throws -> [Product] {
-        let rows = try await database.client.query(
-            "SELECT product_id, status, price::text, currency, updated_at FROM products ORDER BY product_id", logger: database.logger)
+        let rows = try await database.query(
+            "SELECT product_id, status, price::text, currency, updated_at FROM products ORDER BY product_id")
         return try await Self.decode(rows)
     }
 
-    static func decode(_ rows: PostgresRowSequence) async throws -> [Product] {
+    static func decode(_ rows: some AsyncSequence<PostgresRow, any Error>) async throws -> [Product] {
         var products: [Product] = []
         for try await (id, status, price, currency, updated) in rows.decode((String, String, String?, String?, Date).self) {
             products.append(Product(productId: ProductID(unchecked: id), status: Status(rawValue: status) ?? .active,

@@ -276,8 +276,8 @@ extension ReceiptLedger {
 
     /// The order holding each of `ids` (nil: in the pool); ids the ledger does not know are absent.
     public func holders(of ids: [TransactionID]) async throws -> [TransactionID: OrderID?] {
-        let rows = try await database.client.query(
-            "SELECT transaction_id, order_id FROM apple_transactions WHERE transaction_id = ANY(\(ids.map(\.rawValue)))", logger: logger)
+        let rows = try await database.query(
+            "SELECT transaction_id, order_id FROM apple_transactions WHERE transaction_id = ANY(\(ids.map(\.rawValue)))")
         var holders: [TransactionID: OrderID?] = [:]
         for try await (id, order) in rows.decode((String, String?).self) {
             holders[TransactionID(unchecked: id)] = order.map(OrderID.init(unchecked:))

@@ -54,14 +54,13 @@ public struct ReconcilerPass: Sendable {
         let started = ContinuousClock.now
         var summary = Summary()
         var totalUsers = 0
-        let counts = try await database.client.query(
+        let counts = try await database.query(
             """
             SELECT count(*) FILTER (WHERE resolved_user_id IS NULL)::int,
                    count(*) FILTER (WHERE user_id IS NULL AND resolved_user_id IS NOT NULL)::int,
                    count(DISTINCT resolved_user_id)::int
             FROM pool_with_users
-            """,
-            logger: logger)
+            """)
         for try await (unknown, resolved, users) in counts.decode((Int, Int, Int).self) {
             (summary.unknownUser, summary.usersResolved, totalUsers) = (unknown, resolved, users)
         }
@@ -164,8 +163,8 @@ public struct ReconcilerPass: Sendable {
 
     /// The catalog's active products and their prices.
     private func activeProducts() async throws -> [ProductID: (String?, String?)] {
-        let rows = try await database.client.query(
-            "SELECT product_id, price::text, currency FROM products WHERE status = 'active'", logger: logger)
+        let rows = try await database.query(
+            "SELECT product_id, price::text, currency FROM products WHERE status = 'active'")
         var products: [ProductID: (String?, String?)] = [:]
         for try await (id, price, currency) in rows.decode((String, String?, String?).self) {
             products[ProductID(unchecked: id)] = (price, currency)
@@ -174,24 +173,22 @@ public struct ReconcilerPass: Sendable {
     }
 
     private func nextUsers(after user: String) async throws -> [String] {
-        let rows = try await database.client.query(
+        let rows = try await database.query(
             """
             SELECT DISTINCT resolved_user_id FROM pool_with_users
             WHERE resolved_user_id > \(user) ORDER BY resolved_user_id LIMIT \(usersPerBatch)
-            """,
-            logger: logger)
+            """)
         var users: [String] = []
         for try await user in rows.decode(String.self) { users.append(user) }
         return users
     }
 
     private func orphans(of users: [String]) async throws -> [Reconciler.Orphan] {
-        let rows = try await database.client.query(
+        let rows = try await database.query(
             """
             SELECT transaction_id, resolved_user_id, product_id, purchase_date FROM pool_with_users
             WHERE resolved_user_id = ANY(\(users))
-            """,
-            logger: logger)
+            """)
         var orphans: [Reconciler.Orphan] = []
         for try await (id, user, product, purchase) in rows.decode((String, String, String, Date).self) {
             orphans.append(.init(transactionId: TransactionID(unchecked: id), userId: UserID(unchecked: user), productId: ProductID(unchecked: product), purchaseDate: purchase))
@@ -200,12 +197,11 @@ public struct ReconcilerPass: Sendable {
     }
 
     private func openOrders(of users: [String]) async throws -> [Reconciler.OpenOrder] {
-        let rows = try await database.client.query(
+        let rows = try await database.query(
             """
             SELECT order_id, user_id, product_id, created_at, queued_at FROM orders
             WHERE user_id = ANY(\(users)) AND state IN ('created', 'payment-added') AND transaction_id IS NULL
-            """,
-            logger: logger)
+            """)
         var orders: [Reconciler.OpenOrder] = []
         for try await (id, user, product, created, queued) in rows.decode((String, String, String, Date, Date?).self) {
             orders.append(.init(orderId: OrderID(unchecked: id), userId: UserID(unchecked: user), productId: ProductID(unchecked: product), createdAt: created, queuedAt: queued))

@@ -52,7 +52,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         var revenue: [String: Decimal] = [:]
         func key(_ day: String, _ product: String, _ currency: String?) -> String { "\(day)\u{1F}\(product)\u{1F}\(currency ?? "")" }
 
-        let orderRows = try await database.client.query(
+        let orderRows = try await database.query(
             """
             SELECT to_char(e.recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), o.product_id, o.currency, e.type,
                    coalesce(e.data->>'reason', ''), count(*)::int, coalesce(sum(o.price * o.quantity), 0)::text
@@ -60,8 +60,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             WHERE e.stream_id LIKE 'order-%' AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
               AND e.type IN ('created', 'verified', 'delivered', 'finished', 'failed', 'refunded')
             GROUP BY 1, 2, 3, 4, 5
-            """,
-            logger: database.logger)
+            """)
         for try await (day, product, currency, type, reason, count, amount) in orderRows.decode((String, String, String?, String, String, Int, String).self) {
             let k = key(day, product, currency)
             var row = rows[k] ?? Row(day: day, productId: product, currency: currency)
@@ -83,7 +82,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             rows[k] = row
         }
 
-        let pairingRows = try await database.client.query(
+        let pairingRows = try await database.query(
             """
             SELECT to_char(e.recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), o.product_id, o.currency,
                    coalesce(e.data->>'rule', e.data->>'matchedBy'), e.data->>'matchedBy',
@@ -91,8 +90,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             FROM events e JOIN orders o ON o.order_id = e.data->>'orderId'
             WHERE e.type = 'transaction-matched' AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
             GROUP BY 1, 2, 3, 4, 5
-            """,
-            logger: database.logger)
+            """)
         for try await (day, product, currency, rule, matchedBy, count, ambiguous) in pairingRows.decode((String, String, String?, String, String, Int, Int).self) {
             let k = key(day, product, currency)
             var row = rows[k] ?? Row(day: day, productId: product, currency: currency)
@@ -127,7 +125,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         if sorted.isEmpty { sorted = [] }
 
         var pool = Pool()
-        let poolRows = try await database.client.query(
+        let poolRows = try await database.query(
             """
             SELECT count(*)::int, extract(epoch FROM now() - min(received_at))::float8,
                    count(*) FILTER (WHERE now() - received_at < interval '1 hour')::int,
@@ -135,8 +133,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
                    count(*) FILTER (WHERE now() - received_at >= interval '1 day' AND now() - received_at < interval '7 days')::int,
                    count(*) FILTER (WHERE now() - received_at >= interval '7 days')::int
             FROM unmatched_transactions
-            """,
-            logger: database.logger)
+            """)
         for try await (count, oldest, hour, day, week, older) in poolRows.decode((Int, Double?, Int, Int, Int, Int).self) {
             pool.count = count
             pool.oldestAgeSeconds = oldest

@@ -31,7 +31,7 @@ public struct SupportDesk: Sendable {
     public func unmatched(
         userId: UserID?, productId: ProductID?, from: Date?, to: Date?, transactionId: TransactionID?, after: TransactionID?, limit: Int
     ) async throws -> [PooledTransaction] {
-        let rows = try await database.client.query(
+        let rows = try await database.query(
             """
             SELECT transaction_id, user_id, product_id, purchase_date, environment, app_account_token, received_at, verification::text
             FROM unmatched_transactions
@@ -42,8 +42,7 @@ public struct SupportDesk: Sendable {
               AND (\(transactionId?.rawValue)::text IS NULL OR transaction_id = \(transactionId?.rawValue))
               AND (\(after?.rawValue)::text IS NULL OR transaction_id > \(after?.rawValue))
             ORDER BY transaction_id LIMIT \(min(max(limit, 1), 1000))
-            """,
-            logger: logger)
+            """)
         var found: [PooledTransaction] = []
         for try await (id, user, product, purchase, environment, token, received, verification)
             in rows.decode((String, String?, String, Date, String?, UUID?, Date, String?).self) {

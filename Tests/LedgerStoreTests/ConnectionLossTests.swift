@@ -23,7 +23,7 @@ struct ConnectionLossTests {
     @Test("a transaction whose connection is terminated midway fails as a connection failure and commits nothing")
     func transactionOnTerminatedConnection() async throws {
         try await withTestDatabase { db in
-            try await db.client.query("CREATE TABLE loss_probe (n int)", logger: TestServer.logger)
+            try await db.database.query("CREATE TABLE loss_probe (n int)")
             let outcome: Result<Void, any Error> = await Result(catching: {
                 try await db.database.transaction { connection in
                     try await connection.guardedQuery("INSERT INTO loss_probe VALUES (1)", logger: TestServer.logger)
@@ -40,20 +40,47 @@ struct ConnectionLossTests {
                 return
             }
             #expect(isConnectionFailure(error), "\(String(reflecting: error))")
-            let count = try await db.client.query("SELECT count(*) FROM loss_probe", logger: TestServer.logger)
-                .collect().first!.decode(Int.self)
+            let count = try await db.database.query("SELECT count(*) FROM loss_probe").rows.first!.decode(Int.self)
             #expect(count == 0)
+        }
+    }
+
+    @Test("the pool never hands a statement to a connection that closed: after each of 25 terminations the next statements are answered")
+    func pooledStatementsAfterTermination() async throws {
+        try await withTestDatabase { db in
+            for round in 1...25 {
+                _ = try? await db.database.transaction { connection in
+                    // Handed back the moment the client sees the close: the pool hears of it a
+                    // little later, from the connection's close future.
+                    try await terminateFromOutside(connection, db, poll: .zero)
+                    try await connection.guardedQuery("SELECT 1", logger: TestServer.logger)
+                }
+                // Given back closed, the connection used to be leased again before the pool had
+                // heard of the close, and the statement written to it was never answered.
+                let answer = await answered(within: .seconds(10)) {
+                    try await db.database.query("SELECT \(round)::int").rows.first!.decode(Int.self)
+                }
+                switch answer {
+                case .some(.success(let value)): #expect(value == round)
+                case .some(.failure(let error)): Issue.record("round \(round): \(String(reflecting: error))")
+                case nil:
+                    Issue.record("round \(round): a pooled statement was not answered within 10 s")
+                    return
+                }
+            }
         }
     }
 
     /// Ends `connection`'s backend from another connection and waits (10 s at most) until the
     /// client has seen the close: a statement sent before then may be written to a channel that
     /// is closing and never answered (the window guardedQuery cannot close).
-    func terminateFromOutside(_ connection: PostgresConnection, _ db: TestDatabase) async throws {
+    func terminateFromOutside(_ connection: PostgresConnection, _ db: TestDatabase, poll: Duration = .milliseconds(10)) async throws {
         let pid = try await connection.guardedQuery("SELECT pg_backend_pid()", logger: TestServer.logger)
             .collect().first!.decode(Int32.self)
-        try await db.client.query("SELECT pg_terminate_backend(\(pid))", logger: TestServer.logger)
+        try await db.database.query("SELECT pg_terminate_backend(\(pid))")
         let deadline = ContinuousClock.now + .seconds(10)
-        while !connection.isClosed, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
+        while !connection.isClosed, ContinuousClock.now < deadline {
+            if poll == .zero { await Task.yield() } else { try await Task.sleep(for: poll) }
+        }
     }
 }
