@@ -45,7 +45,7 @@ public func buildApplication(
 ) throws -> some ApplicationProtocol {
     let database = Database(client: client, logger: logger)
     let migrator = Migrator(logger: logger)
-    let health = DatabaseHealth(client: client, logger: logger)
+    let health = DatabaseHealth(database: database)
     var application = Application(
         router: buildRouter(
             database: database, migrator: migrator, apple: try configuration.apple.verifier(logger: logger),

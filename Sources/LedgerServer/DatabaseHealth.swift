@@ -18,14 +18,13 @@ public final class DatabaseHealth: Service, Sendable {
     }
 
     private let state = Mutex(State())
-    let client: PostgresClient
-    let logger: Logger
+    let database: Database
+    var logger: Logger { database.logger }
     let interval: Duration
     let timeout: Duration
 
-    public init(client: PostgresClient, logger: Logger, interval: Duration = .seconds(1), timeout: Duration = .seconds(2)) {
-        self.client = client
-        self.logger = logger
+    public init(database: Database, interval: Duration = .seconds(1), timeout: Duration = .seconds(2)) {
+        self.database = database
         self.interval = interval
         self.timeout = timeout
     }
@@ -94,7 +93,7 @@ public final class DatabaseHealth: Service, Sendable {
                 group.addTask {
                     // Database.query: a statement that postgres-nio left unanswered would keep
                     // this group, and so the server's shutdown, waiting forever.
-                    try await Database(client: self.client, logger: self.logger).query("SELECT 1")
+                    try await self.database.query("SELECT 1")
                     return true
                 }
                 group.addTask {

@@ -102,7 +102,7 @@ final class AppendBatcher: Sendable {
 
     private func execute(_ batch: [Request]) async {
         do {
-            let answers = try await client { try await Self.writeDurably(batch, on: $0, logger: database.logger) }
+            let answers = try await database.withConnection { try await Self.writeDurably(batch, on: $0, logger: database.logger) }
             for (request, answer) in zip(batch, answers) { request.continuation.resume(with: answer) }
         } catch let error as PSQLError where batch.count > 1 && error.serverInfo != nil {
             // A statement error rolls the whole batch back (an event id taken by a writer outside
@@ -110,7 +110,7 @@ final class AppendBatcher: Sendable {
             database.logger.debug("batch failed, writing its appends one by one", metadata: ["error": "\(error.sqlState ?? "")"])
             for request in batch {
                 do {
-                    let answer = try await client { try await Self.writeDurably([request], on: $0, logger: database.logger) }
+                    let answer = try await database.withConnection { try await Self.writeDurably([request], on: $0, logger: database.logger) }
                     request.continuation.resume(with: answer[0])
                 } catch {
                     request.continuation.resume(throwing: EventStore.mapError(error, request.stream, request.expected, request.events))
@@ -121,10 +121,6 @@ final class AppendBatcher: Sendable {
                 request.continuation.resume(throwing: EventStore.mapError(error, request.stream, request.expected, request.events))
             }
         }
-    }
-
-    private func client<Result: Sendable>(_ body: (PostgresConnection) async throws -> Result) async throws -> Result {
-        try await database.withConnection(body)
     }
 
     /// Writes the batch with one CALL that commits before it answers, then answers each append.

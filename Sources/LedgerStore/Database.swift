@@ -1,7 +1,6 @@
 import Logging
 import NIOCore
 import PostgresNIO
-import Synchronization
 
 /// A PostgreSQL connection pool with the ledger's transaction helper.
 public struct Database: Sendable {
@@ -66,9 +65,10 @@ public struct Database: Sendable {
                     do {
                         return try await body(connection)
                     } catch {
-                        // The pool learns of a close from the connection's close future; until it
-                        // has, a connection given back is leased again as if it were open.
-                        if connection.isClosed { await connection.closed(within: .seconds(1)) }
+                        // The pool learns of a close from the connection's close future (completed
+                        // one event-loop turn after the channel went inactive, which `isClosed`
+                        // reads); until then, a connection given back is leased again as if open.
+                        if connection.isClosed { _ = try? await connection.closeFuture.get() }
                         throw error
                     }
                 }
@@ -141,24 +141,6 @@ extension PostgresConnection {
             return self.query(query, logger: logger, file: file, line: line)
         }
     }
-
-    /// Waits until the connection's close has been announced (to the pool, among others), at most
-    /// `limit`.
-    func closed(within limit: Duration) async {
-        let announced = eventLoop.makePromise(of: Void.self)
-        let pending = Pending()
-        let answer: @Sendable () -> Void = { if pending.take() { announced.succeed() } }
-        let timeout = eventLoop.scheduleTask(in: .nanoseconds(Int64(limit.inSeconds * 1e9))) { answer() }
-        closeFuture.whenComplete { _ in answer() }
-        _ = try? await announced.futureResult.get()
-        timeout.cancel()
-    }
-}
-
-/// True for the first `take()` only.
-private final class Pending: Sendable {
-    private let flag = Mutex(true)
-    func take() -> Bool { flag.withLock { value in defer { value = false }; return value } }
 }
 
 /// A lease found its connection closed before sending anything on it.

@@ -1,4 +1,3 @@
-import Foundation
 import ArgumentParser
 import LedgerServer
 import LedgerStore
@@ -27,7 +26,7 @@ func withLedgerDatabase<Result: Sendable>(
     let configuration = try options.load()
     // One-off commands keep stdout for their answer and log only warnings unless asked for more.
     var quiet = Logger(label: "ledger")
-    let asked = options.logLevel != nil || ProcessInfo.processInfo.environment["LEDGER_LOG_LEVEL"] != nil
+    let asked = options.values()[LedgerConfiguration.Key.logLevel] != nil
     quiet.logLevel = asked ? configuration.logLevel : .warning
     let logger = quiet
     let database = try await OpenedDatabase.open(configuration.database, logger: logger)

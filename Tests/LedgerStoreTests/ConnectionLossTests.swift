@@ -1,4 +1,4 @@
-import LedgerStore
+@testable import LedgerStore
 import LedgerTestSupport
 import PostgresNIO
 import Testing
@@ -68,6 +68,41 @@ struct ConnectionLossTests {
                     return
                 }
             }
+        }
+    }
+
+    @Test("a lease whose first statement finds its connection closed runs again on another (three tries); a failure after that first statement is not retried")
+    func staleLeasesAreRetriedOnlyBeforeSending() async throws {
+        try await withTestDatabase { db in
+            /// Runs a lease whose first statement reports a closed connection in its first
+            /// `staleRuns` runs (and `failAfterFirst`: whose second statement always does);
+            /// answers what it answered and how often it ran.
+            func lease(staleRuns: Int, failAfterFirst: Bool = false) async -> (Result<Int, any Error>, runs: Int) {
+                var runs = 0
+                let outcome = await Result {
+                    try await db.database.withConnection { connection in
+                        runs += 1
+                        let run = runs
+                        let first = try await Database.first(try await { () async throws -> Int in
+                            if run <= staleRuns { throw ConnectionClosedError() }
+                            return try await connection.guardedQuery("SELECT \(run)::int", logger: TestServer.logger)
+                                .collect().first!.decode(Int.self)
+                        }())
+                        if failAfterFirst { throw ConnectionClosedError() }
+                        return first
+                    }
+                }
+                return (outcome, runs)
+            }
+            let (recovered, recoveredRuns) = await lease(staleRuns: 2)
+            #expect((try? recovered.get()) == 3)
+            #expect(recoveredRuns == 3)
+            let (exhausted, exhaustedRuns) = await lease(staleRuns: 3)
+            #expect(throws: ConnectionClosedError.self) { try exhausted.get() }
+            #expect(exhaustedRuns == 3)
+            let (sent, sentRuns) = await lease(staleRuns: 0, failAfterFirst: true)
+            #expect(throws: ConnectionClosedError.self) { try sent.get() }
+            #expect(sentRuns == 1)
         }
     }
 
