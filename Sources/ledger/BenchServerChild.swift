@@ -20,7 +20,9 @@ enum BenchServerChild {
         let server = try ProcessRunner(workingDirectory: work).spawn(
             BenchHTTP.executablePath(), ["serve"], outputPath: work.appendingPathComponent("server.log").path, environment: environment)
         var settings = HTTPClient.Configuration()
-        settings.connectionPool = .init(idleTimeout: .seconds(60))
+        // AsyncHTTPClient keeps 8 connections per host unless told otherwise: 32 clients would
+        // share 8 connections, and the server would see 8.
+        settings.connectionPool = .init(idleTimeout: .seconds(60), concurrentHTTP1ConnectionsPerHostSoftLimit: 256)
         settings.httpVersion = .http1Only
         let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: settings)
         defer { _ = client.shutdown() }
