@@ -2,33 +2,16 @@ import Foundation
 import LedgerCore
 import Logging
 import PostgresNIO
-import Synchronization
 
 /// Group commit for standalone appends: appends that arrive while others are being written share
 /// one database transaction and one round trip, yet each is checked and answered on its own.
-///
-/// No background task: the caller that finds a writer slot free writes everything pending, then
-/// keeps writing what arrived meanwhile; the others wait for their answer. Every answer comes
-/// after COMMIT returned, so an acknowledged append is durable.
+/// Every answer comes after COMMIT returned, so an acknowledged append is durable.
 final class AppendBatcher: Sendable {
     /// One append waiting for its answer.
     struct Request: Sendable {
         let stream: StreamID
         let expected: ExpectedVersion
         let events: [NewEvent]
-        let continuation: CheckedContinuation<AppendResult, any Error>
-    }
-
-    /// How much batching has happened (for tests and the benchmark).
-    struct Statistics: Sendable, Equatable {
-        var batches = 0
-        var appends = 0
-    }
-
-    private struct State: ~Copyable {
-        var pending: [Request] = []
-        var writers = 0
-        var statistics = Statistics()
     }
 
     /// How often a writer yields, at most, for answered callers to append again (measured best
@@ -38,87 +21,56 @@ final class AppendBatcher: Sendable {
     /// One transaction holds at most this many events (positions are xid * 4096 + n).
     static let maximumEventsPerBatch = 4096
 
-    private let state = Mutex(State())
     private let database: Database
-    private let maximumWriters: Int
+    private let queue: GroupCommit<Request, AppendResult>
 
     init(database: Database, maximumWriters: Int) {
         self.database = database
-        self.maximumWriters = max(1, maximumWriters)
+        self.queue = GroupCommit(
+            maximumWriters: maximumWriters, yieldsBetweenBatches: Self.yieldsBetweenBatches,
+            select: Self.select, execute: { batch in await Self.execute(batch, database) })
     }
 
-    var statistics: Statistics { state.withLock { $0.statistics } }
+    var statistics: GroupCommit<Request, AppendResult>.Statistics { queue.statistics }
 
     func append(_ events: [NewEvent], to stream: StreamID, expectedVersion: ExpectedVersion) async throws -> AppendResult {
-        try await withCheckedThrowingContinuation { continuation in
-            let request = Request(stream: stream, expected: expectedVersion, events: events, continuation: continuation)
-            let batch: [Request]? = state.withLock { state in
-                state.pending.append(request)
-                guard state.writers < maximumWriters else { return nil }
-                state.writers += 1
-                return Self.takeBatch(&state)
-            }
-            if let batch {
-                Task { await self.write(startingWith: batch) }
-            }
-        }
+        try await queue.submit(Request(stream: stream, expected: expectedVersion, events: events))
     }
 
-    private static func takeBatch(_ state: inout State) -> [Request] {
+    /// The oldest appends whose events fit in one transaction.
+    private static func select(_ pending: [Request]) -> [Int] {
         var events = 0
         var count = 0
-        for request in state.pending {
+        for request in pending {
             if count > 0 && events + request.events.count > maximumEventsPerBatch { break }
             events += request.events.count
             count += 1
         }
-        let batch = Array(state.pending.prefix(count))
-        state.pending.removeFirst(count)
-        state.statistics.batches += 1
-        state.statistics.appends += count
-        return batch
+        return Array(0..<count)
     }
 
-    private func write(startingWith first: [Request]) async {
-        var batch = first
-        while true {
-            await execute(batch)
-            // The callers just answered usually append again at once: give them a moment to
-            // queue, so that the next transaction carries them all instead of a few.
-            for _ in 0..<Self.yieldsBetweenBatches where state.withLock({ $0.pending.count < batch.count }) {
-                await Task.yield()
-            }
-            let next: [Request]? = state.withLock { state in
-                if state.pending.isEmpty {
-                    state.writers -= 1
-                    return nil
-                }
-                return Self.takeBatch(&state)
-            }
-            guard let next else { return }
-            batch = next
-        }
-    }
-
-    private func execute(_ batch: [Request]) async {
+    private static func execute(_ batch: [GroupCommit<Request, AppendResult>.Pending], _ database: Database) async {
+        let requests = batch.map(\.work)
         do {
-            let answers = try await database.withConnection { try await Self.writeDurably(batch, on: $0, logger: database.logger) }
-            for (request, answer) in zip(batch, answers) { request.continuation.resume(with: answer) }
+            let answers = try await database.withConnection { try await Self.writeDurably(requests, on: $0, logger: database.logger) }
+            for (pending, answer) in zip(batch, answers) { pending.continuation.resume(with: answer) }
         } catch let error as PSQLError where batch.count > 1 && error.serverInfo != nil {
             // A statement error rolls the whole batch back (an event id taken by a writer outside
             // the batch, a deadlock, a body that is not JSON): write each append alone.
             database.logger.debug("batch failed, writing its appends one by one", metadata: ["error": "\(error.sqlState ?? "")"])
-            for request in batch {
+            for pending in batch {
+                let request = pending.work
                 do {
                     let answer = try await database.withConnection { try await Self.writeDurably([request], on: $0, logger: database.logger) }
-                    request.continuation.resume(with: answer[0])
+                    pending.continuation.resume(with: answer[0])
                 } catch {
-                    request.continuation.resume(throwing: EventStore.mapError(error, request.stream, request.expected, request.events))
+                    pending.continuation.resume(throwing: EventStore.mapError(error, request.stream, request.expected, request.events))
                 }
             }
         } catch {
-            for request in batch {
-                request.continuation.resume(throwing: EventStore.mapError(error, request.stream, request.expected, request.events))
+            for pending in batch {
+                let request = pending.work
+                pending.continuation.resume(throwing: EventStore.mapError(error, request.stream, request.expected, request.events))
             }
         }
     }

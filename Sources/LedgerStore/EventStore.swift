@@ -49,7 +49,7 @@ public struct EventStore: Sendable {
     /// How many batches and appends the group commit has written.
     public var groupCommitStatistics: (batches: Int, appends: Int) {
         let statistics = batcher.statistics
-        return (statistics.batches, statistics.appends)
+        return (statistics.batches, statistics.items)
     }
 
     /// The version of the stream's last event, or -1 when the stream has none.

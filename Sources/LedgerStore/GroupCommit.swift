@@ -1,0 +1,101 @@
+import Synchronization
+
+/// Group commit: work that arrives while a batch is being written waits, and goes with the others
+/// that arrived meanwhile into the next batch: one database transaction and a few round trips for
+/// many callers, each still answered on its own.
+///
+/// No background task: the caller that finds a writer slot free writes everything pending, then
+/// keeps writing what arrived meanwhile; the others wait for their answer.
+final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
+    /// One piece of work waiting for its answer.
+    struct Pending: Sendable {
+        let work: Work
+        let continuation: CheckedContinuation<Answer, any Error>
+    }
+
+    /// How much batching has happened (for tests and the benchmark).
+    struct Statistics: Sendable, Equatable {
+        var batches = 0
+        var items = 0
+    }
+
+    /// Which of the pending work (oldest first) the next batch takes, as indices in increasing
+    /// order; at least the first. What it leaves waits for a later batch, in order.
+    typealias Select = @Sendable ([Work]) -> [Int]
+    /// Writes one batch and resumes every continuation in it.
+    typealias Execute = @Sendable ([Pending]) async -> Void
+
+    private struct State: ~Copyable {
+        var pending: [Pending] = []
+        var writers = 0
+        var statistics = Statistics()
+    }
+
+    private let state = Mutex(State())
+    private let maximumWriters: Int
+    private let yieldsBetweenBatches: Int
+    private let writerPriority: TaskPriority?
+    private let select: Select
+    private let execute: Execute
+
+    /// - Parameters:
+    ///   - yieldsBetweenBatches: how often a writer yields, at most, for the callers it just
+    ///     answered to submit again, so that the next batch carries them all instead of a few.
+    ///   - writerPriority: the writer task's priority. Where callers do much work of their own
+    ///     between submissions (HTTP requests), a writer of normal priority waits behind it all.
+    init(
+        maximumWriters: Int, yieldsBetweenBatches: Int, writerPriority: TaskPriority? = nil,
+        select: @escaping Select, execute: @escaping Execute
+    ) {
+        self.maximumWriters = max(1, maximumWriters)
+        self.yieldsBetweenBatches = yieldsBetweenBatches
+        self.writerPriority = writerPriority
+        self.select = select
+        self.execute = execute
+    }
+
+    var statistics: Statistics { state.withLock { $0.statistics } }
+
+    /// Waits for `work` to be written in some batch and answers what that batch said of it.
+    func submit(_ work: Work) async throws -> Answer {
+        try await withCheckedThrowingContinuation { continuation in
+            let batch: [Pending]? = state.withLock { state in
+                state.pending.append(Pending(work: work, continuation: continuation))
+                guard state.writers < maximumWriters else { return nil }
+                state.writers += 1
+                return take(&state)
+            }
+            if let batch {
+                Task(priority: writerPriority) { await self.write(startingWith: batch) }
+            }
+        }
+    }
+
+    private func take(_ state: inout State) -> [Pending] {
+        let chosen = select(state.pending.map(\.work))
+        let batch = chosen.map { state.pending[$0] }
+        for index in chosen.reversed() { state.pending.remove(at: index) }
+        state.statistics.batches += 1
+        state.statistics.items += batch.count
+        return batch
+    }
+
+    private func write(startingWith first: [Pending]) async {
+        var batch = first
+        while true {
+            await execute(batch)
+            for _ in 0..<yieldsBetweenBatches where state.withLock({ $0.pending.count < batch.count }) {
+                await Task.yield()
+            }
+            let next: [Pending]? = state.withLock { state in
+                if state.pending.isEmpty {
+                    state.writers -= 1
+                    return nil
+                }
+                return take(&state)
+            }
+            guard let next else { return }
+            batch = next
+        }
+    }
+}
