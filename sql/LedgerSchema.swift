@@ -19,5 +19,6 @@ public enum LedgerSchema {
         Migration(name: "007_reconciler.sql", sql: String(decoding: PackageResources._07_reconciler_sql, as: UTF8.self)),
         Migration(name: "008_products.sql", sql: String(decoding: PackageResources._08_products_sql, as: UTF8.self)),
         Migration(name: "009_order_append_function.sql", sql: String(decoding: PackageResources._09_order_append_function_sql, as: UTF8.self)),
+        Migration(name: "010_order_group_commit.sql", sql: String(decoding: PackageResources._10_order_group_commit_sql, as: UTF8.self)),
     ]
 }

@@ -33,7 +33,8 @@ struct OrdersController {
         }
         let outcome = try await ledger.create(id, created, tokenGiven: tokenGiven, metadata: metadata(context))
         if outcome.appended { metrics.eventAppended(type: OrderEventType.created.rawValue) }
-        let events = try await ledger.store.readStream(id.streamID)
+        var events = outcome.events
+        if events == nil { events = try await ledger.store.readStream(id.streamID) }
         return Rendering.response(outcome.appended ? .created : .ok, text: Rendering.order(outcome.order, events: events))
     }
 

@@ -1,0 +1,130 @@
+import Foundation
+import LedgerCore
+import LedgerStore
+import LedgerTestSupport
+import Testing
+
+@Suite("Order ledger: group commit")
+struct OrderGroupCommitTests {
+    func created(_ token: UUID = UUID()) -> OrderCreated {
+        OrderCreated(userId: UserID(unchecked: "u-group"), productId: ProductID(unchecked: "gems.100"), price: "0.99", currency: "USD", appAccountToken: token)
+    }
+
+    func orderID(_ prefix: String) -> OrderID { OrderID(unchecked: "\(prefix)-\(UUID().uuidString.prefix(8))") }
+
+    func receipt(_ transaction: String) -> OrderEvent {
+        .receiptReceived(ReceiptReceived(
+            transactionId: TransactionID(unchecked: transaction), productId: ProductID(unchecked: "gems.100"), purchaseDate: Date(),
+            receiptSha256: String(repeating: "ab", count: 32), format: .jws, matchedBy: .applicationUsername, environment: "Sandbox"))
+    }
+
+    func append(_ ledger: OrderLedger, _ id: OrderID, _ event: OrderEvent, expected: ExpectedVersion? = nil) async -> Result<OrderLedger.Outcome, any Error> {
+        await attempt { try await ledger.append(id, event: event, eventID: EventID(), expected: expected, metadata: Data("{}".utf8)) }
+    }
+
+    @Test("concurrent events for different orders share transactions, each decided and answered on its own")
+    func mixedGroups() async throws {
+        try await withTestDatabase { db in
+            let ledger = OrderLedger(database: db.database, store: EventStore(database: db.database))
+            let orders = (0..<24).map { _ in orderID("group") }
+            let creations = await withTaskGroup(of: Result<OrderLedger.Outcome, any Error>.self) { group in
+                for id in orders {
+                    group.addTask { await attempt { try await ledger.create(id, created(), tokenGiven: true, metadata: Data("{}".utf8)) } }
+                }
+                return await group.reduce(into: []) { $0.append($1) }
+            }
+            for creation in creations {
+                let outcome = try creation.get()
+                #expect(outcome.appended && outcome.order.version == 0)
+                // A creation answers its history without reading it: the one stored event.
+                #expect(outcome.events?.map(\.streamVersion) == [0])
+                #expect(outcome.events?.first?.recordedAt == outcome.order.createdAt)
+            }
+            let before = ledger.groupCommitStatistics
+
+            // Per order, one of: payment-added (allowed), delivered (refused by the state
+            // machine), payment-added expecting version 5 (refused), a receipt claiming a
+            // transaction of its own (allowed), a receipt for a transaction another order claims
+            // in the same moment (one of the two wins).
+            let results = await withTaskGroup(of: (Int, Result<OrderLedger.Outcome, any Error>).self) { group in
+                for (index, id) in orders.enumerated() {
+                    group.addTask {
+                        switch index % 6 {
+                        case 0, 1: (index, await append(ledger, id, .paymentAdded(PaymentAdded(queuedAt: Date()))))
+                        case 2: (index, await append(ledger, id, .delivered))
+                        case 3: (index, await append(ledger, id, .paymentAdded(PaymentAdded(queuedAt: Date())), expected: .exact(5)))
+                        case 4: (index, await append(ledger, id, receipt("t-own-\(id)")))
+                        default: (index, await append(ledger, id, receipt("t-shared-\(index / 6)")))
+                        }
+                    }
+                    if index % 6 == 5 {
+                        // The other claimant of the shared transaction: the previous order's twin.
+                        let twin = orders[index - 1]
+                        group.addTask { (-index, await append(ledger, twin, receipt("t-shared-\(index / 6)"))) }
+                    }
+                }
+                return await group.reduce(into: []) { $0.append($1) }
+            }
+            var sharedWinners: [Int: Int] = [:]
+            for (index, result) in results {
+                if index < 0 {
+                    if case .success = result { sharedWinners[-index / 6, default: 0] += 1 }
+                    continue
+                }
+                switch index % 6 {
+                case 0, 1:
+                    #expect(try result.get().order.state == .paymentAdded)
+                    #expect(try result.get().order.version == 1)
+                case 2:
+                    #expect(throws: OrderDecisionError.self) { try result.get() }
+                case 3:
+                    #expect(throws: AppendError.self) { try result.get() }
+                case 4:
+                    // The order also got the twin's claim attempt; this receipt came first or not.
+                    if case .success(let outcome) = result { #expect(outcome.order.state == .receiptReceived) }
+                default:
+                    if case .success = result { sharedWinners[index / 6, default: 0] += 1 }
+                }
+            }
+            // Each shared transaction went to exactly one order.
+            #expect(sharedWinners.count == 4 && sharedWinners.values.allSatisfy { $0 == 1 })
+            let claimed = try await db.database.query("SELECT count(*) FROM apple_transactions WHERE transaction_id LIKE 't-shared-%'")
+            for try await count in claimed.decode(Int.self) { #expect(count == 4) }
+
+            let after = ledger.groupCommitStatistics
+            let accepted = results.filter { (try? $0.1.get()) != nil }.count
+            #expect(after.appended - before.appended >= 8, "the plain payment-added events went through groups")
+            #expect(after.appended - before.appended <= accepted)
+            #expect(after.groups - before.groups < results.count, "no two events shared a transaction")
+            // The rows the groups wrote are the rows a replay of the log gives.
+            let differences = try await ProjectionRebuilder(database: db.database).verify()
+            #expect(differences == [], "\(differences)")
+        }
+    }
+
+    @Test("a group that fails as a whole (a token taken) is written event by event: only the offender is refused")
+    func failedGroupFallsBack() async throws {
+        try await withTestDatabase { db in
+            let ledger = OrderLedger(database: db.database, store: EventStore(database: db.database))
+            let token = UUID()
+            _ = try await ledger.create(orderID("holder"), created(token), tokenGiven: true, metadata: Data("{}".utf8))
+            let others = (0..<12).map { _ in orderID("bystander") }
+            let offender = orderID("offender")
+            let results = await withTaskGroup(of: (OrderID, Result<OrderLedger.Outcome, any Error>).self) { group in
+                for id in others {
+                    group.addTask { (id, await attempt { try await ledger.create(id, created(), tokenGiven: true, metadata: Data("{}".utf8)) }) }
+                }
+                group.addTask { (offender, await attempt { try await ledger.create(offender, created(token), tokenGiven: true, metadata: Data("{}".utf8)) }) }
+                return await group.reduce(into: [:]) { $0[$1.0] = $1.1 }
+            }
+            for id in others { #expect(try results[id]?.get().appended == true) }
+            #expect(throws: OrderLedgerError.appAccountTokenTaken(token)) { try results[offender]?.get() }
+            #expect(try await ledger.order(offender) == nil)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+}
+
+func attempt<Success>(_ body: () async throws -> Success) async -> Result<Success, any Error> {
+    do { return .success(try await body()) } catch { return .failure(error) }
+}
