@@ -5,8 +5,10 @@ import PostgresNIO
 import Synchronization
 
 /// Group commit for order events: events for different orders that arrive together are decided
-/// and appended in one database transaction (lock the orders, decide each, one statement writes
-/// every event with its projection rows, COMMIT), instead of one transaction each.
+/// and appended in one database transaction instead of one transaction each: read the orders,
+/// decide each event, then one CALL locks the orders, appends every event with the version it was
+/// decided on, writes the projection rows and commits (docs/architecture.md, "Order events in
+/// groups").
 ///
 /// The group takes only the plain case. Anything else (a refusal, an expected version that does
 /// not match, a retried event id, a transaction the ledger already knows, a statement error) is
