@@ -173,7 +173,8 @@ final class OrderGroupCommit: Sendable {
     }
 
     /// The writes' orders as their rows are now (not locked: the CALL refuses an order that moved
-    /// on), with which of the claimed transactions the ledger already knows, in one round trip.
+    /// on), each row with which of the claimed transactions the ledger already knows, in one round
+    /// trip. With no row there is nothing to claim for: a receipt needs its order.
     private static func orders(
         _ writes: [Write], on connection: PostgresConnection, logger: Logger
     ) async throws -> ([OrderID: Order], Set<String>) {
@@ -181,21 +182,19 @@ final class OrderGroupCommit: Sendable {
         let transactions = writes.compactMap(\.transaction?.rawValue)
         let rows = try await Database.first(try await connection.atomicallyGuardedQuery(
             """
-            SELECT ARRAY(SELECT transaction_id FROM apple_transactions WHERE transaction_id = ANY(\(transactions))), o.*
-            FROM (VALUES (1)) AS one
-            LEFT JOIN (SELECT \(unescaped: OrderProjection.orderColumns) FROM orders WHERE order_id = ANY(\(ids))) AS o ON true
+            SELECT \(unescaped: OrderProjection.orderColumns),
+                   ARRAY(SELECT transaction_id FROM apple_transactions WHERE transaction_id = ANY(\(transactions)))
+            FROM orders WHERE order_id = ANY(\(ids))
             """,
             logger: logger
         ).get().rows)
         var known: Set<String> = []
         var orders: [OrderID: Order] = [:]
-        typealias Columns = ([String], String?, String?, String?, Int?, String?, String?, UUID?, String?, Int64?, String?, Date?, Date?, Date?, String?, String?)
-        for try await (knownTransactions, id, user, product, quantity, price, currency, token, state, version, transaction, created, updated, queued, beforeRefund, failure)
-            in PooledRows(rows: rows).decode(Columns.self) {
-            known = Set(knownTransactions)
-            guard let id, let user, let product, let quantity, let token, let state, let version, let created, let updated else { continue }
+        for try await (id, user, product, quantity, price, currency, token, state, version, transaction, created, updated, queued, beforeRefund, failure, knownTransactions)
+            in PooledRows(rows: rows).decode((String, String, String, Int, String?, String?, UUID, String, Int64, String?, Date, Date, Date?, String?, String?, [String]).self) {
             let order = OrderProjection.makeOrder((id, user, product, quantity, price, currency, token, state, version, transaction, created, updated, queued, beforeRefund, failure))
             orders[order.orderId] = order
+            known = Set(knownTransactions)
         }
         return (orders, known)
     }
@@ -275,4 +274,3 @@ private struct ClaimRow: Encodable {
         matched_by = receipt.matchedBy.rawValue
     }
 }
-

@@ -77,10 +77,8 @@ public struct OrderLedger: Sendable {
     public func append(
         _ id: OrderID, event: OrderEvent, eventID: EventID, expected: ExpectedVersion?, data: Data? = nil, metadata: Data
     ) async throws -> Outcome {
-        let body = data ?? event.encodedData()
-        // The order evolves by the event as stored: a date finer than its JSON keeps (ms) would
-        // otherwise leave a row that a replay of the log does not give.
-        let event = data == nil ? try OrderEvent.decode(type: event.type, data: body) : event
+        // A body given is the one `event` was decoded from; else the order evolves by the event as stored.
+        let (event, body) = try data.map { (event, $0) } ?? event.asStored()
         let newEvent = try NewEvent(id: eventID, type: event.type.rawValue, data: body, metadata: metadata)
         if case .appended(let order, _) = try await group.write(.init(id: id, event: event, newEvent: newEvent, expected: expected)) {
             return Outcome(order: order, appended: true)
@@ -169,17 +167,20 @@ public struct OrderLedger: Sendable {
         _ events: [(OrderEvent, EventID)], to current: Order, at date: Date? = nil, metadata: Data, on connection: PostgresConnection
     ) async throws -> Order {
         var provisional: Order? = current
+        var stored: [OrderEvent] = []
         var newEvents: [NewEvent] = []
-        for (event, eventID) in events {
+        for (given, eventID) in events {
+            let (event, data) = try given.asStored()
             for accepted in try Order.decide(provisional, event).get() {
                 provisional = Order.evolve(provisional, accepted, orderID: current.orderId, version: current.version, at: current.updatedAt)
             }
-            newEvents.append(try NewEvent(id: eventID, type: event.type.rawValue, data: event.encodedData(), metadata: metadata))
+            stored.append(event)
+            newEvents.append(try NewEvent(id: eventID, type: event.type.rawValue, data: data, metadata: metadata))
         }
         let now: Date
         if let date { now = date } else { now = try await transactionTime(on: connection) }
         // With the order's row locked, the versions the events take are known beforehand.
-        let folded = Self.fold(events.map(\.0), onto: current, at: now)
+        let folded = Self.fold(stored, onto: current, at: now)
         if let claimed = folded.claimed {
             return try await appendAndClaim(newEvents, to: current, as: folded.order, claimed, status: folded.claimStatus, at: now, on: connection).order
         }

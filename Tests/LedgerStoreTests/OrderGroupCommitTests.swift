@@ -102,6 +102,36 @@ struct OrderGroupCommitTests {
         }
     }
 
+    @Test("two service instances racing on the same orders: each order takes exactly one of the events only one may have")
+    func instancesRace() async throws {
+        try await withTestDatabase { db in
+            // Two ledgers, two group writers: what two servers on one database do. Each group reads
+            // its orders unlocked, so only the CALL's expected versions keep the second one out.
+            let ledgers = (0..<2).map { _ in OrderLedger(database: db.database, store: EventStore(database: db.database)) }
+            let orders = (0..<40).map { _ in orderID("race") }
+            for id in orders {
+                _ = try await ledgers[0].create(id, created(), tokenGiven: true, metadata: Data("{}".utf8))
+                _ = try await append(ledgers[0], id, receipt("t-race-\(id)")).get()
+                _ = try await append(ledgers[0], id, .verified(Verified(environment: "Sandbox"))).get()
+            }
+            let results = await withTaskGroup(of: (OrderID, Bool).self) { group in
+                for id in orders {
+                    for attempt in 0..<8 {
+                        group.addTask { (id, (try? await append(ledgers[attempt % 2], id, .delivered).get()) != nil) }
+                    }
+                }
+                return await group.reduce(into: [OrderID: Int]()) { counts, result in counts[result.0, default: 0] += result.1 ? 1 : 0 }
+            }
+            #expect(results.values.allSatisfy { $0 == 1 }, "\(results)")
+            for id in orders {
+                #expect(try await ledgers[1].order(id)?.version == 3)
+                #expect(try await ledgers[1].store.readStream(id.streamID).filter { $0.type == "delivered" }.count == 1)
+            }
+            #expect(ledgers.map { $0.groupCommitStatistics.appended }.reduce(0, +) >= 40 * 3, "the appends went through groups")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("a group that fails as a whole (a token taken) is written event by event: only the offender is refused")
     func failedGroupFallsBack() async throws {
         try await withTestDatabase { db in
