@@ -22,7 +22,7 @@ struct OrdersController {
         var fields = body.object
         fields.removeValue(forKey: "orderId")
         let tokenGiven = fields["appAccountToken"].map { !($0 is NSNull) } ?? false
-        if !tokenGiven { fields["appAccountToken"] = UUID().uuidString.lowercased() }
+        if !tokenGiven { fields["appAccountToken"] = UUID.random().uuidString.lowercased() }
         if fields["quantity"] == nil || fields["quantity"] is NSNull { fields["quantity"] = 1 }
         for required in ["userId", "productId"] where fields[required] == nil {
             throw LedgerInputError(field: required, problem: "is missing")

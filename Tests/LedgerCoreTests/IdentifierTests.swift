@@ -64,4 +64,24 @@ struct IdentifierTests {
         }
         #expect(mismatches.isEmpty, "differ from category Cc: \(mismatches.prefix(10).map { String($0, radix: 16) })")
     }
+
+    @Test("random UUIDs are version 4, RFC 4122 variant, and do not repeat")
+    func randomUUIDs() {
+        let uuids = (0..<2_000).map { _ in UUID.random() }
+        #expect(Set(uuids).count == uuids.count)
+        for uuid in uuids.prefix(100) {
+            let text = uuid.uuidString
+            #expect(Array(text)[14] == "4", "version nibble of \(text)")
+            #expect("89AB".contains(Array(text)[19]), "variant of \(text)")
+        }
+        // Every other bit varies: OR-ing and AND-ing all of them leaves only the fixed bits.
+        var any = [UInt8](repeating: 0, count: 16), all = [UInt8](repeating: 0xFF, count: 16)
+        for uuid in uuids {
+            withUnsafeBytes(of: uuid.uuid) { raw in
+                for i in 0..<16 { any[i] |= raw[i]; all[i] &= raw[i] }
+            }
+        }
+        #expect(any == [0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x4F, 0xFF, 0xBF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF])
+        #expect(all == [0, 0, 0, 0, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 0])
+    }
 }

@@ -9,7 +9,7 @@ public struct OrderCreated: Codable, Sendable, Equatable {
     public var currency: String?
     public var appAccountToken: UUID
 
-    public init(userId: UserID, productId: ProductID, quantity: Int = 1, price: String? = nil, currency: String? = nil, appAccountToken: UUID = UUID()) {
+    public init(userId: UserID, productId: ProductID, quantity: Int = 1, price: String? = nil, currency: String? = nil, appAccountToken: UUID = .random()) {
         self.userId = userId
         self.productId = productId
         self.quantity = quantity
