@@ -24,10 +24,10 @@ final class AppendBatcher: Sendable {
     private let database: Database
     private let queue: GroupCommit<Request, AppendResult>
 
-    init(database: Database, maximumWriters: Int) {
+    init(database: Database, maximumWriters: Int, executor: (any TaskExecutor)? = nil) {
         self.database = database
         self.queue = GroupCommit(
-            maximumWriters: maximumWriters, yieldsBetweenBatches: Self.yieldsBetweenBatches,
+            maximumWriters: maximumWriters, yieldsBetweenBatches: Self.yieldsBetweenBatches, writerExecutor: executor,
             select: Self.select, execute: { batch in await Self.execute(batch, database) })
     }
 
@@ -100,6 +100,9 @@ final class AppendBatcher: Sendable {
                     position: positions[row] < 0 ? nil : positions[row]))
             }
         }
-        return zip(batch, grouped).map { request, rows in EventStore.answer(rows, request.stream, request.expected) }
+        // The procedure's arrays are parallel but not sorted: each append's rows in version order.
+        return zip(batch, grouped).map { request, rows in
+            EventStore.answer(rows.sorted { ($0.version ?? -1) < ($1.version ?? -1) }, request.stream, request.expected)
+        }
     }
 }

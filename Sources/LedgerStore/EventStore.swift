@@ -15,9 +15,15 @@ public struct EventStore: Sendable {
     /// - Parameter groupCommitWriters: how many group-commit transactions may be in flight at
     ///   once. One measured best on 2 cores (bigger batches); more isolate a batch that waits
     ///   for a stream lock held by a caller's own transaction.
-    public init(database: Database, groupCommitWriters: Int = 1) {
+    /// - Parameter executor: where the group-commit writer runs (default: the global executor).
+    ///   An `EventLoopTaskExecutor` on the loop of the client's connections, with the callers
+    ///   preferring it too, saves two thread switches per batch: `ledger bench append` measured
+    ///   8.2k–10.8k appends/s at 8 callers on 2 cores, against 6.6k–7.7k on the global executor.
+    ///   The writer there with the callers elsewhere measured worse (6.2k–6.8k): its batches fill
+    ///   more slowly.
+    public init(database: Database, groupCommitWriters: Int = 1, executor: (any TaskExecutor)? = nil) {
         self.database = database
-        self.batcher = AppendBatcher(database: database, maximumWriters: groupCommitWriters)
+        self.batcher = AppendBatcher(database: database, maximumWriters: groupCommitWriters, executor: executor)
     }
 
     /// Appends `events` to `stream` in a transaction of its own; concurrent appends share one

@@ -35,6 +35,7 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
     private let maximumWriters: Int
     private let yieldsBetweenBatches: Int
     private let writerPriority: TaskPriority?
+    private let writerExecutor: (any TaskExecutor)?
     private let select: Select
     private let execute: Execute
 
@@ -43,13 +44,17 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
     ///     answered to submit again, so that the next batch carries them all instead of a few.
     ///   - writerPriority: the writer task's priority. Where callers do much work of their own
     ///     between submissions (HTTP requests), a writer of normal priority waits behind it all.
+    ///   - writerExecutor: where the writer task runs. Given the event loop of the database
+    ///     connections (`EventLoopTaskExecutor`), with the callers running there too, a batch's
+    ///     round trip and its answers need no thread switch.
     init(
         maximumWriters: Int, yieldsBetweenBatches: Int, writerPriority: TaskPriority? = nil,
-        select: @escaping Select, execute: @escaping Execute
+        writerExecutor: (any TaskExecutor)? = nil, select: @escaping Select, execute: @escaping Execute
     ) {
         self.maximumWriters = max(1, maximumWriters)
         self.yieldsBetweenBatches = yieldsBetweenBatches
         self.writerPriority = writerPriority
+        self.writerExecutor = writerExecutor
         self.select = select
         self.execute = execute
     }
@@ -66,7 +71,7 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
                 return take(&state)
             }
             if let batch {
-                Task(priority: writerPriority) { await self.write(startingWith: batch) }
+                Task(executorPreference: writerExecutor, priority: writerPriority) { await self.write(startingWith: batch) }
             }
         }
     }

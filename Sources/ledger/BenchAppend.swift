@@ -5,6 +5,7 @@ import LedgerServer
 import LedgerStore
 import Logging
 import PostgresNIO
+import NIOPosix
 
 /// `ledger bench append`: single-event streams appended through the event store, next to
 /// pgbench's single-row INSERT of the same shape, at each concurrency, in one run.
@@ -21,6 +22,12 @@ struct BenchAppend: AsyncParsableCommand {
     var concurrency = "1,8,32"
     @Option(help: "Group-commit transactions in flight at once")
     var groupCommitWriters = 1
+    @Option(help: "Where callers and the group-commit writer run: loop (one event loop with the connections) or global (Swift's global executor, the pool's default loops)")
+    var executors: Executors = .loop
+
+    enum Executors: String, ExpressibleByArgument {
+        case loop, global
+    }
 
     static let benchDatabase = "ledger_bench"
 
@@ -52,7 +59,7 @@ struct BenchAppend: AsyncParsableCommand {
         defer { try? FileManager.default.removeItem(at: work) }
         let baseline = PgbenchBaseline(binaries: try PostgresBinaries.locate(), configuration: benchConfiguration, workDirectory: work)
 
-        print("Event-store append vs pgbench single-row INSERT: PostgreSQL \(version), \(ProcessInfo.processInfo.activeProcessorCount) cores, \(seconds) s per cell")
+        print("Event-store append vs pgbench single-row INSERT: PostgreSQL \(version), \(ProcessInfo.processInfo.activeProcessorCount) cores, \(seconds) s per cell; callers and group-commit writer on \(executors == .loop ? "the connections' event loop" : "the global executor")")
         print("| concurrency | ledger events/s | p50 ms | p99 ms | pgbench rows/s | p50 ms | p99 ms | ratio |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|")
         var batching: [String] = []
@@ -68,25 +75,40 @@ struct BenchAppend: AsyncParsableCommand {
     }
 
     /// Appends per second and latencies, and the mean number of appends per group commit.
+    ///
+    /// With `--executors loop` (the default) the connections share one event loop, and the
+    /// callers and the group-commit writer run on it (`EventLoopTaskExecutor`); with `global`,
+    /// the pool's default loops and Swift's global executor, as an embedding service gets them
+    /// without asking.
     func measureAppends(_ configuration: PostgresClient.Configuration, concurrency: Int, logger: Logger) async throws -> (LatencySummary, Double) {
         var configuration = configuration
         configuration.options.maximumConnections = concurrency
         configuration.options.minimumConnections = concurrency
         let seconds = self.seconds
         let groupCommitWriters = self.groupCommitWriters
-        return try await withPostgresClient(configuration, logger: logger) { client in
-            let store = EventStore(database: Database(client: client, logger: logger), groupCommitWriters: groupCommitWriters)
-            let run = UUID().uuidString.prefix(8)
-            // Warm up the pool and the server's caches, unmeasured.
-            _ = try await appendLoop(store, workers: concurrency, for: .seconds(1), prefix: "warm-\(run)")
-            let start = ContinuousClock.now
-            let latencies = try await appendLoop(store, workers: concurrency, for: .seconds(seconds), prefix: "bench-\(run)")
-            let elapsed = ContinuousClock.now - start
-            let elapsedSeconds = elapsed.inSeconds
-            let batching = store.groupCommitStatistics
-            let perTransaction = Double(batching.appends) / Double(max(1, batching.batches))
-            return (LatencySummary(operations: latencies.count, seconds: elapsedSeconds, latencies: latencies), perTransaction)
-        }
+        let loop = executors == .loop ? MultiThreadedEventLoopGroup(numberOfThreads: 1) : nil
+        let executor = loop.map { EventLoopTaskExecutor($0.next()) }
+        let client = loop.map { PostgresClient(configuration: configuration, eventLoopGroup: $0, backgroundLogger: logger) }
+            ?? PostgresClient(configuration: configuration, backgroundLogger: logger)
+        let measured: Result<(LatencySummary, Double), any Error>
+        do { measured = .success(try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { await client.run() }
+            defer { group.cancelAll() }
+            return try await withTaskExecutorPreference(executor) {
+                let store = EventStore(database: Database(client: client, logger: logger), groupCommitWriters: groupCommitWriters, executor: executor)
+                let run = UUID().uuidString.prefix(8)
+                // Warm up the pool and the server's caches, unmeasured.
+                _ = try await appendLoop(store, workers: concurrency, for: .seconds(1), prefix: "warm-\(run)")
+                let start = ContinuousClock.now
+                let latencies = try await appendLoop(store, workers: concurrency, for: .seconds(seconds), prefix: "bench-\(run)")
+                let elapsedSeconds = (ContinuousClock.now - start).inSeconds
+                let batching = store.groupCommitStatistics
+                let perTransaction = Double(batching.appends) / Double(max(1, batching.batches))
+                return (LatencySummary(operations: latencies.count, seconds: elapsedSeconds, latencies: latencies), perTransaction)
+            }
+        }) } catch { measured = .failure(error) }
+        try? await loop?.shutdownGracefully()
+        return try measured.get()
     }
 
     /// Each worker appends one-event streams until the time is up; returns every latency in ms.

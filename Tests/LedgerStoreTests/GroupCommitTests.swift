@@ -1,4 +1,5 @@
 import Foundation
+import NIOPosix
 import LedgerCore
 import LedgerStore
 import LedgerTestSupport
@@ -109,6 +110,8 @@ struct GroupCommitTests {
                 }
             }
             #expect(Set(positions).count == 40)
+            // Written together, not each alone after a failed batch: positions are xid * 4096 + n.
+            #expect(Set(positions.map { $0 >> 12 }).count < 20, "every append went alone")
             for stream in existing[10...] { #expect(try await store.readStream(stream).count == 1) }
             for stream in existing[..<10] { #expect(try await store.readStream(stream).map(\.streamVersion) == [0, 1, 2, 3]) }
             let after = store.groupCommitStatistics
@@ -131,5 +134,35 @@ struct GroupCommitTests {
             let transactions = Set(results.flatMap { $0.positions.map { $0 >> 12 } })
             #expect(transactions.count >= 3)
         }
+    }
+
+    @Test("callers and the writer on one event loop (EventLoopTaskExecutor): appends batch and answer as on the global executor")
+    func writerOnAnEventLoop() async throws {
+        let loops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let executor = EventLoopTaskExecutor(loops.next())
+        try await withTestDatabase { db in
+            let store = EventStore(database: db.database, groupCommitWriters: 1, executor: executor)
+            let shared = try uniqueStream()
+            let versions = try await withTaskExecutorPreference(executor) {
+                try await withThrowingTaskGroup(of: Int64?.self) { group in
+                    for index in 0..<32 {
+                        group.addTask {
+                            #expect(executor.eventLoop.inEventLoop, "caller \(index) runs on the loop")
+                            if index.isMultiple(of: 2) {
+                                return try await store.append([try event()], to: shared).streamVersion
+                            }
+                            _ = try await store.append([try event()], to: try uniqueStream(), expectedVersion: .noStream)
+                            return nil
+                        }
+                    }
+                    return try await group.reduce(into: [Int64]()) { if let version = $1 { $0.append(version) } }
+                }
+            }
+            #expect(versions.sorted() == Array(Int64(0)..<16))
+            let statistics = store.groupCommitStatistics
+            #expect(statistics.appends == 32)
+            #expect(statistics.batches < 32, "no two appends shared a transaction")
+        }
+        try await loops.shutdownGracefully()
     }
 }
