@@ -28,6 +28,7 @@ final class AppendBatcher: Sendable {
         self.database = database
         self.queue = GroupCommit(
             maximumWriters: maximumWriters, yieldsBetweenBatches: Self.yieldsBetweenBatches, writerExecutor: executor,
+            session: { batches in await database.holdingConnection(batches) },
             select: Self.select, execute: { batch in await Self.execute(batch, database) })
     }
 
@@ -52,7 +53,7 @@ final class AppendBatcher: Sendable {
     private static func execute(_ batch: [GroupCommit<Request, AppendResult>.Pending], _ database: Database) async {
         let requests = batch.map(\.work)
         do {
-            let answers = try await database.withConnection { try await Self.writeDurably(requests, on: $0, logger: database.logger) }
+            let answers = try await database.withHeldConnection { try await Self.writeDurably(requests, on: $0, logger: database.logger) }
             for (pending, answer) in zip(batch, answers) { pending.continuation.resume(with: answer) }
         } catch let error as PSQLError where batch.count > 1 && error.serverInfo != nil {
             // A statement error rolls the whole batch back (an event id taken by a writer outside

@@ -144,7 +144,7 @@ extension PostgresConnection {
 }
 
 /// A lease found its connection closed before sending anything on it.
-private struct StaleConnection: Error {}
+struct StaleConnection: Error {}
 
 /// The rows of `Database.query`, all read before the connection went back to the pool; decoded
 /// like postgres-nio's `PostgresRowSequence`.

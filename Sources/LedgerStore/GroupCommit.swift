@@ -24,6 +24,9 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
     typealias Select = @Sendable ([Work]) -> [Int]
     /// Writes one batch and resumes every continuation in it.
     typealias Execute = @Sendable ([Pending]) async -> Void
+    /// Runs a writer's batches (`body`, until none is pending) inside a resource held for all of
+    /// them, such as a leased connection; answers false when it could not run `body` at all.
+    typealias Session = @Sendable (_ body: @Sendable () async -> Void) async -> Bool
 
     private struct State: ~Copyable {
         var pending: [Pending] = []
@@ -36,6 +39,7 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
     private let yieldsBetweenBatches: Int
     private let writerPriority: TaskPriority?
     private let writerExecutor: (any TaskExecutor)?
+    private let session: Session?
     private let select: Select
     private let execute: Execute
 
@@ -44,17 +48,20 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
     ///     answered to submit again, so that the next batch carries them all instead of a few.
     ///   - writerPriority: the writer task's priority. Where callers do much work of their own
     ///     between submissions (HTTP requests), a writer of normal priority waits behind it all.
+    ///   - session: what the writer holds while batches follow each other (a connection).
     ///   - writerExecutor: where the writer task runs. Given the event loop of the database
     ///     connections (`EventLoopTaskExecutor`), with the callers running there too, a batch's
     ///     round trip and its answers need no thread switch.
     init(
         maximumWriters: Int, yieldsBetweenBatches: Int, writerPriority: TaskPriority? = nil,
-        writerExecutor: (any TaskExecutor)? = nil, select: @escaping Select, execute: @escaping Execute
+        writerExecutor: (any TaskExecutor)? = nil, session: Session? = nil,
+        select: @escaping Select, execute: @escaping Execute
     ) {
         self.maximumWriters = max(1, maximumWriters)
         self.yieldsBetweenBatches = yieldsBetweenBatches
         self.writerPriority = writerPriority
         self.writerExecutor = writerExecutor
+        self.session = session
         self.select = select
         self.execute = execute
     }
@@ -86,6 +93,11 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
     }
 
     private func write(startingWith first: [Pending]) async {
+        if let session, await session({ await self.writeBatches(startingWith: first) }) { return }
+        await writeBatches(startingWith: first)
+    }
+
+    private func writeBatches(startingWith first: [Pending]) async {
         var batch = first
         while true {
             await execute(batch)

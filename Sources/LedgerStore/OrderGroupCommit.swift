@@ -54,6 +54,7 @@ final class OrderGroupCommit: Sendable {
             // fewer events per second. High priority: HTTP requests queue a lot of work of their
             // own, and a writer behind it all made groups wait (2,863 → 3,674 events/s at 32 clients).
             maximumWriters: 1, yieldsBetweenBatches: AppendBatcher.yieldsBetweenBatches, writerPriority: .high,
+            session: { groups in await database.holdingConnection(groups) },
             select: Self.select, execute: { [appended] batch in await Self.execute(batch, database, appended) })
     }
 
@@ -88,7 +89,7 @@ final class OrderGroupCommit: Sendable {
         let writes = batch.map(\.work)
         let answers: [Answer]
         do {
-            answers = try await database.withConnection { connection in try await Self.write(writes, on: connection, logger: database.logger) }
+            answers = try await database.withHeldConnection { connection in try await Self.write(writes, on: connection, logger: database.logger) }
         } catch {
             // A unique violation (a token or transaction taken meanwhile), a deadlock, a lost
             // connection: nothing of the group is known to be written, and each write alone finds
