@@ -48,10 +48,10 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
     ///     answered to submit again, so that the next batch carries them all instead of a few.
     ///   - writerPriority: the writer task's priority. Where callers do much work of their own
     ///     between submissions (HTTP requests), a writer of normal priority waits behind it all.
-    ///   - session: what the writer holds while batches follow each other (a connection).
     ///   - writerExecutor: where the writer task runs. Given the event loop of the database
     ///     connections (`EventLoopTaskExecutor`), with the callers running there too, a batch's
     ///     round trip and its answers need no thread switch.
+    ///   - session: what the writer holds while batches follow each other (a connection).
     init(
         maximumWriters: Int, yieldsBetweenBatches: Int, writerPriority: TaskPriority? = nil,
         writerExecutor: (any TaskExecutor)? = nil, session: Session? = nil,

@@ -88,25 +88,26 @@ struct BenchAppend: AsyncParsableCommand {
         let groupCommitWriters = self.groupCommitWriters
         let loop = executors == .loop ? MultiThreadedEventLoopGroup(numberOfThreads: 1) : nil
         let executor = loop.map { EventLoopTaskExecutor($0.next()) }
-        let client = loop.map { PostgresClient(configuration: configuration, eventLoopGroup: $0, backgroundLogger: logger) }
-            ?? PostgresClient(configuration: configuration, backgroundLogger: logger)
         let measured: Result<(LatencySummary, Double), any Error>
-        do { measured = .success(try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { await client.run() }
-            defer { group.cancelAll() }
-            return try await withTaskExecutorPreference(executor) {
-                let store = EventStore(database: Database(client: client, logger: logger), groupCommitWriters: groupCommitWriters, executor: executor)
-                let run = UUID().uuidString.prefix(8)
-                // Warm up the pool and the server's caches, unmeasured.
-                _ = try await appendLoop(store, workers: concurrency, for: .seconds(1), prefix: "warm-\(run)")
-                let start = ContinuousClock.now
-                let latencies = try await appendLoop(store, workers: concurrency, for: .seconds(seconds), prefix: "bench-\(run)")
-                let elapsedSeconds = (ContinuousClock.now - start).inSeconds
-                let batching = store.groupCommitStatistics
-                let perTransaction = Double(batching.appends) / Double(max(1, batching.batches))
-                return (LatencySummary(operations: latencies.count, seconds: elapsedSeconds, latencies: latencies), perTransaction)
-            }
-        }) } catch { measured = .failure(error) }
+        do {
+            measured = .success(try await withPostgresClient(configuration, eventLoopGroup: loop, logger: logger) { client in
+                try await withTaskExecutorPreference(executor) {
+                    let store = EventStore(database: Database(client: client, logger: logger), groupCommitWriters: groupCommitWriters, executor: executor)
+                    let run = UUID().uuidString.prefix(8)
+                    // Warm up the pool and the server's caches, unmeasured.
+                    _ = try await appendLoop(store, workers: concurrency, for: .seconds(1), prefix: "warm-\(run)")
+                    let start = ContinuousClock.now
+                    let latencies = try await appendLoop(store, workers: concurrency, for: .seconds(seconds), prefix: "bench-\(run)")
+                    let elapsedSeconds = (ContinuousClock.now - start).inSeconds
+                    let batching = store.groupCommitStatistics
+                    let perTransaction = Double(batching.appends) / Double(max(1, batching.batches))
+                    return (LatencySummary(operations: latencies.count, seconds: elapsedSeconds, latencies: latencies), perTransaction)
+                }
+            })
+        } catch {
+            measured = .failure(error)
+        }
+        // After the client: its connections live on this loop.
         try? await loop?.shutdownGracefully()
         return try measured.get()
     }
