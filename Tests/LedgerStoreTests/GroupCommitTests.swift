@@ -49,6 +49,7 @@ struct GroupCommitTests {
                     group.addTask { ("reused", await outcome { try await store.append([try event("created", #"{"a": 2}"#, id: stored.id)], to: existing) }) }
                     group.addTask { ("retry", await outcome { try await store.append([stored], to: existing) }) }
                     group.addTask { ("not-json", await outcome { try await store.append([try event("created", "{oops")], to: try uniqueStream()) }) }
+                    group.addTask { ("exists", await outcome { try await store.append([try event()], to: existing, expectedVersion: .noStream) }) }
                 }
                 return await group.reduce(into: [(String, Outcome)]()) { $0.append($1) }
             }
@@ -59,11 +60,12 @@ struct GroupCommitTests {
             #expect(byKind["reused"]?.allSatisfy { $0 == .conflict } == true)
             #expect(byKind["retry"]?.allSatisfy { $0 == .replayed } == true)
             #expect(byKind["not-json"]?.allSatisfy { $0 == .invalid } == true)
+            #expect(byKind["exists"] == Array(repeating: .wrongVersion(1), count: 4))
 
             let after = store.groupCommitStatistics
             #expect(after.appends - before.appends == outcomes.count)
-            #expect(outcomes.count == 60)
-            #expect(after.batches - before.batches < 60, "no two appends shared a transaction")
+            #expect(outcomes.count == 64)
+            #expect(after.batches - before.batches < 64, "no two appends shared a transaction")
             #expect(try await store.readStream(shared).map(\.streamVersion) == Array(Int64(0)..<16))
             #expect(try await store.readStream(existing).count == 2)
         }

@@ -3,8 +3,9 @@
 -- the fast path's checks were 52 µs and the answer's six sorted aggregates most of the rest.
 --
 -- append_batch's set-wise path no longer checks that the batch's streams and event ids are
--- distinct and not yet stored: the unique indexes on (stream_id, stream_version) and event_id
--- refuse both, and the batch then fails as a whole. Both callers (the event store's group commit
+-- distinct and not yet stored, nor looks up the version of a stream expected not to exist: the
+-- unique indexes on (stream_id, stream_version) and event_id refuse all three (a stream that
+-- exists already has a version 0), and the batch then fails as a whole. Both callers (the event store's group commit
 -- and the order group commit) write each append alone after a failed batch, where a retried
 -- event id is answered as before. The streams are still locked first, in hash order.
 --
@@ -50,7 +51,11 @@ BEGIN
                 WITH appends AS (
                     SELECT a.n::integer AS n, a.stream, a.expected, a.size,
                            (sum(a.size) OVER (ORDER BY a.n) - a.size)::integer AS offset_in_batch,
-                           coalesce((SELECT max(e.stream_version) FROM events e WHERE e.stream_id = a.stream), -1) AS version
+                           -- A new stream's version is not looked up: version 0 of a stream
+                           -- that exists is a unique violation, and the batch goes alone.
+                           CASE WHEN a.expected = -1 THEN -1
+                                ELSE coalesce((SELECT max(e.stream_version) FROM events e WHERE e.stream_id = a.stream), -1)
+                           END AS version
                       FROM unnest(p_streams, p_expected, p_sizes) WITH ORDINALITY AS a(stream, expected, size, n)
                 ), accepted AS (
                     SELECT ap.*, (sum(ap.size) OVER (ORDER BY ap.n) - ap.size)::bigint AS offset_in_log
