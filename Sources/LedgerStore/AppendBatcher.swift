@@ -56,13 +56,15 @@ final class AppendBatcher: Sendable {
             let answers = try await database.withHeldConnection { try await Self.writeDurably(requests, on: $0, logger: database.logger) }
             for (pending, answer) in zip(batch, answers) { pending.continuation.resume(with: answer) }
         } catch let error as PSQLError where batch.count > 1 && error.serverInfo != nil {
-            // A statement error rolls the whole batch back (an event id taken by a writer outside
-            // the batch, a deadlock, a body that is not JSON): write each append alone.
+            // A statement error rolls the whole batch back (an event id stored or repeated, a
+            // stream version taken, a deadlock, a body that is not JSON): write each append alone,
+            // on the writer's connection (leasing a second one while holding it could wait forever
+            // on a pool of one).
             database.logger.debug("batch failed, writing its appends one by one", metadata: ["error": "\(error.sqlState ?? "")"])
             for pending in batch {
                 let request = pending.work
                 do {
-                    let answer = try await database.withConnection { try await Self.writeDurably([request], on: $0, logger: database.logger) }
+                    let answer = try await database.withHeldConnection { try await Self.writeDurably([request], on: $0, logger: database.logger) }
                     pending.continuation.resume(with: answer[0])
                 } catch {
                     pending.continuation.resume(throwing: EventStore.mapError(error, request.stream, request.expected, request.events))
@@ -82,7 +84,7 @@ final class AppendBatcher: Sendable {
         let streams = batch.map(\.stream.rawValue)
         let expected = batch.map { $0.expected.databaseValue ?? -2 }
         let sizes = batch.map { Int32($0.events.count) }
-        // The lease's only statement: on a connection found closed, another connection is leased.
+        // The batch's only statement: on a connection found closed, another one is leased.
         let rows = PooledRows(rows: try await Database.first(try await connection.atomicallyGuardedQuery(
             """
             CALL append_batch_durably(\(streams), \(expected), \(sizes), \(events.ids), \(events.types), \(events.data)::jsonb[],

@@ -1,5 +1,6 @@
 import Foundation
 import NIOPosix
+import PostgresNIO
 import LedgerCore
 import LedgerStore
 import LedgerTestSupport
@@ -166,5 +167,47 @@ struct GroupCommitTests {
             #expect(statistics.batches < 32, "no two appends shared a transaction")
         }
         try await loops.shutdownGracefully()
+    }
+
+    @Test("a failed batch is written append by append on the writer's own connection: a pool of one still answers every append")
+    func failedBatchOnAPoolOfOne() async throws {
+        try await withTestDatabase { db in
+            var configuration = db.configuration
+            configuration.options.maximumConnections = 1
+            configuration.options.minimumConnections = 0
+            let client = PostgresClient(configuration: configuration, backgroundLogger: TestServer.clientLogger)
+            let running = Task { await client.run() }
+            defer { running.cancel() }
+            let store = EventStore(database: Database(client: client, logger: TestServer.logger), groupCommitWriters: 1)
+            let existing = try uniqueStream()
+            let stored = try event()
+            _ = try await store.append([stored], to: existing)
+
+            // Each round: a retry (its event id is stored, so any batch holding it fails as a
+            // whole and goes append by append) among fresh appends.
+            let outcomes = await answered(within: .seconds(30)) {
+                var outcomes: [Outcome] = []
+                for _ in 0..<4 {
+                    outcomes += await withTaskGroup(of: Outcome.self) { group in
+                        for index in 0..<12 {
+                            group.addTask {
+                                index == 5
+                                    ? await outcome { try await store.append([stored], to: existing) }
+                                    : await outcome { try await store.append([try event()], to: try uniqueStream(), expectedVersion: .noStream) }
+                            }
+                        }
+                        return await group.reduce(into: []) { $0.append($1) }
+                    }
+                }
+                return outcomes
+            }
+            guard case .success(let all)? = outcomes else {
+                Issue.record("appends unanswered within 30 s on a pool of one: \(String(describing: outcomes))")
+                return
+            }
+            #expect(all.count { $0 == .replayed } == 4)
+            #expect(all.count { $0 == .appended(0) } == 44)
+            #expect(store.groupCommitStatistics.batches < 49, "no two appends shared a transaction")
+        }
     }
 }

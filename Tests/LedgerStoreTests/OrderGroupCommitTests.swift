@@ -153,6 +153,54 @@ struct OrderGroupCommitTests {
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
+
+    @Test("retried event ids among concurrent order events: each retry answers its first result and appends nothing, a changed body is a conflict")
+    func retriesInGroups() async throws {
+        try await withTestDatabase { db in
+            let ledger = OrderLedger(database: db.database, store: EventStore(database: db.database))
+            let retried = (0..<12).map { _ in orderID("retried") }
+            let fresh = (0..<12).map { _ in orderID("fresh") }
+            for id in retried + fresh { _ = try await ledger.create(id, created(), tokenGiven: true, metadata: Data("{}".utf8)) }
+            // A notification is a record any order takes in any state, so a retry of one is not
+            // refused by the state machine first: it reaches the database, in a group or alone.
+            let ids = retried.map { _ in EventID() }
+            func notification(_ index: Int, type: String = "DID_RENEW") -> OrderEvent {
+                .notificationReceived(NotificationReceived(
+                    notificationUUID: ids[index].uuid, notificationType: type, subtype: nil, transactionId: nil,
+                    signedDate: Date(timeIntervalSince1970: 1_700_000_000)))
+            }
+            func send(_ index: Int, _ event: OrderEvent) async -> Result<OrderLedger.Outcome, any Error> {
+                await attempt { try await ledger.append(retried[index], event: event, eventID: ids[index], expected: nil, metadata: Data("{}".utf8)) }
+            }
+            for index in retried.indices { #expect(try await send(index, notification(index)).get().appended) }
+            // One retry on its own (a group of one), then the rest among other orders' events.
+            let alone = try await send(0, notification(0)).get()
+            #expect(!alone.appended && alone.order.version == 1)
+
+            // 0: the same event again; 1: the same id with another body; 2: a fresh order's event.
+            let results = await withTaskGroup(of: (Int, Int, Result<OrderLedger.Outcome, any Error>).self) { group in
+                for index in 0..<12 {
+                    group.addTask { (0, index, await send(index, notification(index))) }
+                    group.addTask { (1, index, await send(index, notification(index, type: "REFUND"))) }
+                    group.addTask { (2, index, await append(ledger, fresh[index], .paymentAdded(PaymentAdded(queuedAt: Date())))) }
+                }
+                return await group.reduce(into: []) { $0.append($1) }
+            }
+            for (kind, index, result) in results {
+                switch kind {
+                case 0:
+                    let outcome = try result.get()
+                    #expect(!outcome.appended && outcome.order.version == 1, "retry \(index)")
+                case 1:
+                    #expect(throws: AppendError.eventIDConflict(ids[index])) { try result.get() }
+                default:
+                    #expect(try result.get().appended && result.get().order.version == 1, "fresh \(index)")
+                }
+            }
+            for id in retried + fresh { #expect(try await ledger.store.readStream(id.streamID).map(\.streamVersion) == [0, 1]) }
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
 }
 
 func attempt<Success>(_ body: () async throws -> Success) async -> Result<Success, any Error> {
