@@ -6,11 +6,13 @@ import LedgerServer
 import LedgerStore
 import Logging
 import NIOCore
+import NIOPosix
 import PostgresNIO
 
 /// `ledger bench http`: order events appended over HTTP by concurrent keep-alive clients (each
 /// order created, then taken through its events) against a `ledger serve` child process, next to
-/// pgbench's single-row INSERT at the same concurrency; prints the server's peak RSS.
+/// pgbench's single-row INSERT at the same concurrency; then the same server's floor (GET
+/// /healthz from the same client), the most any route could reach; prints the server's peak RSS.
 struct BenchHTTP: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "http", abstract: "Order events over HTTP against a pgbench INSERT baseline.")
 
@@ -33,77 +35,82 @@ struct BenchHTTP: AsyncParsableCommand {
         defer { try? FileManager.default.removeItem(at: work) }
         let levels = concurrency.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }.filter { $0 > 0 }
         guard !levels.isEmpty else { throw CommandFailure("--concurrency takes client counts such as 1,8,32") }
-        let (measured, peakRSS) = try await BenchServerChild.run(database: benchConfiguration, work: work) { client, base in
-            var results: [(LatencySummary, Int)] = []
+        let (measured, peakRSS) = try await BenchServerChild.run(database: benchConfiguration, work: work) { _, base in
+            var results: [(events: LatencySummary, failures: Int, floor: LatencySummary)] = []
             for level in levels {
-                let (summary, failures, _) = try await drive(client, base: base, key: key, concurrency: level)
-                results.append((summary, failures))
+                let (events, failures) = try await drive(base: base, key: key, concurrency: level, floor: false)
+                let (floor, _) = try await drive(base: base, key: key, concurrency: level, floor: true)
+                results.append((events, failures, floor))
             }
             return results
         }
         let pgbench = PgbenchBaseline(binaries: try PostgresBinaries.locate(), configuration: benchConfiguration, workDirectory: work)
+        let baselines = try levels.map { try pgbench.run(concurrency: $0, seconds: seconds) }
         print("Order events over HTTP (keep-alive clients, each order created then taken through 5 events) vs pgbench single-row INSERT at the same concurrency, \(seconds) s each; one server for all levels")
         print("| clients | HTTP events/s | p50 ms | p99 ms | failed | pgbench rows/s | p50 ms | p99 ms | ratio |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for (level, (ledger, failures)) in zip(levels, measured) {
-            let baseline = try pgbench.run(concurrency: level, seconds: seconds)
+        for (level, (result, baseline)) in zip(levels, zip(measured, baselines)) {
+            let ledger = result.events
             let ratio = baseline.perSecond > 0 ? ledger.perSecond / baseline.perSecond : .nan
-            print("| \(level) | \(format(ledger.perSecond)) | \(format(ledger.percentile(50), decimals: 2)) | \(format(ledger.percentile(99), decimals: 2)) | \(failures) | \(format(baseline.perSecond)) | \(format(baseline.percentile(50), decimals: 2)) | \(format(baseline.percentile(99), decimals: 2)) | \(format(ratio, decimals: 2)) |")
+            print("| \(level) | \(format(ledger.perSecond)) | \(format(ledger.percentile(50), decimals: 2)) | \(format(ledger.percentile(99), decimals: 2)) | \(result.failures) | \(format(baseline.perSecond)) | \(format(baseline.percentile(50), decimals: 2)) | \(format(baseline.percentile(99), decimals: 2)) | \(format(ratio, decimals: 2)) |")
+        }
+        print("")
+        print("The same server's floor: GET /healthz (no database, no JSON body, no key) from the same client, \(seconds) s each; \"ratio\" is the most any route could reach against the pgbench figure above")
+        print("| clients | requests/s | p50 ms | p99 ms | ratio |")
+        print("|---:|---:|---:|---:|---:|")
+        for (level, (result, baseline)) in zip(levels, zip(measured, baselines)) {
+            let floor = result.floor
+            let ratio = baseline.perSecond > 0 ? floor.perSecond / baseline.perSecond : .nan
+            print("| \(level) | \(format(floor.perSecond)) | \(format(floor.percentile(50), decimals: 2)) | \(format(floor.percentile(99), decimals: 2)) | \(format(ratio, decimals: 2)) |")
         }
         print("")
         print("Server peak RSS over the whole run: \(format(Double(peakRSS) / 1024, decimals: 1)) MB")
         try await BenchAppend().dropDatabase(opened.clientConfiguration, logger: logger)
     }
 
-    /// Runs the workload; answers the latencies of successful appends, failures, orders made.
-    func drive(_ client: HTTPClient, base: String, key: String, concurrency: Int) async throws -> (LatencySummary, Int, Int) {
+    /// Runs the workload (`floor`: GET /healthz instead) after a 2 s warm-up; answers the
+    /// latencies of successful requests and the failures.
+    func drive(base: String, key: String, concurrency: Int, floor: Bool) async throws -> (LatencySummary, Int) {
+        let loop = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let run = UUID().uuidString.prefix(6)
-        _ = try await workload(client, base: base, key: key, concurrency: concurrency, until: .now + .seconds(2), prefix: "warm-\(run)")
-        let start = ContinuousClock.now
-        let (latencies, failures, orders) = try await workload(client, base: base, key: key, concurrency: concurrency, until: start + .seconds(seconds), prefix: "run-\(run)")
-        return (LatencySummary(operations: latencies.count, seconds: (ContinuousClock.now - start).inSeconds, latencies: latencies), failures, orders)
+        var start = ContinuousClock.now
+        let outcome: HTTPLoad.Outcome
+        do {
+            _ = try await workload(loop.next(), base: base, key: key, concurrency: concurrency, floor: floor, until: .now() + .seconds(2), prefix: "warm-\(run)")
+            start = .now
+            outcome = try await workload(loop.next(), base: base, key: key, concurrency: concurrency, floor: floor, until: .now() + .seconds(Int64(seconds)), prefix: "run-\(run)")
+        } catch {
+            try? await loop.shutdownGracefully()
+            throw error
+        }
+        try await loop.shutdownGracefully()
+        return (LatencySummary(operations: outcome.latencies.count, seconds: (ContinuousClock.now - start).inSeconds, latencies: outcome.latencies), outcome.failures)
     }
 
-    func workload(_ client: HTTPClient, base: String, key: String, concurrency: Int, until deadline: ContinuousClock.Instant, prefix: String) async throws -> ([Double], Int, Int) {
-        return try await withThrowingTaskGroup(of: ([Double], Int, Int).self) { group in
-            for worker in 0..<concurrency {
-                group.addTask {
-                    var latencies: [Double] = []
-                    var failures = 0
-                    var orders = 0
-                    while ContinuousClock.now < deadline {
-                        let id = "\(prefix)-\(worker)-\(orders)"
-                        let now = LedgerJSON.formatDate(Date())
-                        let requests: [(String, String)] = [
-                            ("/v1/orders", #"{"orderId":"\#(id)","userId":"u-\#(worker)","productId":"gems.100","price":"0.99","currency":"USD"}"#),
-                            ("/v1/orders/\(id)/events", #"{"type":"payment-added","data":{"queuedAt":"\#(now)"}}"#),
-                            ("/v1/orders/\(id)/events", #"{"type":"receipt-received","data":{"transactionId":"t-\#(id)","productId":"gems.100","purchaseDate":"\#(now)","receiptSha256":"\#(String(repeating: "ab", count: 32))","format":"jws","matchedBy":"applicationUsername"}}"#),
-                            ("/v1/orders/\(id)/events", #"{"type":"verified","data":{"environment":"Sandbox"}}"#),
-                            ("/v1/orders/\(id)/events", #"{"type":"delivered","data":{}}"#),
-                            ("/v1/orders/\(id)/events", #"{"type":"finished","data":{}}"#),
-                        ]
-                        for (path, body) in requests {
-                            var request = HTTPClientRequest(url: base + path)
-                            request.method = .POST
-                            request.headers.add(name: "Authorization", value: "Bearer \(key)")
-                            request.headers.add(name: "Content-Type", value: "application/json")
-                            request.body = .bytes(ByteBuffer(string: body))
-                            let started = ContinuousClock.now
-                            let response = try await client.execute(request, timeout: .seconds(30))
-                            _ = try await response.body.collect(upTo: 1 << 20)
-                            let took = ContinuousClock.now - started
-                            if (200..<300).contains(response.status.code) {
-                                latencies.append(took.inSeconds * 1000)
-                            } else {
-                                failures += 1
-                            }
-                        }
-                        orders += 1
-                    }
-                    return (latencies, failures, orders)
-                }
-            }
-            return try await group.reduce(into: ([Double](), 0, 0)) { $0.0 += $1.0; $0.1 += $1.1; $0.2 += $1.2 }
+    /// Each client creates an order, then takes it through five events, one request at a time,
+    /// then the next order, until the deadline.
+    func workload(
+        _ loop: any EventLoop, base: String, key: String, concurrency: Int, floor: Bool, until deadline: NIODeadline, prefix: String
+    ) async throws -> HTTPLoad.Outcome {
+        let host = String(base.dropFirst("http://".count))
+        guard let port = host.split(separator: ":").last.flatMap({ Int($0) }) else { throw CommandFailure("no port in \(base)") }
+        if floor {
+            let health = HTTPLoad.Request(method: "GET", path: "/healthz", host: host)
+            return try await HTTPLoad.run(on: loop, host: "127.0.0.1", port: port, connections: concurrency, until: deadline) { _, _ in [health] }
+        }
+        let headers = [("Authorization", "Bearer \(key)"), ("Content-Type", "application/json")]
+        return try await HTTPLoad.run(on: loop, host: "127.0.0.1", port: port, connections: concurrency, until: deadline) { worker, n in
+            let id = "\(prefix)-\(worker)-\(n)"
+            let now = LedgerJSON.formatDate(Date())
+            let requests: [(String, String)] = [
+                ("/v1/orders", #"{"orderId":"\#(id)","userId":"u-\#(worker)","productId":"gems.100","price":"0.99","currency":"USD"}"#),
+                ("/v1/orders/\(id)/events", #"{"type":"payment-added","data":{"queuedAt":"\#(now)"}}"#),
+                ("/v1/orders/\(id)/events", #"{"type":"receipt-received","data":{"transactionId":"t-\#(id)","productId":"gems.100","purchaseDate":"\#(now)","receiptSha256":"\#(String(repeating: "ab", count: 32))","format":"jws","matchedBy":"applicationUsername"}}"#),
+                ("/v1/orders/\(id)/events", #"{"type":"verified","data":{"environment":"Sandbox"}}"#),
+                ("/v1/orders/\(id)/events", #"{"type":"delivered","data":{}}"#),
+                ("/v1/orders/\(id)/events", #"{"type":"finished","data":{}}"#),
+            ]
+            return requests.map { HTTPLoad.Request(method: "POST", path: $0.0, host: host, headers: headers, body: $0.1) }
         }
     }
 
