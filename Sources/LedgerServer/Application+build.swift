@@ -41,9 +41,10 @@ public func buildRouter(
 /// Builds the HTTP application: the PostgreSQL client runs as a service, migrations run before
 /// the server accepts connections. Throws when the Apple root certificates cannot be read.
 public func buildApplication(
-    configuration: LedgerConfiguration, client: PostgresClient, logger: Logger, migrate: Bool = true
+    configuration: LedgerConfiguration, client: PostgresClient, logger: Logger, migrate: Bool = true,
+    writerExecutor: (any TaskExecutor)? = nil
 ) throws -> some ApplicationProtocol {
-    let database = Database(client: client, logger: logger)
+    let database = Database(client: client, logger: logger, writerExecutor: writerExecutor)
     let migrator = Migrator(logger: logger)
     let health = DatabaseHealth(database: database)
     var application = Application(

@@ -6,10 +6,15 @@ import PostgresNIO
 public struct Database: Sendable {
     public let client: PostgresClient
     public let logger: Logger
+    /// Where group-commit writers run (`EventLoopTaskExecutor` on the event loop of the client's
+    /// connections, so that a round trip resumes its writer without waking another thread); nil:
+    /// the global executor.
+    public let writerExecutor: (any TaskExecutor)?
 
-    public init(client: PostgresClient, logger: Logger) {
+    public init(client: PostgresClient, logger: Logger, writerExecutor: (any TaskExecutor)? = nil) {
         self.client = client
         self.logger = logger
+        self.writerExecutor = writerExecutor
     }
 
     /// Runs `body` in one database transaction on one connection, rethrowing the body's own error.

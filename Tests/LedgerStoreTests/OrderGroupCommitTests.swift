@@ -22,9 +22,10 @@ struct OrderGroupCommitTests {
         await attempt { try await ledger.append(id, event: event, eventID: EventID(), expected: expected, metadata: Data("{}".utf8)) }
     }
 
-    @Test("concurrent events for different orders share transactions, each decided and answered on its own")
-    func mixedGroups() async throws {
-        try await withTestDatabase { db in
+    @Test("concurrent events for different orders share transactions, each decided and answered on its own (writer on the global executor, and on the connections' event loop as in ledger serve)",
+          arguments: [false, true])
+    func mixedGroups(writerOnClientLoop: Bool) async throws {
+        try await withTestDatabase(writersOnClientLoop: writerOnClientLoop) { db in
             let ledger = OrderLedger(database: db.database, store: EventStore(database: db.database))
             let orders = (0..<24).map { _ in orderID("group") }
             let creations = await withTaskGroup(of: Result<OrderLedger.Outcome, any Error>.self) { group in

@@ -2,6 +2,7 @@ import Foundation
 import LedgerCore
 import LedgerStore
 import Logging
+import NIOPosix
 import PostgresNIO
 import Synchronization
 
@@ -14,11 +15,11 @@ public struct TestDatabase: Sendable {
     /// One store for the whole test, so that its appends share the group commit.
     public let store: EventStore
 
-    init(name: String, configuration: PostgresClient.Configuration, client: PostgresClient) {
+    init(name: String, configuration: PostgresClient.Configuration, client: PostgresClient, writerExecutor: (any TaskExecutor)?) {
         self.name = name
         self.configuration = configuration
         self.client = client
-        self.database = Database(client: client, logger: TestServer.logger)
+        self.database = Database(client: client, logger: TestServer.logger, writerExecutor: writerExecutor)
         self.store = EventStore(database: database)
     }
 
@@ -29,18 +30,23 @@ public struct TestDatabase: Sendable {
 }
 
 /// Runs `body` with a fresh database (migrated unless asked otherwise), dropped afterwards.
+/// `writersOnClientLoop`: as `ledger serve` runs, the client's connections on one event loop of
+/// their own, where the database's group-commit writers run too.
 public func withTestDatabase<Result: Sendable>(
-    migrated: Bool = true, _ body: @Sendable (TestDatabase) async throws -> Result
+    migrated: Bool = true, writersOnClientLoop: Bool = false, _ body: @Sendable (TestDatabase) async throws -> Result
 ) async throws -> Result {
     let (name, configuration) = try await TestServer.shared.makeDatabase(migrated: migrated)
-    let client = PostgresClient(configuration: configuration, backgroundLogger: TestServer.clientLogger)
+    let loop = writersOnClientLoop ? MultiThreadedEventLoopGroup(numberOfThreads: 1) : nil
+    let client = loop.map { PostgresClient(configuration: configuration, eventLoopGroup: $0, backgroundLogger: TestServer.clientLogger) }
+        ?? PostgresClient(configuration: configuration, backgroundLogger: TestServer.clientLogger)
     // Not a child task: a statement postgres-nio (1.33) never answers (one written to a
     // connection that had closed; Database.query and Database.withConnection guard against it)
     // holds its lease, and the pool's run() would not end; a task group would wait for it forever.
     let running = Task { await client.run() }
     let outcome: Swift.Result<Result, any Error>
     do {
-        outcome = .success(try await body(TestDatabase(name: name, configuration: configuration, client: client)))
+        let writerExecutor = loop.map { EventLoopTaskExecutor($0.next()) }
+        outcome = .success(try await body(TestDatabase(name: name, configuration: configuration, client: client, writerExecutor: writerExecutor)))
     } catch {
         outcome = .failure(error)
     }
@@ -48,6 +54,7 @@ public func withTestDatabase<Result: Sendable>(
     if !(await ended(running, within: .seconds(10))) {
         FileHandle.standardError.write(Data("withTestDatabase: the PostgresClient of \(name) did not end within 10 s of its cancellation; left behind\n".utf8))
     }
+    try? await loop?.shutdownGracefully()
     await TestServer.shared.dropDatabase(name)
     return try outcome.get()
 }
