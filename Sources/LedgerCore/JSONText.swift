@@ -1,35 +1,43 @@
 /// Small JSON objects written directly, for the hot paths (event metadata, orders and events,
 /// receipt answers)
 /// where JSONSerialization's dictionaries cost more than the work they describe.
-struct JSONText {
+public struct JSONText {
     private var text = "{"
 
+    public init() {}
+
     /// Adds `"key": value` (value nil: `null`).
-    mutating func add(_ key: String, _ value: String?) {
+    public mutating func add(_ key: String, _ value: String?) {
         separate(key)
         if let value { Self.quote(value, into: &text) } else { text += "null" }
     }
 
-    mutating func add(_ key: String, _ value: Bool) {
+    public mutating func add(_ key: String, _ value: Bool) {
         separate(key)
         text += value ? "true" : "false"
     }
 
-    mutating func add(_ key: String, _ value: some BinaryInteger) {
+    public mutating func add(_ key: String, _ value: some BinaryInteger) {
         separate(key)
         text += String(value)
     }
 
+    /// Adds `"key": value` (value nil: `null`).
+    public mutating func add(_ key: String, integer value: Int64?) {
+        separate(key)
+        text += value.map { String($0) } ?? "null"
+    }
+
     /// Adds `"key": <raw>` where raw is already JSON.
-    mutating func add(_ key: String, raw: String) {
+    public mutating func add(_ key: String, raw: String) {
         separate(key)
         text += raw
     }
 
-    var result: String { text + "}" }
+    public var result: String { text + "}" }
 
     /// A JSON array of values that are already JSON.
-    static func array(_ items: [String]) -> String {
+    public static func array(_ items: [String]) -> String {
         "[" + items.joined(separator: ",") + "]"
     }
 
@@ -40,7 +48,14 @@ struct JSONText {
     }
 
     /// A JSON string literal (RFC 8259 §7): quotes, backslashes and control characters escaped.
-    static func quote(_ value: String, into text: inout String) {
+    public static func quote(_ value: String, into text: inout String) {
+        // Most values (ids, states, times) need no escape: appended whole.
+        if !value.utf8.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") }) {
+            text += "\""
+            text += value
+            text += "\""
+            return
+        }
         text += "\""
         for scalar in value.unicodeScalars {
             switch scalar {

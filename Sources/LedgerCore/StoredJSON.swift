@@ -14,6 +14,45 @@ public enum StoredJSON {
         return try LedgerJSON.decoder.decode(T.self, from: Data(text.utf8))
     }
 
+    /// Decodes a body a client sent: through this decoder when it reads it by itself, else
+    /// `LedgerJSON.decoder`; the same answers either way.
+    public static func decode<T: Decodable>(_ type: T.Type, from data: Data) throws -> T {
+        let value: T? = data.withUnsafeBytes { raw in
+            var scanner = JSONScanner(raw.bindMemory(to: UInt8.self))
+            guard (try? scanner.scanDocument()) != nil else { return nil }
+            return try? T(from: StoredJSONDecoder(scanner.document, at: 0))
+        }
+        if let value { return value }
+        return try LedgerJSON.decoder.decode(T.self, from: data)
+    }
+
+    /// The text of the object that is `key`'s value in the JSON object `data`, exactly as `data`
+    /// holds it. Nil when this scanner cannot tell for sure (the member is not an object, is
+    /// missing or given twice, or the text has escapes or is not plain JSON): the caller then
+    /// serializes the value it parsed.
+    public static func objectMember(_ key: String, of data: Data) -> Data? {
+        data.withUnsafeBytes { raw -> Data? in
+            var scanner = JSONScanner(raw.bindMemory(to: UInt8.self))
+            guard (try? scanner.scanDocument()) != nil else { return nil }
+            let document = scanner.document
+            guard document.tokens.first?.kind == .object else { return nil }
+            var found: JSONDocument.Token?
+            var index = 1
+            let wanted = Array(key.utf8)
+            while index < document.tokens[0].after {
+                let name = document.tokens[index]
+                let value = document.tokens[index + 1]
+                if name.end - name.start == wanted.count, Array(document.bytes[name.start..<name.end]) == wanted {
+                    guard found == nil else { return nil }
+                    found = value
+                }
+                index = value.after
+            }
+            guard let found, found.kind == .object else { return nil }
+            return Data(document.bytes[found.start..<found.end])
+        }
+    }
+
     /// The value when this decoder reads `text` by itself; nil when Foundation must.
     static func withoutFoundation<T: Decodable>(_ type: T.Type, from text: String) -> T? {
         var text = text

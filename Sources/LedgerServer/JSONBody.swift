@@ -9,6 +9,8 @@ struct JSONBody {
     static let maximumBytes = 256 * 1024
 
     let object: [String: Any]
+    /// The body as it came.
+    let text: Data
 
     static func read(_ request: Request, context: LedgerRequestContext) async throws -> JSONBody {
         let buffer: ByteBuffer
@@ -20,14 +22,15 @@ struct JSONBody {
         guard buffer.readableBytes > 0 else {
             throw APIError(.badRequest, code: "invalid-json", message: "the body is empty; send a JSON object")
         }
-        let parsed = try? JSONSerialization.jsonObject(with: Data(buffer: buffer), options: [.fragmentsAllowed])
+        let text = Data(buffer: buffer)
+        let parsed = try? JSONSerialization.jsonObject(with: text, options: [.fragmentsAllowed])
         guard let parsed else {
             throw APIError(.badRequest, code: "invalid-json", message: "the body is not valid JSON")
         }
         guard let object = parsed as? [String: Any] else {
             throw APIError(.badRequest, code: "invalid-json", message: "the body must be a JSON object")
         }
-        return JSONBody(object: object)
+        return JSONBody(object: object, text: text)
     }
 
     func string(_ field: String) throws(LedgerInputError) -> String? {
@@ -50,10 +53,13 @@ struct JSONBody {
         return integer
     }
 
-    /// A nested JSON object, as JSON text.
+    /// A nested JSON object, as JSON text: as the body wrote it when it can be cut out for sure,
+    /// else written again from the parsed value.
     func objectData(_ field: String) throws(LedgerInputError) -> Data {
         guard let value = object[field], !(value is NSNull) else { throw LedgerInputError(field: field, problem: "is missing") }
-        guard value is [String: Any], let data = try? JSONSerialization.data(withJSONObject: value) else {
+        guard value is [String: Any] else { throw LedgerInputError(field: field, problem: "must be a JSON object") }
+        if let data = StoredJSON.objectMember(field, of: text) { return data }
+        guard let data = try? JSONSerialization.data(withJSONObject: value) else {
             throw LedgerInputError(field: field, problem: "must be a JSON object")
         }
         return data

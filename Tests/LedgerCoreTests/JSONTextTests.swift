@@ -1,5 +1,5 @@
 import Foundation
-@testable import LedgerServer
+import LedgerCore
 import Testing
 
 @Suite("JSON written directly")

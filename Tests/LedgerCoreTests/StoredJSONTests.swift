@@ -9,6 +9,11 @@ struct StoredJSONTests {
     typealias Outcome = Result<OrderEvent, LedgerInputError>
 
     func foundation(_ type: OrderEventType, _ text: String) -> Outcome {
+        Result { () throws(LedgerInputError) in try OrderEvent.decodeThroughFoundation(type: type, data: Data(text.utf8)) }
+    }
+
+    /// A client's body, as the API decodes it.
+    func client(_ type: OrderEventType, _ text: String) -> Outcome {
         Result { () throws(LedgerInputError) in try OrderEvent.decode(type: type, data: Data(text.utf8)) }
     }
 
@@ -117,9 +122,32 @@ struct StoredJSONTests {
                 differing += 1
                 Issue.record("\(type) \(text): \(stored(type, text)) vs \(expected)")
             }
+            let compact = text.replacingOccurrences(of: ": ", with: ":").replacingOccurrences(of: ", ", with: ",")
+            if client(type, compact) != foundation(type, compact) {
+                differing += 1
+                Issue.record("client body \(type) \(compact): \(client(type, compact)) vs \(foundation(type, compact))")
+            }
         }
         #expect(differing == 0)
         // The damage must leave a fair share decodable, or the test compares errors only.
         #expect(decoded > 400)
+    }
+
+    @Test("a member object cut out of a request body as it was written, or nil where the scanner cannot be sure")
+    func objectMembers() {
+        func member(_ text: String) -> String? {
+            StoredJSON.objectMember("data", of: Data(text.utf8)).map { String(decoding: $0, as: UTF8.self) }
+        }
+        #expect(member(#"{"type":"verified","data":{"environment":"Sandbox","n":[1,{"a":2}]}}"#) == #"{"environment":"Sandbox","n":[1,{"a":2}]}"#)
+        #expect(member(#" { "data" : { } , "type" : "delivered" } "#) == "{ }")
+        #expect(member(#"{"data":{"note":"über 5 €"}}"#) == #"{"note":"über 5 €"}"#)
+        #expect(member(#"{"type":"delivered"}"#) == nil, "missing")
+        #expect(member(#"{"data":[1]}"#) == nil, "not an object")
+        #expect(member(#"{"data":null}"#) == nil, "not an object")
+        #expect(member(#"{"data":{},"data":{"a":1}}"#) == nil, "given twice: Foundation keeps one, the scanner does not guess which")
+        #expect(member(#"{"data":{"a":"\u0041"}}"#) == nil, "an escape")
+        #expect(member(#"{"data":{"a":1}"#) == nil, "not JSON")
+        #expect(member(#"{"nested":{"data":{"a":1}}}"#) == nil, "only the top level's members")
+        #expect(member(#"[{"data":{}}]"#) == nil, "not an object")
     }
 }

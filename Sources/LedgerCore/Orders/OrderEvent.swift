@@ -29,8 +29,15 @@ public enum OrderEvent: Sendable, Equatable {
     }
 
     /// Decodes and checks an event body of `type`, naming the first problem found.
+    /// Decodes and checks a body a client sent, through `StoredJSON` where it can read it alone
+    /// (the same answers as Foundation's decoder, which reads the rest).
     public static func decode(type: OrderEventType, data: Data) throws(LedgerInputError) -> OrderEvent {
         try decode(type: type, body: .data(data))
+    }
+
+    /// `decode(type:data:)` through Foundation's decoder alone: what the others must answer.
+    static func decodeThroughFoundation(type: OrderEventType, data: Data) throws(LedgerInputError) -> OrderEvent {
+        try decode(type: type, body: .foundation(data))
     }
 
     /// Decodes and checks a body the ledger stored (the log's jsonb as text) through `StoredJSON`:
@@ -43,11 +50,13 @@ public enum OrderEvent: Sendable, Equatable {
     private enum Body {
         case data(Data)
         case stored(String)
+        case foundation(Data)
 
         func decode<T: Decodable>(_ type: T.Type) throws -> T {
             switch self {
-            case .data(let data): try LedgerJSON.decoder.decode(type, from: data)
+            case .data(let data): try StoredJSON.decode(type, from: data)
             case .stored(let text): try StoredJSON.decode(type, from: text)
+            case .foundation(let data): try LedgerJSON.decoder.decode(type, from: data)
             }
         }
     }
