@@ -17,12 +17,7 @@ public enum StoredJSON {
     /// Decodes a body a client sent: through this decoder when it reads it by itself, else
     /// `LedgerJSON.decoder`; the same answers either way.
     public static func decode<T: Decodable>(_ type: T.Type, from data: Data) throws -> T {
-        let value: T? = data.withUnsafeBytes { raw in
-            var scanner = JSONScanner(raw.bindMemory(to: UInt8.self))
-            guard (try? scanner.scanDocument()) != nil else { return nil }
-            return try? T(from: StoredJSONDecoder(scanner.document, at: 0))
-        }
-        if let value { return value }
+        if let value = data.withUnsafeBytes({ withoutFoundation(type, from: $0.bindMemory(to: UInt8.self)) }) { return value }
         return try LedgerJSON.decoder.decode(T.self, from: data)
     }
 
@@ -56,11 +51,13 @@ public enum StoredJSON {
     /// The value when this decoder reads `text` by itself; nil when Foundation must.
     static func withoutFoundation<T: Decodable>(_ type: T.Type, from text: String) -> T? {
         var text = text
-        return text.withUTF8 { bytes in
-            var scanner = JSONScanner(bytes)
-            guard (try? scanner.scanDocument()) != nil else { return nil }
-            return try? T(from: StoredJSONDecoder(scanner.document, at: 0))
-        }
+        return text.withUTF8 { withoutFoundation(type, from: $0) }
+    }
+
+    private static func withoutFoundation<T: Decodable>(_ type: T.Type, from bytes: UnsafeBufferPointer<UInt8>) -> T? {
+        var scanner = JSONScanner(bytes)
+        guard (try? scanner.scanDocument()) != nil else { return nil }
+        return try? T(from: StoredJSONDecoder(scanner.document, at: 0))
     }
 }
 

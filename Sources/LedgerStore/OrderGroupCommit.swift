@@ -150,10 +150,8 @@ final class OrderGroupCommit: Sendable {
         let events = EventStore.Columns(plans.map { writes[$0.write].newEvent })
         let streams = plans.map { writes[$0.write].id.streamID.rawValue }
         let expected = plans.map(\.expected)
-        let orders = JSONText.array(plans.enumerated().map { OrderRow($0.offset + 1, $0.element.order, claims: $0.element.claim != nil).json })
-        let claims = JSONText.array(plans.enumerated().compactMap { offset, plan in
-            plan.claim.map { ClaimRow(offset + 1, plan.order, $0).json }
-        })
+        let orders = JSONText.array(plans.enumerated().map { orderRow($0.offset + 1, $0.element.order, claims: $0.element.claim != nil) })
+        let claims = JSONText.array(plans.enumerated().compactMap { offset, plan in plan.claim.map { claimRow(offset + 1, plan.order, $0) } })
         let rows = try await connection.atomicallyGuardedQuery(
             """
             CALL append_orders_durably(\(streams), \(expected), \(events.ids), \(events.types), \(events.data)::jsonb[],
@@ -213,109 +211,42 @@ private func postgresMicroseconds(_ date: Date) -> Int64 {
 }
 
 /// An `orders` row as `append_orders_durably` reads it from JSON (the times it sets itself left
-/// out), written with `JSONText`: JSONEncoder took 5% of the server's CPU here.
-private struct OrderRow {
-    let n: Int
-    let order_id: String
-    let user_id: String
-    let product_id: String
-    let quantity: Int
-    let price: String?
-    let currency: String?
-    let app_account_token: UUID
-    let state: String
-    let version: Int64
-    let transaction_id: String?
-    let created_at: Int64
-    let queued_at: Int64?
-    let state_before_refund: String?
-    let failure_reason: String?
-    /// The append claims a transaction (its row is inserted, not updated).
-    let claims: Bool
-
-    init(_ n: Int, _ order: Order, claims: Bool) {
-        self.n = n
-        order_id = order.orderId.rawValue
-        user_id = order.userId.rawValue
-        product_id = order.productId.rawValue
-        quantity = order.quantity
-        price = order.price
-        currency = order.currency
-        app_account_token = order.appAccountToken
-        state = order.state.rawValue
-        version = order.version
-        transaction_id = order.transactionId?.rawValue
-        created_at = postgresMicroseconds(order.createdAt)
-        queued_at = order.queuedAt.map(postgresMicroseconds)
-        state_before_refund = order.stateBeforeRefund?.rawValue
-        failure_reason = order.failureReason
-        self.claims = claims
-    }
-
-    var json: String {
-        var json = JSONText()
-        json.add("n", n)
-        json.add("order_id", order_id)
-        json.add("user_id", user_id)
-        json.add("product_id", product_id)
-        json.add("quantity", quantity)
-        json.add("price", price)
-        json.add("currency", currency)
-        json.add("app_account_token", app_account_token.uuidString)
-        json.add("state", state)
-        json.add("version", version)
-        json.add("transaction_id", transaction_id)
-        json.add("created_at", created_at)
-        json.add("queued_at", integer: queued_at)
-        json.add("state_before_refund", state_before_refund)
-        json.add("failure_reason", failure_reason)
-        json.add("claims", claims)
-        return json.result
-    }
+/// out), written with `JSONText`: JSONEncoder took 5% of the server's CPU here. `claims`: the
+/// append claims a transaction (its row is inserted, not updated).
+private func orderRow(_ n: Int, _ order: Order, claims: Bool) -> String {
+    var json = JSONText()
+    json.add("n", n)
+    json.add("order_id", order.orderId.rawValue)
+    json.add("user_id", order.userId.rawValue)
+    json.add("product_id", order.productId.rawValue)
+    json.add("quantity", order.quantity)
+    json.add("price", order.price)
+    json.add("currency", order.currency)
+    json.add("app_account_token", order.appAccountToken.uuidString)
+    json.add("state", order.state.rawValue)
+    json.add("version", order.version)
+    json.add("transaction_id", order.transactionId?.rawValue)
+    json.add("created_at", postgresMicroseconds(order.createdAt))
+    json.add("queued_at", integer: order.queuedAt.map(postgresMicroseconds))
+    json.add("state_before_refund", order.stateBeforeRefund?.rawValue)
+    json.add("failure_reason", order.failureReason)
+    json.add("claims", claims)
+    return json.result
 }
 
 /// An `apple_transactions` row a receipt claims, as `append_orders_durably` reads it from JSON.
-private struct ClaimRow {
-    let n: Int
-    let transaction_id: String
-    let order_id: String
-    let user_id: String
-    let product_id: String
-    let purchase_date: Int64
-    let environment: String?
-    let original_transaction_id: String?
-    let app_transaction_id: String?
-    let app_account_token: UUID?
-    let matched_by: String
-
-    init(_ n: Int, _ order: Order, _ receipt: ReceiptReceived) {
-        self.n = n
-        transaction_id = receipt.transactionId.rawValue
-        order_id = order.orderId.rawValue
-        user_id = order.userId.rawValue
-        product_id = receipt.productId.rawValue
-        purchase_date = postgresMicroseconds(receipt.purchaseDate)
-        environment = receipt.environment
-        original_transaction_id = receipt.originalTransactionId
-        app_transaction_id = receipt.appTransactionId
-        app_account_token = receipt.appAccountToken
-        matched_by = receipt.matchedBy.rawValue
-    }
-
-    var json: String {
-        var json = JSONText()
-        json.add("n", n)
-        json.add("transaction_id", transaction_id)
-        json.add("order_id", order_id)
-        json.add("user_id", user_id)
-        json.add("product_id", product_id)
-        json.add("purchase_date", purchase_date)
-        json.add("environment", environment)
-        json.add("original_transaction_id", original_transaction_id)
-        json.add("app_transaction_id", app_transaction_id)
-        json.add("app_account_token", app_account_token?.uuidString)
-        json.add("matched_by", matched_by)
-        return json.result
-    }
+private func claimRow(_ n: Int, _ order: Order, _ receipt: ReceiptReceived) -> String {
+    var json = JSONText()
+    json.add("n", n)
+    json.add("transaction_id", receipt.transactionId.rawValue)
+    json.add("order_id", order.orderId.rawValue)
+    json.add("user_id", order.userId.rawValue)
+    json.add("product_id", receipt.productId.rawValue)
+    json.add("purchase_date", postgresMicroseconds(receipt.purchaseDate))
+    json.add("environment", receipt.environment)
+    json.add("original_transaction_id", receipt.originalTransactionId)
+    json.add("app_transaction_id", receipt.appTransactionId)
+    json.add("app_account_token", receipt.appAccountToken?.uuidString)
+    json.add("matched_by", receipt.matchedBy.rawValue)
+    return json.result
 }
-

@@ -88,18 +88,16 @@ struct BenchHTTP: AsyncParsableCommand {
     }
 
     /// Each client creates an order, then takes it through five events, one request at a time,
-    /// then the next order, until the deadline.
+    /// then the next order, until the deadline (`floor`: GET /healthz, again and again).
     func workload(
         _ loop: any EventLoop, base: String, key: String, concurrency: Int, floor: Bool, until deadline: NIODeadline, prefix: String
     ) async throws -> HTTPLoad.Outcome {
         let host = String(base.dropFirst("http://".count))
         guard let port = host.split(separator: ":").last.flatMap({ Int($0) }) else { throw CommandFailure("no port in \(base)") }
-        if floor {
-            let health = HTTPLoad.Request(method: "GET", path: "/healthz", host: host)
-            return try await HTTPLoad.run(on: loop, host: "127.0.0.1", port: port, connections: concurrency, until: deadline) { _, _ in [health] }
-        }
         let headers = [("Authorization", "Bearer \(key)"), ("Content-Type", "application/json")]
+        let health = [HTTPLoad.Request(method: "GET", path: "/healthz", host: host)]
         return try await HTTPLoad.run(on: loop, host: "127.0.0.1", port: port, connections: concurrency, until: deadline) { worker, n in
+            if floor { return health }
             let id = "\(prefix)-\(worker)-\(n)"
             let now = LedgerJSON.formatDate(Date())
             let requests: [(String, String)] = [

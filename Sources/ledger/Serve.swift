@@ -17,15 +17,19 @@ struct Serve: AsyncParsableCommand {
         // The Apple roots are read before anything starts: a bad file stops here, not later.
         _ = try configuration.apple.verifier(logger: logger)
         let database = try await OpenedDatabase.open(configuration.database, logger: logger)
+        // The client's connections get an event loop of their own, where the group-commit writers
+        // run too (docs/architecture.md, "Order events in groups").
         let loop = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let client = PostgresClient(configuration: database.clientConfiguration, eventLoopGroup: loop, backgroundLogger: logger)
         do {
             let application = try buildApplication(configuration: configuration, client: client, logger: logger, writerExecutor: EventLoopTaskExecutor(loop.next()))
             try await application.runService()
         } catch {
+            try? await loop.shutdownGracefully()
             try? database.close(logger: logger)
             throw error
         }
+        try await loop.shutdownGracefully()
         try database.close(logger: logger)
     }
 }

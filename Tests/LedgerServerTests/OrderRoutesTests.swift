@@ -215,6 +215,28 @@ struct OrderRoutesTests {
         }
     }
 
+    @Test("an event's data is kept as sent: cut out of the body as written, or written again from the parsed body where it has escapes")
+    func dataKeptAsSent() async throws {
+        try await withLiveApplication { http, _ in
+            let bodies = [
+                // Spaces, non-ASCII text, nesting, a number with a fraction, a field the event
+                // type does not know: cut out as written.
+                ("o-plain", #"{ "type" : "payment-added", "data" : { "queuedAt" : "2026-11-21T09:59:00Z", "note" : "über 5 €", "nested" : {"a":[1, 2.5, {"b":null}]} } }"#),
+                // Escapes: written again from the parsed object.
+                ("o-escaped", #"{"type":"payment-added","data":{"queuedAt":"2026-11-21T09:59:00Z","note":"line\nbreak \"quoted\" \u00fc"}}"#),
+            ]
+            for (id, body) in bodies {
+                try await http.send(.post, "/v1/orders", json: newOrder(id))
+                let (status, _) = try await http.send(.post, "/v1/orders/\(id)/events", raw: body)
+                #expect(status == .created)
+                let sent = try #require((jsonObject(Data(body.utf8)) as? [String: Any])?["data"] as? NSObject)
+                let (_, order) = try await http.send(.get, "/v1/orders/\(id)")
+                let stored = (order["events"] as? [[String: Any]])?.last?["data"] as? NSObject
+                #expect(stored == sent, "\(id): \(String(describing: stored)) vs \(sent)")
+            }
+        }
+    }
+
     @Test("the feed and stream routes read the log")
     func feedAndStream() async throws {
         try await withLiveApplication { http, _ in
