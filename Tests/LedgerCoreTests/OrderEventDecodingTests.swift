@@ -29,6 +29,20 @@ struct OrderEventDecodingTests {
         #expect(try OrderEvent.decode(type: type, data: event.encodedData()) == event)
     }
 
+    @Test("a creation's body is written as JSONEncoder writes it", arguments: [
+        OrderCreated(userId: try! UserID("u1"), productId: try! ProductID("gems.100"), quantity: 2, price: "4.99", currency: "EUR"),
+        OrderCreated(userId: try! UserID("user \"quoted\" \\ é"), productId: try! ProductID("p/1")),
+        OrderCreated(userId: try! UserID("u"), productId: try! ProductID("p"), quantity: 100, price: "0.99"),
+    ])
+    func createdWrittenAsEncoded(body: OrderCreated) throws {
+        let written = OrderEvent.created(body).encodedData()
+        let encoded = try LedgerJSON.encoder.encode(body)
+        let parse = { (data: Data) in try JSONSerialization.jsonObject(with: data) as? NSDictionary }
+        #expect(try parse(written) == parse(encoded))
+        #expect(try parse(written) != nil)
+        #expect(try OrderEvent.decode(type: .created, data: written) == .created(body))
+    }
+
     @Test("bad bodies are refused naming the field")
     func badBodies() {
         let cases: [(OrderEventType, String, String)] = [

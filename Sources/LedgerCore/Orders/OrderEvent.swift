@@ -94,7 +94,7 @@ public enum OrderEvent: Sendable, Equatable {
     public func encodedData() -> Data {
         let encoder = LedgerJSON.encoder
         let data: Data? = switch self {
-        case .created(let body): try? encoder.encode(body)
+        case .created(let body): Data(body.json.utf8)
         case .paymentAdded(let body): try? encoder.encode(body)
         case .receiptReceived(let body): try? encoder.encode(body)
         case .verified(let body): try? encoder.encode(body)

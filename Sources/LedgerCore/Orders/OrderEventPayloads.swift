@@ -22,6 +22,19 @@ public struct OrderCreated: Codable, Sendable, Equatable {
         case userId, productId, quantity, price, currency, appAccountToken
     }
 
+    /// The body as `encode(to:)` writes it, without an encoder: every order starts with one,
+    /// and JSONEncoder took 1.3% of the server's CPU for it.
+    var json: String {
+        var json = JSONText()
+        json.add("userId", userId.rawValue)
+        json.add("productId", productId.rawValue)
+        json.add("quantity", quantity)
+        if let price { json.add("price", price) }
+        if let currency { json.add("currency", currency) }
+        json.add("appAccountToken", appAccountToken.uuidString.lowercased())
+        return json.result
+    }
+
     /// Writes the token in lower case, as the API shows it.
     public func encode(to encoder: any Encoder) throws {
         var container = encoder.container(keyedBy: CodingKeys.self)
