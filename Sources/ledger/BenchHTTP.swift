@@ -35,56 +35,72 @@ struct BenchHTTP: AsyncParsableCommand {
         defer { try? FileManager.default.removeItem(at: work) }
         let levels = concurrency.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }.filter { $0 > 0 }
         guard !levels.isEmpty else { throw CommandFailure("--concurrency takes client counts such as 1,8,32") }
-        let (measured, peakRSS) = try await BenchServerChild.run(database: benchConfiguration, work: work) { _, base in
-            var results: [(events: LatencySummary, failures: Int, floor: LatencySummary)] = []
+        let (measured, peakRSS) = try await BenchServerChild.run(database: benchConfiguration, work: work) { _, base, server in
+            var results: [(events: Measured, floor: Measured)] = []
             for level in levels {
-                let (events, failures) = try await drive(base: base, key: key, concurrency: level, floor: false)
-                let (floor, _) = try await drive(base: base, key: key, concurrency: level, floor: true)
-                results.append((events, failures, floor))
+                let events = try await drive(base: base, key: key, concurrency: level, floor: false, server: server)
+                let floor = try await drive(base: base, key: key, concurrency: level, floor: true, server: server)
+                results.append((events, floor))
             }
             return results
         }
         let pgbench = PgbenchBaseline(binaries: try PostgresBinaries.locate(), configuration: benchConfiguration, workDirectory: work)
         let baselines = try levels.map { try pgbench.run(concurrency: $0, seconds: seconds) }
         print("Order events over HTTP (keep-alive clients, each order created then taken through 5 events) vs pgbench single-row INSERT at the same concurrency, \(seconds) s each; one server for all levels")
-        print("| clients | HTTP events/s | p50 ms | p99 ms | failed | pgbench rows/s | p50 ms | p99 ms | ratio |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("| clients | HTTP events/s | p50 ms | p99 ms | failed | server CPU µs/event | PostgreSQL CPU µs/event | pgbench rows/s | p50 ms | p99 ms | ratio |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for (level, (result, baseline)) in zip(levels, zip(measured, baselines)) {
-            let ledger = result.events
+            let ledger = result.events.latencies
             let ratio = baseline.perSecond > 0 ? ledger.perSecond / baseline.perSecond : .nan
-            print("| \(level) | \(format(ledger.perSecond)) | \(format(ledger.percentile(50), decimals: 2)) | \(format(ledger.percentile(99), decimals: 2)) | \(result.failures) | \(format(baseline.perSecond)) | \(format(baseline.percentile(50), decimals: 2)) | \(format(baseline.percentile(99), decimals: 2)) | \(format(ratio, decimals: 2)) |")
+            print("| \(level) | \(format(ledger.perSecond)) | \(format(ledger.percentile(50), decimals: 2)) | \(format(ledger.percentile(99), decimals: 2)) | \(result.events.failures) | \(format(result.events.serverMicroseconds)) | \(format(result.events.postgresMicroseconds)) | \(format(baseline.perSecond)) | \(format(baseline.percentile(50), decimals: 2)) | \(format(baseline.percentile(99), decimals: 2)) | \(format(ratio, decimals: 2)) |")
         }
         print("")
         print("The same server's floor: GET /healthz (no database, no JSON body, no key) from the same client, \(seconds) s each; \"ratio\" is the most any route could reach against the pgbench figure above")
-        print("| clients | requests/s | p50 ms | p99 ms | ratio |")
-        print("|---:|---:|---:|---:|---:|")
+        print("| clients | requests/s | p50 ms | p99 ms | server CPU µs/request | ratio |")
+        print("|---:|---:|---:|---:|---:|---:|")
         for (level, (result, baseline)) in zip(levels, zip(measured, baselines)) {
-            let floor = result.floor
+            let floor = result.floor.latencies
             let ratio = baseline.perSecond > 0 ? floor.perSecond / baseline.perSecond : .nan
-            print("| \(level) | \(format(floor.perSecond)) | \(format(floor.percentile(50), decimals: 2)) | \(format(floor.percentile(99), decimals: 2)) | \(format(ratio, decimals: 2)) |")
+            print("| \(level) | \(format(floor.perSecond)) | \(format(floor.percentile(50), decimals: 2)) | \(format(floor.percentile(99), decimals: 2)) | \(format(result.floor.serverMicroseconds)) | \(format(ratio, decimals: 2)) |")
         }
         print("")
         print("Server peak RSS over the whole run: \(format(Double(peakRSS) / 1024, decimals: 1)) MB")
         try await BenchAppend().dropDatabase(opened.clientConfiguration, logger: logger)
     }
 
-    /// Runs the workload (`floor`: GET /healthz instead) after a 2 s warm-up; answers the
-    /// latencies of successful requests and the failures.
-    func drive(base: String, key: String, concurrency: Int, floor: Bool) async throws -> (LatencySummary, Int) {
+    /// One measured workload: the latencies of successful requests, the failures, and the CPU
+    /// time the server and the local PostgreSQL processes spent per successful request.
+    struct Measured {
+        let latencies: LatencySummary
+        let failures: Int
+        let serverMicroseconds: Double
+        let postgresMicroseconds: Double
+    }
+
+    /// Runs the workload (`floor`: GET /healthz instead) after a 2 s warm-up.
+    func drive(base: String, key: String, concurrency: Int, floor: Bool, server: pid_t) async throws -> Measured {
         let loop = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let run = UUID().uuidString.prefix(6)
         var start = ContinuousClock.now
         let outcome: HTTPLoad.Outcome
+        var cpuAtStart = (server: 0.0, postgres: 0.0)
         do {
             _ = try await workload(loop.next(), base: base, key: key, concurrency: concurrency, floor: floor, until: .now() + .seconds(2), prefix: "warm-\(run)")
             start = .now
+            cpuAtStart = (ProcessCPU.seconds(of: server), ProcessCPU.postgresSeconds())
             outcome = try await workload(loop.next(), base: base, key: key, concurrency: concurrency, floor: floor, until: .now() + .seconds(Int64(seconds)), prefix: "run-\(run)")
         } catch {
             try? await loop.shutdownGracefully()
             throw error
         }
+        let elapsed = (ContinuousClock.now - start).inSeconds
+        let cpu = (server: ProcessCPU.seconds(of: server) - cpuAtStart.server, postgres: ProcessCPU.postgresSeconds() - cpuAtStart.postgres)
         try await loop.shutdownGracefully()
-        return (LatencySummary(operations: outcome.latencies.count, seconds: (ContinuousClock.now - start).inSeconds, latencies: outcome.latencies), outcome.failures)
+        let requests = Double(max(outcome.latencies.count, 1))
+        return Measured(
+            latencies: LatencySummary(operations: outcome.latencies.count, seconds: elapsed, latencies: outcome.latencies),
+            failures: outcome.failures, serverMicroseconds: cpu.server / requests * 1_000_000,
+            postgresMicroseconds: cpu.postgres / requests * 1_000_000)
     }
 
     /// Each client creates an order, then takes it through five events, one request at a time,

@@ -46,7 +46,7 @@ struct BenchReceipts: AsyncParsableCommand {
         }
 
         let environment = ["LEDGER_APPLE_ROOT_CERTS": rootFile, "LEDGER_APPLE_BUNDLE_ID": Self.bundleId, "LEDGER_APPLE_ENVIRONMENT": "Sandbox"]
-        let (measured, peakRSS) = try await BenchServerChild.run(database: benchConfiguration, work: work, environment: environment) { client, base in
+        let (measured, peakRSS) = try await BenchServerChild.run(database: benchConfiguration, work: work, environment: environment) { client, base, _ in
             try await drive(client, base: base, key: key, bodies: bodies)
         }
         let (summary, outcomes) = measured

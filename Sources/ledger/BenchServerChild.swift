@@ -9,7 +9,7 @@ import PostgresNIO
 enum BenchServerChild {
     static func run<Result>(
         database: PostgresClient.Configuration, work: URL, environment extra: [String: String] = [:],
-        _ drive: (HTTPClient, _ base: String) async throws -> Result
+        _ drive: (HTTPClient, _ base: String, _ server: pid_t) async throws -> Result
     ) async throws -> (Result, peakRSSKiB: Int) {
         let port = try ProcessRunner.freeLocalPort()
         var environment = [
@@ -30,7 +30,7 @@ enum BenchServerChild {
         do {
             let base = "http://127.0.0.1:\(port)"
             try await BenchHTTP.waitUntilReady(client, base)
-            result = try await drive(client, base)
+            result = try await drive(client, base, server)
         } catch {
             kill(server, SIGKILL)
             _ = try? ProcessRunner.wait(for: server)
