@@ -21,5 +21,6 @@ public enum LedgerSchema {
         Migration(name: "009_order_append_function.sql", sql: String(decoding: PackageResources._09_order_append_function_sql, as: UTF8.self)),
         Migration(name: "010_order_group_commit.sql", sql: String(decoding: PackageResources._10_order_group_commit_sql, as: UTF8.self)),
         Migration(name: "011_cheaper_batches.sql", sql: String(decoding: PackageResources._11_cheaper_batches_sql, as: UTF8.self)),
+        Migration(name: "012_order_group_typed.sql", sql: String(decoding: PackageResources._12_order_group_typed_sql, as: UTF8.self)),
     ]
 }

@@ -14,6 +14,12 @@ import Synchronization
 /// not match, a retried event id, a transaction the ledger already knows, a statement error) is
 /// answered `alone`: nothing was written for it, and the caller takes the single-order path,
 /// which gives every answer, refusal and retry exactly as before.
+///
+/// The writer remembers the orders its groups left, and decides on them without reading them
+/// again: the CALL takes an event only while its order's stream is still at the version decided
+/// on, so an order another instance or the single-order path moved on is refused there and
+/// written alone, and forgotten. A creation is decided on no order without a read (the CALL
+/// refuses it when the stream exists); only orders the writer does not know are read.
 final class OrderGroupCommit: Sendable {
     /// One order event waiting for its group.
     struct Write: Sendable {
@@ -48,6 +54,32 @@ final class OrderGroupCommit: Sendable {
         let count = Atomic<Int>(0)
     }
 
+    /// The orders as the writer's last groups left them (each only a hint: the CALL checks its
+    /// version), at most `capacity` of them.
+    final class Remembered: Sendable {
+        static let capacity = 50_000
+        private let orders = Mutex<[OrderID: Order]>([:])
+
+        func orders(_ ids: some Sequence<OrderID>) -> [OrderID: Order] {
+            orders.withLock { known in
+                var found: [OrderID: Order] = [:]
+                for id in ids { if let order = known[id] { found[id] = order } }
+                return found
+            }
+        }
+
+        func remember(_ order: Order) {
+            orders.withLock { known in
+                if known.count >= Self.capacity { known.removeAll(keepingCapacity: true) }
+                known[order.orderId] = order
+            }
+        }
+
+        func forget(_ ids: some Sequence<OrderID>) {
+            orders.withLock { known in for id in ids { known.removeValue(forKey: id) } }
+        }
+    }
+
     init(database: Database) {
         self.queue = GroupCommit(
             // One writer: a second one (measured with `ledger bench http`, again with the writer
@@ -60,8 +92,10 @@ final class OrderGroupCommit: Sendable {
             maximumWriters: 1, yieldsBetweenBatches: AppendBatcher.yieldsBetweenBatches, writerPriority: .high,
             writerExecutor: database.writerExecutor,
             session: { groups in await database.holdingConnection(groups) },
-            select: Self.select, execute: { [appended] batch in await Self.execute(batch, database, appended) })
+            select: Self.select, execute: { [appended, remembered] batch in await Self.execute(batch, database, appended, remembered) })
     }
+
+    private let remembered = Remembered()
 
     /// Groups written, writes they took, and writes they appended.
     var statistics: (groups: Int, writes: Int, appended: Int) {
@@ -90,18 +124,27 @@ final class OrderGroupCommit: Sendable {
         return chosen
     }
 
-    private static func execute(_ batch: [GroupCommit<Write, Answer>.Pending], _ database: Database, _ appended: Tally) async {
+    private static func execute(
+        _ batch: [GroupCommit<Write, Answer>.Pending], _ database: Database, _ appended: Tally, _ remembered: Remembered
+    ) async {
         let writes = batch.map(\.work)
         let answers: [Answer]
         do {
-            answers = try await database.withHeldConnection { connection in try await Self.write(writes, on: connection, logger: database.logger) }
+            answers = try await database.withHeldConnection { connection in
+                try await Self.write(writes, remembered: remembered, on: connection, logger: database.logger)
+            }
         } catch {
-            // A unique violation (a token or transaction taken meanwhile), a deadlock, a lost
-            // connection: nothing of the group is known to be written, and each write alone finds
-            // out what is stored (its event id makes it a safe retry) and answers accordingly.
+            // A unique violation (a token, event id or stream version taken meanwhile), a
+            // deadlock, a lost connection: nothing of the group is known to be written, and each
+            // write alone finds out what is stored (its event id makes it a safe retry) and
+            // answers accordingly.
             database.logger.debug("order group failed, writing each event alone", metadata: ["error": "\(String(reflecting: error))"])
             answers = Array(repeating: .alone, count: writes.count)
         }
+        // What goes alone may change its order without this writer: decide on it afresh next time.
+        remembered.forget(zip(writes, answers).compactMap { write, answer in
+            if case .alone = answer { write.id } else { nil }
+        })
         let appendedCount = answers.count { if case .appended = $0 { true } else { false } }
         appended.count.add(appendedCount, ordering: .relaxed)
         for (pending, answer) in zip(batch, answers) { pending.continuation.resume(returning: answer) }
@@ -124,83 +167,107 @@ final class OrderGroupCommit: Sendable {
         }
     }
 
-    /// Reads the orders, decides each write, and appends what was accepted with one CALL that
-    /// commits before it answers (two round trips for the group).
-    private static func write(_ writes: [Write], on connection: PostgresConnection, logger: Logger) async throws -> [Answer] {
-        let (read, known) = try await orders(writes, on: connection, logger: logger)
+    /// Decides each write on its order as this writer left it (else as read now; a creation on
+    /// no order) and appends what was accepted with one CALL that commits before it answers:
+    /// one round trip for the group when the writer knows its orders, two when it does not.
+    private static func write(
+        _ writes: [Write], remembered: Remembered, on connection: PostgresConnection, logger: Logger
+    ) async throws -> [Answer] {
+        var current = remembered.orders(writes.map(\.id))
+        let unknown = writes.filter { write in
+            if case .created = write.event { return false }
+            return current[write.id] == nil
+        }.map(\.id)
+        if !unknown.isEmpty {
+            // The lease's first statement: a connection found closed before it was sent is leased again.
+            current.merge(try await Database.first(try await orders(unknown, on: connection, logger: logger))) { remembered, _ in remembered }
+        }
         var plans: [Plan] = []
         for (index, write) in writes.enumerated() {
-            let current = read[write.id]
-            let currentVersion = current?.version ?? ExpectedVersion.noStreamVersion
+            let order = current[write.id]
+            let currentVersion = order?.version ?? ExpectedVersion.noStreamVersion
             if let expected = write.expected, expected != .any, expected.databaseValue != currentVersion { continue }
-            guard case .success(let events) = Order.decide(current, write.event),
-                  let next = events.reduce(current, { Order.evolve($0, $1, orderID: write.id, version: currentVersion + 1, at: Date()) })
+            guard case .success(let events) = Order.decide(order, write.event),
+                  let next = events.reduce(order, { Order.evolve($0, $1, orderID: write.id, version: currentVersion + 1, at: Date()) })
             else { continue }
             var claim: ReceiptReceived?
-            if case .receiptReceived(let receipt) = write.event {
-                // A transaction the ledger knows (in the pool, or held) needs the single-order path.
-                guard !known.contains(receipt.transactionId.rawValue) else { continue }
-                claim = receipt
-            }
-            plans.append(Plan(write: index, current: current, events: events, order: next, claim: claim))
+            if case .receiptReceived(let receipt) = write.event { claim = receipt }
+            plans.append(Plan(write: index, current: order, events: events, order: next, claim: claim))
         }
         var answers = Array(repeating: Answer.alone, count: writes.count)
         guard !plans.isEmpty else { return answers }
 
         let events = EventStore.Columns(plans.map { writes[$0.write].newEvent })
-        let streams = plans.map { writes[$0.write].id.streamID.rawValue }
-        let expected = plans.map(\.expected)
-        let orders = JSONText.array(plans.enumerated().map { orderRow($0.offset + 1, $0.element.order, claims: $0.element.claim != nil) })
-        let claims = JSONText.array(plans.enumerated().compactMap { offset, plan in plan.claim.map { claimRow(offset + 1, plan.order, $0) } })
-        let rows = try await connection.atomicallyGuardedQuery(
+        let rows = GroupOrderRows(plans.map(\.order))
+        let claims = plans.map { $0.claim?.transactionId.rawValue ?? "" }
+        let claimRows = JSONText.array(plans.enumerated().compactMap { offset, plan in plan.claim.map { claimRow(offset + 1, plan.order, $0) } })
+        // The first statement when no order was read (see above); nothing reached PostgreSQL then.
+        let call = { try await connection.atomicallyGuardedQuery(
             """
-            CALL append_orders_durably(\(streams), \(expected), \(events.ids), \(events.types), \(events.data)::jsonb[],
-                                       \(events.metadata)::jsonb[], \(orders)::jsonb,
-                                       \(claims)::jsonb, NULL, NULL, NULL, NULL, NULL, NULL, NULL)
+            CALL append_order_group(\(rows.ids), \(plans.map { writes[$0.write].id.streamID.rawValue }), \(plans.map(\.expected)),
+                \(events.ids), \(events.types), \(events.data)::jsonb[], \(events.metadata)::jsonb[],
+                \(rows.users), \(rows.products), \(rows.quantities), \(rows.prices), \(rows.currencies), \(rows.tokens),
+                \(rows.states), \(rows.transactions), \(rows.queued), \(rows.queuedAt), \(rows.statesBeforeRefund),
+                \(rows.failureReasons), \(claims), \(claimRows)::jsonb, NULL, NULL, NULL, NULL, NULL)
             """,
             logger: logger
-        ).get().rows
-        let columns = ([Int32], [String], [Int64], [Int64], [String], [String], Date).self
-        for try await (appends, statuses, versions, positions, data, metadata, now) in PooledRows(rows: rows).decode(columns) {
-            for row in appends.indices where statuses[row] == "appended" {
-                let plan = plans[Int(appends[row]) - 1]
+        ).get().rows }
+        let result = unknown.isEmpty ? try await Database.first(try await call()) : try await call()
+        let columns = ([String], [Int64], [String], [String], Date).self
+        for try await (statuses, positions, data, metadata, now) in PooledRows(rows: result).decode(columns) {
+            for (row, plan) in plans.enumerated() where statuses[row] == "appended" {
                 let write = writes[plan.write]
-                let created = versions[row] == 0
+                let created = plan.expected == ExpectedVersion.noStreamVersion
                     ? RecordedEvent(
                         position: positions[row], streamID: write.id.streamID, streamVersion: 0, id: write.newEvent.id,
                         type: write.newEvent.type, data: Data(data[row].utf8), metadata: Data(metadata[row].utf8), recordedAt: now)
                     : nil
-                answers[plan.write] = .appended(plan.order(at: now, id: write.id), created: created)
+                let order = plan.order(at: now, id: write.id)
+                remembered.remember(order)
+                answers[plan.write] = .appended(order, created: created)
             }
         }
         return answers
     }
 
-    /// The writes' orders as their rows are now (not locked: the CALL refuses an order that moved
-    /// on), each row with which of the claimed transactions the ledger already knows, in one round
-    /// trip. With no row there is nothing to claim for: a receipt needs its order.
-    private static func orders(
-        _ writes: [Write], on connection: PostgresConnection, logger: Logger
-    ) async throws -> ([OrderID: Order], Set<String>) {
-        let ids = writes.map(\.id.rawValue)
-        let transactions = writes.compactMap(\.transaction?.rawValue)
-        let rows = try await Database.first(try await connection.atomicallyGuardedQuery(
-            """
-            SELECT \(unescaped: OrderProjection.orderColumns),
-                   ARRAY(SELECT transaction_id FROM apple_transactions WHERE transaction_id = ANY(\(transactions)))
-            FROM orders WHERE order_id = ANY(\(ids))
-            """,
+    /// The orders as their rows are now (not locked: the CALL refuses an order that moved on),
+    /// in one round trip. With no row there is nothing to decide on: the write goes alone.
+    private static func orders(_ ids: [OrderID], on connection: PostgresConnection, logger: Logger) async throws -> [OrderID: Order] {
+        let rows = try await connection.atomicallyGuardedQuery(
+            "SELECT \(unescaped: OrderProjection.orderColumns) FROM orders WHERE order_id = ANY(\(ids.map(\.rawValue)))",
             logger: logger
-        ).get().rows)
-        var known: Set<String> = []
+        ).get().rows
         var orders: [OrderID: Order] = [:]
-        for try await (id, user, product, quantity, price, currency, token, state, version, transaction, created, updated, queued, beforeRefund, failure, knownTransactions)
-            in PooledRows(rows: rows).decode((String, String, String, Int, String?, String?, UUID, String, Int64, String?, Date, Date, Date?, String?, String?, [String]).self) {
-            let order = OrderProjection.makeOrder((id, user, product, quantity, price, currency, token, state, version, transaction, created, updated, queued, beforeRefund, failure))
-            orders[order.orderId] = order
-            known = Set(knownTransactions)
+        for order in try await OrderProjection.decodeOrders(PooledRows(rows: rows)) { orders[order.orderId] = order }
+        return orders
+    }
+}
+
+/// The order rows a group leaves, as the typed arrays `append_order_group` takes: '' for text
+/// that is absent (no identifier, price, currency or failure reason is empty), a flag beside the
+/// queued time.
+private struct GroupOrderRows {
+    var ids: [String] = [], users: [String] = [], products: [String] = [], quantities: [Int32] = []
+    var prices: [String] = [], currencies: [String] = [], tokens: [UUID] = [], states: [String] = []
+    var transactions: [String] = [], queued: [Bool] = [], queuedAt: [Date] = []
+    var statesBeforeRefund: [String] = [], failureReasons: [String] = []
+
+    init(_ orders: [Order]) {
+        for order in orders {
+            ids.append(order.orderId.rawValue)
+            users.append(order.userId.rawValue)
+            products.append(order.productId.rawValue)
+            quantities.append(Int32(order.quantity))
+            prices.append(order.price ?? "")
+            currencies.append(order.currency ?? "")
+            tokens.append(order.appAccountToken)
+            states.append(order.state.rawValue)
+            transactions.append(order.transactionId?.rawValue ?? "")
+            queued.append(order.queuedAt != nil)
+            queuedAt.append(order.queuedAt ?? order.createdAt)
+            statesBeforeRefund.append(order.stateBeforeRefund?.rawValue ?? "")
+            failureReasons.append(order.failureReason ?? "")
         }
-        return (orders, known)
     }
 }
 
@@ -210,31 +277,7 @@ private func postgresMicroseconds(_ date: Date) -> Int64 {
     Int64(date.timeIntervalSince(Date(timeIntervalSince1970: 946_684_800)) * 1_000_000)
 }
 
-/// An `orders` row as `append_orders_durably` reads it from JSON (the times it sets itself left
-/// out), written with `JSONText`: JSONEncoder took 5% of the server's CPU here. `claims`: the
-/// append claims a transaction (its row is inserted, not updated).
-private func orderRow(_ n: Int, _ order: Order, claims: Bool) -> String {
-    var json = JSONText()
-    json.add("n", n)
-    json.add("order_id", order.orderId.rawValue)
-    json.add("user_id", order.userId.rawValue)
-    json.add("product_id", order.productId.rawValue)
-    json.add("quantity", order.quantity)
-    json.add("price", order.price)
-    json.add("currency", order.currency)
-    json.add("app_account_token", order.appAccountToken.uuidString)
-    json.add("state", order.state.rawValue)
-    json.add("version", order.version)
-    json.add("transaction_id", order.transactionId?.rawValue)
-    json.add("created_at", postgresMicroseconds(order.createdAt))
-    json.add("queued_at", integer: order.queuedAt.map(postgresMicroseconds))
-    json.add("state_before_refund", order.stateBeforeRefund?.rawValue)
-    json.add("failure_reason", order.failureReason)
-    json.add("claims", claims)
-    return json.result
-}
-
-/// An `apple_transactions` row a receipt claims, as `append_orders_durably` reads it from JSON.
+/// An `apple_transactions` row a receipt claims, as `append_order_group` reads it from JSON.
 private func claimRow(_ n: Int, _ order: Order, _ receipt: ReceiptReceived) -> String {
     var json = JSONText()
     json.add("n", n)

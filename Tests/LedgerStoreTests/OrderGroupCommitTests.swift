@@ -133,6 +133,41 @@ struct OrderGroupCommitTests {
         }
     }
 
+    @Test("an order another instance moved on is not decided on the state this writer remembers: the CALL refuses it and it is decided again on what is stored")
+    func rememberedOrderMovedOn() async throws {
+        try await withTestDatabase { db in
+            // Two ledgers: two writers, each remembering the orders its groups left.
+            let first = OrderLedger(database: db.database, store: EventStore(database: db.database))
+            let second = OrderLedger(database: db.database, store: EventStore(database: db.database))
+            let id = orderID("moved")
+            _ = try await first.create(id, created(), tokenGiven: true, metadata: Data("{}".utf8))
+            _ = try await append(first, id, .paymentAdded(PaymentAdded(queuedAt: Date()))).get()
+            let groupsBefore = first.groupCommitStatistics.appended
+            // The second instance takes the order to verified; the first still remembers payment-added.
+            _ = try await append(second, id, receipt("t-moved-1")).get()
+            _ = try await append(second, id, .verified(Verified(environment: "Sandbox"))).get()
+
+            // On payment-added a second receipt would be taken; on verified the state machine
+            // refuses it, and nothing of it is written.
+            let secondReceipt = await append(first, id, receipt("t-moved-2"))
+            #expect(throws: OrderDecisionError.self) { try secondReceipt.get() }
+            // A stale expected version is refused as such, not decided on the remembered version.
+            let staleExpectation = await append(first, id, .delivered, expected: .exact(1))
+            #expect(throws: AppendError.self) { try staleExpectation.get() }
+            // The order is decided on what is stored from then on, and groups take it again.
+            let delivered = try await append(first, id, .delivered, expected: .exact(3)).get()
+            #expect(delivered.appended && delivered.order.version == 4 && delivered.order.state == .delivered)
+            let finished = try await append(first, id, .finished).get()
+            #expect(finished.order.version == 5)
+            #expect(first.groupCommitStatistics.appended > groupsBefore, "the later events went through groups")
+
+            #expect(try await first.store.readStream(id.streamID).map(\.type) == ["created", "payment-added", "receipt-received", "verified", "delivered", "finished"])
+            let claimed = try await db.database.query("SELECT count(*) FROM apple_transactions WHERE transaction_id = 't-moved-2'")
+            for try await count in claimed.decode(Int.self) { #expect(count == 0) }
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("a group that fails as a whole (a token taken) is written event by event: only the offender is refused")
     func failedGroupFallsBack() async throws {
         try await withTestDatabase { db in
