@@ -19,15 +19,11 @@ struct OrdersController {
     func create(_ request: Request, _ context: LedgerRequestContext) async throws -> Response {
         let body = try await JSONBody.read(request, context: context)
         let id = try OrderID(body.requiredString("orderId"))
-        var fields = body.object
-        fields.removeValue(forKey: "orderId")
-        let tokenGiven = fields["appAccountToken"].map { !($0 is NSNull) } ?? false
-        if !tokenGiven { fields["appAccountToken"] = UUID.random().uuidString.lowercased() }
-        if fields["quantity"] == nil || fields["quantity"] is NSNull { fields["quantity"] = 1 }
-        for required in ["userId", "productId"] where fields[required] == nil {
+        let tokenGiven = body.object["appAccountToken"].map { !($0 is NSNull) } ?? false
+        for required in ["userId", "productId"] where body.object[required] == nil {
             throw LedgerInputError(field: required, problem: "is missing")
         }
-        let data = try JSONSerialization.data(withJSONObject: fields)
+        let data = try Self.creationFields(body, token: tokenGiven ? nil : UUID.random())
         guard case .created(let created) = try OrderEvent.decode(type: .created, data: data) else {
             throw LedgerInputError(field: "body", problem: "is not an order")
         }
@@ -36,6 +32,31 @@ struct OrdersController {
         var events = outcome.events
         if events == nil { events = try await ledger.store.readStream(id.streamID) }
         return Rendering.response(outcome.appended ? .created : .ok, text: Rendering.order(outcome.order, events: events))
+    }
+
+    /// A creation's body as the fields of `created`, a generated token (`token`) and the default
+    /// quantity added when it has none: the body itself with the missing members written in front
+    /// (its `orderId` is a member the decoder skips); written again from the parsed object only
+    /// when one of them is given as null. (Writing every creation again with JSONSerialization cost
+    /// 4% of the server's CPU.)
+    static func creationFields(_ body: JSONBody, token: UUID?) throws -> Data {
+        let fields = body.object
+        guard !(fields["appAccountToken"] is NSNull), !(fields["quantity"] is NSNull),
+              let open = body.text.firstIndex(of: UInt8(ascii: "{")) else {
+            var fields = fields
+            fields.removeValue(forKey: "orderId")
+            if let token { fields["appAccountToken"] = token.uuidString.lowercased() }
+            if fields["quantity"] == nil || fields["quantity"] is NSNull { fields["quantity"] = 1 }
+            return try JSONSerialization.data(withJSONObject: fields)
+        }
+        var added = ""
+        if let token { added += #""appAccountToken":"\#(token.uuidString.lowercased())","# }
+        if fields["quantity"] == nil { added += #""quantity":1,"# }
+        guard !added.isEmpty else { return body.text }
+        // The body has members (an orderId at least), so the added ones end with a comma.
+        var data = body.text
+        data.insert(contentsOf: Data(added.utf8), at: data.index(after: open))
+        return data
     }
 
     /// `POST /v1/orders/{orderId}/events`: `{type, eventId?, expectedVersion?, data}`.

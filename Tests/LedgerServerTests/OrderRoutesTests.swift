@@ -237,6 +237,39 @@ struct OrderRoutesTests {
         }
     }
 
+    @Test("a creation's token and quantity: generated and defaulted when absent or null, kept when given, whatever the body's layout")
+    func creationDefaults() async throws {
+        try await withLiveApplication { http, _ in
+            let given = "6f1c2a4e-0000-4000-8000-0000000000a1"
+            let bodies: [(String, String, quantity: Int, token: String?)] = [
+                ("c-absent", #"{"orderId":"c-absent","userId":"u","productId":"p"}"#, 1, nil),
+                ("c-spaced", "  \n { \"orderId\" : \"c-spaced\" , \"userId\" : \"u\", \"productId\":\"p\" }  ", 1, nil),
+                ("c-null", #"{"orderId":"c-null","userId":"u","productId":"p","quantity":null,"appAccountToken":null}"#, 1, nil),
+                ("c-given", #"{"userId":"u","productId":"p","quantity":3,"appAccountToken":"\#(given)","orderId":"c-given"}"#, 3, given),
+                ("c-token-only", #"{"orderId":"c-token-only","userId":"u","productId":"p","appAccountToken":"\#(given.replacingOccurrences(of: "a1", with: "a2"))"}"#, 1, given.replacingOccurrences(of: "a1", with: "a2")),
+            ]
+            var tokens: Set<String> = []
+            for (id, body, quantity, token) in bodies {
+                let (status, order) = try await http.send(.post, "/v1/orders", raw: body)
+                #expect(status == .created, "\(id): \(order)")
+                #expect(order["orderId"] as? String == id)
+                #expect(order["quantity"] as? Int == quantity, "\(id)")
+                let answered = try #require(order["appAccountToken"] as? String)
+                #expect(UUID(uuidString: answered) != nil && answered == answered.lowercased())
+                if let token { #expect(answered == token) }
+                tokens.insert(answered)
+                // The stored event holds the same fields as the order, and no orderId.
+                let created = try #require((order["events"] as? [[String: Any]])?.first?["data"] as? [String: Any])
+                #expect(created["appAccountToken"] as? String == answered && created["quantity"] as? Int == quantity)
+                #expect(created["orderId"] == nil)
+            }
+            #expect(tokens.count == bodies.count, "every order has its own token")
+            let (wrong, error) = try await http.send(.post, "/v1/orders", raw: #"{"orderId":"c-bad","userId":"u","productId":"p","quantity":"two"}"#)
+            #expect(wrong == .badRequest)
+            #expect((errorOf(error)["message"] as? String)?.contains("quantity") == true)
+        }
+    }
+
     @Test("the feed and stream routes read the log")
     func feedAndStream() async throws {
         try await withLiveApplication { http, _ in
