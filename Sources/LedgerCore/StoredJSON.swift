@@ -23,14 +23,16 @@ public enum StoredJSON {
 
     /// The text of the object that is `key`'s value in the JSON object `data`, exactly as `data`
     /// holds it. Nil when this scanner cannot tell for sure (the member is not an object, is
-    /// missing or given twice, or the text has escapes or is not plain JSON): the caller then
-    /// serializes the value it parsed.
+    /// missing or given twice, some object in the text has a key twice, or the text has escapes
+    /// or is not plain JSON): the caller then serializes the value it parsed. (Of a key given
+    /// twice, JSONSerialization keeps the last value and the decoders the first: text with one
+    /// would be decided on one value and stored, as jsonb keeps the last, with the other.)
     public static func objectMember(_ key: String, of data: Data) -> Data? {
         data.withUnsafeBytes { raw -> Data? in
             var scanner = JSONScanner(raw.bindMemory(to: UInt8.self))
             guard (try? scanner.scanDocument()) != nil else { return nil }
             let document = scanner.document
-            guard document.tokens.first?.kind == .object else { return nil }
+            guard document.tokens.first?.kind == .object, !document.hasRepeatedKey else { return nil }
             var found: JSONDocument.Token?
             var index = 1
             let wanted = Array(key.utf8)
@@ -45,6 +47,17 @@ public enum StoredJSON {
             }
             guard let found, found.kind == .object else { return nil }
             return Data(document.bytes[found.start..<found.end])
+        }
+    }
+
+    /// True when `data` is a JSON object this scanner reads by itself (plain UTF-8 JSON, no
+    /// escapes) in which no object has a key twice: decoding the text then gives what decoding
+    /// JSONSerialization's parse of it, written again, gives.
+    public static func isPlainObject(_ data: Data) -> Bool {
+        data.withUnsafeBytes { raw in
+            var scanner = JSONScanner(raw.bindMemory(to: UInt8.self))
+            guard (try? scanner.scanDocument()) != nil else { return false }
+            return scanner.document.tokens.first?.kind == .object && !scanner.document.hasRepeatedKey
         }
     }
 
@@ -81,6 +94,33 @@ struct JSONDocument {
     func text(_ index: Int) -> String? {
         let token = tokens[index]
         return String(validating: UnsafeBufferPointer(rebasing: bytes[token.start..<token.end]), as: UTF8.self)
+    }
+
+    /// Whether some object of the document has a key twice (keys compared as written: the
+    /// scanner refuses escapes).
+    var hasRepeatedKey: Bool {
+        var keys: [Range<Int>] = []
+        for (index, token) in tokens.enumerated() where token.kind == .object && token.after - index > 3 {
+            keys.removeAll(keepingCapacity: true)
+            var member = index + 1
+            while member < token.after {
+                keys.append(tokens[member].start..<tokens[member].end)
+                member = tokens[member + 1].after
+            }
+            if keys.count <= 16 {
+                // A few keys, as bodies have: compared pairwise, without allocating.
+                for (i, key) in keys.enumerated() {
+                    for other in keys[(i + 1)...] where other.count == key.count
+                        && (key.isEmpty || memcmp(bytes.baseAddress! + key.lowerBound, bytes.baseAddress! + other.lowerBound, key.count) == 0) {
+                        return true
+                    }
+                }
+            } else {
+                var seen = Set<[UInt8]>()
+                for key in keys where !seen.insert(Array(bytes[key])).inserted { return true }
+            }
+        }
+        return false
     }
 
     /// The value of `key` in the object at `object`, if it has one.

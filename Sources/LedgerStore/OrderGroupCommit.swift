@@ -174,26 +174,34 @@ final class OrderGroupCommit: Sendable {
         _ writes: [Write], remembered: Remembered, on connection: PostgresConnection, logger: Logger
     ) async throws -> [Answer] {
         var current = remembered.orders(writes.map(\.id))
+        var statementsSent = false
+        /// Reads orders; the lease's first statement: a connection found closed before it was
+        /// sent is leased again.
+        func read(_ ids: [OrderID]) async throws -> [OrderID: Order] {
+            defer { statementsSent = true }
+            return statementsSent
+                ? try await orders(ids, on: connection, logger: logger)
+                : try await Database.first(try await orders(ids, on: connection, logger: logger))
+        }
         let unknown = writes.filter { write in
             if case .created = write.event { return false }
             return current[write.id] == nil
         }.map(\.id)
-        if !unknown.isEmpty {
-            // The lease's first statement: a connection found closed before it was sent is leased again.
-            current.merge(try await Database.first(try await orders(unknown, on: connection, logger: logger))) { remembered, _ in remembered }
+        if !unknown.isEmpty { current.merge(try await read(unknown)) { remembered, _ in remembered } }
+        var decided: [Int: Plan] = [:]
+        for (index, write) in writes.enumerated() { decided[index] = plan(index, write, current[write.id]) }
+        // A remembered order refused here may have moved on by another path of this process
+        // (a verified receipt, a notification, the reconciler, support), which appends alone:
+        // read it and decide again, rather than send the event alone too.
+        let stale = writes.indices.filter { decided[$0] == nil && current[writes[$0].id] != nil && !unknown.contains(writes[$0].id) }
+        if !stale.isEmpty {
+            let ids = Array(Set(stale.map { writes[$0].id }))
+            let fresh = try await read(ids)
+            remembered.forget(ids)
+            for id in ids { current[id] = fresh[id] }
+            for index in stale { decided[index] = plan(index, writes[index], current[writes[index].id]) }
         }
-        var plans: [Plan] = []
-        for (index, write) in writes.enumerated() {
-            let order = current[write.id]
-            let currentVersion = order?.version ?? ExpectedVersion.noStreamVersion
-            if let expected = write.expected, expected != .any, expected.databaseValue != currentVersion { continue }
-            guard case .success(let events) = Order.decide(order, write.event),
-                  let next = events.reduce(order, { Order.evolve($0, $1, orderID: write.id, version: currentVersion + 1, at: Date()) })
-            else { continue }
-            var claim: ReceiptReceived?
-            if case .receiptReceived(let receipt) = write.event { claim = receipt }
-            plans.append(Plan(write: index, current: order, events: events, order: next, claim: claim))
-        }
+        let plans = decided.sorted { $0.key < $1.key }.map(\.value)
         var answers = Array(repeating: Answer.alone, count: writes.count)
         guard !plans.isEmpty else { return answers }
 
@@ -212,7 +220,7 @@ final class OrderGroupCommit: Sendable {
             """,
             logger: logger
         ).get().rows }
-        let result = unknown.isEmpty ? try await Database.first(try await call()) : try await call()
+        let result = statementsSent ? try await call() : try await Database.first(try await call())
         let columns = ([String], [Int64], [String], [String], Date).self
         for try await (statuses, positions, data, metadata, now) in PooledRows(rows: result).decode(columns) {
             for (row, plan) in plans.enumerated() where statuses[row] == "appended" {
@@ -228,6 +236,19 @@ final class OrderGroupCommit: Sendable {
             }
         }
         return answers
+    }
+
+    /// The write decided on `order`: nil when the group cannot take it (an expected version that
+    /// does not match, a refusal of the state machine).
+    private static func plan(_ index: Int, _ write: Write, _ order: Order?) -> Plan? {
+        let currentVersion = order?.version ?? ExpectedVersion.noStreamVersion
+        if let expected = write.expected, expected != .any, expected.databaseValue != currentVersion { return nil }
+        guard case .success(let events) = Order.decide(order, write.event),
+              let next = events.reduce(order, { Order.evolve($0, $1, orderID: write.id, version: currentVersion + 1, at: Date()) })
+        else { return nil }
+        var claim: ReceiptReceived?
+        if case .receiptReceived(let receipt) = write.event { claim = receipt }
+        return Plan(write: index, current: order, events: events, order: next, claim: claim)
     }
 
     /// The orders as their rows are now (not locked: the CALL refuses an order that moved on),

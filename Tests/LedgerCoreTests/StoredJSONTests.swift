@@ -149,5 +149,24 @@ struct StoredJSONTests {
         #expect(member(#"{"data":{"a":1}"#) == nil, "not JSON")
         #expect(member(#"{"nested":{"data":{"a":1}}}"#) == nil, "only the top level's members")
         #expect(member(#"[{"data":{}}]"#) == nil, "not an object")
+        #expect(member(#"{"data":{"queuedAt":"a","n":{"x":1,"x":2},"queuedAt":"b"}}"#) == nil,
+                "a key twice inside: decided on the first value, stored (jsonb) with the last")
+        #expect(member(#"{"data":{"n":{"x":1,"x":2}}}"#) == nil, "a key twice in a nested object")
+        #expect(member(#"{"type":"a","type":"b","data":{"a":1}}"#) == nil, "a key twice elsewhere in the body")
+        #expect(member(#"{"data":{"ab":1,"a":2,"b":3,"":4}}"#) == #"{"ab":1,"a":2,"b":3,"":4}"#, "keys alike but not equal")
+        let many = (0..<40).map { #""k\#($0)":\#($0)"# }.joined(separator: ",")
+        #expect(member(#"{"data":{\#(many)}}"#) == "{\(many)}")
+        #expect(member(#"{"data":{\#(many),"k7":0}}"#) == nil, "a key twice among many")
+    }
+
+    @Test("a plain object: one this scanner reads by itself, with each key once in every object")
+    func plainObjects() {
+        let plain = { (text: String) in StoredJSON.isPlainObject(Data(text.utf8)) }
+        #expect(plain(#" {"orderId":"o","userId":"u","n":{"a":[1,2.0]}} "#))
+        #expect(!plain(#"{"price":"0.99","price":"9.99"}"#))
+        #expect(!plain(#"{"a":{"b":1,"b":2}}"#))
+        #expect(!plain(#"{"userId":"\u0041"}"#))
+        #expect(!plain("[1]"))
+        #expect(!plain("{"))
     }
 }

@@ -245,6 +245,7 @@ struct OrderRoutesTests {
                 ("c-absent", #"{"orderId":"c-absent","userId":"u","productId":"p"}"#, 1, nil),
                 ("c-spaced", "  \n { \"orderId\" : \"c-spaced\" , \"userId\" : \"u\", \"productId\":\"p\" }  ", 1, nil),
                 ("c-null", #"{"orderId":"c-null","userId":"u","productId":"p","quantity":null,"appAccountToken":null}"#, 1, nil),
+                ("c-decimal", #"{"orderId":"c-decimal","userId":"u","productId":"p","quantity":2.0}"#, 2, nil),
                 ("c-given", #"{"userId":"u","productId":"p","quantity":3,"appAccountToken":"\#(given)","orderId":"c-given"}"#, 3, given),
                 ("c-token-only", #"{"orderId":"c-token-only","userId":"u","productId":"p","appAccountToken":"\#(given.replacingOccurrences(of: "a1", with: "a2"))"}"#, 1, given.replacingOccurrences(of: "a1", with: "a2")),
             ]
@@ -264,6 +265,11 @@ struct OrderRoutesTests {
                 #expect(created["orderId"] == nil)
             }
             #expect(tokens.count == bodies.count, "every order has its own token")
+            // A key given twice: the last value counts, as JSONSerialization reads the body.
+            let twice = #"{"orderId":"c-twice","userId":"u","productId":"p","price":"0.99","quantity":null,"price":"9.99","quantity":2.0}"#
+            let (twiceStatus, twiceOrder) = try await http.send(.post, "/v1/orders", raw: twice)
+            #expect(twiceStatus == .created, "\(twiceOrder)")
+            #expect(twiceOrder["price"] as? String == "9.99" && twiceOrder["quantity"] as? Int == 2)
             let (wrong, error) = try await http.send(.post, "/v1/orders", raw: #"{"orderId":"c-bad","userId":"u","productId":"p","quantity":"two"}"#)
             #expect(wrong == .badRequest)
             #expect((errorOf(error)["message"] as? String)?.contains("quantity") == true)

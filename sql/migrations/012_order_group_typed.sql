@@ -21,9 +21,11 @@
 -- version and, for a receipt that claims a transaction (p_claims[i] not ''), when the ledger
 -- does not know that transaction yet; else nothing is written for it and its status is
 -- 'refused': the caller writes it alone, which gives every answer (a retried creation, a
--- conflict, a transaction already held) as before. A stream version or event id taken meanwhile
--- by another instance, or an app account token in use, is still a unique violation that rolls the
--- whole group back (the caller then writes each append alone).
+-- conflict, a transaction already held) as before. An event id, an app account token or a claimed
+-- transaction id taken meanwhile (or a second transaction for one order) is still a unique
+-- violation that rolls the whole group back (the caller then writes each append alone); a stream
+-- version is not, since versions are checked under the streams' advisory locks, which every
+-- appender takes.
 --
 -- The order rows are what `evolve` left: for a new order every column, for an existing one the
 -- columns an event changes (state, transaction, queued time, state before a refund, failure
