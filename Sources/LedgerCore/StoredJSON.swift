@@ -28,25 +28,9 @@ public enum StoredJSON {
     /// twice, JSONSerialization keeps the last value and the decoders the first: text with one
     /// would be decided on one value and stored, as jsonb keeps the last, with the other.)
     public static func objectMember(_ key: String, of data: Data) -> Data? {
-        data.withUnsafeBytes { raw -> Data? in
-            var scanner = JSONScanner(raw.bindMemory(to: UInt8.self))
-            guard (try? scanner.scanDocument()) != nil else { return nil }
-            let document = scanner.document
-            guard document.tokens.first?.kind == .object, !document.hasRepeatedKey else { return nil }
-            var found: JSONDocument.Token?
-            var index = 1
-            let wanted = Array(key.utf8)
-            while index < document.tokens[0].after {
-                let name = document.tokens[index]
-                let value = document.tokens[index + 1]
-                if name.end - name.start == wanted.count, Array(document.bytes[name.start..<name.end]) == wanted {
-                    guard found == nil else { return nil }
-                    found = value
-                }
-                index = value.after
-            }
-            guard let found, found.kind == .object else { return nil }
-            return Data(document.bytes[found.start..<found.end])
+        plainObject(data) { document in
+            guard let member = document.member(key, of: 0), document.tokens[member].kind == .object else { return nil }
+            return Data(document.bytes[document.tokens[member].start..<document.tokens[member].end])
         }
     }
 
@@ -54,10 +38,17 @@ public enum StoredJSON {
     /// escapes) in which no object has a key twice: decoding the text then gives what decoding
     /// JSONSerialization's parse of it, written again, gives.
     public static func isPlainObject(_ data: Data) -> Bool {
-        data.withUnsafeBytes { raw in
+        plainObject(data) { _ in true } ?? false
+    }
+
+    /// `body`'s answer on the document of `data` when it is a plain object with each key once in
+    /// every object; nil otherwise.
+    private static func plainObject<T>(_ data: Data, _ body: (JSONDocument) -> T?) -> T? {
+        data.withUnsafeBytes { raw -> T? in
             var scanner = JSONScanner(raw.bindMemory(to: UInt8.self))
-            guard (try? scanner.scanDocument()) != nil else { return false }
-            return scanner.document.tokens.first?.kind == .object && !scanner.document.hasRepeatedKey
+            guard (try? scanner.scanDocument()) != nil, scanner.document.tokens.first?.kind == .object,
+                  !scanner.document.hasRepeatedKey else { return nil }
+            return body(scanner.document)
         }
     }
 

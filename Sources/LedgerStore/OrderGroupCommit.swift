@@ -175,33 +175,32 @@ final class OrderGroupCommit: Sendable {
     ) async throws -> [Answer] {
         var current = remembered.orders(writes.map(\.id))
         var statementsSent = false
-        /// Reads orders; the lease's first statement: a connection found closed before it was
-        /// sent is leased again.
-        func read(_ ids: [OrderID]) async throws -> [OrderID: Order] {
+        /// A statement of the group; the lease's first one, when a connection found closed before
+        /// it was sent, leases another (nothing reached PostgreSQL).
+        func send<T>(_ statement: () async throws -> T) async throws -> T {
             defer { statementsSent = true }
-            return statementsSent
-                ? try await orders(ids, on: connection, logger: logger)
-                : try await Database.first(try await orders(ids, on: connection, logger: logger))
+            return statementsSent ? try await statement() : try await Database.first(try await statement())
         }
-        let unknown = writes.filter { write in
+        let unknown = Set(writes.filter { write in
             if case .created = write.event { return false }
             return current[write.id] == nil
-        }.map(\.id)
-        if !unknown.isEmpty { current.merge(try await read(unknown)) { remembered, _ in remembered } }
-        var decided: [Int: Plan] = [:]
-        for (index, write) in writes.enumerated() { decided[index] = plan(index, write, current[write.id]) }
+        }.map(\.id))
+        if !unknown.isEmpty {
+            current.merge(try await send { try await orders(Array(unknown), on: connection, logger: logger) }) { remembered, _ in remembered }
+        }
+        var decided = writes.indices.map { plan($0, writes[$0], current[writes[$0].id]) }
         // A remembered order refused here may have moved on by another path of this process
         // (a verified receipt, a notification, the reconciler, support), which appends alone:
-        // read it and decide again, rather than send the event alone too.
+        // read it and decide again, rather than send the event alone too. (What is still refused
+        // goes alone, and is forgotten then.)
         let stale = writes.indices.filter { decided[$0] == nil && current[writes[$0].id] != nil && !unknown.contains(writes[$0].id) }
         if !stale.isEmpty {
             let ids = Array(Set(stale.map { writes[$0].id }))
-            let fresh = try await read(ids)
-            remembered.forget(ids)
+            let fresh = try await send { try await orders(ids, on: connection, logger: logger) }
             for id in ids { current[id] = fresh[id] }
             for index in stale { decided[index] = plan(index, writes[index], current[writes[index].id]) }
         }
-        let plans = decided.sorted { $0.key < $1.key }.map(\.value)
+        let plans = decided.compactMap { $0 }
         var answers = Array(repeating: Answer.alone, count: writes.count)
         guard !plans.isEmpty else { return answers }
 
@@ -209,8 +208,7 @@ final class OrderGroupCommit: Sendable {
         let rows = GroupOrderRows(plans.map(\.order))
         let claims = plans.map { $0.claim?.transactionId.rawValue ?? "" }
         let claimRows = JSONText.array(plans.enumerated().compactMap { offset, plan in plan.claim.map { claimRow(offset + 1, plan.order, $0) } })
-        // The first statement when no order was read (see above); nothing reached PostgreSQL then.
-        let call = { try await connection.atomicallyGuardedQuery(
+        let result = try await send { try await connection.atomicallyGuardedQuery(
             """
             CALL append_order_group(\(rows.ids), \(plans.map { writes[$0.write].id.streamID.rawValue }), \(plans.map(\.expected)),
                 \(events.ids), \(events.types), \(events.data)::jsonb[], \(events.metadata)::jsonb[],
@@ -220,7 +218,6 @@ final class OrderGroupCommit: Sendable {
             """,
             logger: logger
         ).get().rows }
-        let result = statementsSent ? try await call() : try await Database.first(try await call())
         let columns = ([String], [Int64], [String], [String], Date).self
         for try await (statuses, positions, data, metadata, now) in PooledRows(rows: result).decode(columns) {
             for (row, plan) in plans.enumerated() where statuses[row] == "appended" {

@@ -60,15 +60,13 @@ struct BenchAppend: AsyncParsableCommand {
         let baseline = PgbenchBaseline(binaries: try PostgresBinaries.locate(), configuration: benchConfiguration, workDirectory: work)
 
         print("Event-store append vs pgbench single-row INSERT: PostgreSQL \(version), \(ProcessInfo.processInfo.activeProcessorCount) cores, \(seconds) s per cell; callers and group-commit writer on \(executors == .loop ? "the connections' event loop" : "the global executor")")
-        print("| concurrency | ledger events/s | p50 ms | p99 ms | pgbench rows/s | p50 ms | p99 ms | ratio |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        printTableHeader(["concurrency", "ledger events/s", "p50 ms", "p99 ms", "pgbench rows/s", "p50 ms", "p99 ms", "ratio"])
         var batching: [String] = []
         for level in levels {
             let (ledger, perTransaction) = try await measureAppends(benchConfiguration, concurrency: level, logger: logger)
             batching.append("\(level): \(format(perTransaction, decimals: 1))")
             let base = try baseline.run(concurrency: level, seconds: seconds)
-            let ratio = base.perSecond > 0 ? ledger.perSecond / base.perSecond : .nan
-            print("| \(level) | \(format(ledger.perSecond)) | \(format(ledger.percentile(50), decimals: 2)) | \(format(ledger.percentile(99), decimals: 2)) | \(format(base.perSecond)) | \(format(base.percentile(50), decimals: 2)) | \(format(base.percentile(99), decimals: 2)) | \(format(ratio, decimals: 2)) |")
+            printTableRow(["\(level)"] + ledger.cells + base.cells + [format(ledger.ratio(to: base), decimals: 2)])
         }
         print("Appends per group-commit transaction, by concurrency: \(batching.joined(separator: ", "))")
         try await dropDatabase(opened.clientConfiguration, logger: logger)

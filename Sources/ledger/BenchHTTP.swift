@@ -47,21 +47,18 @@ struct BenchHTTP: AsyncParsableCommand {
         let pgbench = PgbenchBaseline(binaries: try PostgresBinaries.locate(), configuration: benchConfiguration, workDirectory: work)
         let baselines = try levels.map { try pgbench.run(concurrency: $0, seconds: seconds) }
         print("Order events over HTTP (keep-alive clients, each order created then taken through 5 events) vs pgbench single-row INSERT at the same concurrency, \(seconds) s each; one server for all levels")
-        print("| clients | HTTP events/s | p50 ms | p99 ms | failed | server CPU µs/event | PostgreSQL CPU µs/event | pgbench rows/s | p50 ms | p99 ms | ratio |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        printTableHeader(["clients", "HTTP events/s", "p50 ms", "p99 ms", "failed", "server CPU µs/event", "PostgreSQL CPU µs/event",
+                          "pgbench rows/s", "p50 ms", "p99 ms", "ratio"])
         for (level, (result, baseline)) in zip(levels, zip(measured, baselines)) {
-            let ledger = result.events.latencies
-            let ratio = baseline.perSecond > 0 ? ledger.perSecond / baseline.perSecond : .nan
-            print("| \(level) | \(format(ledger.perSecond)) | \(format(ledger.percentile(50), decimals: 2)) | \(format(ledger.percentile(99), decimals: 2)) | \(result.events.failures) | \(format(result.events.serverMicroseconds)) | \(format(result.events.postgresMicroseconds)) | \(format(baseline.perSecond)) | \(format(baseline.percentile(50), decimals: 2)) | \(format(baseline.percentile(99), decimals: 2)) | \(format(ratio, decimals: 2)) |")
+            let events = result.events
+            printTableRow(["\(level)"] + events.latencies.cells + ["\(events.failures)", format(events.serverMicroseconds), format(events.postgresMicroseconds)]
+                          + baseline.cells + [format(events.latencies.ratio(to: baseline), decimals: 2)])
         }
         print("")
         print("The same server's floor: GET /healthz (no database, no JSON body, no key) from the same client, \(seconds) s each; \"ratio\" is the most any route could reach against the pgbench figure above")
-        print("| clients | requests/s | p50 ms | p99 ms | server CPU µs/request | ratio |")
-        print("|---:|---:|---:|---:|---:|---:|")
+        printTableHeader(["clients", "requests/s", "p50 ms", "p99 ms", "server CPU µs/request", "ratio"])
         for (level, (result, baseline)) in zip(levels, zip(measured, baselines)) {
-            let floor = result.floor.latencies
-            let ratio = baseline.perSecond > 0 ? floor.perSecond / baseline.perSecond : .nan
-            print("| \(level) | \(format(floor.perSecond)) | \(format(floor.percentile(50), decimals: 2)) | \(format(floor.percentile(99), decimals: 2)) | \(format(result.floor.serverMicroseconds)) | \(format(ratio, decimals: 2)) |")
+            printTableRow(["\(level)"] + result.floor.latencies.cells + [format(result.floor.serverMicroseconds), format(result.floor.latencies.ratio(to: baseline), decimals: 2)])
         }
         print("")
         print("Server peak RSS over the whole run: \(format(Double(peakRSS) / 1024, decimals: 1)) MB")

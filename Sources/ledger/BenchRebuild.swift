@@ -45,10 +45,9 @@ struct BenchRebuild: AsyncParsableCommand {
             return (logged, rebuilt, rebuildSeconds, read, (ContinuousClock.now - readStart).inSeconds)
         }
         print("Projection rebuild and gap-safe feed read over a log of \(logged) events")
-        print("| operation | events | seconds | events/s |")
-        print("|---|---:|---:|---:|")
-        print("| `projections rebuild` (one transaction) | \(rebuilt) | \(format(rebuildSeconds, decimals: 1)) | \(format(Double(rebuilt) / max(rebuildSeconds, 0.001))) |")
-        print("| feed read, `readAll` pages of 1,000 | \(read) | \(format(readSeconds, decimals: 1)) | \(format(Double(read) / max(readSeconds, 0.001))) |")
+        printTableHeader(["operation", "events", "seconds", "events/s"], leftAligned: [0])
+        printTableRow(["`projections rebuild` (one transaction)", "\(rebuilt)", format(rebuildSeconds, decimals: 1), format(Double(rebuilt) / max(rebuildSeconds, 0.001))])
+        printTableRow(["feed read, `readAll` pages of 1,000", "\(read)", format(readSeconds, decimals: 1), format(Double(read) / max(readSeconds, 0.001))])
         try await BenchAppend().dropDatabase(opened.clientConfiguration, logger: logger)
     }
 }

@@ -51,10 +51,9 @@ struct BenchReceipts: AsyncParsableCommand {
         }
         let (summary, outcomes) = measured
         print("Signed-transaction receipts over HTTP (\(concurrency) keep-alive clients, \(receipts) receipts after \(warmup) for warm-up, each verified and applied to its own order)")
-        print("| clients | receipts/s | p50 ms | p99 ms | outcomes | server peak RSS MB |")
-        print("|---:|---:|---:|---:|---|---:|")
+        printTableHeader(["clients", "receipts/s", "p50 ms", "p99 ms", "outcomes", "server peak RSS MB"], leftAligned: [4])
         let outcomeText = outcomes.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", ")
-        print("| \(concurrency) | \(format(summary.perSecond)) | \(format(summary.percentile(50), decimals: 2)) | \(format(summary.percentile(99), decimals: 2)) | \(outcomeText) | \(format(Double(peakRSS) / 1024, decimals: 1)) |")
+        printTableRow(["\(concurrency)"] + summary.cells + [outcomeText, format(Double(peakRSS) / 1024, decimals: 1)])
         try await BenchAppend().dropDatabase(opened.clientConfiguration, logger: logger)
     }
 

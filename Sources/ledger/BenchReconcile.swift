@@ -41,10 +41,10 @@ struct BenchReconcile: AsyncParsableCommand {
             FileHandle.standardError.write(Data("reconciled \(orphans) orphans against \(orders) open orders in \(format(summary.seconds, decimals: 1)) s\n".utf8))
         }
         print("Reconciler pass (one pass, every orphan with a candidate; loading not counted)")
-        print("| orphans | open orders | paired | ambiguous | pass s | orphans/s | load s |")
-        print("|---:|---:|---:|---:|---:|---:|---:|")
+        printTableHeader(["orphans", "open orders", "paired", "ambiguous", "pass s", "orphans/s", "load s"])
         for result in results {
-            print("| \(result.orphans) | \(result.orders) | \(result.summary.paired) | \(result.summary.ambiguous) | \(format(result.summary.seconds, decimals: 1)) | \(format(Double(result.summary.paired) / max(result.summary.seconds, 0.001))) | \(format(result.load, decimals: 1)) |")
+            printTableRow(["\(result.orphans)", "\(result.orders)", "\(result.summary.paired)", "\(result.summary.ambiguous)", format(result.summary.seconds, decimals: 1),
+                           format(Double(result.summary.paired) / max(result.summary.seconds, 0.001)), format(result.load, decimals: 1)])
         }
         if results.count >= 2 {
             let first = results[0], last = results[results.count - 1]

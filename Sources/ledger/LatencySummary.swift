@@ -13,6 +13,16 @@ struct LatencySummary {
 
     var perSecond: Double { seconds > 0 ? Double(operations) / seconds : 0 }
 
+    /// This run's throughput against `baseline`'s (nan without a baseline figure).
+    func ratio(to baseline: LatencySummary) -> Double {
+        baseline.perSecond > 0 ? perSecond / baseline.perSecond : .nan
+    }
+
+    /// Throughput, p50 and p99 ms, as the benchmarks' tables print them.
+    var cells: [String] {
+        [format(perSecond), format(percentile(50), decimals: 2), format(percentile(99), decimals: 2)]
+    }
+
     func percentile(_ p: Double) -> Double {
         guard !latencies.isEmpty else { return .nan }
         let index = min(latencies.count - 1, Int((p / 100 * Double(latencies.count)).rounded(.up)) - 1)
@@ -32,3 +42,14 @@ func format(_ value: Double, decimals: Int = 0) -> String {
 }
 
 private func pow10(_ n: Int) -> Double { (0..<n).reduce(1.0) { acc, _ in acc * 10 } }
+
+/// A Markdown table's header: the columns, right-aligned but for those in `leftAligned`.
+func printTableHeader(_ columns: [String], leftAligned: Set<Int> = []) {
+    printTableRow(columns)
+    print("|" + columns.indices.map { leftAligned.contains($0) ? "---|" : "---:|" }.joined())
+}
+
+/// A Markdown table's row.
+func printTableRow(_ cells: [String]) {
+    print("| " + cells.joined(separator: " | ") + " |")
+}

@@ -28,9 +28,9 @@ public enum OrderEvent: Sendable, Equatable {
         }
     }
 
-    /// Decodes and checks an event body of `type`, naming the first problem found.
-    /// Decodes and checks a body a client sent, through `StoredJSON` where it can read it alone
-    /// (the same answers as Foundation's decoder, which reads the rest).
+    /// Decodes and checks an event body of `type` a client sent, naming the first problem found:
+    /// through `StoredJSON` where it can read it alone (the same answers as Foundation's decoder,
+    /// which reads the rest).
     public static func decode(type: OrderEventType, data: Data) throws(LedgerInputError) -> OrderEvent {
         try decode(type: type, body: .data(data))
     }
