@@ -22,5 +22,6 @@ public enum LedgerSchema {
         Migration(name: "010_order_group_commit.sql", sql: String(decoding: PackageResources._10_order_group_commit_sql, as: UTF8.self)),
         Migration(name: "011_cheaper_batches.sql", sql: String(decoding: PackageResources._11_cheaper_batches_sql, as: UTF8.self)),
         Migration(name: "012_order_group_typed.sql", sql: String(decoding: PackageResources._12_order_group_typed_sql, as: UTF8.self)),
+        Migration(name: "013_order_rows_in_place.sql", sql: String(decoding: PackageResources._13_order_rows_in_place_sql, as: UTF8.self)),
     ]
 }

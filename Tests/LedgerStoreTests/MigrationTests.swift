@@ -109,4 +109,28 @@ struct MigrationTests {
             #expect(migration.sql == text, "\(migration.name) differs from its file")
         }
     }
+
+    /// Migration 013: an order event's UPDATE may be a HOT update (a new row version on the same
+    /// page and no index entry) only when no index reads a column it changes, in its keys,
+    /// expressions or predicate, and the page has room.
+    @Test("no index of orders reads a column that order events change, and orders' pages keep room")
+    func orderRowsUpdateInPlace() async throws {
+        try await withTestDatabase { db in
+            let changed: Set<Substring> = ["state", "version", "transaction_id", "updated_at", "queued_at", "state_before_refund", "failure_reason"]
+            let rows = try await db.client.query(
+                "SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = 'orders'::regclass",
+                logger: TestServer.logger)
+            var indexes = 0
+            for try await (name, definition) in rows.decode((String, String).self) {
+                indexes += 1
+                // The definition after "ON orders USING btree": key columns and any predicate.
+                let words = definition.split(whereSeparator: { !($0.isLetter || $0.isNumber || $0 == "_") })
+                let read = changed.intersection(words.drop(while: { $0 != "USING" }))
+                #expect(read.isEmpty, "\(name) reads \(read.sorted()): \(definition)")
+            }
+            #expect(indexes >= 3, "the primary key, the token's and the user's indexes")
+            let options = try await db.client.query("SELECT reloptions FROM pg_class WHERE oid = 'orders'::regclass", logger: TestServer.logger)
+            for try await reloptions in options.decode([String]?.self) { #expect(reloptions == ["fillfactor=60"]) }
+        }
+    }
 }
