@@ -21,34 +21,52 @@ public enum StoredJSON {
         return try LedgerJSON.decoder.decode(T.self, from: data)
     }
 
-    /// The text of the object that is `key`'s value in the JSON object `data`, exactly as `data`
-    /// holds it. Nil when this scanner cannot tell for sure (the member is not an object, is
-    /// missing or given twice, some object in the text has a key twice, or the text has escapes
-    /// or is not plain JSON): the caller then serializes the value it parsed. (Of a key given
-    /// twice, JSONSerialization keeps the last value and the decoders the first: text with one
-    /// would be decided on one value and stored, as jsonb keeps the last, with the other.)
-    public static func objectMember(_ key: String, of data: Data) -> Data? {
-        plainObject(data) { document in
-            guard let member = document.member(key, of: 0), document.tokens[member].kind == .object else { return nil }
-            return Data(document.bytes[document.tokens[member].start..<document.tokens[member].end])
-        }
+    /// A top-level member of a plain JSON object, as `plainMembers` reads it.
+    public enum PlainMember: Equatable, Sendable {
+        case string(String)
+        /// A number without exponent, of at most 15 digits on each side of its point, so that a
+        /// Double holds what Foundation's parser makes of it.
+        case number(Double)
+        /// An object, its text exactly as the document holds it.
+        case object(Data)
+        case array
+        case bool(Bool)
+        case null
     }
 
-    /// True when `data` is a JSON object this scanner reads by itself (plain UTF-8 JSON, no
-    /// escapes) in which no object has a key twice: decoding the text then gives what decoding
-    /// JSONSerialization's parse of it, written again, gives.
-    public static func isPlainObject(_ data: Data) -> Bool {
-        plainObject(data) { _ in true } ?? false
-    }
-
-    /// `body`'s answer on the document of `data` when it is a plain object with each key once in
-    /// every object; nil otherwise.
-    private static func plainObject<T>(_ data: Data, _ body: (JSONDocument) -> T?) -> T? {
-        data.withUnsafeBytes { raw -> T? in
-            var scanner = JSONScanner(raw.bindMemory(to: UInt8.self))
-            guard (try? scanner.scanDocument()) != nil, scanner.document.tokens.first?.kind == .object,
-                  !scanner.document.hasRepeatedKey else { return nil }
-            return body(scanner.document)
+    /// The top-level members of `data`, in order, when it is a JSON object that reads the same
+    /// here as through `JSONSerialization`; nil otherwise, and the caller then parses it with
+    /// Foundation. Plain means: valid UTF-8, no escapes, numbers as `PlainMember.number` says,
+    /// and no object in the text with a key twice (of a key given twice, JSONSerialization keeps
+    /// the last value and the decoders the first: text with one would be decided on one value
+    /// and stored, as jsonb keeps the last, with the other).
+    public static func plainMembers(of data: Data) -> [(key: String, value: PlainMember)]? {
+        data.withUnsafeBytes { raw -> [(key: String, value: PlainMember)]? in
+            let bytes = raw.bindMemory(to: UInt8.self)
+            var scanner = JSONScanner(bytes)
+            guard (try? scanner.scanDocument()) != nil else { return nil }
+            let document = scanner.document
+            guard document.tokens.first?.kind == .object, !document.hasRepeatedKey,
+                  document.tokens.allSatisfy({ $0.kind != .number || document.isPlainNumber($0) }),
+                  bytes.allSatisfy({ $0 < 0x80 }) || String(validating: bytes, as: UTF8.self) != nil else { return nil }
+            var members: [(key: String, value: PlainMember)] = []
+            var index = 1
+            while index < document.tokens[0].after {
+                let value = document.tokens[index + 1]
+                let member: PlainMember
+                switch value.kind {
+                case .string: member = .string(document.text(index + 1) ?? "")
+                case .number: member = .number(Double(document.text(index + 1) ?? "") ?? .nan)
+                case .object: member = .object(Data(UnsafeBufferPointer(rebasing: bytes[value.start..<value.end])))
+                case .array: member = .array
+                case .true: member = .bool(true)
+                case .false: member = .bool(false)
+                case .null: member = .null
+                }
+                members.append((document.text(index) ?? "", member))
+                index = value.after
+            }
+            return members
         }
     }
 
@@ -112,6 +130,22 @@ struct JSONDocument {
             }
         }
         return false
+    }
+
+    /// A number token without exponent and with at most 15 digits before and after its point.
+    func isPlainNumber(_ token: Token) -> Bool {
+        var digits = 0
+        for byte in bytes[token.start..<token.end] {
+            switch byte {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"):
+                digits += 1
+                if digits > 15 { return false }
+            case UInt8(ascii: "."): digits = 0
+            case UInt8(ascii: "-"): continue
+            default: return false
+            }
+        }
+        return true
     }
 
     /// The value of `key` in the object at `object`, if it has one.

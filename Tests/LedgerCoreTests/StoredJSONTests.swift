@@ -136,7 +136,8 @@ struct StoredJSONTests {
     @Test("a member object cut out of a request body as it was written, or nil where the scanner cannot be sure")
     func objectMembers() {
         func member(_ text: String) -> String? {
-            StoredJSON.objectMember("data", of: Data(text.utf8)).map { String(decoding: $0, as: UTF8.self) }
+            guard case .object(let data)? = StoredJSON.plainMembers(of: Data(text.utf8))?.first(where: { $0.key == "data" })?.value else { return nil }
+            return String(decoding: data, as: UTF8.self)
         }
         #expect(member(#"{"type":"verified","data":{"environment":"Sandbox","n":[1,{"a":2}]}}"#) == #"{"environment":"Sandbox","n":[1,{"a":2}]}"#)
         #expect(member(#" { "data" : { } , "type" : "delivered" } "#) == "{ }")
@@ -147,6 +148,9 @@ struct StoredJSONTests {
         #expect(member(#"{"data":{},"data":{"a":1}}"#) == nil, "given twice: Foundation keeps one, the scanner does not guess which")
         #expect(member(#"{"data":{"a":"\u0041"}}"#) == nil, "an escape")
         #expect(member(#"{"data":{"a":1}"#) == nil, "not JSON")
+        #expect(member(#"{"data":{"a":1e3}}"#) == nil, "an exponent: Foundation may read the number otherwise")
+        #expect(member(#"{"data":{"a":1234567890123456}}"#) == nil, "more digits than a Double holds")
+        #expect(member(#"{"data":{"a":-123456789012345.123456789012345}}"#) != nil, "15 digits each side")
         #expect(member(#"{"nested":{"data":{"a":1}}}"#) == nil, "only the top level's members")
         #expect(member(#"[{"data":{}}]"#) == nil, "not an object")
         #expect(member(#"{"data":{"queuedAt":"a","n":{"x":1,"x":2},"queuedAt":"b"}}"#) == nil,
@@ -161,12 +165,19 @@ struct StoredJSONTests {
 
     @Test("a plain object: one this scanner reads by itself, with each key once in every object")
     func plainObjects() {
-        let plain = { (text: String) in StoredJSON.isPlainObject(Data(text.utf8)) }
+        let plain = { (text: String) in StoredJSON.plainMembers(of: Data(text.utf8)) != nil }
         #expect(plain(#" {"orderId":"o","userId":"u","n":{"a":[1,2.0]}} "#))
         #expect(!plain(#"{"price":"0.99","price":"9.99"}"#))
         #expect(!plain(#"{"a":{"b":1,"b":2}}"#))
         #expect(!plain(#"{"userId":"\u0041"}"#))
         #expect(!plain("[1]"))
         #expect(!plain("{"))
+        var invalid = Data(#"{"userId":"u"#.utf8)
+        invalid.append(contentsOf: [0xC3, 0x28])
+        invalid.append(contentsOf: Data(#""}"#.utf8))
+        #expect(StoredJSON.plainMembers(of: invalid) == nil, "not UTF-8: Foundation refuses it")
+        let members = StoredJSON.plainMembers(of: Data(#" {"s":"é","n":-2.5,"i":7,"o":{ "a" : 1 },"a":[],"t":true,"f":false,"z":null} "#.utf8))
+        #expect(members?.map(\.key) == ["s", "n", "i", "o", "a", "t", "f", "z"])
+        #expect(members?.map(\.value) == [.string("é"), .number(-2.5), .number(7), .object(Data(#"{ "a" : 1 }"#.utf8)), .array, .bool(true), .bool(false), .null])
     }
 }

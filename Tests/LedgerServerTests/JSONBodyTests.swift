@@ -1,0 +1,55 @@
+import Foundation
+import LedgerCore
+@testable import LedgerServer
+import Testing
+
+@Suite("Request bodies")
+struct JSONBodyTests {
+    /// Every accessor's answer, value or error, for one field.
+    static func answers(_ body: JSONBody, _ field: String) -> [String] {
+        func attempt(_ work: () throws -> String?) -> String {
+            do { return try work() ?? "nil" } catch { return "error: \(error)" }
+        }
+        return [
+            "has \(body.has(field))", "null \(body.isNull(field))",
+            attempt { try body.string(field) },
+            attempt { try body.requiredString(field) },
+            attempt { try body.integer(field).map(String.init) },
+            attempt { try (JSONSerialization.jsonObject(with: body.objectData(field)) as? NSDictionary)?.description },
+        ]
+    }
+
+    @Test("a plain body read by the scanner answers as JSONSerialization's parse of it does", arguments: [
+        #"{"type":"verified","eventId":"e-1","expectedVersion":3,"data":{"environment":"Sandbox","n":[1,{"a":2.5}]}}"#,
+        #"{"type":7,"eventId":null,"expectedVersion":3.0,"data":[1]}"#,
+        #"{"type":true,"eventId":{"a":"b"},"expectedVersion":3.5,"data":"x"}"#,
+        #"{"type":"über","expectedVersion":-1,"data":null}"#,
+        #"{"expectedVersion":"3","data":{},"eventId":[]}"#,
+        #"{"expectedVersion":true,"type":false}"#,
+        #"{"expectedVersion":-123456789012345,"type":null}"#,
+        #"{"expectedVersion":123456789012345.5}"#,
+        #" { } "#,
+    ])
+    func plainAnswersAsFoundation(text: String) throws {
+        let scanned = try JSONBody(text: Data(text.utf8))
+        let parsed = try JSONBody(text: Data(text.utf8), scanner: false)
+        #expect(scanned.isPlain && !parsed.isPlain)
+        for field in ["type", "eventId", "expectedVersion", "data", "absent"] {
+            #expect(Self.answers(scanned, field) == Self.answers(parsed, field), "\(field) of \(text)")
+        }
+    }
+
+    @Test("bodies the scanner does not read alone go through JSONSerialization, or are refused as it refuses them", arguments: [
+        (#"{"type":"a","type":"b"}"#, "b"),
+        (#"{"type":"\u0041"}"#, "A"),
+        (#"{"type":"a","expectedVersion":1e2}"#, "a"),
+    ])
+    func notPlain(text: String, type: String) throws {
+        let body = try JSONBody(text: Data(text.utf8))
+        #expect(!body.isPlain)
+        #expect(try body.string("type") == type)
+        for invalid in ["[1]", #"{"a":1"#, "\"text\""] {
+            #expect(throws: APIError.self) { try JSONBody(text: Data(invalid.utf8)) }
+        }
+    }
+}
