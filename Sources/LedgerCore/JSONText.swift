@@ -6,6 +6,11 @@ public struct JSONText {
 
     public init() {}
 
+    /// An object whose text will be about `capacity` bytes: grown once instead of doubling.
+    public init(capacity: Int) {
+        text.reserveCapacity(capacity)
+    }
+
     /// Adds `"key": value` (value nil: `null`).
     public mutating func add(_ key: String, _ value: String?) {
         separate(key)

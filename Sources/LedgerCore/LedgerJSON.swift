@@ -103,6 +103,30 @@ public enum LedgerJSON {
         if milliseconds >= 1000 { milliseconds -= 1000; whole += 1 }
         var parts = tm()
         gmtime_r(&whole, &parts)
+        let year = Int(parts.tm_year) + 1900
+        if (0...9999).contains(year) {
+            // Written digit by digit into the string's own storage: the interpolation of padded
+            // parts below made fourteen strings for each date (0.8% of the server's CPU).
+            return String(unsafeUninitializedCapacity: 24) { text in
+                func put(_ value: Int, _ width: Int, at offset: Int) {
+                    var value = value
+                    for index in stride(from: offset + width - 1, through: offset, by: -1) {
+                        text[index] = UInt8(0x30 + value % 10)
+                        value /= 10
+                    }
+                }
+                put(year, 4, at: 0)
+                put(Int(parts.tm_mon) + 1, 2, at: 5)
+                put(Int(parts.tm_mday), 2, at: 8)
+                put(Int(parts.tm_hour), 2, at: 11)
+                put(Int(parts.tm_min), 2, at: 14)
+                put(Int(parts.tm_sec), 2, at: 17)
+                put(milliseconds, 3, at: 20)
+                (text[4], text[7], text[10]) = (UInt8(ascii: "-"), UInt8(ascii: "-"), UInt8(ascii: "T"))
+                (text[13], text[16], text[19], text[23]) = (UInt8(ascii: ":"), UInt8(ascii: ":"), UInt8(ascii: "."), UInt8(ascii: "Z"))
+                return 24
+            }
+        }
         func pad(_ value: Int32, _ width: Int) -> String {
             let text = String(value)
             return String(repeating: "0", count: max(0, width - text.count)) + text

@@ -52,9 +52,8 @@ struct AuthMiddleware: RouterMiddleware {
     static func requiredScope(_ method: HTTPRequest.Method, _ path: String) -> APIScope? {
         let segments = path.split(separator: "/", omittingEmptySubsequences: true)
         guard segments.first == "v1" else { return nil }
-        let route = "/" + segments.joined(separator: "/")
-        if route == "/v1/notifications/apple" { return nil }  // Apple signs these instead
-        if route == "/v1/reconcile" || (segments.count == 4 && segments[1] == "transactions" && segments[3] == "match") {
+        if segments.count == 3 && segments[1] == "notifications" && segments[2] == "apple" { return nil }  // Apple signs these instead
+        if (segments.count == 2 && segments[1] == "reconcile") || (segments.count == 4 && segments[1] == "transactions" && segments[3] == "match") {
             return .admin
         }
         // The catalog is read by anyone with a key; changed by admins only.

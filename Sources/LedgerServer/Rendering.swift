@@ -7,7 +7,7 @@ import LedgerCore
 /// objects.
 enum Rendering {
     static func order(_ order: Order, events: [RecordedEvent]? = nil) -> String {
-        var json = JSONText()
+        var json = JSONText(capacity: events == nil ? 512 : 2048)
         json.add("orderId", order.orderId.rawValue)
         json.add("userId", order.userId.rawValue)
         json.add("productId", order.productId.rawValue)

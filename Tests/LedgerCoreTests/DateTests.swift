@@ -33,5 +33,13 @@ struct DateTests {
             let original = Date(timeIntervalSince1970: seconds)
             #expect(LedgerJSON.parseDate(LedgerJSON.formatDate(original)) == original)
         }
+        #expect(LedgerJSON.formatDate(Date(timeIntervalSince1970: 59.9996)) == "1970-01-01T00:01:00.000Z")
+        #expect(LedgerJSON.formatDate(Date(timeIntervalSince1970: 253_402_300_800)) == "10000-01-01T00:00:00.000Z")
+        let foundation = ISO8601DateFormatter()
+        foundation.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        for seconds in stride(from: 0.0, to: 4_000_000_000, by: 86_399_999.937) {
+            let date = Date(timeIntervalSince1970: seconds)
+            #expect(LedgerJSON.formatDate(date) == foundation.string(from: date), "\(seconds)")
+        }
     }
 }

@@ -58,6 +58,9 @@ struct AuthTests {
             #expect(AuthMiddleware.requiredScope(.post, "/v1/transactions/t-1/match/") == .admin)
             #expect(AuthMiddleware.requiredScope(.post, "//v1/reconcile") == .admin)
             #expect(AuthMiddleware.requiredScope(.get, "/healthz") == nil)
+            #expect(AuthMiddleware.requiredScope(.post, "/v1//notifications/apple/") == nil)
+            #expect(AuthMiddleware.requiredScope(.post, "/v1/notifications/apple/x") == .append)
+            #expect(AuthMiddleware.requiredScope(.post, "/v1/reconcile/x") == .append)
         }
     }
 

@@ -15,7 +15,11 @@ struct JSONBodyTests {
             attempt { try body.string(field) },
             attempt { try body.requiredString(field) },
             attempt { try body.integer(field).map(String.init) },
-            attempt { try (JSONSerialization.jsonObject(with: body.objectData(field)) as? NSDictionary)?.description },
+            attempt {
+                // The object's parse written again with sorted keys: the same text for the same object.
+                let object = try JSONSerialization.jsonObject(with: body.objectData(field))
+                return String(decoding: try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]), as: UTF8.self)
+            },
         ]
     }
 
