@@ -146,25 +146,51 @@ private final class LoadHandler: ChannelInboundHandler {
     }
 
     /// The status of the answer in `received` once it is complete (and removes it), else nil.
+    /// The status of the first whole answer in `received`, which it then drops; nil until one
+    /// has arrived. Read from the bytes: splitting the head into lowercased strings and trimming
+    /// them with Foundation cost the client more than the rest of a request.
     private func takeAnswer() throws -> Int? {
         guard var buffer = received else { return nil }
         let view = buffer.readableBytesView
         guard let headEnd = Self.find([13, 10, 13, 10], in: view) else { return nil }
-        guard let head = buffer.getString(at: buffer.readerIndex, length: headEnd - view.startIndex) else { return nil }
-        let lines = head.split(separator: "\r\n")
-        guard let statusLine = lines.first, statusLine.hasPrefix("HTTP/1.1 "),
-              let status = Int(statusLine.dropFirst(9).prefix(3)) else {
-            throw HTTPLoad.Failure(description: "not an HTTP/1.1 answer: \(head.prefix(80))")
+        let start = view.startIndex
+        func digit(_ index: Int) -> Int? {
+            (0x30...0x39).contains(view[index]) ? Int(view[index] - 0x30) : nil
         }
-        guard let lengthLine = lines.first(where: { $0.lowercased().hasPrefix("content-length:") }),
-              let length = Int(lengthLine.dropFirst("content-length:".count).trimmingCharacters(in: .whitespaces)) else {
-            throw HTTPLoad.Failure(description: "an answer without Content-Length: \(head.prefix(200))")
+        guard headEnd - start >= 12, view[start..<(start + 9)].elementsEqual("HTTP/1.1 ".utf8),
+              let hundreds = digit(start + 9), let tens = digit(start + 10), let units = digit(start + 11) else {
+            throw HTTPLoad.Failure(description: "not an HTTP/1.1 answer: \(String(decoding: view.prefix(80), as: UTF8.self))")
         }
-        let total = headEnd - view.startIndex + 4 + length
+        guard let length = Self.contentLength(view, headEnd: headEnd) else {
+            throw HTTPLoad.Failure(description: "an answer without Content-Length: \(String(decoding: view.prefix(200), as: UTF8.self))")
+        }
+        let total = headEnd - start + 4 + length
         guard buffer.readableBytes >= total else { return nil }
         buffer.moveReaderIndex(forwardBy: total)
         received = buffer.readableBytes > 0 ? buffer : nil
-        return status
+        return hundreds * 100 + tens * 10 + units
+    }
+
+    /// The value of the head's Content-Length field (its name in any case).
+    private static func contentLength(_ view: ByteBufferView, headEnd: Int) -> Int? {
+        let name = Array("\r\ncontent-length:".utf8)
+        var index = view.startIndex
+        while index + name.count <= headEnd {
+            // ORing 0x20 lowercases the letters and leaves "\r\n-:" as they are.
+            if (0..<name.count).allSatisfy({ view[index + $0] | (name[$0] < 0x40 ? 0 : 0x20) == name[$0] }) {
+                var value = index + name.count
+                while value < headEnd, view[value] == 0x20 || view[value] == 0x09 { value += 1 }
+                var length = 0
+                let first = value
+                while value < headEnd, (0x30...0x39).contains(view[value]) {
+                    length = length * 10 + Int(view[value] - 0x30)
+                    value += 1
+                }
+                return value > first ? length : nil
+            }
+            index += 1
+        }
+        return nil
     }
 
     private static func find(_ needle: [UInt8], in view: ByteBufferView) -> Int? {
