@@ -24,8 +24,10 @@ public enum StoredJSON {
     /// A top-level member of a plain JSON object, as `plainMembers` reads it.
     public enum PlainMember: Equatable, Sendable {
         case string(String)
-        /// A number without exponent, of at most 15 digits on each side of its point, so that a
-        /// Double holds what Foundation's parser makes of it.
+        /// A number without exponent, written in at most 17 characters: Foundation's parser then
+        /// reads it as an integer or with `Double(text)`, which gives the same Double. (From 18
+        /// characters on it makes an NSDecimalNumber, whose doubleValue is not rounded alike:
+        /// `10.000000000000001` is 10.0 there.)
         case number(Double)
         /// An object, its text exactly as the document holds it.
         case object(Data)
@@ -39,7 +41,9 @@ public enum StoredJSON {
     /// Foundation. Plain means: valid UTF-8, no escapes, numbers as `PlainMember.number` says,
     /// and no object in the text with a key twice (of a key given twice, JSONSerialization keeps
     /// the last value and the decoders the first: text with one would be decided on one value
-    /// and stored, as jsonb keeps the last, with the other).
+    /// and stored, as jsonb keeps the last, with the other). Keys are compared as written: two
+    /// spellings of one key that Swift's strings call equal (a precomposed and a decomposed
+    /// letter) are one key to Foundation and two here; no field the API reads has such a letter.
     public static func plainMembers(of data: Data) -> [(key: String, value: PlainMember)]? {
         data.withUnsafeBytes { raw -> [(key: String, value: PlainMember)]? in
             let bytes = raw.bindMemory(to: UInt8.self)
@@ -132,20 +136,9 @@ struct JSONDocument {
         return false
     }
 
-    /// A number token without exponent and with at most 15 digits before and after its point.
+    /// A number token without exponent, of at most 17 characters (`PlainMember.number`).
     func isPlainNumber(_ token: Token) -> Bool {
-        var digits = 0
-        for byte in bytes[token.start..<token.end] {
-            switch byte {
-            case UInt8(ascii: "0")...UInt8(ascii: "9"):
-                digits += 1
-                if digits > 15 { return false }
-            case UInt8(ascii: "."): digits = 0
-            case UInt8(ascii: "-"): continue
-            default: return false
-            }
-        }
-        return true
+        token.end - token.start <= 17 && !bytes[token.start..<token.end].contains { $0 | 0x20 == UInt8(ascii: "e") }
     }
 
     /// The value of `key` in the object at `object`, if it has one.

@@ -55,7 +55,7 @@ public final class DatabaseHealth: Service, Sendable {
     }
 
     /// Forgets a request's cancel; false when the database was marked down meanwhile (and the
-    /// cancel called).
+    /// cancel is being or has been called).
     func remove(_ request: Int) -> Bool {
         state.withLock { $0.inFlight.removeValue(forKey: request) } != nil
     }
@@ -118,8 +118,8 @@ struct DatabaseGateMiddleware: RouterMiddleware {
         guard health.isAvailable else { throw APIError.databaseUnavailable }
         do {
             // A request waiting on the pool while the database is gone would wait until it is
-            // back: it is answered 503 as soon as the database is marked down, and the handler is
-            // cancelled. Nothing is lost: a write either committed (and the client's retry with
+            // back: once the database is marked down its handler is cancelled, and when the
+            // handler has stopped it is answered 503. Nothing is lost: a write either committed (and the client's retry with
             // the same ids answers it) or did not. The handler runs in a task of its own, which
             // the health cancels (a task group of the handler and a task waiting for the health
             // cost 2% of the server's CPU and two more task switches a request).

@@ -51,7 +51,8 @@ struct JSONBody {
     /// Whether the body was read without Foundation: plain JSON with each key once.
     var isPlain: Bool { members != nil }
 
-    /// The body as JSONSerialization parses it (a plain body is parsed here, on each call).
+    /// The body as JSONSerialization parses it (a plain body is parsed here, on each call: for
+    /// the rare paths that write a body again).
     var object: [String: Any] {
         parsed ?? (try? JSONSerialization.jsonObject(with: text)) as? [String: Any] ?? [:]
     }
@@ -84,6 +85,21 @@ struct JSONBody {
     func requiredString(_ field: String) throws(LedgerInputError) -> String {
         guard let text = try string(field) else { throw LedgerInputError(field: field, problem: "is missing") }
         return text
+    }
+
+    func bool(_ field: String) throws(LedgerInputError) -> Bool? {
+        if let members {
+            switch members.first(where: { $0.key == field })?.value {
+            case nil, .null?: return nil
+            case .bool(let value)?: return value
+            default: throw LedgerInputError(field: field, problem: "must be true or false")
+            }
+        }
+        guard let value = parsed?[field], !(value is NSNull) else { return nil }
+        guard let value = value as? NSNumber, Self.isBoolean(value) else {
+            throw LedgerInputError(field: field, problem: "must be true or false")
+        }
+        return value.boolValue
     }
 
     func integer(_ field: String) throws(LedgerInputError) -> Int64? {

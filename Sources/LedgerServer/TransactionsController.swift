@@ -40,12 +40,7 @@ struct TransactionsController {
         let id = try TransactionID(pathParameter(context, "transactionId"))
         let body = try await JSONBody.read(request, context: context)
         let order = try OrderID(body.requiredString("orderId"))
-        let force: Bool
-        switch body.object["force"] {
-        case nil, is NSNull: force = false
-        case let value as NSNumber where JSONBody.isBoolean(value): force = value.boolValue
-        default: throw LedgerInputError(field: "force", problem: "must be true or false")
-        }
+        let force = try body.bool("force") ?? false
         let reason = try body.string("reason")
         let matched = try await desk.match(id, to: order, force: force, reason: reason, metadata: metadata(context))
         return Rendering.response(.ok, text: Rendering.order(matched))

@@ -145,7 +145,6 @@ private final class LoadHandler: ChannelInboundHandler {
         context.close(promise: nil)
     }
 
-    /// The status of the answer in `received` once it is complete (and removes it), else nil.
     /// The status of the first whole answer in `received`, which it then drops; nil until one
     /// has arrived. Read from the bytes: splitting the head into lowercased strings and trimming
     /// them with Foundation cost the client more than the rest of a request.
@@ -182,7 +181,7 @@ private final class LoadHandler: ChannelInboundHandler {
                 while value < headEnd, view[value] == 0x20 || view[value] == 0x09 { value += 1 }
                 var length = 0
                 let first = value
-                while value < headEnd, (0x30...0x39).contains(view[value]) {
+                while value < headEnd, value - first < 18, (0x30...0x39).contains(view[value]) {
                     length = length * 10 + Int(view[value] - 0x30)
                     value += 1
                 }

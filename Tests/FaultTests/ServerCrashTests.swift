@@ -29,7 +29,7 @@ struct ServerCrashTests {
             do {
                 try await waitUntilReady(client, base, server: server)
                 let load = RetryingLoad(base: base, key: key, client: client)
-                let deadline = ContinuousClock.now + .seconds(120)
+                let deadline = ContinuousClock.now + .seconds(300)  // up to five kills and restarts
                 let running = Task { try await load.run(clients: 8, prefix: "crash", deadline: deadline) }
 
                 // Kill it once appends are flowing, then start it again on the same port. A kill

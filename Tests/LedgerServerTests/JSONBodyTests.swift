@@ -15,6 +15,7 @@ struct JSONBodyTests {
             attempt { try body.string(field) },
             attempt { try body.requiredString(field) },
             attempt { try body.integer(field).map(String.init) },
+            attempt { try body.bool(field).map(String.init) },
             attempt {
                 // The object's parse written again with sorted keys: the same text for the same object.
                 let object = try JSONSerialization.jsonObject(with: body.objectData(field))
@@ -29,9 +30,11 @@ struct JSONBodyTests {
         #"{"type":true,"eventId":{"a":"b"},"expectedVersion":3.5,"data":"x"}"#,
         #"{"type":"über","expectedVersion":-1,"data":null}"#,
         #"{"expectedVersion":"3","data":{},"eventId":[]}"#,
-        #"{"expectedVersion":true,"type":false}"#,
+        #"{"expectedVersion":true,"type":false,"data":true,"eventId":false}"#,
         #"{"expectedVersion":-123456789012345,"type":null}"#,
         #"{"expectedVersion":123456789012345.5}"#,
+        #"{"expectedVersion":-1234567890123.0}"#,
+        #"{"expectedVersion":12345678901234567}"#,
         #" { } "#,
     ])
     func plainAnswersAsFoundation(text: String) throws {
@@ -47,6 +50,8 @@ struct JSONBodyTests {
         (#"{"type":"a","type":"b"}"#, "b"),
         (#"{"type":"\u0041"}"#, "A"),
         (#"{"type":"a","expectedVersion":1e2}"#, "a"),
+        (#"{"type":"a","expectedVersion":10.000000000000001}"#, "a"),
+        (#"{"type":"a","expectedVersion":-99999999999999.99}"#, "a"),
     ])
     func notPlain(text: String, type: String) throws {
         let body = try JSONBody(text: Data(text.utf8))
