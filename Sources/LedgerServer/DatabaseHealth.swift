@@ -119,10 +119,11 @@ struct DatabaseGateMiddleware: RouterMiddleware {
         do {
             // A request waiting on the pool while the database is gone would wait until it is
             // back: once the database is marked down its handler is cancelled, and when the
-            // handler has stopped it is answered 503. Nothing is lost: a write either committed (and the client's retry with
-            // the same ids answers it) or did not. The handler runs in a task of its own, which
-            // the health cancels (a task group of the handler and a task waiting for the health
-            // cost 2% of the server's CPU and two more task switches a request).
+            // handler has stopped it is answered 503. Nothing is lost: a write either committed
+            // (and the client's retry with the same ids answers it) or did not. The handler runs
+            // in a task of its own, which the health cancels (a task group of the handler and a
+            // task waiting for the health cost 2% of the server's CPU and two more task switches
+            // a request).
             return try await withoutActuallyEscaping(next) { next in
                 let handler = UncheckedSendable(next)
                 let task = Task { try await handler.value(request, context) }

@@ -12,9 +12,13 @@ struct JSONBody {
 
     /// The body as it came.
     let text: Data
-    /// The top-level members of a plain body; nil when `parsed` holds the body.
-    private let members: [(key: String, value: StoredJSON.PlainMember)]?
-    private let parsed: [String: Any]?
+    private let content: Content
+
+    /// A plain body's top-level members, or JSONSerialization's parse of any other.
+    private enum Content {
+        case plain([(key: String, value: StoredJSON.PlainMember)])
+        case parsed([String: Any])
+    }
 
     static func read(_ request: Request, context: LedgerRequestContext) async throws -> JSONBody {
         let buffer: ByteBuffer
@@ -33,8 +37,7 @@ struct JSONBody {
     init(text: Data, scanner: Bool = true) throws {
         self.text = text
         if scanner, let members = StoredJSON.plainMembers(of: text) {
-            self.members = members
-            parsed = nil
+            content = .plain(members)
             return
         }
         let parsed = try? JSONSerialization.jsonObject(with: text, options: [.fragmentsAllowed])
@@ -44,42 +47,54 @@ struct JSONBody {
         guard let object = parsed as? [String: Any] else {
             throw APIError(.badRequest, code: "invalid-json", message: "the body must be a JSON object")
         }
-        members = nil
-        self.parsed = object
+        content = .parsed(object)
     }
 
     /// Whether the body was read without Foundation: plain JSON with each key once.
-    var isPlain: Bool { members != nil }
+    var isPlain: Bool {
+        if case .plain = content { true } else { false }
+    }
 
     /// The body as JSONSerialization parses it (a plain body is parsed here, on each call: for
     /// the rare paths that write a body again).
     var object: [String: Any] {
-        parsed ?? (try? JSONSerialization.jsonObject(with: text)) as? [String: Any] ?? [:]
+        if case .parsed(let object) = content { return object }
+        return (try? JSONSerialization.jsonObject(with: text)) as? [String: Any] ?? [:]
+    }
+
+    /// `field`'s value as a plain body's member, whichever way the body was read (a parsed
+    /// member is converted when asked for: only bodies that are not plain take this path).
+    private func member(_ field: String) -> StoredJSON.PlainMember? {
+        switch content {
+        case .plain(let members): members.first { $0.key == field }?.value
+        case .parsed(let object): object[field].map(Self.member)
+        }
+    }
+
+    /// A value of JSONSerialization's parse as the scanner gives it.
+    private static func member(_ value: Any) -> StoredJSON.PlainMember {
+        switch value {
+        case is NSNull: .null
+        case let text as String: .string(text)
+        case let number as NSNumber: isBoolean(number) ? .bool(number.boolValue) : .number(number.doubleValue)
+        // An object JSONSerialization cannot write again is no object the ledger can store.
+        case let object as [String: Any]: (try? JSONSerialization.data(withJSONObject: object)).map { .object($0) } ?? .array
+        default: .array
+        }
     }
 
     /// Whether the body has `field`, null included.
-    func has(_ field: String) -> Bool {
-        if let members { return members.contains { $0.key == field } }
-        return parsed?[field] != nil
-    }
+    func has(_ field: String) -> Bool { member(field) != nil }
 
     /// Whether the body gives `field` as null.
-    func isNull(_ field: String) -> Bool {
-        if let members { return members.first { $0.key == field }?.value == .null }
-        return parsed?[field] is NSNull
-    }
+    func isNull(_ field: String) -> Bool { member(field) == .null }
 
     func string(_ field: String) throws(LedgerInputError) -> String? {
-        if let members {
-            switch members.first(where: { $0.key == field })?.value {
-            case nil, .null?: return nil
-            case .string(let text)?: return text
-            default: throw LedgerInputError(field: field, problem: "must be a string")
-            }
+        switch member(field) {
+        case nil, .null?: return nil
+        case .string(let text)?: return text
+        default: throw LedgerInputError(field: field, problem: "must be a string")
         }
-        guard let value = parsed?[field], !(value is NSNull) else { return nil }
-        guard let text = value as? String else { throw LedgerInputError(field: field, problem: "must be a string") }
-        return text
     }
 
     func requiredString(_ field: String) throws(LedgerInputError) -> String {
@@ -88,60 +103,36 @@ struct JSONBody {
     }
 
     func bool(_ field: String) throws(LedgerInputError) -> Bool? {
-        if let members {
-            switch members.first(where: { $0.key == field })?.value {
-            case nil, .null?: return nil
-            case .bool(let value)?: return value
-            default: throw LedgerInputError(field: field, problem: "must be true or false")
-            }
+        switch member(field) {
+        case nil, .null?: return nil
+        case .bool(let value)?: return value
+        default: throw LedgerInputError(field: field, problem: "must be true or false")
         }
-        guard let value = parsed?[field], !(value is NSNull) else { return nil }
-        guard let value = value as? NSNumber, Self.isBoolean(value) else {
-            throw LedgerInputError(field: field, problem: "must be true or false")
-        }
-        return value.boolValue
     }
 
     func integer(_ field: String) throws(LedgerInputError) -> Int64? {
-        let number: Double
-        if let members {
-            switch members.first(where: { $0.key == field })?.value {
-            case nil, .null?: return nil
-            case .number(let value)?: number = value
-            default: throw LedgerInputError(field: field, problem: "must be an integer")
-            }
-        } else {
-            guard let value = parsed?[field], !(value is NSNull) else { return nil }
-            guard let value = value as? NSNumber, !Self.isBoolean(value) else {
-                throw LedgerInputError(field: field, problem: "must be an integer")
-            }
-            number = value.doubleValue
+        switch member(field) {
+        case nil, .null?: return nil
+        case .number(let number)?:
+            guard number == number.rounded(), let integer = Int64(exactly: number) else { break }
+            return integer
+        default: break
         }
-        guard number == number.rounded(), let integer = Int64(exactly: number) else {
-            throw LedgerInputError(field: field, problem: "must be an integer")
-        }
-        return integer
+        throw LedgerInputError(field: field, problem: "must be an integer")
     }
 
     /// A nested JSON object, as JSON text: as the body wrote it when it is plain, else written
     /// again from the parsed value.
     func objectData(_ field: String) throws(LedgerInputError) -> Data {
-        if let members {
-            switch members.first(where: { $0.key == field })?.value {
-            case nil, .null?: throw LedgerInputError(field: field, problem: "is missing")
-            case .object(let data)?: return data
-            default: throw LedgerInputError(field: field, problem: "must be a JSON object")
-            }
+        switch member(field) {
+        case nil, .null?: throw LedgerInputError(field: field, problem: "is missing")
+        case .object(let data)?: return data
+        default: throw LedgerInputError(field: field, problem: "must be a JSON object")
         }
-        guard let value = parsed?[field], !(value is NSNull) else { throw LedgerInputError(field: field, problem: "is missing") }
-        guard value is [String: Any], let data = try? JSONSerialization.data(withJSONObject: value) else {
-            throw LedgerInputError(field: field, problem: "must be a JSON object")
-        }
-        return data
     }
 
     /// JSON's true and false arrive as NSNumber too; their type name tells them apart.
-    static func isBoolean(_ number: NSNumber) -> Bool {
+    private static func isBoolean(_ number: NSNumber) -> Bool {
         String(describing: type(of: number)).contains("Boolean")
     }
 }

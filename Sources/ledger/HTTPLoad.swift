@@ -170,9 +170,11 @@ private final class LoadHandler: ChannelInboundHandler {
         return hundreds * 100 + tens * 10 + units
     }
 
+    private static let contentLengthName = Array("\r\ncontent-length:".utf8)
+
     /// The value of the head's Content-Length field (its name in any case).
     private static func contentLength(_ view: ByteBufferView, headEnd: Int) -> Int? {
-        let name = Array("\r\ncontent-length:".utf8)
+        let name = contentLengthName
         var index = view.startIndex
         while index + name.count <= headEnd {
             // ORing 0x20 lowercases the letters and leaves "\r\n-:" as they are.

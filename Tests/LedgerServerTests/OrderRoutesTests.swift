@@ -118,6 +118,27 @@ struct OrderRoutesTests {
         }
     }
 
+    @Test("a retry is the same body whatever its layout: data cut out as written and data written again compare as JSON")
+    func retriesCompareAsJSON() async throws {
+        try await withLiveApplication { http, _ in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-layout"))
+            let eventID = "6f1c2a4e-0000-4000-8000-0000000000bb"
+            // Plain (the data is stored as written), then with an escape (parsed and written
+            // again) and other spacing and key order: one body.
+            let first = #"{"type":"payment-added","eventId":"\#(eventID)","data":{"queuedAt":"2026-11-21T09:59:00Z","note":"a2"}}"#
+            let again = #"{ "eventId" : "\#(eventID)", "type" : "payment-added", "data" : { "note" : "a\u0032", "queuedAt" : "2026-11-21T09:59:00Z" } }"#
+            let other = #"{"type":"payment-added","eventId":"\#(eventID)","data":{"queuedAt":"2026-11-21T09:59:00Z","note":"a3"}}"#
+            let (created, _) = try await http.send(.post, "/v1/orders/o-layout/events", raw: first)
+            #expect(created == .created)
+            let (retried, order) = try await http.send(.post, "/v1/orders/o-layout/events", raw: again)
+            #expect(retried == .ok)
+            #expect(order["version"] as? Int == 1)
+            let (conflict, error) = try await http.send(.post, "/v1/orders/o-layout/events", raw: other)
+            #expect(conflict == .conflict)
+            #expect(errorOf(error)["code"] as? String == "event-id-conflict")
+        }
+    }
+
     @Test("32 concurrent conflicting appends to one order: exactly one is accepted")
     func concurrentConflictingAppends() async throws {
         try await withLiveApplication { http, db in
