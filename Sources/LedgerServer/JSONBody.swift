@@ -83,11 +83,22 @@ struct JSONBody {
         }
     }
 
-    /// Whether the body has `field`, null included.
-    func has(_ field: String) -> Bool { member(field) != nil }
+    /// Whether the body has `field`, null included. (Not through `member`, which would write a
+    /// parsed object member again only to be asked whether it is there.)
+    func has(_ field: String) -> Bool {
+        switch content {
+        case .plain(let members): members.contains { $0.key == field }
+        case .parsed(let object): object[field] != nil
+        }
+    }
 
     /// Whether the body gives `field` as null.
-    func isNull(_ field: String) -> Bool { member(field) == .null }
+    func isNull(_ field: String) -> Bool {
+        switch content {
+        case .plain(let members): members.first { $0.key == field }?.value == .null
+        case .parsed(let object): object[field] is NSNull
+        }
+    }
 
     func string(_ field: String) throws(LedgerInputError) -> String? {
         switch member(field) {

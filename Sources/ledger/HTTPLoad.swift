@@ -151,7 +151,7 @@ private final class LoadHandler: ChannelInboundHandler {
     private func takeAnswer() throws -> Int? {
         guard var buffer = received else { return nil }
         let view = buffer.readableBytesView
-        guard let headEnd = Self.find([13, 10, 13, 10], in: view) else { return nil }
+        guard let headEnd = Self.find(Self.headEndMark, in: view) else { return nil }
         let start = view.startIndex
         func digit(_ index: Int) -> Int? {
             (0x30...0x39).contains(view[index]) ? Int(view[index] - 0x30) : nil
@@ -170,6 +170,7 @@ private final class LoadHandler: ChannelInboundHandler {
         return hundreds * 100 + tens * 10 + units
     }
 
+    private static let headEndMark = Array("\r\n\r\n".utf8)
     private static let contentLengthName = Array("\r\ncontent-length:".utf8)
 
     /// The value of the head's Content-Length field (its name in any case).

@@ -24,4 +24,17 @@ struct MetricsTests {
             #expect(text.contains("http_server_request_duration_seconds_bucket"))
         }
     }
+
+    @Test("each type's counter of appended events counts every append of that type, and only those")
+    func eventsByType() async throws {
+        try await withLiveApplication { http, _ in
+            for order in ["o-1", "o-2", "o-3"] { try await http.send(.post, "/v1/orders", json: newOrder(order)) }
+            for order in ["o-1", "o-2"] {
+                try await http.send(.post, "/v1/orders/\(order)/events", json: ["type": "failed", "data": ["reason": "cancelled"]])
+            }
+            let text = String(buffer: try await http.client.execute(uri: "/metrics", method: .get).body)
+            #expect(text.contains(#"ledger_events_appended_total{type="created"} 3"#))
+            #expect(text.contains(#"ledger_events_appended_total{type="failed"} 2"#))
+        }
+    }
 }
