@@ -11,8 +11,18 @@ public func buildRouter(
     database: Database, migrator: Migrator, apple: AppleProofVerifier, configuration: LedgerConfiguration = .init(),
     health: DatabaseHealth? = nil
 ) -> Router<LedgerRequestContext> {
-    let router = Router(context: LedgerRequestContext.self)
     let metrics = LedgerMetrics()
+    return buildRouter(
+        database: database.observingAppends(metrics.eventsAppended), migrator: migrator, apple: apple,
+        configuration: configuration, health: health, metrics: metrics)
+}
+
+/// The router, on a database whose appends `metrics` already counts.
+func buildRouter(
+    database: Database, migrator: Migrator, apple: AppleProofVerifier, configuration: LedgerConfiguration,
+    health: DatabaseHealth?, metrics: LedgerMetrics
+) -> Router<LedgerRequestContext> {
+    let router = Router(context: LedgerRequestContext.self)
     router.add(middleware: MetricsMiddleware(metrics: metrics))
     let routes = RouteTable()
     router.add(middleware: RequestIDMiddleware(routes: routes))
@@ -21,7 +31,7 @@ public func buildRouter(
     HealthController(database: database, migrator: migrator).addRoutes(to: router)
     let store = EventStore(database: database)
     let orders = OrderLedger(database: database, store: store)
-    OrdersController(ledger: orders, metrics: metrics).addRoutes(to: router)
+    OrdersController(ledger: orders).addRoutes(to: router)
     let receipts = ReceiptLedger(orders: orders)
     ReceiptsController(receipts: receipts, verifier: apple, metrics: metrics).addRoutes(to: router)
     NotificationsController(notifications: NotificationLedger(receipts: receipts), verifier: apple, metrics: metrics).addRoutes(to: router)
@@ -44,13 +54,15 @@ public func buildApplication(
     configuration: LedgerConfiguration, client: PostgresClient, logger: Logger, migrate: Bool = true,
     writerExecutor: (any TaskExecutor)? = nil
 ) throws -> some ApplicationProtocol {
-    let database = Database(client: client, logger: logger, writerExecutor: writerExecutor)
+    // Every event the ledger appends is counted, whichever route or service appended it.
+    let metrics = LedgerMetrics()
+    let database = Database(client: client, logger: logger, writerExecutor: writerExecutor, appendObserver: metrics.eventsAppended)
     let migrator = Migrator(logger: logger)
     let health = DatabaseHealth(database: database)
     var application = Application(
         router: buildRouter(
             database: database, migrator: migrator, apple: try configuration.apple.verifier(logger: logger),
-            configuration: configuration, health: health),
+            configuration: configuration, health: health, metrics: metrics),
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "order-ledger"),
         services: [client, health],
         logger: logger

@@ -41,8 +41,11 @@ final class LedgerMetrics: Sendable {
         histogram.record(duration)
     }
 
-    func eventAppended(type: String) {
-        counter("ledger_events_appended", help: "Order events appended, by type", label: "type", type).increment()
+    /// Events the ledger appended and committed, whichever route or service appended them.
+    @Sendable func eventsAppended(_ types: [String]) {
+        for type in types {
+            counter("ledger_events_appended", help: "Events appended to the log, by type", label: "type", type).increment()
+        }
     }
 
     /// Receipts by outcome: `rejected` and `retry-later` are the verification failures worth an alert.

@@ -6,7 +6,6 @@ import LedgerStore
 /// The order routes: create, append an event, read one, search.
 struct OrdersController {
     let ledger: OrderLedger
-    let metrics: LedgerMetrics
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
         router.post("/v1/orders") { request, context in try await create(request, context) }
@@ -28,7 +27,6 @@ struct OrdersController {
             throw LedgerInputError(field: "body", problem: "is not an order")
         }
         let outcome = try await ledger.create(id, created, tokenGiven: tokenGiven, metadata: metadata(context))
-        if outcome.appended { metrics.eventAppended(type: OrderEventType.created.rawValue) }
         var events = outcome.events
         if events == nil { events = try await ledger.store.readStream(id.streamID) }
         return Rendering.response(outcome.appended ? .created : .ok, text: Rendering.order(outcome.order, events: events))
@@ -82,7 +80,6 @@ struct OrdersController {
         let data = body.has("data") ? try body.objectData("data") : Data("{}".utf8)
         let event = try OrderEvent.decode(type: type, data: data)
         let outcome = try await ledger.append(id, event: event, eventID: eventID, expected: expected, data: data, metadata: metadata(context))
-        if outcome.appended { metrics.eventAppended(type: type.rawValue) }
         return Rendering.response(outcome.appended ? .created : .ok, text: Rendering.order(outcome.order))
     }
 

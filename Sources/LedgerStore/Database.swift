@@ -1,6 +1,7 @@
 import Logging
 import NIOCore
 import PostgresNIO
+import Synchronization
 
 /// A PostgreSQL connection pool with the ledger's transaction helper.
 public struct Database: Sendable {
@@ -10,11 +11,48 @@ public struct Database: Sendable {
     /// connections, so that a round trip resumes its writer without waking another thread); nil:
     /// the global executor.
     public let writerExecutor: (any TaskExecutor)?
+    /// Told the types of the events the ledger appended, once they are committed (the server
+    /// counts them by type for `GET /metrics`); a retry that appended nothing is not told.
+    public let appendObserver: (@Sendable (_ types: [String]) -> Void)?
 
-    public init(client: PostgresClient, logger: Logger, writerExecutor: (any TaskExecutor)? = nil) {
+    public init(
+        client: PostgresClient, logger: Logger, writerExecutor: (any TaskExecutor)? = nil,
+        appendObserver: (@Sendable (_ types: [String]) -> Void)? = nil
+    ) {
         self.client = client
         self.logger = logger
         self.writerExecutor = writerExecutor
+        self.appendObserver = appendObserver
+    }
+
+    /// This database, its appends told to `observer` instead.
+    public func observingAppends(_ observer: @escaping @Sendable (_ types: [String]) -> Void) -> Database {
+        Database(client: client, logger: logger, writerExecutor: writerExecutor, appendObserver: observer)
+    }
+
+    /// The events appended in the transaction `transaction` has open on one connection, told to
+    /// the observer once its COMMIT returns.
+    private final class PendingAppends: Sendable {
+        let connection: ObjectIdentifier
+        let types = Mutex<[String]>([])
+
+        init(_ connection: PostgresConnection) {
+            self.connection = ObjectIdentifier(connection)
+        }
+    }
+
+    @TaskLocal private static var pendingAppends: PendingAppends?
+
+    /// Tells the observer that events of `types` were appended: at once when they are committed
+    /// (`connection` nil, or a connection outside `transaction`, whose statements commit on their
+    /// own), else when the transaction open on `connection` commits.
+    func appended(_ types: [String], on connection: PostgresConnection?) {
+        guard let appendObserver, !types.isEmpty else { return }
+        if let connection, let pending = Self.pendingAppends, pending.connection == ObjectIdentifier(connection) {
+            pending.types.withLock { $0 += types }
+        } else {
+            appendObserver(types)
+        }
     }
 
     /// Runs `body` in one database transaction on one connection, rethrowing the body's own error.
@@ -26,9 +64,10 @@ public struct Database: Sendable {
     ) async throws -> Result {
         try await withConnection { connection in
             _ = try await Self.first(try await connection.atomicallyGuardedQuery("BEGIN", logger: logger).get())
+            let pending = appendObserver == nil ? nil : PendingAppends(connection)
             let result: Result
             do {
-                result = try await body(connection)
+                result = try await Self.$pendingAppends.withValue(pending) { try await body(connection) }
             } catch {
                 // On a connection the server dropped, a ROLLBACK can wait forever (it is queued on
                 // a connection that is closing); PostgreSQL rolls the transaction back anyway.
@@ -38,6 +77,10 @@ public struct Database: Sendable {
                 throw error
             }
             try await connection.guardedQuery("COMMIT", logger: logger)
+            if let pending, let appendObserver {
+                let types = pending.types.withLock { $0 }
+                if !types.isEmpty { appendObserver(types) }
+            }
             return result
         }
     }

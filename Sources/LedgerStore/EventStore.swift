@@ -33,7 +33,9 @@ public struct EventStore: Sendable {
         _ events: [NewEvent], to stream: StreamID, expectedVersion: ExpectedVersion = .any
     ) async throws -> AppendResult {
         guard !events.isEmpty else { throw AppendError.invalidBatch("a batch holds at least one event") }
-        return try await batcher.append(events, to: stream, expectedVersion: expectedVersion)
+        let result = try await batcher.append(events, to: stream, expectedVersion: expectedVersion)
+        if !result.replayed { database.appended(events.map(\.type), on: nil) }
+        return result
     }
 
     /// Appends `events` to `stream` on `connection`, inside the transaction the caller has open:
@@ -46,7 +48,9 @@ public struct EventStore: Sendable {
         guard !events.isEmpty else { throw AppendError.invalidBatch("a batch holds at least one event") }
         do {
             let rows = try await Self.appendRows(events, to: stream, expected: expectedVersion, on: connection, logger: database.logger)
-            return try Self.answer(rows, stream, expectedVersion).get()
+            let result = try Self.answer(rows, stream, expectedVersion).get()
+            if !result.replayed { database.appended(events.map(\.type), on: connection) }
+            return result
         } catch {
             throw Self.mapError(error, stream, expectedVersion, events)
         }

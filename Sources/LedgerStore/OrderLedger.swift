@@ -38,6 +38,7 @@ public struct OrderLedger: Sendable {
         let event = OrderEvent.created(body)
         let newEvent = try NewEvent(type: event.type.rawValue, data: event.encodedData(), metadata: metadata)
         if case .appended(let order, let created) = try await group.write(.init(id: id, event: event, newEvent: newEvent, expected: nil)) {
+            database.appended([newEvent.type], on: nil)
             return Outcome(order: order, appended: true, events: created.map { [$0] })
         }
         if let existing = try await order(id) {
@@ -81,6 +82,7 @@ public struct OrderLedger: Sendable {
         let (event, body) = try data.map { (event, $0) } ?? event.asStored()
         let newEvent = try NewEvent(id: eventID, type: event.type.rawValue, data: body, metadata: metadata)
         if case .appended(let order, _) = try await group.write(.init(id: id, event: event, newEvent: newEvent, expected: expected)) {
+            database.appended([newEvent.type], on: nil)
             return Outcome(order: order, appended: true)
         }
         return try await appendAlone(id, event: event, newEvent: newEvent, expected: expected)
@@ -157,7 +159,9 @@ public struct OrderLedger: Sendable {
         } catch {
             throw EventStore.mapError(error, stream, expected, newEvents)
         }
-        return (try EventStore.answer(statusRows, stream, expected).get(), extra)
+        let result = try EventStore.answer(statusRows, stream, expected).get()
+        if !result.replayed { database.appended(newEvents.map(\.type), on: connection) }
+        return (result, extra)
     }
 
     /// Appends events the ledger itself decided (receipts, notifications) to an order the caller

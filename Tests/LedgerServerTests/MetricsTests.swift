@@ -3,6 +3,7 @@ import Hummingbird
 import HummingbirdTesting
 import LedgerServer
 import LedgerTestSupport
+import PostgresNIO
 import Testing
 
 @Suite("Metrics")
@@ -35,6 +36,37 @@ struct MetricsTests {
             let text = String(buffer: try await http.client.execute(uri: "/metrics", method: .get).body)
             #expect(text.contains(#"ledger_events_appended_total{type="created"} 3"#))
             #expect(text.contains(#"ledger_events_appended_total{type="failed"} 2"#))
+        }
+    }
+
+    @Test("events the ledger appends itself (receipts, the pool) are counted too, as the log holds them; a re-sent proof or a refused claim adds nothing")
+    func everyAppendCounted() async throws {
+        let apple = try TestApple()
+        try await withReceiptsApplication(apple) { http, db in
+            let jws = try await apple.sign(TestApple.transaction("1000042"))
+            try await http.send(.post, "/v1/receipts", json: ["userId": "u-9", "signedTransaction": jws])
+            try await http.send(.post, "/v1/orders", json: newOrder("o-later", user: "u-9"))
+            for _ in 0..<2 {
+                let (_, matched) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-9", "orderId": "o-later", "signedTransaction": jws])
+                #expect(matched["outcome"] as? String == "matched")
+            }
+            try await http.send(.post, "/v1/orders/o-later/events", json: ["type": "delivered", "data": [:]])
+            // Another order's claim of the same transaction is refused: nothing appended, nothing counted.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-other", user: "u-9"))
+            let (_, duplicate) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-9", "orderId": "o-other", "signedTransaction": jws])
+            #expect(duplicate["outcome"] as? String == "duplicate")
+            let text = String(buffer: try await http.client.execute(uri: "/metrics", method: .get).body)
+            var counted: [String: Int] = [:]
+            for line in text.split(separator: "\n") where line.hasPrefix("ledger_events_appended_total{type=\"") {
+                let parts = line.dropFirst("ledger_events_appended_total{type=\"".count).split(separator: "\"")
+                counted[String(parts[0])] = Int(parts[1].dropFirst(2).trimmingCharacters(in: .whitespaces))
+            }
+            var logged: [String: Int] = [:]
+            let rows = try await db.client.query("SELECT type, count(*)::int FROM events GROUP BY type", logger: TestServer.logger)
+            for try await (type, count) in rows.decode((String, Int).self) { logged[type] = count }
+            #expect(counted == logged)
+            #expect(counted["transaction-unmatched"] == 1 && counted["transaction-matched"] == 1)
+            #expect(counted["receipt-received"] == 1 && counted["verified"] == 1 && counted["delivered"] == 1 && counted["created"] == 2)
         }
     }
 }

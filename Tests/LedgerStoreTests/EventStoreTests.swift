@@ -2,6 +2,7 @@ import Foundation
 import LedgerCore
 import LedgerStore
 import LedgerTestSupport
+import Synchronization
 import Testing
 
 @Suite("Event store: append and read")
@@ -29,6 +30,34 @@ struct EventStoreTests {
             #expect(tail.map(\.streamVersion) == [1, 2])
             #expect(try await db.store.currentVersion(of: stream) == 2)
             #expect(try await db.store.currentVersion(of: try uniqueStream()) == -1)
+        }
+    }
+
+    @Test("the append observer hears of committed appends only: not a rolled-back transaction's, not a replay")
+    func appendObserver() async throws {
+        try await withTestDatabase { db in
+            let heard = Mutex<[String]>([])
+            let database = db.database.observingAppends { types in heard.withLock { $0 += types } }
+            let store = EventStore(database: database)
+            struct Abandoned: Error {}
+            await #expect(throws: Abandoned.self) {
+                try await database.transaction { connection in
+                    _ = try await store.append([try event("payment-added")], to: try uniqueStream(), on: connection)
+                    throw Abandoned()
+                }
+            }
+            #expect(heard.withLock { $0 } == [])
+            let inTransaction = try event("verified")
+            let stream = try uniqueStream()
+            try await database.transaction { connection in
+                _ = try await store.append([inTransaction], to: stream, on: connection)
+                #expect(heard.withLock { $0 } == [], "not before COMMIT")
+            }
+            #expect(heard.withLock { $0 } == ["verified"])
+            let alone = try event("delivered")
+            _ = try await store.append([alone], to: stream)
+            _ = try await store.append([alone], to: stream)
+            #expect(heard.withLock { $0 } == ["verified", "delivered"])
         }
     }
 
