@@ -31,13 +31,22 @@ public struct Database: Sendable {
     }
 
     /// The events appended in the transaction `transaction` has open on one connection, told to
-    /// the observer once its COMMIT returns.
+    /// the observer once its COMMIT returns; nil once that transaction ended (a task started in
+    /// it and outliving it then reports its appends at once).
     private final class PendingAppends: Sendable {
         let connection: ObjectIdentifier
-        let types = Mutex<[String]>([])
+        let types = Mutex<[String]?>([])
 
         init(_ connection: PostgresConnection) {
             self.connection = ObjectIdentifier(connection)
+        }
+
+        /// The types appended, and the end of the transaction.
+        func close() -> [String] {
+            types.withLock { types in
+                defer { types = nil }
+                return types ?? []
+            }
         }
     }
 
@@ -45,14 +54,20 @@ public struct Database: Sendable {
 
     /// Tells the observer that events of `types` were appended: at once when they are committed
     /// (`connection` nil, or a connection outside `transaction`, whose statements commit on their
-    /// own), else when the transaction open on `connection` commits.
-    func appended(_ types: [String], on connection: PostgresConnection?) {
-        guard let appendObserver, !types.isEmpty else { return }
-        if let connection, let pending = Self.pendingAppends, pending.connection == ObjectIdentifier(connection) {
-            pending.types.withLock { $0 += types }
-        } else {
-            appendObserver(types)
+    /// own), else when the transaction open on `connection` commits. (An append in a transaction
+    /// opened some other way than `transaction` is told at once, whatever becomes of it.)
+    func appended(_ types: @autoclosure () -> [String], on connection: PostgresConnection?) {
+        guard let appendObserver else { return }
+        let types = types()
+        guard !types.isEmpty else { return }
+        if let connection, let pending = Self.pendingAppends, pending.connection == ObjectIdentifier(connection),
+           pending.types.withLock({ held in
+               held?.append(contentsOf: types)
+               return held != nil
+           }) {
+            return
         }
+        appendObserver(types)
     }
 
     /// Runs `body` in one database transaction on one connection, rethrowing the body's own error.
@@ -67,8 +82,13 @@ public struct Database: Sendable {
             let pending = appendObserver == nil ? nil : PendingAppends(connection)
             let result: Result
             do {
-                result = try await Self.$pendingAppends.withValue(pending) { try await body(connection) }
+                if let pending {
+                    result = try await Self.$pendingAppends.withValue(pending) { try await body(connection) }
+                } else {
+                    result = try await body(connection)
+                }
             } catch {
+                _ = pending?.close()
                 // On a connection the server dropped, a ROLLBACK can wait forever (it is queued on
                 // a connection that is closing); PostgreSQL rolls the transaction back anyway.
                 if !connection.isClosed, !isConnectionFailure(error) {
@@ -76,9 +96,14 @@ public struct Database: Sendable {
                 }
                 throw error
             }
-            try await connection.guardedQuery("COMMIT", logger: logger)
+            do {
+                try await connection.guardedQuery("COMMIT", logger: logger)
+            } catch {
+                _ = pending?.close()
+                throw error
+            }
             if let pending, let appendObserver {
-                let types = pending.types.withLock { $0 }
+                let types = pending.close()
                 if !types.isEmpty { appendObserver(types) }
             }
             return result

@@ -39,7 +39,7 @@ struct MetricsTests {
         }
     }
 
-    @Test("events the ledger appends itself (receipts, the pool) are counted too, as the log holds them; a re-sent proof or a refused claim adds nothing")
+    @Test("events the ledger appends itself (receipts, the pool) are counted too, as the log holds them; a re-sent proof adds nothing")
     func everyAppendCounted() async throws {
         let apple = try TestApple()
         try await withReceiptsApplication(apple) { http, db in
@@ -51,7 +51,7 @@ struct MetricsTests {
                 #expect(matched["outcome"] as? String == "matched")
             }
             try await http.send(.post, "/v1/orders/o-later/events", json: ["type": "delivered", "data": [:]])
-            // Another order's claim of the same transaction is refused: nothing appended, nothing counted.
+            // Another order's claim of the same transaction: `failed` on that order, and no second claim.
             try await http.send(.post, "/v1/orders", json: newOrder("o-other", user: "u-9"))
             let (_, duplicate) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-9", "orderId": "o-other", "signedTransaction": jws])
             #expect(duplicate["outcome"] as? String == "duplicate")
@@ -67,6 +67,7 @@ struct MetricsTests {
             #expect(counted == logged)
             #expect(counted["transaction-unmatched"] == 1 && counted["transaction-matched"] == 1)
             #expect(counted["receipt-received"] == 1 && counted["verified"] == 1 && counted["delivered"] == 1 && counted["created"] == 2)
+            #expect(counted["failed"] == 1)
         }
     }
 }
