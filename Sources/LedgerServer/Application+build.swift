@@ -56,7 +56,7 @@ public func buildApplication(
 ) throws -> some ApplicationProtocol {
     // Every event the ledger appends is counted, whichever route or service appended it.
     let metrics = LedgerMetrics()
-    let database = Database(client: client, logger: logger, writerExecutor: writerExecutor, appendObserver: metrics.eventsAppended)
+    let database = Database(client: client, logger: logger, writerExecutor: writerExecutor).observingAppends(metrics.eventsAppended)
     let migrator = Migrator(logger: logger)
     let health = DatabaseHealth(database: database)
     var application = Application(

@@ -1,3 +1,4 @@
+import LedgerCore
 import Logging
 import NIOCore
 import PostgresNIO
@@ -12,22 +13,21 @@ public struct Database: Sendable {
     /// the global executor.
     public let writerExecutor: (any TaskExecutor)?
     /// Told the types of the events the ledger appended, once they are committed (the server
-    /// counts them by type for `GET /metrics`); a retry that appended nothing is not told.
-    public let appendObserver: (@Sendable (_ types: [String]) -> Void)?
+    /// counts them by type for `GET /metrics`); a retry that appended nothing is not told. Set
+    /// with `observingAppends`.
+    private var appendObserver: (@Sendable (_ types: [String]) -> Void)?
 
-    public init(
-        client: PostgresClient, logger: Logger, writerExecutor: (any TaskExecutor)? = nil,
-        appendObserver: (@Sendable (_ types: [String]) -> Void)? = nil
-    ) {
+    public init(client: PostgresClient, logger: Logger, writerExecutor: (any TaskExecutor)? = nil) {
         self.client = client
         self.logger = logger
         self.writerExecutor = writerExecutor
-        self.appendObserver = appendObserver
     }
 
     /// This database, its appends told to `observer` instead.
     public func observingAppends(_ observer: @escaping @Sendable (_ types: [String]) -> Void) -> Database {
-        Database(client: client, logger: logger, writerExecutor: writerExecutor, appendObserver: observer)
+        var database = self
+        database.appendObserver = observer
+        return database
     }
 
     /// The events appended in the transaction `transaction` has open on one connection, told to
@@ -41,7 +41,15 @@ public struct Database: Sendable {
             self.connection = ObjectIdentifier(connection)
         }
 
-        /// The types appended, and the end of the transaction.
+        /// Holds `types` until the transaction ends; false once it has ended.
+        func hold(_ appended: [String]) -> Bool {
+            types.withLock { held in
+                held?.append(contentsOf: appended)
+                return held != nil
+            }
+        }
+
+        /// The types appended, and the end of the transaction ([] once it has ended).
         func close() -> [String] {
             types.withLock { types in
                 defer { types = nil }
@@ -61,13 +69,15 @@ public struct Database: Sendable {
         let types = types()
         guard !types.isEmpty else { return }
         if let connection, let pending = Self.pendingAppends, pending.connection == ObjectIdentifier(connection),
-           pending.types.withLock({ held in
-               held?.append(contentsOf: types)
-               return held != nil
-           }) {
+           pending.hold(types) {
             return
         }
         appendObserver(types)
+    }
+
+    /// `appended` for the events of one append, unless it was a replay (nothing appended).
+    func appended(_ events: [NewEvent], by result: AppendResult, on connection: PostgresConnection?) {
+        if !result.replayed { appended(events.map(\.type), on: connection) }
     }
 
     /// Runs `body` in one database transaction on one connection, rethrowing the body's own error.
@@ -80,6 +90,8 @@ public struct Database: Sendable {
         try await withConnection { connection in
             _ = try await Self.first(try await connection.atomicallyGuardedQuery("BEGIN", logger: logger).get())
             let pending = appendObserver == nil ? nil : PendingAppends(connection)
+            // Whatever ends the transaction ends the list (after COMMIT, `close` has taken it).
+            defer { _ = pending?.close() }
             let result: Result
             do {
                 if let pending {
@@ -88,7 +100,6 @@ public struct Database: Sendable {
                     result = try await body(connection)
                 }
             } catch {
-                _ = pending?.close()
                 // On a connection the server dropped, a ROLLBACK can wait forever (it is queued on
                 // a connection that is closing); PostgreSQL rolls the transaction back anyway.
                 if !connection.isClosed, !isConnectionFailure(error) {
@@ -96,12 +107,7 @@ public struct Database: Sendable {
                 }
                 throw error
             }
-            do {
-                try await connection.guardedQuery("COMMIT", logger: logger)
-            } catch {
-                _ = pending?.close()
-                throw error
-            }
+            try await connection.guardedQuery("COMMIT", logger: logger)
             if let pending, let appendObserver {
                 let types = pending.close()
                 if !types.isEmpty { appendObserver(types) }

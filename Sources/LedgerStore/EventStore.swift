@@ -34,7 +34,7 @@ public struct EventStore: Sendable {
     ) async throws -> AppendResult {
         guard !events.isEmpty else { throw AppendError.invalidBatch("a batch holds at least one event") }
         let result = try await batcher.append(events, to: stream, expectedVersion: expectedVersion)
-        if !result.replayed { database.appended(events.map(\.type), on: nil) }
+        database.appended(events, by: result, on: nil)
         return result
     }
 
@@ -49,7 +49,7 @@ public struct EventStore: Sendable {
         do {
             let rows = try await Self.appendRows(events, to: stream, expected: expectedVersion, on: connection, logger: database.logger)
             let result = try Self.answer(rows, stream, expectedVersion).get()
-            if !result.replayed { database.appended(events.map(\.type), on: connection) }
+            database.appended(events, by: result, on: connection)
             return result
         } catch {
             throw Self.mapError(error, stream, expectedVersion, events)

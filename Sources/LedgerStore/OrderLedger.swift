@@ -160,7 +160,7 @@ public struct OrderLedger: Sendable {
             throw EventStore.mapError(error, stream, expected, newEvents)
         }
         let result = try EventStore.answer(statusRows, stream, expected).get()
-        if !result.replayed { database.appended(newEvents.map(\.type), on: connection) }
+        database.appended(newEvents, by: result, on: connection)
         return (result, extra)
     }
 

@@ -58,6 +58,10 @@ struct SupportRoutesTests {
             #expect(refused == .conflict && errorOf(error)["code"] as? String == "user-mismatch")
             let (noReason, _) = try await http.send(.post, "/v1/transactions/7000010/match", json: ["orderId": "s-other", "force": true])
             #expect(noReason == .badRequest)
+            for force: Any in ["yes", 1, ["on"]] {
+                let (notBoolean, why) = try await http.send(.post, "/v1/transactions/7000010/match", json: ["orderId": "s-own", "force": force, "reason": "r"])
+                #expect(notBoolean == .badRequest && (errorOf(why)["message"] as? String ?? "").contains("force"), "force: \(force)")
+            }
             let (status, order) = try await http.send(.post, "/v1/transactions/7000010/match", json: ["orderId": "s-own"])
             #expect(status == .ok && order["state"] as? String == "verified" && order["transactionId"] as? String == "7000010")
             let (again, twice) = try await http.send(.post, "/v1/transactions/7000010/match", json: ["orderId": "s-own"])
