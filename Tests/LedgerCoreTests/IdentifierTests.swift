@@ -84,4 +84,21 @@ struct IdentifierTests {
         #expect(any == [0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x4F, 0xFF, 0xBF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF])
         #expect(all == [0, 0, 0, 0, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 0])
     }
+
+    @Test("random bytes come from blocks handed out once, also to concurrent callers and across refills")
+    func randomBytesAreNeverHandedOutTwice() async {
+        // 8 tasks × 300 UUIDs cross several 4 KiB blocks (256 UUIDs each) while other tasks draw.
+        let drawn = await withTaskGroup(of: [UUID].self) { group in
+            for _ in 0..<8 { group.addTask { (0..<300).map { _ in UUID.random() } } }
+            return await group.reduce(into: [UUID]()) { $0 += $1 }
+        }
+        #expect(Set(drawn).count == 2_400)
+        // Larger requests go straight to the kernel and are random too.
+        var large = [UInt8](repeating: 0, count: 8_192)
+        large.withUnsafeMutableBytes { RandomBytes.shared.fill($0) }
+        #expect(Set(large).count > 200, "8 KiB of random bytes hold nearly every byte value")
+        var odd = [UInt8](repeating: 0, count: 7)
+        odd.withUnsafeMutableBytes { RandomBytes.shared.fill($0) }
+        #expect(odd != [0, 0, 0, 0, 0, 0, 0])
+    }
 }
