@@ -13,18 +13,29 @@ import PostgresNIO
 /// order created, then taken through its events) against a `ledger serve` child process, next to
 /// pgbench's single-row INSERT at the same concurrency; then the same server's floor (GET
 /// /healthz from the same client), the most any route could reach; prints the server's peak RSS.
+///
+/// The HTTP workload and pgbench take turns, in rounds, at each level: this machine's speed swings
+/// by a third or more over minutes, and two measurements made minutes apart (pgbench used to run
+/// after every HTTP level) gave ratios from 0.24 to 0.51 for the same build. Measured in turns,
+/// both sides see the same phases; the ratio is the whole HTTP count over the whole pgbench count,
+/// and each round's own ratio is printed beside it.
 struct BenchHTTP: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "http", abstract: "Order events over HTTP against a pgbench INSERT baseline.")
 
     @OptionGroup var options: ConfigurationOptions
-    @Option(help: "Seconds to measure")
+    @Option(help: "Seconds to measure each side at each level, in all (split over the rounds)")
     var seconds = 15
     @Option(help: "Concurrent keep-alive clients, comma-separated (one measurement each)")
     var concurrency = "1,8,32"
+    @Option(help: "Rounds at each level: the HTTP workload and pgbench take turns, seconds/rounds each")
+    var rounds = 3
 
     func run() async throws {
         let configuration = try options.load()
         let logger = BenchAppend.logger
+        let levels = concurrency.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }.filter { $0 > 0 }
+        guard !levels.isEmpty else { throw CommandFailure("--concurrency takes client counts such as 1,8,32") }
+        guard rounds >= 1, seconds >= rounds else { throw CommandFailure("--rounds takes 1 to --seconds rounds (a round is at least 1 s)") }
         let opened = try await OpenedDatabase.open(configuration.database, logger: logger)
         defer { try? opened.close(logger: logger) }
         let benchConfiguration = try await BenchAppend.prepareDatabase(opened.clientConfiguration, logger: logger)
@@ -33,58 +44,67 @@ struct BenchHTTP: AsyncParsableCommand {
         }
         let work = try BenchServerChild.workDirectory("http")
         defer { try? FileManager.default.removeItem(at: work) }
-        let levels = concurrency.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }.filter { $0 > 0 }
-        guard !levels.isEmpty else { throw CommandFailure("--concurrency takes client counts such as 1,8,32") }
-        let (measured, peakRSS) = try await BenchServerChild.run(database: benchConfiguration, work: work) { _, base, server in
-            var results: [(events: Measured, floor: Measured)] = []
+        let pgbench = PgbenchBaseline(binaries: try PostgresBinaries.locate(), configuration: benchConfiguration, workDirectory: work)
+        let round = seconds / rounds
+        let (results, peakRSS) = try await BenchServerChild.run(database: benchConfiguration, work: work) { _, base, server in
+            var results: [Level] = []
             for level in levels {
-                let events = try await drive(base: base, key: key, concurrency: level, floor: false, server: server)
-                let floor = try await drive(base: base, key: key, concurrency: level, floor: true, server: server)
-                results.append((events, floor))
+                var measured = Level()
+                for _ in 0..<rounds {
+                    let events = try await drive(base: base, key: key, concurrency: level, seconds: round, floor: false, server: server)
+                    // The server stays up, idle, while pgbench runs.
+                    let before = MachineCPU.now()
+                    let baseline = try pgbench.run(concurrency: level, seconds: round)
+                    measured.add(events, baseline, MachineCPU.now() - before)
+                }
+                measured.floor = try await drive(base: base, key: key, concurrency: level, seconds: round, floor: true, server: server)
+                results.append(measured)
             }
             return results
         }
-        let pgbench = PgbenchBaseline(binaries: try PostgresBinaries.locate(), configuration: benchConfiguration, workDirectory: work)
-        let baselines = try levels.map { try pgbench.run(concurrency: $0, seconds: seconds) }
-        print("Order events over HTTP (keep-alive clients, each order created then taken through 5 events) vs pgbench single-row INSERT at the same concurrency, \(seconds) s each; one server for all levels")
+        print("Order events over HTTP (keep-alive clients, each order created then taken through 5 events) vs pgbench single-row INSERT at the same concurrency, \(rounds) rounds of \(round) s each, taking turns; one server for all levels")
         printTableHeader(["clients", "HTTP events/s", "p50 ms", "p99 ms", "failed", "server CPU µs/event", "PostgreSQL CPU µs/event",
-                          "pgbench rows/s", "p50 ms", "p99 ms", "ratio"])
-        for (level, (result, baseline)) in zip(levels, zip(measured, baselines)) {
+                          "pgbench rows/s", "p50 ms", "p99 ms", "ratio", "ratio by round"])
+        for (level, result) in zip(levels, results) {
             let events = result.events
             printTableRow(["\(level)"] + events.latencies.cells + ["\(events.failures)", format(events.serverMicroseconds), format(events.postgresMicroseconds)]
-                          + baseline.cells + [format(events.latencies.ratio(to: baseline), decimals: 2)])
+                          + result.baseline.cells + [format(events.latencies.ratio(to: result.baseline), decimals: 2),
+                                                     result.roundRatios.map { format($0, decimals: 2) }.joined(separator: " ")])
         }
         print("")
-        print("The same server's floor: GET /healthz (no database, no JSON body, no key) from the same client, \(seconds) s each; \"ratio\" is the most any route could reach against the pgbench figure above")
+        print("The same server's floor: GET /healthz (no database, no JSON body, no key) from the same client, \(round) s each; \"ratio\" is the most any route could reach against the pgbench figure above")
         printTableHeader(["clients", "requests/s", "p50 ms", "p99 ms", "server CPU µs/request", "ratio"])
-        for (level, (result, baseline)) in zip(levels, zip(measured, baselines)) {
-            printTableRow(["\(level)"] + result.floor.latencies.cells + [format(result.floor.serverMicroseconds), format(result.floor.latencies.ratio(to: baseline), decimals: 2)])
+        for (level, result) in zip(levels, results) {
+            guard let floor = result.floor else { continue }
+            printTableRow(["\(level)"] + floor.latencies.cells + [format(floor.serverMicroseconds), format(floor.latencies.ratio(to: result.baseline), decimals: 2)])
+        }
+        print("")
+        print("What one operation costs the whole machine (every core: the client, the server, PostgreSQL, the kernel), measured over the same rounds; where neither side leaves the cores idle, the throughput ratio is about the inverse of the cost ratio")
+        printTableHeader(["clients", "HTTP: busy CPU µs/event", "idle %", "pgbench: busy CPU µs/row", "idle %", "floor: busy CPU µs/request", "pgbench row / HTTP event"])
+        for (level, result) in zip(levels, results) {
+            let event = result.events.machine.microseconds(per: result.events.latencies.operations)
+            let row = result.baselineMachine.microseconds(per: result.baseline.operations)
+            printTableRow(["\(level)", format(event), format(result.events.machine.idlePercent), format(row), format(result.baselineMachine.idlePercent),
+                           result.floor.map { format($0.machine.microseconds(per: $0.latencies.operations)) } ?? "-", format(row / event, decimals: 2)])
         }
         print("")
         print("Server peak RSS over the whole run: \(format(Double(peakRSS) / 1024, decimals: 1)) MB")
         try await BenchAppend().dropDatabase(opened.clientConfiguration, logger: logger)
     }
 
-    /// One measured workload: the latencies of successful requests, the failures, and the CPU
-    /// time the server and the local PostgreSQL processes spent per successful request.
-    struct Measured {
-        let latencies: LatencySummary
-        let failures: Int
-        let serverMicroseconds: Double
-        let postgresMicroseconds: Double
-    }
-
-    /// Runs the workload (`floor`: GET /healthz instead) after a 2 s warm-up.
-    func drive(base: String, key: String, concurrency: Int, floor: Bool, server: pid_t) async throws -> Measured {
+    /// Runs the workload (`floor`: GET /healthz instead) for `seconds` after a 2 s warm-up.
+    func drive(base: String, key: String, concurrency: Int, seconds: Int, floor: Bool, server: pid_t) async throws -> Measured {
         let loop = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let run = UUID().uuidString.prefix(6)
         var start = ContinuousClock.now
         let outcome: HTTPLoad.Outcome
         var cpuAtStart = (server: 0.0, postgres: 0.0)
+        var machineAtStart = MachineCPU()
         do {
             _ = try await workload(loop.next(), base: base, key: key, concurrency: concurrency, floor: floor, until: .now() + .seconds(2), prefix: "warm-\(run)")
             start = .now
             cpuAtStart = (ProcessCPU.seconds(of: server), ProcessCPU.postgresSeconds())
+            machineAtStart = .now()
             outcome = try await workload(loop.next(), base: base, key: key, concurrency: concurrency, floor: floor, until: .now() + .seconds(Int64(seconds)), prefix: "run-\(run)")
         } catch {
             try? await loop.shutdownGracefully()
@@ -92,12 +112,13 @@ struct BenchHTTP: AsyncParsableCommand {
         }
         let elapsed = (ContinuousClock.now - start).inSeconds
         let cpu = (server: ProcessCPU.seconds(of: server) - cpuAtStart.server, postgres: ProcessCPU.postgresSeconds() - cpuAtStart.postgres)
+        let machine = MachineCPU.now() - machineAtStart
         try await loop.shutdownGracefully()
         let requests = Double(max(outcome.latencies.count, 1))
         return Measured(
             latencies: LatencySummary(operations: outcome.latencies.count, seconds: elapsed, latencies: outcome.latencies),
             failures: outcome.failures, serverMicroseconds: cpu.server / requests * 1_000_000,
-            postgresMicroseconds: cpu.postgres / requests * 1_000_000)
+            postgresMicroseconds: cpu.postgres / requests * 1_000_000, machine: machine)
     }
 
     /// Each client creates an order, then takes it through five events, one request at a time,
