@@ -1,5 +1,5 @@
 import Foundation
-import LedgerCore
+@testable import LedgerCore
 import Testing
 
 @Suite("Identifiers and expected versions")
@@ -93,12 +93,19 @@ struct IdentifierTests {
             return await group.reduce(into: [UUID]()) { $0 += $1 }
         }
         #expect(Set(drawn).count == 2_400)
-        // Larger requests go straight to the kernel and are random too.
-        var large = [UInt8](repeating: 0, count: 8_192)
-        large.withUnsafeMutableBytes { RandomBytes.shared.fill($0) }
-        #expect(Set(large).count > 200, "8 KiB of random bytes hold nearly every byte value")
-        var odd = [UInt8](repeating: 0, count: 7)
-        odd.withUnsafeMutableBytes { RandomBytes.shared.fill($0) }
-        #expect(odd != [0, 0, 0, 0, 0, 0, 0])
+        // Draws at and past the largest a block serves, one that ends a block exactly, and one
+        // that needs the next: no two share a byte run (a block handed out twice would repeat
+        // one), and none is left as zeros.
+        let bytes = RandomBytes()
+        var draws: [[UInt8]] = []
+        for size in [RandomBytes.largestBlockDraw, RandomBytes.largestBlockDraw + 1, 1_024, 1_024, 1_024 - 7, 7, 16, 8_192] {
+            var draw = [UInt8](repeating: 0, count: size)
+            draw.withUnsafeMutableBytes { bytes.fill($0) }
+            draws.append(draw)
+        }
+        let runs = draws.flatMap { draw in stride(from: 0, to: draw.count - 7, by: 8).map { Array(draw[$0..<($0 + 8)]) } }
+        #expect(Set(runs).count == runs.count, "an 8-byte run of random bytes came twice")
+        #expect(draws.allSatisfy { $0.contains { $0 != 0 } })
+        #expect(Set(draws[7]).count > 200, "8 KiB of random bytes hold nearly every byte value")
     }
 }
