@@ -2,20 +2,26 @@ import Foundation
 
 extension BenchHTTP {
     /// One measured workload: the latencies of successful requests, the failures, and the CPU
-    /// time the server and the local PostgreSQL processes spent per successful request.
+    /// time the server, the local PostgreSQL processes and the whole machine spent meanwhile.
     struct Measured {
         let latencies: LatencySummary
         let failures: Int
-        let serverMicroseconds: Double
-        let postgresMicroseconds: Double
+        /// CPU seconds of the server process and of the machine's PostgreSQL processes.
+        let serverSeconds: Double
+        let postgresSeconds: Double
         /// The whole machine's CPU over the measured window (client, server, PostgreSQL, kernel).
         let machine: MachineCPU
-        /// Seconds of CPU, for merging rounds.
-        var serverSeconds: Double { serverMicroseconds * Double(latencies.operations) / 1_000_000 }
-        var postgresSeconds: Double { postgresMicroseconds * Double(latencies.operations) / 1_000_000 }
+
+        /// CPU per successful request, in microseconds (nan without one).
+        var serverMicroseconds: Double { perRequest(serverSeconds) }
+        var postgresMicroseconds: Double { perRequest(postgresSeconds) }
+
+        private func perRequest(_ seconds: Double) -> Double {
+            latencies.operations > 0 ? seconds / Double(latencies.operations) * 1_000_000 : .nan
+        }
     }
 
-    /// One level's rounds, merged: the HTTP workload, pgbench, and each round's ratio.
+    /// One level's rounds: the HTTP workload, pgbench and the machine's CPU while pgbench ran.
     struct Level {
         private var rounds: [(events: Measured, baseline: LatencySummary, baselineMachine: MachineCPU)] = []
         var floor: Measured?
@@ -24,26 +30,22 @@ extension BenchHTTP {
             rounds.append((events, baseline, baselineMachine))
         }
 
-        /// The whole machine's CPU while pgbench ran, all rounds.
-        var baselineMachine: MachineCPU { rounds.reduce(MachineCPU()) { $0 + $1.baselineMachine } }
-
         var roundRatios: [Double] { rounds.map { $0.events.latencies.ratio(to: $0.baseline) } }
 
-        var events: Measured {
-            let operations = rounds.reduce(0) { $0 + $1.events.latencies.operations }
-            let count = Double(max(operations, 1))
-            return Measured(
-                latencies: LatencySummary(operations: operations, seconds: rounds.reduce(0) { $0 + $1.events.latencies.seconds },
+        /// All rounds as one measurement each side: counts, seconds and CPU added, latencies pooled.
+        func merged() -> (events: Measured, baseline: LatencySummary, baselineMachine: MachineCPU) {
+            let events = Measured(
+                latencies: LatencySummary(operations: rounds.reduce(0) { $0 + $1.events.latencies.operations },
+                                          seconds: rounds.reduce(0) { $0 + $1.events.latencies.seconds },
                                           latencies: rounds.flatMap(\.events.latencies.latencies)),
                 failures: rounds.reduce(0) { $0 + $1.events.failures },
-                serverMicroseconds: rounds.reduce(0) { $0 + $1.events.serverSeconds } / count * 1_000_000,
-                postgresMicroseconds: rounds.reduce(0) { $0 + $1.events.postgresSeconds } / count * 1_000_000,
+                serverSeconds: rounds.reduce(0) { $0 + $1.events.serverSeconds },
+                postgresSeconds: rounds.reduce(0) { $0 + $1.events.postgresSeconds },
                 machine: rounds.reduce(MachineCPU()) { $0 + $1.events.machine })
-        }
-
-        var baseline: LatencySummary {
-            LatencySummary(operations: rounds.reduce(0) { $0 + $1.baseline.operations }, seconds: rounds.reduce(0) { $0 + $1.baseline.seconds },
-                           latencies: rounds.flatMap(\.baseline.latencies))
+            let baseline = LatencySummary(
+                operations: rounds.reduce(0) { $0 + $1.baseline.operations }, seconds: rounds.reduce(0) { $0 + $1.baseline.seconds },
+                latencies: rounds.flatMap(\.baseline.latencies))
+            return (events, baseline, rounds.reduce(MachineCPU()) { $0 + $1.baselineMachine })
         }
     }
 }

@@ -14,18 +14,18 @@ import PostgresNIO
 /// pgbench's single-row INSERT at the same concurrency; then the same server's floor (GET
 /// /healthz from the same client), the most any route could reach; prints the server's peak RSS.
 ///
-/// The HTTP workload and pgbench take turns, in rounds, at each level: this machine's speed swings
-/// by a third or more over minutes, and two measurements made minutes apart (pgbench used to run
-/// after every HTTP level) gave ratios from 0.24 to 0.51 for the same build. Measured in turns,
-/// both sides see the same phases; the ratio is the whole HTTP count over the whole pgbench count,
-/// and each round's own ratio is printed beside it.
+/// The HTTP workload and pgbench take turns, in rounds, at each level, the one or the other first
+/// in every other round: this machine's speed swings by a third or more over minutes, and with
+/// pgbench measured once after all HTTP levels (the server stopped) the same build gave ratios
+/// from 0.24 to 0.51. Measured in turns, both sides see the same phases; the ratio is the whole
+/// HTTP count over the whole pgbench count, and each round's own ratio is printed beside it.
 struct BenchHTTP: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "http", abstract: "Order events over HTTP against a pgbench INSERT baseline.")
 
     @OptionGroup var options: ConfigurationOptions
-    @Option(help: "Seconds to measure each side at each level, in all (split over the rounds)")
+    @Option(help: "Seconds to measure each side at each level, in all (split over the rounds, in whole seconds)")
     var seconds = 15
-    @Option(help: "Concurrent keep-alive clients, comma-separated (one measurement each)")
+    @Option(help: "Concurrent keep-alive clients, comma-separated (one set of rounds each)")
     var concurrency = "1,8,32"
     @Option(help: "Rounds at each level: the HTTP workload and pgbench take turns, seconds/rounds each")
     var rounds = 3
@@ -50,12 +50,14 @@ struct BenchHTTP: AsyncParsableCommand {
             var results: [Level] = []
             for level in levels {
                 var measured = Level()
-                for _ in 0..<rounds {
+                for number in 0..<rounds {
+                    // Which side goes first alternates, so that a steady drift of the machine's
+                    // speed favours neither. The server stays up, idle, while pgbench runs.
+                    var baseline: (summary: LatencySummary, machine: MachineCPU)?
+                    if number % 2 == 1 { baseline = try pgbench.measure(concurrency: level, seconds: round) }
                     let events = try await drive(base: base, key: key, concurrency: level, seconds: round, floor: false, server: server)
-                    // The server stays up, idle, while pgbench runs.
-                    let before = MachineCPU.now()
-                    let baseline = try pgbench.run(concurrency: level, seconds: round)
-                    measured.add(events, baseline, MachineCPU.now() - before)
+                    if baseline == nil { baseline = try pgbench.measure(concurrency: level, seconds: round) }
+                    measured.add(events, baseline!.summary, baseline!.machine)
                 }
                 measured.floor = try await drive(base: base, key: key, concurrency: level, seconds: round, floor: true, server: server)
                 results.append(measured)
@@ -65,26 +67,27 @@ struct BenchHTTP: AsyncParsableCommand {
         print("Order events over HTTP (keep-alive clients, each order created then taken through 5 events) vs pgbench single-row INSERT at the same concurrency, \(rounds) rounds of \(round) s each, taking turns; one server for all levels")
         printTableHeader(["clients", "HTTP events/s", "p50 ms", "p99 ms", "failed", "server CPU µs/event", "PostgreSQL CPU µs/event",
                           "pgbench rows/s", "p50 ms", "p99 ms", "ratio", "ratio by round"])
-        for (level, result) in zip(levels, results) {
-            let events = result.events
+        let merged = results.map { $0.merged() }
+        for (level, (result, total)) in zip(levels, zip(results, merged)) {
+            let events = total.events
             printTableRow(["\(level)"] + events.latencies.cells + ["\(events.failures)", format(events.serverMicroseconds), format(events.postgresMicroseconds)]
-                          + result.baseline.cells + [format(events.latencies.ratio(to: result.baseline), decimals: 2),
-                                                     result.roundRatios.map { format($0, decimals: 2) }.joined(separator: " ")])
+                          + total.baseline.cells + [format(events.latencies.ratio(to: total.baseline), decimals: 2),
+                                                    result.roundRatios.map { format($0, decimals: 2) }.joined(separator: " ")])
         }
         print("")
-        print("The same server's floor: GET /healthz (no database, no JSON body, no key) from the same client, \(round) s each; \"ratio\" is the most any route could reach against the pgbench figure above")
+        print("The same server's floor: GET /healthz (no database, no JSON body, no key) from the same client, \(round) s once after the rounds; \"ratio\" is the most any route could reach against the pgbench figure above")
         printTableHeader(["clients", "requests/s", "p50 ms", "p99 ms", "server CPU µs/request", "ratio"])
-        for (level, result) in zip(levels, results) {
+        for (level, (result, total)) in zip(levels, zip(results, merged)) {
             guard let floor = result.floor else { continue }
-            printTableRow(["\(level)"] + floor.latencies.cells + [format(floor.serverMicroseconds), format(floor.latencies.ratio(to: result.baseline), decimals: 2)])
+            printTableRow(["\(level)"] + floor.latencies.cells + [format(floor.serverMicroseconds), format(floor.latencies.ratio(to: total.baseline), decimals: 2)])
         }
         print("")
-        print("What one operation costs the whole machine (every core: the client, the server, PostgreSQL, the kernel), measured over the same rounds; where neither side leaves the cores idle, the throughput ratio is about the inverse of the cost ratio")
+        print("What one operation costs the whole machine (every core: the client, the server, PostgreSQL, the kernel), measured over the same rounds, and the share of the time the cores sat idle; where neither side leaves them idle, the last column (a pgbench row's cost over an HTTP event's) is about the throughput ratio")
         printTableHeader(["clients", "HTTP: busy CPU µs/event", "idle %", "pgbench: busy CPU µs/row", "idle %", "floor: busy CPU µs/request", "pgbench row / HTTP event"])
-        for (level, result) in zip(levels, results) {
-            let event = result.events.machine.microseconds(per: result.events.latencies.operations)
-            let row = result.baselineMachine.microseconds(per: result.baseline.operations)
-            printTableRow(["\(level)", format(event), format(result.events.machine.idlePercent), format(row), format(result.baselineMachine.idlePercent),
+        for (level, (result, total)) in zip(levels, zip(results, merged)) {
+            let event = total.events.machine.microseconds(per: total.events.latencies.operations)
+            let row = total.baselineMachine.microseconds(per: total.baseline.operations)
+            printTableRow(["\(level)", format(event), format(total.events.machine.idlePercent), format(row), format(total.baselineMachine.idlePercent),
                            result.floor.map { format($0.machine.microseconds(per: $0.latencies.operations)) } ?? "-", format(row / event, decimals: 2)])
         }
         print("")
@@ -114,11 +117,9 @@ struct BenchHTTP: AsyncParsableCommand {
         let cpu = (server: ProcessCPU.seconds(of: server) - cpuAtStart.server, postgres: ProcessCPU.postgresSeconds() - cpuAtStart.postgres)
         let machine = MachineCPU.now() - machineAtStart
         try await loop.shutdownGracefully()
-        let requests = Double(max(outcome.latencies.count, 1))
         return Measured(
             latencies: LatencySummary(operations: outcome.latencies.count, seconds: elapsed, latencies: outcome.latencies),
-            failures: outcome.failures, serverMicroseconds: cpu.server / requests * 1_000_000,
-            postgresMicroseconds: cpu.postgres / requests * 1_000_000, machine: machine)
+            failures: outcome.failures, serverSeconds: cpu.server, postgresSeconds: cpu.postgres, machine: machine)
     }
 
     /// Each client creates an order, then takes it through five events, one request at a time,

@@ -15,6 +15,9 @@ enum BenchServerChild {
         var environment = [
             "LEDGER_DATABASE_URL": database.url, "LEDGER_PORT": "\(port)",
             "LEDGER_HOST": "127.0.0.1", "LEDGER_LOG_LEVEL": "warning",
+            // No background reconciler: its passes would land in the measurements (bench http
+            // measures pgbench while this server is up).
+            "LEDGER_RECONCILE_INTERVAL": "0",
         ]
         environment.merge(extra) { $1 }
         let server = try ProcessRunner(workingDirectory: work).spawn(

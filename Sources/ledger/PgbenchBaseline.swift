@@ -22,6 +22,12 @@ struct PgbenchBaseline {
         """
 
     func run(concurrency: Int, seconds: Int) throws -> LatencySummary {
+        try measure(concurrency: concurrency, seconds: seconds).summary
+    }
+
+    /// `run`, with the whole machine's CPU while pgbench ran (its start, its connections and its
+    /// rows; not the reading of its logs here afterwards).
+    func measure(concurrency: Int, seconds: Int) throws -> (summary: LatencySummary, machine: MachineCPU) {
         let runDirectory = workDirectory.appendingPathComponent("pgbench-\(concurrency)")
         try? FileManager.default.removeItem(at: runDirectory)
         try FileManager.default.createDirectory(at: runDirectory, withIntermediateDirectories: true)
@@ -40,9 +46,11 @@ struct PgbenchBaseline {
         arguments.append(configuration.database ?? configuration.username)
         if let password = configuration.password { setenv("PGPASSWORD", password, 1) }
 
+        let before = MachineCPU.now()
         let outcome = try ProcessRunner(workingDirectory: runDirectory).run(binaries.pgbench, arguments)
+        let machine = MachineCPU.now() - before
         guard outcome.status == 0 else { throw ValidationError("pgbench failed: \(outcome.output)") }
-        return try summary(output: outcome.output, logDirectory: runDirectory, seconds: seconds)
+        return (try summary(output: outcome.output, logDirectory: runDirectory, seconds: seconds), machine)
     }
 
     /// Transactions from the summary, latencies from the per-transaction logs (third field, µs).
