@@ -21,31 +21,27 @@ extension BenchHTTP {
         }
     }
 
-    /// One level's rounds: the HTTP workload, pgbench and the machine's CPU while pgbench ran.
+    /// One level's rounds: the HTTP workload, and pgbench with the machine's CPU while it ran.
     struct Level {
-        private var rounds: [(events: Measured, baseline: LatencySummary, baselineMachine: MachineCPU)] = []
+        private var rounds: [(events: Measured, baseline: PgbenchBaseline.Measurement)] = []
         var floor: Measured?
 
-        mutating func add(_ events: Measured, _ baseline: LatencySummary, _ baselineMachine: MachineCPU) {
-            rounds.append((events, baseline, baselineMachine))
+        mutating func add(_ events: Measured, _ baseline: PgbenchBaseline.Measurement) {
+            rounds.append((events, baseline))
         }
 
-        var roundRatios: [Double] { rounds.map { $0.events.latencies.ratio(to: $0.baseline) } }
+        var roundRatios: [Double] { rounds.map { $0.events.latencies.ratio(to: $0.baseline.summary) } }
 
         /// All rounds as one measurement each side: counts, seconds and CPU added, latencies pooled.
-        func merged() -> (events: Measured, baseline: LatencySummary, baselineMachine: MachineCPU) {
-            let events = Measured(
-                latencies: LatencySummary(operations: rounds.reduce(0) { $0 + $1.events.latencies.operations },
-                                          seconds: rounds.reduce(0) { $0 + $1.events.latencies.seconds },
-                                          latencies: rounds.flatMap(\.events.latencies.latencies)),
-                failures: rounds.reduce(0) { $0 + $1.events.failures },
-                serverSeconds: rounds.reduce(0) { $0 + $1.events.serverSeconds },
-                postgresSeconds: rounds.reduce(0) { $0 + $1.events.postgresSeconds },
-                machine: rounds.reduce(MachineCPU()) { $0 + $1.events.machine })
-            let baseline = LatencySummary(
-                operations: rounds.reduce(0) { $0 + $1.baseline.operations }, seconds: rounds.reduce(0) { $0 + $1.baseline.seconds },
-                latencies: rounds.flatMap(\.baseline.latencies))
-            return (events, baseline, rounds.reduce(MachineCPU()) { $0 + $1.baselineMachine })
+        func merged() -> (events: Measured, baseline: PgbenchBaseline.Measurement) {
+            let events = rounds.map(\.events)
+            let baselines = rounds.map(\.baseline)
+            return (
+                Measured(
+                    latencies: LatencySummary(combining: events.map(\.latencies)), failures: events.reduce(0) { $0 + $1.failures },
+                    serverSeconds: events.reduce(0) { $0 + $1.serverSeconds }, postgresSeconds: events.reduce(0) { $0 + $1.postgresSeconds },
+                    machine: events.map(\.machine).reduce(MachineCPU(), +)),
+                (LatencySummary(combining: baselines.map(\.summary)), baselines.map(\.machine).reduce(MachineCPU(), +)))
         }
     }
 }

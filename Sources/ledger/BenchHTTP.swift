@@ -53,11 +53,15 @@ struct BenchHTTP: AsyncParsableCommand {
                 for number in 0..<rounds {
                     // Which side goes first alternates, so that a steady drift of the machine's
                     // speed favours neither. The server stays up, idle, while pgbench runs.
-                    var baseline: (summary: LatencySummary, machine: MachineCPU)?
-                    if number % 2 == 1 { baseline = try pgbench.measure(concurrency: level, seconds: round) }
-                    let events = try await drive(base: base, key: key, concurrency: level, seconds: round, floor: false, server: server)
-                    if baseline == nil { baseline = try pgbench.measure(concurrency: level, seconds: round) }
-                    measured.add(events, baseline!.summary, baseline!.machine)
+                    let events: Measured, baseline: PgbenchBaseline.Measurement
+                    if number.isMultiple(of: 2) {
+                        events = try await drive(base: base, key: key, concurrency: level, seconds: round, floor: false, server: server)
+                        baseline = try pgbench.measure(concurrency: level, seconds: round)
+                    } else {
+                        baseline = try pgbench.measure(concurrency: level, seconds: round)
+                        events = try await drive(base: base, key: key, concurrency: level, seconds: round, floor: false, server: server)
+                    }
+                    measured.add(events, baseline)
                 }
                 measured.floor = try await drive(base: base, key: key, concurrency: level, seconds: round, floor: true, server: server)
                 results.append(measured)
@@ -71,7 +75,7 @@ struct BenchHTTP: AsyncParsableCommand {
         for (level, (result, total)) in zip(levels, zip(results, merged)) {
             let events = total.events
             printTableRow(["\(level)"] + events.latencies.cells + ["\(events.failures)", format(events.serverMicroseconds), format(events.postgresMicroseconds)]
-                          + total.baseline.cells + [format(events.latencies.ratio(to: total.baseline), decimals: 2),
+                          + total.baseline.summary.cells + [format(events.latencies.ratio(to: total.baseline.summary), decimals: 2),
                                                     result.roundRatios.map { format($0, decimals: 2) }.joined(separator: " ")])
         }
         print("")
@@ -79,15 +83,15 @@ struct BenchHTTP: AsyncParsableCommand {
         printTableHeader(["clients", "requests/s", "p50 ms", "p99 ms", "server CPU µs/request", "ratio"])
         for (level, (result, total)) in zip(levels, zip(results, merged)) {
             guard let floor = result.floor else { continue }
-            printTableRow(["\(level)"] + floor.latencies.cells + [format(floor.serverMicroseconds), format(floor.latencies.ratio(to: total.baseline), decimals: 2)])
+            printTableRow(["\(level)"] + floor.latencies.cells + [format(floor.serverMicroseconds), format(floor.latencies.ratio(to: total.baseline.summary), decimals: 2)])
         }
         print("")
         print("What one operation costs the whole machine (every core: the client, the server, PostgreSQL, the kernel), measured over the same rounds, and the share of the time the cores sat idle; where neither side leaves them idle, the last column (a pgbench row's cost over an HTTP event's) is about the throughput ratio")
         printTableHeader(["clients", "HTTP: busy CPU µs/event", "idle %", "pgbench: busy CPU µs/row", "idle %", "floor: busy CPU µs/request", "pgbench row / HTTP event"])
         for (level, (result, total)) in zip(levels, zip(results, merged)) {
             let event = total.events.machine.microseconds(per: total.events.latencies.operations)
-            let row = total.baselineMachine.microseconds(per: total.baseline.operations)
-            printTableRow(["\(level)", format(event), format(total.events.machine.idlePercent), format(row), format(total.baselineMachine.idlePercent),
+            let row = total.baseline.machine.microseconds(per: total.baseline.summary.operations)
+            printTableRow(["\(level)", format(event), format(total.events.machine.idlePercent), format(row), format(total.baseline.machine.idlePercent),
                            result.floor.map { format($0.machine.microseconds(per: $0.latencies.operations)) } ?? "-", format(row / event, decimals: 2)])
         }
         print("")

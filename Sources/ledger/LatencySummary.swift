@@ -11,6 +11,12 @@ struct LatencySummary {
         self.latencies = latencies.sorted()
     }
 
+    /// Several runs as one: their operations and seconds added, their latencies pooled.
+    init(combining parts: [LatencySummary]) {
+        self.init(operations: parts.reduce(0) { $0 + $1.operations }, seconds: parts.reduce(0) { $0 + $1.seconds },
+                  latencies: parts.flatMap(\.latencies))
+    }
+
     var perSecond: Double { seconds > 0 ? Double(operations) / seconds : 0 }
 
     /// This run's throughput against `baseline`'s (nan without a baseline figure).

@@ -15,7 +15,7 @@ struct MachineCPU {
               let line = stat.split(separator: "\n").first, line.hasPrefix("cpu ") else { return MachineCPU() }
         let ticks = line.split(separator: " ").dropFirst().compactMap { Double($0) }
         guard ticks.count >= 7 else { return MachineCPU() }
-        let perSecond = Double(sysconf(Int32(_SC_CLK_TCK)))
+        let perSecond = ProcessCPU.ticksPerSecond
         // user nice system idle iowait irq softirq [steal ...]: steal is the host's, not ours.
         return MachineCPU(busy: (ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6]) / perSecond, idle: (ticks[3] + ticks[4]) / perSecond)
     }

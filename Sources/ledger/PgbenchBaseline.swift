@@ -25,9 +25,12 @@ struct PgbenchBaseline {
         try measure(concurrency: concurrency, seconds: seconds).summary
     }
 
-    /// `run`, with the whole machine's CPU while pgbench ran (its start, its connections and its
-    /// rows; not the reading of its logs here afterwards).
-    func measure(concurrency: Int, seconds: Int) throws -> (summary: LatencySummary, machine: MachineCPU) {
+    /// A run's figures and the whole machine's CPU while pgbench ran (its start, its connections
+    /// and its rows; not the reading of its logs here afterwards).
+    typealias Measurement = (summary: LatencySummary, machine: MachineCPU)
+
+    /// `run`, with the machine's CPU meanwhile.
+    func measure(concurrency: Int, seconds: Int) throws -> Measurement {
         let runDirectory = workDirectory.appendingPathComponent("pgbench-\(concurrency)")
         try? FileManager.default.removeItem(at: runDirectory)
         try FileManager.default.createDirectory(at: runDirectory, withIntermediateDirectories: true)

@@ -10,8 +10,11 @@ enum ProcessCPU {
         // After the command name: state is field 3, utime and stime fields 14 and 15.
         let fields = stat[stat.index(after: close)...].split(separator: " ")
         guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
-        return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+        return (user + system) / ticksPerSecond
     }
+
+    /// The unit of /proc's CPU times.
+    static let ticksPerSecond = Double(sysconf(Int32(_SC_CLK_TCK)))
 
     /// CPU seconds used so far by every process of this machine named `postgres` (the server's
     /// backends, its WAL writer, checkpointer and autovacuum); 0 for a database elsewhere.
