@@ -6,6 +6,7 @@ let package = Package(
     platforms: [.macOS(.v15)],
     products: [
         .executable(name: "ledger", targets: ["ledger"]),
+        .executable(name: "ledger-bench", targets: ["LedgerBench"]),
     ],
     dependencies: [
         .package(url: "https://github.com/hummingbird-project/hummingbird.git", from: "2.28.1"),
@@ -25,7 +26,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
     ],
     targets: [
-        /// Pure domain: events, stream ids, expected versions. No I/O.
+        /// The domain: events, the order state machine, the projections' rules, the reconciler's
+        /// rules, typed ids. No I/O, no JSON.
         .target(name: "LedgerCore"),
         /// The numbered SQL migrations of `sql/`, embedded in the binary.
         .target(
@@ -34,7 +36,7 @@ let package = Package(
             exclude: ["README.md"],
             resources: [.embedInCode("migrations")]
         ),
-        /// PostgreSQL: event store, migrations, the private cluster.
+        /// PostgreSQL: the one write path, reads of the log and projections, migrations, the private cluster.
         .target(
             name: "LedgerStore",
             dependencies: [
@@ -72,13 +74,27 @@ let package = Package(
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "NIOFoundationCompat", package: "swift-nio"),
             ]
         ),
+        /// The shipped executable: serve and the operator's commands.
         .executableTarget(
             name: "ledger",
             dependencies: [
                 "LedgerCore", "LedgerStore", "LedgerServer", "AppleReceipts",
                 .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ]
+        ),
+        /// `ledger-bench`: the benchmarks, their load generator and CPU readers; `scripts/bench` runs it.
+        .executableTarget(
+            name: "LedgerBench",
+            dependencies: [
+                "LedgerCore", "LedgerStore", "LedgerServer", "AppleReceipts",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),

@@ -10,18 +10,14 @@ public enum LedgerSchema {
     }
 
     public static let migrations: [Migration] = [
-        Migration(name: "001_event_log.sql", sql: String(decoding: PackageResources._01_event_log_sql, as: UTF8.self)),
-        Migration(name: "002_projections.sql", sql: String(decoding: PackageResources._02_projections_sql, as: UTF8.self)),
-        Migration(name: "003_api_keys.sql", sql: String(decoding: PackageResources._03_api_keys_sql, as: UTF8.self)),
-        Migration(name: "004_dashboards.sql", sql: String(decoding: PackageResources._04_dashboards_sql, as: UTF8.self)),
-        Migration(name: "005_receipts.sql", sql: String(decoding: PackageResources._05_receipts_sql, as: UTF8.self)),
-        Migration(name: "006_receipt_functions.sql", sql: String(decoding: PackageResources._06_receipt_functions_sql, as: UTF8.self)),
-        Migration(name: "007_reconciler.sql", sql: String(decoding: PackageResources._07_reconciler_sql, as: UTF8.self)),
-        Migration(name: "008_products.sql", sql: String(decoding: PackageResources._08_products_sql, as: UTF8.self)),
-        Migration(name: "009_order_append_function.sql", sql: String(decoding: PackageResources._09_order_append_function_sql, as: UTF8.self)),
-        Migration(name: "010_order_group_commit.sql", sql: String(decoding: PackageResources._10_order_group_commit_sql, as: UTF8.self)),
-        Migration(name: "011_cheaper_batches.sql", sql: String(decoding: PackageResources._11_cheaper_batches_sql, as: UTF8.self)),
-        Migration(name: "012_order_group_typed.sql", sql: String(decoding: PackageResources._12_order_group_typed_sql, as: UTF8.self)),
-        Migration(name: "013_order_rows_in_place.sql", sql: String(decoding: PackageResources._13_order_rows_in_place_sql, as: UTF8.self)),
+        Migration(name: "001_baseline.sql", sql: String(decoding: PackageResources._01_baseline_sql, as: UTF8.self)),
+    ]
+
+    /// The migrations of the schema before it was squashed into `001_baseline.sql`. Nothing made
+    /// by them was ever released: a database that has one is refused with how to start afresh.
+    public static let unreleased: Set<String> = [
+        "001_event_log.sql", "002_projections.sql", "003_api_keys.sql", "004_dashboards.sql", "005_receipts.sql",
+        "006_receipt_functions.sql", "007_reconciler.sql", "008_products.sql", "009_order_append_function.sql",
+        "010_order_group_commit.sql", "011_cheaper_batches.sql", "012_order_group_typed.sql", "013_order_rows_in_place.sql",
     ]
 }

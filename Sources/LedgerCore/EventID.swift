@@ -4,7 +4,7 @@ import Foundation
 public struct EventID: Hashable, Sendable, Codable, CustomStringConvertible {
     public let uuid: UUID
 
-    public init(_ uuid: UUID = .random()) {
+    public init(_ uuid: UUID = UUID()) {
         self.uuid = uuid
     }
 

@@ -1,23 +1,49 @@
 import Foundation
 
-/// An event a writer wants to append: its idempotency key, type and JSON bodies.
+/// What an event means to the projections: an order's event, a transaction's, or neither.
+public enum EventBody: Sendable, Equatable {
+    case order(OrderEvent)
+    case transaction(TransactionEvent)
+    /// Read by no projection: an audit record, a notification kept on a stream of its own.
+    case opaque(type: String)
+
+    /// The type as the log stores it.
+    public var type: String {
+        switch self {
+        case .order(let event): event.type.rawValue
+        case .transaction(let event): event.type.rawValue
+        case .opaque(let type): type
+        }
+    }
+}
+
+/// An event a writer wants to append: its idempotency key, what it means, and its JSON bodies.
 public struct NewEvent: Sendable, Equatable {
     /// The longest event type name the log accepts.
     public static let maximumTypeLength = 128
 
     public let id: EventID
-    public let type: String
-    /// The event's body: the UTF-8 text of one JSON value.
+    public let body: EventBody
+    /// The event's body as it is stored: the UTF-8 text of one JSON value, from which `body` was
+    /// read (or which was written from it).
     public let data: Data
     /// Who appended it, request id, causation: the UTF-8 text of one JSON object.
     public let metadata: Data
 
+    public var type: String { body.type }
+
+    /// An event no projection reads, of any type.
     public init(id: EventID = EventID(), type: String, data: Data, metadata: Data = Data("{}".utf8)) throws(LedgerInputError) {
         guard !type.isEmpty, type.count <= Self.maximumTypeLength else {
             throw LedgerInputError(field: "type", problem: "must have 1 to \(Self.maximumTypeLength) characters")
         }
+        self.init(id: id, body: .opaque(type: type), data: data, metadata: metadata)
+    }
+
+    /// An event with its typed body and the JSON that body is stored as.
+    public init(id: EventID = EventID(), body: EventBody, data: Data, metadata: Data = Data("{}".utf8)) {
         self.id = id
-        self.type = type
+        self.body = body
         self.data = data
         self.metadata = metadata
     }

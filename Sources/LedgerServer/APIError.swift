@@ -1,17 +1,17 @@
 import Foundation
 import Hummingbird
+import LedgerStore
 
 /// An error answered as `{"error": {"code", "message", …}}` with a stable code.
 public struct APIError: Error, HTTPResponseError, Sendable {
     public let status: HTTPResponse.Status
     public let code: String
     public let message: String
-    /// Further fields of the error object, such as the current version of a stream (values are
-    /// JSON-serializable: strings, numbers, arrays of them).
-    public let details: [String: any Sendable]
+    /// Further fields of the error object, such as the current version of a stream.
+    public let details: [String: JSONValue]
     public let headers: HTTPFields
 
-    public init(_ status: HTTPResponse.Status, code: String, message: String, details: [String: any Sendable] = [:], headers: HTTPFields = [:]) {
+    public init(_ status: HTTPResponse.Status, code: String, message: String, details: [String: JSONValue] = [:], headers: HTTPFields = [:]) {
         self.status = status
         self.code = code
         self.message = message
@@ -24,13 +24,20 @@ public struct APIError: Error, HTTPResponseError, Sendable {
     }
 
     func response(requestID: String?) -> Response {
-        var error: [String: Any] = details
-        error["code"] = code
-        error["message"] = message
-        if let requestID { error["requestId"] = requestID }
-        let body = (try? JSONSerialization.data(withJSONObject: ["error": error], options: [.sortedKeys])) ?? Data()
+        var error = details
+        error["code"] = .string(code)
+        error["message"] = .string(message)
+        if let requestID { error["requestId"] = .string(requestID) }
+        let body = (try? EventCoding.encoder.encode(["error": error])) ?? Data()
         var headers = headers
         headers[.contentType] = "application/json; charset=utf-8"
         return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: body)))
     }
+}
+
+extension JSONValue {
+    /// A list of strings, as error details give allowed values.
+    static func strings(_ values: [String]) -> JSONValue { .array(values.map(JSONValue.string)) }
+    /// An integer.
+    static func integer(_ value: Int64) -> JSONValue { .number(Decimal(value)) }
 }

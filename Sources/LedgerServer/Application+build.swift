@@ -29,8 +29,8 @@ func buildRouter(
     if let health { router.add(middleware: DatabaseGateMiddleware(health: health)) }
     router.add(middleware: AuthMiddleware(keys: APIKeyStore(database: database)))
     HealthController(database: database, migrator: migrator).addRoutes(to: router)
-    let store = EventStore(database: database)
-    let orders = OrderLedger(database: database, store: store)
+    // One writer for every route and service, so that their events share transactions.
+    let orders = OrderLedger(writer: LedgerWriter(database: database))
     OrdersController(ledger: orders).addRoutes(to: router)
     let receipts = ReceiptLedger(orders: orders)
     ReceiptsController(receipts: receipts, verifier: apple, metrics: metrics).addRoutes(to: router)
@@ -43,7 +43,7 @@ func buildRouter(
         Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
                  body: .init(byteBuffer: ByteBuffer(string: metrics.registry.emitToString())))
     }
-    EventsController(store: store).addRoutes(to: router)
+    EventsController(store: orders.store).addRoutes(to: router)
     routes.set(router.routes.map { ("\($0.method)", "\($0.path)") })
     return router
 }
@@ -51,12 +51,11 @@ func buildRouter(
 /// Builds the HTTP application: the PostgreSQL client runs as a service, migrations run before
 /// the server accepts connections. Throws when the Apple root certificates cannot be read.
 public func buildApplication(
-    configuration: LedgerConfiguration, client: PostgresClient, logger: Logger, migrate: Bool = true,
-    writerExecutor: (any TaskExecutor)? = nil
+    configuration: LedgerConfiguration, client: PostgresClient, logger: Logger, migrate: Bool = true
 ) throws -> some ApplicationProtocol {
     // Every event the ledger appends is counted, whichever route or service appended it.
     let metrics = LedgerMetrics()
-    let database = Database(client: client, logger: logger, writerExecutor: writerExecutor).observingAppends(metrics.eventsAppended)
+    let database = Database(client: client, logger: logger).observingAppends(metrics.eventsAppended)
     let migrator = Migrator(logger: logger)
     let health = DatabaseHealth(database: database)
     var application = Application(
@@ -68,7 +67,7 @@ public func buildApplication(
         logger: logger
     )
     if configuration.reconcileInterval > 0 {
-        let pass = configuration.reconcilerPass(ReceiptLedger(orders: OrderLedger(database: database, store: EventStore(database: database))))
+        let pass = configuration.reconcilerPass(ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database))))
         application.addServices(ReconcilerService(pass: pass, interval: .seconds(configuration.reconcileInterval), logger: logger))
     }
     if migrate {

@@ -28,7 +28,7 @@ struct AuthMiddleware: RouterMiddleware {
         }
         guard record.allows(scope) else {
             throw APIError(.forbidden, code: "forbidden", message: "the key \(record.name) lacks the \(scope.rawValue) scope",
-                           details: ["requiredScope": scope.rawValue])
+                           details: ["requiredScope": .string(scope.rawValue)])
         }
         var context = context
         context.apiKeyName = record.name

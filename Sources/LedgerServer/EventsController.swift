@@ -14,28 +14,33 @@ struct EventsController {
 
     /// `GET /v1/events?after=&limit=`: events after a position, in position order, never
     /// skipping one that commits later (docs/architecture.md).
-    func feed(_ request: Request) async throws -> Response {
+    func feed(_ request: Request) async throws -> Answer<Feed> {
         let query = request.uri.queryParameters
         let after = try Self.position(query["after"], field: "after")
         let limit = try OrdersController.limit(query["limit"], default: 100, maximum: 1000)
         let events = try await store.readAll(after: after, limit: limit)
-        var json = JSONText()
-        json.add("events", raw: JSONText.array(events.map { Rendering.event($0, withStream: true) }))
-        json.add("next", events.last?.position ?? after)
-        return Rendering.response(.ok, text: json.result)
+        return Answer(Feed(events: events.map { EventResponse($0, withStream: true) }, next: events.last?.position ?? after))
+    }
+
+    struct Feed: Encodable, Sendable {
+        let events: [EventResponse]
+        /// The position to read after next.
+        let next: Int64
     }
 
     /// `GET /v1/streams/{streamId}/events?from=&limit=`.
-    func stream(_ request: Request, _ context: LedgerRequestContext) async throws -> Response {
+    func stream(_ request: Request, _ context: LedgerRequestContext) async throws -> Answer<Stream> {
         let stream = try StreamID(pathParameter(context, "streamId"))
         let query = request.uri.queryParameters
         let from = try Self.position(query["from"], field: "from")
         let limit = try OrdersController.limit(query["limit"], default: 1000, maximum: 10_000)
         let events = try await store.readStream(stream, from: from, limit: limit)
-        var json = JSONText()
-        json.add("streamId", stream.rawValue)
-        json.add("events", raw: JSONText.array(events.map { Rendering.event($0) }))
-        return Rendering.response(.ok, text: json.result)
+        return Answer(Stream(streamId: stream, events: events.map { EventResponse($0) }))
+    }
+
+    struct Stream: Encodable, Sendable {
+        let streamId: StreamID
+        let events: [EventResponse]
     }
 
     static func position(_ text: Substring?, field: String) throws(LedgerInputError) -> Int64 {

@@ -8,7 +8,7 @@ struct HealthController {
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
         router.get("/healthz") { _, _ in
-            Rendering.response(.ok, ["status": "ok"])
+            Answer(["status": "ok"])
         }
         router.get("/readyz") { _, _ in
             await readiness()
@@ -18,7 +18,7 @@ struct HealthController {
     /// How long readiness waits for the database before answering 503.
     static let databaseTimeout = Duration.seconds(2)
 
-    func readiness() async -> Response {
+    func readiness() async -> Answer<[String: String]> {
         let status: MigrationStatus
         do {
             status = try await withThrowingTaskGroup(of: MigrationStatus.self) { group in
@@ -31,11 +31,11 @@ struct HealthController {
                 return try await group.next()!
             }
         } catch {
-            return Rendering.response(.serviceUnavailable, ["status": "not-ready", "reason": "the database is unreachable"])
+            return Answer(.serviceUnavailable, ["status": "not-ready", "reason": "the database is unreachable"])
         }
         guard status == .current else {
-            return Rendering.response(.serviceUnavailable, ["status": "not-ready", "reason": MigrationError(status: status).description])
+            return Answer(.serviceUnavailable, ["status": "not-ready", "reason": MigrationError(status: status).description])
         }
-        return Rendering.response(.ok, ["status": "ready"])
+        return Answer(["status": "ready"])
     }
 }

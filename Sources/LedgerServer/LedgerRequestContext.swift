@@ -1,6 +1,11 @@
+import Foundation
 import Hummingbird
+import LedgerCore
+import LedgerStore
+import NIOFoundationCompat
 
-/// The request context of every ledger route: Hummingbird's core plus the request id.
+/// The request context of every ledger route: Hummingbird's core plus the request id, with the
+/// ledger's JSON conventions for bodies in (`LedgerRequestDecoder`) and out (`EventCoding.encoder`).
 public struct LedgerRequestContext: RequestContext {
     public var coreContext: CoreRequestContextStorage
     /// The caller's `X-Request-Id` when it sent a usable one, else one made here.
@@ -13,6 +18,45 @@ public struct LedgerRequestContext: RequestContext {
         requestID = ""
     }
 
-    /// Bodies are read by `JSONBody` with the API's own limit and error.
-    public var maxUploadSize: Int { JSONBody.maximumBytes }
+    /// The largest body the API reads.
+    public static let maximumBodyBytes = 256 * 1024
+    public var maxUploadSize: Int { Self.maximumBodyBytes }
+    public var requestDecoder: LedgerRequestDecoder { LedgerRequestDecoder() }
+    public var responseEncoder: JSONEncoder { EventCoding.encoder }
+
+    /// The metadata recorded with every event appended through the API: the request id and the
+    /// name of the key it came with.
+    var eventMetadata: Data {
+        struct Metadata: Encodable {
+            let requestId: String
+            let appendedBy: String?
+        }
+        return (try? EventCoding.encoder.encode(Metadata(requestId: requestID, appendedBy: apiKeyName))) ?? Data("{}".utf8)
+    }
+}
+
+/// Reads a request's JSON body with `EventCoding.decoder`, turning what is wrong with it into the
+/// API's errors: too large (413), not a JSON object (400 `invalid-json`), a field missing or of
+/// the wrong type (400 `invalid-input` naming the field).
+public struct LedgerRequestDecoder: RequestDecoder {
+    public func decode<T: Decodable>(_ type: T.Type, from request: Request, context: some RequestContext) async throws -> T {
+        let buffer: ByteBuffer
+        do {
+            buffer = try await request.body.collect(upTo: context.maxUploadSize)
+        } catch {
+            throw APIError(.contentTooLarge, code: "body-too-large", message: "the body is larger than \(context.maxUploadSize / 1024) KiB")
+        }
+        guard buffer.readableBytes > 0 else {
+            throw APIError(.badRequest, code: "invalid-json", message: "the body is empty; send a JSON object")
+        }
+        do {
+            return try EventCoding.decoder.decode(T.self, from: buffer)
+        } catch DecodingError.dataCorrupted(let context) where context.codingPath.isEmpty {
+            throw APIError(.badRequest, code: "invalid-json", message: "the body is not valid JSON")
+        } catch DecodingError.typeMismatch(_, let context) where context.codingPath.isEmpty {
+            throw APIError(.badRequest, code: "invalid-json", message: "the body must be a JSON object")
+        } catch let error as DecodingError {
+            throw EventCoding.inputError(error, field: "body")
+        }
+    }
 }

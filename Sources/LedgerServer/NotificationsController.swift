@@ -15,12 +15,24 @@ struct NotificationsController {
         router.post("/v1/notifications/apple") { request, context in try await receive(request, context) }
     }
 
-    func receive(_ request: Request, _ context: LedgerRequestContext) async throws -> Response {
-        let body = try await JSONBody.read(request, context: context)
-        let signedPayload = try body.requiredString("signedPayload")
+    /// The body Apple posts.
+    struct Body: Decodable {
+        let signedPayload: String
+    }
+
+    /// What the ledger did with a notification.
+    struct Applied: Encodable, Sendable {
+        let notificationUUID: String
+        let applied: Bool
+        let streamId: StreamID
+        let type: String
+    }
+
+    func receive(_ request: Request, _ context: LedgerRequestContext) async throws -> Answer<Applied> {
+        let body = try await request.decode(as: Body.self, context: context)
         let notification: VerifiedNotification
         do {
-            notification = try await verifier.notification(signed: signedPayload)
+            notification = try await verifier.notification(signed: body.signedPayload)
         } catch {
             metrics.notificationAnswered("rejected")
             if error.isRetryable {
@@ -28,11 +40,12 @@ struct NotificationsController {
             }
             throw APIError(.badRequest, code: error.code, message: error.message)
         }
-        var json = JSONText()
-        json.add("requestId", context.requestID)
-        json.add("appendedBy", "apple-notification")
-        json.add("notificationType", notification.notificationType)
-        let metadata = Data(json.result.utf8)
+        struct Metadata: Encodable {
+            let requestId: String
+            let appendedBy = "apple-notification"
+            let notificationType: String
+        }
+        let metadata = try EventCoding.encoder.encode(Metadata(requestId: context.requestID, notificationType: notification.notificationType))
         let record = NotificationReceived(
             notificationUUID: notification.notificationUUID, notificationType: notification.notificationType,
             subtype: notification.subtype, transactionId: notification.transaction?.transactionId, signedDate: notification.signedDate)
@@ -41,9 +54,8 @@ struct NotificationsController {
                   revocationReason: notification.revocationReason),
             metadata: metadata)
         metrics.notificationAnswered(applied.appended ? "applied" : "repeated")
-        return Rendering.response(.ok, [
-            "notificationUUID": notification.notificationUUID.uuidString.lowercased(),
-            "applied": applied.appended, "streamId": applied.streamId.rawValue, "type": applied.type,
-        ])
+        return Answer(Applied(
+            notificationUUID: notification.notificationUUID.uuidString.lowercased(), applied: applied.appended,
+            streamId: applied.streamId, type: applied.type))
     }
 }

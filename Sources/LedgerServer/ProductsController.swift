@@ -9,25 +9,40 @@ struct ProductsController {
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
         router.get("/v1/products") { _, _ in
-            Rendering.response(.ok, ["products": try await catalog.list().map(Self.json)])
+            Answer(["products": try await catalog.list().map(ProductResponse.init)])
         }
         router.put("/v1/products/:productId") { request, context in
             let id = try ProductID(pathParameter(context, "productId"))
-            let body = try await JSONBody.read(request, context: context)
-            let statusText = try body.string("status") ?? "active"
+            let body = try await request.decode(as: SetProduct.self, context: context)
+            let statusText = body.status ?? "active"
             guard let status = ProductCatalog.Status(rawValue: statusText) else {
                 throw LedgerInputError(field: "status", problem: "must be active or retired")
             }
-            let product = try await catalog.set(id, status: status, price: try body.string("price"), currency: try body.string("currency"))
-            return Rendering.response(.ok, Self.json(product))
+            return Answer(ProductResponse(try await catalog.set(id, status: status, price: body.price, currency: body.currency)))
         }
     }
 
-    static func json(_ product: ProductCatalog.Product) -> [String: Any] {
-        [
-            "productId": product.productId.rawValue, "status": product.status.rawValue,
-            "price": product.price ?? NSNull(), "currency": product.currency ?? NSNull(),
-            "updatedAt": LedgerJSON.formatDate(product.updatedAt),
-        ]
+    /// The body of `PUT /v1/products/{productId}`.
+    struct SetProduct: Decodable {
+        let status: String?
+        let price: String?
+        let currency: String?
+    }
+
+    struct ProductResponse: Encodable, Sendable {
+        let product: ProductCatalog.Product
+
+        init(_ product: ProductCatalog.Product) { self.product = product }
+
+        enum CodingKeys: String, CodingKey { case productId, status, price, currency, updatedAt }
+
+        func encode(to encoder: any Encoder) throws {
+            var json = encoder.container(keyedBy: CodingKeys.self)
+            try json.encode(product.productId, forKey: .productId)
+            try json.encode(product.status.rawValue, forKey: .status)
+            try json.encode(product.price, forKey: .price)
+            try json.encode(product.currency, forKey: .currency)
+            try json.encode(product.updatedAt, forKey: .updatedAt)
+        }
     }
 }

@@ -16,25 +16,30 @@ struct ReceiptsController {
         router.post("/v1/receipts") { request, context in try await receive(request, context) }
     }
 
-    func receive(_ request: Request, _ context: LedgerRequestContext) async throws -> Response {
-        let body = try await JSONBody.read(request, context: context)
-        let userID = try body.string("userId").map { text throws(LedgerInputError) in try UserID(text) }
-        let orderID = try body.string("orderId").map { text throws(LedgerInputError) in try OrderID(text) }
-        let claimedID = try body.string("transactionId").map { text throws(LedgerInputError) in try TransactionID(text) }
-        let signed = try body.string("signedTransaction")
-        let receiptData = try body.string("receiptData")
-        let claim = ReceiptLedger.Claim(userId: userID, orderId: orderID)
-        let metadata = LedgerServer.metadata(context)
+    /// The body of `POST /v1/receipts`.
+    struct Proof: Decodable {
+        let userId: UserID?
+        let orderId: OrderID?
+        let transactionId: TransactionID?
+        let signedTransaction: String?
+        let receiptData: String?
+    }
 
-        switch (signed, receiptData) {
+    func receive(_ request: Request, _ context: LedgerRequestContext) async throws -> Response {
+        let body = try await request.decode(as: Proof.self, context: context)
+        let claimedID = body.transactionId
+        let claim = ReceiptLedger.Claim(userId: body.userId, orderId: body.orderId)
+        let metadata = context.eventMetadata
+
+        switch (body.signedTransaction, body.receiptData) {
         case (let jws?, nil):
             do {
                 let transaction = try await verifier.transaction(signed: jws)
                 let answer = try await receipts.apply(transaction, claim: claim, metadata: metadata)
                 metrics.receiptAnswered(answer.outcome.rawValue)
-                return Self.response(answer)
+                return try Self.response(answer, request, context)
             } catch let error as AppleVerificationError {
-                return try await refuse(error, format: .jws, proof: jws, claim: claim, transactionId: claimedID, metadata: metadata)
+                return try await refuse(error, format: .jws, proof: jws, claim: claim, transactionId: claimedID, metadata: metadata, request, context)
             }
         case (nil, let receipt?):
             do {
@@ -47,9 +52,9 @@ struct ReceiptsController {
                             ?? "the receipt holds no transaction")
                 }
                 metrics.receiptAnswered(primary.outcome.rawValue)
-                return Self.response(primary, transactions: answers.all)
+                return try Self.response(primary, transactions: answers.all, request, context)
             } catch let error as AppleVerificationError {
-                return try await refuse(error, format: .receipt, proof: receipt, claim: claim, transactionId: claimedID, metadata: metadata)
+                return try await refuse(error, format: .receipt, proof: receipt, claim: claim, transactionId: claimedID, metadata: metadata, request, context)
             }
         case (nil, nil):
             throw LedgerInputError(field: "signedTransaction", problem: "is missing: send signedTransaction (StoreKit 2) or receiptData (a legacy receipt)")
@@ -90,20 +95,17 @@ struct ReceiptsController {
     /// configured), else `rejected`, recorded for audit. No order changes either way.
     private func refuse(
         _ error: AppleVerificationError, format: ReceiptFormat, proof: String, claim: ReceiptLedger.Claim,
-        transactionId: TransactionID?, metadata: Data
+        transactionId: TransactionID?, metadata: Data, _ request: Request, _ context: LedgerRequestContext
     ) async throws -> Response {
-        var json: [String: Any] = [
-            "outcome": error.isRetryable ? ReceiptOutcome.retryLater.rawValue : ReceiptOutcome.rejected.rawValue,
-            "reason": error.code, "message": error.message,
+        let outcome = error.isRetryable ? ReceiptOutcome.retryLater : .rejected
+        let refusal = Refusal(
+            outcome: outcome, reason: error.code, message: error.message,
             // A proof the receipt does not contain may appear once the client refreshes its receipt.
-            "finishTransaction": !error.isRetryable && error.code != "transaction-not-in-receipt",
-        ]
-        if let status = error.appleStatus { json["appleStatus"] = status }
-        if let orderId = claim.orderId { json["orderId"] = orderId.rawValue }
-        if let transactionId { json["transactionId"] = transactionId.rawValue }
-        metrics.receiptAnswered(json["outcome"] as! String)
+            finishTransaction: !error.isRetryable && error.code != "transaction-not-in-receipt",
+            appleStatus: error.appleStatus, orderId: claim.orderId, transactionId: transactionId)
+        metrics.receiptAnswered(outcome.rawValue)
         if error.isRetryable {
-            var response = Rendering.response(.ok, json)
+            var response = try EventCoding.encoder.encode(refusal, from: request, context: context)
             response.headers[.retryAfter] = "60"
             return response
         }
@@ -111,26 +113,54 @@ struct ReceiptsController {
             .init(reason: error.code, message: error.message, format: format, receiptSha256: AppleProofVerifier.sha256(proof),
                   orderId: claim.orderId, userId: claim.userId, transactionId: transactionId),
             metadata: metadata)
-        return Rendering.response(.ok, json)
+        return try EventCoding.encoder.encode(refusal, from: request, context: context)
+    }
+
+    /// The answer to a proof that did not verify.
+    struct Refusal: Encodable {
+        let outcome: ReceiptOutcome
+        let reason: String
+        let message: String
+        let finishTransaction: Bool
+        let appleStatus: Int?
+        let orderId: OrderID?
+        let transactionId: TransactionID?
+    }
+
+    /// The answer to one transaction: its outcome, the order, and whether the client may finish.
+    struct TransactionAnswer: Encodable {
+        let answer: ReceiptLedger.Answer
+
+        enum CodingKeys: String, CodingKey { case outcome, transactionId, orderId, state, finishTransaction, reason }
+
+        func encode(to encoder: any Encoder) throws {
+            var json = encoder.container(keyedBy: CodingKeys.self)
+            try json.encode(answer.outcome, forKey: .outcome)
+            try json.encode(answer.transactionId, forKey: .transactionId)
+            try json.encode(answer.orderId, forKey: .orderId)
+            try json.encode(answer.state, forKey: .state)
+            try json.encode(answer.finishTransaction, forKey: .finishTransaction)
+            try json.encodeIfPresent(answer.reason, forKey: .reason)
+        }
     }
 
     /// The answer's JSON; for a legacy receipt, with each of its transactions' answers.
-    static func response(_ answer: ReceiptLedger.Answer, transactions: [ReceiptLedger.Answer]? = nil) -> Response {
-        var json = text(answer)
-        if let transactions {
-            json.add("transactions", raw: "[" + transactions.map { text($0).result }.joined(separator: ",") + "]")
-        }
-        return Response(status: .ok, headers: [.contentType: "application/json; charset=utf-8"], body: .init(byteBuffer: ByteBuffer(string: json.result)))
-    }
+    static func response(
+        _ answer: ReceiptLedger.Answer, transactions: [ReceiptLedger.Answer]? = nil, _ request: Request, _ context: LedgerRequestContext
+    ) throws -> Response {
+        struct Body: Encodable {
+            let answer: TransactionAnswer
+            let transactions: [TransactionAnswer]?
 
-    static func text(_ answer: ReceiptLedger.Answer) -> JSONText {
-        var json = JSONText()
-        json.add("outcome", answer.outcome.rawValue)
-        json.add("transactionId", answer.transactionId.rawValue)
-        json.add("orderId", answer.orderId?.rawValue)
-        json.add("state", answer.state?.rawValue)
-        json.add("finishTransaction", answer.finishTransaction)
-        if let reason = answer.reason { json.add("reason", reason) }
-        return json
+            func encode(to encoder: any Encoder) throws {
+                try answer.encode(to: encoder)
+                var json = encoder.container(keyedBy: CodingKeys.self)
+                try json.encodeIfPresent(transactions, forKey: .transactions)
+            }
+
+            enum CodingKeys: String, CodingKey { case transactions }
+        }
+        return try EventCoding.encoder.encode(
+            Body(answer: TransactionAnswer(answer: answer), transactions: transactions?.map(TransactionAnswer.init)), from: request, context: context)
     }
 }

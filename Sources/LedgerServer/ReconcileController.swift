@@ -11,9 +11,7 @@ struct ReconcileController {
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
         router.post("/v1/reconcile") { _, context in
-            let summary = try await pass.run(metadata: metadata(context))
-            let body = try JSONEncoder().encode(summary)
-            return Response(status: .ok, headers: [.contentType: "application/json; charset=utf-8"], body: .init(byteBuffer: ByteBuffer(bytes: body)))
+            Answer(try await pass.run(metadata: context.eventMetadata))
         }
     }
 }

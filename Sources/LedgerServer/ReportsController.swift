@@ -8,17 +8,14 @@ struct ReportsController {
     let database: Database
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
-        router.get("/v1/reports/reconciliation") { request, _ in
+        router.get("/v1/reports/reconciliation") { request, context in
             let query = request.uri.queryParameters
             let (from, to) = try ReportPeriod.parse(from: query["from"].map(String.init), to: query["to"].map(String.init))
             let report = try await ReconciliationReport.make(database: database, from: from, to: to)
             if (request.headers[.accept] ?? "").contains("text/csv") {
                 return Response(status: .ok, headers: [.contentType: "text/csv; charset=utf-8"], body: .init(byteBuffer: ByteBuffer(string: report.csv)))
             }
-            let encoder = JSONEncoder()
-            encoder.outputFormatting = [.sortedKeys]
-            return Response(status: .ok, headers: [.contentType: "application/json; charset=utf-8"],
-                            body: .init(byteBuffer: ByteBuffer(bytes: try encoder.encode(report))))
+            return try EventCoding.encoder.encode(report, from: request, context: context)
         }
     }
 }
@@ -34,10 +31,10 @@ public enum ReportPeriod {
     }
 
     static func date(_ text: String, field: String, endOfDay: Bool) throws(LedgerInputError) -> Date {
-        if text.count == 10, let day = LedgerJSON.parseDate(text + "T00:00:00Z") {
+        if text.count == 10, let day = EventCoding.parseDate(text + "T00:00:00Z") {
             return endOfDay ? day.addingTimeInterval(86_400) : day
         }
-        guard let date = LedgerJSON.parseDate(text) else {
+        guard let date = EventCoding.parseDate(text) else {
             throw LedgerInputError(field: field, problem: "must be a day such as 2026-11-01 or an ISO 8601 time")
         }
         return date

@@ -13,7 +13,7 @@ struct TransactionsController {
         router.post("/v1/transactions/:transactionId/match") { request, context in try await match(request, context) }
     }
 
-    func search(_ request: Request) async throws -> Response {
+    func search(_ request: Request) async throws -> Answer<Pool> {
         let query = request.uri.queryParameters
         let user = try query["userId"].map { try UserID(String($0)) }
         let product = try query["productId"].map { try ProductID(String($0)) }
@@ -23,31 +23,62 @@ struct TransactionsController {
         let to = try query["to"].map { try Self.date(String($0), field: "to") }
         let limit = try OrdersController.limit(query["limit"], default: 100, maximum: 1000)
         let found = try await desk.unmatched(userId: user, productId: product, from: from, to: to, transactionId: transaction, after: after, limit: limit)
-        var json: [String: Any] = ["transactions": found.map { pooled -> [String: Any] in
-            [
-                "transactionId": pooled.transactionId.rawValue, "userId": pooled.userId?.rawValue ?? NSNull(),
-                "productId": pooled.productId.rawValue, "purchaseDate": LedgerJSON.formatDate(pooled.purchaseDate),
-                "environment": pooled.environment ?? NSNull(), "appAccountToken": pooled.appAccountToken?.uuidString.lowercased() ?? NSNull(),
-                "receivedAt": LedgerJSON.formatDate(pooled.receivedAt),
-                "verification": pooled.verification.map(Rendering.parse) ?? NSNull(),
-            ]
-        }]
-        json["next"] = found.count == limit ? found.last?.transactionId.rawValue ?? NSNull() : NSNull()
-        return Rendering.response(.ok, json)
+        return Answer(Pool(transactions: found.map(Pooled.init), next: found.count == limit ? found.last?.transactionId.rawValue : nil))
     }
 
-    func match(_ request: Request, _ context: LedgerRequestContext) async throws -> Response {
+    /// A page of the pool: `next` is the last transaction id when the page is full, for `after=`.
+    struct Pool: Encodable, Sendable {
+        let transactions: [Pooled]
+        let next: String?
+
+        func encode(to encoder: any Encoder) throws {
+            var json = encoder.container(keyedBy: CodingKeys.self)
+            try json.encode(transactions, forKey: .transactions)
+            try json.encode(next, forKey: .next)
+        }
+
+        enum CodingKeys: String, CodingKey { case transactions, next }
+    }
+
+    /// A transaction waiting in the pool, as the API shows it.
+    struct Pooled: Encodable, Sendable {
+        let pooled: SupportDesk.PooledTransaction
+
+        init(_ pooled: SupportDesk.PooledTransaction) { self.pooled = pooled }
+
+        enum CodingKeys: String, CodingKey {
+            case transactionId, userId, productId, purchaseDate, environment, appAccountToken, receivedAt, verification
+        }
+
+        func encode(to encoder: any Encoder) throws {
+            var json = encoder.container(keyedBy: CodingKeys.self)
+            try json.encode(pooled.transactionId, forKey: .transactionId)
+            try json.encode(pooled.userId, forKey: .userId)
+            try json.encode(pooled.productId, forKey: .productId)
+            try json.encode(pooled.purchaseDate, forKey: .purchaseDate)
+            try json.encode(pooled.environment, forKey: .environment)
+            try json.encode(pooled.appAccountToken?.uuidString.lowercased(), forKey: .appAccountToken)
+            try json.encode(pooled.receivedAt, forKey: .receivedAt)
+            try json.encode(pooled.verification.map { JSONValue(json: $0) }, forKey: .verification)
+        }
+    }
+
+    /// The body of `POST /v1/transactions/{transactionId}/match`.
+    struct Match: Decodable {
+        let orderId: OrderID
+        let force: Bool?
+        let reason: String?
+    }
+
+    func match(_ request: Request, _ context: LedgerRequestContext) async throws -> OrderResponse {
         let id = try TransactionID(pathParameter(context, "transactionId"))
-        let body = try await JSONBody.read(request, context: context)
-        let order = try OrderID(body.requiredString("orderId"))
-        let force = try body.bool("force") ?? false
-        let reason = try body.string("reason")
-        let matched = try await desk.match(id, to: order, force: force, reason: reason, metadata: metadata(context))
-        return Rendering.response(.ok, text: Rendering.order(matched))
+        let body = try await request.decode(as: Match.self, context: context)
+        let matched = try await desk.match(id, to: body.orderId, force: body.force ?? false, reason: body.reason, metadata: context.eventMetadata)
+        return OrderResponse(matched)
     }
 
     static func date(_ text: String, field: String) throws(LedgerInputError) -> Date {
-        guard let date = LedgerJSON.parseDate(text) else {
+        guard let date = EventCoding.parseDate(text) else {
             throw LedgerInputError(field: field, problem: "must be an ISO 8601 time such as 2026-11-21T10:00:00Z")
         }
         return date

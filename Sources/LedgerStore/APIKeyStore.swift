@@ -39,7 +39,7 @@ public struct APIKeyStore: Sendable {
         do {
             try await database.query(
                 "INSERT INTO api_keys (name, key_hash, scopes) VALUES (\(name), \(Self.hash(key)), \(names))")
-        } catch let error as PSQLError where error.sqlState == "23505" {
+        } catch let error as PSQLError where error.sqlState == .uniqueViolation {
             throw APIKeyError.nameTaken(name)
         }
         return key

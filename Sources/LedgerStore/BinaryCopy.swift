@@ -6,8 +6,8 @@ import PostgresNIO
 /// Rows in PostgreSQL's binary `COPY` format, written a buffer at a time: the rebuild's bulk
 /// write, several times cheaper for PostgreSQL than the same rows as `INSERT`s.
 ///
-/// Dates and UUIDs go through postgres-nio's own encoders, so they are bit for bit what the
-/// inline projection's bound parameters write.
+/// UUIDs go through postgres-nio's own encoder; times are rounded to PostgreSQL's microseconds as
+/// the writer rounds them (`PostgresTime`), so a rebuilt row is bit for bit the row the writer wrote.
 struct BinaryCopyRows {
     private(set) var buffer: ByteBuffer
 
@@ -50,7 +50,7 @@ struct BinaryCopyRows {
 
     mutating func timestamp(_ value: Date?) {
         guard let value else { return null() }
-        field { value.encode(into: &$0, context: .default) }
+        field { $0.writeInteger(PostgresTime.microseconds(value)) }
     }
 
     mutating func uuid(_ value: UUID?) {

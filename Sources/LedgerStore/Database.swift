@@ -8,19 +8,14 @@ import Synchronization
 public struct Database: Sendable {
     public let client: PostgresClient
     public let logger: Logger
-    /// Where group-commit writers run (`EventLoopTaskExecutor` on the event loop of the client's
-    /// connections, so that a round trip resumes its writer without waking another thread); nil:
-    /// the global executor.
-    public let writerExecutor: (any TaskExecutor)?
     /// Told the types of the events the ledger appended, once they are committed (the server
     /// counts them by type for `GET /metrics`); a retry that appended nothing is not told. Set
     /// with `observingAppends`.
     private var appendObserver: (@Sendable (_ types: [String]) -> Void)?
 
-    public init(client: PostgresClient, logger: Logger, writerExecutor: (any TaskExecutor)? = nil) {
+    public init(client: PostgresClient, logger: Logger) {
         self.client = client
         self.logger = logger
-        self.writerExecutor = writerExecutor
     }
 
     /// This database, its appends told to `observer` instead.
@@ -73,11 +68,6 @@ public struct Database: Sendable {
             return
         }
         appendObserver(types)
-    }
-
-    /// `appended` for the events of one append, unless it was a replay (nothing appended).
-    func appended(_ events: [NewEvent], by result: AppendResult, on connection: PostgresConnection?) {
-        if !result.replayed { appended(events.map(\.type), on: connection) }
     }
 
     /// Runs `body` in one database transaction on one connection, rethrowing the body's own error.
@@ -173,13 +163,17 @@ public struct Database: Sendable {
 public func isConnectionFailure(_ error: any Error) -> Bool {
     if error is ConnectionClosedError { return true }
     guard let error = error as? PSQLError else { return false }
-    return [.connectionError, .serverClosedConnection, .clientClosedConnection, .poolClosed, .uncleanShutdown].contains(error.code)
-        || error.sqlState.map { $0.hasPrefix("08") || $0 == "57P01" || $0 == "57P02" || $0 == "57P03" } ?? false
+    if [.connectionError, .serverClosedConnection, .clientClosedConnection, .poolClosed, .uncleanShutdown].contains(error.code) {
+        return true
+    }
+    guard let state = error.sqlState else { return false }
+    // Class 08 is every connection exception; 57P01-57P03 a server shutting down or starting.
+    return state.raw.hasPrefix("08") || [.adminShutdown, .crashShutdown, .cannotConnectNow].contains(state)
 }
 
 extension PSQLError {
     /// The SQLSTATE of a server error, if this is one.
-    var sqlState: String? { serverInfo?[.sqlState] }
+    public var sqlState: PostgresError.Code? { serverInfo?[.sqlState].map(PostgresError.Code.init(raw:)) }
     /// The server's message text, if any.
     var serverMessage: String? { serverInfo?[.message] }
 }
@@ -237,4 +231,31 @@ public struct PooledRows: AsyncSequence, Sendable {
     }
 
     public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(base: rows.makeIterator()) }
+}
+
+/// Runs `body` with a running client (on `eventLoopGroup`, else postgres-nio's default loops),
+/// shutting the client down afterwards: for commands and tools that use the database for a while.
+public func withPostgresClient<Result: Sendable>(
+    _ configuration: PostgresClient.Configuration, eventLoopGroup: (any EventLoopGroup)? = nil, logger: Logger,
+    _ body: @Sendable (PostgresClient) async throws -> Result
+) async throws -> Result {
+    let client = eventLoopGroup.map { PostgresClient(configuration: configuration, eventLoopGroup: $0, backgroundLogger: logger) }
+        ?? PostgresClient(configuration: configuration, backgroundLogger: logger)
+    return try await withThrowingTaskGroup(of: Void.self) { group in
+        group.addTask { await client.run() }
+        defer { group.cancelAll() }
+        return try await body(client)
+    }
+}
+
+/// Drops the database `name` of the server `server` reaches (its `postgres` database), if it
+/// exists, connections and all; then, with `create`, makes it again, empty. For scratch
+/// databases of the demo and the benchmarks (`name` is a constant of theirs, never input).
+public func resetDatabase(_ name: String, on server: PostgresClient.Configuration, create: Bool = true, logger: Logger) async throws {
+    var admin = server
+    admin.database = "postgres"
+    try await withPostgresClient(admin, logger: logger) { client in
+        try await client.query(PostgresQuery(unsafeSQL: "DROP DATABASE IF EXISTS \(name) WITH (FORCE)"), logger: logger)
+        if create { try await client.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name)"), logger: logger) }
+    }
 }

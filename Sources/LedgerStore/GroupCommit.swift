@@ -24,9 +24,6 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
     typealias Select = @Sendable ([Work]) -> [Int]
     /// Writes one batch and resumes every continuation in it.
     typealias Execute = @Sendable ([Pending]) async -> Void
-    /// Runs a writer's batches (`body`, until none is pending) inside a resource held for all of
-    /// them, such as a leased connection; answers false when it could not run `body` at all.
-    typealias Session = @Sendable (_ body: @Sendable () async -> Void) async -> Bool
 
     private struct State: ~Copyable {
         var pending: [Pending] = []
@@ -35,33 +32,16 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
     }
 
     private let state = Mutex(State())
-    private let maximumWriters: Int
-    private let yieldsBetweenBatches: Int
-    private let writerPriority: TaskPriority?
-    private let writerExecutor: (any TaskExecutor)?
-    private let session: Session?
     private let select: Select
     private let execute: Execute
 
-    /// - Parameters:
-    ///   - yieldsBetweenBatches: how often a writer yields, at most, for the callers it just
-    ///     answered to submit again, so that the next batch carries them all instead of a few.
-    ///   - writerPriority: the writer task's priority. Where callers do much work of their own
-    ///     between submissions (HTTP requests), a writer of normal priority waits behind it all.
-    ///   - writerExecutor: where the writer task runs. Given the event loop of the database
-    ///     connections (`EventLoopTaskExecutor`), with the callers running there too, a batch's
-    ///     round trip and its answers need no thread switch.
-    ///   - session: what the writer holds while batches follow each other (a connection).
-    init(
-        maximumWriters: Int, yieldsBetweenBatches: Int, writerPriority: TaskPriority? = nil,
-        writerExecutor: (any TaskExecutor)? = nil, session: Session? = nil,
-        select: @escaping Select, execute: @escaping Execute
-    ) {
-        self.maximumWriters = max(1, maximumWriters)
-        self.yieldsBetweenBatches = yieldsBetweenBatches
-        self.writerPriority = writerPriority
-        self.writerExecutor = writerExecutor
-        self.session = session
+    /// One writer at a time: a second made smaller batches, each as long, and fewer events per second.
+    private let maximumWriters = 1
+    /// How often the writer yields, at most, for the callers it just answered to submit again, so
+    /// that the next batch carries them all instead of a few.
+    private let yieldsBetweenBatches = 16
+
+    init(select: @escaping Select, execute: @escaping Execute) {
         self.select = select
         self.execute = execute
     }
@@ -78,7 +58,9 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
                 return take(&state)
             }
             if let batch {
-                Task(executorPreference: writerExecutor, priority: writerPriority) { await self.write(startingWith: batch) }
+                // High priority: callers that do much work of their own between submissions (HTTP
+                // requests) would otherwise keep the writer waiting behind it all.
+                Task(priority: .high) { await self.writeBatches(startingWith: batch) }
             }
         }
     }
@@ -90,11 +72,6 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
         state.statistics.batches += 1
         state.statistics.items += batch.count
         return batch
-    }
-
-    private func write(startingWith first: [Pending]) async {
-        if let session, await session({ await self.writeBatches(startingWith: first) }) { return }
-        await writeBatches(startingWith: first)
     }
 
     private func writeBatches(startingWith first: [Pending]) async {

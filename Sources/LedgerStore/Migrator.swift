@@ -104,6 +104,9 @@ public struct Migrator: Sendable {
     /// A problem with what is applied, or nil when it agrees with the files.
     private func check(applied: [String: String]) throws -> MigrationStatus? {
         let known = Dictionary(uniqueKeysWithValues: migrations.map { ($0.name, $0) })
+        if let unreleased = applied.keys.sorted().first(where: { LedgerSchema.unreleased.contains($0) && known[$0] == nil }) {
+            return .unreleasedSchema(unreleased)
+        }
         for (name, checksum) in applied.sorted(by: { $0.key < $1.key }) {
             guard let migration = known[name] else { return .unknownApplied(name) }
             if migration.checksum != checksum { return .changed(name, applied: checksum, file: migration.checksum) }
@@ -122,6 +125,8 @@ public enum MigrationStatus: Sendable, Equatable {
     case pending([String])
     case changed(String, applied: String, file: String)
     case unknownApplied(String)
+    /// Made by the schema of before `001_baseline.sql` (named by one of its migrations), which was never released.
+    case unreleasedSchema(String)
     case failed(String, String)
 }
 
@@ -141,6 +146,8 @@ public struct MigrationError: Error, Sendable, Equatable, CustomStringConvertibl
             "migration \(name) was changed after it was applied (applied sha256 \(applied), file sha256 \(file)); restore the file and add a new migration instead"
         case .unknownApplied(let name):
             "the database has migration \(name), which this ledger does not know: is an older ledger running against a newer database?"
+        case .unreleasedSchema(let name):
+            "this database was made by an unreleased schema of the ledger (it has migration \(name)); start afresh: drop the database, or stop the ledger and remove its private cluster's folder (LEDGER_DATA_DIR, default ./.ledger), then start again"
         case .failed(let name, let reason): "migration \(name) failed: \(reason)"
         }
     }

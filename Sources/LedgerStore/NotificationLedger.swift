@@ -9,7 +9,8 @@ import PostgresNIO
 public struct NotificationLedger: Sendable {
     public let receipts: ReceiptLedger
     var orders: OrderLedger { receipts.orders }
-    var logger: Logger { receipts.logger }
+    var writer: LedgerWriter { receipts.writer }
+    var logger: Logger { receipts.database.logger }
 
     public init(receipts: ReceiptLedger) {
         self.receipts = receipts
@@ -40,62 +41,51 @@ public struct NotificationLedger: Sendable {
         public var type: String
     }
 
-    static let refundTypes: Set<String> = ["REFUND", "REVOKE"]
-
     public func apply(_ notification: Notification, metadata: Data) async throws -> Applied {
         try await orders.database.transaction { connection in
             let eventID = EventID(notification.record.notificationUUID)
             if let stored = try await storedEvent(eventID, on: connection) {
                 return Applied(appended: false, streamId: stored.stream, type: stored.type)
             }
-            let record = OrderEvent.notificationReceived(notification.record)
+            let record = notification.record
             guard let transaction = notification.transaction else {
                 // Nothing to tie it to: kept on a stream of its own.
-                let stream = StreamID(unchecked: "notification-" + notification.record.notificationUUID.uuidString.lowercased())
-                try await append(record.encodedData(), type: .notificationReceived, id: eventID, to: stream, metadata: metadata, on: connection)
+                let stream = StreamID(unchecked: "notification-" + record.notificationUUID.uuidString.lowercased())
+                let event = try NewEvent(id: eventID, type: OrderEventType.notificationReceived.rawValue, data: EventCoding.encoder.encode(record), metadata: metadata)
+                _ = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: stream)), on: connection)
                 return Applied(appended: true, streamId: stream, type: OrderEventType.notificationReceived.rawValue)
             }
-            try await receipts.lockTransaction(transaction.transactionId, on: connection)
-            var known = try await receipts.holderOfTransaction(transaction.transactionId, on: connection)
+            let id = transaction.transactionId
+            try await receipts.lockTransaction(id, on: connection)
+            var known = try await writer.read(orders: [], transactions: [id], on: connection).transaction(id)
             if known == nil {
                 // Unknown to the ledger: tied to its order by appAccountToken, or into the pool.
                 _ = try await receipts.apply(transaction, claim: .init(userId: nil, orderId: nil), metadata: metadata, on: connection)
-                known = try await receipts.holderOfTransaction(transaction.transactionId, on: connection)
+                known = try await writer.read(orders: [], transactions: [id], on: connection).transaction(id)
             }
-            guard let holder = known else { throw OrderLedgerError.duplicateTransaction(transaction.transactionId) }
-            let type = notification.record.notificationType
-            if let orderID = holder.orderId, let order = try await orders.projection.order(orderID, on: connection, forUpdate: true) {
-                var event = record
-                if Self.refundTypes.contains(type), OrderTransitions.isAllowed(.refunded, from: order.state) {
-                    event = .refunded(Refunded(
-                        revocationDate: notification.revocationDate ?? notification.record.signedDate,
-                        revocationReason: notification.revocationReason, revocationType: type))
-                } else if type == "REFUND_REVERSED", OrderTransitions.isAllowed(.refundReversed, from: order.state) {
-                    event = .refundReversed
+            guard let holder = known else { throw OrderLedgerError.duplicateTransaction(id) }
+            let type = record.notificationType
+            if let orderID = holder.orderId {
+                try await writer.lock([orderID.streamID], on: connection)
+                let snapshot = try await writer.read(orders: [orderID], transactions: [], on: connection)
+                if let order = snapshot.order(orderID) {
+                    var event = OrderEvent.notificationReceived(record)
+                    if AppleTransactionRecord.poolStatus(after: type) == .refunded, OrderTransitions.isAllowed(.refunded, from: order.state) {
+                        event = .refunded(Refunded(
+                            revocationDate: notification.revocationDate ?? record.signedDate,
+                            revocationReason: notification.revocationReason, revocationType: type))
+                    } else if type == "REFUND_REVERSED", OrderTransitions.isAllowed(.refundReversed, from: order.state) {
+                        event = .refundReversed
+                    }
+                    _ = try await receipts.append([(event, eventID)], to: order, metadata: metadata, on: connection, knowing: snapshot)
+                    return Applied(appended: true, streamId: orderID.streamID, type: event.type.rawValue)
                 }
-                _ = try await orders.apply([(event, eventID)], to: order, metadata: metadata, on: connection)
-                return Applied(appended: true, streamId: orderID.streamID, type: event.type.rawValue)
             }
-            let stream = transaction.transactionId.streamID
-            try await append(record.encodedData(), type: .notificationReceived, id: eventID, to: stream, metadata: metadata, on: connection)
-            if let status = Self.poolStatus(after: type) {
-                try await orders.projection.setPoolStatus(transaction.transactionId, status, at: try await orders.transactionTime(on: connection), on: connection)
-            }
-            return Applied(appended: true, streamId: stream, type: OrderEventType.notificationReceived.rawValue)
+            // Waiting in the pool: recorded on its stream, where a refund keeps it from being granted.
+            let event = try EventCoding.newEvent(TransactionEvent.notificationReceived(record), id: eventID, metadata: metadata)
+            _ = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: id.streamID)), on: connection)
+            return Applied(appended: true, streamId: id.streamID, type: TransactionEventType.notificationReceived.rawValue)
         }
-    }
-
-    /// What a notification does to a transaction waiting in the pool: a refunded one may not be
-    /// granted; a reversed refund puts it back.
-    static func poolStatus(after notificationType: String) -> String? {
-        if refundTypes.contains(notificationType) { return "refunded" }
-        if notificationType == "REFUND_REVERSED" { return "unmatched" }
-        return nil
-    }
-
-    private func append(_ data: Data, type: OrderEventType, id: EventID, to stream: StreamID, metadata: Data, on connection: PostgresConnection) async throws {
-        let event = try NewEvent(id: id, type: type.rawValue, data: data, metadata: metadata)
-        _ = try await orders.store.append([event], to: stream, expectedVersion: .any, on: connection)
     }
 
     private func storedEvent(_ id: EventID, on connection: PostgresConnection) async throws -> (stream: StreamID, type: String)? {

@@ -215,7 +215,7 @@ public struct PrivateCluster: Sendable {
         for try await count in rows.decode(Int.self) where count > 0 { return }
         do {
             try await connection.guardedQuery(PostgresQuery(unsafeSQL: "CREATE DATABASE \(Self.quoteIdentifier(name))"), logger: logger)
-        } catch let error as PSQLError where error.sqlState == "42P04" {
+        } catch let error as PSQLError where error.sqlState == .duplicateDatabase {
             // Created meanwhile by another process.
         }
     }

@@ -3,8 +3,8 @@ import LedgerCore
 import Logging
 import PostgresNIO
 
-/// Rebuilds the projections from the event log with the same `Order.evolve` the inline
-/// projection uses, and verifies that the live projections equal a fresh rebuild, row for row.
+/// Rebuilds the projections from the event log with the rules the writer uses (`Projection`),
+/// and verifies that the live projections equal a fresh rebuild, row for row.
 public struct ProjectionRebuilder: Sendable {
     public let database: Database
     /// Called with (events read, events in the log) as the rebuild goes.
@@ -154,11 +154,11 @@ public struct ProjectionRebuilder: Sendable {
         }
         progress?(read, total)
         let folded = ContinuousClock.now
-        let claims = state.fold.transactionRows
+        let transactions = state.fold.transactions.values
         try await connection.copyBinary(schema: schema, table: "apple_transactions", columns: Self.transactionColumns, logger: logger) { writer in
             var copy = BinaryCopyRows()
-            for claim in claims {
-                copy.append(claim)
+            for transaction in transactions {
+                copy.append(transaction)
                 try await copy.flushIfFull(to: writer)
             }
             try await copy.finish(to: writer)
@@ -170,7 +170,7 @@ public struct ProjectionRebuilder: Sendable {
             try await connection.guardedQuery(PostgresQuery(unsafeSQL: statement), logger: logger)
         }
         logger.info("projections rebuilt", metadata: [
-            "rebuild.events": "\(read)", "rebuild.orders": "\(state.orders)", "rebuild.transactions": "\(claims.count)",
+            "rebuild.events": "\(read)", "rebuild.orders": "\(state.orders)", "rebuild.transactions": "\(transactions.count)",
             "rebuild.fold_seconds": "\(Self.seconds(folded - started))",
             "rebuild.transactions_seconds": "\(Self.seconds(written - folded))",
             "rebuild.indexes": "\(recreate.count)", "rebuild.index_seconds": "\(Self.seconds(ContinuousClock.now - written))"])

@@ -1,17 +1,16 @@
-import Crypto
 import Foundation
 import LedgerCore
 import Logging
 import PostgresNIO
 
 /// Applies verified Apple transactions to orders: each proof in one database transaction that
-/// serialises on the transaction id, ties the transaction to its order by the strongest evidence,
-/// appends `receipt-received` + `verified` (or `failed`), or puts the transaction in the pool.
-/// Re-sending a proof finds it applied and appends nothing.
+/// locks the transaction (and the order it names), ties the transaction to its order by the
+/// strongest evidence, and appends `receipt-received` + `verified` (or `failed`), or puts the
+/// transaction in the pool. Re-sending a proof finds it applied and appends nothing.
 public struct ReceiptLedger: Sendable {
     public let orders: OrderLedger
+    var writer: LedgerWriter { orders.writer }
     var database: Database { orders.database }
-    var logger: Logger { orders.database.logger }
 
     public init(orders: OrderLedger) {
         self.orders = orders
@@ -46,189 +45,170 @@ public struct ReceiptLedger: Sendable {
                 try await apply(transaction, claim: claim, metadata: metadata, on: connection)
             }
         } catch let error where Self.lostRace(error) {
-            // A writer that takes no transaction lock (an order event appended by hand, naming
-            // this transaction) claimed it meanwhile, and the database refused this claim; or
-            // PostgreSQL broke a deadlock here. Again, from the start: the holder is now visible.
+            // Another writer (a backend's own receipt-received naming this transaction, a
+            // reconciler's pairing) was first, or PostgreSQL broke a deadlock here. Again, from
+            // the start: the holder is now visible.
             return try await database.transaction { connection in
                 try await apply(transaction, claim: claim, metadata: metadata, on: connection)
             }
         }
     }
 
-    /// The refusals a lost race ends in: the claim's key or the pool's event id taken, or a
-    /// deadlock broken by PostgreSQL.
+    /// The refusals a lost race ends in: the claim or an event id taken, or a deadlock broken.
     static func lostRace(_ error: any Error) -> Bool {
         switch error {
         case OrderLedgerError.duplicateTransaction, AppendError.eventIDConflict, AppendError.wrongExpectedVersion: true
-        // 40P01: a deadlock with a reconciler's chunk of pairings, which PostgreSQL broke here.
-        case let error as PSQLError: error.sqlState == "23505" || error.sqlState == "40P01"
+        case let error as PSQLError: error.sqlState == .uniqueViolation || error.sqlState == .deadlockDetected
         default: false
         }
     }
 
     func apply(_ transaction: AppleTransaction, claim: Claim, metadata: Data, on connection: PostgresConnection) async throws -> Answer {
         let id = transaction.transactionId
-        let (now, holder, candidate, matchedBy, noOrderReason) = try await lookUp(transaction, claim: claim, on: connection)
+        let (snapshot, candidate, matchedBy, noOrderReason) = try await lookUp(transaction, claim: claim, on: connection)
+        let holder = snapshot.transaction(id)
 
-        if let holder = holder, let holderOrder = holder.orderId {
+        if let holder, let holderOrder = holder.orderId {
             // Already granted: to this order (a re-sent proof), or to another one.
             if let candidate, candidate.orderId == holderOrder {
                 return Answer(outcome: .matched, transactionId: id, orderId: holderOrder, state: candidate.state,
                               finishTransaction: candidate.state.clientMayFinish, reason: nil)
             }
-            let owner = try await orders.projection.order(holderOrder, on: connection)
+            let owner = try await writer.read(orders: [holderOrder], transactions: [], on: connection).order(holderOrder)
             let ownerMayFinish = owner?.state.clientMayFinish ?? false
-            guard var loser = candidate else {
+            guard let loser = candidate else {
                 let sameUser = claim.userId == nil || owner?.userId == claim.userId
                 return sameUser
                     ? Answer(outcome: .matched, transactionId: id, orderId: holderOrder, state: owner?.state, finishTransaction: ownerMayFinish, reason: nil)
                     : Answer(outcome: .duplicate, transactionId: id, orderId: nil, state: nil, finishTransaction: ownerMayFinish, reason: "duplicate-transaction")
             }
+            var state = loser.state
             if loser.isOpen {
                 let failed = OrderEvent.failed(Failed(reason: "duplicate-transaction", detail: "Apple transaction \(id) belongs to another order"))
-                loser = try await orders.apply([(failed, Self.eventID("duplicate", loser.orderId.rawValue, id.rawValue))], to: loser, at: now, metadata: metadata, on: connection)
+                state = try await append([(failed, EventID.named("duplicate", loser.orderId.rawValue, id.rawValue))], to: loser, metadata: metadata, on: connection, knowing: snapshot).state
             }
-            return Answer(outcome: .duplicate, transactionId: id, orderId: loser.orderId, state: loser.state,
+            return Answer(outcome: .duplicate, transactionId: id, orderId: loser.orderId, state: state,
                           finishTransaction: ownerMayFinish, reason: "duplicate-transaction")
         }
 
-        let pooled = holder != nil
-        if let holder, holder.status != "unmatched" {
+        if let holder, holder.status != .unmatched {
             // Left the pool without an order: Apple refunded or revoked it. Never granted.
             return Answer(outcome: .rejected, transactionId: id, orderId: candidate?.orderId, state: candidate?.state,
-                          finishTransaction: true, reason: "transaction-\(holder.status)")
+                          finishTransaction: true, reason: "transaction-\(holder.status.rawValue)")
         }
-        if var order = candidate, let matchedBy, order.isOpen {
+        if let order = candidate, let matchedBy, order.isOpen {
             if order.productId != transaction.productId {
                 // Apple's product is not the order's: the order fails and the paid transaction
-                // waits in the pool for an order of its own product (DESIGN.md promises 7 and 8).
+                // waits in the pool for an order of its own product (promises 7 and 8).
                 let failed = OrderEvent.failed(Failed(
                     reason: "product-mismatch",
                     detail: "Apple transaction \(id) is for \(transaction.productId), the order for \(order.productId)"))
-                order = try await orders.apply([(failed, Self.eventID("product-mismatch", order.orderId.rawValue, id.rawValue))], to: order, at: now, metadata: metadata, on: connection)
-                if !pooled {
-                    try await pool(transaction, userId: claim.userId ?? order.userId, claimedOrder: order.orderId, reason: "product-mismatch", at: now, metadata: metadata, on: connection)
+                var appends = [try orderAppend([(failed, EventID.named("product-mismatch", order.orderId.rawValue, id.rawValue))], to: order, metadata: metadata)]
+                if holder == nil {
+                    appends.append(try poolAppend(transaction, userId: claim.userId ?? order.userId, claimedOrder: order.orderId, reason: "product-mismatch", metadata: metadata))
                 }
-                return Answer(outcome: .unmatched, transactionId: id, orderId: order.orderId, state: order.state, finishTransaction: false, reason: "product-mismatch")
+                let written = try await writer.append(LedgerWriter.Write(appends), on: connection, knowing: snapshot)
+                let state = written.appends[0].order?.state ?? order.state
+                return Answer(outcome: .unmatched, transactionId: id, orderId: order.orderId, state: state, finishTransaction: false, reason: "product-mismatch")
             }
-            order = try await match(transaction, to: order, by: matchedBy, candidates: 1, fromPool: pooled, at: now, metadata: metadata, on: connection)
-            return Answer(outcome: .matched, transactionId: id, orderId: order.orderId, state: order.state,
-                          finishTransaction: order.state.clientMayFinish, reason: nil)
+            let matched = try await match(transaction, to: order, by: matchedBy, metadata: metadata, on: connection, knowing: snapshot)
+            return Answer(outcome: .matched, transactionId: id, orderId: matched.orderId, state: matched.state,
+                          finishTransaction: matched.state.clientMayFinish, reason: nil)
         }
         let reason = candidate == nil ? noOrderReason : "order-closed"
-        if !pooled {
-            try await pool(transaction, userId: claim.userId ?? candidate?.userId, claimedOrder: claim.orderId, reason: reason, at: now, metadata: metadata, on: connection)
+        if holder == nil {
+            let append = try poolAppend(transaction, userId: claim.userId ?? candidate?.userId, claimedOrder: claim.orderId, reason: reason, metadata: metadata)
+            _ = try await writer.append(LedgerWriter.Write(append), on: connection, knowing: snapshot)
         }
         return Answer(outcome: .unmatched, transactionId: id, orderId: candidate?.orderId, state: candidate?.state, finishTransaction: false, reason: reason)
     }
 
-    /// Ties `transaction` to `order`: `receipt-received` and `verified` on the order, and
-    /// `transaction-matched` on the transaction's stream when it leaves the pool.
+    /// Ties `transaction` to `order`: `receipt-received` and `verified` on the order (and, when
+    /// it leaves the pool, `transaction-matched` on its stream, which the writer appends with
+    /// `pairing`). The caller holds the locks of both; answers the order as the events leave it.
     func match(
-        _ transaction: AppleTransaction, to order: Order, by matchedBy: MatchedBy, candidates: Int, rule: String? = nil, fromPool: Bool,
-        at now: Date, metadata: Data, on connection: PostgresConnection
+        _ transaction: AppleTransaction, to order: Order, by matchedBy: MatchedBy, pairing: LedgerWriter.Pairing? = nil,
+        metadata: Data, on connection: PostgresConnection, knowing snapshot: LedgerWriter.Snapshot? = nil
     ) async throws -> Order {
+        try await append(Self.matchEvents(transaction, order: order.orderId, by: matchedBy), to: order, pairing: pairing,
+                         metadata: metadata, on: connection, knowing: snapshot)
+    }
+
+    /// `receipt-received` and `verified` for `transaction` on order `order`, with their named ids.
+    static func matchEvents(_ transaction: AppleTransaction, order: OrderID, by matchedBy: MatchedBy) -> [(OrderEvent, EventID)] {
         let id = transaction.transactionId
-        if fromPool {
-            let matched = TransactionMatched(orderId: order.orderId, matchedBy: matchedBy, candidates: candidates, rule: rule ?? matchedBy.rawValue)
-            let event = try NewEvent(
-                id: Self.eventID("matched", id.rawValue, order.orderId.rawValue), type: TransactionEventType.matched.rawValue,
-                data: try LedgerJSON.encoder.encode(matched), metadata: metadata)
-            _ = try await orders.store.append([event], to: id.streamID, expectedVersion: .any, on: connection)
-        }
         let received = OrderEvent.receiptReceived(ReceiptReceived(
             transactionId: id, productId: transaction.productId, purchaseDate: transaction.purchaseDate,
             receiptSha256: transaction.receiptSha256, format: transaction.format, matchedBy: matchedBy,
             originalTransactionId: transaction.originalTransactionId, appTransactionId: transaction.appTransactionId,
             appAccountToken: transaction.appAccountToken, environment: transaction.environment))
         let verified = OrderEvent.verified(Verified(transactionId: id, environment: transaction.environment))
-        return try await orders.apply(
-            [(received, Self.eventID("receipt-received", order.orderId.rawValue, id.rawValue)),
-             (verified, Self.eventID("verified", order.orderId.rawValue, id.rawValue))],
-            to: order, at: now, metadata: metadata, on: connection)
+        return [(received, EventID.named("receipt-received", order.rawValue, id.rawValue)),
+                (verified, EventID.named("verified", order.rawValue, id.rawValue))]
     }
 
-    /// Puts a verified transaction no order can take into the pool (`transaction-unmatched`).
-    func pool(
-        _ transaction: AppleTransaction, userId: UserID?, claimedOrder: OrderID?, reason: String, at now: Date, metadata: Data,
-        on connection: PostgresConnection
-    ) async throws {
+    /// Appends events the ledger decided to an order in the caller's transaction: the order they leave.
+    func append(
+        _ events: [(OrderEvent, EventID)], to order: Order, pairing: LedgerWriter.Pairing? = nil, metadata: Data,
+        on connection: PostgresConnection, knowing snapshot: LedgerWriter.Snapshot? = nil
+    ) async throws -> Order {
+        let write = LedgerWriter.Write(try orderAppend(events, to: order, metadata: metadata), pairing: pairing)
+        let written = try await writer.append(write, on: connection, knowing: snapshot)
+        if let order = written.appends[0].order { return order }
+        return try await orders.orderAsOf(order.orderId, version: written.appends[0].result.streamVersion)
+    }
+
+    private func orderAppend(_ events: [(OrderEvent, EventID)], to order: Order, metadata: Data) throws -> LedgerWriter.Append {
+        LedgerWriter.Append(try events.map { try EventCoding.newEvent($0.0, id: $0.1, metadata: metadata) }, to: order.orderId.streamID)
+    }
+
+    /// A verified transaction no order can take, into the pool (`transaction-unmatched`).
+    func poolAppend(
+        _ transaction: AppleTransaction, userId: UserID?, claimedOrder: OrderID?, reason: String, metadata: Data
+    ) throws -> LedgerWriter.Append {
         let body = TransactionUnmatched(transaction: transaction, userId: userId, claimedOrderId: claimedOrder, reason: reason)
-        let data = try LedgerJSON.encoder.encode(body)
-        let event = try NewEvent(
-            id: Self.eventID("unmatched", transaction.transactionId.rawValue), type: TransactionEventType.unmatched.rawValue,
-            data: data, metadata: metadata)
-        let result = try await orders.store.append([event], to: transaction.transactionId.streamID, expectedVersion: .any, on: connection)
-        guard !result.replayed else { return }
-        try await orders.projection.enterPool(body, verification: data, at: now, on: connection)
+        let event = try EventCoding.newEvent(.unmatched(body), id: EventID.named("unmatched", transaction.transactionId.rawValue), metadata: metadata)
+        return LedgerWriter.Append([event], to: transaction.transactionId.streamID)
     }
 
-    /// Takes the transaction's lock, then answers the transaction's time, who holds the
-    /// transaction, and the order the proof names by the strongest evidence: the order id it
-    /// carries, then its appAccountToken; never an order of another user than the proof's. A
-    /// named order comes locked, with the holder read after the lock, in one round trip
-    /// (`lock_order_for_receipt`).
+    /// Locks the transaction (every writer of it queues here: receipts, notifications, the
+    /// reconciler, support) and answers what the ledger knows of it with the order the proof names
+    /// by the strongest evidence: the order id it carries, then its appAccountToken; never an
+    /// order of another user than the proof's. The order found is locked too.
     private func lookUp(
         _ transaction: AppleTransaction, claim: Claim, on connection: PostgresConnection
-    ) async throws -> (Date, Holder?, Order?, MatchedBy?, String) {
+    ) async throws -> (LedgerWriter.Snapshot, Order?, MatchedBy?, String) {
         let id = transaction.transactionId
+        try await writer.lock([id.streamID] + (claim.orderId.map { [$0.streamID] } ?? []), on: connection)
+        var snapshot = try await writer.read(orders: claim.orderId.map { [$0] } ?? [], transactions: [id], on: connection)
         var reason = "no-order"
-        let now: Date
-        let holder: Holder?
-        if let orderId = claim.orderId, let (time, order, held) = try await orders.projection.lockAndOrder(orderId, transaction: id, on: connection) {
-            now = time
-            holder = held.map { Holder(orderId: $0.0, status: $0.1) }
-            if claim.userId == nil || claim.userId == order.userId { return (now, holder, order, .applicationUsername, "") }
-            reason = "user-mismatch"
-        } else {
-            if claim.orderId != nil { reason = "unknown-order" }
-            // (When the named order is unknown the function took the lock already; advisory
-            // locks are re-entrant within a transaction, and this answers the time.)
-            now = try await lockTransaction(id, on: connection)
-            holder = try await holderOfTransaction(id, on: connection)
+        if let orderId = claim.orderId {
+            if let order = snapshot.order(orderId) {
+                if claim.userId == nil || claim.userId == order.userId { return (snapshot, order, .applicationUsername, "") }
+                reason = "user-mismatch"
+            } else {
+                reason = "unknown-order"
+            }
         }
-        if let token = transaction.appAccountToken,
-           let order = try await orders.projection.order(appAccountToken: token, on: connection, forUpdate: true),
-           claim.userId == nil || claim.userId == order.userId {
-            return (now, holder, order, .appAccountToken, "")
+        if let token = transaction.appAccountToken, let found = try await orderID(appAccountToken: token, on: connection) {
+            try await writer.lock([found.streamID], on: connection)
+            snapshot = try await writer.read(orders: [found], transactions: [id], on: connection)
+            if let order = snapshot.order(found), claim.userId == nil || claim.userId == order.userId {
+                return (snapshot, order, .appAccountToken, "")
+            }
         }
-        return (now, holder, nil, nil, reason)
+        return (snapshot, nil, nil, reason)
     }
 
-    /// Serialises every writer of one Apple transaction id (receipts, notifications, the
-    /// reconciler) for the rest of the database transaction; answers the transaction's time.
-    @discardableResult
-    func lockTransaction(_ id: TransactionID, on connection: PostgresConnection) async throws -> Date {
-        let rows = try await connection.guardedQuery(
-            "SELECT now() FROM (SELECT pg_advisory_xact_lock(hashtextextended('apple-transaction:' || \(id.rawValue), 0))) AS locked",
-            logger: logger)
-        for try await now in rows.decode(Date.self) { return now }
-        throw OrderLedgerError.duplicateTransaction(id)
-    }
-
-    struct Holder {
-        let orderId: OrderID?
-        let status: String
-    }
-
-    func holderOfTransaction(_ id: TransactionID, on connection: PostgresConnection) async throws -> Holder? {
-        let rows = try await connection.guardedQuery(
-            "SELECT order_id, status FROM apple_transactions WHERE transaction_id = \(id.rawValue)", logger: logger)
-        for try await (order, status) in rows.decode((String?, String).self) {
-            return Holder(orderId: order.map(OrderID.init(unchecked:)), status: status)
-        }
+    private func orderID(appAccountToken token: UUID, on connection: PostgresConnection) async throws -> OrderID? {
+        let rows = try await connection.guardedQuery("SELECT order_id FROM orders WHERE app_account_token = \(token)", logger: database.logger)
+        for try await id in rows.decode(String.self) { return OrderID(unchecked: id) }
         return nil
     }
 
-    /// A UUID named by its parts (SHA-256, version 8): the same proof yields the same event ids,
-    /// so a re-sent proof that races its first sending still appends once.
-    static func eventID(_ parts: String...) -> EventID {
-        var bytes = Array(SHA256.hash(data: Data(parts.joined(separator: "\u{1F}").utf8)).prefix(16))
-        bytes[6] = (bytes[6] & 0x0F) | 0x80
-        bytes[8] = (bytes[8] & 0x3F) | 0x80
-        let uuid = UUID(uuid: (bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
-                               bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]))
-        return EventID(uuid)
+    /// Locks Apple transaction `id` in the caller's transaction, as every writer of it does.
+    func lockTransaction(_ id: TransactionID, on connection: PostgresConnection) async throws {
+        try await writer.lock([id.streamID], on: connection)
     }
 }
 
@@ -264,10 +244,10 @@ extension ReceiptLedger {
     /// Records a rejected proof once per proof and reason; the same proof sent again appends nothing.
     public func recordRejection(_ rejection: Rejection, metadata: Data) async throws {
         let event = try NewEvent(
-            id: Self.eventID("proof-rejected", rejection.receiptSha256, rejection.reason, rejection.orderId?.rawValue ?? ""),
-            type: "proof-rejected", data: try LedgerJSON.encoder.encode(rejection), metadata: metadata)
+            id: EventID.named("proof-rejected", rejection.receiptSha256, rejection.reason, rejection.orderId?.rawValue ?? ""),
+            type: "proof-rejected", data: try EventCoding.encoder.encode(rejection), metadata: metadata)
         do {
-            _ = try await orders.store.append([event], to: StreamID(unchecked: "proof-" + rejection.receiptSha256), expectedVersion: .any)
+            _ = try await writer.append([event], to: StreamID(unchecked: "proof-" + rejection.receiptSha256))
         } catch AppendError.eventIDConflict {
             // The same proof was refused for the same reason and order before, sent then with other
             // fields (a user id, a transaction id): the first record stands; this is a retry.

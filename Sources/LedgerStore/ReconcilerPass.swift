@@ -130,33 +130,38 @@ public struct ReconcilerPass: Sendable {
 
     /// Applies one pairing, in the caller's transaction, if both sides are still as the pass saw them.
     func apply(_ pairing: Reconciler.Pairing, metadata: Data, on connection: PostgresConnection) async throws -> Bool {
-        do {
-            let now = try await receipts.lockTransaction(pairing.transactionId, on: connection)
-            guard let pooled = try await receipts.orders.projection.pooledTransaction(pairing.transactionId, on: connection),
-                  let order = try await receipts.orders.projection.order(pairing.orderId, on: connection, forUpdate: true),
-                  order.isOpen, order.productId == pooled.transaction.productId
-            else { return false }
-            _ = try await receipts.match(
-                pooled.transaction, to: order, by: .reconciler, candidates: pairing.candidates, rule: pairing.rule.rawValue,
-                fromPool: true, at: now, metadata: metadata, on: connection)
-            return true
-        }
+        let writer = receipts.writer
+        try await writer.lock([pairing.transactionId.streamID, pairing.orderId.streamID], on: connection)
+        let snapshot = try await writer.read(orders: [pairing.orderId], transactions: [pairing.transactionId], on: connection)
+        guard let pooled = snapshot.transaction(pairing.transactionId), pooled.isPooled,
+              let transaction = try pooled.verifiedTransaction(), let order = snapshot.order(pairing.orderId),
+              order.isOpen, order.productId == transaction.productId
+        else { return false }
+        _ = try await receipts.match(
+            transaction, to: order, by: .reconciler,
+            pairing: .init(candidates: pairing.candidates, rule: pairing.rule.rawValue), metadata: metadata,
+            on: connection, knowing: snapshot)
+        return true
     }
 
     /// Creates `recovery-<transactionId>` for the orphan and pairs them, if it is still in the pool.
     func recover(_ orphan: Reconciler.Orphan, price: (String?, String?), metadata: Data) async throws -> Bool {
         try await database.transaction { connection in
-            let now = try await receipts.lockTransaction(orphan.transactionId, on: connection)
-            guard let pooled = try await receipts.orders.projection.pooledTransaction(orphan.transactionId, on: connection) else { return false }
+            let writer = receipts.writer
             let id = try OrderID("recovery-" + orphan.transactionId.rawValue)
-            guard try await receipts.orders.projection.order(id, on: connection) == nil else { return false }
-            let order = try await receipts.orders.createLocked(
-                id, OrderCreated(userId: orphan.userId, productId: orphan.productId, quantity: max(1, min(pooled.transaction.quantity, 100)),
-                                 price: price.0, currency: price.1),
-                eventID: ReceiptLedger.eventID("recovery-order", orphan.transactionId.rawValue), at: now, metadata: metadata, on: connection)
-            _ = try await receipts.match(
-                pooled.transaction, to: order, by: .reconciler, candidates: 0, rule: "recovery", fromPool: true,
-                at: now, metadata: metadata, on: connection)
+            try await writer.lock([orphan.transactionId.streamID, id.streamID], on: connection)
+            let snapshot = try await writer.read(orders: [id], transactions: [orphan.transactionId], on: connection)
+            guard let pooled = snapshot.transaction(orphan.transactionId), pooled.isPooled,
+                  let transaction = try pooled.verifiedTransaction(), snapshot.order(id) == nil else { return false }
+            let created = OrderEvent.created(OrderCreated(
+                userId: orphan.userId, productId: orphan.productId, quantity: max(1, min(transaction.quantity, 100)),
+                price: price.0, currency: price.1))
+            let events = [(created, EventID.named("recovery-order", orphan.transactionId.rawValue))]
+                + ReceiptLedger.matchEvents(transaction, order: id, by: .reconciler)
+            let write = LedgerWriter.Write(
+                LedgerWriter.Append(try events.map { try EventCoding.newEvent($0.0, id: $0.1, metadata: metadata) }, to: id.streamID),
+                pairing: .init(candidates: 0, rule: "recovery"))
+            _ = try await writer.append(write, on: connection, knowing: snapshot)
             return true
         }
     }

@@ -140,7 +140,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             pool.byAge = ["under-1h": hour, "1h-1d": day, "1d-7d": week, "over-7d": older]
         }
         return ReconciliationReport(
-            from: LedgerJSON.formatDate(from), to: LedgerJSON.formatDate(to), rows: sorted, totals: totals, unmatched: pool)
+            from: EventCoding.formatDate(from), to: EventCoding.formatDate(to), rows: sorted, totals: totals, unmatched: pool)
     }
 
     /// The report as CSV: one line per row and a totals line; maps as `key=count` lists.

@@ -62,26 +62,25 @@ public struct SupportDesk: Sendable {
     ) async throws -> Order {
         if force, (reason ?? "").isEmpty { throw SupportMatchError.reasonRequired }
         return try await database.transaction { connection in
-            let now = try await receipts.lockTransaction(transactionId, on: connection)
-            guard let pooled = try await receipts.orders.projection.pooledTransaction(transactionId, on: connection) else {
-                guard let holder = try await receipts.holderOfTransaction(transactionId, on: connection) else {
-                    throw SupportMatchError.transactionNotFound(transactionId)
-                }
-                throw SupportMatchError.notInPool(transactionId, status: holder.orderId == nil ? holder.status : "claimed")
+            let writer = receipts.writer
+            try await writer.lock([transactionId.streamID, orderId.streamID], on: connection)
+            let snapshot = try await writer.read(orders: [orderId], transactions: [transactionId], on: connection)
+            guard let known = snapshot.transaction(transactionId) else { throw SupportMatchError.transactionNotFound(transactionId) }
+            guard known.isPooled, let transaction = try known.verifiedTransaction() else {
+                throw SupportMatchError.notInPool(transactionId, status: known.status.rawValue)
             }
-            guard let order = try await receipts.orders.projection.order(orderId, on: connection, forUpdate: true) else {
-                throw OrderDecisionError.noSuchOrder
-            }
+            guard let order = snapshot.order(orderId) else { throw OrderDecisionError.noSuchOrder }
             guard order.isOpen else { throw SupportMatchError.orderNotOpen(orderId, state: order.state) }
             if !force {
-                if let user = pooled.userId, user != order.userId { throw SupportMatchError.userMismatch(transaction: user, order: order.userId) }
-                if pooled.transaction.productId != order.productId {
-                    throw SupportMatchError.productMismatch(transaction: pooled.transaction.productId, order: order.productId)
+                if let user = known.userId, user != order.userId { throw SupportMatchError.userMismatch(transaction: user, order: order.userId) }
+                if transaction.productId != order.productId {
+                    throw SupportMatchError.productMismatch(transaction: transaction.productId, order: order.productId)
                 }
             }
             return try await receipts.match(
-                pooled.transaction, to: order, by: .support, candidates: 1, rule: force ? "support-forced: \(reason ?? "")" : "support",
-                fromPool: true, at: now, metadata: metadata, on: connection)
+                transaction, to: order, by: .support,
+                pairing: .init(candidates: 1, rule: force ? "support-forced: \(reason ?? "")" : "support"),
+                metadata: metadata, on: connection, knowing: snapshot)
         }
     }
 }

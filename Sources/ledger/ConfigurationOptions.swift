@@ -3,7 +3,7 @@ import Foundation
 import LedgerServer
 import Logging
 
-/// The settings of DESIGN.md as flags; each falls back to its environment variable.
+/// The settings (docs/operations.md) as flags; each falls back to its environment variable.
 struct ConfigurationOptions: ParsableArguments {
     @Option(help: "PostgreSQL URL (LEDGER_DATABASE_URL); unset: a private cluster under --data-dir")
     var databaseURL: String?

@@ -40,7 +40,7 @@ struct Demo: AsyncParsableCommand {
         defer { try? opened.close(logger: logger) }
         var demoDatabase = opened.clientConfiguration
         demoDatabase.database = Self.database
-        try await BenchAppend().recreateDatabase(opened.clientConfiguration, named: Self.database, logger: logger)
+        try await resetDatabase(Self.database, on: opened.clientConfiguration, logger: logger)
 
         // The throwaway "Apple": trusted by this process's server only.
         let chain = try ThrowawaySigningChain(name: "Order Ledger demo")
@@ -64,7 +64,7 @@ struct Demo: AsyncParsableCommand {
         let http = HTTPClient(eventLoopGroupProvider: .singleton)
         let played: Result<Void, any Error>
         do {
-            try await BenchHTTP.waitUntilReady(http, base)
+            try await Self.waitUntilReady(http, base)
             let key = try await withPostgresClient(demoDatabase, logger: logger) { client in
                 try await APIKeyStore(database: Database(client: client, logger: logger)).create(name: "demo", scopes: [.admin])
             }
@@ -89,6 +89,19 @@ struct Demo: AsyncParsableCommand {
         } else {
             print("The data stays in \(dataDir). To explore it: ledger demo --explore --seed \(seed) (or start the cluster with `ledger serve --data-dir \(dataDir)`), then: \(psql)")
         }
+    }
+}
+
+extension Demo {
+    /// Waits (30 s at most) for the demo's server to answer `/readyz` with 200.
+    static func waitUntilReady(_ client: HTTPClient, _ base: String) async throws {
+        for _ in 0..<300 {
+            if let response = try? await client.execute(HTTPClientRequest(url: base + "/readyz"), timeout: .seconds(2)), response.status == .ok {
+                return
+            }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        throw CommandFailure("the demo's server did not become ready within 30 s")
     }
 }
 
@@ -141,10 +154,10 @@ struct DemoStory {
                     token = created["appAccountToken"] as? String
                     count("orders created")
                     let queuedAt = Date()
-                    _ = try await request("POST", "/v1/orders/\(orderId)/events", body: #"{"type":"payment-added","eventId":"\#(DemoRandom.uuid(userIndex, purchase))","data":{"queuedAt":"\#(LedgerJSON.formatDate(queuedAt))"}}"#)
+                    _ = try await request("POST", "/v1/orders/\(orderId)/events", body: #"{"type":"payment-added","eventId":"\#(DemoRandom.uuid(userIndex, purchase))","data":{"queuedAt":"\#(EventCoding.formatDate(queuedAt))"}}"#)
                     // A retry of the same event: answered, never stored twice.
                     if random.chance(0.2) {
-                        _ = try await request("POST", "/v1/orders/\(orderId)/events", body: #"{"type":"payment-added","eventId":"\#(DemoRandom.uuid(userIndex, purchase))","data":{"queuedAt":"\#(LedgerJSON.formatDate(queuedAt))"}}"#)
+                        _ = try await request("POST", "/v1/orders/\(orderId)/events", body: #"{"type":"payment-added","eventId":"\#(DemoRandom.uuid(userIndex, purchase))","data":{"queuedAt":"\#(EventCoding.formatDate(queuedAt))"}}"#)
                         count("events replayed")
                     }
                     if random.chance(0.25) {

@@ -50,8 +50,8 @@ struct Keys: AsyncParsableCommand {
             }
             for key in keys {
                 let scopes = key.scopes.map(\.rawValue).sorted().joined(separator: ",")
-                let state = key.revokedAt.map { "revoked \(LedgerJSON.formatDate($0))" } ?? "active"
-                print("\(key.name)\t\(scopes)\tcreated \(LedgerJSON.formatDate(key.createdAt))\t\(state)")
+                let state = key.revokedAt.map { "revoked \(EventCoding.formatDate($0))" } ?? "active"
+                print("\(key.name)\t\(scopes)\tcreated \(EventCoding.formatDate(key.createdAt))\t\(state)")
             }
         }
     }

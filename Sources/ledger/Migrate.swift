@@ -36,18 +36,3 @@ func withLedgerDatabase<Result: Sendable>(
         return try await body(client, logger)
     }
 }
-
-/// Runs `body` with a running client (on `eventLoopGroup`, else postgres-nio's default loops),
-/// shutting the client down afterwards.
-func withPostgresClient<Result: Sendable>(
-    _ configuration: PostgresClient.Configuration, eventLoopGroup: (any EventLoopGroup)? = nil, logger: Logger,
-    _ body: @Sendable (PostgresClient) async throws -> Result
-) async throws -> Result {
-    let client = eventLoopGroup.map { PostgresClient(configuration: configuration, eventLoopGroup: $0, backgroundLogger: logger) }
-        ?? PostgresClient(configuration: configuration, backgroundLogger: logger)
-    return try await withThrowingTaskGroup(of: Void.self) { group in
-        group.addTask { await client.run() }
-        defer { group.cancelAll() }
-        return try await body(client)
-    }
-}

@@ -2,7 +2,6 @@ import ArgumentParser
 import LedgerServer
 import Logging
 import LedgerStore
-import NIOPosix
 import PostgresNIO
 
 /// `ledger serve`: migrate, then serve HTTP until SIGTERM or SIGINT.
@@ -17,19 +16,14 @@ struct Serve: AsyncParsableCommand {
         // The Apple roots are read before anything starts: a bad file stops here, not later.
         _ = try configuration.apple.verifier(logger: logger)
         let database = try await OpenedDatabase.open(configuration.database, logger: logger)
-        // The client's connections get an event loop of their own, where the group-commit writers
-        // run too (docs/architecture.md, "Order events in groups").
-        let loop = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-        let client = PostgresClient(configuration: database.clientConfiguration, eventLoopGroup: loop, backgroundLogger: logger)
+        let client = PostgresClient(configuration: database.clientConfiguration, backgroundLogger: logger)
         do {
-            let application = try buildApplication(configuration: configuration, client: client, logger: logger, writerExecutor: EventLoopTaskExecutor(loop.next()))
+            let application = try buildApplication(configuration: configuration, client: client, logger: logger)
             try await application.runService()
         } catch {
-            try? await loop.shutdownGracefully()
             try? database.close(logger: logger)
             throw error
         }
-        try await loop.shutdownGracefully()
         try database.close(logger: logger)
     }
 }

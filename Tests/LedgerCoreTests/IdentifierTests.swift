@@ -64,48 +64,4 @@ struct IdentifierTests {
         }
         #expect(mismatches.isEmpty, "differ from category Cc: \(mismatches.prefix(10).map { String($0, radix: 16) })")
     }
-
-    @Test("random UUIDs are version 4, RFC 4122 variant, and do not repeat")
-    func randomUUIDs() {
-        let uuids = (0..<2_000).map { _ in UUID.random() }
-        #expect(Set(uuids).count == uuids.count)
-        for uuid in uuids.prefix(100) {
-            let text = uuid.uuidString
-            #expect(Array(text)[14] == "4", "version nibble of \(text)")
-            #expect("89AB".contains(Array(text)[19]), "variant of \(text)")
-        }
-        // Every other bit varies: OR-ing and AND-ing all of them leaves only the fixed bits.
-        var any = [UInt8](repeating: 0, count: 16), all = [UInt8](repeating: 0xFF, count: 16)
-        for uuid in uuids {
-            withUnsafeBytes(of: uuid.uuid) { raw in
-                for i in 0..<16 { any[i] |= raw[i]; all[i] &= raw[i] }
-            }
-        }
-        #expect(any == [0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x4F, 0xFF, 0xBF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF])
-        #expect(all == [0, 0, 0, 0, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 0])
-    }
-
-    @Test("random bytes come from blocks handed out once, also to concurrent callers and across refills")
-    func randomBytesAreNeverHandedOutTwice() async {
-        // 8 tasks × 300 UUIDs cross several 4 KiB blocks (256 UUIDs each) while other tasks draw.
-        let drawn = await withTaskGroup(of: [UUID].self) { group in
-            for _ in 0..<8 { group.addTask { (0..<300).map { _ in UUID.random() } } }
-            return await group.reduce(into: [UUID]()) { $0 += $1 }
-        }
-        #expect(Set(drawn).count == 2_400)
-        // Draws at and past the largest a block serves, one that ends a block exactly, and one
-        // that needs the next: no two share a byte run (a block handed out twice would repeat
-        // one), and none is left as zeros.
-        let bytes = RandomBytes()
-        var draws: [[UInt8]] = []
-        for size in [RandomBytes.largestBlockDraw, RandomBytes.largestBlockDraw + 1, 1_024, 1_024, 1_024 - 7, 7, 16, 8_192] {
-            var draw = [UInt8](repeating: 0, count: size)
-            draw.withUnsafeMutableBytes { bytes.fill($0) }
-            draws.append(draw)
-        }
-        let runs = draws.flatMap { draw in stride(from: 0, to: draw.count - 7, by: 8).map { Array(draw[$0..<($0 + 8)]) } }
-        #expect(Set(runs).count == runs.count, "an 8-byte run of random bytes came twice")
-        #expect(draws.allSatisfy { $0.contains { $0 != 0 } })
-        #expect(Set(draws[7]).count > 200, "8 KiB of random bytes hold nearly every byte value")
-    }
 }

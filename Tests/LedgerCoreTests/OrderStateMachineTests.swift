@@ -2,7 +2,7 @@ import Foundation
 import LedgerCore
 import Testing
 
-/// DESIGN.md's table, written out here independently of `OrderTransitions`.
+/// The transition table (docs/architecture.md, "Orders"), written out here independently of `OrderTransitions`.
 let designTable: [OrderState?: Set<OrderEventType>] = [
     nil: [.created],
     .created: [.paymentAdded, .receiptReceived, .failed],
@@ -70,7 +70,7 @@ struct SeededGenerator: RandomNumberGenerator {
 
 @Suite("The order state machine")
 struct OrderStateMachineTests {
-    @Test("the transition table is DESIGN.md's, for every state and event type")
+    @Test("the transition table is the documented one, for every state and event type")
     func tableMatchesDesign() {
         for state in [nil] + OrderState.allCases.map(Optional.some) {
             #expect(Set(OrderTransitions.allowed(from: state)) == designTable[state], "state \(String(describing: state))")

@@ -55,7 +55,7 @@ struct HealthTests {
         try await withLiveApplication(migrated: false, migrateAtStart: false) { http, _ in
             let ready = try await http.client.execute(uri: "/readyz", method: .get)
             #expect(ready.status == .serviceUnavailable)
-            #expect((json(ready.body)["reason"] as? String)?.contains("001_event_log.sql") == true)
+            #expect((json(ready.body)["reason"] as? String)?.contains("001_baseline.sql") == true)
             let health = try await http.client.execute(uri: "/healthz", method: .get)
             #expect(health.status == .ok)
         }

@@ -286,11 +286,14 @@ struct OrderRoutesTests {
                 #expect(created["orderId"] == nil)
             }
             #expect(tokens.count == bodies.count, "every order has its own token")
-            // A key given twice: the last value counts, as JSONSerialization reads the body.
-            let twice = #"{"orderId":"c-twice","userId":"u","productId":"p","price":"0.99","quantity":null,"price":"9.99","quantity":2.0}"#
+            // A key given twice: the first value counts, as Foundation's JSONDecoder reads the
+            // body, and the order and its stored event hold that value.
+            let twice = #"{"orderId":"c-twice","userId":"u","productId":"p","price":"0.99","quantity":2.0,"price":"9.99","quantity":null}"#
             let (twiceStatus, twiceOrder) = try await http.send(.post, "/v1/orders", raw: twice)
             #expect(twiceStatus == .created, "\(twiceOrder)")
-            #expect(twiceOrder["price"] as? String == "9.99" && twiceOrder["quantity"] as? Int == 2)
+            #expect(twiceOrder["price"] as? String == "0.99" && twiceOrder["quantity"] as? Int == 2)
+            let twiceCreated = try #require((twiceOrder["events"] as? [[String: Any]])?.first?["data"] as? [String: Any])
+            #expect(twiceCreated["price"] as? String == "0.99" && twiceCreated["quantity"] as? Int == 2)
             let (wrong, error) = try await http.send(.post, "/v1/orders", raw: #"{"orderId":"c-bad","userId":"u","productId":"p","quantity":"two"}"#)
             #expect(wrong == .badRequest)
             #expect((errorOf(error)["message"] as? String)?.contains("quantity") == true)
@@ -332,6 +335,7 @@ struct OrderRoutesTests {
                 (.post, "/v1/orders", ["orderId": long, "userId": "u", "productId": "p"], nil, .badRequest, "invalid-input", "orderId"),
                 (.post, "/v1/orders", ["orderId": "o-9", "productId": "p"], nil, .badRequest, "invalid-input", "userId"),
                 (.post, "/v1/orders", ["orderId": "o-9", "userId": "u", "productId": "p", "quantity": "2"], nil, .badRequest, "invalid-input", "quantity"),
+                (.post, "/v1/orders", ["orderId": "o-9", "userId": "u", "productId": "p", "quantity": 2.5], nil, .badRequest, "invalid-input", "quantity"),
                 (.post, "/v1/orders", ["orderId": "o-9", "userId": "u", "productId": "p", "price": 0.99], nil, .badRequest, "invalid-input", "price"),
                 (.post, "/v1/orders/o-1/events", ["data": [:]], nil, .badRequest, "invalid-input", "type"),
                 (.post, "/v1/orders/o-1/events", ["type": "teleported", "data": [:]], nil, .badRequest, "unknown-event-type", nil),

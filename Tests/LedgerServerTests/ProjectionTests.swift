@@ -79,7 +79,6 @@ struct ProjectionTests {
     func rebuildFoldsInVersionOrder() async throws {
         try await withLiveApplication { http, db in
             try await http.send(.post, "/v1/orders", json: newOrder("before"))
-            let store = EventStore(database: db.database)
             let slow = try await db.connect(id: 1)
             let fast = try await db.connect(id: 2)
             // The slow transaction takes its id (and so its positions) first and stays open.
@@ -87,11 +86,11 @@ struct ProjectionTests {
             try await slow.query("SELECT pg_current_xact_id()", logger: TestServer.logger)
             let stream = try StreamID("order-late")
             let created = OrderEvent.created(OrderCreated(userId: try UserID("u-1"), productId: try ProductID("gems.100")))
-            let first = try await store.append(
-                [try NewEvent(type: "created", data: created.encodedData())], to: stream, expectedVersion: .noStream, on: fast)
+            let first = try await db.append(
+                [try EventCoding.newEvent(created, id: EventID(), metadata: Data("{}".utf8))], to: stream, expectedVersion: .noStream, on: fast)
             let queued = OrderEvent.paymentAdded(PaymentAdded(queuedAt: Date(timeIntervalSince1970: 1_790_000_000)))
-            let second = try await store.append(
-                [try NewEvent(type: "payment-added", data: queued.encodedData())], to: stream, expectedVersion: .exact(0), on: slow)
+            let second = try await db.append(
+                [try EventCoding.newEvent(queued, id: EventID(), metadata: Data("{}".utf8))], to: stream, expectedVersion: .exact(0), on: slow)
             try await slow.query("COMMIT", logger: TestServer.logger)
             #expect(second.positions[0] < first.positions[0], "version 1 has the lower position")
 

@@ -243,8 +243,8 @@ extension ReceiptRoutesTests {
         try await withReceiptsApplication(apple) { http, db in
             try await http.send(.post, "/v1/receipts", json: ["userId": "u-1", "signedTransaction": try await apple.sign(TestApple.transaction("1000020"))])
             try await http.send(.post, "/v1/orders", json: newOrder("o-by-hand"))
-            let (status, _) = try await http.send(.post, "/v1/orders/o-by-hand/events", json: ["type": "receipt-received", "data": receipt("1000020")])
-            #expect(status == .created)
+            let (status, body) = try await http.send(.post, "/v1/orders/o-by-hand/events", json: ["type": "receipt-received", "data": receipt("1000020")])
+            #expect(status == .created, "\(body)")
             let (_, stream) = try await http.send(.get, "/v1/streams/transaction-1000020/events")
             let events = stream["events"] as? [[String: Any]] ?? []
             #expect(events.map { $0["type"] as? String } == ["transaction-unmatched", "transaction-matched"])

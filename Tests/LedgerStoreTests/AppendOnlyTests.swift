@@ -22,7 +22,7 @@ struct AppendOnlyTests {
     func ownerCannotChangeTheLog() async throws {
         try await withTestDatabase { db in
             let stream = try uniqueStream()
-            _ = try await db.store.append([try event("created", #"{"a": 1}"#)], to: stream)
+            _ = try await db.append([try event("created", #"{"a": 1}"#)], to: stream)
             let connection = try await db.connect()
             let log = TestServer.logger
             #expect(await sqlState { try await connection.query("UPDATE events SET type = 'forged'", logger: log) } == "LE010")
@@ -41,7 +41,7 @@ struct AppendOnlyTests {
             let log = TestServer.logger
             try await connection.query("SET ROLE ledger_writer", logger: log)
             let stream = try uniqueStream()
-            let result = try await db.store.append([try event()], to: stream, on: connection)
+            let result = try await db.append([try event()], to: stream, on: connection)
             #expect(result.streamVersion == 0)
             let count = try await connection.query("SELECT count(*) FROM events", logger: log)
             for try await rows in count.decode(Int.self) { #expect(rows == 1) }
@@ -63,7 +63,7 @@ struct AppendOnlyTests {
             try await connection.query("SET ROLE ledger_reader", logger: log)
             #expect(await sqlState { try await connection.query("SELECT * FROM events", logger: log) } == "42501")
             #expect(await sqlState {
-                _ = try await db.store.append([try event()], to: try uniqueStream(), on: connection)
+                _ = try await db.append([try event()], to: try uniqueStream(), on: connection)
             } == "42501")
             try await connection.close()
         }

@@ -14,14 +14,14 @@ struct AppendPlanTests {
             let log = TestServer.logger
             // PL/pgSQL caches its plans after a few calls, here while the log is empty.
             for _ in 0..<8 {
-                _ = try await db.store.append([try event()], to: try uniqueStream(), on: session)
+                _ = try await db.append([try event()], to: try uniqueStream(), on: session)
             }
             // The log grows through other connections.
             try await withThrowingTaskGroup(of: Void.self) { group in
                 for _ in 0..<4 {
                     group.addTask {
                         for _ in 0..<20 {
-                            _ = try await db.store.append(try (0..<50).map { _ in try event() }, to: try uniqueStream())
+                            _ = try await db.append(try (0..<50).map { _ in try event() }, to: try uniqueStream())
                         }
                     }
                 }
@@ -29,7 +29,7 @@ struct AppendPlanTests {
             }
             try await session.query("BEGIN", logger: log)
             for _ in 0..<10 {
-                _ = try await db.store.append([try event()], to: try uniqueStream(), on: session)
+                _ = try await db.append([try event()], to: try uniqueStream(), on: session)
             }
             let scans = try await session.query(
                 "SELECT coalesce(sum(seq_scan), 0)::bigint FROM pg_stat_xact_user_tables WHERE relname = 'events'", logger: log)

@@ -4,8 +4,9 @@ import LedgerTestSupport
 import PostgresNIO
 import Testing
 
-/// The rebuild writes its rows in binary COPY; the inline projection binds parameters. Both must
-/// store the same values, down to a numeric's scale and a timestamp's microseconds.
+/// The rebuild writes its rows in binary COPY; the writer sends them to `append_events`, times as
+/// microseconds (`PostgresTime`). Both must store the same values, down to a numeric's scale and
+/// a timestamp's microseconds.
 @Suite("Binary COPY stores what bound parameters store")
 struct BinaryCopyTests {
     struct Value {
@@ -42,7 +43,7 @@ struct BinaryCopyTests {
                 try await connection.query(
                     """
                     INSERT INTO bound VALUES (\(Int32(id)), \(value.name), \(value.big), \(value.price)::numeric, \(value.token),
-                                              \(value.at), \(value.body)::jsonb)
+                                              ledger_time(\(value.at.map(PostgresTime.microseconds))), \(value.body)::jsonb)
                     """,
                     logger: logger)
             }

@@ -20,7 +20,7 @@ struct ConcurrencyTests {
                             let current = try await db.store.currentVersion(of: stream)
                             let expected: ExpectedVersion = current < 0 ? .noStream : .exact(current)
                             do {
-                                let result = try await db.store.append([try event()], to: stream, expectedVersion: expected)
+                                let result = try await db.append([try event()], to: stream, expectedVersion: expected)
                                 #expect(result.streamVersion == current + 1)
                                 mine.append((current, true))
                                 return mine
@@ -48,9 +48,9 @@ struct ConcurrencyTests {
             let held = try await db.connect()
             let busy = try uniqueStream(), other = try uniqueStream()
             try await held.query("BEGIN", logger: TestServer.logger)
-            _ = try await db.store.append([try event()], to: busy, on: held)
+            _ = try await db.append([try event()], to: busy, on: held)
             // The other stream's append completes while the first transaction holds its stream.
-            let result = try await db.store.append([try event()], to: other, expectedVersion: .noStream)
+            let result = try await db.append([try event()], to: other, expectedVersion: .noStream)
             #expect(result.streamVersion == 0)
             try await held.query("COMMIT", logger: TestServer.logger)
             try await held.close()

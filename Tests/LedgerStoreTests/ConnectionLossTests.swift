@@ -107,36 +107,6 @@ struct ConnectionLossTests {
         }
     }
 
-    @Test("a group-commit writer's held connection: its batches share it, and once it closes they lease another")
-    func heldConnectionIsReplacedWhenClosed() async throws {
-        try await withTestDatabase { db in
-            @Sendable func backend() async throws -> Int32 {
-                try await db.database.withHeldConnection { connection in
-                    try await Database.first(try await connection.guardedQuery("SELECT pg_backend_pid()", logger: TestServer.logger))
-                        .collect().first!.decode(Int32.self)
-                }
-            }
-            #expect(Database.heldConnection == nil)
-            let outcome = Mutex<Result<[Int32], any Error>?>(nil)
-            let ran = await db.database.holdingConnection {
-                let result = await Result { () async throws -> [Int32] in
-                    let held = try #require(Database.heldConnection)
-                    let first = try await backend(), second = try await backend()
-                    try await terminateFromOutside(held, db)
-                    let replaced = try await backend(), again = try await backend()
-                    return [first, second, replaced, again]
-                }
-                outcome.withLock { $0 = result }
-            }
-            #expect(ran)
-            let pids = try #require(try outcome.withLock { $0 }?.get())
-            #expect(pids[0] == pids[1], "two batches on the held connection")
-            #expect(pids[2] != pids[0], "a closed held connection is replaced by a leased one")
-            #expect(pids[3] != pids[0])
-            #expect(Database.heldConnection == nil)
-        }
-    }
-
     /// Ends `connection`'s backend from another connection and waits (10 s at most) until the
     /// client has seen the close: a statement sent before then may be written to a channel that
     /// is closing and never answered (the window guardedQuery cannot close).

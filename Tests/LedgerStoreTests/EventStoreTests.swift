@@ -12,7 +12,7 @@ struct EventStoreTests {
         try await withTestDatabase { db in
             let stream = try uniqueStream()
             let events = try [event("created", #"{"userId":"u1","price":"0.99"}"#), event("payment-added", #"{"queuedAt":"2026-01-01T00:00:00Z"}"#), event("finished", "{}")]
-            let result = try await db.store.append(events, to: stream, expectedVersion: .noStream)
+            let result = try await db.append(events, to: stream, expectedVersion: .noStream)
             #expect(result.streamVersion == 2)
             #expect(result.replayed == false)
             #expect(result.positions.count == 3)
@@ -38,11 +38,11 @@ struct EventStoreTests {
         try await withTestDatabase { db in
             let heard = Mutex<[String]>([])
             let database = db.database.observingAppends { types in heard.withLock { $0 += types } }
-            let store = EventStore(database: database)
+            let writer = LedgerWriter(database: database)
             struct Abandoned: Error {}
             await #expect(throws: Abandoned.self) {
                 try await database.transaction { connection in
-                    _ = try await store.append([try event("payment-added")], to: try uniqueStream(), on: connection)
+                    _ = try await writer.append(.init(.init([try event("payment-added")], to: try uniqueStream())), on: connection)
                     throw Abandoned()
                 }
             }
@@ -50,13 +50,13 @@ struct EventStoreTests {
             let inTransaction = try event("verified")
             let stream = try uniqueStream()
             try await database.transaction { connection in
-                _ = try await store.append([inTransaction], to: stream, on: connection)
+                _ = try await writer.append(.init(.init([inTransaction], to: stream)), on: connection)
                 #expect(heard.withLock { $0 } == [], "not before COMMIT")
             }
             #expect(heard.withLock { $0 } == ["verified"])
             let alone = try event("delivered")
-            _ = try await store.append([alone], to: stream)
-            _ = try await store.append([alone], to: stream)
+            _ = try await writer.append([alone], to: stream)
+            _ = try await writer.append([alone], to: stream)
             #expect(heard.withLock { $0 } == ["verified", "delivered"])
         }
     }
@@ -65,8 +65,8 @@ struct EventStoreTests {
     func readAll() async throws {
         try await withTestDatabase { db in
             let first = try uniqueStream(), second = try uniqueStream()
-            let a = try await db.store.append([try event(), try event()], to: first)
-            let b = try await db.store.append([try event()], to: second)
+            let a = try await db.append([try event(), try event()], to: first)
+            let b = try await db.append([try event()], to: second)
             let all = try await db.store.readAllWhenVisible(after: 0, count: 3)
             #expect(all.map(\.position) == a.positions + b.positions)
             #expect(all.map(\.streamID) == [first, first, second])
@@ -84,20 +84,20 @@ struct EventStoreTests {
             let stream = try uniqueStream()
             // exact version on a stream that does not exist: current is -1 (no stream)
             await #expect(throws: AppendError.wrongExpectedVersion(stream: stream, expected: .exact(0), current: -1)) {
-                try await db.store.append([try event()], to: stream, expectedVersion: .exact(0))
+                try await db.append([try event()], to: stream, expectedVersion: .exact(0))
             }
-            #expect(try await db.store.append([try event()], to: stream, expectedVersion: .noStream).streamVersion == 0)
+            #expect(try await db.append([try event()], to: stream, expectedVersion: .noStream).streamVersion == 0)
             await #expect(throws: AppendError.wrongExpectedVersion(stream: stream, expected: .noStream, current: 0)) {
-                try await db.store.append([try event()], to: stream, expectedVersion: .noStream)
+                try await db.append([try event()], to: stream, expectedVersion: .noStream)
             }
-            #expect(try await db.store.append([try event()], to: stream, expectedVersion: .exact(0)).streamVersion == 1)
+            #expect(try await db.append([try event()], to: stream, expectedVersion: .exact(0)).streamVersion == 1)
             await #expect(throws: AppendError.wrongExpectedVersion(stream: stream, expected: .exact(0), current: 1)) {
-                try await db.store.append([try event()], to: stream, expectedVersion: .exact(0))
+                try await db.append([try event()], to: stream, expectedVersion: .exact(0))
             }
             await #expect(throws: AppendError.wrongExpectedVersion(stream: stream, expected: .exact(5), current: 1)) {
-                try await db.store.append([try event()], to: stream, expectedVersion: .exact(5))
+                try await db.append([try event()], to: stream, expectedVersion: .exact(5))
             }
-            #expect(try await db.store.append([try event()], to: stream, expectedVersion: .any).streamVersion == 2)
+            #expect(try await db.append([try event()], to: stream, expectedVersion: .any).streamVersion == 2)
             // A refused append stored nothing.
             #expect(try await db.store.readStream(stream).count == 3)
         }
@@ -109,13 +109,13 @@ struct EventStoreTests {
             let stream = try uniqueStream()
             let id = EventID()
             await #expect(throws: AppendError.self) {
-                try await db.store.append([try event(id: id), try event(id: id)], to: stream)
+                try await db.append([try event(id: id), try event(id: id)], to: stream)
             }
             await #expect(throws: AppendError.self) {
-                try await db.store.append([try event("created", "{not json")], to: stream)
+                try await db.append([try event("created", "{not json")], to: stream)
             }
             await #expect(throws: AppendError.self) {
-                try await db.store.append([], to: stream)
+                try await db.append([], to: stream)
             }
             #expect(try await db.store.currentVersion(of: stream) == -1)
         }

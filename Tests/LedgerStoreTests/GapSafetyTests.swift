@@ -16,9 +16,9 @@ struct GapSafetyTests {
 
             // The slow writer takes its position first and keeps its transaction open.
             try await slow.query("BEGIN", logger: TestServer.logger)
-            let late = try await db.store.append([try event("created")], to: try uniqueStream(), on: slow)
+            let late = try await db.append([try event("created")], to: try uniqueStream(), on: slow)
             // The fast writer appends afterwards and commits at once: a higher position, visible first.
-            let early = try await db.store.append([try event("created")], to: try uniqueStream(), on: fast)
+            let early = try await db.append([try event("created")], to: try uniqueStream(), on: fast)
             #expect(late.positions[0] < early.positions[0])
 
             // The scenario is real: a naive reader ordering by position would now see the higher one.
@@ -63,7 +63,7 @@ struct GapSafetyTests {
                     group.addTask {
                         var positions: [Int64] = []
                         for _ in 0..<perWriter {
-                            positions += try await db.store.append([try event()], to: try uniqueStream()).positions
+                            positions += try await db.append([try event()], to: try uniqueStream()).positions
                         }
                         return positions
                     }

@@ -6,8 +6,9 @@ func event(_ type: String = "created", _ json: String = #"{"n": 1}"#, id: EventI
     try NewEvent(id: id, type: type, data: Data(json.utf8))
 }
 
-/// A stream id unique to one test.
-func uniqueStream(_ prefix: String = "order") throws -> StreamID {
+/// A stream id unique to one test (of no order or transaction: its events are not the state
+/// machine's).
+func uniqueStream(_ prefix: String = "stream") throws -> StreamID {
     try StreamID("\(prefix)-\(UUID().uuidString.prefix(8))")
 }
 

@@ -11,15 +11,15 @@ struct IdempotencyTests {
         try await withTestDatabase { db in
             let stream = try uniqueStream()
             let batch = [try event("created", #"{"a": 1, "b": [1, 2]}"#), try event("payment-added", "{}")]
-            let first = try await db.store.append(batch, to: stream, expectedVersion: .noStream)
+            let first = try await db.append(batch, to: stream, expectedVersion: .noStream)
             // The retry still says .noStream although the stream now exists: it is a replay, not a conflict.
-            let again = try await db.store.append(batch, to: stream, expectedVersion: .noStream)
+            let again = try await db.append(batch, to: stream, expectedVersion: .noStream)
             #expect(again.replayed)
             #expect(again.positions == first.positions)
             #expect(again.streamVersion == first.streamVersion)
             // Key order and spacing do not make a different body.
             let reordered = [try event("created", #"{"b":[1,2],"a":1}"#, id: batch[0].id), batch[1]]
-            #expect(try await db.store.append(reordered, to: stream).replayed)
+            #expect(try await db.append(reordered, to: stream).replayed)
             #expect(try await db.store.readStream(stream).count == 2)
         }
     }
@@ -29,19 +29,19 @@ struct IdempotencyTests {
         try await withTestDatabase { db in
             let stream = try uniqueStream()
             let original = try event("created", #"{"a": 1}"#)
-            _ = try await db.store.append([original], to: stream)
+            _ = try await db.append([original], to: stream)
             await #expect(throws: AppendError.eventIDConflict(original.id)) {
-                try await db.store.append([try event("created", #"{"a": 2}"#, id: original.id)], to: stream)
+                try await db.append([try event("created", #"{"a": 2}"#, id: original.id)], to: stream)
             }
             await #expect(throws: AppendError.eventIDConflict(original.id)) {
-                try await db.store.append([try event("finished", #"{"a": 1}"#, id: original.id)], to: stream)
+                try await db.append([try event("finished", #"{"a": 1}"#, id: original.id)], to: stream)
             }
             await #expect(throws: AppendError.eventIDConflict(original.id)) {
-                try await db.store.append([original], to: try uniqueStream())
+                try await db.append([original], to: try uniqueStream())
             }
             // A batch that repeats one stored event next to a new one is not a replay either.
             await #expect(throws: AppendError.eventIDConflict(original.id)) {
-                try await db.store.append([original, try event()], to: stream)
+                try await db.append([original, try event()], to: stream)
             }
             #expect(try await db.store.readStream(stream).count == 1)
         }
@@ -53,7 +53,7 @@ struct IdempotencyTests {
             let stream = try uniqueStream()
             let batch = [try event()]
             let results = try await withThrowingTaskGroup(of: AppendResult.self) { group in
-                for _ in 0..<16 { group.addTask { try await db.store.append(batch, to: stream) } }
+                for _ in 0..<16 { group.addTask { try await db.append(batch, to: stream) } }
                 return try await group.reduce(into: []) { $0.append($1) }
             }
             #expect(results.filter { !$0.replayed }.count == 1)

@@ -99,6 +99,21 @@ struct MigrationTests {
         }
     }
 
+    @Test("a database made by the unreleased schema before the baseline is refused, in one line saying how to start afresh")
+    func unreleasedSchemaIsRefused() async throws {
+        try await withTestDatabase(migrated: false) { db in
+            let old = Migrator.Migration(name: "001_event_log.sql", sql: "CREATE TABLE events (id int)")
+            try await Migrator(migrations: [old], logger: TestServer.logger).migrate(db.client)
+            let migrator = Migrator(logger: TestServer.logger)
+            #expect(try await migrator.status(db.client) == .unreleasedSchema("001_event_log.sql"))
+            let error = await #expect(throws: MigrationError.self) { try await migrator.migrate(db.client) }
+            let message = error?.description ?? ""
+            #expect(!message.contains("\n") && message.contains("unreleased schema") && message.contains("start afresh"), "\(message)")
+            // Nothing of the baseline was applied.
+            #expect(try await appliedRows(db) == ["001_event_log.sql"])
+        }
+    }
+
     @Test("the embedded migrations are exactly the files of sql/migrations")
     func embeddedListMatchesFolder() throws {
         let folder = TestServer.packageRoot.appendingPathComponent("sql/migrations")
@@ -110,7 +125,7 @@ struct MigrationTests {
         }
     }
 
-    /// Migration 013: an order event's UPDATE may be a HOT update (a new row version on the same
+    /// An order event's UPDATE may be a HOT update (a new row version on the same
     /// page and no index entry) only when no index reads a column it changes, in its keys,
     /// expressions or predicate, and the page has room.
     @Test("no index of orders reads a column that order events change, and orders' pages keep room")

@@ -2,7 +2,6 @@ import Foundation
 import LedgerCore
 import LedgerStore
 import Logging
-import NIOPosix
 import PostgresNIO
 import Synchronization
 
@@ -12,15 +11,31 @@ public struct TestDatabase: Sendable {
     public let configuration: PostgresClient.Configuration
     public let client: PostgresClient
     public let database: Database
-    /// One store for the whole test, so that its appends share the group commit.
+    /// One writer for the whole test, so that its appends share the group commit.
+    public let writer: LedgerWriter
     public let store: EventStore
 
-    init(name: String, configuration: PostgresClient.Configuration, client: PostgresClient, writerExecutor: (any TaskExecutor)?) {
+    init(name: String, configuration: PostgresClient.Configuration, client: PostgresClient) {
         self.name = name
         self.configuration = configuration
         self.client = client
-        self.database = Database(client: client, logger: TestServer.logger, writerExecutor: writerExecutor)
+        self.database = Database(client: client, logger: TestServer.logger)
+        self.writer = LedgerWriter(database: database)
         self.store = EventStore(database: database)
+    }
+
+    /// Appends `events` to `stream` through the writer, in a transaction of its own.
+    @discardableResult
+    public func append(_ events: [NewEvent], to stream: StreamID, expectedVersion: ExpectedVersion = .any) async throws -> AppendResult {
+        try await writer.append(events, to: stream, expected: expectedVersion).result
+    }
+
+    /// Appends `events` to `stream` through the writer, in the transaction open on `connection`.
+    @discardableResult
+    public func append(
+        _ events: [NewEvent], to stream: StreamID, expectedVersion: ExpectedVersion = .any, on connection: PostgresConnection
+    ) async throws -> AppendResult {
+        try await writer.append(.init(.init(events, to: stream, expected: expectedVersion)), on: connection).appends[0].result
     }
 
     /// Opens a single connection of its own (for tests that hold transactions open).
@@ -30,23 +45,18 @@ public struct TestDatabase: Sendable {
 }
 
 /// Runs `body` with a fresh database (migrated unless asked otherwise), dropped afterwards.
-/// `writersOnClientLoop`: as `ledger serve` runs, the client's connections on one event loop of
-/// their own, where the database's group-commit writers run too.
 public func withTestDatabase<Result: Sendable>(
-    migrated: Bool = true, writersOnClientLoop: Bool = false, _ body: @Sendable (TestDatabase) async throws -> Result
+    migrated: Bool = true, _ body: @Sendable (TestDatabase) async throws -> Result
 ) async throws -> Result {
     let (name, configuration) = try await TestServer.shared.makeDatabase(migrated: migrated)
-    let loop = writersOnClientLoop ? MultiThreadedEventLoopGroup(numberOfThreads: 1) : nil
-    let client = loop.map { PostgresClient(configuration: configuration, eventLoopGroup: $0, backgroundLogger: TestServer.clientLogger) }
-        ?? PostgresClient(configuration: configuration, backgroundLogger: TestServer.clientLogger)
+    let client = PostgresClient(configuration: configuration, backgroundLogger: TestServer.clientLogger)
     // Not a child task: a statement postgres-nio (1.33) never answers (one written to a
     // connection that had closed; Database.query and Database.withConnection guard against it)
     // holds its lease, and the pool's run() would not end; a task group would wait for it forever.
     let running = Task { await client.run() }
     let outcome: Swift.Result<Result, any Error>
     do {
-        let writerExecutor = loop.map { EventLoopTaskExecutor($0.next()) }
-        outcome = .success(try await body(TestDatabase(name: name, configuration: configuration, client: client, writerExecutor: writerExecutor)))
+        outcome = .success(try await body(TestDatabase(name: name, configuration: configuration, client: client)))
     } catch {
         outcome = .failure(error)
     }
@@ -54,7 +64,6 @@ public func withTestDatabase<Result: Sendable>(
     if !(await ended(running, within: .seconds(10))) {
         FileHandle.standardError.write(Data("withTestDatabase: the PostgresClient of \(name) did not end within 10 s of its cancellation; left behind\n".utf8))
     }
-    try? await loop?.shutdownGracefully()
     await TestServer.shared.dropDatabase(name)
     return try outcome.get()
 }

@@ -46,7 +46,7 @@ public struct Order: Sendable, Equatable, Codable {
 
 extension Order {
     /// Open: no transaction yet, and not closed; the orders a transaction may still go to
-    /// (DESIGN.md's candidates: created, payment-added).
+    /// (the reconciler's candidates: created, payment-added).
     public var isOpen: Bool { (state == .created || state == .paymentAdded) && transactionId == nil }
 
     /// Applies one accepted event (the event at `version`, recorded at `date`). Pure: projections

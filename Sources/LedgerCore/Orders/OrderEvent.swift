@@ -28,103 +28,35 @@ public enum OrderEvent: Sendable, Equatable {
         }
     }
 
-    /// Decodes and checks an event body of `type` a client sent, naming the first problem found:
-    /// through `StoredJSON` where it can read it alone (the same answers as Foundation's decoder,
-    /// which reads the rest).
-    public static func decode(type: OrderEventType, data: Data) throws(LedgerInputError) -> OrderEvent {
-        try decode(type: type, body: .data(data))
-    }
-
-    /// `decode(type:data:)` through Foundation's decoder alone: what the others must answer.
-    static func decodeThroughFoundation(type: OrderEventType, data: Data) throws(LedgerInputError) -> OrderEvent {
-        try decode(type: type, body: .foundation(data))
-    }
-
-    /// Decodes and checks a body the ledger stored (the log's jsonb as text) through `StoredJSON`:
-    /// the same answers as `decode(type:data:)`, faster.
-    public static func decodeStored(type: OrderEventType, text: String) throws(LedgerInputError) -> OrderEvent {
-        try decode(type: type, body: .stored(text))
-    }
-
-    /// A body and the decoder it goes through.
-    private enum Body {
-        case data(Data)
-        case stored(String)
-        case foundation(Data)
-
-        func decode<T: Decodable>(_ type: T.Type) throws -> T {
-            switch self {
-            case .data(let data): try StoredJSON.decode(type, from: data)
-            case .stored(let text): try StoredJSON.decode(type, from: text)
-            case .foundation(let data): try LedgerJSON.decoder.decode(type, from: data)
-            }
+    /// The event of `type` whose body `body` reads, checked (`validate`): the one table of which
+    /// body each type has, for every format the ledger reads (stored JSON, a request's field).
+    public init(type: OrderEventType, body: some EventBodyReader) throws {
+        switch type {
+        case .created: self = .created(try body.read(OrderCreated.self))
+        case .paymentAdded: self = .paymentAdded(try body.read(PaymentAdded.self))
+        case .receiptReceived: self = .receiptReceived(try body.read(ReceiptReceived.self))
+        case .verified: self = .verified(try body.read(Verified.self))
+        case .delivered: _ = try body.read(NoFields.self); self = .delivered
+        case .finished: _ = try body.read(NoFields.self); self = .finished
+        case .refunded: self = .refunded(try body.read(Refunded.self))
+        case .refundReversed: _ = try body.read(NoFields.self); self = .refundReversed
+        case .failed: self = .failed(try body.read(Failed.self))
+        case .notificationReceived: self = .notificationReceived(try body.read(NotificationReceived.self))
         }
-    }
-
-    private static func decode(type: OrderEventType, body: Body) throws(LedgerInputError) -> OrderEvent {
-        do {
-            let event: OrderEvent = switch type {
-            case .created: .created(try body.decode(OrderCreated.self))
-            case .paymentAdded: .paymentAdded(try body.decode(PaymentAdded.self))
-            case .receiptReceived: .receiptReceived(try body.decode(ReceiptReceived.self))
-            case .verified: .verified(try body.decode(Verified.self))
-            case .delivered: try noFields(body, .delivered)
-            case .finished: try noFields(body, .finished)
-            case .refunded: .refunded(try body.decode(Refunded.self))
-            case .refundReversed: try noFields(body, .refundReversed)
-            case .failed: .failed(try body.decode(Failed.self))
-            case .notificationReceived: .notificationReceived(try body.decode(NotificationReceived.self))
-            }
-            try event.validate()
-            return event
-        } catch let error as LedgerInputError {
-            throw error
-        } catch {
-            throw LedgerJSON.inputError(error, field: "data")
-        }
-    }
-
-    /// Checks that a body without fields of its own is a JSON object.
-    private static func noFields(_ body: Body, _ event: OrderEvent) throws -> OrderEvent {
-        _ = try body.decode(NoFields.self)
-        return event
-    }
-
-    /// The body as JSON, for events the ledger writes itself.
-    public func encodedData() -> Data {
-        let encoder = LedgerJSON.encoder
-        let data: Data? = switch self {
-        case .created(let body): Data(body.json.utf8)
-        case .paymentAdded(let body): try? encoder.encode(body)
-        case .receiptReceived(let body): try? encoder.encode(body)
-        case .verified(let body): try? encoder.encode(body)
-        case .refunded(let body): try? encoder.encode(body)
-        case .failed(let body): try? encoder.encode(body)
-        case .notificationReceived(let body): try? encoder.encode(body)
-        case .delivered, .finished, .refundReversed: try? encoder.encode(NoFields())
-        }
-        return data ?? Data("{}".utf8)
-    }
-
-    /// The event as the log keeps it, and its JSON: the body decoded from the JSON the log stores,
-    /// which a replay folds. (Dates keep milliseconds in JSON; a finer `Date` folded as given
-    /// would leave a projection row that a replay does not give.)
-    public func asStored() throws(LedgerInputError) -> (event: OrderEvent, data: Data) {
-        let data = encodedData()
-        return (try Self.decode(type: type, data: data), data)
+        try validate()
     }
 
     /// Checks of values that decoding alone does not make.
-    func validate() throws(LedgerInputError) {
+    public func validate() throws(LedgerInputError) {
         switch self {
         case .created(let body):
             guard (1...100).contains(body.quantity) else {
                 throw LedgerInputError(field: "quantity", problem: "must be from 1 to 100")
             }
-            if let price = body.price, !Self.isDecimal(price) {
+            if let price = body.price, !Self.isValidPrice(price) {
                 throw LedgerInputError(field: "price", problem: "must be a decimal string such as \"0.99\"")
             }
-            if let currency = body.currency, !(currency.count == 3 && currency.allSatisfy { $0.isASCII && $0.isUppercase }) {
+            if let currency = body.currency, !Self.isValidCurrency(currency) {
                 throw LedgerInputError(field: "currency", problem: "must be an ISO 4217 code such as \"USD\"")
             }
         case .receiptReceived(let body):
@@ -141,16 +73,36 @@ public enum OrderEvent: Sendable, Equatable {
     }
 
     /// A price as orders and the catalog take it: a decimal string such as "0.99".
-    public static func isValidPrice(_ text: String) -> Bool { isDecimal(text) }
+    public static func isValidPrice(_ text: String) -> Bool {
+        let parts = text.split(separator: ".", omittingEmptySubsequences: false)
+        guard (1...2).contains(parts.count), text.count <= 32 else { return false }
+        return parts.allSatisfy { !$0.isEmpty && $0.allSatisfy { $0.isASCII && $0.isNumber } }
+    }
 
     /// An ISO 4217 currency code: three upper-case letters.
     public static func isValidCurrency(_ text: String) -> Bool {
         text.count == 3 && text.allSatisfy { $0.isASCII && $0.isUppercase }
     }
+}
 
-    static func isDecimal(_ text: String) -> Bool {
-        let parts = text.split(separator: ".", omittingEmptySubsequences: false)
-        guard (1...2).contains(parts.count), text.count <= 32 else { return false }
-        return parts.allSatisfy { !$0.isEmpty && $0.allSatisfy { $0.isASCII && $0.isNumber } }
+/// Reads an event's body in some format: `OrderEvent.init(type:body:)` asks it for the body type
+/// that the event type has.
+public protocol EventBodyReader {
+    func read<Body: Decodable>(_ type: Body.Type) throws -> Body
+}
+
+extension OrderEvent: Encodable {
+    /// The body alone (the type is stored beside it); types without fields write `{}`.
+    public func encode(to encoder: any Encoder) throws {
+        switch self {
+        case .created(let body): try body.encode(to: encoder)
+        case .paymentAdded(let body): try body.encode(to: encoder)
+        case .receiptReceived(let body): try body.encode(to: encoder)
+        case .verified(let body): try body.encode(to: encoder)
+        case .refunded(let body): try body.encode(to: encoder)
+        case .failed(let body): try body.encode(to: encoder)
+        case .notificationReceived(let body): try body.encode(to: encoder)
+        case .delivered, .finished, .refundReversed: try NoFields().encode(to: encoder)
+        }
     }
 }

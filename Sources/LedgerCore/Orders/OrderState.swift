@@ -6,7 +6,7 @@ public enum OrderState: String, Codable, Sendable, CaseIterable {
     case verified, delivered, finished, failed, refunded
 
     /// True once the client may finish the StoreKit transaction: the goods were delivered, or the
-    /// order was definitively rejected (DESIGN.md promise 11).
+    /// order was definitively rejected (promise 11, docs/architecture.md).
     public var clientMayFinish: Bool {
         switch self {
         case .delivered, .finished, .failed, .refunded: true

@@ -1,6 +1,6 @@
 import Foundation
 
-/// The reconciler's rules (DESIGN.md, "The reconciler"), as a pure function: which open order
+/// The reconciler's rules (docs/reconciliation.md), as a pure function: which open order
 /// each orphan transaction goes to. The store reads the pool and the candidates in batches and
 /// applies the pairings this answers, each under locks that re-check it.
 public enum Reconciler {

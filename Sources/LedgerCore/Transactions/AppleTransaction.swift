@@ -54,6 +54,41 @@ public enum TransactionEventType: String, Codable, Sendable, CaseIterable {
     case notificationReceived = "notification-received"
 }
 
+/// One event of a transaction's stream with its typed body.
+public enum TransactionEvent: Sendable, Equatable {
+    case unmatched(TransactionUnmatched)
+    case matched(TransactionMatched)
+    case notificationReceived(NotificationReceived)
+
+    public var type: TransactionEventType {
+        switch self {
+        case .unmatched: .unmatched
+        case .matched: .matched
+        case .notificationReceived: .notificationReceived
+        }
+    }
+
+    /// The event of `type` whose body `body` reads.
+    public init(type: TransactionEventType, body: some EventBodyReader) throws {
+        switch type {
+        case .unmatched: self = .unmatched(try body.read(TransactionUnmatched.self))
+        case .matched: self = .matched(try body.read(TransactionMatched.self))
+        case .notificationReceived: self = .notificationReceived(try body.read(NotificationReceived.self))
+        }
+    }
+}
+
+extension TransactionEvent: Encodable {
+    /// The body alone (the type is stored beside it).
+    public func encode(to encoder: any Encoder) throws {
+        switch self {
+        case .unmatched(let body): try body.encode(to: encoder)
+        case .matched(let body): try body.encode(to: encoder)
+        case .notificationReceived(let body): try body.encode(to: encoder)
+        }
+    }
+}
+
 /// `transaction-unmatched`: a verified transaction with no usable order.
 public struct TransactionUnmatched: Codable, Sendable, Equatable {
     public var transaction: AppleTransaction

@@ -6,21 +6,21 @@ import LedgerStore
 import Logging
 import PostgresNIO
 
-/// `ledger bench reconcile`: one reconciler pass over a pool of orphans and a population of open
+/// `ledger-bench reconcile`: one reconciler pass over a pool of orphans and a population of open
 /// orders loaded straight into a scratch database (events and projections as the ledger writes
 /// them, in bulk), at two sizes; prints each pass's time and the ratio between the sizes.
 struct BenchReconcile: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "reconcile", abstract: "Reconciler passes at two sizes (orphans : open orders).")
 
-    @OptionGroup var options: ConfigurationOptions
+    @OptionGroup var options: BenchOptions
     @Option(help: "Sizes as orphans:openOrders, comma-separated") var sizes = "10000:100000,100000:1000000"
 
     func run() async throws {
         let configuration = try options.load()
-        let logger = BenchAppend.logger
+        let logger = benchLogger
         let parsed = try sizes.split(separator: ",").map { pair -> (Int, Int) in
             let parts = pair.split(separator: ":").compactMap { Int($0) }
-            guard parts.count == 2, parts[0] > 0, parts[1] >= parts[0] else { throw CommandFailure("--sizes takes orphans:openOrders pairs, such as 10000:100000") }
+            guard parts.count == 2, parts[0] > 0, parts[1] >= parts[0] else { throw BenchFailure("--sizes takes orphans:openOrders pairs, such as 10000:100000") }
             return (parts[0], parts[1])
         }
         let opened = try await OpenedDatabase.open(configuration.database, logger: logger)
@@ -33,7 +33,7 @@ struct BenchReconcile: AsyncParsableCommand {
                 let loadStart = ContinuousClock.now
                 try await Self.load(orphans: orphans, orders: orders, on: database)
                 let loaded = ContinuousClock.now - loadStart
-                let receipts = ReceiptLedger(orders: OrderLedger(database: database, store: EventStore(database: database)))
+                let receipts = ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database)))
                 let summary = try await ReconcilerPass(receipts: receipts).run()
                 return (summary, loaded.inSeconds)
             }

@@ -3,12 +3,13 @@ import Foundation
 import LedgerStore
 import PostgresNIO
 
-/// A `ledger serve` child process on the benchmark database, for the HTTP benchmarks: started
-/// with the settings they add, driven through a keep-alive client once ready, then stopped;
-/// answers what the benchmark measured and the server's peak resident set (KiB).
+/// A `ledger serve` child process (`server`: the ledger executable) on the benchmark database,
+/// for the HTTP benchmarks: started with the settings they add, driven through a keep-alive
+/// client once ready, then stopped; answers what the benchmark measured and the server's peak
+/// resident set (KiB).
 enum BenchServerChild {
     static func run<Result>(
-        database: PostgresClient.Configuration, work: URL, environment extra: [String: String] = [:],
+        server path: String, database: PostgresClient.Configuration, work: URL, environment extra: [String: String] = [:],
         _ drive: (HTTPClient, _ base: String, _ server: pid_t) async throws -> Result
     ) async throws -> (Result, peakRSSKiB: Int) {
         let port = try ProcessRunner.freeLocalPort()
@@ -21,7 +22,7 @@ enum BenchServerChild {
         ]
         environment.merge(extra) { $1 }
         let server = try ProcessRunner(workingDirectory: work).spawn(
-            BenchHTTP.executablePath(), ["serve"], outputPath: work.appendingPathComponent("server.log").path, environment: environment)
+            path, ["serve"], outputPath: work.appendingPathComponent("server.log").path, environment: environment)
         var settings = HTTPClient.Configuration()
         // AsyncHTTPClient keeps 8 connections per host unless told otherwise: 32 clients would
         // share 8 connections, and the server would see 8.

@@ -5,38 +5,23 @@ import LedgerServer
 import LedgerStore
 import Logging
 import PostgresNIO
-import NIOPosix
 
-/// `ledger bench append`: single-event streams appended through the event store, next to
-/// pgbench's single-row INSERT of the same shape, at each concurrency, in one run.
+/// `ledger-bench append`: single-event streams appended through the ledger's writer (group
+/// commit, each acknowledged after COMMIT), next to pgbench's single-row INSERT of the same shape,
+/// at each concurrency, in one run.
 struct BenchAppend: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "append",
-        abstract: "Event-store appends per second against a pgbench INSERT baseline."
+        abstract: "Appends per second through the writer against a pgbench INSERT baseline."
     )
 
-    @OptionGroup var options: ConfigurationOptions
+    @OptionGroup var options: BenchOptions
     @Option(help: "Seconds per measurement")
     var seconds = 15
     @Option(help: "Comma-separated concurrency levels")
     var concurrency = "1,8,32"
-    @Option(help: "Group-commit transactions in flight at once")
-    var groupCommitWriters = 1
-    @Option(help: "Where callers and the group-commit writer run: loop (one event loop with the connections) or global (Swift's global executor, the pool's default loops)")
-    var executors: Executors = .loop
-
-    enum Executors: String, ExpressibleByArgument {
-        case loop, global
-    }
 
     static let benchDatabase = "ledger_bench"
-
-    static let logger: Logger = {
-        var logger = Logger(label: "ledger-bench")
-        // Pools warn when leased before their run loop starts, which is harmless here.
-        logger.logLevel = .error
-        return logger
-    }()
 
     func run() async throws {
         let levels = concurrency.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }
@@ -44,7 +29,7 @@ struct BenchAppend: AsyncParsableCommand {
             throw ValidationError("--concurrency takes numbers from 1 to 256, such as 1,8,32")
         }
         let configuration = try options.load()
-        let logger = Self.logger
+        let logger = benchLogger
         let opened = try await OpenedDatabase.open(configuration.database, logger: logger)
         defer { try? opened.close(logger: logger) }
 
@@ -59,7 +44,7 @@ struct BenchAppend: AsyncParsableCommand {
         defer { try? FileManager.default.removeItem(at: work) }
         let baseline = PgbenchBaseline(binaries: try PostgresBinaries.locate(), configuration: benchConfiguration, workDirectory: work)
 
-        print("Event-store append vs pgbench single-row INSERT: PostgreSQL \(version), \(ProcessInfo.processInfo.activeProcessorCount) cores, \(seconds) s per cell; callers and group-commit writer on \(executors == .loop ? "the connections' event loop" : "the global executor")")
+        print("Appends through the writer vs pgbench single-row INSERT: PostgreSQL \(version), \(ProcessInfo.processInfo.activeProcessorCount) cores, \(seconds) s per cell")
         printTableHeader(["concurrency", "ledger events/s", "p50 ms", "p99 ms", "pgbench rows/s", "p50 ms", "p99 ms", "ratio"])
         var batching: [String] = []
         for level in levels {
@@ -73,45 +58,28 @@ struct BenchAppend: AsyncParsableCommand {
     }
 
     /// Appends per second and latencies, and the mean number of appends per group commit.
-    ///
-    /// With `--executors loop` (the default) the connections share one event loop, and the
-    /// callers and the group-commit writer run on it (`EventLoopTaskExecutor`); with `global`,
-    /// the pool's default loops and Swift's global executor, as an embedding service gets them
-    /// without asking.
     func measureAppends(_ configuration: PostgresClient.Configuration, concurrency: Int, logger: Logger) async throws -> (LatencySummary, Double) {
         var configuration = configuration
         configuration.options.maximumConnections = concurrency
         configuration.options.minimumConnections = concurrency
         let seconds = self.seconds
-        let groupCommitWriters = self.groupCommitWriters
-        let loop = executors == .loop ? MultiThreadedEventLoopGroup(numberOfThreads: 1) : nil
-        let executor = loop.map { EventLoopTaskExecutor($0.next()) }
-        let measured: Result<(LatencySummary, Double), any Error>
-        do {
-            measured = .success(try await withPostgresClient(configuration, eventLoopGroup: loop, logger: logger) { client in
-                try await withTaskExecutorPreference(executor) {
-                    let store = EventStore(database: Database(client: client, logger: logger), groupCommitWriters: groupCommitWriters, executor: executor)
-                    let run = UUID().uuidString.prefix(8)
-                    // Warm up the pool and the server's caches, unmeasured.
-                    _ = try await appendLoop(store, workers: concurrency, for: .seconds(1), prefix: "warm-\(run)")
-                    let start = ContinuousClock.now
-                    let latencies = try await appendLoop(store, workers: concurrency, for: .seconds(seconds), prefix: "bench-\(run)")
-                    let elapsedSeconds = (ContinuousClock.now - start).inSeconds
-                    let batching = store.groupCommitStatistics
-                    let perTransaction = Double(batching.appends) / Double(max(1, batching.batches))
-                    return (LatencySummary(operations: latencies.count, seconds: elapsedSeconds, latencies: latencies), perTransaction)
-                }
-            })
-        } catch {
-            measured = .failure(error)
+        return try await withPostgresClient(configuration, logger: logger) { client in
+            let writer = LedgerWriter(database: Database(client: client, logger: logger))
+            let run = UUID().uuidString.prefix(8)
+            // Warm up the pool and the server's caches, unmeasured.
+            _ = try await appendLoop(writer, workers: concurrency, for: .seconds(1), prefix: "warm-\(run)")
+            let before = writer.groupCommitStatistics
+            let start = ContinuousClock.now
+            let latencies = try await appendLoop(writer, workers: concurrency, for: .seconds(seconds), prefix: "bench-\(run)")
+            let elapsedSeconds = (ContinuousClock.now - start).inSeconds
+            let after = writer.groupCommitStatistics
+            let perTransaction = Double(after.writes - before.writes) / Double(max(1, after.groups - before.groups))
+            return (LatencySummary(operations: latencies.count, seconds: elapsedSeconds, latencies: latencies), perTransaction)
         }
-        // After the client: its connections live on this loop.
-        try? await loop?.shutdownGracefully()
-        return try measured.get()
     }
 
     /// Each worker appends one-event streams until the time is up; returns every latency in ms.
-    func appendLoop(_ store: EventStore, workers: Int, for duration: Duration, prefix: String) async throws -> [Double] {
+    func appendLoop(_ writer: LedgerWriter, workers: Int, for duration: Duration, prefix: String) async throws -> [Double] {
         let deadline = ContinuousClock.now + duration
         let body = Data(#"{"orderId": "o-1", "userId": "u-1", "productId": "p-1", "price": "0.99"}"#.utf8)
         let metadata = Data(#"{"by": "bench"}"#.utf8)
@@ -124,7 +92,7 @@ struct BenchAppend: AsyncParsableCommand {
                         let stream = try StreamID("\(prefix)-\(worker)-\(index)")
                         let event = try NewEvent(type: "created", data: body, metadata: metadata)
                         let started = ContinuousClock.now
-                        _ = try await store.append([event], to: stream, expectedVersion: .noStream)
+                        _ = try await writer.append([event], to: stream, expected: .noStream)
                         let took = ContinuousClock.now - started
                         latencies.append(took.inSeconds * 1000)
                         index += 1
@@ -136,13 +104,14 @@ struct BenchAppend: AsyncParsableCommand {
         }
     }
 
-    /// A fresh, migrated scratch database with pgbench's baseline table; answers its configuration.
-    static func prepareDatabase(_ server: PostgresClient.Configuration, logger: Logger) async throws -> PostgresClient.Configuration {
+    /// A fresh scratch database, migrated unless asked not to, with pgbench's baseline table;
+    /// answers its configuration.
+    static func prepareDatabase(_ server: PostgresClient.Configuration, migrate: Bool = true, logger: Logger) async throws -> PostgresClient.Configuration {
         var bench = server
         bench.database = benchDatabase
         try await BenchAppend().recreateDatabase(server, logger: logger)
         try await withPostgresClient(bench, logger: logger) { client in
-            try await Migrator(logger: logger).migrate(client)
+            if migrate { try await Migrator(logger: logger).migrate(client) }
             try await client.query(PostgresQuery(unsafeSQL: PgbenchBaseline.tableSQL), logger: logger)
         }
         return bench
@@ -150,21 +119,10 @@ struct BenchAppend: AsyncParsableCommand {
 
     /// Drops and creates a scratch database (`name` is one of this program's constants).
     func recreateDatabase(_ server: PostgresClient.Configuration, named name: String = benchDatabase, logger: Logger) async throws {
-        try await dropDatabase(server, named: name, logger: logger)
-        try await onAdminDatabase(server, logger: logger) { client in
-            try await client.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name)"), logger: logger)
-        }
+        try await resetDatabase(name, on: server, logger: logger)
     }
 
     func dropDatabase(_ server: PostgresClient.Configuration, named name: String = benchDatabase, logger: Logger) async throws {
-        try await onAdminDatabase(server, logger: logger) { client in
-            try await client.query(PostgresQuery(unsafeSQL: "DROP DATABASE IF EXISTS \(name) WITH (FORCE)"), logger: logger)
-        }
-    }
-
-    func onAdminDatabase(_ server: PostgresClient.Configuration, logger: Logger, _ body: @Sendable (PostgresClient) async throws -> Void) async throws {
-        var admin = server
-        admin.database = "postgres"
-        try await withPostgresClient(admin, logger: logger, body)
+        try await resetDatabase(name, on: server, create: false, logger: logger)
     }
 }

@@ -9,14 +9,14 @@ import Logging
 import NIOCore
 import PostgresNIO
 
-/// `ledger bench receipts`: StoreKit 2 signed transactions posted to `POST /v1/receipts` by
+/// `ledger-bench receipts`: StoreKit 2 signed transactions posted to `POST /v1/receipts` by
 /// concurrent keep-alive clients against a `ledger serve` child process that trusts a throwaway
 /// signing chain made for this run; each receipt is verified (chain, signature) and applied to
 /// its own open order (receipt-received + verified, the transaction claimed).
 struct BenchReceipts: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "receipts", abstract: "Signed-transaction receipts verified and applied over HTTP.")
 
-    @OptionGroup var options: ConfigurationOptions
+    @OptionGroup var options: BenchOptions
     @Option(help: "Receipts to post (each for an order of its own, made beforehand)")
     var receipts = 15_000
     @Option(help: "Concurrent keep-alive clients")
@@ -28,7 +28,7 @@ struct BenchReceipts: AsyncParsableCommand {
 
     func run() async throws {
         let configuration = try options.load()
-        let logger = BenchAppend.logger
+        let logger = benchLogger
         let opened = try await OpenedDatabase.open(configuration.database, logger: logger)
         defer { try? opened.close(logger: logger) }
         let benchConfiguration = try await BenchAppend.prepareDatabase(opened.clientConfiguration, logger: logger)
@@ -42,11 +42,13 @@ struct BenchReceipts: AsyncParsableCommand {
         let (key, bodies) = try await withPostgresClient(benchConfiguration, logger: logger) { client in
             let database = Database(client: client, logger: logger)
             let key = try await APIKeyStore(database: database).create(name: "bench", scopes: [.admin])
-            return (key, try await prepare(chain: chain, run: String(run), total: receipts + warmup, ledger: OrderLedger(database: database, store: EventStore(database: database))))
+            return (key, try await prepare(chain: chain, run: String(run), total: receipts + warmup, ledger: OrderLedger(writer: LedgerWriter(database: database))))
         }
 
         let environment = ["LEDGER_APPLE_ROOT_CERTS": rootFile, "LEDGER_APPLE_BUNDLE_ID": Self.bundleId, "LEDGER_APPLE_ENVIRONMENT": "Sandbox"]
-        let (measured, peakRSS) = try await BenchServerChild.run(database: benchConfiguration, work: work, environment: environment) { client, base, _ in
+        let (measured, peakRSS) = try await BenchServerChild.run(
+            server: try options.serverPath(), database: benchConfiguration, work: work, environment: environment
+        ) { client, base, _ in
             try await drive(client, base: base, key: key, bodies: bodies)
         }
         let (summary, outcomes) = measured

@@ -5,18 +5,18 @@ import LedgerStore
 import Logging
 import PostgresNIO
 
-/// `ledger bench rebuild`: a log of about `--events` events (orders and orphan transactions,
+/// `ledger-bench rebuild`: a log of about `--events` events (orders and orphan transactions,
 /// bulk-loaded as the ledger writes them), then `projections rebuild` over all of it and a read of
 /// the whole gap-safe feed in pages of 1,000; prints events per second for each.
 struct BenchRebuild: AsyncParsableCommand {
     static let configuration = CommandConfiguration(commandName: "rebuild", abstract: "Projection rebuild and gap-safe feed read over a large log.")
 
-    @OptionGroup var options: ConfigurationOptions
+    @OptionGroup var options: BenchOptions
     @Option(help: "Events in the log (about)") var events = 1_000_000
 
     func run() async throws {
         let configuration = try options.load()
-        let logger = BenchAppend.logger
+        let logger = benchLogger
         let opened = try await OpenedDatabase.open(configuration.database, logger: logger)
         defer { try? opened.close(logger: logger) }
         let bench = try await BenchAppend.prepareDatabase(opened.clientConfiguration, logger: logger)

@@ -21,27 +21,30 @@ extension BenchHTTP {
         }
     }
 
-    /// One level's rounds: the HTTP workload, and pgbench with the machine's CPU while it ran.
+    /// One level's rounds: the HTTP workload, and both baselines with the machine's CPU while they ran.
     struct Level {
-        private var rounds: [(events: Measured, baseline: PgbenchBaseline.Measurement)] = []
+        private var rounds: [(events: Measured, byHand: PgbenchBaseline.Measurement, bare: PgbenchBaseline.Measurement)] = []
         var floor: Measured?
 
-        mutating func add(_ events: Measured, _ baseline: PgbenchBaseline.Measurement) {
-            rounds.append((events, baseline))
+        mutating func add(_ events: Measured, byHand: PgbenchBaseline.Measurement, bare: PgbenchBaseline.Measurement) {
+            rounds.append((events, byHand, bare))
         }
 
-        var roundRatios: [Double] { rounds.map { $0.events.latencies.ratio(to: $0.baseline.summary) } }
+        /// Each round's ratio against the work done by hand.
+        var byHandRatios: [Double] { rounds.map { $0.events.latencies.ratio(to: $0.byHand.summary) } }
 
         /// All rounds as one measurement each side: counts, seconds and CPU added, latencies pooled.
-        func merged() -> (events: Measured, baseline: PgbenchBaseline.Measurement) {
+        func merged() -> (events: Measured, byHand: PgbenchBaseline.Measurement, bare: PgbenchBaseline.Measurement) {
             let events = rounds.map(\.events)
-            let baselines = rounds.map(\.baseline)
+            func merge(_ baselines: [PgbenchBaseline.Measurement]) -> PgbenchBaseline.Measurement {
+                (LatencySummary(combining: baselines.map(\.summary)), baselines.map(\.machine).reduce(MachineCPU(), +))
+            }
             return (
                 Measured(
                     latencies: LatencySummary(combining: events.map(\.latencies)), failures: events.reduce(0) { $0 + $1.failures },
                     serverSeconds: events.reduce(0) { $0 + $1.serverSeconds }, postgresSeconds: events.reduce(0) { $0 + $1.postgresSeconds },
                     machine: events.map(\.machine).reduce(MachineCPU(), +)),
-                (LatencySummary(combining: baselines.map(\.summary)), baselines.map(\.machine).reduce(MachineCPU(), +)))
+                merge(rounds.map(\.byHand)), merge(rounds.map(\.bare)))
         }
     }
 }

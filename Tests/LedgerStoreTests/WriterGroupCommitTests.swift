@@ -1,20 +1,19 @@
 import Foundation
-import NIOPosix
 import PostgresNIO
 import LedgerCore
 import LedgerStore
 import LedgerTestSupport
 import Testing
 
-@Suite("Event store: group commit")
-struct GroupCommitTests {
+@Suite("The writer: group commit")
+struct WriterGroupCommitTests {
     enum Outcome: Equatable {
         case appended(Int64), replayed, wrongVersion(Int64), conflict, invalid
     }
 
-    func outcome(_ body: () async throws -> AppendResult) async -> Outcome {
+    func outcome(_ body: () async throws -> LedgerWriter.Appended) async -> Outcome {
         do {
-            let result = try await body()
+            let result = try await body().result
             return result.replayed ? .replayed : .appended(result.streamVersion)
         } catch AppendError.wrongExpectedVersion(_, _, let current) {
             return .wrongVersion(current)
@@ -29,28 +28,28 @@ struct GroupCommitTests {
     func mixedBatch() async throws {
         try await withTestDatabase { db in
             // One writer slot: everything that arrives while it writes is batched.
-            let store = EventStore(database: db.database, groupCommitWriters: 1)
+            let writer = LedgerWriter(database: db.database)
             let existing = try uniqueStream()
             let stored = try event("created", #"{"a": 1}"#)
-            _ = try await store.append([stored, try event()], to: existing)
+            _ = try await writer.append([stored, try event()], to: existing)
             let shared = try uniqueStream()
-            let before = store.groupCommitStatistics
+            let before = writer.groupCommitStatistics
 
             let outcomes = await withTaskGroup(of: (String, Outcome).self) { group in
                 for index in 0..<24 {
-                    group.addTask { ("fresh", await outcome { try await store.append([try event()], to: try uniqueStream("fresh-\(index)"), expectedVersion: .noStream) }) }
+                    group.addTask { ("fresh", await outcome { try await writer.append([try event()], to: try uniqueStream("fresh-\(index)"), expected: .noStream) }) }
                 }
                 for _ in 0..<16 {
-                    group.addTask { ("shared", await outcome { try await store.append([try event()], to: shared) }) }
+                    group.addTask { ("shared", await outcome { try await writer.append([try event()], to: shared) }) }
                 }
                 for _ in 0..<8 {
-                    group.addTask { ("stale", await outcome { try await store.append([try event()], to: existing, expectedVersion: .exact(0)) }) }
+                    group.addTask { ("stale", await outcome { try await writer.append([try event()], to: existing, expected: .exact(0)) }) }
                 }
                 for _ in 0..<4 {
-                    group.addTask { ("reused", await outcome { try await store.append([try event("created", #"{"a": 2}"#, id: stored.id)], to: existing) }) }
-                    group.addTask { ("retry", await outcome { try await store.append([stored], to: existing) }) }
-                    group.addTask { ("not-json", await outcome { try await store.append([try event("created", "{oops")], to: try uniqueStream()) }) }
-                    group.addTask { ("exists", await outcome { try await store.append([try event()], to: existing, expectedVersion: .noStream) }) }
+                    group.addTask { ("reused", await outcome { try await writer.append([try event("created", #"{"a": 2}"#, id: stored.id)], to: existing) }) }
+                    group.addTask { ("retry", await outcome { try await writer.append([stored], to: existing) }) }
+                    group.addTask { ("not-json", await outcome { try await writer.append([try event("created", "{oops")], to: try uniqueStream()) }) }
+                    group.addTask { ("exists", await outcome { try await writer.append([try event()], to: existing, expected: .noStream) }) }
                 }
                 return await group.reduce(into: [(String, Outcome)]()) { $0.append($1) }
             }
@@ -63,36 +62,36 @@ struct GroupCommitTests {
             #expect(byKind["not-json"]?.allSatisfy { $0 == .invalid } == true)
             #expect(byKind["exists"] == Array(repeating: .wrongVersion(1), count: 4))
 
-            let after = store.groupCommitStatistics
-            #expect(after.appends - before.appends == outcomes.count)
+            let after = writer.groupCommitStatistics
+            #expect(after.writes - before.writes == outcomes.count)
             #expect(outcomes.count == 64)
-            #expect(after.batches - before.batches < 64, "no two appends shared a transaction")
-            #expect(try await store.readStream(shared).map(\.streamVersion) == Array(Int64(0)..<16))
-            #expect(try await store.readStream(existing).count == 2)
+            #expect(after.groups - before.groups < 64, "no two appends shared a transaction")
+            #expect(try await db.store.readStream(shared).map(\.streamVersion) == Array(Int64(0)..<16))
+            #expect(try await db.store.readStream(existing).count == 2)
         }
     }
 
     @Test("a batch of distinct streams: multi-event appends and wrong versions answered each on their own")
     func distinctStreamsBatch() async throws {
         try await withTestDatabase { db in
-            let store = EventStore(database: db.database, groupCommitWriters: 1)
+            let writer = LedgerWriter(database: db.database)
             let existing = try (0..<20).map { _ in try uniqueStream() }
-            for stream in existing { _ = try await store.append([try event()], to: stream) }
-            let before = store.groupCommitStatistics
+            for stream in existing { _ = try await writer.append([try event()], to: stream) }
+            let before = writer.groupCommitStatistics
 
             let results = await withTaskGroup(of: (Int, Result<AppendResult, any Error>).self) { group in
                 for (index, stream) in existing.enumerated() {
                     group.addTask {
                         let result = await Result(catching: {
                             index < 10
-                                ? try await store.append(try (0..<3).map { _ in try event() }, to: stream, expectedVersion: .exact(0))
-                                : try await store.append([try event(), try event()], to: stream, expectedVersion: .exact(7))
+                                ? try await writer.append(try (0..<3).map { _ in try event() }, to: stream, expected: .exact(0)).result
+                                : try await writer.append([try event(), try event()], to: stream, expected: .exact(7)).result
                         })
                         return (index, result)
                     }
                 }
                 for index in 20..<30 {
-                    group.addTask { (index, await Result(catching: { try await store.append([try event()], to: try uniqueStream(), expectedVersion: .noStream) })) }
+                    group.addTask { (index, await Result(catching: { try await writer.append([try event()], to: try uniqueStream(), expected: .noStream).result })) }
                 }
                 return await group.reduce(into: [Int: Result<AppendResult, any Error>]()) { $0[$1.0] = $1.1 }
             }
@@ -115,20 +114,20 @@ struct GroupCommitTests {
             #expect(Set(positions).count == 40)
             // Written together, not each alone after a failed batch: positions are xid * 4096 + n.
             #expect(Set(positions.map { $0 >> 12 }).count < 20, "every append went alone")
-            for stream in existing[10...] { #expect(try await store.readStream(stream).count == 1) }
-            for stream in existing[..<10] { #expect(try await store.readStream(stream).map(\.streamVersion) == [0, 1, 2, 3]) }
-            let after = store.groupCommitStatistics
-            #expect(after.batches - before.batches < 30, "no two appends shared a transaction")
+            for stream in existing[10...] { #expect(try await db.store.readStream(stream).count == 1) }
+            for stream in existing[..<10] { #expect(try await db.store.readStream(stream).map(\.streamVersion) == [0, 1, 2, 3]) }
+            let after = writer.groupCommitStatistics
+            #expect(after.groups - before.groups < 30, "no two appends shared a transaction")
         }
     }
 
     @Test("a batch never holds more events than one transaction can position")
     func largeAppendsSplitAcrossTransactions() async throws {
         try await withTestDatabase { db in
-            let store = EventStore(database: db.database, groupCommitWriters: 1)
+            let writer = LedgerWriter(database: db.database)
             let results = try await withThrowingTaskGroup(of: AppendResult.self) { group in
                 for _ in 0..<6 {
-                    group.addTask { try await store.append(try (0..<1500).map { _ in try event() }, to: try uniqueStream()) }
+                    group.addTask { try await writer.append(try (0..<1500).map { _ in try event() }, to: try uniqueStream()).result }
                 }
                 return try await group.reduce(into: [AppendResult]()) { $0.append($1) }
             }
@@ -139,37 +138,7 @@ struct GroupCommitTests {
         }
     }
 
-    @Test("callers and the writer on one event loop (EventLoopTaskExecutor): appends batch and answer as on the global executor")
-    func writerOnAnEventLoop() async throws {
-        let loops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-        let executor = EventLoopTaskExecutor(loops.next())
-        try await withTestDatabase { db in
-            let store = EventStore(database: db.database, groupCommitWriters: 1, executor: executor)
-            let shared = try uniqueStream()
-            let versions = try await withTaskExecutorPreference(executor) {
-                try await withThrowingTaskGroup(of: Int64?.self) { group in
-                    for index in 0..<32 {
-                        group.addTask {
-                            #expect(executor.eventLoop.inEventLoop, "caller \(index) runs on the loop")
-                            if index.isMultiple(of: 2) {
-                                return try await store.append([try event()], to: shared).streamVersion
-                            }
-                            _ = try await store.append([try event()], to: try uniqueStream(), expectedVersion: .noStream)
-                            return nil
-                        }
-                    }
-                    return try await group.reduce(into: [Int64]()) { if let version = $1 { $0.append(version) } }
-                }
-            }
-            #expect(versions.sorted() == Array(Int64(0)..<16))
-            let statistics = store.groupCommitStatistics
-            #expect(statistics.appends == 32)
-            #expect(statistics.batches < 32, "no two appends shared a transaction")
-        }
-        try await loops.shutdownGracefully()
-    }
-
-    @Test("a failed batch is written append by append on the writer's own connection: a pool of one still answers every append")
+    @Test("a group that fails as a whole is written write by write: a pool of one still answers every append")
     func failedBatchOnAPoolOfOne() async throws {
         try await withTestDatabase { db in
             var configuration = db.configuration
@@ -178,22 +147,24 @@ struct GroupCommitTests {
             let client = PostgresClient(configuration: configuration, backgroundLogger: TestServer.clientLogger)
             let running = Task { await client.run() }
             defer { running.cancel() }
-            let store = EventStore(database: Database(client: client, logger: TestServer.logger), groupCommitWriters: 1)
+            let writer = LedgerWriter(database: Database(client: client, logger: TestServer.logger))
             let existing = try uniqueStream()
             let stored = try event()
-            _ = try await store.append([stored], to: existing)
+            _ = try await writer.append([stored], to: existing)
 
-            // Each round: a retry (its event id is stored, so any batch holding it fails as a
-            // whole and goes append by append) among fresh appends.
+            // Each round: a body PostgreSQL refuses as JSON (the call fails as a whole, and each
+            // write goes alone), and a retry, among fresh appends.
             let outcomes = await answered(within: .seconds(30)) {
                 var outcomes: [Outcome] = []
                 for _ in 0..<4 {
                     outcomes += await withTaskGroup(of: Outcome.self) { group in
                         for index in 0..<12 {
                             group.addTask {
-                                index == 5
-                                    ? await outcome { try await store.append([stored], to: existing) }
-                                    : await outcome { try await store.append([try event()], to: try uniqueStream(), expectedVersion: .noStream) }
+                                switch index {
+                                case 5: await outcome { try await writer.append([stored], to: existing) }
+                                case 7: await outcome { try await writer.append([try event("created", "{oops")], to: try uniqueStream()) }
+                                default: await outcome { try await writer.append([try event()], to: try uniqueStream(), expected: .noStream) }
+                                }
                             }
                         }
                         return await group.reduce(into: []) { $0.append($1) }
@@ -206,8 +177,9 @@ struct GroupCommitTests {
                 return
             }
             #expect(all.count { $0 == .replayed } == 4)
-            #expect(all.count { $0 == .appended(0) } == 44)
-            #expect(store.groupCommitStatistics.batches < 49, "no two appends shared a transaction")
+            #expect(all.count { $0 == .invalid } == 4)
+            #expect(all.count { $0 == .appended(0) } == 40)
+            #expect(writer.groupCommitStatistics.groups < 49, "no two appends shared a transaction")
         }
     }
 }

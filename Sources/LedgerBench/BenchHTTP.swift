@@ -9,90 +9,110 @@ import NIOCore
 import NIOPosix
 import PostgresNIO
 
-/// `ledger bench http`: order events appended over HTTP by concurrent keep-alive clients (each
+/// `ledger-bench http`: order events appended over HTTP by concurrent keep-alive clients (each
 /// order created, then taken through its events) against a `ledger serve` child process, next to
-/// pgbench's single-row INSERT at the same concurrency; then the same server's floor (GET
-/// /healthz from the same client), the most any route could reach; prints the server's peak RSS.
+/// two pgbench baselines at the same concurrency: the same durable work as an order event done by
+/// hand, one transaction per event (`order-event`: lock the order's row, insert the event into the
+/// ledger's log, update the row), and a bare single-row INSERT (`insert`, the floor of any durable
+/// write); then the same server's floor (GET /healthz from the same client), the most any route
+/// could reach; prints the server's peak RSS.
 ///
-/// The HTTP workload and pgbench take turns, in rounds, at each level, the one or the other first
-/// in every other round: this machine's speed swings by a third or more over minutes, and with
-/// pgbench measured once after all HTTP levels (the server stopped) the same build gave ratios
-/// from 0.24 to 0.51. Measured in turns, both sides see the same phases; the ratio is the whole
-/// HTTP count over the whole pgbench count, and each round's own ratio is printed beside it.
+/// The three take turns, in rounds, at each level, a different one first in each round: this
+/// machine's speed swings by a third or more over minutes, and measured in turns all three see
+/// the same phases. A ratio is the whole HTTP count over the whole baseline count, and each
+/// round's own ratio is printed beside it.
 struct BenchHTTP: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "http", abstract: "Order events over HTTP against a pgbench INSERT baseline.")
+    static let configuration = CommandConfiguration(commandName: "http", abstract: "Order events over HTTP against two pgbench baselines.")
 
-    @OptionGroup var options: ConfigurationOptions
+    @OptionGroup var options: BenchOptions
     @Option(help: "Seconds to measure each side at each level, in all (split over the rounds, in whole seconds)")
     var seconds = 15
     @Option(help: "Concurrent keep-alive clients, comma-separated (one set of rounds each)")
     var concurrency = "1,8,32"
-    @Option(help: "Rounds at each level: the HTTP workload and pgbench take turns, seconds/rounds each")
+    @Option(help: "Rounds at each level: the HTTP workload and the baselines take turns, seconds/rounds each")
     var rounds = 3
 
     func run() async throws {
         let configuration = try options.load()
-        let logger = BenchAppend.logger
+        let logger = benchLogger
         let levels = concurrency.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }.filter { $0 > 0 }
-        guard !levels.isEmpty else { throw CommandFailure("--concurrency takes client counts such as 1,8,32") }
-        guard rounds >= 1, seconds >= rounds else { throw CommandFailure("--rounds takes 1 to --seconds rounds (a round is at least 1 s)") }
+        guard !levels.isEmpty else { throw BenchFailure("--concurrency takes client counts such as 1,8,32") }
+        guard rounds >= 1, seconds >= rounds else { throw BenchFailure("--rounds takes 1 to --seconds rounds (a round is at least 1 s)") }
+        let server = try options.serverPath()
         let opened = try await OpenedDatabase.open(configuration.database, logger: logger)
         defer { try? opened.close(logger: logger) }
-        let benchConfiguration = try await BenchAppend.prepareDatabase(opened.clientConfiguration, logger: logger)
-        let key = try await withPostgresClient(benchConfiguration, logger: logger) { client in
-            try await APIKeyStore(database: Database(client: client, logger: logger)).create(name: "bench", scopes: [.admin])
-        }
+        // The server migrates the database as it starts: a `--server` of another version of the
+        // ledger finds it as it would make it.
+        let benchConfiguration = try await BenchAppend.prepareDatabase(opened.clientConfiguration, migrate: false, logger: logger)
         let work = try BenchServerChild.workDirectory("http")
         defer { try? FileManager.default.removeItem(at: work) }
-        let pgbench = PgbenchBaseline(binaries: try PostgresBinaries.locate(), configuration: benchConfiguration, workDirectory: work)
+        let binaries = try PostgresBinaries.locate()
+        let insert = PgbenchBaseline(binaries: binaries, configuration: benchConfiguration, workDirectory: work, workload: .insert)
+        let orderEvent = PgbenchBaseline(binaries: binaries, configuration: benchConfiguration, workDirectory: work, workload: .orderEvent)
         let round = seconds / rounds
-        let (results, peakRSS) = try await BenchServerChild.run(database: benchConfiguration, work: work) { _, base, server in
+        let (results, peakRSS) = try await BenchServerChild.run(server: server, database: benchConfiguration, work: work) { _, base, child in
+            let key = try await withPostgresClient(benchConfiguration, logger: logger) { client in
+                for low in stride(from: 1, through: PgbenchBaseline.orders, by: 4_000) {
+                    let high = min(low + 3_999, PgbenchBaseline.orders)
+                    try await client.query(PostgresQuery(unsafeSQL: PgbenchBaseline.ordersSQL(low, high)), logger: logger)
+                }
+                return try await APIKeyStore(database: Database(client: client, logger: logger)).create(name: "bench", scopes: [.admin])
+            }
             var results: [Level] = []
             for level in levels {
                 var measured = Level()
                 for number in 0..<rounds {
-                    // Which side goes first alternates, so that a steady drift of the machine's
-                    // speed favours neither. The server stays up, idle, while pgbench runs.
-                    let events: Measured, baseline: PgbenchBaseline.Measurement
-                    if number.isMultiple(of: 2) {
-                        events = try await drive(base: base, key: key, concurrency: level, seconds: round, floor: false, server: server)
-                        baseline = try pgbench.measure(concurrency: level, seconds: round)
-                    } else {
-                        baseline = try pgbench.measure(concurrency: level, seconds: round)
-                        events = try await drive(base: base, key: key, concurrency: level, seconds: round, floor: false, server: server)
+                    // Who goes first turns, so that a steady drift of the machine's speed favours
+                    // none. The server stays up, idle, while pgbench runs.
+                    var events: Measured?, byHand: PgbenchBaseline.Measurement?, bare: PgbenchBaseline.Measurement?
+                    for side in (0..<3).map({ ($0 + number) % 3 }) {
+                        switch side {
+                        case 0: events = try await drive(base: base, key: key, concurrency: level, seconds: round, floor: false, server: child)
+                        case 1: byHand = try orderEvent.measure(concurrency: level, seconds: round)
+                        default: bare = try insert.measure(concurrency: level, seconds: round)
+                        }
                     }
-                    measured.add(events, baseline)
+                    measured.add(events!, byHand: byHand!, bare: bare!)
                 }
-                measured.floor = try await drive(base: base, key: key, concurrency: level, seconds: round, floor: true, server: server)
+                measured.floor = try await drive(base: base, key: key, concurrency: level, seconds: round, floor: true, server: child)
                 results.append(measured)
             }
             return results
         }
-        print("Order events over HTTP (keep-alive clients, each order created then taken through 5 events) vs pgbench single-row INSERT at the same concurrency, \(rounds) rounds of \(round) s each, taking turns; one server for all levels")
+        print("Order events over HTTP (keep-alive clients, each order created then taken through 5 events) vs pgbench at the same concurrency: the same work by hand, one transaction per event (lock the order's row, insert the event, update the row), and a bare single-row INSERT; \(rounds) rounds of \(round) s each, taking turns; one server for all levels")
         printTableHeader(["clients", "HTTP events/s", "p50 ms", "p99 ms", "failed", "server CPU µs/event", "PostgreSQL CPU µs/event",
-                          "pgbench rows/s", "p50 ms", "p99 ms", "ratio", "ratio by round"])
+                          "by hand tx/s", "ratio", "by round", "INSERT rows/s", "ratio"])
         let merged = results.map { $0.merged() }
         for (level, (result, total)) in zip(levels, zip(results, merged)) {
             let events = total.events
             printTableRow(["\(level)"] + events.latencies.cells + ["\(events.failures)", format(events.serverMicroseconds), format(events.postgresMicroseconds)]
-                          + total.baseline.summary.cells + [format(events.latencies.ratio(to: total.baseline.summary), decimals: 2),
-                                                    result.roundRatios.map { format($0, decimals: 2) }.joined(separator: " ")])
+                          + [format(total.byHand.summary.perSecond), format(events.latencies.ratio(to: total.byHand.summary), decimals: 2),
+                             result.byHandRatios.map { format($0, decimals: 2) }.joined(separator: " "),
+                             format(total.bare.summary.perSecond), format(events.latencies.ratio(to: total.bare.summary), decimals: 2)])
         }
         print("")
-        print("The same server's floor: GET /healthz (no database, no JSON body, no key) from the same client, \(round) s once after the rounds; \"ratio\" is the most any route could reach against the pgbench figure above")
+        print("The baselines' latencies")
+        printTableHeader(["clients", "by hand p50 ms", "p99 ms", "INSERT p50 ms", "p99 ms"])
+        for (level, total) in zip(levels, merged) {
+            printTableRow(["\(level)"] + Array(total.byHand.summary.cells.dropFirst()) + Array(total.bare.summary.cells.dropFirst()))
+        }
+        print("")
+        print("The same server's floor: GET /healthz (no database, no JSON body, no key) from the same client, \(round) s once after the rounds; \"ratio\" is the most any route could reach against the INSERT figure above")
         printTableHeader(["clients", "requests/s", "p50 ms", "p99 ms", "server CPU µs/request", "ratio"])
         for (level, (result, total)) in zip(levels, zip(results, merged)) {
             guard let floor = result.floor else { continue }
-            printTableRow(["\(level)"] + floor.latencies.cells + [format(floor.serverMicroseconds), format(floor.latencies.ratio(to: total.baseline.summary), decimals: 2)])
+            printTableRow(["\(level)"] + floor.latencies.cells + [format(floor.serverMicroseconds), format(floor.latencies.ratio(to: total.bare.summary), decimals: 2)])
         }
         print("")
-        print("What one operation costs the whole machine (every core: the client, the server, PostgreSQL, the kernel), measured over the same rounds, and the share of the time the cores sat idle; where neither side leaves them idle, the last column (a pgbench row's cost over an HTTP event's) is about the throughput ratio")
-        printTableHeader(["clients", "HTTP: busy CPU µs/event", "idle %", "pgbench: busy CPU µs/row", "idle %", "floor: busy CPU µs/request", "pgbench row / HTTP event"])
+        print("What one operation costs the whole machine (every core: the client, the server, PostgreSQL, the kernel), measured over the same rounds, and the share of the time the cores sat idle")
+        printTableHeader(["clients", "HTTP: busy CPU µs/event", "idle %", "by hand: µs/transaction", "idle %", "INSERT: µs/row", "idle %", "floor: µs/request"])
         for (level, (result, total)) in zip(levels, zip(results, merged)) {
             let event = total.events.machine.microseconds(per: total.events.latencies.operations)
-            let row = total.baseline.machine.microseconds(per: total.baseline.summary.operations)
-            printTableRow(["\(level)", format(event), format(total.events.machine.idlePercent), format(row), format(total.baseline.machine.idlePercent),
-                           result.floor.map { format($0.machine.microseconds(per: $0.latencies.operations)) } ?? "-", format(row / event, decimals: 2)])
+            let byHand = total.byHand.machine.microseconds(per: total.byHand.summary.operations)
+            let row = total.bare.machine.microseconds(per: total.bare.summary.operations)
+            printTableRow(["\(level)", format(event), format(total.events.machine.idlePercent), format(byHand), format(total.byHand.machine.idlePercent),
+                           format(row), format(total.bare.machine.idlePercent),
+                           result.floor.map { format($0.machine.microseconds(per: $0.latencies.operations)) } ?? "-"])
         }
         print("")
         print("Server peak RSS over the whole run: \(format(Double(peakRSS) / 1024, decimals: 1)) MB")
@@ -132,13 +152,13 @@ struct BenchHTTP: AsyncParsableCommand {
         _ loop: any EventLoop, base: String, key: String, concurrency: Int, floor: Bool, until deadline: NIODeadline, prefix: String
     ) async throws -> HTTPLoad.Outcome {
         let host = String(base.dropFirst("http://".count))
-        guard let port = host.split(separator: ":").last.flatMap({ Int($0) }) else { throw CommandFailure("no port in \(base)") }
+        guard let port = host.split(separator: ":").last.flatMap({ Int($0) }) else { throw BenchFailure("no port in \(base)") }
         let headers = [("Authorization", "Bearer \(key)"), ("Content-Type", "application/json")]
         let health = [HTTPLoad.Request(method: "GET", path: "/healthz", host: host)]
         return try await HTTPLoad.run(on: loop, host: "127.0.0.1", port: port, connections: concurrency, until: deadline) { worker, n in
             if floor { return health }
             let id = "\(prefix)-\(worker)-\(n)"
-            let now = LedgerJSON.formatDate(Date())
+            let now = EventCoding.formatDate(Date())
             let requests: [(String, String)] = [
                 ("/v1/orders", #"{"orderId":"\#(id)","userId":"u-\#(worker)","productId":"gems.100","price":"0.99","currency":"USD"}"#),
                 ("/v1/orders/\(id)/events", #"{"type":"payment-added","data":{"queuedAt":"\#(now)"}}"#),
@@ -157,12 +177,7 @@ struct BenchHTTP: AsyncParsableCommand {
                response.status == .ok { return }
             try await Task.sleep(for: .milliseconds(100))
         }
-        throw CommandFailure("the server did not become ready within 30 s")
-    }
-
-    static func executablePath() throws -> String {
-        let path = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
-        return path
+        throw BenchFailure("the server did not become ready within 30 s")
     }
 
     /// The peak resident set (VmHWM) of a process, in KiB.

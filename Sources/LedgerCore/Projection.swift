@@ -1,0 +1,44 @@
+import Foundation
+
+/// How events change the ledger's two projections: `orders` (an `Order` per order stream) and
+/// `apple_transactions` (an `AppleTransactionRecord` per Apple transaction the ledger knows).
+/// This is the only statement of those rules: the writer applies them to the rows it read before
+/// it appends, and `projections rebuild` to the rows it folds from the log.
+///
+/// The result does not depend on whether a transaction's pool entry or its claim is folded first:
+/// the writer meets them in log order, the rebuild folds every order stream before the
+/// transaction streams.
+public enum Projection {
+    /// What order event `event` (version `version` of order `id`, recorded at `date`) makes of the
+    /// order and of the row of the transaction it claims (`claimed`: that row before, nil when the
+    /// ledger did not know the transaction). An event the state machine refuses changes nothing.
+    public static func apply(
+        _ event: OrderEvent, to order: Order?, id: OrderID, claimed: AppleTransactionRecord?, version: Int64, at date: Date
+    ) -> (order: Order?, claimed: AppleTransactionRecord?) {
+        guard OrderTransitions.isAllowed(event.type, from: order?.state),
+              let next = Order.evolve(order, event, orderID: id, version: version, at: date) else { return (order, claimed) }
+        guard case .receiptReceived(let receipt) = event else { return (next, claimed) }
+        let claim = AppleTransactionRecord.claimed(receipt, by: next, at: date)
+        return (next, claimed.map { $0.taken(by: claim) } ?? claim)
+    }
+
+    /// What event `event` of a transaction's stream (recorded at `date`, `data` its body as
+    /// stored) makes of the transaction's row.
+    public static func apply(_ event: TransactionEvent, data: Data, to row: AppleTransactionRecord?, at date: Date) -> AppleTransactionRecord? {
+        switch event {
+        case .unmatched(let body):
+            let pooled = AppleTransactionRecord.pooled(body, data: data, at: date)
+            // Claimed already: only a rebuild meets the claim first; in the log the pool came first.
+            guard let row, row.orderId != nil else { return pooled }
+            return pooled.taken(by: row)
+        case .notificationReceived(let body):
+            guard var row, row.orderId == nil, let status = AppleTransactionRecord.poolStatus(after: body.notificationType) else { return row }
+            row.status = status
+            row.updatedAt = date
+            return row
+        case .matched:
+            // The claim (`receipt-received` on the order) moves the row; this records the pairing.
+            return row
+        }
+    }
+}

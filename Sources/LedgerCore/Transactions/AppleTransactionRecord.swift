@@ -1,0 +1,104 @@
+import Foundation
+
+/// An Apple transaction as the ledger knows it: a row of the `apple_transactions` projection,
+/// either waiting in the pool or claimed by the one order it belongs to.
+public struct AppleTransactionRecord: Sendable, Equatable {
+    /// Where the transaction stands.
+    public enum Status: String, Sendable, CaseIterable {
+        /// In the pool: verified, tied to no order, free to be paired.
+        case unmatched
+        /// In the pool, refunded or revoked by Apple before any order took it: never granted.
+        case refunded
+        /// Tied to its order (`orderId`).
+        case claimed
+    }
+
+    public var transactionId: TransactionID
+    public var orderId: OrderID?
+    public var userId: UserID?
+    public var productId: ProductID
+    public var purchaseDate: Date
+    public var environment: String?
+    public var status: Status
+    /// When the ledger first heard of it, and when its row last changed.
+    public var receivedAt: Date
+    public var updatedAt: Date
+    public var originalTransactionId: String?
+    public var appTransactionId: String?
+    public var appAccountToken: UUID?
+    public var matchedBy: MatchedBy?
+    /// The `transaction-unmatched` body as stored, for a transaction that went through the pool.
+    public var verification: Data?
+
+    public init(
+        transactionId: TransactionID, orderId: OrderID?, userId: UserID?, productId: ProductID, purchaseDate: Date,
+        environment: String?, status: Status, receivedAt: Date, updatedAt: Date, originalTransactionId: String?,
+        appTransactionId: String?, appAccountToken: UUID?, matchedBy: MatchedBy?, verification: Data?
+    ) {
+        self.transactionId = transactionId
+        self.orderId = orderId
+        self.userId = userId
+        self.productId = productId
+        self.purchaseDate = purchaseDate
+        self.environment = environment
+        self.status = status
+        self.receivedAt = receivedAt
+        self.updatedAt = updatedAt
+        self.originalTransactionId = originalTransactionId
+        self.appTransactionId = appTransactionId
+        self.appAccountToken = appAccountToken
+        self.matchedBy = matchedBy
+        self.verification = verification
+    }
+
+    /// Waiting in the pool with nothing against it: the only state an order may take it from.
+    public var isPooled: Bool { orderId == nil && status == .unmatched }
+
+    /// The row `transaction-unmatched` makes (`data`: that event's body as stored).
+    static func pooled(_ body: TransactionUnmatched, data: Data, at date: Date) -> Self {
+        let transaction = body.transaction
+        return Self(
+            transactionId: transaction.transactionId, orderId: nil, userId: body.userId, productId: transaction.productId,
+            purchaseDate: transaction.purchaseDate, environment: transaction.environment, status: .unmatched, receivedAt: date,
+            updatedAt: date, originalTransactionId: transaction.originalTransactionId,
+            appTransactionId: transaction.appTransactionId, appAccountToken: transaction.appAccountToken, matchedBy: nil,
+            verification: data)
+    }
+
+    /// The row `receipt-received` makes for the transaction it claims for `order`, when the
+    /// ledger did not know the transaction.
+    static func claimed(_ receipt: ReceiptReceived, by order: Order, at date: Date) -> Self {
+        Self(
+            transactionId: receipt.transactionId, orderId: order.orderId, userId: order.userId, productId: receipt.productId,
+            purchaseDate: receipt.purchaseDate, environment: receipt.environment, status: .claimed, receivedAt: date,
+            updatedAt: date, originalTransactionId: receipt.originalTransactionId, appTransactionId: receipt.appTransactionId,
+            appAccountToken: receipt.appAccountToken, matchedBy: receipt.matchedBy, verification: nil)
+    }
+
+    /// `claim` of a transaction that had waited as `self` in the pool: the order's fields from
+    /// the claim, what Apple said of the transaction from the pool (whose record is the verified
+    /// one), filled in from the claim where the pool had nothing.
+    func taken(by claim: Self) -> Self {
+        var row = self
+        row.orderId = claim.orderId
+        row.userId = claim.userId
+        row.status = claim.status
+        row.matchedBy = claim.matchedBy
+        row.updatedAt = claim.updatedAt
+        row.environment = environment ?? claim.environment
+        row.originalTransactionId = originalTransactionId ?? claim.originalTransactionId
+        row.appTransactionId = appTransactionId ?? claim.appTransactionId
+        row.appAccountToken = appAccountToken ?? claim.appAccountToken
+        return row
+    }
+
+    /// What a notification does to a transaction waiting in the pool: `REFUND` and `REVOKE`
+    /// keep it from ever being granted, `REFUND_REVERSED` puts it back; other types change nothing.
+    public static func poolStatus(after notificationType: String) -> Status? {
+        switch notificationType {
+        case "REFUND", "REVOKE": .refunded
+        case "REFUND_REVERSED": .unmatched
+        default: nil
+        }
+    }
+}

@@ -1,0 +1,106 @@
+import Foundation
+import Hummingbird
+import LedgerCore
+import LedgerStore
+
+/// The body of `POST /v1/orders`: the order's id and the fields of its `created` event, with a
+/// generated `appAccountToken` and a quantity of 1 where the caller gives none (or null).
+struct CreateOrder: Decodable {
+    let orderId: OrderID
+    let created: OrderCreated
+    /// Whether the caller chose the token (a retry is then the same order only with the same token).
+    let tokenGiven: Bool
+
+    enum CodingKeys: String, CodingKey {
+        case orderId, userId, productId, quantity, price, currency, appAccountToken
+    }
+
+    init(from decoder: any Decoder) throws {
+        let body = try decoder.container(keyedBy: CodingKeys.self)
+        orderId = try body.decode(OrderID.self, forKey: .orderId)
+        let token = try body.decodeIfPresent(UUID.self, forKey: .appAccountToken)
+        tokenGiven = token != nil
+        created = OrderCreated(
+            userId: try body.decode(UserID.self, forKey: .userId), productId: try body.decode(ProductID.self, forKey: .productId),
+            quantity: Int(try body.decodeInteger(forKey: .quantity) ?? 1),
+            price: try body.decodeIfPresent(String.self, forKey: .price), currency: try body.decodeIfPresent(String.self, forKey: .currency),
+            appAccountToken: token ?? UUID())
+        try OrderEvent.created(created).validate()
+    }
+}
+
+/// The body of `POST /v1/orders/{orderId}/events`: `{type, eventId?, expectedVersion?, data}`.
+/// `data` is kept as the caller sent it (fields its type does not know included), and the event
+/// is read from that same JSON, so what is stored is what was decided on.
+struct AppendEvent: Decodable {
+    let event: OrderEvent
+    let data: Data
+    let eventId: EventID?
+    let expectedVersion: ExpectedVersion?
+
+    enum CodingKeys: String, CodingKey {
+        case type, eventId, expectedVersion, data
+    }
+
+    init(from decoder: any Decoder) throws {
+        let body = try decoder.container(keyedBy: CodingKeys.self)
+        let typeName = try body.decode(String.self, forKey: .type)
+        guard let type = OrderEventType(rawValue: typeName) else {
+            throw APIError(.badRequest, code: "unknown-event-type", message: "unknown event type \(typeName)",
+                           details: ["allowed": .strings(OrderEventType.allCases.map(\.rawValue))])
+        }
+        guard type != .created else {
+            throw APIError(.badRequest, code: "unknown-event-type", message: "orders are created with POST /v1/orders")
+        }
+        guard type.isWrittenByClients else {
+            throw APIError(.badRequest, code: "unknown-event-type",
+                           message: "\(typeName) is recorded by the ledger from Apple's notifications (POST /v1/notifications/apple)")
+        }
+        eventId = try body.decodeIfPresent(EventID.self, forKey: .eventId)
+        expectedVersion = try body.decodeInteger(forKey: .expectedVersion).map { version throws(LedgerInputError) in
+            guard version >= -1 else { throw LedgerInputError(field: "expectedVersion", problem: "must be -1 (no order) or more") }
+            return version < 0 ? .noStream : .exact(version)
+        }
+        guard body.contains(.data) else {
+            data = Data("{}".utf8)
+            event = try EventCoding.orderEvent(type, from: data)
+            return
+        }
+        let value = try body.decode(JSONValue.self, forKey: .data)
+        guard case .object = value else { throw LedgerInputError(field: "data", problem: "must be a JSON object") }
+        // Stored as written again from every member the caller sent; the event is read from the
+        // same member, so what is stored is what is decided on.
+        data = try EventCoding.encoder.encode(value)
+        do {
+            event = try OrderEvent(type: type, body: Member(container: body, key: .data))
+        } catch let error as DecodingError {
+            throw EventCoding.inputError(error, field: "data", within: CodingKeys.data.stringValue)
+        }
+    }
+
+    /// Reads an event's body from the request's `data` member.
+    private struct Member: EventBodyReader {
+        let container: KeyedDecodingContainer<CodingKeys>
+        let key: CodingKeys
+        func read<Body: Decodable>(_ type: Body.Type) throws -> Body { try container.decode(type, forKey: key) }
+    }
+}
+
+extension KeyedDecodingContainer {
+    /// An integer member, nil when absent or null; any other value (a string, true, 1.5) is an
+    /// input error naming the member. (Foundation's decoder reports a fraction where it wants an
+    /// integer as JSON that is not valid, without the member's name.)
+    func decodeInteger(forKey key: Key) throws -> Int64? {
+        switch try decodeIfPresent(JSONValue.self, forKey: key) {
+        case nil, .null?:
+            return nil
+        case .number(let number)?:
+            // Out of Int64's range or with a fraction, the integer differs from the number.
+            let integer = NSDecimalNumber(decimal: number).int64Value
+            if Decimal(integer) == number { return integer }
+        default:
+            break
+        }
+        throw LedgerInputError(field: key.stringValue, problem: "must be an integer")
+    }
+}

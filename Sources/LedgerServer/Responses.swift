@@ -1,0 +1,99 @@
+import Foundation
+import Hummingbird
+import LedgerCore
+import LedgerStore
+
+/// An order as the API shows it (every answer about an order says whether the client may
+/// finish the StoreKit transaction, promise 11).
+struct OrderResponse: ResponseEncodable {
+    let order: Order
+    /// The order's history, where the answer gives it.
+    var events: [EventResponse]?
+
+    init(_ order: Order, events: [RecordedEvent]? = nil) {
+        self.order = order
+        self.events = events?.map { EventResponse($0) }
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case orderId, userId, productId, quantity, price, currency, appAccountToken, state, version, transactionId
+        case createdAt, updatedAt, finishTransaction, events
+    }
+
+    func encode(to encoder: any Encoder) throws {
+        var json = encoder.container(keyedBy: CodingKeys.self)
+        try json.encode(order.orderId, forKey: .orderId)
+        try json.encode(order.userId, forKey: .userId)
+        try json.encode(order.productId, forKey: .productId)
+        try json.encode(order.quantity, forKey: .quantity)
+        try json.encode(order.price, forKey: .price)
+        try json.encode(order.currency, forKey: .currency)
+        try json.encode(order.appAccountToken.uuidString.lowercased(), forKey: .appAccountToken)
+        try json.encode(order.state, forKey: .state)
+        try json.encode(order.version, forKey: .version)
+        try json.encode(order.transactionId, forKey: .transactionId)
+        try json.encode(order.createdAt, forKey: .createdAt)
+        try json.encode(order.updatedAt, forKey: .updatedAt)
+        try json.encode(order.state.clientMayFinish, forKey: .finishTransaction)
+        try json.encodeIfPresent(events, forKey: .events)
+    }
+}
+
+/// An event as the API shows it; its data and metadata as the log stores them.
+struct EventResponse: Encodable {
+    let position: Int64
+    /// Only in the global feed, which mixes streams.
+    let streamId: StreamID?
+    let version: Int64
+    let type: String
+    let eventId: EventID
+    let data: JSONValue
+    let metadata: JSONValue
+    let recordedAt: Date
+
+    init(_ event: RecordedEvent, withStream: Bool = false) {
+        position = event.position
+        streamId = withStream ? event.streamID : nil
+        version = event.streamVersion
+        type = event.type
+        eventId = event.id
+        data = JSONValue(json: event.data)
+        metadata = JSONValue(json: event.metadata)
+        recordedAt = event.recordedAt
+    }
+}
+
+/// A page of orders: `next` is the last order id when the page is full, for `after=`.
+struct OrdersPage: ResponseEncodable {
+    let orders: [OrderResponse]
+    let next: String?
+
+    func encode(to encoder: any Encoder) throws {
+        var json = encoder.container(keyedBy: CodingKeys.self)
+        try json.encode(orders, forKey: .orders)
+        try json.encode(next, forKey: .next)
+    }
+
+    enum CodingKeys: String, CodingKey { case orders, next }
+}
+
+/// Any `Encodable` as an answer with `status`.
+struct Answer<Value: Encodable & Sendable>: ResponseGenerator {
+    let status: HTTPResponse.Status
+    let value: Value
+
+    init(_ status: HTTPResponse.Status, _ value: Value) {
+        self.status = status
+        self.value = value
+    }
+
+    init(_ value: Value) {
+        self.init(.ok, value)
+    }
+
+    func response(from request: Request, context: some RequestContext) throws -> Response {
+        var response = try EventCoding.encoder.encode(value, from: request, context: context)
+        response.status = status
+        return response
+    }
+}

@@ -1,0 +1,140 @@
+import Foundation
+import LedgerCore
+
+/// The JSON the ledger stores and answers: Foundation's `JSONEncoder` and `JSONDecoder`, keys
+/// sorted, times in ISO 8601 (written in UTC with milliseconds; read with or without a fraction,
+/// in UTC or with an offset).
+public enum EventCoding {
+    /// One encoder and one decoder for every caller: their settings never change after this.
+    public static let encoder: JSONEncoder = {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        encoder.dateEncodingStrategy = .custom { date, encoder in
+            var container = encoder.singleValueContainer()
+            try container.encode(formatDate(date))
+        }
+        return encoder
+    }()
+
+    public static let decoder: JSONDecoder = {
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .custom { decoder in
+            let container = try decoder.singleValueContainer()
+            let text = try container.decode(String.self)
+            guard let date = parseDate(text) else {
+                throw DecodingError.dataCorruptedError(in: container, debugDescription: "must be an ISO 8601 time such as 2026-11-21T10:00:00Z")
+            }
+            return date
+        }
+        return decoder
+    }()
+
+    private static let dateFormat = Date.ISO8601FormatStyle(includingFractionalSeconds: true)
+
+    /// `2026-11-21T10:00:00.123Z`.
+    public static func formatDate(_ date: Date) -> String { date.formatted(dateFormat) }
+
+    /// An ISO 8601 time (`2026-11-21T10:00:00Z`, `…:00.123456Z`, `…:00+08:00`), or nil; times
+    /// before 1970 are refused (no App Store time is older: such a time is a client's mistake).
+    public static func parseDate(_ text: String) -> Date? {
+        guard let date = try? dateFormat.parse(text), date.timeIntervalSince1970 >= 0 else { return nil }
+        return date
+    }
+
+    /// The typed body of a stored event: what the projections read of it.
+    public static func body(stream: StreamID, type: String, data: Data) throws -> EventBody {
+        if stream.isOrder, let type = OrderEventType(rawValue: type) {
+            return .order(try OrderEvent(type: type, body: JSONReader(data: data)))
+        }
+        if stream.isTransaction, let type = TransactionEventType(rawValue: type) {
+            return .transaction(try TransactionEvent(type: type, body: JSONReader(data: data)))
+        }
+        return .opaque(type: type)
+    }
+
+    /// A client's order event of `type`, read from `data` (which is stored as sent).
+    public static func orderEvent(_ type: OrderEventType, from data: Data) throws(LedgerInputError) -> OrderEvent {
+        do {
+            return try OrderEvent(type: type, body: JSONReader(data: data))
+        } catch {
+            throw inputError(error, field: "data")
+        }
+    }
+
+    /// An event the ledger writes itself, as it is stored, with its body read back from that JSON:
+    /// the body a replay of the log folds (times keep milliseconds in JSON).
+    public static func newEvent(_ event: OrderEvent, id: EventID, metadata: Data) throws -> NewEvent {
+        let data = try encoder.encode(event)
+        return NewEvent(id: id, body: .order(try OrderEvent(type: event.type, body: JSONReader(data: data))), data: data, metadata: metadata)
+    }
+
+    /// `newEvent` for an event of a transaction's stream.
+    public static func newEvent(_ event: TransactionEvent, id: EventID, metadata: Data) throws -> NewEvent {
+        let data = try encoder.encode(event)
+        return NewEvent(id: id, body: .transaction(try TransactionEvent(type: event.type, body: JSONReader(data: data))), data: data, metadata: metadata)
+    }
+
+    /// Reads a body from JSON text.
+    struct JSONReader: EventBodyReader {
+        let data: Data
+        func read<Body: Decodable>(_ type: Body.Type) throws -> Body { try EventCoding.decoder.decode(type, from: data) }
+    }
+
+    /// A decoding failure as an input error naming the field (nested fields as a dotted path;
+    /// `within`: the member the body was read from, left out of the path).
+    public static func inputError(_ error: any Error, field: String, within member: String? = nil) -> LedgerInputError {
+        if let error = error as? LedgerInputError { return error }
+        guard let error = error as? DecodingError else {
+            return LedgerInputError(field: field, problem: "is not valid JSON")
+        }
+        func path(_ context: DecodingError.Context) -> String {
+            var keys = context.codingPath.map { $0.intValue.map { "[\($0)]" } ?? $0.stringValue }
+            if let member, keys.first == member { keys.removeFirst() }
+            return keys.isEmpty ? field : keys.joined(separator: ".")
+        }
+        switch error {
+        case .keyNotFound(let key, let context):
+            let parent = path(context)
+            return LedgerInputError(field: parent == field ? key.stringValue : "\(parent).\(key.stringValue)", problem: "is missing")
+        case .typeMismatch(let type, let context):
+            return LedgerInputError(field: path(context), problem: "must be \(describe(type))")
+        case .valueNotFound(let type, let context):
+            return LedgerInputError(field: path(context), problem: "must be \(describe(type)), not null")
+        case .dataCorrupted(let context):
+            if context.codingPath.isEmpty { return LedgerInputError(field: field, problem: "is not valid JSON") }
+            let reason = (context.underlyingError as? LedgerInputError)?.problem ?? context.debugDescription
+            return LedgerInputError(field: path(context), problem: reason.isEmpty ? "is invalid" : reason)
+        @unknown default:
+            return LedgerInputError(field: field, problem: "is invalid")
+        }
+    }
+
+    static func describe(_ type: Any.Type) -> String {
+        switch type {
+        case is String.Type: "a string"
+        case is Int.Type, is Int64.Type, is Int32.Type: "an integer"
+        case is Bool.Type: "true or false"
+        case is Double.Type: "a number"
+        default: "\(type)".contains("Dictionary") ? "an object" : "a \(type)"
+        }
+    }
+}
+
+extension StreamID {
+    /// An order's stream (`order-<orderId>`).
+    public var isOrder: Bool { rawValue.hasPrefix("order-") }
+    /// An Apple transaction's stream (`transaction-<transactionId>`).
+    public var isTransaction: Bool { rawValue.hasPrefix("transaction-") }
+    /// The order whose stream this is.
+    var orderID: OrderID? { isOrder ? OrderID(unchecked: String(rawValue.dropFirst("order-".count))) : nil }
+    /// The transaction whose stream this is.
+    var transactionID: TransactionID? { isTransaction ? TransactionID(unchecked: String(rawValue.dropFirst("transaction-".count))) : nil }
+}
+
+extension AppleTransactionRecord {
+    /// The verified transaction as the pool recorded it (`transaction-unmatched`), for a
+    /// transaction that went through the pool.
+    func verifiedTransaction() throws -> AppleTransaction? {
+        try verification.map { try EventCoding.decoder.decode(TransactionUnmatched.self, from: $0).transaction }
+    }
+}

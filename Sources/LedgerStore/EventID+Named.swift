@@ -1,0 +1,17 @@
+import Crypto
+import Foundation
+import LedgerCore
+
+extension EventID {
+    /// A UUID named by its parts (SHA-256, version 8): the ledger's own events get the same id
+    /// each time the same thing happens (the same proof, pairing or pool entry), so a repeat that
+    /// races the first is stored once.
+    public static func named(_ parts: String...) -> EventID {
+        var bytes = Array(SHA256.hash(data: Data(parts.joined(separator: "\u{1F}").utf8)).prefix(16))
+        bytes[6] = (bytes[6] & 0x0F) | 0x80
+        bytes[8] = (bytes[8] & 0x3F) | 0x80
+        let uuid = UUID(uuid: (bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
+                               bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]))
+        return EventID(uuid)
+    }
+}

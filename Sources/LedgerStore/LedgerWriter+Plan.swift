@@ -1,0 +1,217 @@
+import Foundation
+import LedgerCore
+import Logging
+import PostgresNIO
+import Synchronization
+
+/// Steps 1 and 2 of a write: reading what it touches, and deciding it.
+extension LedgerWriter {
+    /// The orders the writer's own groups left, as they left them: where its next groups start
+    /// deciding, instead of reading them again (at most `capacity`, forgotten all at once when
+    /// full). Only a hint: `append_events` refuses a write decided on an order that moved since
+    /// (by another server, or by this one's writes in callers' transactions, which forget what
+    /// they touch), and it is then read again.
+    final class Remembered: Sendable {
+        static let capacity = 50_000
+        private let known = Mutex<[OrderID: Order]>([:])
+
+        func orders(_ ids: [OrderID]) -> [OrderID: Order] {
+            known.withLock { known in
+                var found: [OrderID: Order] = [:]
+                for id in ids { if let order = known[id] { found[id] = order } }
+                return found
+            }
+        }
+
+        func remember(_ orders: some Sequence<Order>) {
+            known.withLock { known in
+                for order in orders {
+                    if known.count >= Self.capacity { known.removeAll(keepingCapacity: true) }
+                    known[order.orderId] = order
+                }
+            }
+        }
+
+        func forget(_ ids: some Sequence<OrderID>) {
+            known.withLock { known in for id in ids { known.removeValue(forKey: id) } }
+        }
+    }
+
+    /// The orders and Apple transactions some writes touch, as read before deciding them. A
+    /// snapshot is only where deciding starts: `append_events` refuses a write whose streams or
+    /// claim moved since, and the writer then reads again.
+    public struct Snapshot: Sendable {
+        var orders: [OrderID: Order] = [:]
+        var transactions: [TransactionID: AppleTransactionRecord] = [:]
+        /// The version of each known transaction's stream (-1: it has none).
+        var transactionVersions: [TransactionID: Int64] = [:]
+        /// The orders taken from what the writer remembers rather than read.
+        var remembered: Set<OrderID> = []
+
+        public func order(_ id: OrderID) -> Order? { orders[id] }
+        public func transaction(_ id: TransactionID) -> AppleTransactionRecord? { transactions[id] }
+    }
+
+    /// A write as decided: what to store, and what to check first.
+    struct Plan {
+        /// The appends to store, each with the version it was decided on (or the caller's, for a
+        /// stream no projection reads), then `transaction-matched` for a claim from the pool.
+        var appends: [(append: Append, expected: ExpectedVersion)] = []
+        /// The version the caller expected of each of its appends, to tell a refusal it asked
+        /// for from a stream that moved since it was read.
+        var callerExpected: [ExpectedVersion] = []
+        /// The rows the write leaves, and whether each is new.
+        var orders: [(row: Order, isNew: Bool)] = []
+        var transactions: [(row: AppleTransactionRecord, isNew: Bool)] = []
+        /// A transaction claimed while the ledger did not know it: still unknown when stored.
+        var claim: TransactionID?
+        /// The order each order append leaves, by append.
+        var ordersAfter: [Int: Order] = [:]
+    }
+
+    /// Reads the orders and Apple transactions `writes` touch. With `remembered` (a group's first
+    /// try), only what deciding cannot start without: an order the writer does not remember
+    /// (none for a creation, decided on no order) and a transaction's stream appended to; a
+    /// transaction claimed is taken for unknown. `append_events` refuses a write for which any of
+    /// this was wrong, and it is then read again in full.
+    static func read(_ writes: [Write], with statement: inout Statement, remembered: Remembered? = nil) async throws -> Snapshot {
+        var orderIDs: [OrderID] = []
+        var transactionIDs: [TransactionID] = []
+        for write in writes {
+            for append in write.appends {
+                if let id = append.stream.orderID {
+                    if case .order(.created)? = append.events.first?.body, remembered != nil { continue }
+                    orderIDs.append(id)
+                }
+                if let id = append.stream.transactionID { transactionIDs.append(id) }
+                guard remembered == nil else { continue }
+                for event in append.events {
+                    if case .order(.receiptReceived(let receipt)) = event.body { transactionIDs.append(receipt.transactionId) }
+                }
+            }
+        }
+        let known = remembered?.orders(orderIDs) ?? [:]
+        var snapshot = try await read(orders: orderIDs.filter { known[$0] == nil }, transactions: transactionIDs, with: &statement)
+        snapshot.orders.merge(known) { read, _ in read }
+        snapshot.remembered = Set(known.keys)
+        return snapshot
+    }
+
+    /// Reads orders and Apple transactions (with their streams' versions) in one round trip
+    /// (none when there are none to read).
+    static func read(orders orderIDs: [OrderID], transactions transactionIDs: [TransactionID], with statement: inout Statement) async throws -> Snapshot {
+        let orderIDs = orderIDs.map(\.rawValue)
+        let transactionIDs = transactionIDs.map(\.rawValue)
+        var snapshot = Snapshot()
+        guard !orderIDs.isEmpty || !transactionIDs.isEmpty else { return snapshot }
+        let query: PostgresQuery = """
+            SELECT \(unescaped: ProjectionRows.orderColumns), \(unescaped: ProjectionRows.nullTransactionColumns), NULL::bigint
+              FROM orders WHERE order_id = ANY(\(orderIDs))
+            UNION ALL
+            SELECT \(unescaped: ProjectionRows.nullOrderColumns), \(unescaped: ProjectionRows.transactionColumns),
+                   coalesce((SELECT max(e.stream_version) FROM events e WHERE e.stream_id = 'transaction-' || t.transaction_id), -1)
+              FROM apple_transactions t WHERE t.transaction_id = ANY(\(transactionIDs))
+            """
+        for row in try await statement.run(query) {
+            let cells = row.makeRandomAccess()
+            if let order = try ProjectionRows.order(cells, at: 0) {
+                snapshot.orders[order.orderId] = order
+            } else if let transaction = try ProjectionRows.transaction(cells, at: ProjectionRows.orderColumnCount) {
+                snapshot.transactions[transaction.transactionId] = transaction
+                let version = ProjectionRows.orderColumnCount + ProjectionRows.transactionColumnCount
+                snapshot.transactionVersions[transaction.transactionId] = try cells[version].decode(Int64.self)
+            }
+        }
+        return snapshot
+    }
+
+    /// Decides `write` on `snapshot` at `now`: what to store; throws why not.
+    static func plan(_ write: Write, on snapshot: Snapshot, at now: Date) throws -> Plan {
+        var plan = Plan()
+        var transactions = snapshot.transactions
+        var streams = Set<StreamID>()
+        let ids = write.appends.flatMap { $0.events.map(\.id) }
+        guard Set(ids).count == ids.count else { throw AppendError.invalidBatch("an event id appears twice in one write") }
+        for (index, append) in write.appends.enumerated() {
+            guard streams.insert(append.stream).inserted else {
+                throw AppendError.invalidBatch("a write appends to stream \(append.stream) once")
+            }
+            guard !append.events.isEmpty else { throw AppendError.invalidBatch("a batch holds at least one event") }
+            plan.callerExpected.append(append.expected)
+            if let id = append.stream.orderID {
+                let current = snapshot.orders[id]
+                let version = current?.version ?? ExpectedVersion.noStreamVersion
+                if let refusal = expectedRefusal(append, version) { throw refusal }
+                var order = current
+                for (offset, event) in append.events.enumerated() {
+                    guard case .order(let orderEvent) = event.body else {
+                        throw AppendError.invalidBatch("an order's stream takes order events, not \(event.type)")
+                    }
+                    if case .failure(let refusal) = Order.decide(order, orderEvent) { throw refusal }
+                    var claimed: AppleTransactionRecord?
+                    var claimedID: TransactionID?
+                    if case .receiptReceived(let receipt) = orderEvent {
+                        claimedID = receipt.transactionId
+                        claimed = transactions[receipt.transactionId]
+                        if let known = claimed {
+                            guard known.isPooled else { throw OrderLedgerError.duplicateTransaction(receipt.transactionId) }
+                            plan.appends.append(try matched(receipt, order: id, known: known, snapshot, write.pairing, metadata: event.metadata))
+                        } else {
+                            plan.claim = receipt.transactionId
+                        }
+                    }
+                    let next = Projection.apply(orderEvent, to: order, id: id, claimed: claimed, version: version + 1 + Int64(offset), at: now)
+                    order = next.order
+                    if let claimedID, let row = next.claimed {
+                        transactions[claimedID] = row
+                        plan.transactions.append((row, claimed == nil))
+                    }
+                }
+                guard let order else { throw OrderDecisionError.noSuchOrder }
+                plan.orders.append((order, current == nil))
+                plan.ordersAfter[index] = order
+                plan.appends.insert((append, .exact(version)), at: index)
+            } else if let id = append.stream.transactionID {
+                let before = transactions[id]
+                let version = snapshot.transactionVersions[id] ?? ExpectedVersion.noStreamVersion
+                if let refusal = expectedRefusal(append, version) { throw refusal }
+                var row = before
+                for event in append.events {
+                    guard case .transaction(let transactionEvent) = event.body else {
+                        throw AppendError.invalidBatch("a transaction's stream takes transaction events, not \(event.type)")
+                    }
+                    row = Projection.apply(transactionEvent, data: event.data, to: row, at: now)
+                }
+                if let row, row != before {
+                    transactions[id] = row
+                    plan.transactions.append((row, before == nil))
+                }
+                plan.appends.insert((append, .exact(version)), at: index)
+            } else {
+                plan.appends.insert((append, append.expected), at: index)
+            }
+        }
+        return plan
+    }
+
+    /// The refusal of an append whose caller expected another version than `current`, if so.
+    private static func expectedRefusal(_ append: Append, _ current: Int64) -> AppendError? {
+        guard let expected = append.expected.databaseValue, expected != current else { return nil }
+        return .wrongExpectedVersion(stream: append.stream, expected: append.expected, current: current)
+    }
+
+    /// `transaction-matched` for a receipt of order `order` that takes `known` out of the pool
+    /// (promise 8: a transaction leaves the pool only by that event).
+    private static func matched(
+        _ receipt: ReceiptReceived, order: OrderID, known: AppleTransactionRecord, _ snapshot: Snapshot, _ pairing: Pairing?,
+        metadata: Data
+    ) throws -> (append: Append, expected: ExpectedVersion) {
+        let body = TransactionMatched(
+            orderId: order, matchedBy: receipt.matchedBy, candidates: pairing?.candidates ?? 1,
+            rule: pairing?.rule ?? receipt.matchedBy.rawValue)
+        let id = EventID.named("matched", receipt.transactionId.rawValue, order.rawValue)
+        let event = try EventCoding.newEvent(.matched(body), id: id, metadata: metadata)
+        let version = snapshot.transactionVersions[known.transactionId] ?? ExpectedVersion.noStreamVersion
+        return (Append([event], to: receipt.transactionId.streamID), .exact(version))
+    }
+}

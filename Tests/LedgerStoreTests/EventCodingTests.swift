@@ -1,0 +1,99 @@
+import Foundation
+import LedgerCore
+import LedgerStore
+import Testing
+
+@Suite("The ledger's JSON: event bodies and times")
+struct EventCodingTests {
+    func decode(_ type: OrderEventType, _ json: String) throws(LedgerInputError) -> OrderEvent {
+        try EventCoding.orderEvent(type, from: Data(json.utf8))
+    }
+
+    static let samples: [OrderEvent] = [
+        .created(OrderCreated(userId: UserID(unchecked: "user \"quoted\" \\ é"), productId: ProductID(unchecked: "p/1"), quantity: 2, price: "4.99", currency: "EUR")),
+        .paymentAdded(PaymentAdded(queuedAt: Date(timeIntervalSince1970: 1_800_000_000.25))),
+        .receiptReceived(ReceiptReceived(
+            transactionId: TransactionID(unchecked: "2000001"), productId: ProductID(unchecked: "gems.100"),
+            purchaseDate: Date(timeIntervalSince1970: 1_800_000_000), receiptSha256: String(repeating: "a", count: 64), format: .jws,
+            matchedBy: .appAccountToken, appAccountToken: UUID(), environment: "Sandbox")),
+        .verified(Verified(transactionId: TransactionID(unchecked: "2000001"), environment: "Production")),
+        .delivered, .finished, .refundReversed,
+        .refunded(Refunded(revocationDate: Date(timeIntervalSince1970: 1_800_000_100), revocationReason: 1, revocationType: "REFUND")),
+        .failed(Failed(reason: "cancelled", detail: "by the user")),
+        .notificationReceived(NotificationReceived(
+            notificationUUID: UUID(), notificationType: "CONSUMPTION_REQUEST", subtype: nil, transactionId: nil,
+            signedDate: Date(timeIntervalSince1970: 1_800_000_000.5))),
+    ]
+
+    @Test("each type decodes from its wire fields")
+    func decodesWireFields() throws {
+        let created = try decode(.created, #"{"userId":"u1","productId":"gems.100","quantity":2,"price":"4.99","currency":"EUR","appAccountToken":"6f1c2a4e-0000-4000-8000-000000000001"}"#)
+        guard case .created(let body) = created else { Issue.record("not created"); return }
+        #expect(body.userId.rawValue == "u1")
+        #expect(body.quantity == 2)
+        #expect(body.price == "4.99")
+        let queued = try decode(.paymentAdded, #"{"queuedAt":"2026-11-21T10:00:00.250Z"}"#)
+        #expect(queued == .paymentAdded(PaymentAdded(queuedAt: try #require(EventCoding.parseDate("2026-11-21T10:00:00.250Z")))))
+        #expect(try decode(.delivered, #"{"grantId":"g-1"}"#) == .delivered)
+        #expect(try decode(.failed, #"{"reason":"cancelled"}"#) == .failed(Failed(reason: "cancelled")))
+    }
+
+    @Test("every event type as the ledger writes it reads back the same", arguments: samples)
+    func roundTrip(event: OrderEvent) throws {
+        let stored = try EventCoding.newEvent(event, id: EventID(), metadata: Data("{}".utf8))
+        #expect(stored.type == event.type.rawValue)
+        #expect(stored.body == .order(event))
+        #expect(try EventCoding.body(stream: OrderID(unchecked: "o-1").streamID, type: stored.type, data: stored.data) == .order(event))
+        // The token is written in lower case, as the API shows it.
+        if case .created(let body) = event {
+            #expect(String(decoding: stored.data, as: UTF8.self).contains(body.appAccountToken.uuidString.lowercased()))
+        }
+    }
+
+    @Test("streams other than orders' and transactions' hold events no projection reads")
+    func opaqueBodies() throws {
+        #expect(try EventCoding.body(stream: StreamID("proof-abc"), type: "proof-rejected", data: Data("{}".utf8)) == .opaque(type: "proof-rejected"))
+        #expect(try EventCoding.body(stream: StreamID("order-o-1"), type: "no-such-type", data: Data("{}".utf8)) == .opaque(type: "no-such-type"))
+    }
+
+    @Test("bad bodies are refused naming the field")
+    func badBodies() {
+        let cases: [(OrderEventType, String, String)] = [
+            (.created, #"{"productId":"p","appAccountToken":"6f1c2a4e-0000-4000-8000-000000000001","quantity":1}"#, "userId"),
+            (.created, #"{"userId":"","productId":"p","appAccountToken":"6f1c2a4e-0000-4000-8000-000000000001","quantity":1}"#, "userId"),
+            (.created, #"{"userId":"u","productId":"p","appAccountToken":"6f1c2a4e-0000-4000-8000-000000000001","quantity":0}"#, "quantity"),
+            (.created, #"{"userId":"u","productId":"p","appAccountToken":"6f1c2a4e-0000-4000-8000-000000000001","quantity":1,"price":"1,99"}"#, "price"),
+            (.created, #"{"userId":"u","productId":"p","appAccountToken":"6f1c2a4e-0000-4000-8000-000000000001","quantity":1,"currency":"usd"}"#, "currency"),
+            (.created, #"{"userId":"u","productId":"p","appAccountToken":"x","quantity":1}"#, "appAccountToken"),
+            (.paymentAdded, #"{"queuedAt":"yesterday"}"#, "queuedAt"),
+            (.paymentAdded, #"{"queuedAt":5}"#, "queuedAt"),
+            (.failed, #"{"reason":""}"#, "reason"),
+            (.failed, "[1,2]", "data"),
+            (.delivered, "{not json", "data"),
+        ]
+        for (type, json, field) in cases {
+            do {
+                _ = try decode(type, json)
+                Issue.record("accepted \(json)")
+            } catch {
+                #expect(error.field == field, "\(json): \(error)")
+            }
+        }
+    }
+
+    @Test("times: written in UTC with milliseconds, read with or without a fraction, in UTC or with an offset")
+    func times() throws {
+        let date = try #require(EventCoding.parseDate("2026-11-21T10:00:00.123+01:00"))
+        #expect(EventCoding.formatDate(date) == "2026-11-21T09:00:00.123Z")
+        #expect(EventCoding.parseDate("2026-11-21T10:00:00Z")?.timeIntervalSince1970 == 1_795_255_200)
+        #expect(EventCoding.parseDate("2026-11-21T10:00:00.123456Z").map { abs($0.timeIntervalSince1970 - 1_795_255_200.123456) < 0.000_001 } == true)
+        #expect(EventCoding.parseDate("2024-02-29T12:00:00-05:30")?.timeIntervalSince1970 == 1_709_227_800)
+        for text in ["", "2026-11-21", "2026-11-21 10:00:00Z", "2026-13-01T10:00:00Z", "yesterday"] {
+            #expect(EventCoding.parseDate(text) == nil, "\(text)")
+        }
+        for seconds in stride(from: 0.0, to: 4_000_000_000, by: 123_456_789.125) {
+            let original = Date(timeIntervalSince1970: seconds)
+            #expect(EventCoding.parseDate(EventCoding.formatDate(original)) == original)
+        }
+    }
+}
