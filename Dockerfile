@@ -6,7 +6,7 @@
 #
 # docker-compose.yml runs it next to PostgreSQL; docs/operations.md ("Running with Docker") has the
 # details. The image has no PostgreSQL programs, so LEDGER_DATABASE_URL is required (the private
-# cluster, `ledger demo` and `ledger bench` need initdb/pg_ctl/pgbench and are not for this image).
+# cluster and `ledger demo` need initdb/pg_ctl and are not for this image; nor are the benchmarks).
 
 # The default is the toolchain the project is developed and tested with. 6.2 is the oldest the
 # dependencies accept: Package.swift says tools 6.1, but hummingbird 2.28.1 (its minimum) and
