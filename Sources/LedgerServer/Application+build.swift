@@ -51,11 +51,12 @@ func buildRouter(
 /// Builds the HTTP application: the PostgreSQL client runs as a service, migrations run before
 /// the server accepts connections. Throws when the Apple root certificates cannot be read.
 public func buildApplication(
-    configuration: LedgerConfiguration, client: PostgresClient, logger: Logger, migrate: Bool = true
+    configuration: LedgerConfiguration, client: PostgresClient, logger: Logger, migrate: Bool = true,
+    writerExecutor: (any TaskExecutor)? = nil
 ) throws -> some ApplicationProtocol {
     // Every event the ledger appends is counted, whichever route or service appended it.
     let metrics = LedgerMetrics()
-    let database = Database(client: client, logger: logger).observingAppends(metrics.eventsAppended)
+    let database = Database(client: client, logger: logger, writerExecutor: writerExecutor).observingAppends(metrics.eventsAppended)
     let migrator = Migrator(logger: logger)
     let health = DatabaseHealth(database: database)
     var application = Application(

@@ -8,14 +8,18 @@ import Synchronization
 public struct Database: Sendable {
     public let client: PostgresClient
     public let logger: Logger
+    /// Where the group-commit writer runs: the event loop of `client`'s connections
+    /// (`EventLoopTaskExecutor`, as `ledger serve` runs), else the global executor.
+    public let writerExecutor: (any TaskExecutor)?
     /// Told the types of the events the ledger appended, once they are committed (the server
     /// counts them by type for `GET /metrics`); a retry that appended nothing is not told. Set
     /// with `observingAppends`.
     private var appendObserver: (@Sendable (_ types: [String]) -> Void)?
 
-    public init(client: PostgresClient, logger: Logger) {
+    public init(client: PostgresClient, logger: Logger, writerExecutor: (any TaskExecutor)? = nil) {
         self.client = client
         self.logger = logger
+        self.writerExecutor = writerExecutor
     }
 
     /// This database, its appends told to `observer` instead.

@@ -41,7 +41,11 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
     /// that the next batch carries them all instead of a few.
     private let yieldsBetweenBatches = 16
 
-    init(select: @escaping Select, execute: @escaping Execute) {
+    /// Where the writer task runs (nil: the global executor).
+    private let executor: (any TaskExecutor)?
+
+    init(executor: (any TaskExecutor)? = nil, select: @escaping Select, execute: @escaping Execute) {
+        self.executor = executor
         self.select = select
         self.execute = execute
     }
@@ -60,7 +64,7 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
             if let batch {
                 // High priority: callers that do much work of their own between submissions (HTTP
                 // requests) would otherwise keep the writer waiting behind it all.
-                Task(priority: .high) { await self.writeBatches(startingWith: batch) }
+                Task(executorPreference: executor, priority: .high) { await self.writeBatches(startingWith: batch) }
             }
         }
     }

@@ -29,7 +29,7 @@ public final class LedgerWriter: Sendable {
         let remembered = Remembered()
         self.database = database
         self.remembered = remembered
-        self.queue = GroupCommit(select: Self.select, execute: { batch in await Self.execute(batch, database, remembered) })
+        self.queue = GroupCommit(executor: database.writerExecutor, select: Self.select, execute: { batch in await Self.execute(batch, database, remembered) })
     }
 
     /// Events for one stream.

@@ -2,6 +2,7 @@ import ArgumentParser
 import LedgerServer
 import Logging
 import LedgerStore
+import NIOPosix
 import PostgresNIO
 
 /// `ledger serve`: migrate, then serve HTTP until SIGTERM or SIGINT.
@@ -16,14 +17,19 @@ struct Serve: AsyncParsableCommand {
         // The Apple roots are read before anything starts: a bad file stops here, not later.
         _ = try configuration.apple.verifier(logger: logger)
         let database = try await OpenedDatabase.open(configuration.database, logger: logger)
-        let client = PostgresClient(configuration: database.clientConfiguration, backgroundLogger: logger)
+        // The connections get an event loop of their own, where the group-commit writer runs too.
+        let loop = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let client = PostgresClient(configuration: database.clientConfiguration, eventLoopGroup: loop, backgroundLogger: logger)
         do {
-            let application = try buildApplication(configuration: configuration, client: client, logger: logger)
+            let application = try buildApplication(
+                configuration: configuration, client: client, logger: logger, writerExecutor: EventLoopTaskExecutor(loop.next()))
             try await application.runService()
         } catch {
+            try? await loop.shutdownGracefully()
             try? database.close(logger: logger)
             throw error
         }
+        try await loop.shutdownGracefully()
         try database.close(logger: logger)
     }
 }
