@@ -4,6 +4,7 @@ import LedgerCore
 import LedgerServer
 import LedgerStore
 import Logging
+import NIOPosix
 import PostgresNIO
 
 /// `ledger-bench append`: single-event streams appended through the ledger's writer (group
@@ -44,7 +45,7 @@ struct BenchAppend: AsyncParsableCommand {
         defer { try? FileManager.default.removeItem(at: work) }
         let baseline = PgbenchBaseline(binaries: try PostgresBinaries.locate(), configuration: benchConfiguration, workDirectory: work)
 
-        print("Appends through the writer vs pgbench single-row INSERT: PostgreSQL \(version), \(ProcessInfo.processInfo.activeProcessorCount) cores, \(seconds) s per cell")
+        print("Appends through the writer vs pgbench single-row INSERT: PostgreSQL \(version), \(ProcessInfo.processInfo.activeProcessorCount) cores, \(seconds) s per cell; callers and group-commit writer on the connections' event loop")
         printTableHeader(["concurrency", "ledger events/s", "p50 ms", "p99 ms", "pgbench rows/s", "p50 ms", "p99 ms", "ratio"])
         var batching: [String] = []
         for level in levels {
@@ -63,19 +64,33 @@ struct BenchAppend: AsyncParsableCommand {
         configuration.options.maximumConnections = concurrency
         configuration.options.minimumConnections = concurrency
         let seconds = self.seconds
-        return try await withPostgresClient(configuration, logger: logger) { client in
-            let writer = LedgerWriter(database: Database(client: client, logger: logger))
-            let run = UUID().uuidString.prefix(8)
-            // Warm up the pool and the server's caches, unmeasured.
-            _ = try await appendLoop(writer, workers: concurrency, for: .seconds(1), prefix: "warm-\(run)")
-            let before = writer.groupCommitStatistics
-            let start = ContinuousClock.now
-            let latencies = try await appendLoop(writer, workers: concurrency, for: .seconds(seconds), prefix: "bench-\(run)")
-            let elapsedSeconds = (ContinuousClock.now - start).inSeconds
-            let after = writer.groupCommitStatistics
-            let perTransaction = Double(after.writes - before.writes) / Double(max(1, after.groups - before.groups))
-            return (LatencySummary(operations: latencies.count, seconds: elapsedSeconds, latencies: latencies), perTransaction)
+        // As `ledger serve` runs: the connections on one event loop, the callers and the
+        // group-commit writer on it too.
+        let loop = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let executor = EventLoopTaskExecutor(loop.next())
+        let measured: Result<(LatencySummary, Double), any Error>
+        do {
+            measured = .success(try await withPostgresClient(configuration, eventLoopGroup: loop, logger: logger) { client in
+                try await withTaskExecutorPreference(executor) {
+                    let writer = LedgerWriter(database: Database(client: client, logger: logger, writerExecutor: executor))
+                    let run = UUID().uuidString.prefix(8)
+                    // Warm up the pool and the server's caches, unmeasured.
+                    _ = try await appendLoop(writer, workers: concurrency, for: .seconds(1), prefix: "warm-\(run)")
+                    let before = writer.groupCommitStatistics
+                    let start = ContinuousClock.now
+                    let latencies = try await appendLoop(writer, workers: concurrency, for: .seconds(seconds), prefix: "bench-\(run)")
+                    let elapsedSeconds = (ContinuousClock.now - start).inSeconds
+                    let after = writer.groupCommitStatistics
+                    let perTransaction = Double(after.writes - before.writes) / Double(max(1, after.groups - before.groups))
+                    return (LatencySummary(operations: latencies.count, seconds: elapsedSeconds, latencies: latencies), perTransaction)
+                }
+            })
+        } catch {
+            measured = .failure(error)
         }
+        // After the client: its connections live on this loop.
+        try? await loop.shutdownGracefully()
+        return try measured.get()
     }
 
     /// Each worker appends one-event streams until the time is up; returns every latency in ms.

@@ -43,7 +43,7 @@ struct OrdersController {
     }
 
     /// `GET /v1/orders?userId=&productId=&state=&after=&limit=`; `state=open`: not finished, failed or refunded.
-    func search(_ request: Request) async throws -> OrdersPage {
+    func search(_ request: Request) async throws -> Page<OrderResponse> {
         let query = request.uri.queryParameters
         let user = try query["userId"].map { try UserID(String($0)) }
         let product = try query["productId"].map { try ProductID(String($0)) }
@@ -57,7 +57,7 @@ struct OrdersController {
         }
         let limit = try Self.limit(query["limit"], default: 100, maximum: 1000)
         let orders = try await ledger.orders(userID: user, productID: product, states: states, after: after, limit: limit)
-        return OrdersPage(orders: orders.map { OrderResponse($0) }, next: orders.count == limit ? orders.last?.orderId.rawValue : nil)
+        return Page(name: "orders", items: orders.map { OrderResponse($0) }, next: orders.count == limit ? orders.last?.orderId.rawValue : nil)
     }
 
     func orderID(_ context: LedgerRequestContext) throws -> OrderID {

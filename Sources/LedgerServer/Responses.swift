@@ -63,18 +63,25 @@ struct EventResponse: Encodable {
     }
 }
 
-/// A page of orders: `next` is the last order id when the page is full, for `after=`.
-struct OrdersPage: ResponseEncodable {
-    let orders: [OrderResponse]
+/// A page of a list: the items under `name`, and `next`, the last item's key when the page is
+/// full (else null), for `after=`.
+struct Page<Item: Encodable & Sendable>: ResponseEncodable {
+    let name: String
+    let items: [Item]
     let next: String?
 
     func encode(to encoder: any Encoder) throws {
-        var json = encoder.container(keyedBy: CodingKeys.self)
-        try json.encode(orders, forKey: .orders)
-        try json.encode(next, forKey: .next)
+        var json = encoder.container(keyedBy: Key.self)
+        try json.encode(items, forKey: Key(stringValue: name))
+        try json.encode(next, forKey: Key(stringValue: "next"))
     }
 
-    enum CodingKeys: String, CodingKey { case orders, next }
+    struct Key: CodingKey {
+        let stringValue: String
+        var intValue: Int? { nil }
+        init(stringValue: String) { self.stringValue = stringValue }
+        init?(intValue: Int) { nil }
+    }
 }
 
 /// Any `Encodable` as an answer with `status`.

@@ -13,7 +13,7 @@ struct TransactionsController {
         router.post("/v1/transactions/:transactionId/match") { request, context in try await match(request, context) }
     }
 
-    func search(_ request: Request) async throws -> Answer<Pool> {
+    func search(_ request: Request) async throws -> Answer<Page<Pooled>> {
         let query = request.uri.queryParameters
         let user = try query["userId"].map { try UserID(String($0)) }
         let product = try query["productId"].map { try ProductID(String($0)) }
@@ -23,21 +23,7 @@ struct TransactionsController {
         let to = try query["to"].map { try Self.date(String($0), field: "to") }
         let limit = try OrdersController.limit(query["limit"], default: 100, maximum: 1000)
         let found = try await desk.unmatched(userId: user, productId: product, from: from, to: to, transactionId: transaction, after: after, limit: limit)
-        return Answer(Pool(transactions: found.map(Pooled.init), next: found.count == limit ? found.last?.transactionId.rawValue : nil))
-    }
-
-    /// A page of the pool: `next` is the last transaction id when the page is full, for `after=`.
-    struct Pool: Encodable, Sendable {
-        let transactions: [Pooled]
-        let next: String?
-
-        func encode(to encoder: any Encoder) throws {
-            var json = encoder.container(keyedBy: CodingKeys.self)
-            try json.encode(transactions, forKey: .transactions)
-            try json.encode(next, forKey: .next)
-        }
-
-        enum CodingKeys: String, CodingKey { case transactions, next }
+        return Answer(Page(name: "transactions", items: found.map(Pooled.init), next: found.count == limit ? found.last?.transactionId.rawValue : nil))
     }
 
     /// A transaction waiting in the pool, as the API shows it.
