@@ -27,11 +27,9 @@ public struct LedgerRequestContext: RequestContext {
     /// The metadata recorded with every event appended through the API: the request id and the
     /// name of the key it came with.
     var eventMetadata: Data {
-        struct Metadata: Encodable {
-            let requestId: String
-            let appendedBy: String?
-        }
-        return (try? EventCoding.encoder.encode(Metadata(requestId: requestID, appendedBy: apiKeyName))) ?? Data("{}".utf8)
+        // By hand, as `OrderResponse.text`: every event appended through the API carries it.
+        let appendedBy = apiKeyName.map { #""appendedBy":\#(JSONString($0)),"# } ?? ""
+        return Data(#"{\#(appendedBy)"requestId":\#(JSONString(requestID))}"#.utf8)
     }
 }
 
@@ -40,6 +38,11 @@ public struct LedgerRequestContext: RequestContext {
 /// the wrong type (400 `invalid-input` naming the field).
 public struct LedgerRequestDecoder: RequestDecoder {
     public func decode<T: Decodable>(_ type: T.Type, from request: Request, context: some RequestContext) async throws -> T {
+        try Self.decode(type, from: try await Self.body(of: request, context: context))
+    }
+
+    /// The request's body, whole.
+    static func body(of request: Request, context: some RequestContext) async throws -> ByteBuffer {
         let buffer: ByteBuffer
         do {
             buffer = try await request.body.collect(upTo: context.maxUploadSize)
@@ -49,6 +52,10 @@ public struct LedgerRequestDecoder: RequestDecoder {
         guard buffer.readableBytes > 0 else {
             throw APIError(.badRequest, code: "invalid-json", message: "the body is empty; send a JSON object")
         }
+        return buffer
+    }
+
+    static func decode<T: Decodable>(_ type: T.Type, from buffer: ByteBuffer) throws -> T {
         do {
             return try EventCoding.decoder.decode(T.self, from: buffer)
         } catch DecodingError.dataCorrupted(let context) where context.codingPath.isEmpty {

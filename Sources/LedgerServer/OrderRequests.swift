@@ -30,16 +30,27 @@ struct CreateOrder: Decodable {
 }
 
 /// The body of `POST /v1/orders/{orderId}/events`: `{type, eventId?, expectedVersion?, data}`.
-/// `data` is kept as the caller sent it (fields its type does not know included), and the event
-/// is read from that same JSON, so what is stored is what was decided on.
+/// `data` is stored as the caller sent it (fields its type does not know included), and the event
+/// is read from that same member, so what is stored is what was decided on.
 struct AppendEvent: Decodable {
     let event: OrderEvent
-    let data: Data
     let eventId: EventID?
     let expectedVersion: ExpectedVersion?
+    /// Whether the body has `data` (else the event's data is `{}`).
+    let hasData: Bool
 
     enum CodingKeys: String, CodingKey {
         case type, eventId, expectedVersion, data
+    }
+
+    /// The body `buffer` read: the event, and its data as stored.
+    static func read(_ buffer: ByteBuffer) throws -> (body: AppendEvent, data: Data) {
+        let body = try LedgerRequestDecoder.decode(AppendEvent.self, from: buffer)
+        guard body.hasData else { return (body, Data("{}".utf8)) }
+        if let data = BodyMember.text(of: CodingKeys.data.stringValue, in: buffer) { return (body, data) }
+        // Written again from the member as the decoder read it (the event was read from it too).
+        struct Member: Decodable { let data: JSONValue }
+        return (body, try EventCoding.encoder.encode(try EventCoding.decoder.decode(Member.self, from: buffer).data))
     }
 
     init(from decoder: any Decoder) throws {
@@ -61,16 +72,14 @@ struct AppendEvent: Decodable {
             guard version >= -1 else { throw LedgerInputError(field: "expectedVersion", problem: "must be -1 (no order) or more") }
             return version < 0 ? .noStream : .exact(version)
         }
-        guard body.contains(.data) else {
-            data = Data("{}".utf8)
-            event = try EventCoding.orderEvent(type, from: data)
+        hasData = body.contains(.data)
+        guard hasData else {
+            event = try EventCoding.orderEvent(type, from: Data("{}".utf8))
             return
         }
-        let value = try body.decode(JSONValue.self, forKey: .data)
-        guard case .object = value else { throw LedgerInputError(field: "data", problem: "must be a JSON object") }
-        // Stored as written again from every member the caller sent; the event is read from the
-        // same member, so what is stored is what is decided on.
-        data = try EventCoding.encoder.encode(value)
+        guard (try? body.nestedContainer(keyedBy: AnyKey.self, forKey: .data)) != nil else {
+            throw LedgerInputError(field: "data", problem: "must be a JSON object")
+        }
         do {
             event = try OrderEvent(type: type, body: Member(container: body, key: .data))
         } catch let error as DecodingError {
@@ -83,6 +92,14 @@ struct AppendEvent: Decodable {
         let container: KeyedDecodingContainer<CodingKeys>
         let key: CodingKeys
         func read<Body: Decodable>(_ type: Body.Type) throws -> Body { try container.decode(type, forKey: key) }
+    }
+
+    /// Any member's name.
+    private struct AnyKey: CodingKey {
+        let stringValue: String
+        var intValue: Int? { nil }
+        init(stringValue: String) { self.stringValue = stringValue }
+        init?(intValue: Int) { nil }
     }
 }
 

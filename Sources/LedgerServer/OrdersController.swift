@@ -15,22 +15,22 @@ struct OrdersController {
     }
 
     /// `POST /v1/orders`: 201 with the new order, 200 with the same order created before.
-    func create(_ request: Request, _ context: LedgerRequestContext) async throws -> Answer<OrderResponse> {
+    func create(_ request: Request, _ context: LedgerRequestContext) async throws -> EditedResponse<OrderResponse> {
         let body = try await request.decode(as: CreateOrder.self, context: context)
         let outcome = try await ledger.create(body.orderId, body.created, tokenGiven: body.tokenGiven, metadata: context.eventMetadata)
         var events = outcome.events
         if events == nil { events = try await ledger.store.readStream(body.orderId.streamID) }
-        return Answer(outcome.appended ? .created : .ok, OrderResponse(outcome.order, events: events))
+        return EditedResponse(status: outcome.appended ? .created : .ok, response: OrderResponse(outcome.order, events: events))
     }
 
     /// `POST /v1/orders/{orderId}/events`: `{type, eventId?, expectedVersion?, data}`.
-    func appendEvent(_ request: Request, _ context: LedgerRequestContext) async throws -> Answer<OrderResponse> {
+    func appendEvent(_ request: Request, _ context: LedgerRequestContext) async throws -> EditedResponse<OrderResponse> {
         let id = try orderID(context)
-        let body = try await request.decode(as: AppendEvent.self, context: context)
+        let (body, data) = try AppendEvent.read(try await LedgerRequestDecoder.body(of: request, context: context))
         let outcome = try await ledger.append(
-            id, event: body.event, eventID: body.eventId ?? EventID(), expected: body.expectedVersion, data: body.data,
+            id, event: body.event, eventID: body.eventId ?? EventID(), expected: body.expectedVersion, data: data,
             metadata: context.eventMetadata)
-        return Answer(outcome.appended ? .created : .ok, OrderResponse(outcome.order))
+        return EditedResponse(status: outcome.appended ? .created : .ok, response: OrderResponse(outcome.order))
     }
 
     /// `GET /v1/orders/{orderId}`: the order and its whole history.

@@ -5,14 +5,15 @@ import LedgerStore
 
 /// An order as the API shows it (every answer about an order says whether the client may
 /// finish the StoreKit transaction, promise 11).
-struct OrderResponse: ResponseEncodable {
+/// A single order is answered as `text` (`OrderResponse+Text`), a list of them through `encode(to:)`.
+struct OrderResponse: Encodable, Sendable {
     let order: Order
     /// The order's history, where the answer gives it.
-    var events: [EventResponse]?
+    var events: [RecordedEvent]?
 
     init(_ order: Order, events: [RecordedEvent]? = nil) {
         self.order = order
-        self.events = events?.map { EventResponse($0) }
+        self.events = events
     }
 
     enum CodingKeys: String, CodingKey {
@@ -35,7 +36,7 @@ struct OrderResponse: ResponseEncodable {
         try json.encode(order.createdAt, forKey: .createdAt)
         try json.encode(order.updatedAt, forKey: .updatedAt)
         try json.encode(order.state.clientMayFinish, forKey: .finishTransaction)
-        try json.encodeIfPresent(events, forKey: .events)
+        try json.encodeIfPresent(events?.map { EventResponse($0) }, forKey: .events)
     }
 }
 

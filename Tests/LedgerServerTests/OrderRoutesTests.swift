@@ -236,15 +236,17 @@ struct OrderRoutesTests {
         }
     }
 
-    @Test("an event's data is kept as sent: cut out of the body as written, or written again from the parsed body where it has escapes")
+    @Test("an event's data is kept as sent: cut out of the body as written, or written again from the parsed body where a key has an escape")
     func dataKeptAsSent() async throws {
         try await withLiveApplication { http, _ in
             let bodies = [
                 // Spaces, non-ASCII text, nesting, a number with a fraction, a field the event
                 // type does not know: cut out as written.
                 ("o-plain", #"{ "type" : "payment-added", "data" : { "queuedAt" : "2026-11-21T09:59:00Z", "note" : "über 5 €", "nested" : {"a":[1, 2.5, {"b":null}]} } }"#),
-                // Escapes: written again from the parsed object.
+                // Escapes in values: cut out as written too.
                 ("o-escaped", #"{"type":"payment-added","data":{"queuedAt":"2026-11-21T09:59:00Z","note":"line\nbreak \"quoted\" \u00fc"}}"#),
+                // An escape in a key: written again from the parsed object.
+                ("o-key", #"{"type":"payment-added","data":{"queuedAt":"2026-11-21T09:59:00Z","n\u006fte":"x"}}"#),
             ]
             for (id, body) in bodies {
                 try await http.send(.post, "/v1/orders", json: newOrder(id))

@@ -1,0 +1,72 @@
+import Foundation
+import LedgerCore
+import LedgerStore
+import LedgerTestSupport
+import NIOCore
+import Testing
+
+@testable import LedgerServer
+
+/// The two pieces of JSON written by hand for the order routes (`OrderResponse.text`,
+/// `BodyMember`), held to what Foundation's encoder and decoder make of the same values.
+@Suite("Hand-written JSON of the order routes")
+struct HandWrittenJSONTests {
+    static let token = UUID(uuidString: "6F1C2A4E-0000-4000-8000-0000000000A1")!
+    static let time = Date(timeIntervalSince1970: 1_795_000_000.123)
+
+    static func order(price: String?, transaction: String?, state: OrderState, user: String = "u-1") throws -> Order {
+        Order(
+            orderId: try OrderID("o \"1\"/\\ ü"), userId: try UserID(user), productId: try ProductID("gems.100"), quantity: 3,
+            price: price, currency: price == nil ? nil : "EUR", appAccountToken: token, state: state, version: 4,
+            transactionId: transaction.map { TransactionID(unchecked: $0) }, createdAt: time, updatedAt: time.addingTimeInterval(61.5),
+            queuedAt: nil, stateBeforeRefund: nil, failureReason: nil)
+    }
+
+    @Test("an order's text is the JSON its encode(to:) gives, with and without optional members and history")
+    func orderTextMatchesEncoder() throws {
+        let event = RecordedEvent(
+            position: 4096, streamID: StreamID(unchecked: "order-o"), streamVersion: 0, id: EventID(UUID()), type: "created",
+            data: Data(#"{"note": "a \"b\"", "n": [1, 2.5, null]}"#.utf8), metadata: Data(#"{"requestId":"r\t1"}"#.utf8), recordedAt: Self.time)
+        let answers = [
+            OrderResponse(try Self.order(price: nil, transaction: nil, state: .created)),
+            OrderResponse(try Self.order(price: "0.99", transaction: "t-1", state: .delivered, user: "user\"x\\")),
+            OrderResponse(try Self.order(price: "1", transaction: nil, state: .paymentAdded), events: [event, event]),
+            OrderResponse(try Self.order(price: nil, transaction: nil, state: .created), events: []),
+        ]
+        for answer in answers {
+            let written = try #require(jsonObject(Data(answer.text.utf8)), "\(answer.text)")
+            let encoded = try #require(jsonObject(try EventCoding.encoder.encode(answer)))
+            #expect(written == encoded, "\(answer.text)")
+        }
+    }
+
+    @Test("a member is found as written, spaces, nesting and escapes in values included")
+    func memberFound() throws {
+        let cases: [(body: String, data: String)] = [
+            (#"{"type":"x","data":{"a":1}}"#, #"{"a":1}"#),
+            (" {\n \"data\" :\t{ \"a\" : [1, {\"b\": \"}]\\\"\"}], \"c\": null } , \"type\":\"x\" } ", #"{ "a" : [1, {"b": "}]\""}], "c": null }"#),
+            (#"{"datum":{"x":1},"type":"data","data":{}}"#, "{}"),
+            (#"{"data":{"a":{"k":1},"b":{"k":2}}}"#, #"{"a":{"k":1},"b":{"k":2}}"#),
+            (#"{"n":-1.5e3,"t":true,"data":{"x":"\u00fc"},"z":false}"#, #"{"x":"\u00fc"}"#),
+        ]
+        for (body, data) in cases {
+            let found = try #require(BodyMember.text(of: "data", in: ByteBuffer(string: body)), "\(body)")
+            #expect(String(decoding: found, as: UTF8.self) == data)
+        }
+    }
+
+    @Test("no member where the decoder and PostgreSQL could read it otherwise: given twice, an escaped key, a repeated key within")
+    func memberRefused() {
+        let bodies = [
+            #"{"type":"x"}"#,
+            #"{"data":{"a":1},"data":{"a":2}}"#,
+            #"{"d\u0061ta":{"a":1},"data":{"a":2}}"#,
+            #"{"data":{"a":1,"a":2}}"#,
+            #"{"data":{"x":{"a":1,"a":2}}}"#,
+            #"{"data":{"\u0061":1,"a":2}}"#,
+        ]
+        for body in bodies {
+            #expect(BodyMember.text(of: "data", in: ByteBuffer(string: body)) == nil, "\(body)")
+        }
+    }
+}
