@@ -8,8 +8,10 @@ import NIOCore
 /// Only for a body `JSONDecoder` has accepted: this finds members, it does not check JSON. Nil
 /// where the decoder and PostgreSQL could read the member otherwise than as written: the member
 /// given twice (the decoder reads the first), a key with an escape (it may spell the name), a key
-/// repeated within the member (PostgreSQL keeps the last, the decoder the first). The caller then
-/// writes the member again from what the decoder read.
+/// repeated within the member (PostgreSQL keeps the last, the decoder the first), a number with
+/// an exponent or of more than 38 characters (PostgreSQL stores it, but the ledger reads stored
+/// data through `Decimal`, which may not hold it). The caller then writes the member again from
+/// what the decoder read, which refuses what `Decimal` cannot hold.
 enum BodyMember {
     static func text(of name: String, in body: ByteBuffer) -> Data? {
         body.withUnsafeReadableBytes { bytes in
@@ -37,7 +39,7 @@ enum BodyMember {
                 skipSpace(); at += 1; skipSpace()  // `:`
                 let start = at
                 let isName = bytes[key].elementsEqual(name)
-                guard skipValue(checkingKeys: isName) else { return nil }
+                guard skipValue(checking: isName) else { return nil }
                 if isName {
                     guard found == nil else { return nil }
                     found = start..<at
@@ -75,24 +77,32 @@ enum BodyMember {
             return plain
         }
 
-        /// Past a value; with `checkingKeys`, false when an object in it repeats a key.
-        mutating func skipValue(checkingKeys: Bool) -> Bool {
+        /// Past a value; with `checking`, false where the member must be written again (see above).
+        mutating func skipValue(checking: Bool) -> Bool {
             switch peek {
             case UInt8(ascii: "\""):
                 skipString()
             case UInt8(ascii: "{"):
                 at += 1
+                // Few keys are compared with each other; many, through a set (linear, not quadratic).
                 var keys: [Range<Int>] = []
+                var manyKeys: Set<[UInt8]> = []
                 while true {
                     skipSpace()
                     guard peek == UInt8(ascii: "\"") else { break }
                     let key = key()
-                    if checkingKeys {
-                        guard let key, !keys.contains(where: { bytes[$0].elementsEqual(bytes[key]) }) else { return false }
-                        keys.append(key)
+                    if checking {
+                        guard let key else { return false }
+                        if keys.count < 16 {
+                            guard !keys.contains(where: { bytes[$0].elementsEqual(bytes[key]) }) else { return false }
+                            keys.append(key)
+                        } else {
+                            if manyKeys.isEmpty { manyKeys = Set(keys.map { Array(bytes[$0]) }) }
+                            guard manyKeys.insert(Array(bytes[key])).inserted else { return false }
+                        }
                     }
                     skipSpace(); at += 1; skipSpace()
-                    guard skipValue(checkingKeys: checkingKeys) else { return false }
+                    guard skipValue(checking: checking) else { return false }
                     skipSpace()
                     guard peek == UInt8(ascii: ",") else { break }
                     at += 1
@@ -103,7 +113,7 @@ enum BodyMember {
                 while true {
                     skipSpace()
                     guard let byte = peek, byte != UInt8(ascii: "]") else { break }
-                    guard skipValue(checkingKeys: checkingKeys) else { return false }
+                    guard skipValue(checking: checking) else { return false }
                     skipSpace()
                     guard peek == UInt8(ascii: ",") else { break }
                     at += 1
@@ -111,8 +121,15 @@ enum BodyMember {
                 at += 1  // `]`
             default:
                 // A number, true, false or null.
+                let start = at
+                var exponent = false
                 while let byte = peek, !(byte == UInt8(ascii: ",") || byte == UInt8(ascii: "}") || byte == UInt8(ascii: "]")
-                                         || byte == 0x20 || byte == 0x0A || byte == 0x0D || byte == 0x09) { at += 1 }
+                                         || byte == 0x20 || byte == 0x0A || byte == 0x0D || byte == 0x09) {
+                    if byte == UInt8(ascii: "e") || byte == UInt8(ascii: "E") { exponent = true }
+                    at += 1
+                }
+                let isNumber = bytes[start] != UInt8(ascii: "t") && bytes[start] != UInt8(ascii: "f") && bytes[start] != UInt8(ascii: "n")
+                if checking, isNumber, exponent || at - start > 38 { return false }
             }
             return true
         }

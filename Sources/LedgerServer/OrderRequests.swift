@@ -50,7 +50,8 @@ struct AppendEvent: Decodable {
         if let data = BodyMember.text(of: CodingKeys.data.stringValue, in: buffer) { return (body, data) }
         // Written again from the member as the decoder read it (the event was read from it too).
         struct Member: Decodable { let data: JSONValue }
-        return (body, try EventCoding.encoder.encode(try EventCoding.decoder.decode(Member.self, from: buffer).data))
+        // Through the request decoder, so that what JSONValue cannot hold is a 400 naming `data`.
+        return (body, try EventCoding.encoder.encode(try LedgerRequestDecoder.decode(Member.self, from: buffer).data))
     }
 
     init(from decoder: any Decoder) throws {

@@ -257,6 +257,19 @@ struct OrderRoutesTests {
                 let stored = (order["events"] as? [[String: Any]])?.last?["data"] as? NSObject
                 #expect(stored == sent, "\(id): \(String(describing: stored)) vs \(sent)")
             }
+            // A number Decimal cannot hold is refused with a 400 naming it, on either path.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-huge"))
+            for body in [#"{"type":"payment-added","data":{"queuedAt":"2026-11-21T09:59:00Z","x":1e200}}"#,
+                         #"{"type":"payment-added","data":{"queuedAt":"2026-11-21T09:59:00Z","a":1,"a":2,"x":1e200}}"#] {
+                let (status, error) = try await http.send(.post, "/v1/orders/o-huge/events", raw: body)
+                #expect(status == .badRequest, "\(body): \(error)")
+                #expect((errorOf(error)["message"] as? String)?.contains("data") == true, "\(error)")
+            }
+            // One it can hold is stored with its value.
+            let (small, _) = try await http.send(.post, "/v1/orders/o-huge/events", raw: #"{"type":"payment-added","data":{"queuedAt":"2026-11-21T09:59:00Z","x":1.5e2}}"#)
+            #expect(small == .created)
+            let (_, huge) = try await http.send(.get, "/v1/orders/o-huge")
+            #expect(((huge["events"] as? [[String: Any]])?.last?["data"] as? [String: Any])?["x"] as? Double == 150)
         }
     }
 
