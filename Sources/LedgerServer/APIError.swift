@@ -30,7 +30,7 @@ public struct APIError: Error, HTTPResponseError, Sendable {
         if let requestID { error["requestId"] = .string(requestID) }
         let body = (try? EventCoding.encoder.encode(["error": error])) ?? Data()
         var headers = headers
-        headers[.contentType] = "application/json; charset=utf-8"
+        headers[.contentType] = jsonContentType
         return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: body)))
     }
 }

@@ -84,22 +84,17 @@ enum BodyMember {
                 skipString()
             case UInt8(ascii: "{"):
                 at += 1
-                // Few keys are compared with each other; many, through a set (linear, not quadratic).
-                var keys: [Range<Int>] = []
-                var manyKeys: Set<[UInt8]> = []
+                // The keys' hashes: a repeat, or two keys of one hash, is written again.
+                var hashes: Set<Int> = []
                 while true {
                     skipSpace()
                     guard peek == UInt8(ascii: "\"") else { break }
                     let key = key()
                     if checking {
                         guard let key else { return false }
-                        if keys.count < 16 {
-                            guard !keys.contains(where: { bytes[$0].elementsEqual(bytes[key]) }) else { return false }
-                            keys.append(key)
-                        } else {
-                            if manyKeys.isEmpty { manyKeys = Set(keys.map { Array(bytes[$0]) }) }
-                            guard manyKeys.insert(Array(bytes[key])).inserted else { return false }
-                        }
+                        var hasher = Hasher()
+                        hasher.combine(bytes: UnsafeRawBufferPointer(rebasing: bytes[key]))
+                        guard hashes.insert(hasher.finalize()).inserted else { return false }
                     }
                     skipSpace(); at += 1; skipSpace()
                     guard skipValue(checking: checking) else { return false }

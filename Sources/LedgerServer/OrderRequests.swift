@@ -78,7 +78,7 @@ struct AppendEvent: Decodable {
             event = try EventCoding.orderEvent(type, from: Data("{}".utf8))
             return
         }
-        guard (try? body.nestedContainer(keyedBy: AnyKey.self, forKey: .data)) != nil else {
+        guard (try? body.nestedContainer(keyedBy: MemberKey.self, forKey: .data)) != nil else {
             throw LedgerInputError(field: "data", problem: "must be a JSON object")
         }
         do {
@@ -93,14 +93,6 @@ struct AppendEvent: Decodable {
         let container: KeyedDecodingContainer<CodingKeys>
         let key: CodingKeys
         func read<Body: Decodable>(_ type: Body.Type) throws -> Body { try container.decode(type, forKey: key) }
-    }
-
-    /// Any member's name.
-    private struct AnyKey: CodingKey {
-        let stringValue: String
-        var intValue: Int? { nil }
-        init(stringValue: String) { self.stringValue = stringValue }
-        init?(intValue: Int) { nil }
     }
 }
 

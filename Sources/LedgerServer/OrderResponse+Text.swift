@@ -9,11 +9,9 @@ import LedgerStore
 /// to the same JSON.
 extension OrderResponse: ResponseGenerator {
     func response(from request: Request, context: some RequestContext) throws -> Response {
-        let text = self.text
-        var buffer = ByteBuffer()
-        buffer.writeString(text)
+        let buffer = ByteBuffer(string: text)
         return Response(
-            status: .ok, headers: [.contentType: "application/json; charset=utf-8", .contentLength: String(buffer.readableBytes)],
+            status: .ok, headers: [.contentType: jsonContentType, .contentLength: String(buffer.readableBytes)],
             body: ResponseBody(byteBuffer: buffer))
     }
 
@@ -29,7 +27,7 @@ extension OrderResponse: ResponseGenerator {
             json += #""events":["#
             for (index, event) in events.enumerated() {
                 if index > 0 { json += "," }
-                json += #"{"data":\#(String(decoding: event.data, as: UTF8.self)),"eventId":"\#(event.id.uuid.uuidString.lowercased())","#
+                json += #"{"data":\#(String(decoding: event.data, as: UTF8.self)),"eventId":"\#(event.id)","#
                 json += #""metadata":\#(String(decoding: event.metadata, as: UTF8.self)),"position":\#(event.position),"#
                 json += #""recordedAt":"\#(EventCoding.formatDate(event.recordedAt))","type":\#(JSONString(event.type)),"version":\#(event.streamVersion)}"#
             }

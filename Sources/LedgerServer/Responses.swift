@@ -72,18 +72,22 @@ struct Page<Item: Encodable & Sendable>: ResponseEncodable {
     let next: String?
 
     func encode(to encoder: any Encoder) throws {
-        var json = encoder.container(keyedBy: Key.self)
-        try json.encode(items, forKey: Key(stringValue: name))
-        try json.encode(next, forKey: Key(stringValue: "next"))
-    }
-
-    struct Key: CodingKey {
-        let stringValue: String
-        var intValue: Int? { nil }
-        init(stringValue: String) { self.stringValue = stringValue }
-        init?(intValue: Int) { nil }
+        var json = encoder.container(keyedBy: MemberKey.self)
+        try json.encode(items, forKey: MemberKey(stringValue: name))
+        try json.encode(next, forKey: MemberKey(stringValue: "next"))
     }
 }
+
+/// A JSON object's member of any name.
+struct MemberKey: CodingKey {
+    let stringValue: String
+    var intValue: Int? { nil }
+    init(stringValue: String) { self.stringValue = stringValue }
+    init?(intValue: Int) { nil }
+}
+
+/// The content type of every JSON answer.
+let jsonContentType = "application/json; charset=utf-8"
 
 /// Any `Encodable` as an answer with `status`.
 struct Answer<Value: Encodable & Sendable>: ResponseGenerator {

@@ -220,6 +220,21 @@ struct OrderRoutesTests {
         }
     }
 
+    @Test("the metadata of an appended event names the request id as the client sent it, quotes and backslashes included")
+    func metadataKeepsRequestID() async throws {
+        try await withLiveApplication { http, _ in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-meta"))
+            let requestID = #"r"1\x"#
+            let headers: HTTPFields = [.contentType: "application/json", .authorization: "Bearer \(http.key)", .init("X-Request-Id")!: requestID]
+            let body = ByteBuffer(string: #"{"type":"payment-added","data":{"queuedAt":"2026-11-21T09:59:00Z"}}"#)
+            let response = try await http.client.execute(uri: "/v1/orders/o-meta/events", method: .post, headers: headers, body: body)
+            #expect(response.status == .created)
+            let (_, order) = try await http.send(.get, "/v1/orders/o-meta")
+            let metadata = (order["events"] as? [[String: Any]])?.last?["metadata"] as? [String: Any]
+            #expect(metadata?["requestId"] as? String == requestID)
+        }
+    }
+
     @Test("order ids that a path must escape are reached percent-encoded")
     func escapedOrderIDs() async throws {
         try await withLiveApplication { http, _ in
