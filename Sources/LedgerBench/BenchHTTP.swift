@@ -171,10 +171,17 @@ struct BenchHTTP: AsyncParsableCommand {
         }
     }
 
-    static func waitUntilReady(_ client: HTTPClient, _ base: String) async throws {
-        for _ in 0..<300 {
+    static func waitUntilReady(_ client: HTTPClient, _ base: String, server: pid_t, log: URL) async throws {
+        let deadline = ContinuousClock.now + .seconds(30)
+        while ContinuousClock.now < deadline {
             if let response = try? await client.execute(HTTPClientRequest(url: base + "/readyz"), timeout: .seconds(2)),
                response.status == .ok { return }
+            // A server that refused to start (a database of another schema, a port taken) never
+            // becomes ready: say why at once.
+            if let code = try ProcessRunner.exitStatus(ofEnded: server) {
+                let lines = ((try? String(contentsOf: log, encoding: .utf8)) ?? "").split(separator: "\n")
+                throw BenchFailure("the server exited (\(code)) before it was ready: \(lines.last.map(String.init) ?? "(no output)")")
+            }
             try await Task.sleep(for: .milliseconds(100))
         }
         throw BenchFailure("the server did not become ready within 30 s")

@@ -21,8 +21,8 @@ enum BenchServerChild {
             "LEDGER_RECONCILE_INTERVAL": "0",
         ]
         environment.merge(extra) { $1 }
-        let server = try ProcessRunner(workingDirectory: work).spawn(
-            path, ["serve"], outputPath: work.appendingPathComponent("server.log").path, environment: environment)
+        let log = work.appendingPathComponent("server.log")
+        let server = try ProcessRunner(workingDirectory: work).spawn(path, ["serve"], outputPath: log.path, environment: environment)
         var settings = HTTPClient.Configuration()
         // AsyncHTTPClient keeps 8 connections per host unless told otherwise: 32 clients would
         // share 8 connections, and the server would see 8.
@@ -33,7 +33,7 @@ enum BenchServerChild {
         let result: Result
         do {
             let base = "http://127.0.0.1:\(port)"
-            try await BenchHTTP.waitUntilReady(client, base)
+            try await BenchHTTP.waitUntilReady(client, base, server: server, log: log)
             result = try await drive(client, base, server)
         } catch {
             kill(server, SIGKILL)
