@@ -52,8 +52,10 @@ enum BodyMember {
 
         var peek: UInt8? { at < bytes.count ? bytes[at] : nil }
 
+        static func isSpace(_ byte: UInt8) -> Bool { byte == 0x20 || byte == 0x0A || byte == 0x0D || byte == 0x09 }
+
         mutating func skipSpace() {
-            while let byte = peek, byte == 0x20 || byte == 0x0A || byte == 0x0D || byte == 0x09 { at += 1 }
+            while let byte = peek, Self.isSpace(byte) { at += 1 }
         }
 
         /// Past a key: its text without the quotes; nil when it holds an escape.
@@ -118,8 +120,7 @@ enum BodyMember {
                 // A number, true, false or null.
                 let start = at
                 var exponent = false
-                while let byte = peek, !(byte == UInt8(ascii: ",") || byte == UInt8(ascii: "}") || byte == UInt8(ascii: "]")
-                                         || byte == 0x20 || byte == 0x0A || byte == 0x0D || byte == 0x09) {
+                while let byte = peek, !(byte == UInt8(ascii: ",") || byte == UInt8(ascii: "}") || byte == UInt8(ascii: "]") || Self.isSpace(byte)) {
                     if byte == UInt8(ascii: "e") || byte == UInt8(ascii: "E") { exponent = true }
                     at += 1
                 }

@@ -22,7 +22,7 @@ extension OrderResponse: ResponseGenerator {
         json.reserveCapacity(400)
         json += #""appAccountToken":"\#(order.appAccountToken.uuidString.lowercased())","#
         json += #""createdAt":"\#(EventCoding.formatDate(order.createdAt))","#
-        if let currency = order.currency { json += #""currency":\#(JSONString(currency)),"# } else { json += #""currency":null,"# }
+        json += #""currency":\#(JSONString(order.currency)),"#
         if let events {
             json += #""events":["#
             for (index, event) in events.enumerated() {
@@ -34,14 +34,17 @@ extension OrderResponse: ResponseGenerator {
             json += "],"
         }
         json += #""finishTransaction":\#(order.state.clientMayFinish),"orderId":\#(JSONString(order.orderId.rawValue)),"#
-        if let price = order.price { json += #""price":\#(JSONString(price)),"# } else { json += #""price":null,"# }
+        json += #""price":\#(JSONString(order.price)),"#
         json += #""productId":\#(JSONString(order.productId.rawValue)),"quantity":\#(order.quantity),"#
         json += #""state":"\#(order.state.rawValue)","#
-        if let transaction = order.transactionId { json += #""transactionId":\#(JSONString(transaction.rawValue)),"# } else { json += #""transactionId":null,"# }
+        json += #""transactionId":\#(JSONString(order.transactionId?.rawValue)),"#
         json += #""updatedAt":"\#(EventCoding.formatDate(order.updatedAt))","userId":\#(JSONString(order.userId.rawValue)),"version":\#(order.version)}"#
         return json
     }
 }
+
+/// `text` as a JSON string, or `null` when there is none.
+func JSONString(_ text: String?) -> String { text.map { JSONString($0) } ?? "null" }
 
 /// `text` as a JSON string: quoted, with `"`, `\` and control characters escaped.
 func JSONString(_ text: String) -> String {
