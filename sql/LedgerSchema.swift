@@ -12,6 +12,7 @@ public enum LedgerSchema {
     public static let migrations: [Migration] = [
         Migration(name: "001_baseline.sql", sql: String(decoding: PackageResources._01_baseline_sql, as: UTF8.self)),
         Migration(name: "002_append_common_case.sql", sql: String(decoding: PackageResources._02_append_common_case_sql, as: UTF8.self)),
+        Migration(name: "003_read_for_write.sql", sql: String(decoding: PackageResources._03_read_for_write_sql, as: UTF8.self)),
     ]
 
     /// The migrations of the schema before it was squashed into `001_baseline.sql`. Nothing made

@@ -220,6 +220,26 @@ extension PostgresConnection {
     }
 }
 
+extension PostgresConnection {
+    /// A prepared statement (parsed and analysed once per connection, not at every call), written
+    /// only if the connection is open when the event loop takes the write, as
+    /// `atomicallyGuardedQuery`: the check and postgres-nio's write run on the connection's event
+    /// loop with no suspension between them. Answers every row.
+    func atomicallyGuardedExecute<Statement: PostgresPreparedStatement>(
+        _ statement: Statement, logger: Logger
+    ) async throws -> [Statement.Row] {
+        guard eventLoop.inEventLoop else {
+            return try await withTaskExecutorPreference(EventLoopTaskExecutor(eventLoop)) {
+                try await atomicallyGuardedExecute(statement, logger: logger)
+            }
+        }
+        guard !isClosed else { throw ConnectionClosedError() }
+        var rows: [Statement.Row] = []
+        for try await row in try await execute(statement, logger: logger) { rows.append(row) }
+        return rows
+    }
+}
+
 /// A lease found its connection closed before sending anything on it.
 struct StaleConnection: Error {}
 

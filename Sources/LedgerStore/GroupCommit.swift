@@ -24,6 +24,9 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
     typealias Select = @Sendable ([Work]) -> [Int]
     /// Writes one batch and resumes every continuation in it.
     typealias Execute = @Sendable ([Pending]) async -> Void
+    /// Runs a writer's batches (`body`, until none is pending) inside a resource held for all of
+    /// them (a leased connection); answers false when it could not run `body` at all.
+    typealias Session = @Sendable (_ body: @Sendable () async -> Void) async -> Bool
 
     private struct State: ~Copyable {
         var pending: [Pending] = []
@@ -34,6 +37,7 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
     private let state = Mutex(State())
     private let select: Select
     private let execute: Execute
+    private let session: Session?
 
     /// One writer at a time: a second made smaller batches, each as long, and fewer events per second.
     private let maximumWriters = 1
@@ -44,8 +48,9 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
     /// Where the writer task runs (nil: the global executor).
     private let executor: (any TaskExecutor)?
 
-    init(executor: (any TaskExecutor)? = nil, select: @escaping Select, execute: @escaping Execute) {
+    init(executor: (any TaskExecutor)? = nil, session: Session? = nil, select: @escaping Select, execute: @escaping Execute) {
         self.executor = executor
+        self.session = session
         self.select = select
         self.execute = execute
     }
@@ -64,9 +69,14 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
             if let batch {
                 // High priority: callers that do much work of their own between submissions (HTTP
                 // requests) would otherwise keep the writer waiting behind it all.
-                Task(executorPreference: executor, priority: .high) { await self.writeBatches(startingWith: batch) }
+                Task(executorPreference: executor, priority: .high) { await self.write(startingWith: batch) }
             }
         }
+    }
+
+    private func write(startingWith first: [Pending]) async {
+        if let session, await session({ await self.writeBatches(startingWith: first) }) { return }
+        await writeBatches(startingWith: first)
     }
 
     private func take(_ state: inout State) -> [Pending] {

@@ -73,6 +73,14 @@ extension LedgerWriter {
             defer { leaseFirst = false }
             return leaseFirst ? try await Database.first(try await future.get().rows) : try await future.get().rows
         }
+
+        mutating func run<Prepared: PostgresPreparedStatement>(_ prepared: Prepared) async throws -> [Prepared.Row] {
+            defer { leaseFirst = false }
+            let (connection, logger) = (connection, logger)
+            return leaseFirst
+                ? try await Database.first(try await connection.atomicallyGuardedExecute(prepared, logger: logger))
+                : try await connection.atomicallyGuardedExecute(prepared, logger: logger)
+        }
     }
 
     /// What the routine said of one write.
@@ -109,19 +117,21 @@ extension LedgerWriter {
             for (row, isNew) in plan.transactions { transactions.append(row, write: write, isNew: isNew) }
         }
         let (o, t) = (orders, transactions)
-        let rows = try await statement.run(
-            """
-            CALL append_events(\(units), \(streams), \(expected), \(ids), \(types), \(data)::jsonb[], \(metadata)::jsonb[], \(claims),
-                \(o.writes), \(o.isNew), \(o.ids), \(o.users), \(o.products), \(o.quantities), \(o.prices), \(o.currencies),
-                \(o.tokens), \(o.states), \(o.versions), \(o.transactions), \(o.created), \(o.updated), \(o.queued),
-                \(o.beforeRefund), \(o.failures),
-                \(t.writes), \(t.isNew), \(t.ids), \(t.orders), \(t.users), \(t.products), \(t.purchased), \(t.environments),
-                \(t.statuses), \(t.received), \(t.updated), \(t.originals), \(t.apps), \(t.tokens), \(t.matchedBy),
-                \(t.verifications),
-                \(now.microseconds), \(commit), NULL, NULL, NULL, NULL)
-            """)
-        guard let row = rows.first else { throw AppendError.invalidBatch("the database answered nothing") }
-        let (statuses, details, versions, positions) = try row.decode(([String], [String], [Int64], [Int64]).self)
+        // In the order of `AppendEventsCall.sql`'s parameters.
+        let values: [any PostgresDynamicTypeEncodable] = [
+            units, streams, expected, ids, types, data, metadata, claims,
+            o.writes, o.isNew, o.ids, o.users, o.products, o.quantities, o.prices, o.currencies, o.tokens, o.states,
+            o.versions, o.transactions, o.created, o.updated, o.queued, o.beforeRefund, o.failures,
+            t.writes, t.isNew, t.ids, t.orders, t.users, t.products, t.purchased, t.environments, t.statuses, t.received,
+            t.updated, t.originals, t.apps, t.tokens, t.matchedBy, t.verifications,
+            now.microseconds, commit,
+        ]
+        var binds = PostgresBindings(capacity: values.count)
+        for value in values { binds.append(value) }
+        guard let row = try await statement.run(AppendEventsCall(bindings: binds)).first else {
+            throw AppendError.invalidBatch("the database answered nothing")
+        }
+        let (statuses, details, versions, positions) = row
         var verdicts: [Verdict] = []
         var event = 0
         for (offset, plan) in plans.enumerated() {
@@ -241,4 +251,28 @@ extension LedgerWriter {
             return error
         }
     }
+}
+
+/// `CALL append_events(…)`, prepared once per connection: PostgreSQL parses and analyses the call
+/// once, not at every group (a 47-argument CALL is planned as a utility statement each time it is
+/// sent unprepared). Each parameter names the type its values are sent as; the bodies go as text
+/// and become jsonb in the call.
+struct AppendEventsCall: PostgresPreparedStatement {
+    static let name = "ledger_append_events"
+    static let sql = """
+        CALL append_events($1::integer[], $2::text[], $3::bigint[], $4::uuid[], $5::text[], $6::text[]::jsonb[],
+            $7::text[]::jsonb[], $8::text[],
+            $9::integer[], $10::boolean[], $11::text[], $12::text[], $13::text[], $14::integer[], $15::text[], $16::text[],
+            $17::uuid[], $18::text[], $19::bigint[], $20::text[], $21::bigint[], $22::bigint[], $23::bigint[], $24::text[],
+            $25::text[],
+            $26::integer[], $27::boolean[], $28::text[], $29::text[], $30::text[], $31::text[], $32::bigint[], $33::text[],
+            $34::text[], $35::bigint[], $36::bigint[], $37::text[], $38::text[], $39::uuid[], $40::text[], $41::text[],
+            $42::bigint, $43::boolean, NULL, NULL, NULL, NULL)
+        """
+    typealias Row = ([String], [String], [Int64], [Int64])
+
+    let bindings: PostgresBindings
+
+    func makeBindings() -> PostgresBindings { bindings }
+    func decodeRow(_ row: PostgresRow) throws -> Row { try row.decode(Row.self) }
 }

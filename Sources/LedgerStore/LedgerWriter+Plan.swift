@@ -98,21 +98,16 @@ extension LedgerWriter {
     }
 
     /// Reads orders and Apple transactions (with their streams' versions) in one round trip
-    /// (none when there are none to read).
-    static func read(orders orderIDs: [OrderID], transactions transactionIDs: [TransactionID], with statement: inout Statement) async throws -> Snapshot {
+    /// (none when there is nothing to lock or read), after taking the locks of `locking`.
+    static func read(
+        locking: [StreamID] = [], orders orderIDs: [OrderID], transactions transactionIDs: [TransactionID], with statement: inout Statement
+    ) async throws -> Snapshot {
         let orderIDs = orderIDs.map(\.rawValue)
         let transactionIDs = transactionIDs.map(\.rawValue)
         var snapshot = Snapshot()
-        guard !orderIDs.isEmpty || !transactionIDs.isEmpty else { return snapshot }
-        let query: PostgresQuery = """
-            SELECT \(unescaped: ProjectionRows.orderColumns), \(unescaped: ProjectionRows.nullTransactionColumns), NULL::bigint
-              FROM orders WHERE order_id = ANY(\(orderIDs))
-            UNION ALL
-            SELECT \(unescaped: ProjectionRows.nullOrderColumns), \(unescaped: ProjectionRows.transactionColumns),
-                   coalesce((SELECT max(e.stream_version) FROM events e WHERE e.stream_id = 'transaction-' || t.transaction_id), -1)
-              FROM apple_transactions t WHERE t.transaction_id = ANY(\(transactionIDs))
-            """
-        for row in try await statement.run(query) {
+        guard !locking.isEmpty || !orderIDs.isEmpty || !transactionIDs.isEmpty else { return snapshot }
+        let read = ReadRows(locking: locking.map(\.rawValue), orderIDs: orderIDs, transactionIDs: transactionIDs)
+        for row in try await statement.run(read) {
             let cells = row.makeRandomAccess()
             if let order = try ProjectionRows.order(cells, at: 0) {
                 snapshot.orders[order.orderId] = order
@@ -123,6 +118,37 @@ extension LedgerWriter {
             }
         }
         return snapshot
+    }
+
+    /// `read_for_write` (migration 003), prepared once per connection, its rows as the columns
+    /// of `ProjectionRows`.
+    struct ReadRows: PostgresPreparedStatement {
+        static let name = "ledger_read_for_write"
+        static let sql = """
+            SELECT \(columns(ProjectionRows.orderColumns, of: "r.o")), \(columns(ProjectionRows.transactionColumns, of: "r.t")),
+                   r.transaction_version
+              FROM read_for_write($1::text[], $2::text[], $3::text[]) AS r
+            """
+        typealias Row = PostgresRow
+
+        let locking: [String]
+        let orderIDs: [String]
+        let transactionIDs: [String]
+
+        func makeBindings() -> PostgresBindings {
+            var bindings = PostgresBindings(capacity: 3)
+            bindings.append(locking)
+            bindings.append(orderIDs)
+            bindings.append(transactionIDs)
+            return bindings
+        }
+
+        func decodeRow(_ row: PostgresRow) -> PostgresRow { row }
+
+        /// `order_id, price::text` as the fields of the row `row`: `(r.o).order_id, (r.o).price::text`.
+        private static func columns(_ list: String, of row: String) -> String {
+            list.split(separator: ",").map { "(\(row)).\($0.trimmingCharacters(in: .whitespacesAndNewlines))" }.joined(separator: ", ")
+        }
     }
 
     /// Decides `write` on `snapshot` at `now`: what to store; throws why not.

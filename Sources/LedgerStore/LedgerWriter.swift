@@ -29,7 +29,9 @@ public final class LedgerWriter: Sendable {
         let remembered = Remembered()
         self.database = database
         self.remembered = remembered
-        self.queue = GroupCommit(executor: database.writerExecutor, select: Self.select, execute: { batch in await Self.execute(batch, database, remembered) })
+        self.queue = GroupCommit(
+            executor: database.writerExecutor, session: { body in await database.holdingConnection(body) }, select: Self.select,
+            execute: { batch in await Self.execute(batch, database, remembered) })
     }
 
     /// Events for one stream.
@@ -124,21 +126,39 @@ public final class LedgerWriter: Sendable {
 
     /// The orders and Apple transactions given, as they stand in the caller's transaction (after
     /// `lock`, as they stay until it ends), in one round trip.
-    public func read(orders: [OrderID], transactions: [TransactionID], on connection: PostgresConnection) async throws -> Snapshot {
+    /// With `locking`: after taking those streams' locks as `lock` does, in the same round trip.
+    public func read(
+        locking: [StreamID] = [], orders: [OrderID], transactions: [TransactionID], on connection: PostgresConnection
+    ) async throws -> Snapshot {
         var statement = Statement(connection: connection, logger: database.logger, leaseFirst: false)
-        return try await Self.read(orders: orders, transactions: transactions, with: &statement)
+        return try await Self.read(locking: locking, orders: orders, transactions: transactions, with: &statement)
     }
 
     /// Takes, in the caller's transaction, the locks the append routine takes for these streams
     /// (an Apple transaction is locked as its stream is): what the caller reads afterwards stays as
     /// read until it commits. Several at once are taken in the routine's order.
     public func lock(_ streams: [StreamID], on connection: PostgresConnection) async throws {
-        try await connection.guardedQuery(
-            """
+        _ = try await connection.atomicallyGuardedExecute(LockStreams(streams: streams.map(\.rawValue)), logger: database.logger)
+    }
+
+    /// The streams' advisory locks in the routine's order, prepared once per connection.
+    struct LockStreams: PostgresPreparedStatement {
+        static let name = "ledger_lock_streams"
+        static let sql = """
             SELECT pg_advisory_xact_lock(l.h) FROM (SELECT DISTINCT hashtextextended(s, 0) AS h
-              FROM unnest(\(streams.map(\.rawValue))::text[]) AS s ORDER BY 1 OFFSET 0) AS l
-            """,
-            logger: database.logger)
+              FROM unnest($1::text[]) AS s ORDER BY 1 OFFSET 0) AS l
+            """
+        typealias Row = PostgresRow
+
+        let streams: [String]
+
+        func makeBindings() -> PostgresBindings {
+            var bindings = PostgresBindings(capacity: 1)
+            bindings.append(streams)
+            return bindings
+        }
+
+        func decodeRow(_ row: PostgresRow) -> PostgresRow { row }
     }
 
     /// Group commit so far: transactions written, and writes they carried.
@@ -159,10 +179,10 @@ public final class LedgerWriter: Sendable {
         var events = 0
         var chosen: [Int] = []
         for (index, write) in pending.enumerated() where chosen.count < maximumWritesPerGroup {
-            let keys = write.lockKeys
+            let (keys, claims) = write.lockKeys
             // Its events, and a `transaction-matched` per transaction it claims, at most.
-            let size = write.appends.reduce(0) { $0 + $1.events.count } + keys.count - Set(write.appends.map(\.stream)).count
-            guard touched.isDisjoint(with: keys), chosen.isEmpty || events + size <= maximumEventsPerGroup else { continue }
+            let size = write.appends.reduce(0) { $0 + $1.events.count } + claims
+            guard !keys.contains(where: touched.contains), chosen.isEmpty || events + size <= maximumEventsPerGroup else { continue }
             touched.formUnion(keys)
             events += size
             chosen.append(index)
@@ -184,7 +204,7 @@ public final class LedgerWriter: Sendable {
         func write(_ writes: [Write]) async -> [Result<Written, any Error>] {
             guard writes.count > 1 else { return [await alone(writes[0])] }
             do {
-                return try await database.withConnection { connection in
+                return try await database.withHeldConnection { connection in
                     try await LedgerWriter.write(writes, on: connection, commit: true, database: database, remembered: remembered)
                 }
             } catch where !isConnectionFailure(error) {
@@ -208,7 +228,7 @@ public final class LedgerWriter: Sendable {
             while true {
                 attempt += 1
                 do {
-                    return try await database.withConnection { connection in
+                    return try await database.withHeldConnection { connection in
                         try await LedgerWriter.write([write], on: connection, commit: true, database: database, remembered: remembered)[0]
                     }
                 } catch let error as PSQLError where attempt < 3 && [.uniqueViolation, .deadlockDetected].contains(error.sqlState) {
@@ -227,14 +247,19 @@ extension LedgerWriter.Write {
     var orderIDs: [OrderID] { appends.compactMap(\.stream.orderID) }
 
     /// The keys of the advisory locks the routine takes for this write: its streams, and the
-    /// streams of the Apple transactions it claims.
-    var lockKeys: Set<String> {
-        var keys = Set(appends.map(\.stream.rawValue))
+    /// streams of the Apple transactions it claims (`claims` of them). An array, not a set: the
+    /// group's selection asks this of every pending write, and most have one stream.
+    var lockKeys: (keys: [String], claims: Int) {
+        var keys = appends.map(\.stream.rawValue)
+        var claims = 0
         for append in appends {
             for event in append.events {
-                if case .order(.receiptReceived(let receipt)) = event.body { keys.insert(receipt.transactionId.streamID.rawValue) }
+                if case .order(.receiptReceived(let receipt)) = event.body {
+                    keys.append(receipt.transactionId.streamID.rawValue)
+                    claims += 1
+                }
             }
         }
-        return keys
+        return (keys, claims)
     }
 }

@@ -9,20 +9,12 @@ enum ProjectionRows {
         transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason
         """
     static let orderColumnCount = 15
-    static let nullOrderColumns = """
-        NULL::text, NULL::text, NULL::text, NULL::integer, NULL::text, NULL::text, NULL::uuid, NULL::text, NULL::bigint,
-        NULL::text, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::text, NULL::text
-        """
 
     static let transactionColumns = """
         transaction_id, order_id, user_id, product_id, purchase_date, environment, status, received_at, updated_at,
         original_transaction_id, app_transaction_id, app_account_token, matched_by, verification::text
         """
     static let transactionColumnCount = 14
-    static let nullTransactionColumns = """
-        NULL::text, NULL::text, NULL::text, NULL::text, NULL::timestamptz, NULL::text, NULL::text, NULL::timestamptz,
-        NULL::timestamptz, NULL::text, NULL::text, NULL::uuid, NULL::text, NULL::text
-        """
 
     /// The order in `orderColumns` from column `offset` on; nil when its id is NULL.
     static func order(_ row: PostgresRandomAccessRow, at offset: Int) throws -> Order? {

@@ -179,8 +179,9 @@ public struct ReceiptLedger: Sendable {
         _ transaction: AppleTransaction, claim: Claim, on connection: PostgresConnection
     ) async throws -> (LedgerWriter.Snapshot, Order?, MatchedBy?, String) {
         let id = transaction.transactionId
-        try await writer.lock([id.streamID] + (claim.orderId.map { [$0.streamID] } ?? []), on: connection)
-        var snapshot = try await writer.read(orders: claim.orderId.map { [$0] } ?? [], transactions: [id], on: connection)
+        var snapshot = try await writer.read(
+            locking: [id.streamID] + (claim.orderId.map { [$0.streamID] } ?? []), orders: claim.orderId.map { [$0] } ?? [],
+            transactions: [id], on: connection)
         var reason = "no-order"
         if let orderId = claim.orderId {
             if let order = snapshot.order(orderId) {
@@ -191,8 +192,7 @@ public struct ReceiptLedger: Sendable {
             }
         }
         if let token = transaction.appAccountToken, let found = try await orderID(appAccountToken: token, on: connection) {
-            try await writer.lock([found.streamID], on: connection)
-            snapshot = try await writer.read(orders: [found], transactions: [id], on: connection)
+            snapshot = try await writer.read(locking: [found.streamID], orders: [found], transactions: [id], on: connection)
             if let order = snapshot.order(found), claim.userId == nil || claim.userId == order.userId {
                 return (snapshot, order, .appAccountToken, "")
             }
