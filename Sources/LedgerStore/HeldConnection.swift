@@ -1,5 +1,4 @@
 import PostgresNIO
-import Synchronization
 
 /// A group-commit writer keeps one leased connection while batches follow each other, instead of
 /// leasing one per batch: each lease and release goes through the pool's state machine and its
@@ -11,16 +10,14 @@ extension Database {
     /// Runs `body` (a writer's batches until none is pending) with one connection leased for it.
     /// Answers false when no connection could be leased: `body` did not run.
     func holdingConnection(_ body: @Sendable () async -> Void) async -> Bool {
-        let ran = Mutex(false)
         do {
-            try await withConnection { connection in
-                ran.withLock { $0 = true }
-                await Self.$heldConnection.withValue(connection) { await body() }
-            }
+            // Only the lease can throw: `body` cannot.
+            try await withConnection { connection in await Self.$heldConnection.withValue(connection) { await body() } }
+            return true
         } catch {
             logger.debug("a group-commit writer could not hold a connection", metadata: ["error": "\(String(reflecting: error))"])
+            return false
         }
-        return ran.withLock { $0 }
     }
 
     /// `body` on the held connection while it is open; else, or when `body`'s first statement

@@ -76,7 +76,6 @@ extension LedgerWriter {
 
         mutating func run<Prepared: PostgresPreparedStatement>(_ prepared: Prepared) async throws -> [Prepared.Row] {
             defer { leaseFirst = false }
-            let (connection, logger) = (connection, logger)
             return leaseFirst
                 ? try await Database.first(try await connection.atomicallyGuardedExecute(prepared, logger: logger))
                 : try await connection.atomicallyGuardedExecute(prepared, logger: logger)

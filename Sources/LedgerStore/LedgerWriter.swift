@@ -136,29 +136,10 @@ public final class LedgerWriter: Sendable {
 
     /// Takes, in the caller's transaction, the locks the append routine takes for these streams
     /// (an Apple transaction is locked as its stream is): what the caller reads afterwards stays as
-    /// read until it commits. Several at once are taken in the routine's order.
+    /// read until it commits. Several at once are taken in the routine's order (by
+    /// `read_for_write`, which takes them as `append_events` does).
     public func lock(_ streams: [StreamID], on connection: PostgresConnection) async throws {
-        _ = try await connection.atomicallyGuardedExecute(LockStreams(streams: streams.map(\.rawValue)), logger: database.logger)
-    }
-
-    /// The streams' advisory locks in the routine's order, prepared once per connection.
-    struct LockStreams: PostgresPreparedStatement {
-        static let name = "ledger_lock_streams"
-        static let sql = """
-            SELECT pg_advisory_xact_lock(l.h) FROM (SELECT DISTINCT hashtextextended(s, 0) AS h
-              FROM unnest($1::text[]) AS s ORDER BY 1 OFFSET 0) AS l
-            """
-        typealias Row = PostgresRow
-
-        let streams: [String]
-
-        func makeBindings() -> PostgresBindings {
-            var bindings = PostgresBindings(capacity: 1)
-            bindings.append(streams)
-            return bindings
-        }
-
-        func decodeRow(_ row: PostgresRow) -> PostgresRow { row }
+        _ = try await read(locking: streams, orders: [], transactions: [], on: connection)
     }
 
     /// Group commit so far: transactions written, and writes they carried.
@@ -179,9 +160,9 @@ public final class LedgerWriter: Sendable {
         var events = 0
         var chosen: [Int] = []
         for (index, write) in pending.enumerated() where chosen.count < maximumWritesPerGroup {
-            let (keys, claims) = write.lockKeys
+            let keys = write.lockKeys
             // Its events, and a `transaction-matched` per transaction it claims, at most.
-            let size = write.appends.reduce(0) { $0 + $1.events.count } + claims
+            let size = write.appends.reduce(0) { $0 + $1.events.count } + keys.count - write.appends.count
             guard !keys.contains(where: touched.contains), chosen.isEmpty || events + size <= maximumEventsPerGroup else { continue }
             touched.formUnion(keys)
             events += size
@@ -246,20 +227,16 @@ extension LedgerWriter.Write {
     /// The orders it appends to.
     var orderIDs: [OrderID] { appends.compactMap(\.stream.orderID) }
 
-    /// The keys of the advisory locks the routine takes for this write: its streams, and the
-    /// streams of the Apple transactions it claims (`claims` of them). An array, not a set: the
-    /// group's selection asks this of every pending write, and most have one stream.
-    var lockKeys: (keys: [String], claims: Int) {
+    /// The keys of the advisory locks the routine takes for this write: its streams, then the
+    /// stream of each Apple transaction it claims. An array, not a set: the group's selection asks
+    /// this of every pending write, and most have one stream.
+    var lockKeys: [String] {
         var keys = appends.map(\.stream.rawValue)
-        var claims = 0
         for append in appends {
             for event in append.events {
-                if case .order(.receiptReceived(let receipt)) = event.body {
-                    keys.append(receipt.transactionId.streamID.rawValue)
-                    claims += 1
-                }
+                if case .order(.receiptReceived(let receipt)) = event.body { keys.append(receipt.transactionId.streamID.rawValue) }
             }
         }
-        return (keys, claims)
+        return keys
     }
 }

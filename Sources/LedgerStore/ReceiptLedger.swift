@@ -179,9 +179,8 @@ public struct ReceiptLedger: Sendable {
         _ transaction: AppleTransaction, claim: Claim, on connection: PostgresConnection
     ) async throws -> (LedgerWriter.Snapshot, Order?, MatchedBy?, String) {
         let id = transaction.transactionId
-        var snapshot = try await writer.read(
-            locking: [id.streamID] + (claim.orderId.map { [$0.streamID] } ?? []), orders: claim.orderId.map { [$0] } ?? [],
-            transactions: [id], on: connection)
+        let named = claim.orderId.map { [$0] } ?? []
+        var snapshot = try await writer.read(locking: [id.streamID] + named.map(\.streamID), orders: named, transactions: [id], on: connection)
         var reason = "no-order"
         if let orderId = claim.orderId {
             if let order = snapshot.order(orderId) {
