@@ -119,7 +119,7 @@ let package = Package(
             ],
             path: "Tests/LedgerTestSupport"
         ),
-        .testTarget(name: "LedgerCoreTests", dependencies: ["LedgerCore"]),
+        .testTarget(name: "LedgerCoreTests", dependencies: ["LedgerCore", "LedgerTestSupport"]),
         .testTarget(
             name: "AppleReceiptsTests",
             dependencies: ["AppleReceipts", "LedgerTestSupport", .product(name: "JWTKit", package: "jwt-kit")]

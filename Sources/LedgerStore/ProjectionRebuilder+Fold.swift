@@ -31,7 +31,7 @@ extension ProjectionRebuilder {
 
         /// The body decoded (nil: a body the fold skips, as one the ledger would have refused).
         var body: EventBody? {
-            try? EventCoding.body(stream: StreamID(unchecked: stream), type: type, data: Data(data.utf8))
+            try? EventCoding.body(stream: StreamID(unchecked: stream), type: type, text: data)
         }
     }
 

@@ -1,5 +1,6 @@
 import Foundation
 import LedgerCore
+import LedgerTestSupport
 import Testing
 
 /// The transition table (docs/architecture.md, "Orders"), written out here independently of `OrderTransitions`.
@@ -54,18 +55,6 @@ func order(in state: OrderState) -> Order {
         current = Order.evolve(current, sample(type), orderID: OrderID(unchecked: "o1"), version: Int64(version), at: .now)
     }
     return current!
-}
-
-/// A small deterministic random generator (SplitMix64), so failures can be replayed.
-struct SeededGenerator: RandomNumberGenerator {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
 }
 
 @Suite("The order state machine")
