@@ -41,12 +41,13 @@ public struct LedgerConfiguration: Sendable {
         public static let reconcileInterval = "LEDGER_RECONCILE_INTERVAL"
         public static let reconcileClockSkew = "LEDGER_RECONCILE_CLOCK_SKEW"
         public static let reconcileMaximumAge = "LEDGER_RECONCILE_MAX_AGE"
+        public static let reconcileSettle = "LEDGER_RECONCILE_SETTLE"
         public static let reconcileRecoveryOrders = "LEDGER_RECONCILE_RECOVERY_ORDERS"
 
         public static let all = [
             databaseURL, dataDirectory, host, port, logLevel, appleRootCertificates, appleBundleID, appleAppID,
             appleEnvironment, verifyReceiptURL, verifyReceiptSandboxURL, appleSharedSecret,
-            reconcileInterval, reconcileClockSkew, reconcileMaximumAge, reconcileRecoveryOrders,
+            reconcileInterval, reconcileClockSkew, reconcileMaximumAge, reconcileSettle, reconcileRecoveryOrders,
         ]
     }
 
@@ -94,6 +95,7 @@ public struct LedgerConfiguration: Sendable {
             (Key.reconcileInterval, 0, { (c: inout LedgerConfiguration, v: Int) in c.reconcileInterval = v }),
             (Key.reconcileClockSkew, 0, { (c: inout LedgerConfiguration, v: Int) in c.reconciler.clockSkew = TimeInterval(v) }),
             (Key.reconcileMaximumAge, 1, { (c: inout LedgerConfiguration, v: Int) in c.reconciler.maximumAge = TimeInterval(v) }),
+            (Key.reconcileSettle, 0, { (c: inout LedgerConfiguration, v: Int) in c.reconciler.settle = TimeInterval(v) }),
         ] as [(String, Int, (inout LedgerConfiguration, Int) -> Void)] {
             guard let text = values[key] else { continue }
             if let seconds = Int(text), seconds >= minimum {

@@ -234,7 +234,8 @@ extension LedgerWriter {
     ) throws -> (append: Append, expected: ExpectedVersion) {
         let body = TransactionMatched(
             orderId: order, matchedBy: receipt.matchedBy, candidates: pairing?.candidates ?? 1,
-            rule: pairing?.rule ?? receipt.matchedBy.rawValue)
+            rule: pairing?.rule ?? receipt.matchedBy.rawValue,
+            otherCandidates: pairing.flatMap { $0.otherCandidates.isEmpty ? nil : $0.otherCandidates })
         let id = EventID.named("matched", receipt.transactionId.rawValue, order.rawValue)
         let event = try EventCoding.newEvent(.matched(body), id: id, metadata: metadata)
         let version = snapshot.transactionVersions[known.transactionId] ?? ExpectedVersion.noStreamVersion

@@ -68,10 +68,13 @@ public final class LedgerWriter: Sendable {
     public struct Pairing: Sendable {
         public var candidates: Int
         public var rule: String?
+        /// The candidates not chosen (the reconciler's ambiguous pairings).
+        public var otherCandidates: [OrderID]
 
-        public init(candidates: Int, rule: String?) {
+        public init(candidates: Int, rule: String?, otherCandidates: [OrderID] = []) {
             self.candidates = candidates
             self.rule = rule
+            self.otherCandidates = otherCandidates
         }
     }
 

@@ -4,7 +4,7 @@ import Logging
 import PostgresNIO
 
 /// One pass of the reconciler: reads the pool and the open orders of its users in batches,
-/// pairs them with `Reconciler.pair`, and applies each pairing in a transaction of its own that
+/// leaves each user's and product's orphans until all have settled, pairs them with `Reconciler.pair`, and applies each pairing in a transaction of its own that
 /// takes the Apple transaction's lock and the order's row lock and checks both again (another
 /// reconciler or a live receipt may have been first). Safe to run on several servers at once.
 public struct ReconcilerPass: Sendable {
@@ -30,6 +30,9 @@ public struct ReconcilerPass: Sendable {
     public struct Summary: Sendable, Equatable, Codable {
         /// Orphans with a known (or resolved) user that the pass looked at.
         public var considered = 0
+        /// Orphans left for a later pass: they, or an orphan of the same user and product, are
+        /// younger than the settle window.
+        public var settling = 0
         public var paired = 0
         /// Pairings that had more than one candidate.
         public var ambiguous = 0
@@ -70,9 +73,10 @@ public struct ReconcilerPass: Sendable {
             let users = try await nextUsers(after: afterUser)
             guard let last = users.last else { break }
             afterUser = last
-            let orphans = try await orphans(of: users)
+            let (orphans, settling) = try await settledOrphans(of: users)
             let orders = try await openOrders(of: users)
             summary.considered += orphans.count
+            summary.settling += settling
             let pairings = Reconciler.pair(orphans, with: orders, settings: settings)
             for chunk in stride(from: 0, to: pairings.count, by: pairingsPerTransaction).map({ Array(pairings[$0..<min($0 + pairingsPerTransaction, pairings.count)]) }) {
                 for (pairing, applied) in try await apply(chunk, metadata: metadata) {
@@ -139,7 +143,8 @@ public struct ReconcilerPass: Sendable {
         else { return false }
         _ = try await receipts.match(
             transaction, to: order, by: .reconciler,
-            pairing: .init(candidates: pairing.candidates, rule: pairing.rule.rawValue), metadata: metadata,
+            pairing: .init(candidates: pairing.candidates, rule: pairing.rule.rawValue, otherCandidates: pairing.otherCandidates),
+            metadata: metadata,
             on: connection, knowing: snapshot)
         return true
     }
@@ -188,17 +193,27 @@ public struct ReconcilerPass: Sendable {
         return users
     }
 
-    private func orphans(of users: [String]) async throws -> [Reconciler.Orphan] {
+    /// The users' orphans whose user and product have no orphan younger than the settle window,
+    /// and how many orphans wait for it.
+    private func settledOrphans(of users: [String]) async throws -> (orphans: [Reconciler.Orphan], settling: Int) {
         let rows = try await database.query(
             """
-            SELECT transaction_id, resolved_user_id, product_id, purchase_date FROM pool_with_users
+            SELECT transaction_id, resolved_user_id, product_id, purchase_date,
+                   bool_or(received_at > now() - make_interval(secs => \(settings.settle)))
+                       OVER (PARTITION BY resolved_user_id, product_id)
+            FROM pool_with_users
             WHERE resolved_user_id = ANY(\(users))
             """)
         var orphans: [Reconciler.Orphan] = []
-        for try await (id, user, product, purchase) in rows.decode((String, String, String, Date).self) {
+        var settling = 0
+        for try await (id, user, product, purchase, waits) in rows.decode((String, String, String, Date, Bool).self) {
+            guard !waits else {
+                settling += 1
+                continue
+            }
             orphans.append(.init(transactionId: TransactionID(unchecked: id), userId: UserID(unchecked: user), productId: ProductID(unchecked: product), purchaseDate: purchase))
         }
-        return orphans
+        return (orphans, settling)
     }
 
     private func openOrders(of users: [String]) async throws -> [Reconciler.OpenOrder] {

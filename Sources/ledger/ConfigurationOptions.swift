@@ -35,6 +35,8 @@ struct ConfigurationOptions: ParsableArguments {
     var reconcileClockSkew: String?
     @Option(help: "Seconds before the purchase an order may be created and still match (LEDGER_RECONCILE_MAX_AGE, default 2592000)")
     var reconcileMaxAge: String?
+    @Option(help: "Seconds every orphan of a user and product must have waited before a pass pairs them (LEDGER_RECONCILE_SETTLE, default 120)")
+    var reconcileSettle: String?
     @Option(help: "true: orphans with no candidate get a recovery order, active catalog products only (LEDGER_RECONCILE_RECOVERY_ORDERS, default false)")
     var reconcileRecoveryOrders: String?
 
@@ -49,7 +51,7 @@ struct ConfigurationOptions: ParsableArguments {
             (Key.verifyReceiptURL, appleVerifyReceiptUrl), (Key.verifyReceiptSandboxURL, appleVerifyReceiptSandboxUrl),
             (Key.appleSharedSecret, appleSharedSecret), (Key.reconcileInterval, reconcileInterval),
             (Key.reconcileClockSkew, reconcileClockSkew), (Key.reconcileMaximumAge, reconcileMaxAge),
-            (Key.reconcileRecoveryOrders, reconcileRecoveryOrders),
+            (Key.reconcileSettle, reconcileSettle), (Key.reconcileRecoveryOrders, reconcileRecoveryOrders),
         ]
         for (key, value) in flags { if let value { values[key] = value } }
         return values

@@ -55,6 +55,8 @@ struct Demo: AsyncParsableCommand {
         configuration.apple.bundleID = Self.bundleId
         configuration.apple.environment = "Sandbox"
         configuration.reconcileInterval = 0
+        // The demo's purchases are all made before its one pass: nothing left to settle.
+        configuration.reconciler.settle = 0
         let client = PostgresClient(configuration: demoDatabase, backgroundLogger: logger)
         let application = try buildApplication(configuration: configuration, client: client, logger: logger)
         let group = ServiceGroup(configuration: .init(services: [application], gracefulShutdownSignals: [], logger: logger))

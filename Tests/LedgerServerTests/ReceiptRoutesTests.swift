@@ -15,6 +15,8 @@ func withReceiptsApplication(
     _ test: @Sendable @escaping (LedgerHTTP, TestDatabase) async throws -> Void
 ) async throws {
     try await withLiveApplication(configure: { configuration in
+        // The reconciler pairs what it finds at once (tests of the settle window set their own).
+        configuration.reconciler.settle = 0
         configure(&configuration)
         configuration.apple.rootCertificateFiles = [apple.rootFile]
         configuration.apple.bundleID = TestApple.bundleId

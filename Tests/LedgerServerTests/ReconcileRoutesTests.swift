@@ -32,14 +32,14 @@ struct ReconcileRoutesTests {
             let (status, summary) = try await http.send(.post, "/v1/reconcile")
             #expect(status == .ok)
             #expect(summary["paired"] as? Int == 1 && summary["considered"] as? Int == 1)
-            #expect((summary["byRule"] as? [String: Int])?["nearest-queued"] == 1)
+            #expect((summary["byRule"] as? [String: Int])?["queue-order"] == 1)
             let (_, order) = try await http.send(.get, "/v1/orders/o-mine")
             #expect(order["state"] as? String == "verified" && order["transactionId"] as? String == "5000001")
             let received = (order["events"] as? [[String: Any]])?.first { $0["type"] as? String == "receipt-received" }
             #expect((received?["data"] as? [String: Any])?["matchedBy"] as? String == "reconciler")
             let (_, stream) = try await http.send(.get, "/v1/streams/transaction-5000001/events")
             let matched = (stream["events"] as? [[String: Any]])?.last?["data"] as? [String: Any]
-            #expect(matched?["orderId"] as? String == "o-mine" && matched?["rule"] as? String == "nearest-queued" && matched?["candidates"] as? Int == 1)
+            #expect(matched?["orderId"] as? String == "o-mine" && matched?["rule"] as? String == "queue-order" && matched?["candidates"] as? Int == 1)
             for id in ["o-other-product", "o-other-user"] {
                 let (_, untouched) = try await http.send(.get, "/v1/orders/\(id)")
                 #expect(untouched["state"] as? String == "created")
@@ -129,6 +129,36 @@ extension ReconcileRoutesTests {
             #expect(summary["paired"] as? Int == 1 && summary["usersResolved"] as? Int == 1)
             let (_, order) = try await http.send(.get, "/v1/orders/o-sub-2")
             #expect(order["transactionId"] as? String == "5000021")
+        }
+    }
+}
+
+extension ReconcileRoutesTests {
+    @Test("a double tap: orphans wait for the settle window, then pair in queue order with the other candidates recorded")
+    func settleThenQueueOrder() async throws {
+        try await withReceiptsApplication(apple, configure: { $0.reconciler.settle = 2 }) { http, _ in
+            for (id, queued) in [("tap-A", 300.0), ("tap-B", 295.0)] {
+                try await http.send(.post, "/v1/orders", json: newOrder(id, user: "u-tap"))
+                try await http.send(.post, "/v1/orders/\(id)/events", json: ["type": "payment-added", "data": ["queuedAt": LedgerJSONDate.now(minus: queued)]])
+            }
+            // The later purchase's proof arrives first; both purchases completed after both payments were queued.
+            for (id, minutesAgo) in [("5000032", 3.0), ("5000031", 4.0)] {
+                let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-tap", "signedTransaction": try await transaction(id, minutesAgo: minutesAgo)])
+                #expect(pooled["outcome"] as? String == "unmatched")
+            }
+            let (_, early) = try await http.send(.post, "/v1/reconcile")
+            #expect(early["paired"] as? Int == 0 && early["settling"] as? Int == 2)
+            try await Task.sleep(for: .seconds(2.5))
+            let (_, settled) = try await http.send(.post, "/v1/reconcile")
+            #expect(settled["paired"] as? Int == 2 && settled["ambiguous"] as? Int == 2 && settled["settling"] as? Int == 0)
+            #expect((settled["byRule"] as? [String: Int])?["queue-order"] == 2)
+            for (order, transaction, other) in [("tap-A", "5000031", "tap-B"), ("tap-B", "5000032", "tap-A")] {
+                let (_, paired) = try await http.send(.get, "/v1/orders/\(order)")
+                #expect(paired["transactionId"] as? String == transaction)
+                let (_, stream) = try await http.send(.get, "/v1/streams/transaction-\(transaction)/events")
+                let matched = (stream["events"] as? [[String: Any]])?.last?["data"] as? [String: Any]
+                #expect(matched?["candidates"] as? Int == 2 && matched?["otherCandidates"] as? [String] == [other])
+            }
         }
     }
 }

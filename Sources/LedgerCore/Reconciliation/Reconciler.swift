@@ -2,7 +2,7 @@ import Foundation
 
 /// The reconciler's rules (docs/reconciliation.md), as a pure function: which open order
 /// each orphan transaction goes to. The store reads the pool and the candidates in batches and
-/// applies the pairings this answers, each under locks that re-check it.
+/// applies the pairings this answers through the writer, which checks them again.
 public enum Reconciler {
     /// The windows an order's creation must fall in, around the transaction's purchase date.
     public struct Settings: Sendable, Equatable {
@@ -11,9 +11,14 @@ public enum Reconciler {
         /// An order created longer than this before the purchase does not.
         public var maximumAge: TimeInterval
 
-        public init(clockSkew: TimeInterval = 300, maximumAge: TimeInterval = 30 * 86_400) {
+        /// A pass pairs an orphan only once the ledger has held it this long, and none of its
+        /// user's orphans of the same product less long: purchases made together are aligned together.
+        public var settle: TimeInterval
+
+        public init(clockSkew: TimeInterval = 300, maximumAge: TimeInterval = 30 * 86_400, settle: TimeInterval = 120) {
             self.clockSkew = clockSkew
             self.maximumAge = maximumAge
+            self.settle = settle
         }
     }
 
@@ -50,13 +55,12 @@ public enum Reconciler {
         }
     }
 
-    /// How a pairing chose its order among the candidates.
+    /// What placed the order in the queue alignment.
     public enum Rule: String, Codable, Sendable, CaseIterable {
-        /// The order whose payment entered the StoreKit queue last at or before the purchase
-        /// (the queue is first-in first-out).
-        case nearestQueued = "nearest-queued"
-        /// No candidate was queued before the purchase: the oldest created.
-        case oldestCreated = "oldest-created"
+        /// Aligned by the time its payment entered the StoreKit queue (`payment-added`).
+        case queueOrder = "queue-order"
+        /// Never queued: aligned by the time it was created.
+        case creationOrder = "creation-order"
     }
 
     public struct Pairing: Sendable, Equatable {
@@ -65,42 +69,110 @@ public enum Reconciler {
         public var rule: Rule
         /// How many open orders could have taken the transaction (more than 1: ambiguous).
         public var candidates: Int
+        /// The candidates not chosen, in queue order.
+        public var otherCandidates: [OrderID]
 
-        public init(transactionId: TransactionID, orderId: OrderID, rule: Rule, candidates: Int) {
+        public init(transactionId: TransactionID, orderId: OrderID, rule: Rule, candidates: Int, otherCandidates: [OrderID] = []) {
             self.transactionId = transactionId
             self.orderId = orderId
             self.rule = rule
             self.candidates = candidates
+            self.otherCandidates = otherCandidates
         }
     }
 
-    /// Pairs `orphans` with `orders`: never across users or products, never one order twice;
-    /// each user's and product's orphans in purchase-date order. Orphans with no candidate are
-    /// left out of the answer.
+    /// Pairs `orphans` with `orders`: never across users or products, never one order twice, and
+    /// never crossed: for one user and product, a later purchase never takes an order queued
+    /// before the order of an earlier purchase (StoreKit's queue is first in, first out). An
+    /// order never queued stands in the queue at its creation time.
+    ///
+    /// Among the pairings that keep that order, the answer has the most pairings, and among
+    /// those the least total distance: for each pairing, the time from the order's queue entry
+    /// to the purchase, or ten times that time when the entry follows the purchase (only clocks
+    /// that disagree explain it). So a payment queued and abandoned is skipped for the later one
+    /// that fits, and a purchase made without an order of ours leaves an order to the purchase
+    /// that fits it better. Found by dynamic programming over each user's and product's
+    /// purchases and queue entries (docs/reconciliation.md). Orphans with no candidate, or left
+    /// over, are not in the answer.
     public static func pair(_ orphans: [Orphan], with orders: [OpenOrder], settings: Settings = Settings()) -> [Pairing] {
         struct Key: Hashable { let user: UserID; let product: ProductID }
-        var available = Dictionary(grouping: orders) { Key(user: $0.userId, product: $0.productId) }
+        let orderGroups = Dictionary(grouping: orders) { Key(user: $0.userId, product: $0.productId) }
+        let orphanGroups = Dictionary(grouping: orphans) { Key(user: $0.userId, product: $0.productId) }
         var pairings: [Pairing] = []
-        let ordered = orphans.sorted { ($0.userId.rawValue, $0.productId.rawValue, $0.purchaseDate, $0.transactionId.rawValue)
-            < ($1.userId.rawValue, $1.productId.rawValue, $1.purchaseDate, $1.transactionId.rawValue) }
-        for orphan in ordered {
-            let key = Key(user: orphan.userId, product: orphan.productId)
-            guard let open = available[key], !open.isEmpty else { continue }
-            let latest = orphan.purchaseDate.addingTimeInterval(settings.clockSkew)
-            let earliest = orphan.purchaseDate.addingTimeInterval(-settings.maximumAge)
-            let candidates = open.filter { $0.createdAt <= latest && $0.createdAt >= earliest }
-            guard !candidates.isEmpty else { continue }
-            let chosen: OpenOrder
-            let rule: Rule
-            let queuedBefore = candidates.filter { ($0.queuedAt.map { $0 <= orphan.purchaseDate }) ?? false }
-            if let nearest = queuedBefore.max(by: { ($0.queuedAt!, $1.createdAt, $1.orderId.rawValue) < ($1.queuedAt!, $0.createdAt, $0.orderId.rawValue) }) {
-                (chosen, rule) = (nearest, .nearestQueued)
-            } else {
-                (chosen, rule) = (candidates.min { ($0.createdAt, $0.orderId.rawValue) < ($1.createdAt, $1.orderId.rawValue) }!, .oldestCreated)
-            }
-            available[key] = open.filter { $0.orderId != chosen.orderId }
-            pairings.append(Pairing(transactionId: orphan.transactionId, orderId: chosen.orderId, rule: rule, candidates: candidates.count))
+        for key in orphanGroups.keys.sorted(by: { ($0.user.rawValue, $0.product.rawValue) < ($1.user.rawValue, $1.product.rawValue) }) {
+            guard let open = orderGroups[key] else { continue }
+            pairings += align(orphanGroups[key]!, open, settings: settings)
         }
         return pairings
     }
+
+    /// The alignment of one user's and product's purchases with their open orders.
+    static func align(_ orphans: [Orphan], _ orders: [OpenOrder], settings: Settings) -> [Pairing] {
+        let purchases = orphans.sorted { ($0.purchaseDate, $0.transactionId.rawValue) < ($1.purchaseDate, $1.transactionId.rawValue) }
+        func isCandidate(_ order: OpenOrder, for purchase: Orphan) -> Bool {
+            order.createdAt <= purchase.purchaseDate.addingTimeInterval(settings.clockSkew)
+                && order.createdAt >= purchase.purchaseDate.addingTimeInterval(-settings.maximumAge)
+        }
+        // Queue order; only orders some purchase could take.
+        let queue = orders.filter { order in purchases.contains { isCandidate(order, for: $0) } }
+            .sorted { ($0.queueEntry, $0.createdAt, $0.orderId.rawValue) < ($1.queueEntry, $1.createdAt, $1.orderId.rawValue) }
+        guard !queue.isEmpty else { return [] }
+
+        // best[i][j]: the best alignment of the first i purchases with the first j queue entries,
+        // as (pairings, distance); more pairings first, then less distance.
+        struct Score: Comparable {
+            var pairings = 0
+            var distance = 0.0
+            static func < (a: Score, b: Score) -> Bool {
+                a.pairings != b.pairings ? a.pairings < b.pairings : a.distance > b.distance
+            }
+        }
+        enum Step { case start, skipPurchase, skipOrder, pair }
+        let (p, q) = (purchases.count, queue.count)
+        var best = [[Score]](repeating: [Score](repeating: Score(), count: q + 1), count: p + 1)
+        var step = [[Step]](repeating: [Step](repeating: .start, count: q + 1), count: p + 1)
+        for i in 0...p {
+            for j in 0...q where i > 0 || j > 0 {
+                var score = Score(pairings: -1)
+                if i > 0, best[i - 1][j] > score { (score, step[i][j]) = (best[i - 1][j], .skipPurchase) }
+                if j > 0, best[i][j - 1] > score { (score, step[i][j]) = (best[i][j - 1], .skipOrder) }
+                if i > 0, j > 0, isCandidate(queue[j - 1], for: purchases[i - 1]) {
+                    let previous = best[i - 1][j - 1]
+                    let paired = Score(pairings: previous.pairings + 1,
+                                       distance: previous.distance + distance(queue[j - 1], purchases[i - 1]))
+                    if paired > score { (score, step[i][j]) = (paired, .pair) }
+                }
+                best[i][j] = score
+            }
+        }
+        var pairings: [Pairing] = []
+        var (i, j) = (p, q)
+        while i > 0 || j > 0 {
+            switch step[i][j] {
+            case .skipPurchase: i -= 1
+            case .skipOrder: j -= 1
+            case .pair:
+                let (purchase, order) = (purchases[i - 1], queue[j - 1])
+                let others = queue.filter { $0.orderId != order.orderId && isCandidate($0, for: purchase) }.map(\.orderId)
+                pairings.append(Pairing(
+                    transactionId: purchase.transactionId, orderId: order.orderId,
+                    rule: order.queuedAt == nil ? .creationOrder : .queueOrder, candidates: others.count + 1, otherCandidates: others))
+                (i, j) = (i - 1, j - 1)
+            case .start: (i, j) = (0, 0)
+            }
+        }
+        return pairings.reversed()
+    }
+
+    /// Seconds from the order's queue entry to the purchase; ten times as many when the entry
+    /// follows the purchase.
+    static func distance(_ order: OpenOrder, _ purchase: Orphan) -> Double {
+        let seconds = purchase.purchaseDate.timeIntervalSince(order.queueEntry)
+        return seconds >= 0 ? seconds : -10 * seconds
+    }
+}
+
+extension Reconciler.OpenOrder {
+    /// Its place in the StoreKit queue: when its payment was queued, else when it was created.
+    public var queueEntry: Date { queuedAt ?? createdAt }
 }

@@ -113,14 +113,17 @@ public struct TransactionMatched: Codable, Sendable, Equatable {
     public var matchedBy: MatchedBy
     /// How many open orders could have taken it (1 for direct evidence).
     public var candidates: Int
-    /// The reconciler's rule (`nearest-queued`, `oldest-created`), or how it was tied otherwise.
+    /// The reconciler's rule (`queue-order`, `creation-order`, `recovery`), or how it was tied otherwise.
     public var rule: String?
+    /// The reconciler's candidates that it did not choose (present when there were any).
+    public var otherCandidates: [OrderID]?
 
-    public init(orderId: OrderID, matchedBy: MatchedBy, candidates: Int, rule: String? = nil) {
+    public init(orderId: OrderID, matchedBy: MatchedBy, candidates: Int, rule: String? = nil, otherCandidates: [OrderID]? = nil) {
         self.orderId = orderId
         self.matchedBy = matchedBy
         self.candidates = candidates
         self.rule = rule
+        self.otherCandidates = otherCandidates
     }
 }
 
