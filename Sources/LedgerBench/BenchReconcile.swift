@@ -31,7 +31,7 @@ struct BenchReconcile: AsyncParsableCommand {
             let (summary, load) = try await withPostgresClient(bench, logger: logger) { client in
                 let database = Database(client: client, logger: logger)
                 let loadStart = ContinuousClock.now
-                try await Self.load(orphans: orphans, orders: orders, on: database)
+                try await Self.loadMix(orphans: orphans, orders: orders, on: database)
                 let loaded = ContinuousClock.now - loadStart
                 let receipts = ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database)))
                 let summary = try await ReconcilerPass(receipts: receipts, settings: .init(settle: 0)).run()
@@ -40,7 +40,7 @@ struct BenchReconcile: AsyncParsableCommand {
             results.append((orphans, orders, summary, load))
             FileHandle.standardError.write(Data("reconciled \(orphans) orphans against \(orders) open orders in \(format(summary.seconds, decimals: 1)) s\n".utf8))
         }
-        print("Reconciler pass (one pass, every orphan with a candidate; loading not counted)")
+        print("Reconciler pass (one pass over the realistic mix: users with 1, 2, 4 or 10 open orders, 2.2 on average, half queued; one orphan in ten with no candidate; loading not counted)")
         printTableHeader(["orphans", "open orders", "paired", "ambiguous", "pass s", "orphans/s", "load s"])
         for result in results {
             printTableRow(["\(result.orphans)", "\(result.orders)", "\(result.summary.paired)", "\(result.summary.ambiguous)", format(result.summary.seconds, decimals: 1),
@@ -52,6 +52,82 @@ struct BenchReconcile: AsyncParsableCommand {
             print("Time ratio \(last.orphans)/\(first.orphans) orphans: \(format(last.summary.seconds / max(first.summary.seconds, 0.001), decimals: 2)) for \(format(growth, decimals: 0))× the work (linear: \(format(growth, decimals: 0)))")
         }
         try await BenchAppend().dropDatabase(opened.clientConfiguration, logger: logger)
+    }
+
+    /// The reconciler's realistic mix, as events and projection rows: users with 1 (half of them),
+    /// 2, 4 or 10 open orders (2.2 on average) of two products, half of the orders with
+    /// `payment-added`; orphans of the first users, one each but every tenth a second purchase of
+    /// the user before it, and one in ten of a product no order has (no candidate).
+    static func loadMix(orphans: Int, orders: Int, on database: Database) async throws {
+        let users = max(orders * 20 / 44, orphans)
+        // At most 2,047 orders (two events each) per transaction: 900 users make 1,980.
+        for low in stride(from: 0, to: users, by: 900) {
+            let high = min(low + 900, users) - 1
+            try await database.client.query(
+                """
+                WITH o AS MATERIALIZED (
+                    SELECT row_number() OVER (ORDER BY u, g) - 1 AS n, 'bench-order-' || u || '-' || g AS order_id,
+                           'user-' || u AS user_id, 'product-' || (g % 2) AS product_id, (u + g) % 2 = 0 AS queued,
+                           date_trunc('milliseconds', now()) - make_interval(mins => (30 + (u * 7 + g * 13) % 1000)::int) AS created_at,
+                           gen_random_uuid() AS token
+                    FROM generate_series(\(low), \(high)) AS u,
+                         LATERAL generate_series(1, CASE WHEN u % 20 < 10 THEN 1 WHEN u % 20 < 16 THEN 2 WHEN u % 20 < 19 THEN 4 ELSE 10 END) AS g
+                ), created AS (
+                    INSERT INTO events (global_position, stream_id, stream_version, event_id, type, data, recorded_at)
+                    SELECT pg_current_xact_id()::text::bigint * 4096 + 2 * n, 'order-' || order_id, 0, gen_random_uuid(), 'created',
+                           jsonb_build_object('userId', user_id, 'productId', product_id, 'quantity', 1, 'appAccountToken', token), created_at
+                    FROM o
+                ), paid AS (
+                    INSERT INTO events (global_position, stream_id, stream_version, event_id, type, data, recorded_at)
+                    SELECT pg_current_xact_id()::text::bigint * 4096 + 2 * n + 1, 'order-' || order_id, 1, gen_random_uuid(), 'payment-added',
+                           jsonb_build_object('queuedAt', to_char((created_at + interval '20 seconds') AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')),
+                           created_at + interval '20 seconds'
+                    FROM o WHERE queued
+                )
+                INSERT INTO orders (order_id, user_id, product_id, quantity, price, currency, app_account_token, state, version,
+                                    transaction_id, created_at, updated_at, queued_at)
+                SELECT order_id, user_id, product_id, 1, NULL, NULL, token, CASE WHEN queued THEN 'payment-added' ELSE 'created' END,
+                       CASE WHEN queued THEN 1 ELSE 0 END, NULL, created_at,
+                       CASE WHEN queued THEN created_at + interval '20 seconds' ELSE created_at END,
+                       CASE WHEN queued THEN created_at + interval '20 seconds' END
+                FROM o
+                """,
+                logger: database.logger)
+        }
+        let batch = 4_000
+        for low in stride(from: 0, to: orphans, by: batch) {
+            let high = min(low + batch, orphans) - 1
+            try await database.client.query(
+                """
+                WITH t AS MATERIALIZED (
+                    SELECT j, (900000000000 + j)::text AS transaction_id, 'user-' || (j - CASE WHEN j % 10 = 9 THEN 1 ELSE 0 END) AS user_id,
+                           CASE WHEN j % 10 = 3 THEN 'product-9' ELSE 'product-1' END AS product_id,
+                           date_trunc('second', now()) - interval '20 minutes' AS purchase_date
+                    FROM generate_series(\(low), \(high)) AS j
+                ), body AS MATERIALIZED (
+                    SELECT t.*, jsonb_build_object(
+                        'transaction', jsonb_build_object(
+                            'transactionId', transaction_id, 'originalTransactionId', transaction_id, 'productId', product_id,
+                            'purchaseDate', to_char(purchase_date AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+                            'environment', 'Sandbox', 'bundleId', 'com.example.bench', 'quantity', 1, 'format', 'jws',
+                            'receiptSha256', repeat('ab', 32)),
+                        'userId', user_id, 'reason', 'no-order') AS data
+                    FROM t
+                ), ev AS (
+                    INSERT INTO events (global_position, stream_id, stream_version, event_id, type, data, recorded_at)
+                    SELECT pg_current_xact_id()::text::bigint * 4096 + (j - \(low)), 'transaction-' || transaction_id, 0, gen_random_uuid(),
+                           'transaction-unmatched', data, now() - interval '1 hour'
+                    FROM body
+                )
+                INSERT INTO apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date, environment, status,
+                                                received_at, updated_at, verification)
+                SELECT transaction_id, NULL, user_id, product_id, purchase_date, 'Sandbox', 'unmatched',
+                       now() - interval '1 hour', now() - interval '1 hour', data
+                FROM body
+                """,
+                logger: database.logger)
+        }
+        try await database.client.query("ANALYZE", logger: database.logger)
     }
 
     /// Open orders (10 per user, two products, half with payment-added) and orphans of the same

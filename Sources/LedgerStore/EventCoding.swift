@@ -77,13 +77,13 @@ public enum EventCoding {
     /// the body a replay of the log folds (times keep milliseconds in JSON).
     public static func newEvent(_ event: OrderEvent, id: EventID, metadata: Data) throws -> NewEvent {
         let data = try encoder.encode(event)
-        return NewEvent(id: id, body: .order(try OrderEvent(type: event.type, body: JSONReader(data: data))), data: data, metadata: metadata)
+        return NewEvent(id: id, body: .order(try OrderEvent(type: event.type, body: StoredReader(text: String(decoding: data, as: UTF8.self)))), data: data, metadata: metadata)
     }
 
     /// `newEvent` for an event of a transaction's stream.
     public static func newEvent(_ event: TransactionEvent, id: EventID, metadata: Data) throws -> NewEvent {
         let data = try encoder.encode(event)
-        return NewEvent(id: id, body: .transaction(try TransactionEvent(type: event.type, body: JSONReader(data: data))), data: data, metadata: metadata)
+        return NewEvent(id: id, body: .transaction(try TransactionEvent(type: event.type, body: StoredReader(text: String(decoding: data, as: UTF8.self)))), data: data, metadata: metadata)
     }
 
     /// Reads a body from JSON text.
@@ -153,6 +153,6 @@ extension AppleTransactionRecord {
     /// The verified transaction as the pool recorded it (`transaction-unmatched`), for a
     /// transaction that went through the pool.
     func verifiedTransaction() throws -> AppleTransaction? {
-        try verification.map { try EventCoding.decoder.decode(TransactionUnmatched.self, from: $0).transaction }
+        try verification.map { try StoredBodyDecoder.decode(TransactionUnmatched.self, from: String(decoding: $0, as: UTF8.self)).transaction }
     }
 }

@@ -154,7 +154,10 @@ extension LedgerWriter {
     /// Decides `write` on `snapshot` at `now`: what to store; throws why not.
     static func plan(_ write: Write, on snapshot: Snapshot, at now: Date) throws -> Plan {
         var plan = Plan()
-        var transactions = snapshot.transactions
+        // The transactions this write changes, over the snapshot's (a copy of the snapshot's
+        // dictionary per write would cost a group of many writes the square of its size).
+        var changed: [TransactionID: AppleTransactionRecord] = [:]
+        func transaction(_ id: TransactionID) -> AppleTransactionRecord? { changed[id] ?? snapshot.transactions[id] }
         var streams = Set<StreamID>()
         let ids = write.appends.flatMap { $0.events.map(\.id) }
         guard Set(ids).count == ids.count else { throw AppendError.invalidBatch("an event id appears twice in one write") }
@@ -178,7 +181,7 @@ extension LedgerWriter {
                     var claimedID: TransactionID?
                     if case .receiptReceived(let receipt) = orderEvent {
                         claimedID = receipt.transactionId
-                        claimed = transactions[receipt.transactionId]
+                        claimed = transaction(receipt.transactionId)
                         if let known = claimed {
                             guard known.isPooled else { throw OrderLedgerError.duplicateTransaction(receipt.transactionId) }
                             plan.appends.append(try matched(receipt, order: id, known: known, snapshot, write.pairing, metadata: event.metadata))
@@ -189,7 +192,7 @@ extension LedgerWriter {
                     let next = Projection.apply(orderEvent, to: order, id: id, claimed: claimed, version: version + 1 + Int64(offset), at: now)
                     order = next.order
                     if let claimedID, let row = next.claimed {
-                        transactions[claimedID] = row
+                        changed[claimedID] = row
                         plan.transactions.append((row, claimed == nil))
                     }
                 }
@@ -198,7 +201,7 @@ extension LedgerWriter {
                 plan.ordersAfter[index] = order
                 plan.appends.insert((append, .exact(version)), at: index)
             } else if let id = append.stream.transactionID {
-                let before = transactions[id]
+                let before = transaction(id)
                 let version = snapshot.transactionVersions[id] ?? ExpectedVersion.noStreamVersion
                 if let refusal = expectedRefusal(append, version) { throw refusal }
                 var row = before
@@ -209,7 +212,7 @@ extension LedgerWriter {
                     row = Projection.apply(transactionEvent, data: event.data, to: row, at: now)
                 }
                 if let row, row != before {
-                    transactions[id] = row
+                    changed[id] = row
                     plan.transactions.append((row, before == nil))
                 }
                 plan.appends.insert((append, .exact(version)), at: index)

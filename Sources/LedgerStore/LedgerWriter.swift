@@ -127,6 +127,17 @@ public final class LedgerWriter: Sendable {
         return written
     }
 
+    /// `append(_:on:knowing:)` for several writes in one call of the routine: each write's
+    /// outcome, a refusal as a failure. The writes touch no stream or Apple transaction in common,
+    /// and carry at most 4096 events with what they claim (a transaction positions that many).
+    public func append(_ writes: [Write], on connection: PostgresConnection, knowing snapshot: Snapshot? = nil) async throws -> [Result<Written, any Error>] {
+        guard !writes.isEmpty else { return [] }
+        remembered.forget(writes.flatMap(\.orderIDs))
+        let results = try await Self.write(writes, on: connection, commit: false, database: database, knowing: snapshot)
+        for case .success(let written) in results { database.appended(written.appendedTypes, on: connection) }
+        return results
+    }
+
     /// The orders and Apple transactions given, as they stand in the caller's transaction (after
     /// `lock`, as they stay until it ends), in one round trip.
     /// With `locking`: after taking those streams' locks as `lock` does, in the same round trip.

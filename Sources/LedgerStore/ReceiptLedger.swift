@@ -134,6 +134,14 @@ public struct ReceiptLedger: Sendable {
                          metadata: metadata, on: connection, knowing: snapshot)
     }
 
+    /// The write `match` makes, for a caller that writes several at once.
+    func matchWrite(
+        _ transaction: AppleTransaction, to order: OrderID, by matchedBy: MatchedBy, pairing: LedgerWriter.Pairing?, metadata: Data
+    ) throws -> LedgerWriter.Write {
+        let events = try Self.matchEvents(transaction, order: order, by: matchedBy).map { try EventCoding.newEvent($0.0, id: $0.1, metadata: metadata) }
+        return LedgerWriter.Write(LedgerWriter.Append(events, to: order.streamID), pairing: pairing)
+    }
+
     /// `receipt-received` and `verified` for `transaction` on order `order`, with their named ids.
     static func matchEvents(_ transaction: AppleTransaction, order: OrderID, by matchedBy: MatchedBy) -> [(OrderEvent, EventID)] {
         let id = transaction.transactionId

@@ -1,9 +1,10 @@
 import Foundation
 
-/// Reads the event bodies the log holds, which the ledger wrote itself with `EventCoding.encoder`,
-/// through the types' own `Decodable` conformances without Foundation's `JSONDecoder`: the
-/// rebuild decodes a body per event, a million of them, and spends a third of its time there
-/// with `JSONDecoder` (the commit that brought this back gives the alternating runs).
+/// Reads the JSON the ledger wrote itself with `EventCoding.encoder` (the log's event bodies, an
+/// event it writes read back, a pooled transaction's verification) through the types' own
+/// `Decodable` conformances without Foundation's `JSONDecoder`: the rebuild decodes a body per
+/// event, a million of them, and spent a third of its time there with `JSONDecoder` (the commit
+/// that brought this back gives the alternating runs).
 ///
 /// It reads plain JSON only: strings without escapes, integers, dates in the ledger's formats.
 /// Whatever else it meets (an escape, invalid UTF-8, a `Data`, `Decimal` or floating-point

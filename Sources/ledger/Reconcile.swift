@@ -28,6 +28,9 @@ struct Reconcile: AsyncParsableCommand {
         }
         let rules = summary.byRule.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
         print("paired \(summary.paired) of \(summary.considered) orphans with a known user (\(rules.isEmpty ? "none" : rules); \(summary.ambiguous) ambiguous)")
+        if summary.settling > 0 || summary.usersBusy > 0 {
+            print("\(summary.settling) orphans left to settle (LEDGER_RECONCILE_SETTLE); \(summary.usersBusy) users left to another reconciler")
+        }
         if configuration.recoveryOrders {
             print("\(summary.recoveryOrders) recovery orders created; \(summary.notRecovered) orphans of retired or unknown products left for support")
         }

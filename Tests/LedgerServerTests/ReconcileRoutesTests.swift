@@ -162,3 +162,28 @@ extension ReconcileRoutesTests {
         }
     }
 }
+
+extension ReconcileRoutesTests {
+    @Test("reconcilers divide the users: a user another reconciler holds is left to it, not waited for")
+    func claimedUsersAreSkipped() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            for user in ["u-held", "u-free"] {
+                try await http.send(.post, "/v1/orders", json: newOrder("o-\(user)", user: user))
+                try await http.send(.post, "/v1/receipts", json: ["userId": user, "signedTransaction": try await transaction(user == "u-held" ? "5000041" : "5000042")])
+            }
+            // Another reconciler's claim on u-held, held in a transaction of its own.
+            try await db.database.transaction { connection in
+                try await connection.query(
+                    "SELECT pg_advisory_xact_lock(\(ReconcilerPass.claimSpace), hashtext('u-held'))", logger: TestServer.logger)
+                let (_, summary) = try await http.send(.post, "/v1/reconcile")
+                #expect(summary["paired"] as? Int == 1 && summary["usersBusy"] as? Int == 1)
+            }
+            let (_, held) = try await http.send(.get, "/v1/orders/o-u-held")
+            #expect(held["transactionId"] as? String == nil && held["state"] as? String == "created")
+            let (_, free) = try await http.send(.get, "/v1/orders/o-u-free")
+            #expect(free["transactionId"] as? String == "5000042")
+            let (_, after) = try await http.send(.post, "/v1/reconcile")
+            #expect(after["paired"] as? Int == 1 && after["usersBusy"] as? Int == 0)
+        }
+    }
+}
