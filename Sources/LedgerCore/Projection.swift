@@ -17,9 +17,22 @@ public enum Projection {
     ) -> (order: Order?, claimed: AppleTransactionRecord?) {
         guard OrderTransitions.isAllowed(event.type, from: order?.state),
               let next = Order.evolve(order, event, orderID: id, version: version, at: date) else { return (order, claimed) }
-        guard case .receiptReceived(let receipt) = event else { return (next, claimed) }
-        let claim = AppleTransactionRecord.claimed(receipt, by: next, at: date)
-        return (next, claimed.map { $0.taken(by: claim) } ?? claim)
+        switch event {
+        case .receiptReceived(let receipt):
+            let claim = AppleTransactionRecord.claimed(receipt, by: next, at: date)
+            return (next, claimed.map { $0.taken(by: claim) } ?? claim)
+        case .pairingUndone:
+            // The transaction leaves this order (its stream's `transaction-unmatched`, in the
+            // same write, puts it back in the pool).
+            guard var row = claimed, row.orderId == id else { return (next, claimed) }
+            row.orderId = nil
+            row.status = .unmatched
+            row.matchedBy = nil
+            row.updatedAt = date
+            return (next, row)
+        default:
+            return (next, claimed)
+        }
     }
 
     /// What event `event` of a transaction's stream (recorded at `date`, `data` its body as

@@ -45,6 +45,13 @@ extension APIError {
             default: .conflict
             }
             return APIError(status, code: error.code, message: error.description)
+        case let error as SupportUnmatchError:
+            let status: HTTPResponse.Status = switch error {
+            case .transactionNotFound: .notFound
+            case .reasonRequired, .reasonTooLong: .badRequest
+            default: .conflict
+            }
+            return APIError(status, code: error.code, message: error.description)
         case let error as PSQLError:
             // A value the checks above let through but PostgreSQL refuses: still the caller's input.
             guard let state = error.sqlState, clientDataStates.contains(state) else { return nil }

@@ -4,13 +4,14 @@ import LedgerCore
 import LedgerStore
 
 /// Support's routes on the pool: `GET /v1/transactions/unmatched` (read) and
-/// `POST /v1/transactions/{transactionId}/match` (admin).
+/// `POST /v1/transactions/{transactionId}/match` and `…/unmatch` (admin).
 struct TransactionsController {
     let desk: SupportDesk
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
         router.get("/v1/transactions/unmatched") { request, _ in try await search(request) }
         router.post("/v1/transactions/:transactionId/match") { request, context in try await match(request, context) }
+        router.post("/v1/transactions/:transactionId/unmatch") { request, context in try await unmatch(request, context) }
     }
 
     func search(_ request: Request) async throws -> Answer<Page<Pooled>> {
@@ -61,6 +62,17 @@ struct TransactionsController {
         let body = try await request.decode(as: Match.self, context: context)
         let matched = try await desk.match(id, to: body.orderId, force: body.force ?? false, reason: body.reason, metadata: context.eventMetadata)
         return OrderResponse(matched)
+    }
+
+    /// The body of `POST /v1/transactions/{transactionId}/unmatch`.
+    struct Unmatch: Decodable {
+        let reason: String
+    }
+
+    func unmatch(_ request: Request, _ context: LedgerRequestContext) async throws -> OrderResponse {
+        let id = try TransactionID(pathParameter(context, "transactionId"))
+        let body = try await request.decode(as: Unmatch.self, context: context)
+        return OrderResponse(try await desk.unmatch(id, reason: body.reason, metadata: context.eventMetadata))
     }
 
     static func date(_ text: String, field: String) throws(LedgerInputError) -> Date {

@@ -158,6 +158,15 @@ extension LedgerWriter {
         // dictionary per write would cost a group of many writes the square of its size).
         var changed: [TransactionID: AppleTransactionRecord] = [:]
         func transaction(_ id: TransactionID) -> AppleTransactionRecord? { changed[id] ?? snapshot.transactions[id] }
+        /// A row the write leaves: one entry per transaction, the last row it leaves.
+        func leave(_ row: AppleTransactionRecord, isNew: Bool) {
+            if let index = plan.transactions.firstIndex(where: { $0.row.transactionId == row.transactionId }) {
+                plan.transactions[index].row = row
+            } else {
+                plan.transactions.append((row, isNew))
+            }
+            changed[row.transactionId] = row
+        }
         var streams = Set<StreamID>()
         let ids = write.appends.flatMap { $0.events.map(\.id) }
         guard Set(ids).count == ids.count else { throw AppendError.invalidBatch("an event id appears twice in one write") }
@@ -188,13 +197,13 @@ extension LedgerWriter {
                         } else {
                             plan.claim = receipt.transactionId
                         }
+                    } else if case .pairingUndone(let undone) = orderEvent {
+                        claimedID = undone.transactionId
+                        claimed = transaction(undone.transactionId)
                     }
                     let next = Projection.apply(orderEvent, to: order, id: id, claimed: claimed, version: version + 1 + Int64(offset), at: now)
                     order = next.order
-                    if let claimedID, let row = next.claimed {
-                        changed[claimedID] = row
-                        plan.transactions.append((row, claimed == nil))
-                    }
+                    if claimedID != nil, let row = next.claimed, row != claimed { leave(row, isNew: claimed == nil) }
                 }
                 guard let order else { throw OrderDecisionError.noSuchOrder }
                 plan.orders.append((order, current == nil))
@@ -211,10 +220,7 @@ extension LedgerWriter {
                     }
                     row = Projection.apply(transactionEvent, data: event.data, to: row, at: now)
                 }
-                if let row, row != before {
-                    changed[id] = row
-                    plan.transactions.append((row, before == nil))
-                }
+                if let row, row != before { leave(row, isNew: before == nil) }
                 plan.appends.insert((append, .exact(version)), at: index)
             } else {
                 plan.appends.insert((append, append.expected), at: index)

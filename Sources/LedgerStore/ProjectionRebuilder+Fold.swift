@@ -43,6 +43,11 @@ extension ProjectionRebuilder {
         private var stream: String?
         private var order: Order?
         private(set) var transactions: [TransactionID: AppleTransactionRecord] = [:]
+        /// A claim an order stream's receipt took over while folding it, held until that stream
+        /// undoes its own pairing. Streams are folded one after another, not in time: when support
+        /// undid a pairing and the transaction went to a second order, the second order's stream
+        /// may be folded first, and its claim must survive the first order's claim and undo.
+        private var displaced: [TransactionID: AppleTransactionRecord] = [:]
 
         /// Folds `row` (with its decoded body), the next event of the current stream or the first
         /// of the next one; an ended stream's order goes to `finished`.
@@ -57,11 +62,22 @@ extension ProjectionRebuilder {
             case .order(let event):
                 let id = order?.orderId ?? OrderID(unchecked: String(row.stream.dropFirst("order-".count)))
                 var claimedID: TransactionID?
-                if case .receiptReceived(let receipt) = event { claimedID = receipt.transactionId }
+                if case .receiptReceived(let receipt) = event {
+                    claimedID = receipt.transactionId
+                    if let held = transactions[receipt.transactionId], let holder = held.orderId, holder != id {
+                        displaced[receipt.transactionId] = held
+                    }
+                } else if case .pairingUndone(let undone) = event {
+                    claimedID = undone.transactionId
+                }
                 let next = Projection.apply(
                     event, to: order, id: id, claimed: claimedID.flatMap { transactions[$0] }, version: row.version, at: row.recordedAt)
                 order = next.order
                 if let claimedID, let claimed = next.claimed { transactions[claimedID] = claimed }
+                if case .pairingUndone(let undone) = event, next.order?.transactionId == nil,
+                   let held = displaced.removeValue(forKey: undone.transactionId) {
+                    transactions[undone.transactionId] = held
+                }
             case .transaction(let event):
                 let id = TransactionID(unchecked: String(row.stream.dropFirst("transaction-".count)))
                 transactions[id] = Projection.apply(event, data: Data(row.data.utf8), to: transactions[id], at: row.recordedAt)

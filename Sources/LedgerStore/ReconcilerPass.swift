@@ -113,13 +113,16 @@ public struct ReconcilerPass: Sendable {
             """
             SELECT transaction_id, resolved_user_id, product_id, purchase_date, user_id IS NULL,
                    coalesce(bool_or(received_at > now() - make_interval(secs => \(settings.settle)))
-                       OVER (PARTITION BY resolved_user_id, product_id), false)
+                       OVER (PARTITION BY resolved_user_id, product_id), false),
+                   CASE WHEN jsonb_typeof(undone_order_ids) = 'array'
+                        THEN ARRAY(SELECT jsonb_array_elements_text(undone_order_ids)) ELSE '{}' END
             FROM pool_with_users
             ORDER BY resolved_user_id
             """)
         var users: [UserID] = []
         var entries: [UserID: [PoolEntry]] = [:]
-        for try await (id, user, product, purchase, withoutOwnUser, settling) in rows.decode((String, String?, String, Date, Bool, Bool).self) {
+        for try await (id, user, product, purchase, withoutOwnUser, settling, undone)
+            in rows.decode((String, String?, String, Date, Bool, Bool, [String]).self) {
             guard let user else {
                 summary.unknownUser += 1
                 continue
@@ -128,7 +131,9 @@ public struct ReconcilerPass: Sendable {
             let userID = UserID(unchecked: user)
             if users.last != userID { users.append(userID) }
             entries[userID, default: []].append(PoolEntry(
-                orphan: .init(transactionId: TransactionID(unchecked: id), userId: userID, productId: ProductID(unchecked: product), purchaseDate: purchase),
+                orphan: .init(
+                    transactionId: TransactionID(unchecked: id), userId: userID, productId: ProductID(unchecked: product),
+                    purchaseDate: purchase, undoneOrders: undone.map(OrderID.init(unchecked:))),
                 settling: settling))
         }
         return (users, entries)

@@ -23,6 +23,8 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         public var pairingsByRule: [String: Int] = [:]
         public var ambiguousPairings = 0
         public var supportPairings = 0
+        /// Pairings support undid (`POST /v1/transactions/{id}/unmatch`).
+        public var undonePairings = 0
 
         init(day: String, productId: String, currency: String?) {
             self.day = day
@@ -55,10 +57,11 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         let orderRows = try await database.query(
             """
             SELECT to_char(e.recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), o.product_id, o.currency, e.type,
-                   coalesce(e.data->>'reason', ''), count(*)::int, coalesce(sum(o.price * o.quantity), 0)::text
+                   CASE e.type WHEN 'failed' THEN coalesce(e.data->>'reason', '') WHEN 'pairing-undone' THEN coalesce(e.data->>'fromState', '') ELSE '' END,
+                   count(*)::int, coalesce(sum(o.price * o.quantity), 0)::text
             FROM events e JOIN orders o ON o.order_id = substr(e.stream_id, 7)
             WHERE e.stream_id LIKE 'order-%' AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
-              AND e.type IN ('created', 'verified', 'delivered', 'finished', 'failed', 'refunded')
+              AND e.type IN ('created', 'verified', 'delivered', 'finished', 'failed', 'refunded', 'pairing-undone')
             GROUP BY 1, 2, 3, 4, 5
             """)
         for try await (day, product, currency, type, reason, count, amount) in orderRows.decode((String, String, String?, String, String, Int, String).self) {
@@ -77,6 +80,10 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             case "refunded":
                 row.refunded += count
                 revenue[k, default: 0] -= Decimal(string: amount) ?? 0
+            case "pairing-undone":
+                row.undonePairings += count
+                // A verified order's revenue goes with its pairing (it counts again when paired anew).
+                if reason == OrderState.verified.rawValue { revenue[k, default: 0] -= Decimal(string: amount) ?? 0 }
             default: break
             }
             rows[k] = row
@@ -119,6 +126,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             totals.pairingsByRule.merge(row.pairingsByRule, uniquingKeysWith: +)
             totals.ambiguousPairings += row.ambiguousPairings
             totals.supportPairings += row.supportPairings
+            totals.undonePairings += row.undonePairings
             totalRevenue += Decimal(string: row.revenue) ?? 0
         }
         totals.revenue = "\(totalRevenue)"
@@ -145,7 +153,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
 
     /// The report as CSV: one line per row and a totals line; maps as `key=count` lists.
     public var csv: String {
-        var lines = ["day,product_id,currency,orders_created,verified,delivered,finished,failed,failed_by_reason,refunded,revenue,pairings_by_rule,ambiguous_pairings,support_pairings"]
+        var lines = ["day,product_id,currency,orders_created,verified,delivered,finished,failed,failed_by_reason,refunded,revenue,pairings_by_rule,ambiguous_pairings,support_pairings,undone_pairings"]
         func map(_ values: [String: Int]) -> String { values.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ";") }
         func field(_ text: String) -> String {
             text.contains(where: { $0 == "," || $0 == "\"" || $0 == "\n" }) ? "\"" + text.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : text
@@ -154,7 +162,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             lines.append([
                 row.day, row.productId, row.currency ?? "", String(row.ordersCreated), String(row.verified), String(row.delivered),
                 String(row.finished), String(row.failed), map(row.failedByReason), String(row.refunded), row.revenue,
-                map(row.pairingsByRule), String(row.ambiguousPairings), String(row.supportPairings),
+                map(row.pairingsByRule), String(row.ambiguousPairings), String(row.supportPairings), String(row.undonePairings),
             ].map(field).joined(separator: ","))
         }
         lines.append("")

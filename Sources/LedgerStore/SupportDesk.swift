@@ -85,6 +85,108 @@ public struct SupportDesk: Sendable {
     }
 }
 
+extension SupportDesk {
+    /// Undoes the pairing of `transactionId` with its order, made from the pool (by the
+    /// reconciler or support), while the order is not delivered: `pairing-undone` on the order,
+    /// which returns to the state it had before the receipt, and `transaction-unmatched` (reason
+    /// `undone: <reason>`) on the transaction, which returns to the pool and is never paired with
+    /// that order by the reconciler again. Both in one write; who did it is in the metadata.
+    /// Answers the order as it leaves it.
+    public func unmatch(_ transactionId: TransactionID, reason: String, metadata: Data) async throws -> Order {
+        guard reason.unicodeScalars.contains(where: { !$0.properties.isWhitespace && $0 != "\u{FEFF}" }) else {
+            throw SupportUnmatchError.reasonRequired
+        }
+        // Counted in code points, as the API's schema counts.
+        guard reason.unicodeScalars.count <= 1_000 else { throw SupportUnmatchError.reasonTooLong }
+        // Again when PostgreSQL broke a deadlock with a writer that took the two locks the other
+        // way round (nothing of the attempt is stored), three times in all.
+        var attempt = 0
+        while true {
+            attempt += 1
+            do {
+                return try await unmatchOnce(transactionId, reason: reason, metadata: metadata)
+            } catch let error as PSQLError where attempt < 3 && error.sqlState == .deadlockDetected {
+                continue
+            }
+        }
+    }
+
+    private func unmatchOnce(_ transactionId: TransactionID, reason: String, metadata: Data) async throws -> Order {
+        try await database.transaction { connection in
+            let writer = receipts.writer
+            let found = try await writer.read(locking: [transactionId.streamID], orders: [], transactions: [transactionId], on: connection)
+            guard let known = found.transaction(transactionId) else { throw SupportUnmatchError.transactionNotFound(transactionId) }
+            guard let orderId = known.orderId, known.status == .claimed else {
+                throw SupportUnmatchError.notPaired(transactionId, status: known.status.rawValue)
+            }
+            // The order's lock after the transaction's, as a receipt takes them when it finds its order.
+            let snapshot = try await writer.read(
+                locking: [orderId.streamID], orders: [orderId], transactions: [transactionId], on: connection)
+            guard let row = snapshot.transaction(transactionId), row.orderId == orderId,
+                  let order = snapshot.order(orderId), order.transactionId == transactionId else {
+                throw SupportUnmatchError.notPaired(transactionId, status: known.status.rawValue)
+            }
+            guard let verification = row.verification, let matchedBy = row.matchedBy, matchedBy == .reconciler || matchedBy == .support else {
+                throw SupportUnmatchError.notFromPool(transactionId, order: orderId, matchedBy: row.matchedBy?.rawValue ?? "its proof")
+            }
+            guard OrderTransitions.isAllowed(.pairingUndone, from: order.state) else {
+                throw SupportUnmatchError.delivered(orderId, state: order.state)
+            }
+            let pooled = try StoredBodyDecoder.decode(TransactionUnmatched.self, from: String(decoding: verification, as: UTF8.self))
+            let back = TransactionUnmatched(
+                transaction: pooled.transaction, userId: pooled.userId ?? order.userId, claimedOrderId: orderId,
+                reason: "undone: \(reason)", undoneOrderIds: (pooled.undoneOrderIds ?? []) + [orderId])
+            let version = "\(order.version + 1)"
+            let undone = try EventCoding.newEvent(
+                .pairingUndone(PairingUndone(transactionId: transactionId, reason: reason, fromState: order.state)),
+                id: EventID.named("pairing-undone", orderId.rawValue, transactionId.rawValue, version), metadata: metadata)
+            let unmatched = try EventCoding.newEvent(
+                .unmatched(back), id: EventID.named("undone", transactionId.rawValue, orderId.rawValue, version), metadata: metadata)
+            let write = LedgerWriter.Write([
+                LedgerWriter.Append([undone], to: orderId.streamID),
+                LedgerWriter.Append([unmatched], to: transactionId.streamID),
+            ])
+            let written = try await writer.append(write, on: connection, knowing: snapshot)
+            guard let left = written.appends[0].order else { throw SupportUnmatchError.notPaired(transactionId, status: known.status.rawValue) }
+            return left
+        }
+    }
+}
+
+/// Why support's undo was refused, with a stable code.
+public enum SupportUnmatchError: Error, Sendable, Equatable, CustomStringConvertible {
+    case transactionNotFound(TransactionID)
+    case notPaired(TransactionID, status: String)
+    case notFromPool(TransactionID, order: OrderID, matchedBy: String)
+    case delivered(OrderID, state: OrderState)
+    case reasonRequired
+    case reasonTooLong
+
+    public var code: String {
+        switch self {
+        case .transactionNotFound: "transaction-not-found"
+        case .notPaired: "transaction-not-paired"
+        case .notFromPool: "not-a-pool-pairing"
+        case .delivered: "order-delivered"
+        case .reasonRequired: "reason-required"
+        case .reasonTooLong: "reason-too-long"
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .transactionNotFound(let id): "Apple transaction \(id) is not known to the ledger"
+        case .notPaired(let id, let status): "Apple transaction \(id) is paired with no order (it is \(status))"
+        case .notFromPool(let id, let order, let matchedBy):
+            "Apple transaction \(id) was tied to order \(order) by \(matchedBy) when it was uploaded; only pairings made from the pool (reconciler, support) can be undone"
+        case .delivered(let id, let state):
+            "order \(id) is \(state.rawValue); a pairing can be undone only before delivery (receipt-received or verified)"
+        case .reasonRequired: "reason is required: it is recorded with the undo"
+        case .reasonTooLong: "reason is longer than 1000 characters"
+        }
+    }
+}
+
 /// Why support's pairing was refused, with a stable code.
 public enum SupportMatchError: Error, Sendable, Equatable, CustomStringConvertible {
     case transactionNotFound(TransactionID)

@@ -8,8 +8,8 @@ let designTable: [OrderState?: Set<OrderEventType>] = [
     nil: [.created],
     .created: [.paymentAdded, .receiptReceived, .failed],
     .paymentAdded: [.receiptReceived, .failed],
-    .receiptReceived: [.verified, .failed],
-    .verified: [.delivered, .refunded, .failed],
+    .receiptReceived: [.verified, .failed, .pairingUndone],
+    .verified: [.delivered, .refunded, .failed, .pairingUndone],
     .delivered: [.finished, .refunded, .failed],
     .finished: [.refunded],
     .refunded: [.refundReversed],
@@ -35,6 +35,7 @@ func sample(_ type: OrderEventType, seed: Int = 0) -> OrderEvent {
     case .failed: return .failed(Failed(reason: "cancelled"))
     case .notificationReceived: return .notificationReceived(NotificationReceived(
         notificationUUID: UUID(uuidString: "00000000-0000-4000-8000-\(String(seed).leftPadded(to: 12))")!, notificationType: "CONSUMPTION_REQUEST", subtype: nil, transactionId: nil, signedDate: date))
+    case .pairingUndone: return .pairingUndone(PairingUndone(transactionId: TransactionID(unchecked: "2000\(seed)"), reason: "wrong recipient", fromState: .verified))
     }
 }
 
@@ -105,6 +106,19 @@ struct OrderStateMachineTests {
         #expect(refunded.state == .refunded)
         let reversed = try #require(Order.evolve(refunded, .refundReversed, orderID: before.orderId, version: refunded.version + 1, at: .now))
         #expect(reversed.state == state)
+    }
+
+    @Test("an undone pairing returns the order to where it stood before the receipt", arguments: [false, true])
+    func undoRestoresState(queued: Bool) throws {
+        var current = order(in: .created)
+        if queued { current = try #require(Order.evolve(current, sample(.paymentAdded), orderID: current.orderId, version: 1, at: .now)) }
+        for type in [OrderEventType.receiptReceived, .verified] {
+            current = try #require(Order.evolve(current, sample(type), orderID: current.orderId, version: current.version + 1, at: .now))
+        }
+        #expect(current.state == .verified && current.transactionId != nil)
+        let undone = try #require(Order.evolve(current, sample(.pairingUndone), orderID: current.orderId, version: current.version + 1, at: .now))
+        #expect(undone.state == (queued ? .paymentAdded : .created) && undone.transactionId == nil && undone.isOpen)
+        #expect(!OrderEventType.pairingUndone.isWrittenByClients)
     }
 
     @Test("the client may finish only once delivered or definitively rejected")

@@ -94,6 +94,15 @@ struct ReconcilerRulesTests {
         #expect(pairings.first?.otherCandidates == [OrderID(unchecked: "abandoned")])
     }
 
+    @Test("an order never queued yields to one queued up to an hour before it")
+    func queuedBeatsNeverQueued() {
+        let orders = [order("queued", created: -1_500, queued: -1_500), order("abandoned", created: -900)]
+        #expect(pairs([orphan("t")], orders) == ["t→queued"])
+        // Queued more than an hour before the other was created: the nearer one.
+        let older = [order("queued", created: -9_000, queued: -9_000), order("recent", created: -900)]
+        #expect(pairs([orphan("t")], older) == ["t→recent"])
+    }
+
     @Test("a purchase with no order of its own does not take an order whose timing fits another purchase better")
     func strayPurchase() {
         // "stray" was bought before the order was even queued (another device, an older app);

@@ -187,3 +187,83 @@ extension ReconcileRoutesTests {
         }
     }
 }
+
+extension ReconcileRoutesTests {
+    @Test("support undoes a reconciler's pairing before delivery; the order reopens, the transaction returns to the pool and goes elsewhere")
+    func undoPairing() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            // Two open orders: the later-queued one fits the purchase better and takes it.
+            for (id, queued) in [("undo-A", 300.0), ("undo-B", 250.0)] {
+                try await http.send(.post, "/v1/orders", json: newOrder(id, user: "u-undo"))
+                try await http.send(.post, "/v1/orders/\(id)/events", json: ["type": "payment-added", "data": ["queuedAt": LedgerJSONDate.now(minus: queued)]])
+            }
+            try await http.send(.post, "/v1/receipts", json: ["userId": "u-undo", "signedTransaction": try await transaction("5000051", minutesAgo: 4)])
+            let (_, first) = try await http.send(.post, "/v1/reconcile")
+            #expect(first["paired"] as? Int == 1)
+            let (_, paired) = try await http.send(.get, "/v1/orders/undo-B")
+            #expect(paired["state"] as? String == "verified" && paired["transactionId"] as? String == "5000051")
+
+            // Bad requests first: nothing changes.
+            let (blank, blankError) = try await http.send(.post, "/v1/transactions/5000051/unmatch", json: ["reason": "  "])
+            #expect(blank == .badRequest && errorOf(blankError)["code"] as? String == "reason-required")
+            let (missing, _) = try await http.send(.post, "/v1/transactions/5000051/unmatch", json: [:])
+            #expect(missing == .badRequest)
+            let (unknown, unknownError) = try await http.send(.post, "/v1/transactions/5999999/unmatch", json: ["reason": "x"])
+            #expect(unknown == .notFound && errorOf(unknownError)["code"] as? String == "transaction-not-found")
+
+            let (status, order) = try await http.send(.post, "/v1/transactions/5000051/unmatch", json: ["reason": "wrong character"])
+            #expect(status == .ok)
+            #expect(order["state"] as? String == "payment-added" && order["transactionId"] as? String == nil)
+            let (_, read) = try await http.send(.get, "/v1/orders/undo-B")
+            let undone = (read["events"] as? [[String: Any]])?.last
+            #expect(undone?["type"] as? String == "pairing-undone")
+            #expect((undone?["data"] as? [String: Any])?["fromState"] as? String == "verified")
+            #expect((undone?["metadata"] as? [String: Any])?["appendedBy"] != nil)
+            let (_, pool) = try await http.send(.get, "/v1/transactions/unmatched?transactionId=5000051")
+            let entry = (pool["transactions"] as? [[String: Any]])?.first
+            let verification = entry?["verification"] as? [String: Any]
+            #expect(verification?["reason"] as? String == "undone: wrong character")
+            #expect(verification?["undoneOrderIds"] as? [String] == ["undo-B"])
+            // Undone twice is refused: it is in the pool now.
+            let (again, againError) = try await http.send(.post, "/v1/transactions/5000051/unmatch", json: ["reason": "again"])
+            #expect(again == .conflict && errorOf(againError)["code"] as? String == "transaction-not-paired")
+
+            // The next pass never gives it back to undo-B: undo-A takes it.
+            let (_, second) = try await http.send(.post, "/v1/reconcile")
+            #expect(second["paired"] as? Int == 1)
+            let (_, reopened) = try await http.send(.get, "/v1/orders/undo-B")
+            #expect(reopened["state"] as? String == "payment-added")
+            let (_, taken) = try await http.send(.get, "/v1/orders/undo-A")
+            #expect(taken["transactionId"] as? String == "5000051")
+            let (_, stream) = try await http.send(.get, "/v1/streams/transaction-5000051/events")
+            let matched = (stream["events"] as? [[String: Any]])?.last?["data"] as? [String: Any]
+            #expect(matched?["orderId"] as? String == "undo-A" && matched?["candidates"] as? Int == 1)
+
+            // Once delivered, the pairing stands.
+            try await http.send(.post, "/v1/orders/undo-A/events", json: ["type": "delivered", "data": [:]])
+            let (late, lateError) = try await http.send(.post, "/v1/transactions/5000051/unmatch", json: ["reason": "too late"])
+            #expect(late == .conflict && errorOf(lateError)["code"] as? String == "order-delivered")
+            #expect((errorOf(lateError)["message"] as? String ?? "").contains("delivered"))
+
+            // The report counts the undo, and the revenue counts the purchase once.
+            let (_, report) = try await http.send(.get, "/v1/reports/reconciliation?from=2000-01-01")
+            let totals = report["totals"] as? [String: Any] ?? [:]
+            #expect(totals["undonePairings"] as? Int == 1 && totals["verified"] as? Int == 2 && totals["revenue"] as? String == "0.99")
+            // A rebuild folds undo-A's stream before undo-B's, and still leaves the transaction with undo-A.
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
+    @Test("a pairing its proof made at upload is not undone by support")
+    func undoRefusesDirectMatches() async throws {
+        try await withReceiptsApplication(apple) { http, _ in
+            try await http.send(.post, "/v1/orders", json: newOrder("direct-1", user: "u-direct"))
+            let (_, matched) = try await http.send(.post, "/v1/receipts", json: ["orderId": "direct-1", "signedTransaction": try await transaction("5000061")])
+            #expect(matched["outcome"] as? String == "matched")
+            let (status, error) = try await http.send(.post, "/v1/transactions/5000061/unmatch", json: ["reason": "x"])
+            #expect(status == .conflict && errorOf(error)["code"] as? String == "not-a-pool-pairing")
+            let (_, order) = try await http.send(.get, "/v1/orders/direct-1")
+            #expect(order["state"] as? String == "verified")
+        }
+    }
+}

@@ -20,6 +20,7 @@ struct EventCodingTests {
         .delivered, .finished, .refundReversed,
         .refunded(Refunded(revocationDate: Date(timeIntervalSince1970: 1_800_000_100), revocationReason: 1, revocationType: "REFUND")),
         .failed(Failed(reason: "cancelled", detail: "by the user")),
+        .pairingUndone(PairingUndone(transactionId: TransactionID(unchecked: "2000001"), reason: "wrong recipient", fromState: .receiptReceived)),
         .notificationReceived(NotificationReceived(
             notificationUUID: UUID(), notificationType: "CONSUMPTION_REQUEST", subtype: nil, transactionId: nil,
             signedDate: Date(timeIntervalSince1970: 1_800_000_000.5))),

@@ -89,6 +89,10 @@ extension Order {
             next.failureReason = body.reason
         case .notificationReceived:
             break
+        case .pairingUndone:
+            // Back to where it stood before the receipt.
+            next.state = next.queuedAt == nil ? .created : .paymentAdded
+            next.transactionId = nil
         }
         return next
     }

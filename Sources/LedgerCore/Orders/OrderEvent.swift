@@ -12,6 +12,7 @@ public enum OrderEvent: Sendable, Equatable {
     case refundReversed
     case failed(Failed)
     case notificationReceived(NotificationReceived)
+    case pairingUndone(PairingUndone)
 
     public var type: OrderEventType {
         switch self {
@@ -25,6 +26,7 @@ public enum OrderEvent: Sendable, Equatable {
         case .refundReversed: .refundReversed
         case .failed: .failed
         case .notificationReceived: .notificationReceived
+        case .pairingUndone: .pairingUndone
         }
     }
 
@@ -42,6 +44,7 @@ public enum OrderEvent: Sendable, Equatable {
         case .refundReversed: _ = try body.read(NoFields.self); self = .refundReversed
         case .failed: self = .failed(try body.read(Failed.self))
         case .notificationReceived: self = .notificationReceived(try body.read(NotificationReceived.self))
+        case .pairingUndone: self = .pairingUndone(try body.read(PairingUndone.self))
         }
         try validate()
     }
@@ -102,6 +105,7 @@ extension OrderEvent: Encodable {
         case .refunded(let body): try body.encode(to: encoder)
         case .failed(let body): try body.encode(to: encoder)
         case .notificationReceived(let body): try body.encode(to: encoder)
+        case .pairingUndone(let body): try body.encode(to: encoder)
         case .delivered, .finished, .refundReversed: try NoFields().encode(to: encoder)
         }
     }

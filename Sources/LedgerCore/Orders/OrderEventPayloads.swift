@@ -104,6 +104,21 @@ public struct Refunded: Codable, Sendable, Equatable {
     }
 }
 
+/// `pairing-undone`: support reversed the pairing of `transactionId` with the order before
+/// delivery; the order is open again and the transaction back in the pool.
+public struct PairingUndone: Codable, Sendable, Equatable {
+    public var transactionId: TransactionID
+    public var reason: String
+    /// The state the order left (`receipt-received` or `verified`): a verified order's revenue
+    /// leaves the report with it.
+    public var fromState: OrderState
+    public init(transactionId: TransactionID, reason: String, fromState: OrderState) {
+        self.transactionId = transactionId
+        self.reason = reason
+        self.fromState = fromState
+    }
+}
+
 /// `failed`: the order ended without delivery.
 public struct Failed: Codable, Sendable, Equatable {
     public var reason: String

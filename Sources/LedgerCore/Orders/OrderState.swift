@@ -26,9 +26,12 @@ public enum OrderEventType: String, Codable, Sendable, CaseIterable {
     /// An App Store Server Notification recorded on the order; it changes no state, and only the
     /// ledger writes it (from `POST /v1/notifications/apple`).
     case notificationReceived = "notification-received"
+    /// Support undid the order's pairing before delivery (`POST /v1/transactions/{id}/unmatch`):
+    /// only the ledger writes it.
+    case pairingUndone = "pairing-undone"
 
     /// Whether clients may append this type through the API.
-    public var isWrittenByClients: Bool { self != .notificationReceived }
+    public var isWrittenByClients: Bool { self != .notificationReceived && self != .pairingUndone }
 }
 
 /// The order state machine's transition table: the only place that knows it.
@@ -39,8 +42,8 @@ public enum OrderTransitions {
         case nil: [.created]
         case .created: [.paymentAdded, .receiptReceived, .failed]
         case .paymentAdded: [.receiptReceived, .failed]
-        case .receiptReceived: [.verified, .failed]
-        case .verified: [.delivered, .refunded, .failed]
+        case .receiptReceived: [.verified, .failed, .pairingUndone]
+        case .verified: [.delivered, .refunded, .failed, .pairingUndone]
         case .delivered: [.finished, .refunded, .failed]
         case .finished: [.refunded]
         case .refunded: [.refundReversed]

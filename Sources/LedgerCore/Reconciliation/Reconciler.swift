@@ -28,12 +28,15 @@ public enum Reconciler {
         public var userId: UserID
         public var productId: ProductID
         public var purchaseDate: Date
+        /// Orders support undid a pairing of it with: never its candidates.
+        public var undoneOrders: [OrderID]
 
-        public init(transactionId: TransactionID, userId: UserID, productId: ProductID, purchaseDate: Date) {
+        public init(transactionId: TransactionID, userId: UserID, productId: ProductID, purchaseDate: Date, undoneOrders: [OrderID] = []) {
             self.transactionId = transactionId
             self.userId = userId
             self.productId = productId
             self.purchaseDate = purchaseDate
+            self.undoneOrders = undoneOrders
         }
     }
 
@@ -89,11 +92,11 @@ public enum Reconciler {
     /// Among the pairings that keep that order, the answer has the most pairings, and among
     /// those the least total distance: for each pairing, the time from the order's queue entry
     /// to the purchase, or ten times that time when the entry follows the purchase (only clocks
-    /// that disagree explain it). So a payment queued and abandoned is skipped for the later one
-    /// that fits, and a purchase made without an order of ours leaves an order to the purchase
-    /// that fits it better. Found by dynamic programming over each user's and product's
+    /// that disagree explain it), and an hour more for an order never queued. So a payment queued
+    /// and abandoned is skipped for the later one that fits, and a purchase made without an order
+    /// of ours leaves an order to the purchase that fits it better. Found by dynamic programming over each user's and product's
     /// purchases and queue entries (docs/reconciliation.md). Orphans with no candidate, or left
-    /// over, are not in the answer.
+    /// over, are not in the answer; so are orders support undid a pairing of the orphan with.
     public static func pair(_ orphans: [Orphan], with orders: [OpenOrder], settings: Settings = Settings()) -> [Pairing] {
         struct Key: Hashable { let user: UserID; let product: ProductID }
         let orderGroups = Dictionary(grouping: orders) { Key(user: $0.userId, product: $0.productId) }
@@ -112,6 +115,7 @@ public enum Reconciler {
         func isCandidate(_ order: OpenOrder, for purchase: Orphan) -> Bool {
             order.createdAt <= purchase.purchaseDate.addingTimeInterval(settings.clockSkew)
                 && order.createdAt >= purchase.purchaseDate.addingTimeInterval(-settings.maximumAge)
+                && !purchase.undoneOrders.contains(order.orderId)
         }
         // Queue order; only orders some purchase could take.
         let queue = orders.filter { order in purchases.contains { isCandidate(order, for: $0) } }
@@ -165,11 +169,15 @@ public enum Reconciler {
     }
 
     /// Seconds from the order's queue entry to the purchase; ten times as many when the entry
-    /// follows the purchase.
+    /// follows the purchase; an hour more for an order never queued, whose client queued no
+    /// payment for it while it did for others (most often an order abandoned before paying).
     static func distance(_ order: OpenOrder, _ purchase: Orphan) -> Double {
         let seconds = purchase.purchaseDate.timeIntervalSince(order.queueEntry)
-        return seconds >= 0 ? seconds : -10 * seconds
+        return (seconds >= 0 ? seconds : -10 * seconds) + (order.queuedAt == nil ? neverQueued : 0)
     }
+
+    /// What an order never queued adds to a pairing's distance, in seconds.
+    static let neverQueued = 3_600.0
 }
 
 extension Reconciler.OpenOrder {

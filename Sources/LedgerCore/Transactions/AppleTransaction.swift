@@ -96,14 +96,18 @@ public struct TransactionUnmatched: Codable, Sendable, Equatable {
     public var userId: UserID?
     /// The order id the proof named, when it named one that could not take it.
     public var claimedOrderId: OrderID?
-    /// Why it could not be tied: `no-order`, `unknown-order`, `user-mismatch`, `order-closed`, `product-mismatch`, `notification`.
+    /// Why it could not be tied: `no-order`, `unknown-order`, `user-mismatch`, `order-closed`,
+    /// `product-mismatch`, `notification`, or `undone: <support's reason>`.
     public var reason: String
+    /// The orders support undid a pairing of it with: the reconciler never pairs it with them again.
+    public var undoneOrderIds: [OrderID]?
 
-    public init(transaction: AppleTransaction, userId: UserID?, claimedOrderId: OrderID?, reason: String) {
+    public init(transaction: AppleTransaction, userId: UserID?, claimedOrderId: OrderID?, reason: String, undoneOrderIds: [OrderID]? = nil) {
         self.transaction = transaction
         self.userId = userId
         self.claimedOrderId = claimedOrderId
         self.reason = reason
+        self.undoneOrderIds = undoneOrderIds
     }
 }
 
