@@ -59,6 +59,12 @@ public func buildApplication(
     let database = Database(client: client, logger: logger, writerExecutor: writerExecutor).observingAppends(metrics.eventsAppended)
     let migrator = Migrator(logger: logger)
     let health = DatabaseHealth(database: database)
+    // Said once: whether the features that ask Apple's App Store Server API are on.
+    if let api = try configuration.apple.appStoreServerAPI() {
+        logger.notice("App Store Server API on", metadata: ["apple.api_url": "\(api.baseURL)", "apple.api_rate": "\(api.requestsPerSecond)"])
+    } else {
+        logger.notice("App Store Server API off: set LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID and LEDGER_APPLE_API_PRIVATE_KEY to turn it on")
+    }
     var application = Application(
         router: buildRouter(
             database: database, migrator: migrator, apple: try configuration.apple.verifier(logger: logger),

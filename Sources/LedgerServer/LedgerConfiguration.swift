@@ -22,6 +22,14 @@ public struct LedgerConfiguration: Sendable {
         public var verifyReceiptURL = "https://buy.itunes.apple.com/verifyReceipt"
         public var verifyReceiptSandboxURL = "https://sandbox.itunes.apple.com/verifyReceipt"
         public var sharedSecret: String?
+        /// The App Store Server API's key (all three set, or none: the features that ask Apple are off).
+        public var apiKeyID: String?
+        public var apiIssuerID: String?
+        /// The path of the In-App Purchase key's `.p8` PEM file.
+        public var apiPrivateKeyFile: String?
+        /// The API's base URL; nil: Apple's, production or sandbox per `environment`.
+        public var apiURL: String?
+        public var apiRequestsPerSecond = 10.0
     }
 
     /// The names of every setting, as environment variables.
@@ -38,6 +46,11 @@ public struct LedgerConfiguration: Sendable {
         public static let verifyReceiptURL = "LEDGER_APPLE_VERIFY_RECEIPT_URL"
         public static let verifyReceiptSandboxURL = "LEDGER_APPLE_VERIFY_RECEIPT_SANDBOX_URL"
         public static let appleSharedSecret = "LEDGER_APPLE_SHARED_SECRET"
+        public static let appleAPIKeyID = "LEDGER_APPLE_API_KEY_ID"
+        public static let appleAPIIssuerID = "LEDGER_APPLE_API_ISSUER_ID"
+        public static let appleAPIPrivateKey = "LEDGER_APPLE_API_PRIVATE_KEY"
+        public static let appleAPIURL = "LEDGER_APPLE_API_URL"
+        public static let appleAPIRate = "LEDGER_APPLE_API_RATE"
         public static let reconcileInterval = "LEDGER_RECONCILE_INTERVAL"
         public static let reconcileClockSkew = "LEDGER_RECONCILE_CLOCK_SKEW"
         public static let reconcileMaximumAge = "LEDGER_RECONCILE_MAX_AGE"
@@ -47,6 +60,7 @@ public struct LedgerConfiguration: Sendable {
         public static let all = [
             databaseURL, dataDirectory, host, port, logLevel, appleRootCertificates, appleBundleID, appleAppID,
             appleEnvironment, verifyReceiptURL, verifyReceiptSandboxURL, appleSharedSecret,
+            appleAPIKeyID, appleAPIIssuerID, appleAPIPrivateKey, appleAPIURL, appleAPIRate,
             reconcileInterval, reconcileClockSkew, reconcileMaximumAge, reconcileSettle, reconcileRecoveryOrders,
         ]
     }
@@ -146,7 +160,51 @@ extension LedgerConfiguration.Apple {
             }
         }
         sharedSecret = values[Key.appleSharedSecret]
+        problems += loadAPI(values)
         return problems
+    }
+
+    /// The App Store Server API's settings: the key's three settings together or not at all.
+    private mutating func loadAPI(_ values: [String: String]) -> [LedgerConfigurationProblem] {
+        typealias Key = LedgerConfiguration.Key
+        var problems: [LedgerConfigurationProblem] = []
+        (apiKeyID, apiIssuerID, apiPrivateKeyFile) = (values[Key.appleAPIKeyID], values[Key.appleAPIIssuerID], values[Key.appleAPIPrivateKey])
+        let given = [(Key.appleAPIKeyID, apiKeyID), (Key.appleAPIIssuerID, apiIssuerID), (Key.appleAPIPrivateKey, apiPrivateKeyFile)]
+        let missing = given.filter { $0.1 == nil }.map(\.0)
+        if missing.count < 3 {
+            for key in missing { problems.append(.init(key, "is missing: the App Store Server API needs the key id, the issuer id and the key file together")) }
+        }
+        if missing.isEmpty, bundleID == nil {
+            problems.append(.init(Key.appleBundleID, "is missing: the App Store Server API's tokens name the app (bid)"))
+        }
+        if let file = apiPrivateKeyFile, !FileManager.default.isReadableFile(atPath: file) {
+            problems.append(.init(Key.appleAPIPrivateKey, "names \(file), which is missing or unreadable"))
+        }
+        if let text = values[Key.appleAPIURL] {
+            if let url = URL(string: text), ["http", "https"].contains(url.scheme ?? ""), url.host != nil {
+                apiURL = text
+            } else {
+                problems.append(.init(Key.appleAPIURL, "is \(text), not an http(s) URL"))
+            }
+        }
+        if let text = values[Key.appleAPIRate] {
+            if let rate = Double(text), rate > 0, rate <= 1_000 { apiRequestsPerSecond = rate } else {
+                problems.append(.init(Key.appleAPIRate, "is \(text); use a number of requests per second above 0, at most 1000"))
+            }
+        }
+        return problems
+    }
+
+    /// The App Store Server API settings, or nil when no key is configured (the features that
+    /// ask Apple are then off). Throws when the key file cannot be read or holds no P-256 key.
+    public func appStoreServerAPI() throws -> AppStoreServerAPI.Settings? {
+        guard let keyID = apiKeyID, let issuerID = apiIssuerID, let file = apiPrivateKeyFile else { return nil }
+        let pem = try String(contentsOfFile: file, encoding: .utf8)
+        try AppStoreServerAPI.key(pem)
+        return AppStoreServerAPI.Settings(
+            keyID: keyID, issuerID: issuerID, privateKeyPEM: pem, bundleID: bundleID ?? "",
+            baseURL: apiURL ?? (environment == "Sandbox" ? AppStoreServerAPI.sandboxURL : AppStoreServerAPI.productionURL),
+            requestsPerSecond: apiRequestsPerSecond)
     }
 }
 

@@ -29,6 +29,16 @@ struct ConfigurationOptions: ParsableArguments {
     var appleVerifyReceiptSandboxUrl: String?
     @Option(help: "App-specific shared secret for verifyReceipt (LEDGER_APPLE_SHARED_SECRET)")
     var appleSharedSecret: String?
+    @Option(help: "App Store Server API: the In-App Purchase key's id (LEDGER_APPLE_API_KEY_ID)")
+    var appleApiKeyId: String?
+    @Option(help: "App Store Server API: the issuer id (LEDGER_APPLE_API_ISSUER_ID)")
+    var appleApiIssuerId: String?
+    @Option(help: "App Store Server API: path of the key's .p8 PEM file (LEDGER_APPLE_API_PRIVATE_KEY)")
+    var appleApiPrivateKey: String?
+    @Option(help: "App Store Server API base URL (LEDGER_APPLE_API_URL, default Apple's for the environment)")
+    var appleApiUrl: String?
+    @Option(help: "App Store Server API requests per second (LEDGER_APPLE_API_RATE, default 10)")
+    var appleApiRate: String?
     @Option(help: "Seconds between background reconciler passes in serve, 0: none (LEDGER_RECONCILE_INTERVAL, default 60)")
     var reconcileInterval: String?
     @Option(help: "Seconds an order may be created after the purchase and still match (LEDGER_RECONCILE_CLOCK_SKEW, default 300)")
@@ -49,7 +59,9 @@ struct ConfigurationOptions: ParsableArguments {
             (Key.logLevel, logLevel), (Key.appleRootCertificates, appleRootCerts), (Key.appleBundleID, appleBundleId),
             (Key.appleAppID, appleAppId), (Key.appleEnvironment, appleEnvironment),
             (Key.verifyReceiptURL, appleVerifyReceiptUrl), (Key.verifyReceiptSandboxURL, appleVerifyReceiptSandboxUrl),
-            (Key.appleSharedSecret, appleSharedSecret), (Key.reconcileInterval, reconcileInterval),
+            (Key.appleSharedSecret, appleSharedSecret), (Key.appleAPIKeyID, appleApiKeyId), (Key.appleAPIIssuerID, appleApiIssuerId),
+            (Key.appleAPIPrivateKey, appleApiPrivateKey), (Key.appleAPIURL, appleApiUrl), (Key.appleAPIRate, appleApiRate),
+            (Key.reconcileInterval, reconcileInterval),
             (Key.reconcileClockSkew, reconcileClockSkew), (Key.reconcileMaximumAge, reconcileMaxAge),
             (Key.reconcileSettle, reconcileSettle), (Key.reconcileRecoveryOrders, reconcileRecoveryOrders),
         ]

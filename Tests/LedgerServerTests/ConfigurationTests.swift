@@ -79,3 +79,44 @@ struct ConfigurationTests {
         #expect(configuration.database == .privateCluster(dataDirectory: "./.ledger"))
     }
 }
+
+extension ConfigurationTests {
+    @Test("the App Store Server API: off without a key, its three settings together, a key file that holds a P-256 key")
+    func appStoreServerAPI() throws {
+        typealias Key = LedgerConfiguration.Key
+        #expect(try LedgerConfiguration.load([:]).apple.appStoreServerAPI() == nil)
+        do {
+            _ = try LedgerConfiguration.load([Key.appleAPIKeyID: "K1", Key.appleAPIRate: "0"])
+            Issue.record("a key id alone was taken")
+        } catch {
+            let text = String(describing: error)
+            let named = [Key.appleAPIIssuerID, Key.appleAPIPrivateKey, Key.appleAPIRate].filter { text.contains($0) }
+            #expect(named.count == 3, "\(text)")
+        }
+        let standIn = AppStoreServerStandIn()
+        let file = NSTemporaryDirectory() + "iap-key-\(UUID()).p8"
+        try standIn.privateKeyPEM.write(toFile: file, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let values = [
+            Key.appleAPIKeyID: "K1", Key.appleAPIIssuerID: "issuer", Key.appleAPIPrivateKey: file,
+            Key.appleBundleID: TestApple.bundleId, Key.appleEnvironment: "Sandbox",
+        ]
+        let settings = try #require(try LedgerConfiguration.load(values).apple.appStoreServerAPI())
+        #expect(settings.baseURL == AppStoreServerAPI.sandboxURL && settings.requestsPerSecond == 10 && settings.bundleID == TestApple.bundleId)
+        var elsewhere = values
+        elsewhere[Key.appleAPIURL] = "http://127.0.0.1:9/"
+        elsewhere[Key.appleAPIRate] = "2.5"
+        let local = try #require(try LedgerConfiguration.load(elsewhere).apple.appStoreServerAPI())
+        #expect(local.baseURL == "http://127.0.0.1:9/" && local.requestsPerSecond == 2.5)
+        var noBundle = values
+        noBundle[Key.appleBundleID] = nil
+        #expect(throws: LedgerConfigurationError.self) { _ = try LedgerConfiguration.load(noBundle) }
+        try "not a key".write(toFile: file, atomically: true, encoding: .utf8)
+        do {
+            _ = try LedgerConfiguration.load(values).apple.appStoreServerAPI()
+            Issue.record("a file without a key was taken")
+        } catch let error as AppStoreServerAPIError {
+            #expect(error.code == "apple-api-key-invalid")
+        }
+    }
+}

@@ -1,0 +1,303 @@
+import AsyncHTTPClient
+import Foundation
+import JWTKit
+import Logging
+import NIOCore
+import NIOFoundationCompat
+
+/// A client of Apple's App Store Server API: each request authorised by an ES256 JWT made with
+/// the app's In-App Purchase key (reused until shortly before it expires), paced to a request
+/// rate shared by every caller of one client, 429 answered by waiting until its `Retry-After`,
+/// 5xx and time-outs retried with backoff, a bounded number of times. Apple's other refusals
+/// are `AppStoreServerAPIError`s with Apple's `errorCode`. Signed transactions in its answers are
+/// returned as Apple sent them: the caller checks them with the verifier a client's proof goes
+/// through (`AppleProofVerifier.transaction(signed:)`).
+public final class AppStoreServerAPI: Sendable {
+    public struct Settings: Sendable {
+        /// The In-App Purchase key's id (the JWT header's `kid`).
+        public var keyID: String
+        /// The issuer id of the App Store Connect team (`iss`).
+        public var issuerID: String
+        /// The key itself, a PKCS #8 PEM (the `.p8` file's text).
+        public var privateKeyPEM: String
+        /// The app (`bid`).
+        public var bundleID: String
+        /// Apple's base URL for the environment, or a stand-in's.
+        public var baseURL: String
+        /// Requests per second, across every caller of this client.
+        public var requestsPerSecond: Double
+        public var timeout: TimeAmount
+        /// Tries per request (the first and its retries) for 5xx answers and time-outs.
+        public var attempts: Int
+        /// The longest `Retry-After` waited for; a later one is an error.
+        public var longestWait: Duration
+
+        public init(
+            keyID: String, issuerID: String, privateKeyPEM: String, bundleID: String, baseURL: String,
+            requestsPerSecond: Double = 10, timeout: TimeAmount = .seconds(30), attempts: Int = 5, longestWait: Duration = .seconds(300)
+        ) {
+            self.keyID = keyID
+            self.issuerID = issuerID
+            self.privateKeyPEM = privateKeyPEM
+            self.bundleID = bundleID
+            self.baseURL = baseURL
+            self.requestsPerSecond = requestsPerSecond
+            self.timeout = timeout
+            self.attempts = attempts
+            self.longestWait = longestWait
+        }
+    }
+
+    public static let productionURL = "https://api.storekit.itunes.apple.com"
+    public static let sandboxURL = "https://api.storekit-sandbox.itunes.apple.com"
+    /// How long a token is made for (Apple takes at most 60 minutes), and how long before its
+    /// expiry a new one is made.
+    static let tokenLifetime: TimeInterval = 20 * 60
+    static let tokenRenewal: TimeInterval = 60
+
+    public let settings: Settings
+    let httpClient: HTTPClient
+    let logger: Logger
+    private let keys: JWTKeyCollection
+    private let token = TokenCache()
+    private let pace: RequestPace
+
+    /// Fails when the key is not a P-256 private key in PEM.
+    public init(settings: Settings, httpClient: HTTPClient = .shared, logger: Logger) async throws(AppStoreServerAPIError) {
+        self.settings = settings
+        self.httpClient = httpClient
+        self.logger = logger
+        let key = try Self.key(settings.privateKeyPEM)
+        keys = JWTKeyCollection()
+        await keys.add(ecdsa: key, kid: JWKIdentifier(string: settings.keyID))
+        pace = RequestPace(perSecond: settings.requestsPerSecond)
+    }
+
+    /// The In-App Purchase key in `pem`, or why it is none.
+    @discardableResult
+    public static func key(_ pem: String) throws(AppStoreServerAPIError) -> ES256PrivateKey {
+        do {
+            return try ES256PrivateKey(pem: pem)
+        } catch {
+            throw AppStoreServerAPIError(code: "apple-api-key-invalid", message: "the In-App Purchase key is not a P-256 private key in PEM (\(SignedDataVerifier.reason(error)))")
+        }
+    }
+
+    // MARK: Endpoints
+
+    /// One page of Get Transaction History v2 for any transaction id of the account (or, since
+    /// API 1.20, its `appTransactionId`): from `revision` (the previous page's) or from the start,
+    /// purchases from `startDate` on, oldest first.
+    public func transactionHistory(
+        _ anyID: String, revision: String? = nil, startDate: Date? = nil, productIDs: [String] = []
+    ) async throws(AppStoreServerAPIError) -> HistoryPage {
+        var query: [(String, String)] = [("sort", "ASCENDING")]
+        if let revision { query.append(("revision", revision)) }
+        if let startDate { query.append(("startDate", String(Int64((startDate.timeIntervalSince1970 * 1000).rounded(.down))))) }
+        for product in productIDs { query.append(("productId", product)) }
+        return try await get("/inApps/v2/history/\(Self.pathSegment(anyID))", query: query, as: HistoryPage.self)
+    }
+
+    /// Look Up Order ID: the purchases behind the order id on a customer's receipt e-mail.
+    /// Apple's status 1 (no such order) is the error `apple-order-not-found`.
+    public func lookUpOrder(_ orderID: String) async throws(AppStoreServerAPIError) -> [String] {
+        let answer = try await get("/inApps/v1/lookup/\(Self.pathSegment(orderID))", query: [], as: OrderLookup.self)
+        guard answer.status == 0 else {
+            throw AppStoreServerAPIError(code: "apple-order-not-found", message: "Apple knows no order \(orderID)", status: 404)
+        }
+        return answer.signedTransactions ?? []
+    }
+
+    /// A page of transaction history as Apple sends it.
+    public struct HistoryPage: Decodable, Sendable {
+        public var revision: String
+        public var hasMore: Bool
+        public var bundleId: String?
+        public var environment: String?
+        public var signedTransactions: [String]
+    }
+
+    struct OrderLookup: Decodable {
+        var status: Int
+        var signedTransactions: [String]?
+    }
+
+    // MARK: Requests
+
+    /// A GET of `path`, decoded as `Answer`, with the pacing, the token and the retries.
+    func get<Answer: Decodable>(_ path: String, query: [(String, String)], as _: Answer.Type) async throws(AppStoreServerAPIError) -> Answer {
+        var components = URLComponents()
+        components.queryItems = query.isEmpty ? nil : query.map { URLQueryItem(name: $0.0, value: $0.1) }
+        let url = settings.baseURL.trimmingSuffix("/") + path + (components.percentEncodedQuery.map { "?" + $0 } ?? "")
+        var failures = 0
+        while true {
+            await pace.next()
+            let bearer = try await bearerToken()
+            var request = HTTPClientRequest(url: url)
+            request.method = .GET
+            request.headers.add(name: "Authorization", value: "Bearer \(bearer)")
+            request.headers.add(name: "Accept", value: "application/json")
+            let status: Int
+            let body: ByteBuffer
+            let retryAfter: String?
+            do {
+                let response = try await httpClient.execute(request, timeout: settings.timeout, logger: logger)
+                status = Int(response.status.code)
+                retryAfter = response.headers.first(name: "Retry-After")
+                body = try await response.body.collect(upTo: 16 * 1024 * 1024)
+            } catch let error as HTTPClientError where [.deadlineExceeded, .readTimeout, .connectTimeout].contains(error) {
+                failures += 1
+                guard failures < settings.attempts else {
+                    throw AppStoreServerAPIError(code: "apple-api-timeout", message: "the App Store Server API did not answer \(path) within \(settings.timeout.nanoseconds / 1_000_000) ms, \(failures) times")
+                }
+                try await backOff(after: failures)
+                continue
+            } catch {
+                failures += 1
+                guard failures < settings.attempts else {
+                    throw AppStoreServerAPIError(code: "apple-api-unreachable", message: "the App Store Server API could not be reached (\(SignedDataVerifier.reason(error)))")
+                }
+                try await backOff(after: failures)
+                continue
+            }
+            switch status {
+            case 200:
+                do {
+                    return try JSONDecoder().decode(Answer.self, from: body)
+                } catch {
+                    throw AppStoreServerAPIError(code: "apple-api-answer-malformed", message: "the App Store Server API's answer to \(path) is not the JSON it documents", status: status)
+                }
+            case 429:
+                // Retry-After: the Unix time, in milliseconds, from which Apple takes requests again.
+                let until = retryAfter.flatMap(Double.init).map { Date(timeIntervalSince1970: $0 / 1000) } ?? Date().addingTimeInterval(1)
+                let wait = max(0, until.timeIntervalSinceNow)
+                guard Duration.seconds(wait) <= settings.longestWait else {
+                    throw AppStoreServerAPIError(code: "apple-api-rate-limited", message: "Apple takes no more requests until \(until)", status: 429)
+                }
+                logger.info("App Store Server API rate limit: waiting", metadata: ["apple.wait_seconds": "\(String(format: "%.1f", wait))"])
+                try await sleep(.seconds(wait))
+            case 500...599:
+                failures += 1
+                guard failures < settings.attempts else {
+                    throw AppStoreServerAPIError(code: "apple-api-unavailable", message: "the App Store Server API answered HTTP \(status) to \(path), \(failures) times", status: status)
+                }
+                try await backOff(after: failures)
+            case 401:
+                await token.clear()
+                throw AppStoreServerAPIError(code: "apple-api-unauthorized", message: "the App Store Server API refused the token (check LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID, the key and the bundle id)", status: 401)
+            default:
+                let apple = try? JSONDecoder().decode(AppleError.self, from: body)
+                throw AppStoreServerAPIError(
+                    code: status == 404 ? "apple-api-not-found" : "apple-api-refused",
+                    message: "the App Store Server API answered HTTP \(status) to \(path)" + (apple?.errorMessage.map { ": \($0)" } ?? ""),
+                    status: status, appleErrorCode: apple?.errorCode)
+            }
+        }
+    }
+
+    struct AppleError: Decodable {
+        var errorCode: Int?
+        var errorMessage: String?
+    }
+
+    /// Waits 0.5 s, 1 s, 2 s… (at most 8 s) after the `failures`-th failure in a row.
+    private func backOff(after failures: Int) async throws(AppStoreServerAPIError) {
+        try await sleep(.milliseconds(500 * (1 << min(failures - 1, 4))))
+    }
+
+    private func sleep(_ duration: Duration) async throws(AppStoreServerAPIError) {
+        do {
+            try await Task.sleep(for: duration)
+        } catch {
+            throw AppStoreServerAPIError(code: "cancelled", message: "the request to the App Store Server API was cancelled")
+        }
+    }
+
+    /// The token of the moment: the cached one until shortly before it expires.
+    func bearerToken() async throws(AppStoreServerAPIError) -> String {
+        let now = Date()
+        if let cached = await token.valid(at: now.addingTimeInterval(Self.tokenRenewal)) { return cached }
+        let issued = Int(now.timeIntervalSince1970)
+        let claims = Claims(
+            iss: settings.issuerID, iat: issued, exp: issued + Int(Self.tokenLifetime), aud: "appstoreconnect-v1", bid: settings.bundleID)
+        var header = JWTHeader()
+        header.typ = "JWT"
+        do {
+            let signed = try await keys.sign(claims, kid: JWKIdentifier(string: settings.keyID), header: header)
+            await token.set(signed, expires: Date(timeIntervalSince1970: TimeInterval(claims.exp)))
+            return signed
+        } catch {
+            throw AppStoreServerAPIError(code: "apple-api-key-invalid", message: "the API token could not be signed (\(SignedDataVerifier.reason(error)))")
+        }
+    }
+
+    /// The claims Apple asks for.
+    public struct Claims: JWTPayload, Equatable {
+        public var iss: String
+        public var iat: Int
+        public var exp: Int
+        public var aud: String
+        public var bid: String
+
+        public func verify(using _: some JWTAlgorithm) async throws {
+            guard Date(timeIntervalSince1970: TimeInterval(exp)) > Date() else { throw JWTError.claimVerificationFailure(failedClaim: nil, reason: "expired") }
+        }
+    }
+
+    /// A path segment with everything but unreserved characters percent-encoded.
+    static func pathSegment(_ text: String) -> String {
+        text.addingPercentEncoding(withAllowedCharacters: .alphanumerics.union(CharacterSet(charactersIn: "-._~"))) ?? text
+    }
+}
+
+/// A refusal or failure of the App Store Server API, with a stable code.
+public struct AppStoreServerAPIError: Error, Sendable, Equatable, CustomStringConvertible {
+    public var code: String
+    public var message: String
+    /// Apple's HTTP status, when it answered.
+    public var status: Int?
+    /// Apple's `errorCode`, when its answer carried one.
+    public var appleErrorCode: Int?
+
+    public init(code: String, message: String, status: Int? = nil, appleErrorCode: Int? = nil) {
+        self.code = code
+        self.message = message
+        self.status = status
+        self.appleErrorCode = appleErrorCode
+    }
+
+    public var description: String { appleErrorCode.map { "\(message) (Apple error \($0))" } ?? message }
+}
+
+/// The current API token.
+actor TokenCache {
+    private var token: String?
+    private var expires = Date.distantPast
+
+    func valid(at date: Date) -> String? { date < expires ? token : nil }
+    func set(_ token: String, expires: Date) { (self.token, self.expires) = (token, expires) }
+    func clear() { (token, expires) = (nil, .distantPast) }
+}
+
+/// Spaces request starts `1 / perSecond` apart, across every caller.
+actor RequestPace {
+    private let interval: Duration
+    private var nextStart = ContinuousClock.now
+
+    init(perSecond: Double) {
+        interval = .seconds(1 / max(perSecond, 0.001))
+    }
+
+    func next() async {
+        let now = ContinuousClock.now
+        let start = max(now, nextStart)
+        nextStart = start + interval
+        if start > now { try? await Task.sleep(until: start, clock: .continuous) }
+    }
+}
+
+extension String {
+    fileprivate func trimmingSuffix(_ suffix: String) -> String {
+        hasSuffix(suffix) ? String(dropLast(suffix.count)) : self
+    }
+}

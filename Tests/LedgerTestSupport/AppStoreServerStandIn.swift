@@ -1,0 +1,190 @@
+import AppleReceipts
+import Crypto
+import Foundation
+import HTTPTypes
+import Hummingbird
+import JWTKit
+import Logging
+import NIOCore
+
+/// A stand-in for Apple's App Store Server API on a local port. It checks every request's JWT as
+/// Apple does (ES256 with the key's public half, `kid`, `iss`, `aud`, `bid`, at most an hour
+/// between `iat` and `exp`, not expired), serves the transaction history and order lookups a test
+/// scripted, and plays the faults a test queued (429 with `Retry-After`, 500, a slow answer, a
+/// malformed page) on the next requests.
+public final class AppStoreServerStandIn: Sendable {
+    public enum Fault: Sendable {
+        /// 429 with `Retry-After` this long from now.
+        case tooManyRequests(after: Duration)
+        case serverError
+        /// Answers after this long.
+        case slow(Duration)
+        case malformed
+    }
+
+    public struct Page: Sendable {
+        public var revision: String
+        public var hasMore: Bool
+        public var signedTransactions: [String]
+        public init(revision: String, hasMore: Bool, signedTransactions: [String]) {
+            self.revision = revision
+            self.hasMore = hasMore
+            self.signedTransactions = signedTransactions
+        }
+    }
+
+    public static let keyID = "STANDIN01"
+    public static let issuerID = "57246542-96fe-1a63-e053-0824d011072a"
+
+    /// The In-App Purchase key the ledger is configured with (PEM) and its public half.
+    public let privateKeyPEM: String
+    let publicKey: P256.Signing.PublicKey
+    public let bundleID: String
+    private let state = State()
+
+    public init(bundleID: String = TestApple.bundleId) {
+        let key = P256.Signing.PrivateKey()
+        privateKeyPEM = key.pemRepresentation
+        publicKey = key.publicKey
+        self.bundleID = bundleID
+    }
+
+    /// The client settings for this stand-in at `baseURL`.
+    public func settings(baseURL: String, requestsPerSecond: Double = 100, timeout: TimeAmount = .seconds(2)) -> AppStoreServerAPI.Settings {
+        .init(keyID: Self.keyID, issuerID: Self.issuerID, privateKeyPEM: privateKeyPEM, bundleID: bundleID, baseURL: baseURL,
+              requestsPerSecond: requestsPerSecond, timeout: timeout, attempts: 4, longestWait: .seconds(10))
+    }
+
+    public func setHistory(_ anyID: String, _ pages: [Page]) async { await state.setHistory(anyID, pages) }
+    public func setOrder(_ orderID: String, _ signedTransactions: [String]) async { await state.setOrder(orderID, signedTransactions) }
+    public func queue(_ faults: [Fault]) async { await state.queue(faults) }
+    /// Requests that reached a route, with a valid token or not.
+    public var requests: Int { get async { await state.requests } }
+    /// The distinct tokens presented, and the refusals of bad ones.
+    public var tokens: Set<String> { get async { await state.tokens } }
+    public var refusedTokens: Int { get async { await state.refusedTokens } }
+    /// The query of each history request, in order.
+    public var historyQueries: [[String: String]] { get async { await state.historyQueries } }
+
+    actor State {
+        var histories: [String: [Page]] = [:]
+        var orders: [String: [String]] = [:]
+        var faults: [Fault] = []
+        var requests = 0
+        var tokens = Set<String>()
+        var refusedTokens = 0
+        var historyQueries: [[String: String]] = []
+
+        func setHistory(_ id: String, _ pages: [Page]) { histories[id] = pages }
+        func setOrder(_ id: String, _ signed: [String]) { orders[id] = signed }
+        func queue(_ more: [Fault]) { faults += more }
+        func arrived(token: String?) -> Fault? {
+            requests += 1
+            if let token { tokens.insert(token) }
+            return faults.isEmpty ? nil : faults.removeFirst()
+        }
+        func refused() { refusedTokens += 1 }
+        func history(_ id: String, query: [String: String]) -> Page? {
+            historyQueries.append(query)
+            guard let pages = histories[id] else { return nil }
+            guard let revision = query["revision"] else { return pages.first }
+            guard let index = pages.firstIndex(where: { $0.revision == revision }), index + 1 < pages.count else { return nil }
+            return pages[index + 1]
+        }
+        func order(_ id: String) -> [String]? { orders[id] }
+    }
+
+    /// Why a token is refused, or nil when Apple would take it.
+    func problem(with token: String) async -> String? {
+        let keys = JWTKeyCollection()
+        do {
+            await keys.add(ecdsa: try ES256PublicKey(backing: publicKey), kid: JWKIdentifier(string: Self.keyID))
+            let (header, _, _) = try DefaultJWTParser().parse(Array(token.utf8), as: AppStoreServerAPI.Claims.self)
+            guard header.kid == Self.keyID, header.alg == "ES256" else { return "header" }
+            let claims = try await keys.verify(token, as: AppStoreServerAPI.Claims.self)
+            guard claims.iss == Self.issuerID, claims.aud == "appstoreconnect-v1", claims.bid == bundleID,
+                  claims.exp - claims.iat <= 3600, claims.iat <= Int(Date().timeIntervalSince1970) + 60 else { return "claims" }
+            return nil
+        } catch {
+            return "\(error)"
+        }
+    }
+
+    /// Runs the stand-in for the duration of `body`, which gets its base URL.
+    public func run<T: Sendable>(_ body: @Sendable (_ baseURL: String) async throws -> T) async throws -> T {
+        let router = Router()
+        router.get("/inApps/v2/history/:id") { request, context -> Response in
+            try await self.answer(request) {
+                let query = Dictionary(request.uri.queryParameters.map { (String($0.key), String($0.value)) }, uniquingKeysWith: { a, _ in a })
+                guard let page = await self.state.history(context.parameters.get("id") ?? "", query: query) else {
+                    return (404, #"{"errorCode": 4040010, "errorMessage": "Transaction id not found."}"#)
+                }
+                let body: [String: Any] = [
+                    "revision": page.revision, "hasMore": page.hasMore, "bundleId": self.bundleID, "environment": "Sandbox",
+                    "signedTransactions": page.signedTransactions,
+                ]
+                return (200, String(decoding: try JSONSerialization.data(withJSONObject: body), as: UTF8.self))
+            }
+        }
+        router.get("/inApps/v1/lookup/:orderId") { request, context -> Response in
+            try await self.answer(request) {
+                guard let signed = await self.state.order(context.parameters.get("orderId") ?? "") else { return (200, #"{"status": 1}"#) }
+                let body: [String: Any] = ["status": 0, "signedTransactions": signed]
+                return (200, String(decoding: try JSONSerialization.data(withJSONObject: body), as: UTF8.self))
+            }
+        }
+        let port = PortBox()
+        let server = Application(
+            router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),
+            onServerRunning: { channel in await port.set(.success(channel.localAddress?.port ?? 0)) },
+            logger: VerifyReceiptStandIn.quietLogger)
+        return try await withThrowingTaskGroup(of: T?.self) { group in
+            group.addTask {
+                do {
+                    try await server.runService(gracefulShutdownSignals: [])
+                    await port.set(.failure(StandInEnded()))
+                } catch {
+                    await port.set(.failure(error))
+                    throw error
+                }
+                return nil
+            }
+            let bound = try await port.wait()
+            let result = try await body("http://127.0.0.1:\(bound)")
+            group.cancelAll()
+            return result
+        }
+    }
+
+    /// The token checked, the next fault played, else `route`'s status and JSON.
+    private func answer(_ request: Request, _ route: () async throws -> (Int, String)) async throws -> Response {
+        let authorization = request.headers[.authorization] ?? ""
+        let token = authorization.hasPrefix("Bearer ") ? String(authorization.dropFirst(7)) : nil
+        let fault = await state.arrived(token: token)
+        guard let token, await problem(with: token) == nil else {
+            await state.refused()
+            return Self.json(401, #"{"errorCode": 4010000, "errorMessage": "Unauthenticated"}"#)
+        }
+        switch fault {
+        case .tooManyRequests(let after)?:
+            let until = Date().addingTimeInterval(Double(after.components.seconds) + Double(after.components.attoseconds) / 1e18)
+            var response = Self.json(429, #"{"errorCode": 4290000, "errorMessage": "Rate limit exceeded."}"#)
+            response.headers[.retryAfter] = String(Int64(until.timeIntervalSince1970 * 1000))
+            return response
+        case .serverError?:
+            return Self.json(500, #"{"errorCode": 5000000, "errorMessage": "An unknown error occurred."}"#)
+        case .slow(let duration)?:
+            try await Task.sleep(for: duration)
+        case .malformed?:
+            return Self.json(200, #"{"revision": 12, "signedTransactions": "#)
+        case nil:
+            break
+        }
+        let (status, body) = try await route()
+        return Self.json(status, body)
+    }
+
+    static func json(_ status: Int, _ body: String) -> Response {
+        Response(status: .init(code: status), headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(string: body)))
+    }
+}
