@@ -41,3 +41,8 @@ extension JSONValue {
     /// An integer.
     static func integer(_ value: Int64) -> JSONValue { .number(Decimal(value)) }
 }
+
+extension APIError: CustomStringConvertible {
+    /// The code and the message, as a command prints a refusal.
+    public var description: String { "\(code): \(message)" }
+}

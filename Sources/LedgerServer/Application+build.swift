@@ -39,6 +39,11 @@ func buildRouter(
     ProductsController(catalog: ProductCatalog(database: database)).addRoutes(to: router)
     ReportsController(database: database).addRoutes(to: router)
     TransactionsController(desk: SupportDesk(receipts: receipts)).addRoutes(to: router)
+    // The API's settings were checked at start (buildApplication); without a key, nil.
+    let api = (try? configuration.apple.appStoreServerAPI()).flatMap { $0 }
+    AppleLookupController(lookup: api.map {
+        AppleOrderLookup(api: LazyAppStoreServerAPI(settings: $0, logger: database.logger), verifier: apple, receipts: receipts)
+    }).addRoutes(to: router)
     router.get("/metrics") { _, _ in
         Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
                  body: .init(byteBuffer: ByteBuffer(string: metrics.registry.emitToString())))

@@ -52,3 +52,38 @@ struct UnmatchCommandTests {
         return nil
     }
 }
+
+/// `ledger lookup`, run as an operator runs it, against the stand-in App Store Server API.
+@Suite("ledger lookup")
+struct LookupCommandTests {
+    @Test("takes an Apple order's purchases in from the command line; an unknown order is named")
+    func looksUp() async throws {
+        let apple = try TestApple()
+        let standIn = AppStoreServerStandIn()
+        try await withTestDatabase { db in
+            let work = FileManager.default.temporaryDirectory.appendingPathComponent("ledger-lookup-\(UUID().uuidString.prefix(8))")
+            try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
+            defer { try? FileManager.default.removeItem(at: work) }
+            let keyFile = work.appendingPathComponent("key.p8").path
+            try standIn.privateKeyPEM.write(toFile: keyFile, atomically: true, encoding: .utf8)
+            await standIn.setOrder("MQ7CLI", [try await apple.sign(TestApple.transaction("9200001"))])
+            try await standIn.run { base in
+                let environment = [
+                    "LEDGER_DATABASE_URL": db.configuration.url, "LEDGER_LOG_LEVEL": "warning",
+                    "LEDGER_APPLE_ROOT_CERTS": apple.rootFile, "LEDGER_APPLE_BUNDLE_ID": TestApple.bundleId,
+                    "LEDGER_APPLE_ENVIRONMENT": "Sandbox", "LEDGER_APPLE_API_KEY_ID": AppStoreServerStandIn.keyID,
+                    "LEDGER_APPLE_API_ISSUER_ID": AppStoreServerStandIn.issuerID, "LEDGER_APPLE_API_PRIVATE_KEY": keyFile,
+                    "LEDGER_APPLE_API_URL": base,
+                ]
+                let (status, output) = try await LedgerChild.run(
+                    ["lookup", "MQ7CLI", "--user", "cli-user"], environment: environment, log: work.appendingPathComponent("1.log"))
+                #expect(status == 0, "\(output)")
+                #expect(output.contains("transaction 9200001, unmatched"), "\(output)")
+                let (missing, refusal) = try await LedgerChild.run(
+                    ["lookup", "MQ0000"], environment: environment, log: work.appendingPathComponent("2.log"))
+                #expect(missing != 0)
+                #expect(refusal.contains("apple-order-not-found"), "\(refusal)")
+            }
+        }
+    }
+}

@@ -1,0 +1,38 @@
+import ArgumentParser
+import Foundation
+import LedgerCore
+import LedgerServer
+import LedgerStore
+
+/// `ledger lookup`: support's lookup of an Apple order id, as
+/// `POST /v1/apple-orders/{appleOrderId}/lookup` does it.
+struct Lookup: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Look up the order id of a customer's Apple receipt e-mail and take its purchases in (App Store Server API).")
+    @OptionGroup var options: ConfigurationOptions
+    @Argument(help: "The order id on Apple's receipt e-mail, such as MQ1N2CD3EF") var appleOrderId: String
+    @Option(help: "The user whose purchases they are (for those no order's token claims)") var user: String?
+
+    func run() async throws {
+        let configuration = try LedgerConfiguration.load(options.values())
+        guard let settings = try configuration.apple.appStoreServerAPI() else {
+            throw ValidationError("the App Store Server API is not configured: set LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID and LEDGER_APPLE_API_PRIVATE_KEY")
+        }
+        let userID = try user.map { try UserID($0) }
+        let who = "ledger lookup (\(ProcessInfo.processInfo.environment["USER"] ?? "unknown user"))"
+        let metadata = try JSONSerialization.data(withJSONObject: ["appendedBy": who])
+        let found = try await withLedgerDatabase(options) { client, logger in
+            let database = Database(client: client, logger: logger)
+            let lookup = AppleOrderLookup(
+                api: LazyAppStoreServerAPI(settings: settings, logger: logger), verifier: try configuration.apple.verifier(logger: logger),
+                receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database))))
+            return try await lookup.look(up: appleOrderId, user: userID, metadata: metadata)
+        }
+        print("Apple order \(found.appleOrderId): \(found.transactions.count) purchases")
+        for entry in found.transactions {
+            let parts = [entry.transactionId.map { "transaction \($0)" } ?? "a transaction that failed verification",
+                         entry.outcome, entry.orderId.map { "order \($0)" }, entry.state, entry.reason].compactMap { $0 }
+            print("  " + parts.joined(separator: ", "))
+        }
+    }
+}

@@ -1,0 +1,67 @@
+import AppleReceipts
+import Foundation
+import LedgerServer
+import LedgerTestSupport
+import Testing
+
+@Suite("POST /v1/apple-orders/{appleOrderId}/lookup against a stand-in App Store Server API")
+struct AppleLookupRoutesTests {
+    let apple: TestApple
+    let standIn = AppStoreServerStandIn()
+    init() throws { apple = try TestApple() }
+
+    /// The receipts application with the App Store Server API pointed at the stand-in.
+    func withLookupApplication(_ test: @Sendable @escaping (LedgerHTTP, TestDatabase) async throws -> Void) async throws {
+        let keyFile = NSTemporaryDirectory() + "iap-key-\(UUID()).p8"
+        try standIn.privateKeyPEM.write(toFile: keyFile, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: keyFile) }
+        try await standIn.run { base in
+            try await withReceiptsApplication(apple, configure: { configuration in
+                configuration.apple.apiKeyID = AppStoreServerStandIn.keyID
+                configuration.apple.apiIssuerID = AppStoreServerStandIn.issuerID
+                configuration.apple.apiPrivateKeyFile = keyFile
+                configuration.apple.apiURL = base
+            }, test)
+        }
+    }
+
+    @Test("each purchase of an Apple order goes through the receipts' intake: matched by its token, pooled for the user, a forged one refused; again, nothing new")
+    func lookUp() async throws {
+        let forged = try ThrowawaySigningChain(name: "Not Apple")
+        try await withLookupApplication { http, db in
+            let (_, created) = try await http.send(.post, "/v1/orders", json: newOrder("lk-1", user: "u-lk"))
+            let token = try #require((created["appAccountToken"] as? String).flatMap(UUID.init(uuidString:)))
+            await standIn.setOrder("MQ1ABC", [
+                try await apple.sign(TestApple.transaction("9100001", appAccountToken: token)),
+                try await apple.sign(TestApple.transaction("9100002")),
+                try forged.sign(TestApple.transaction("9100003")),
+            ])
+            let (status, found) = try await http.send(.post, "/v1/apple-orders/MQ1ABC/lookup", json: ["userId": "u-lk"])
+            #expect(status == .ok)
+            let entries = found["transactions"] as? [[String: Any]] ?? []
+            #expect(entries.count == 3)
+            #expect(entries.first?["outcome"] as? String == "matched" && entries.first?["orderId"] as? String == "lk-1")
+            #expect(entries.dropFirst().first?["outcome"] as? String == "unmatched")
+            #expect(entries.last?["outcome"] as? String == "rejected" && entries.last?["transactionId"] == nil)
+            let (_, pool) = try await http.send(.get, "/v1/transactions/unmatched?userId=u-lk")
+            #expect((pool["transactions"] as? [[String: Any]])?.first?["transactionId"] as? String == "9100002")
+            let events = try await eventCount(db)
+            let (_, again) = try await http.send(.post, "/v1/apple-orders/MQ1ABC/lookup", raw: "")
+            #expect((again["transactions"] as? [[String: Any]])?.count == 3)
+            #expect(try await eventCount(db) == events, "a second lookup appends nothing")
+            let (missing, error) = try await http.send(.post, "/v1/apple-orders/MQ0000/lookup", raw: "")
+            #expect(missing == .notFound && errorOf(error)["code"] as? String == "apple-order-not-found")
+            let (bad, _) = try await http.send(.post, "/v1/apple-orders/MQ-1%20x/lookup", raw: "")
+            #expect(bad == .badRequest)
+            #expect(await standIn.refusedTokens == 0)
+        }
+    }
+
+    @Test("without an API key the route answers 503 apple-api-not-configured")
+    func notConfigured() async throws {
+        try await withReceiptsApplication(apple) { http, _ in
+            let (status, error) = try await http.send(.post, "/v1/apple-orders/MQ1ABC/lookup", raw: "")
+            #expect(status == .serviceUnavailable && errorOf(error)["code"] as? String == "apple-api-not-configured")
+        }
+    }
+}
