@@ -145,16 +145,12 @@ public final class AppStoreServerAPI: Sendable {
                 status = Int(response.status.code)
                 retryAfter = response.headers.first(name: "Retry-After")
                 body = try await response.body.collect(upTo: 16 * 1024 * 1024)
-            } catch let error as HTTPClientError where [.deadlineExceeded, .readTimeout, .connectTimeout].contains(error) {
-                failures += 1
-                guard failures < settings.attempts else {
-                    throw AppStoreServerAPIError(code: "apple-api-timeout", message: "the App Store Server API did not answer \(path) within \(settings.timeout.nanoseconds / 1_000_000) ms, \(failures) times")
-                }
-                try await backOff(after: failures)
-                continue
             } catch {
                 failures += 1
                 guard failures < settings.attempts else {
+                    if let error = error as? HTTPClientError, [.deadlineExceeded, .readTimeout, .connectTimeout].contains(error) {
+                        throw AppStoreServerAPIError(code: "apple-api-timeout", message: "the App Store Server API did not answer \(path) within \(settings.timeout.nanoseconds / 1_000_000) ms, \(failures) times")
+                    }
                     throw AppStoreServerAPIError(code: "apple-api-unreachable", message: "the App Store Server API could not be reached (\(SignedDataVerifier.reason(error)))")
                 }
                 try await backOff(after: failures)

@@ -94,39 +94,10 @@ struct BenchReconcile: AsyncParsableCommand {
                 """,
                 logger: database.logger)
         }
-        let batch = 4_000
-        for low in stride(from: 0, to: orphans, by: batch) {
-            let high = min(low + batch, orphans) - 1
-            try await database.client.query(
-                """
-                WITH t AS MATERIALIZED (
-                    SELECT j, (900000000000 + j)::text AS transaction_id, 'user-' || (j - CASE WHEN j % 10 = 9 THEN 1 ELSE 0 END) AS user_id,
-                           CASE WHEN j % 10 = 3 THEN 'product-9' ELSE 'product-1' END AS product_id,
-                           date_trunc('second', now()) - interval '20 minutes' AS purchase_date
-                    FROM generate_series(\(low), \(high)) AS j
-                ), body AS MATERIALIZED (
-                    SELECT t.*, jsonb_build_object(
-                        'transaction', jsonb_build_object(
-                            'transactionId', transaction_id, 'originalTransactionId', transaction_id, 'productId', product_id,
-                            'purchaseDate', to_char(purchase_date AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
-                            'environment', 'Sandbox', 'bundleId', 'com.example.bench', 'quantity', 1, 'format', 'jws',
-                            'receiptSha256', repeat('ab', 32)),
-                        'userId', user_id, 'reason', 'no-order') AS data
-                    FROM t
-                ), ev AS (
-                    INSERT INTO events (global_position, stream_id, stream_version, event_id, type, data, recorded_at)
-                    SELECT pg_current_xact_id()::text::bigint * 4096 + (j - \(low)), 'transaction-' || transaction_id, 0, gen_random_uuid(),
-                           'transaction-unmatched', data, now() - interval '1 hour'
-                    FROM body
-                )
-                INSERT INTO apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date, environment, status,
-                                                received_at, updated_at, verification)
-                SELECT transaction_id, NULL, user_id, product_id, purchase_date, 'Sandbox', 'unmatched',
-                       now() - interval '1 hour', now() - interval '1 hour', data
-                FROM body
-                """,
-                logger: database.logger)
-        }
+        try await loadOrphans(
+            orphans, user: "'user-' || (j - CASE WHEN j % 10 = 9 THEN 1 ELSE 0 END)",
+            product: "CASE WHEN j % 10 = 3 THEN 'product-9' ELSE 'product-1' END",
+            purchased: "date_trunc('second', now()) - interval '20 minutes'", received: "now() - interval '1 hour'", on: database)
         try await database.client.query("ANALYZE", logger: database.logger)
     }
 
@@ -156,13 +127,26 @@ struct BenchReconcile: AsyncParsableCommand {
                 """,
                 logger: database.logger)
         }
-        for low in stride(from: 0, to: orphans, by: batch) {
-            let high = min(low + batch, orphans) - 1
+        try await loadOrphans(
+            orphans, user: "'user-' || (j % \(users))", product: "'product-' || (j % 2)", purchased: "date_trunc('second', now())",
+            received: "now()", on: database)
+        try await database.client.query("ANALYZE", logger: database.logger)
+    }
+
+    /// `count` orphans, 4,000 per transaction, as events and pool rows: transaction ids from
+    /// 900000000000 on, each row's user, product, purchase date and reception time given as SQL
+    /// expressions of its number `j`.
+    static func loadOrphans(
+        _ count: Int, user: String, product: String, purchased: String, received: String, on database: Database
+    ) async throws {
+        let batch = 4_000
+        for low in stride(from: 0, to: count, by: batch) {
+            let high = min(low + batch, count) - 1
             try await database.client.query(
                 """
                 WITH t AS MATERIALIZED (
-                    SELECT j, (900000000000 + j)::text AS transaction_id, 'user-' || (j % \(users)) AS user_id, 'product-' || (j % 2) AS product_id,
-                           date_trunc('second', now()) AS purchase_date
+                    SELECT j, (900000000000 + j)::text AS transaction_id, \(unescaped: user) AS user_id, \(unescaped: product) AS product_id,
+                           \(unescaped: purchased) AS purchase_date, \(unescaped: received) AS received_at
                     FROM generate_series(\(low), \(high)) AS j
                 ), body AS MATERIALIZED (
                     SELECT t.*, jsonb_build_object(
@@ -174,17 +158,17 @@ struct BenchReconcile: AsyncParsableCommand {
                         'userId', user_id, 'reason', 'no-order') AS data
                     FROM t
                 ), ev AS (
-                    INSERT INTO events (global_position, stream_id, stream_version, event_id, type, data)
+                    INSERT INTO events (global_position, stream_id, stream_version, event_id, type, data, recorded_at)
                     SELECT pg_current_xact_id()::text::bigint * 4096 + (j - \(low)), 'transaction-' || transaction_id, 0, gen_random_uuid(),
-                           'transaction-unmatched', data
+                           'transaction-unmatched', data, received_at
                     FROM body
                 )
                 INSERT INTO apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date, environment, status,
                                                 received_at, updated_at, verification)
-                SELECT transaction_id, NULL, user_id, product_id, purchase_date, 'Sandbox', 'unmatched', now(), now(), data FROM body
+                SELECT transaction_id, NULL, user_id, product_id, purchase_date, 'Sandbox', 'unmatched', received_at, received_at, data
+                FROM body
                 """,
                 logger: database.logger)
         }
-        try await database.client.query("ANALYZE", logger: database.logger)
     }
 }

@@ -14,13 +14,15 @@ public func buildRouter(
     let metrics = LedgerMetrics()
     return buildRouter(
         database: database.observingAppends(metrics.eventsAppended), migrator: migrator, apple: apple,
+        appStoreServerAPI: (try? configuration.apple.appStoreServerAPI()).flatMap { $0 },
         configuration: configuration, health: health, metrics: metrics)
 }
 
-/// The router, on a database whose appends `metrics` already counts.
+/// The router, on a database whose appends `metrics` already counts; `appStoreServerAPI`: the
+/// API's settings as checked at start (nil: no key).
 func buildRouter(
-    database: Database, migrator: Migrator, apple: AppleProofVerifier, configuration: LedgerConfiguration,
-    health: DatabaseHealth?, metrics: LedgerMetrics
+    database: Database, migrator: Migrator, apple: AppleProofVerifier, appStoreServerAPI: AppStoreServerAPI.Settings?,
+    configuration: LedgerConfiguration, health: DatabaseHealth?, metrics: LedgerMetrics
 ) -> Router<LedgerRequestContext> {
     let router = Router(context: LedgerRequestContext.self)
     router.add(middleware: MetricsMiddleware(metrics: metrics))
@@ -39,9 +41,7 @@ func buildRouter(
     ProductsController(catalog: ProductCatalog(database: database)).addRoutes(to: router)
     ReportsController(database: database).addRoutes(to: router)
     TransactionsController(desk: SupportDesk(receipts: receipts)).addRoutes(to: router)
-    // The API's settings were checked at start (buildApplication); without a key, nil.
-    let api = (try? configuration.apple.appStoreServerAPI()).flatMap { $0 }
-    AppleLookupController(lookup: api.map {
+    AppleLookupController(lookup: appStoreServerAPI.map {
         AppleOrderLookup(api: LazyAppStoreServerAPI(settings: $0, logger: database.logger), verifier: apple, receipts: receipts)
     }).addRoutes(to: router)
     router.get("/metrics") { _, _ in
@@ -65,7 +65,8 @@ public func buildApplication(
     let migrator = Migrator(logger: logger)
     let health = DatabaseHealth(database: database)
     // Said once: whether the features that ask Apple's App Store Server API are on.
-    if let api = try configuration.apple.appStoreServerAPI() {
+    let appStoreServerAPI = try configuration.apple.appStoreServerAPI()
+    if let api = appStoreServerAPI {
         logger.notice("App Store Server API on", metadata: ["apple.api_url": "\(api.baseURL)", "apple.api_rate": "\(api.requestsPerSecond)"])
     } else {
         logger.notice("App Store Server API off: set LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID and LEDGER_APPLE_API_PRIVATE_KEY to turn it on")
@@ -73,7 +74,7 @@ public func buildApplication(
     var application = Application(
         router: buildRouter(
             database: database, migrator: migrator, apple: try configuration.apple.verifier(logger: logger),
-            configuration: configuration, health: health, metrics: metrics),
+            appStoreServerAPI: appStoreServerAPI, configuration: configuration, health: health, metrics: metrics),
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "order-ledger"),
         services: [client, health],
         logger: logger

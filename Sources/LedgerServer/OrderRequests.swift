@@ -65,8 +65,10 @@ struct AppendEvent: Decodable {
             throw APIError(.badRequest, code: "unknown-event-type", message: "orders are created with POST /v1/orders")
         }
         guard type.isWrittenByClients else {
-            throw APIError(.badRequest, code: "unknown-event-type",
-                           message: "\(typeName) is recorded by the ledger from Apple's notifications (POST /v1/notifications/apple)")
+            let writer = type == .pairingUndone
+                ? "when support undoes a pairing (POST /v1/transactions/{transactionId}/unmatch)"
+                : "from Apple's notifications (POST /v1/notifications/apple)"
+            throw APIError(.badRequest, code: "unknown-event-type", message: "\(typeName) is recorded by the ledger \(writer)")
         }
         eventId = try body.decodeIfPresent(EventID.self, forKey: .eventId)
         expectedVersion = try body.decodeInteger(forKey: .expectedVersion).map { version throws(LedgerInputError) in

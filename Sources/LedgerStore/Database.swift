@@ -220,6 +220,23 @@ extension PostgresConnection {
     }
 }
 
+extension Database {
+    /// `transaction(body)`, again from its start when it lost a race inside PostgreSQL: a deadlock
+    /// PostgreSQL broke with a writer that took the same locks the other way round, or a unique
+    /// key taken meanwhile. Nothing of a failed attempt is stored; three attempts in all.
+    func transactionAgainAfterLostRace<Result: Sendable>(_ body: (PostgresConnection) async throws -> Result) async throws -> Result {
+        var attempt = 0
+        while true {
+            attempt += 1
+            do {
+                return try await transaction(body)
+            } catch let error as PSQLError where attempt < 3 && [.deadlockDetected, .uniqueViolation].contains(error.sqlState) {
+                logger.debug("a transaction lost a race; again", metadata: ["error": "\(String(reflecting: error))"])
+            }
+        }
+    }
+}
+
 extension PostgresConnection {
     /// A prepared statement (parsed and analysed once per connection, not at every call), written
     /// only if the connection is open when the event loop takes the write, as

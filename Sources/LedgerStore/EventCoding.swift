@@ -43,23 +43,21 @@ public enum EventCoding {
 
     /// The typed body of a stored event: what the projections read of it.
     public static func body(stream: StreamID, type: String, data: Data) throws -> EventBody {
-        if stream.isOrder, let type = OrderEventType(rawValue: type) {
-            return .order(try OrderEvent(type: type, body: JSONReader(data: data)))
-        }
-        if stream.isTransaction, let type = TransactionEventType(rawValue: type) {
-            return .transaction(try TransactionEvent(type: type, body: JSONReader(data: data)))
-        }
-        return .opaque(type: type)
+        try body(stream: stream, type: type, reader: JSONReader(data: data))
     }
 
     /// `body(stream:type:data:)` for a body read from the log as text, through
     /// `StoredBodyDecoder`: the same answers, faster.
     static func body(stream: StreamID, type: String, text: String) throws -> EventBody {
+        try body(stream: stream, type: type, reader: StoredReader(text: text))
+    }
+
+    private static func body(stream: StreamID, type: String, reader: some EventBodyReader) throws -> EventBody {
         if stream.isOrder, let type = OrderEventType(rawValue: type) {
-            return .order(try OrderEvent(type: type, body: StoredReader(text: text)))
+            return .order(try OrderEvent(type: type, body: reader))
         }
         if stream.isTransaction, let type = TransactionEventType(rawValue: type) {
-            return .transaction(try TransactionEvent(type: type, body: StoredReader(text: text)))
+            return .transaction(try TransactionEvent(type: type, body: reader))
         }
         return .opaque(type: type)
     }

@@ -186,24 +186,18 @@ extension LedgerWriter {
                         throw AppendError.invalidBatch("an order's stream takes order events, not \(event.type)")
                     }
                     if case .failure(let refusal) = Order.decide(order, orderEvent) { throw refusal }
-                    var claimed: AppleTransactionRecord?
-                    var claimedID: TransactionID?
+                    let claimed = orderEvent.movedTransaction.flatMap(transaction)
                     if case .receiptReceived(let receipt) = orderEvent {
-                        claimedID = receipt.transactionId
-                        claimed = transaction(receipt.transactionId)
                         if let known = claimed {
                             guard known.isPooled else { throw OrderLedgerError.duplicateTransaction(receipt.transactionId) }
                             plan.appends.append(try matched(receipt, order: id, known: known, snapshot, write.pairing, metadata: event.metadata))
                         } else {
                             plan.claim = receipt.transactionId
                         }
-                    } else if case .pairingUndone(let undone) = orderEvent {
-                        claimedID = undone.transactionId
-                        claimed = transaction(undone.transactionId)
                     }
                     let next = Projection.apply(orderEvent, to: order, id: id, claimed: claimed, version: version + 1 + Int64(offset), at: now)
                     order = next.order
-                    if claimedID != nil, let row = next.claimed, row != claimed { leave(row, isNew: claimed == nil) }
+                    if orderEvent.movedTransaction != nil, let row = next.claimed, row != claimed { leave(row, isNew: claimed == nil) }
                 }
                 guard let order else { throw OrderDecisionError.noSuchOrder }
                 plan.orders.append((order, current == nil))

@@ -120,11 +120,7 @@ public final class LedgerWriter: Sendable {
     /// `snapshot`: what the caller read (`read`) to decide on it, which the writer then need
     /// not read again.
     public func append(_ write: Write, on connection: PostgresConnection, knowing snapshot: Snapshot? = nil) async throws -> Written {
-        // Whether the caller's transaction commits is not known here: the groups read these orders again.
-        remembered.forget(write.orderIDs)
-        let written = try await Self.write([write], on: connection, commit: false, database: database, knowing: snapshot)[0].get()
-        database.appended(written.appendedTypes, on: connection)
-        return written
+        try await append([write], on: connection, knowing: snapshot)[0].get()
     }
 
     /// `append(_:on:knowing:)` for several writes in one call of the routine: each write's
@@ -132,6 +128,7 @@ public final class LedgerWriter: Sendable {
     /// and carry at most 4096 events with what they claim (a transaction positions that many).
     public func append(_ writes: [Write], on connection: PostgresConnection, knowing snapshot: Snapshot? = nil) async throws -> [Result<Written, any Error>] {
         guard !writes.isEmpty else { return [] }
+        // Whether the caller's transaction commits is not known here: the groups read these orders again.
         remembered.forget(writes.flatMap(\.orderIDs))
         let results = try await Self.write(writes, on: connection, commit: false, database: database, knowing: snapshot)
         for case .success(let written) in results { database.appended(written.appendedTypes, on: connection) }

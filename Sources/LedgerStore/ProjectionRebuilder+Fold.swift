@@ -61,14 +61,10 @@ extension ProjectionRebuilder {
             switch body {
             case .order(let event):
                 let id = order?.orderId ?? OrderID(unchecked: String(row.stream.dropFirst("order-".count)))
-                var claimedID: TransactionID?
-                if case .receiptReceived(let receipt) = event {
-                    claimedID = receipt.transactionId
-                    if let held = transactions[receipt.transactionId], let holder = held.orderId, holder != id {
-                        displaced[receipt.transactionId] = held
-                    }
-                } else if case .pairingUndone(let undone) = event {
-                    claimedID = undone.transactionId
+                let claimedID = event.movedTransaction
+                if case .receiptReceived(let receipt) = event, let held = transactions[receipt.transactionId],
+                   let holder = held.orderId, holder != id {
+                    displaced[receipt.transactionId] = held
                 }
                 let next = Projection.apply(
                     event, to: order, id: id, claimed: claimedID.flatMap { transactions[$0] }, version: row.version, at: row.recordedAt)

@@ -103,7 +103,7 @@ public struct ReceiptLedger: Sendable {
                 let failed = OrderEvent.failed(Failed(
                     reason: "product-mismatch",
                     detail: "Apple transaction \(id) is for \(transaction.productId), the order for \(order.productId)"))
-                var appends = [try orderAppend([(failed, EventID.named("product-mismatch", order.orderId.rawValue, id.rawValue))], to: order, metadata: metadata)]
+                var appends = [try orderAppend([(failed, EventID.named("product-mismatch", order.orderId.rawValue, id.rawValue))], to: order.orderId, metadata: metadata)]
                 if holder == nil {
                     appends.append(try poolAppend(transaction, userId: claim.userId ?? order.userId, claimedOrder: order.orderId, reason: "product-mismatch", metadata: metadata))
                 }
@@ -138,8 +138,7 @@ public struct ReceiptLedger: Sendable {
     func matchWrite(
         _ transaction: AppleTransaction, to order: OrderID, by matchedBy: MatchedBy, pairing: LedgerWriter.Pairing?, metadata: Data
     ) throws -> LedgerWriter.Write {
-        let events = try Self.matchEvents(transaction, order: order, by: matchedBy).map { try EventCoding.newEvent($0.0, id: $0.1, metadata: metadata) }
-        return LedgerWriter.Write(LedgerWriter.Append(events, to: order.streamID), pairing: pairing)
+        LedgerWriter.Write(try orderAppend(Self.matchEvents(transaction, order: order, by: matchedBy), to: order, metadata: metadata), pairing: pairing)
     }
 
     /// `receipt-received` and `verified` for `transaction` on order `order`, with their named ids.
@@ -160,14 +159,14 @@ public struct ReceiptLedger: Sendable {
         _ events: [(OrderEvent, EventID)], to order: Order, pairing: LedgerWriter.Pairing? = nil, metadata: Data,
         on connection: PostgresConnection, knowing snapshot: LedgerWriter.Snapshot? = nil
     ) async throws -> Order {
-        let write = LedgerWriter.Write(try orderAppend(events, to: order, metadata: metadata), pairing: pairing)
+        let write = LedgerWriter.Write(try orderAppend(events, to: order.orderId, metadata: metadata), pairing: pairing)
         let written = try await writer.append(write, on: connection, knowing: snapshot)
         if let order = written.appends[0].order { return order }
         return try await orders.orderAsOf(order.orderId, version: written.appends[0].result.streamVersion)
     }
 
-    private func orderAppend(_ events: [(OrderEvent, EventID)], to order: Order, metadata: Data) throws -> LedgerWriter.Append {
-        LedgerWriter.Append(try events.map { try EventCoding.newEvent($0.0, id: $0.1, metadata: metadata) }, to: order.orderId.streamID)
+    private func orderAppend(_ events: [(OrderEvent, EventID)], to order: OrderID, metadata: Data) throws -> LedgerWriter.Append {
+        LedgerWriter.Append(try events.map { try EventCoding.newEvent($0.0, id: $0.1, metadata: metadata) }, to: order.streamID)
     }
 
     /// A verified transaction no order can take, into the pool (`transaction-unmatched`).

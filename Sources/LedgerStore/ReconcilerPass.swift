@@ -146,7 +146,7 @@ public struct ReconcilerPass: Sendable {
         let perTransaction = LedgerWriter.maximumEventsPerGroup / 3
         var later: [Reconciler.Pairing] = []
         var orphansLeft: [Reconciler.Orphan] = []
-        let counted = try await retrying { try await database.transaction { connection -> Summary in
+        let counted = try await database.transactionAgainAfterLostRace { connection -> Summary in
             var counts = Summary()
             let claimed = try await claim(batch, on: connection)
             counts.usersBusy = batch.count - claimed.count
@@ -167,15 +167,15 @@ public struct ReconcilerPass: Sendable {
                 orphansLeft = orphans.filter { !paired.contains($0.transactionId) }
             }
             return counts
-        } }
+        }
         summary.add(counted)
         for start in stride(from: 0, to: later.count, by: perTransaction) {
             let chunk = Array(later[start..<min(start + perTransaction, later.count)])
-            summary.add(try await retrying { try await database.transaction { connection in
+            summary.add(try await database.transactionAgainAfterLostRace { connection in
                 var counts = Summary()
                 try await apply(chunk, metadata: metadata, on: connection, into: &counts)
                 return counts
-            } })
+            })
         }
         guard recoveryOrders, !orphansLeft.isEmpty else { return summary }
         let catalog = try await activeProducts()
@@ -192,21 +192,6 @@ public struct ReconcilerPass: Sendable {
             }
         }
         return summary
-    }
-
-    /// `body`, again from the start when PostgreSQL broke a deadlock with a live writer that
-    /// locks a transaction and its order in two steps, or a unique key was taken meanwhile
-    /// (nothing of the failed attempt is stored), three times in all.
-    private func retrying<Result>(_ body: () async throws -> Result) async throws -> Result {
-        var attempt = 0
-        while true {
-            attempt += 1
-            do {
-                return try await body()
-            } catch let error as PSQLError where attempt < 3 && [.deadlockDetected, .uniqueViolation].contains(error.sqlState) {
-                logger.debug("reconciler batch again", metadata: ["error": "\(String(reflecting: error))"])
-            }
-        }
     }
 
     /// The users of `batch` this reconciler now holds until its transaction ends; a user another

@@ -98,21 +98,9 @@ extension SupportDesk {
         }
         // Counted in code points, as the API's schema counts.
         guard reason.unicodeScalars.count <= 1_000 else { throw SupportUnmatchError.reasonTooLong }
-        // Again when PostgreSQL broke a deadlock with a writer that took the two locks the other
-        // way round (nothing of the attempt is stored), three times in all.
-        var attempt = 0
-        while true {
-            attempt += 1
-            do {
-                return try await unmatchOnce(transactionId, reason: reason, metadata: metadata)
-            } catch let error as PSQLError where attempt < 3 && error.sqlState == .deadlockDetected {
-                continue
-            }
-        }
-    }
-
-    private func unmatchOnce(_ transactionId: TransactionID, reason: String, metadata: Data) async throws -> Order {
-        try await database.transaction { connection in
+        // The transaction's lock, then its order's: a writer that took them the other way round
+        // may deadlock with this, and the attempt then runs again.
+        return try await database.transactionAgainAfterLostRace { connection in
             let writer = receipts.writer
             let found = try await writer.read(locking: [transactionId.streamID], orders: [], transactions: [transactionId], on: connection)
             guard let known = found.transaction(transactionId) else { throw SupportUnmatchError.transactionNotFound(transactionId) }

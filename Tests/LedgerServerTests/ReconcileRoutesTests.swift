@@ -267,3 +267,38 @@ extension ReconcileRoutesTests {
         }
     }
 }
+
+extension ReconcileRoutesTests {
+    @Test("a client cannot append pairing-undone: refused, naming who records it, and nothing is stored")
+    func clientsCannotUndo() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("undo-by-client", user: "u-client"))
+            let before = try await eventCount(db)
+            let (status, error) = try await http.send(
+                .post, "/v1/orders/undo-by-client/events", json: ["type": "pairing-undone", "data": ["transactionId": "1", "reason": "x", "fromState": "verified"]])
+            #expect(status == .badRequest && errorOf(error)["code"] as? String == "unknown-event-type")
+            #expect((errorOf(error)["message"] as? String ?? "").contains("/unmatch"))
+            #expect(try await eventCount(db) == before)
+        }
+    }
+
+    @Test("a pass over many batches, two at once, pairs each orphan once and leaves projections a rebuild reproduces")
+    func manyBatches() async throws {
+        try await withReceiptsApplication(apple, configure: { configuration in
+            configuration.reconcileInterval = 0
+        }) { http, db in
+            for user in 0..<12 {
+                try await http.send(.post, "/v1/orders", json: newOrder("batch-\(user)", user: "u-batch-\(user)"))
+                try await http.send(.post, "/v1/receipts", json: ["userId": "u-batch-\(user)", "signedTransaction": try await transaction("71000\(user + 10)")])
+            }
+            var pass = ReconcilerPass(
+                receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: db.database))), settings: .init(settle: 0))
+            pass.orphansPerBatch = 2
+            let summary = try await pass.run()
+            #expect(summary.paired == 12 && summary.considered == 12 && summary.lostRaces == 0)
+            #expect(try await scalar(db, "SELECT count(*)::int FROM orders WHERE order_id LIKE 'batch-%' AND transaction_id IS NOT NULL", as: Int.self) == 12)
+            #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions", as: Int.self) == 0)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+}

@@ -133,27 +133,7 @@ public final class AppStoreServerStandIn: Sendable {
                 return (200, String(decoding: try JSONSerialization.data(withJSONObject: body), as: UTF8.self))
             }
         }
-        let port = PortBox()
-        let server = Application(
-            router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),
-            onServerRunning: { channel in await port.set(.success(channel.localAddress?.port ?? 0)) },
-            logger: VerifyReceiptStandIn.quietLogger)
-        return try await withThrowingTaskGroup(of: T?.self) { group in
-            group.addTask {
-                do {
-                    try await server.runService(gracefulShutdownSignals: [])
-                    await port.set(.failure(StandInEnded()))
-                } catch {
-                    await port.set(.failure(error))
-                    throw error
-                }
-                return nil
-            }
-            let bound = try await port.wait()
-            let result = try await body("http://127.0.0.1:\(bound)")
-            group.cancelAll()
-            return result
-        }
+        return try await serveStandIn(router) { bound in try await body("http://127.0.0.1:\(bound)") }
     }
 
     /// The token checked, the next fault played, else `route`'s status and JSON.

@@ -98,26 +98,8 @@ public final class VerifyReceiptStandIn: Sendable {
                 }
             }
         }
-        let port = PortBox()
-        let server = Application(
-            router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),
-            onServerRunning: { channel in await port.set(.success(channel.localAddress?.port ?? 0)) },
-            logger: Self.quietLogger)
-        return try await withThrowingTaskGroup(of: T?.self) { group in
-            group.addTask {
-                do {
-                    try await server.runService(gracefulShutdownSignals: [])
-                    await port.set(.failure(StandInEnded()))
-                } catch {
-                    await port.set(.failure(error))
-                    throw error
-                }
-                return nil
-            }
-            let bound = try await port.wait()
-            let result = try await body("http://127.0.0.1:\(bound)/production/verifyReceipt", "http://127.0.0.1:\(bound)/sandbox/verifyReceipt")
-            group.cancelAll()
-            return result
+        return try await serveStandIn(router) { bound in
+            try await body("http://127.0.0.1:\(bound)/production/verifyReceipt", "http://127.0.0.1:\(bound)/sandbox/verifyReceipt")
         }
     }
 
@@ -138,6 +120,31 @@ public final class VerifyReceiptStandIn: Sendable {
 
 /// The stand-in server stopped before it listened.
 struct StandInEnded: Error {}
+
+/// Serves `router` on a free local port for the duration of `body`, which gets the port.
+func serveStandIn<T: Sendable>(_ router: Router<BasicRequestContext>, _ body: @Sendable (_ port: Int) async throws -> T) async throws -> T {
+    let port = PortBox()
+    let server = Application(
+        router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),
+        onServerRunning: { channel in await port.set(.success(channel.localAddress?.port ?? 0)) },
+        logger: VerifyReceiptStandIn.quietLogger)
+    return try await withThrowingTaskGroup(of: T?.self) { group in
+        group.addTask {
+            do {
+                try await server.runService(gracefulShutdownSignals: [])
+                await port.set(.failure(StandInEnded()))
+            } catch {
+                await port.set(.failure(error))
+                throw error
+            }
+            return nil
+        }
+        let bound = try await port.wait()
+        let result = try await body(bound)
+        group.cancelAll()
+        return result
+    }
+}
 
 actor CallLog {
     var counts: [String: Int] = [:]

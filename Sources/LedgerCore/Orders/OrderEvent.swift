@@ -30,6 +30,16 @@ public enum OrderEvent: Sendable, Equatable {
         }
     }
 
+    /// The Apple transaction whose row this event moves (`Projection.apply`'s `claimed`): the one
+    /// a receipt claims, or the one an undone pairing releases.
+    public var movedTransaction: TransactionID? {
+        switch self {
+        case .receiptReceived(let receipt): receipt.transactionId
+        case .pairingUndone(let undone): undone.transactionId
+        default: nil
+        }
+    }
+
     /// The event of `type` whose body `body` reads, checked (`validate`): the one table of which
     /// body each type has, for every format the ledger reads (stored JSON, a request's field).
     public init(type: OrderEventType, body: some EventBodyReader) throws {
