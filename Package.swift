@@ -81,7 +81,7 @@ let package = Package(
         .executableTarget(
             name: "ledger",
             dependencies: [
-                "LedgerCore", "LedgerStore", "LedgerServer", "AppleReceipts",
+                "LedgerCore", "LedgerStore", "LedgerServer", "AppleReceipts", "AppStoreStandIn",
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -104,11 +104,23 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
             ]
         ),
+        /// A stand-in App Store Server API on a local port, for the tests and `ledger demo`.
+        .target(
+            name: "AppStoreStandIn",
+            dependencies: [
+                "AppleReceipts",
+                .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         /// Shared test support: the test PostgreSQL and per-suite databases.
         .target(
             name: "LedgerTestSupport",
             dependencies: [
-                "LedgerCore", "LedgerStore", "AppleReceipts",
+                "LedgerCore", "LedgerStore", "AppleReceipts", "AppStoreStandIn",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "X509", package: "swift-certificates"),

@@ -37,6 +37,22 @@ public struct AppleProofVerifier: Sendable {
         return try Self.transaction(payload, sha256: Self.sha256(jws))
     }
 
+    /// The Apple account a signed `AppTransaction` names, verified like a transaction (chain,
+    /// signature, bundle id, environment, and app id in production when configured).
+    public func appTransaction(signed jws: String) async throws(AppleVerificationError) -> AppleAccount {
+        let payload = try await signedData.verify(jws, as: SignedAppTransactionPayload.self)
+        try check(bundleId: payload.bundleId, environment: payload.receiptType)
+        if app.environment == .production, let expected = app.appAppleId, payload.appAppleId != expected {
+            throw AppleVerificationError(code: "wrong-app-id", message: "the app transaction is for app id \(payload.appAppleId.map(String.init) ?? "none"), not \(expected)")
+        }
+        guard let text = payload.appTransactionId, let id = try? AppTransactionID(text) else {
+            throw .malformed("the app transaction has no appTransactionId of 1 to 128 characters (StoreKit gives one from iOS 18.4)")
+        }
+        return AppleAccount(
+            appTransactionId: id, environment: payload.receiptType, bundleId: payload.bundleId,
+            originalPurchaseDate: payload.originalPurchaseDate.map(Date.init(millisecondsSince1970:)))
+    }
+
     /// A verified App Store Server Notification V2 and the transaction it carries.
     public func notification(signed signedPayload: String) async throws(AppleVerificationError) -> VerifiedNotification {
         let payload = try await signedData.verify(signedPayload, as: SignedNotificationPayload.self)

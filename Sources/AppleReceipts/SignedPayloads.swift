@@ -104,3 +104,34 @@ extension Date {
 
     public var millisecondsSince1970: Int64 { Int64((timeIntervalSince1970 * 1000).rounded()) }
 }
+
+/// The signed `AppTransaction` StoreKit gives an app at launch (Apple's
+/// JWSAppTransactionDecodedPayload): the Apple account's purchase of the app, named by its
+/// `appTransactionId`, before any in-app purchase. Apple signs it at `receiptCreationDate`, and
+/// names its environment `receiptType`.
+public struct SignedAppTransactionPayload: AppleSignedPayload, Equatable {
+    public var appTransactionId: String?
+    public var bundleId: String
+    public var receiptType: String
+    public var receiptCreationDate: Int64
+    public var appAppleId: Int64?
+    public var originalPurchaseDate: Int64?
+    public var applicationVersion: String?
+    public var originalPlatform: String?
+
+    public var signedDate: Int64 { receiptCreationDate }
+
+    public init(
+        appTransactionId: String?, bundleId: String, receiptType: String, receiptCreationDate: Int64, appAppleId: Int64? = nil,
+        originalPurchaseDate: Int64? = nil, applicationVersion: String? = "1.0", originalPlatform: String? = "iOS"
+    ) {
+        self.appTransactionId = appTransactionId
+        self.bundleId = bundleId
+        self.receiptType = receiptType
+        self.receiptCreationDate = receiptCreationDate
+        self.appAppleId = appAppleId
+        self.originalPurchaseDate = originalPurchaseDate
+        self.applicationVersion = applicationVersion
+        self.originalPlatform = originalPlatform
+    }
+}

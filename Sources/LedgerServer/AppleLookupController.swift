@@ -29,10 +29,7 @@ struct AppleLookupController {
         var request = request
         let body = try await request.collectBody(upTo: context.maxUploadSize)
         let userID = body.readableBytes == 0 ? nil : try await request.decode(as: Lookup.self, context: context).userId
-        guard let lookup else {
-            throw APIError(.serviceUnavailable, code: "apple-api-not-configured",
-                           message: "the App Store Server API is not configured (LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID, LEDGER_APPLE_API_PRIVATE_KEY)")
-        }
+        guard let lookup else { throw APIError.appleAPINotConfigured }
         return try await lookup.look(up: orderID, user: userID, metadata: context.eventMetadata)
     }
 }

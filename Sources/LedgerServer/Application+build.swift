@@ -14,14 +14,14 @@ public func buildRouter(
     let metrics = LedgerMetrics()
     return buildRouter(
         database: database.observingAppends(metrics.eventsAppended), migrator: migrator, apple: apple,
-        appStoreServerAPI: (try? configuration.apple.appStoreServerAPI()).flatMap { $0 },
+        appStoreServerAPI: (try? configuration.apple.appStoreServerAPI()).flatMap { $0 }.map { LazyAppStoreServerAPI(settings: $0, logger: database.logger) },
         configuration: configuration, health: health, metrics: metrics)
 }
 
 /// The router, on a database whose appends `metrics` already counts; `appStoreServerAPI`: the
-/// API's settings as checked at start (nil: no key).
+/// one client of the API every route and service of this server shares (nil: no key).
 func buildRouter(
-    database: Database, migrator: Migrator, apple: AppleProofVerifier, appStoreServerAPI: AppStoreServerAPI.Settings?,
+    database: Database, migrator: Migrator, apple: AppleProofVerifier, appStoreServerAPI: LazyAppStoreServerAPI?,
     configuration: LedgerConfiguration, health: DatabaseHealth?, metrics: LedgerMetrics
 ) -> Router<LedgerRequestContext> {
     let router = Router(context: LedgerRequestContext.self)
@@ -41,9 +41,9 @@ func buildRouter(
     ProductsController(catalog: ProductCatalog(database: database)).addRoutes(to: router)
     ReportsController(database: database).addRoutes(to: router)
     TransactionsController(desk: SupportDesk(receipts: receipts)).addRoutes(to: router)
-    AppleLookupController(lookup: appStoreServerAPI.map {
-        AppleOrderLookup(api: LazyAppStoreServerAPI(settings: $0, logger: database.logger), verifier: apple, receipts: receipts)
-    }).addRoutes(to: router)
+    AppleAccountsController(links: AppleAccountLinks(writer: orders.writer), verifier: apple).addRoutes(to: router)
+    AppleLookupController(lookup: appStoreServerAPI.map { AppleOrderLookup(api: $0, verifier: apple, receipts: receipts) }).addRoutes(to: router)
+    RecoverController(sweep: appStoreServerAPI.map { configuration.historySweep(api: $0, verifier: apple, receipts: receipts) }).addRoutes(to: router)
     router.get("/metrics") { _, _ in
         Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
                  body: .init(byteBuffer: ByteBuffer(string: metrics.registry.emitToString())))
@@ -65,15 +65,17 @@ public func buildApplication(
     let migrator = Migrator(logger: logger)
     let health = DatabaseHealth(database: database)
     // Said once: whether the features that ask Apple's App Store Server API are on.
-    let appStoreServerAPI = try configuration.apple.appStoreServerAPI()
-    if let api = appStoreServerAPI {
+    let apiSettings = try configuration.apple.appStoreServerAPI()
+    let appStoreServerAPI = apiSettings.map { LazyAppStoreServerAPI(settings: $0, logger: logger) }
+    if let api = apiSettings {
         logger.notice("App Store Server API on", metadata: ["apple.api_url": "\(api.baseURL)", "apple.api_rate": "\(api.requestsPerSecond)"])
     } else {
         logger.notice("App Store Server API off: set LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID and LEDGER_APPLE_API_PRIVATE_KEY to turn it on")
     }
+    let verifier = try configuration.apple.verifier(logger: logger)
     var application = Application(
         router: buildRouter(
-            database: database, migrator: migrator, apple: try configuration.apple.verifier(logger: logger),
+            database: database, migrator: migrator, apple: verifier,
             appStoreServerAPI: appStoreServerAPI, configuration: configuration, health: health, metrics: metrics),
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "order-ledger"),
         services: [client, health],
@@ -82,6 +84,11 @@ public func buildApplication(
     if configuration.reconcileInterval > 0 {
         let pass = configuration.reconcilerPass(ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database))))
         application.addServices(ReconcilerService(pass: pass, interval: .seconds(configuration.reconcileInterval), logger: logger))
+    }
+    if let appStoreServerAPI, configuration.recoveryInterval > 0 {
+        let sweep = configuration.historySweep(
+            api: appStoreServerAPI, verifier: verifier, receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database))))
+        application.addServices(HistorySweepService(sweep: sweep, interval: .seconds(configuration.recoveryInterval), logger: logger))
     }
     if migrate {
         application.beforeServerStarts {

@@ -53,7 +53,7 @@ struct AuthMiddleware: RouterMiddleware {
         let segments = path.split(separator: "/", omittingEmptySubsequences: true)
         guard segments.first == "v1" else { return nil }
         if segments.count == 3 && segments[1] == "notifications" && segments[2] == "apple" { return nil }  // Apple signs these instead
-        if (segments.count == 2 && segments[1] == "reconcile") || (segments.count == 4 && segments[1] == "transactions" && ["match", "unmatch"].contains(segments[3]))
+        if (segments.count == 2 && ["reconcile", "recover"].contains(segments[1])) || (segments.count == 4 && segments[1] == "transactions" && ["match", "unmatch"].contains(segments[3]))
             || (segments.count == 4 && segments[1] == "apple-orders" && segments[3] == "lookup") {
             return .admin
         }

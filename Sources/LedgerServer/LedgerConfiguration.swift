@@ -56,12 +56,15 @@ public struct LedgerConfiguration: Sendable {
         public static let reconcileMaximumAge = "LEDGER_RECONCILE_MAX_AGE"
         public static let reconcileSettle = "LEDGER_RECONCILE_SETTLE"
         public static let reconcileRecoveryOrders = "LEDGER_RECONCILE_RECOVERY_ORDERS"
+        public static let recoveryAfter = "LEDGER_RECOVERY_AFTER"
+        public static let recoveryInterval = "LEDGER_RECOVERY_INTERVAL"
 
         public static let all = [
             databaseURL, dataDirectory, host, port, logLevel, appleRootCertificates, appleBundleID, appleAppID,
             appleEnvironment, verifyReceiptURL, verifyReceiptSandboxURL, appleSharedSecret,
             appleAPIKeyID, appleAPIIssuerID, appleAPIPrivateKey, appleAPIURL, appleAPIRate,
             reconcileInterval, reconcileClockSkew, reconcileMaximumAge, reconcileSettle, reconcileRecoveryOrders,
+            recoveryAfter, recoveryInterval,
         ]
     }
 
@@ -75,6 +78,10 @@ public struct LedgerConfiguration: Sendable {
     public var reconciler = Reconciler.Settings()
     /// Whether the reconciler creates a recovery order for an orphan with no candidate (active catalog products only).
     public var recoveryOrders = false
+    /// Seconds an order stays open before its user's Apple accounts are due a history sweep.
+    public var recoveryAfter = 600
+    /// Seconds between history sweeps inside `ledger serve` (with an App Store Server API key); 0: none.
+    public var recoveryInterval = 300
 
     public init() {}
 
@@ -110,6 +117,8 @@ public struct LedgerConfiguration: Sendable {
             (Key.reconcileClockSkew, 0, { (c: inout LedgerConfiguration, v: Int) in c.reconciler.clockSkew = TimeInterval(v) }),
             (Key.reconcileMaximumAge, 1, { (c: inout LedgerConfiguration, v: Int) in c.reconciler.maximumAge = TimeInterval(v) }),
             (Key.reconcileSettle, 0, { (c: inout LedgerConfiguration, v: Int) in c.reconciler.settle = TimeInterval(v) }),
+            (Key.recoveryAfter, 0, { (c: inout LedgerConfiguration, v: Int) in c.recoveryAfter = v }),
+            (Key.recoveryInterval, 0, { (c: inout LedgerConfiguration, v: Int) in c.recoveryInterval = v }),
         ] as [(String, Int, (inout LedgerConfiguration, Int) -> Void)] {
             guard let text = values[key] else { continue }
             if let seconds = Int(text), seconds >= minimum {
@@ -237,5 +246,13 @@ extension LedgerConfiguration {
         var pass = ReconcilerPass(receipts: receipts, settings: reconciler)
         pass.recoveryOrders = recoveryOrders
         return pass
+    }
+
+    /// A history sweep with these settings, asking Apple through `api`.
+    public func historySweep(api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, receipts: ReceiptLedger) -> HistorySweep {
+        var sweep = HistorySweep(api: api, verifier: verifier, receipts: receipts)
+        sweep.recoverAfter = TimeInterval(recoveryAfter)
+        sweep.clockSkew = reconciler.clockSkew
+        return sweep
     }
 }

@@ -78,7 +78,7 @@ struct ReceiptsController {
             let holders = try await receipts.holders(of: transactions.map(\.transactionId))
             let product = try await receipts.orders.order(orderID)?.productId
             forOrder = transactions.first(where: { holders[$0.transactionId] == .some(orderID) })?.transactionId
-                ?? transactions.first(where: { holders[$0.transactionId] == nil && $0.productId == product })?.transactionId
+                ?? transactions.first(where: { (holders[$0.transactionId] ?? nil) == nil && $0.productId == product })?.transactionId
         }
         var all: [ReceiptLedger.Answer] = []
         for transaction in transactions {

@@ -84,6 +84,12 @@ public enum EventCoding {
         return NewEvent(id: id, body: .transaction(try TransactionEvent(type: event.type, body: StoredReader(text: String(decoding: data, as: UTF8.self)))), data: data, metadata: metadata)
     }
 
+    /// An event no projection reads (an Apple account's link, a notification kept apart), with
+    /// `body` as its JSON.
+    public static func newEvent(type: String, _ body: some Encodable, id: EventID, metadata: Data) throws -> NewEvent {
+        try NewEvent(id: id, type: type, data: encoder.encode(body), metadata: metadata)
+    }
+
     /// Reads a body from JSON text.
     struct JSONReader: EventBodyReader {
         let data: Data

@@ -51,7 +51,7 @@ public struct NotificationLedger: Sendable {
             guard let transaction = notification.transaction else {
                 // Nothing to tie it to: kept on a stream of its own.
                 let stream = StreamID(unchecked: "notification-" + record.notificationUUID.uuidString.lowercased())
-                let event = try NewEvent(id: eventID, type: OrderEventType.notificationReceived.rawValue, data: EventCoding.encoder.encode(record), metadata: metadata)
+                let event = try EventCoding.newEvent(type: OrderEventType.notificationReceived.rawValue, record, id: eventID, metadata: metadata)
                 _ = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: stream)), on: connection)
                 return Applied(appended: true, streamId: stream, type: OrderEventType.notificationReceived.rawValue)
             }

@@ -266,7 +266,8 @@ extension ReceiptLedger {
             "SELECT transaction_id, order_id FROM apple_transactions WHERE transaction_id = ANY(\(ids.map(\.rawValue)))")
         var holders: [TransactionID: OrderID?] = [:]
         for try await (id, order) in rows.decode((String, String?).self) {
-            holders[TransactionID(unchecked: id)] = order.map(OrderID.init(unchecked:))
+            // (Assigning nil through the subscript would drop a pooled transaction's key.)
+            holders.updateValue(order.map(OrderID.init(unchecked:)), forKey: TransactionID(unchecked: id))
         }
         return holders
     }

@@ -42,7 +42,7 @@ public struct ReconcilerPass: Sendable {
         public var ambiguous = 0
         /// Paired by rule.
         public var byRule: [String: Int] = [:]
-        /// Orphans whose user came from an earlier transaction of the same Apple account or subscription.
+        /// Orphans whose user came from an earlier transaction of the same Apple account or subscription, or from the account's link.
         public var usersResolved = 0
         /// Orphans with no user at all: left for support.
         public var unknownUser = 0

@@ -49,6 +49,10 @@ struct ConfigurationOptions: ParsableArguments {
     var reconcileSettle: String?
     @Option(help: "true: orphans with no candidate get a recovery order, active catalog products only (LEDGER_RECONCILE_RECOVERY_ORDERS, default false)")
     var reconcileRecoveryOrders: String?
+    @Option(help: "Seconds an order stays open before its user's Apple accounts are swept (LEDGER_RECOVERY_AFTER, default 600)")
+    var recoveryAfter: String?
+    @Option(help: "Seconds between history sweeps in serve, 0: none; needs the App Store Server API key (LEDGER_RECOVERY_INTERVAL, default 300)")
+    var recoveryInterval: String?
 
     /// The environment with the flags given on the command line laid over it.
     func values(environment: [String: String] = ProcessInfo.processInfo.environment) -> [String: String] {
@@ -64,6 +68,7 @@ struct ConfigurationOptions: ParsableArguments {
             (Key.reconcileInterval, reconcileInterval),
             (Key.reconcileClockSkew, reconcileClockSkew), (Key.reconcileMaximumAge, reconcileMaxAge),
             (Key.reconcileSettle, reconcileSettle), (Key.reconcileRecoveryOrders, reconcileRecoveryOrders),
+            (Key.recoveryAfter, recoveryAfter), (Key.recoveryInterval, recoveryInterval),
         ]
         for (key, value) in flags { if let value { values[key] = value } }
         return values

@@ -1,3 +1,4 @@
+import AppStoreStandIn
 import AppleReceipts
 import ArgumentParser
 import AsyncHTTPClient
@@ -11,9 +12,10 @@ import PostgresNIO
 import ServiceLifecycle
 
 /// `ledger demo`: the whole ledger in one command, on a private database of its own. Starts the
-/// service in-process, trusting a signing chain made for this run only, plays users and
-/// StoreKit-like clients over HTTP (lost order ids, several open orders, re-uploads, replayed
-/// events, a retired product), runs the reconciler, and prints what happened and the report.
+/// service in-process, trusting a signing chain made for this run only and asking a stand-in App
+/// Store Server API of its own, plays users and StoreKit-like clients over HTTP (lost order ids,
+/// several open orders, re-uploads, replayed events, a retired product, a client deleted before
+/// it uploads), runs the reconciler and a history sweep, and prints what happened and the report.
 struct Demo: AsyncParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Run a self-contained simulation against an in-process ledger and print the reconciliation report.")
 
@@ -48,15 +50,51 @@ struct Demo: AsyncParsableCommand {
         try chain.rootPEM().write(toFile: rootFile, atomically: true, encoding: .utf8)
         defer { try? FileManager.default.removeItem(atPath: rootFile) }
 
+        // The throwaway App Store Server API, which knows every Apple account's purchases.
+        let standIn = AppStoreServerStandIn(bundleID: Self.bundleId)
+        let keyFile = FileManager.default.temporaryDirectory.appendingPathComponent("ledger-demo-key-\(getpid()).p8").path
+        try standIn.privateKeyPEM.write(toFile: keyFile, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: keyFile) }
+
         var configuration = LedgerConfiguration()
         configuration.host = "127.0.0.1"
         configuration.port = try ProcessRunner.freeLocalPort()
         configuration.apple.rootCertificateFiles = [rootFile]
         configuration.apple.bundleID = Self.bundleId
         configuration.apple.environment = "Sandbox"
+        configuration.apple.apiKeyID = AppStoreServerStandIn.keyID
+        configuration.apple.apiIssuerID = AppStoreServerStandIn.issuerID
+        configuration.apple.apiPrivateKeyFile = keyFile
         configuration.reconcileInterval = 0
-        // The demo's purchases are all made before its one pass: nothing left to settle.
+        configuration.recoveryInterval = 0
+        // The demo's purchases are all made before its one pass and its one sweep: nothing left
+        // to settle, every open order due.
         configuration.reconciler.settle = 0
+        configuration.recoveryAfter = 0
+        let settings = configuration
+        let (seed, users, lostRate, database) = (seed, users, lostRate, demoDatabase)
+        try await standIn.run { apiURL in
+            var configuration = settings
+            configuration.apple.apiURL = apiURL
+            try await Self.serveAndPlay(
+                configuration, database: database, chain: chain, standIn: standIn, seed: seed, users: users, lostRate: lostRate, logger: logger)
+        }
+        let psql = opened.privateCluster.map { _ in PrivateCluster(directory: dataDir).psqlCommand(database: Self.database) } ?? "psql"
+        if explore {
+            print("Explore the data while this waits (Enter stops the database): \(psql)")
+            _ = readLine()
+        } else {
+            print("The data stays in \(dataDir). To explore it: ledger demo --explore --seed \(seed) (or start the cluster with `ledger serve --data-dir \(dataDir)`), then: \(psql)")
+        }
+    }
+}
+
+extension Demo {
+    /// Serves the ledger in-process on `configuration` while the story plays against it.
+    static func serveAndPlay(
+        _ configuration: LedgerConfiguration, database demoDatabase: PostgresClient.Configuration, chain: ThrowawaySigningChain,
+        standIn: AppStoreServerStandIn, seed: UInt64, users: Int, lostRate: Double, logger: Logger
+    ) async throws {
         let client = PostgresClient(configuration: demoDatabase, backgroundLogger: logger)
         let application = try buildApplication(configuration: configuration, client: client, logger: logger)
         let group = ServiceGroup(configuration: .init(services: [application], gracefulShutdownSignals: [], logger: logger))
@@ -70,7 +108,7 @@ struct Demo: AsyncParsableCommand {
             let key = try await withPostgresClient(demoDatabase, logger: logger) { client in
                 try await APIKeyStore(database: Database(client: client, logger: logger)).create(name: "demo", scopes: [.admin])
             }
-            var story = DemoStory(http: http, base: base, key: key, chain: chain, seed: seed, lostRate: lostRate)
+            var story = DemoStory(http: http, base: base, key: key, chain: chain, standIn: standIn, seed: seed, lostRate: lostRate)
             try await story.play(users: users)
             print(story.summary)
             let csv = try await story.request("GET", "/v1/reports/reconciliation", accept: "text/csv")
@@ -84,17 +122,8 @@ struct Demo: AsyncParsableCommand {
         await group.triggerGracefulShutdown()
         _ = try? await server.value
         try played.get()
-        let psql = opened.privateCluster.map { _ in PrivateCluster(directory: dataDir).psqlCommand(database: Self.database) } ?? "psql"
-        if explore {
-            print("Explore the data while this waits (Enter stops the database): \(psql)")
-            _ = readLine()
-        } else {
-            print("The data stays in \(dataDir). To explore it: ledger demo --explore --seed \(seed) (or start the cluster with `ledger serve --data-dir \(dataDir)`), then: \(psql)")
-        }
     }
-}
 
-extension Demo {
     /// Waits (30 s at most) for the demo's server to answer `/readyz` with 200.
     static func waitUntilReady(_ client: HTTPClient, _ base: String) async throws {
         for _ in 0..<300 {
@@ -113,16 +142,21 @@ struct DemoStory {
     let base: String
     let key: String
     let chain: ThrowawaySigningChain
+    let standIn: AppStoreServerStandIn
     var random: DemoRandom
     let lostRate: Double
     var counts: [String: Int] = [:]
     var reconcile: [String: Any] = [:]
+    var recovery: [String: Any] = [:]
+    /// Each Apple account's purchases, as Apple's transaction history lists them.
+    var histories: [String: [String]] = [:]
 
-    init(http: HTTPClient, base: String, key: String, chain: ThrowawaySigningChain, seed: UInt64, lostRate: Double) {
+    init(http: HTTPClient, base: String, key: String, chain: ThrowawaySigningChain, standIn: AppStoreServerStandIn, seed: UInt64, lostRate: Double) {
         self.http = http
         self.base = base
         self.key = key
         self.chain = chain
+        self.standIn = standIn
         self.random = DemoRandom(seed: seed)
         self.lostRate = lostRate
     }
@@ -144,6 +178,7 @@ struct DemoStory {
         var transactionNumber = 0
         for userIndex in 0..<users {
             let user = "demo-user-\(userIndex)"
+            let account = try await logIn(user, account: "demo-account-\(userIndex)")
             for purchase in 0..<random.int(1...3) {
                 // Old clients of a removed product buy it without an order.
                 let legacy = random.chance(0.05)
@@ -175,11 +210,25 @@ struct DemoStory {
                 let payload = SignedTransactionPayload(
                     transactionId: transactionId, originalTransactionId: transactionId, bundleId: Demo.bundleId, productId: product,
                     purchaseDate: purchaseDate.millisecondsSince1970, signedDate: Date().millisecondsSince1970, environment: "Sandbox",
-                    appAccountToken: lost ? nil : token, price: product == "gems.500" ? 4990 : 990, currency: "USD")
-                pending.append(Pending(transactionId: transactionId, orderId: orderId, user: user, jws: try chain.sign(payload), lost: lost))
+                    appAccountToken: lost ? nil : token, appTransactionId: account, price: product == "gems.500" ? 4990 : 990, currency: "USD")
+                let jws = try chain.sign(payload)
+                histories[account, default: []].append(jws)
+                pending.append(Pending(transactionId: transactionId, orderId: orderId, user: user, jws: jws, lost: lost))
                 if lost { count("order ids lost by StoreKit") }
             }
         }
+        // A client pays and is deleted before it uploads: only Apple knows of the purchase.
+        let deletedUser = "demo-user-deleted"
+        let deletedAccount = try await logIn(deletedUser, account: "demo-account-deleted")
+        let deletedOrder = "\(deletedUser)-order-0"
+        let created = try await requestJSON("POST", "/v1/orders", body: #"{"orderId":"\#(deletedOrder)","userId":"\#(deletedUser)","productId":"gems.500","price":"4.99","currency":"USD"}"#)
+        count("orders created")
+        let paid = SignedTransactionPayload(
+            transactionId: String(900_000_000 + Int(random.seed % 1000)), bundleId: Demo.bundleId, productId: "gems.500",
+            purchaseDate: Date().millisecondsSince1970, signedDate: Date().millisecondsSince1970, environment: "Sandbox",
+            appAccountToken: created["appAccountToken"] as? String, appTransactionId: deletedAccount, price: 4990, currency: "USD")
+        histories[deletedAccount, default: []].append(try chain.sign(paid))
+        count("clients deleted before uploading")
         // First launch: every client uploads what it holds; matched purchases are delivered.
         var still: [Pending] = []
         for item in pending {
@@ -209,6 +258,26 @@ struct DemoStory {
             count("second upload: \(answer["outcome"] as? String ?? "?")")
             _ = try await deliverIfMatched(answer)
         }
+        // A history sweep asks Apple for the accounts of users with open orders: the deleted
+        // client's purchase is found and tied to its order by its token; the rest is known.
+        for (account, signed) in histories {
+            await standIn.setHistory(account, [.init(revision: "\(account)-1", hasMore: false, signedTransactions: signed)])
+        }
+        recovery = try await requestJSON("POST", "/v1/recover", body: "{}")
+        let recovered = try await requestJSON("GET", "/v1/orders/\(deletedOrder)")
+        if recovered["state"] as? String == "verified" {
+            _ = try await request("POST", "/v1/orders/\(deletedOrder)/events", body: #"{"type":"delivered","data":{}}"#)
+            count("recovered orders delivered")
+        }
+    }
+
+    /// At login the app sends the signed AppTransaction naming the user's Apple account.
+    mutating func logIn(_ user: String, account: String) async throws -> String {
+        let signed = try chain.sign(SignedAppTransactionPayload(
+            appTransactionId: account, bundleId: Demo.bundleId, receiptType: "Sandbox", receiptCreationDate: Date().millisecondsSince1970))
+        let linked = try await requestJSON("POST", "/v1/users/\(user)/app-transaction", body: #"{"signedAppTransaction":"\#(signed)"}"#)
+        count("Apple accounts linked at login: \(linked["outcome"] as? String ?? "?")")
+        return account
     }
 
     mutating func upload(_ item: Pending) async throws -> [String: Any] {
@@ -234,6 +303,8 @@ struct DemoStory {
         for (what, n) in counts.sorted(by: { $0.key < $1.key }) { lines.append("  \(what): \(n)") }
         let rules = (reconcile["byRule"] as? [String: Int] ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
         lines.append("Reconciler: paired \(reconcile["paired"] as? Int ?? 0) of \(reconcile["considered"] as? Int ?? 0) orphans (\(rules.isEmpty ? "none" : rules)), \(reconcile["ambiguous"] as? Int ?? 0) ambiguous, \(reconcile["unknownUser"] as? Int ?? 0) without a user")
+        let found = (recovery["ingested"] as? [String: Int] ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
+        lines.append("History sweep: \(recovery["accounts"] as? Int ?? 0) Apple accounts, \(recovery["transactions"] as? Int ?? 0) transactions, \(recovery["known"] as? Int ?? 0) known; purchases no client sent: \(found.isEmpty ? "none" : found)")
         return lines.joined(separator: "\n")
     }
 

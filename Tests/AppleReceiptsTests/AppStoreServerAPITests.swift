@@ -1,4 +1,5 @@
 import AppleReceipts
+import AppStoreStandIn
 import Foundation
 import LedgerTestSupport
 import Logging
@@ -8,7 +9,7 @@ import Testing
 @Suite("The App Store Server API client against a stand-in")
 struct AppStoreServerAPITests {
     let apple: TestApple
-    let standIn = AppStoreServerStandIn()
+    let standIn = AppStoreServerStandIn(bundleID: TestApple.bundleId)
     init() throws { apple = try TestApple() }
 
     static let logger: Logger = {
@@ -139,7 +140,7 @@ struct AppStoreServerAPITests {
     func badKeys() async throws {
         try await standIn.run { base in
             var settings = standIn.settings(baseURL: base)
-            settings.privateKeyPEM = AppStoreServerStandIn().privateKeyPEM  // another key than the one Apple holds
+            settings.privateKeyPEM = AppStoreServerStandIn(bundleID: TestApple.bundleId).privateKeyPEM  // another key than the one Apple holds
             let api = try await AppStoreServerAPI(settings: settings, logger: Self.logger)
             do {
                 _ = try await api.transactionHistory("app-5")

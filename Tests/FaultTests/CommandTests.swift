@@ -1,3 +1,4 @@
+import AppStoreStandIn
 import Foundation
 import LedgerCore
 import LedgerStore
@@ -59,7 +60,7 @@ struct LookupCommandTests {
     @Test("takes an Apple order's purchases in from the command line; an unknown order is named")
     func looksUp() async throws {
         let apple = try TestApple()
-        let standIn = AppStoreServerStandIn()
+        let standIn = AppStoreServerStandIn(bundleID: TestApple.bundleId)
         try await withTestDatabase { db in
             let work = FileManager.default.temporaryDirectory.appendingPathComponent("ledger-lookup-\(UUID().uuidString.prefix(8))")
             try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
@@ -85,5 +86,81 @@ struct LookupCommandTests {
                 #expect(refusal.contains("apple-order-not-found"), "\(refusal)")
             }
         }
+    }
+}
+
+/// `ledger recover`, run as an operator runs it, against the stand-in App Store Server API.
+@Suite("ledger recover")
+struct RecoverCommandTests {
+    @Test("sweeps one user's Apple account from the command line and says what it found; a second run finds nothing new")
+    func recovers() async throws {
+        let apple = try TestApple()
+        let standIn = AppStoreServerStandIn(bundleID: TestApple.bundleId)
+        try await withTestDatabase { db in
+            let metadata = Data(#"{"appendedBy":"test"}"#.utf8)
+            let writer = LedgerWriter(database: db.database)
+            let orders = OrderLedger(writer: writer)
+            _ = try await orders.create(
+                OrderID(unchecked: "cli-open"), OrderCreated(userId: UserID(unchecked: "cli-user"), productId: ProductID(unchecked: "gems.100")),
+                tokenGiven: false, metadata: metadata)
+            let account = AppleAccount(appTransactionId: AppTransactionID(unchecked: "acct-cli"), environment: "Sandbox", bundleId: TestApple.bundleId)
+            _ = try await AppleAccountLinks(writer: writer).link(account, to: UserID(unchecked: "cli-user"), metadata: metadata)
+            var purchase = TestApple.transaction("9300001", product: "coins.500")
+            purchase.appTransactionId = "acct-cli"
+            await standIn.setHistory("acct-cli", [.init(revision: "c1", hasMore: false, signedTransactions: [try await apple.sign(purchase)])])
+
+            let work = FileManager.default.temporaryDirectory.appendingPathComponent("ledger-recover-\(UUID().uuidString.prefix(8))")
+            try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
+            defer { try? FileManager.default.removeItem(at: work) }
+            let keyFile = work.appendingPathComponent("key.p8").path
+            try standIn.privateKeyPEM.write(toFile: keyFile, atomically: true, encoding: .utf8)
+            try await standIn.run { base in
+                let environment = [
+                    "LEDGER_DATABASE_URL": db.configuration.url, "LEDGER_LOG_LEVEL": "warning",
+                    "LEDGER_APPLE_ROOT_CERTS": apple.rootFile, "LEDGER_APPLE_BUNDLE_ID": TestApple.bundleId,
+                    "LEDGER_APPLE_ENVIRONMENT": "Sandbox", "LEDGER_APPLE_API_KEY_ID": AppStoreServerStandIn.keyID,
+                    "LEDGER_APPLE_API_ISSUER_ID": AppStoreServerStandIn.issuerID, "LEDGER_APPLE_API_PRIVATE_KEY": keyFile,
+                    "LEDGER_APPLE_API_URL": base, "LEDGER_RECOVERY_AFTER": "0",
+                ]
+                let (status, output) = try await LedgerChild.run(
+                    ["recover", "--user", "cli-user"], environment: environment, log: work.appendingPathComponent("1.log"))
+                #expect(status == 0, "\(output)")
+                #expect(output.contains("swept 1 Apple accounts, 1 pages, 1 transactions"), "\(output)")
+                #expect(output.contains("new to the ledger: unmatched 1"), "\(output)")
+                let (again, second) = try await LedgerChild.run(
+                    ["recover"], environment: environment, log: work.appendingPathComponent("2.log"))
+                #expect(again == 0, "\(second)")
+                #expect(second.contains("new to the ledger: none"), "\(second)")
+                let (bad, refusal) = try await LedgerChild.run(
+                    ["recover", "--user", ""], environment: environment, log: work.appendingPathComponent("3.log"))
+                #expect(bad != 0 && refusal.contains("userId"), "\(refusal)")
+            }
+            #expect(try await scalarText(db, "SELECT user_id FROM apple_transactions WHERE transaction_id = '9300001'") == "cli-user")
+        }
+    }
+
+    func scalarText(_ db: TestDatabase, _ query: PostgresQuery) async throws -> String? {
+        for try await value in try await db.client.query(query, logger: TestServer.logger).decode(String?.self) { return value }
+        return nil
+    }
+}
+
+/// `ledger demo`, as a newcomer runs it: its own private cluster, its own Apple stand-ins.
+@Suite("ledger demo")
+struct DemoCommandTests {
+    @Test("plays its story to the end: lost order ids paired, an undo, and a deleted client's purchase found by a history sweep")
+    func playsTheStory() async throws {
+        // A folder the postgres account can enter (the checkout may be under a private folder).
+        let work = URL(fileURLWithPath: "/var/tmp/ledger-demo-test-\(UUID().uuidString.prefix(8))")
+        try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
+        defer { try? FileManager.default.removeItem(at: work) }
+        let (status, output) = try await LedgerChild.run(
+            ["demo", "--users", "8", "--data-dir", work.appendingPathComponent("data").path], environment: [:],
+            log: work.appendingPathComponent("demo.log"))
+        #expect(status == 0, "\(output)")
+        #expect(output.contains("clients deleted before uploading: 1"), "\(output)")
+        #expect(output.contains("purchases no client sent: matched 1"), "\(output)")
+        #expect(output.contains("recovered orders delivered: 1"), "\(output)")
+        #expect(output.contains("Reconciliation report (CSV):"), "\(output)")
     }
 }

@@ -1,4 +1,5 @@
 import AppleReceipts
+import AppStoreStandIn
 import Foundation
 import LedgerServer
 import LedgerTestSupport
@@ -7,7 +8,7 @@ import Testing
 @Suite("POST /v1/apple-orders/{appleOrderId}/lookup against a stand-in App Store Server API")
 struct AppleLookupRoutesTests {
     let apple: TestApple
-    let standIn = AppStoreServerStandIn()
+    let standIn = AppStoreServerStandIn(bundleID: TestApple.bundleId)
     init() throws { apple = try TestApple() }
 
     /// The receipts application with the App Store Server API pointed at the stand-in.

@@ -1,4 +1,5 @@
 import AppleReceipts
+import AppStoreStandIn
 import Foundation
 import LedgerServer
 import LedgerStore
@@ -93,7 +94,7 @@ extension ConfigurationTests {
             let named = [Key.appleAPIIssuerID, Key.appleAPIPrivateKey, Key.appleAPIRate].filter { text.contains($0) }
             #expect(named.count == 3, "\(text)")
         }
-        let standIn = AppStoreServerStandIn()
+        let standIn = AppStoreServerStandIn(bundleID: TestApple.bundleId)
         let file = NSTemporaryDirectory() + "iap-key-\(UUID()).p8"
         try standIn.privateKeyPEM.write(toFile: file, atomically: true, encoding: .utf8)
         defer { try? FileManager.default.removeItem(atPath: file) }

@@ -1,3 +1,4 @@
+import AppStoreStandIn
 import AppleReceipts
 import Foundation
 import Hummingbird
@@ -36,6 +37,16 @@ public final class TestApple: Sendable {
             purchaseDate: purchaseDate.millisecondsSince1970, signedDate: signedDate.millisecondsSince1970,
             environment: environment, appAccountToken: appAccountToken?.uuidString.lowercased(),
             appTransactionId: "app-tx-\(id)", price: 990, currency: "USD")
+    }
+
+    /// The signed AppTransaction StoreKit gives an app of `appTransactionId`'s Apple account.
+    public static func appTransaction(
+        _ appTransactionId: String?, environment: String = "Sandbox", bundleId: String = TestApple.bundleId, signedDate: Date = Date()
+    ) -> SignedAppTransactionPayload {
+        SignedAppTransactionPayload(
+            appTransactionId: appTransactionId, bundleId: bundleId, receiptType: environment,
+            receiptCreationDate: signedDate.millisecondsSince1970, appAppleId: appAppleId,
+            originalPurchaseDate: Date(timeIntervalSinceNow: -86_400 * 30).millisecondsSince1970)
     }
 
     public func sign(_ payload: some Encodable) async throws -> String {
@@ -103,11 +114,6 @@ public final class VerifyReceiptStandIn: Sendable {
         }
     }
 
-    static let quietLogger: Logger = {
-        var logger = Logger(label: "verify-receipt-stand-in")
-        logger.logLevel = .critical
-        return logger
-    }()
 
     /// A verifyReceipt answer with status 0 holding `transactions` (id, product, purchase ms).
     public static func valid(bundleId: String = TestApple.bundleId, environment: String = "Production", transactions: [(String, String, Int64)]) -> Answer {
@@ -118,56 +124,9 @@ public final class VerifyReceiptStandIn: Sendable {
     }
 }
 
-/// The stand-in server stopped before it listened.
-struct StandInEnded: Error {}
-
-/// Serves `router` on a free local port for the duration of `body`, which gets the port.
-func serveStandIn<T: Sendable>(_ router: Router<BasicRequestContext>, _ body: @Sendable (_ port: Int) async throws -> T) async throws -> T {
-    let port = PortBox()
-    let server = Application(
-        router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),
-        onServerRunning: { channel in await port.set(.success(channel.localAddress?.port ?? 0)) },
-        logger: VerifyReceiptStandIn.quietLogger)
-    return try await withThrowingTaskGroup(of: T?.self) { group in
-        group.addTask {
-            do {
-                try await server.runService(gracefulShutdownSignals: [])
-                await port.set(.failure(StandInEnded()))
-            } catch {
-                await port.set(.failure(error))
-                throw error
-            }
-            return nil
-        }
-        let bound = try await port.wait()
-        let result = try await body(bound)
-        group.cancelAll()
-        return result
-    }
-}
-
 actor CallLog {
     var counts: [String: Int] = [:]
     func record(_ key: String) { counts[key, default: 0] += 1 }
     func count(_ key: String) -> Int { counts[key] ?? 0 }
 }
 
-/// The stand-in's port, once it listens; or why it never will.
-actor PortBox {
-    var port: Result<Int, any Error>?
-    var waiters: [CheckedContinuation<Int, any Error>] = []
-
-    func set(_ value: Result<Int, any Error>) {
-        if port != nil { return }
-        port = value
-        for waiter in waiters { waiter.resume(with: value) }
-        waiters = []
-    }
-
-    /// The port; throws if the server ended before listening (without this, a server that
-    /// fails to start leaves its test waiting forever).
-    func wait() async throws -> Int {
-        if let port { return try port.get() }
-        return try await withCheckedThrowingContinuation { waiters.append($0) }
-    }
-}

@@ -7,7 +7,8 @@ import JWTKit
 import Logging
 import NIOCore
 
-/// A stand-in for Apple's App Store Server API on a local port. It checks every request's JWT as
+/// A stand-in for Apple's App Store Server API on a local port, for the tests and for
+/// `ledger demo` (Apple is not reachable from either). It checks every request's JWT as
 /// Apple does (ES256 with the key's public half, `kid`, `iss`, `aud`, `bid`, at most an hour
 /// between `iat` and `exp`, not expired), serves the transaction history and order lookups a test
 /// scripted, and plays the faults a test queued (429 with `Retry-After`, 500, a slow answer, a
@@ -42,7 +43,7 @@ public final class AppStoreServerStandIn: Sendable {
     public let bundleID: String
     private let state = State()
 
-    public init(bundleID: String = TestApple.bundleId) {
+    public init(bundleID: String) {
         let key = P256.Signing.PrivateKey()
         privateKeyPEM = key.pemRepresentation
         publicKey = key.publicKey
@@ -88,8 +89,9 @@ public final class AppStoreServerStandIn: Sendable {
             historyQueries.append(query)
             guard let pages = histories[id] else { return nil }
             guard let revision = query["revision"] else { return pages.first }
-            guard let index = pages.firstIndex(where: { $0.revision == revision }), index + 1 < pages.count else { return nil }
-            return pages[index + 1]
+            guard let index = pages.firstIndex(where: { $0.revision == revision }) else { return nil }
+            // From the last page's revision on: what was added since, or nothing yet.
+            return index + 1 < pages.count ? pages[index + 1] : Page(revision: revision, hasMore: false, signedTransactions: [])
         }
         func order(_ id: String) -> [String]? { orders[id] }
     }

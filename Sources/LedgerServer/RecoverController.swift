@@ -1,0 +1,58 @@
+import Foundation
+import Hummingbird
+import LedgerCore
+import LedgerStore
+import Logging
+import ServiceLifecycle
+
+/// `POST /v1/recover` (admin) `{userId?}`: one history sweep, of every due account or of one
+/// user's, answered with its counts.
+struct RecoverController {
+    let sweep: HistorySweep?
+
+    func addRoutes(to router: Router<LedgerRequestContext>) {
+        router.post("/v1/recover") { request, context in try await recover(request, context) }
+    }
+
+    struct Recover: Decodable {
+        let userId: UserID?
+    }
+
+    func recover(_ request: Request, _ context: LedgerRequestContext) async throws -> Answer<HistorySweep.Summary> {
+        var request = request
+        let body = try await request.collectBody(upTo: context.maxUploadSize)
+        let user = body.readableBytes == 0 ? nil : try await request.decode(as: Recover.self, context: context).userId
+        guard let sweep else { throw APIError.appleAPINotConfigured }
+        return Answer(try await sweep.run(user: user, metadata: context.eventMetadata))
+    }
+}
+
+extension APIError {
+    /// The answer of a route that asks Apple when no In-App Purchase key is configured.
+    static let appleAPINotConfigured = APIError(
+        .serviceUnavailable, code: "apple-api-not-configured",
+        message: "the App Store Server API is not configured (LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID, LEDGER_APPLE_API_PRIVATE_KEY)")
+}
+
+/// The history sweeps inside `ledger serve`: one every `interval`, until shutdown. A failed
+/// sweep is logged and the next one comes on time.
+struct HistorySweepService: Service {
+    let sweep: HistorySweep
+    let interval: Duration
+    let logger: Logger
+
+    func run() async throws {
+        await cancelWhenGracefulShutdown {
+            while !Task.isCancelled {
+                do { try await Task.sleep(for: interval) } catch { return }
+                do {
+                    _ = try await sweep.run()
+                } catch is CancellationError {
+                    return
+                } catch {
+                    logger.error("history sweep failed", metadata: ["error": "\(String(reflecting: error))"])
+                }
+            }
+        }
+    }
+}

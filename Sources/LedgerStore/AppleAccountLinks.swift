@@ -1,0 +1,81 @@
+import Foundation
+import LedgerCore
+import Logging
+import PostgresNIO
+
+/// The Apple account links: which user owns which Apple account (`appTransactionId`). A link is
+/// the first event of the account's stream, so the database's one-event-per-version rule lets
+/// exactly one user own an account however many servers race; a claim by another user is
+/// recorded as a conflict for support and moves nothing. The reconciler's view of the pool
+/// (`pool_with_users`) and the history sweeps read the links from the log.
+public struct AppleAccountLinks: Sendable {
+    public let writer: LedgerWriter
+    var database: Database { writer.database }
+
+    public init(writer: LedgerWriter) {
+        self.writer = writer
+    }
+
+    /// What a claim did.
+    public enum Outcome: String, Codable, Sendable {
+        /// The account is now this user's.
+        case linked
+        /// It was this user's already (a retry, another login): nothing appended.
+        case alreadyLinked = "already-linked"
+        /// Another user owns it: the claim is recorded for support and the link stays.
+        case conflict
+    }
+
+    public struct Answer: Sendable, Equatable {
+        public var outcome: Outcome
+        public var appTransactionId: AppTransactionID
+        public var userId: UserID
+        /// The owner, when it is not `userId`.
+        public var ownerUserId: UserID?
+    }
+
+    /// Records that `user` presented `account`'s signed AppTransaction.
+    public func link(_ account: AppleAccount, to user: UserID, metadata: Data) async throws -> Answer {
+        try await database.transactionAgainAfterLostRace { connection in
+            try await link(account, to: user, metadata: metadata, on: connection)
+        }
+    }
+
+    func link(_ account: AppleAccount, to user: UserID, metadata: Data, on connection: PostgresConnection) async throws -> Answer {
+        let id = account.appTransactionId
+        let stream = id.streamID
+        try await writer.lock([stream], on: connection)
+        guard let owner = try await owner(of: id, on: connection) else {
+            let event = try EventCoding.newEvent(
+                type: AppleAccountEvents.linked, AppleAccountEvents.Linked(account: account, userId: user),
+                id: EventID.named(AppleAccountEvents.linked, id.rawValue, user.rawValue), metadata: metadata)
+            _ = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: stream, expected: .noStream)), on: connection)
+            database.logger.info("Apple account linked", metadata: ["apple.app_transaction": "\(id)", "user.id": "\(user)"])
+            return Answer(outcome: .linked, appTransactionId: id, userId: user, ownerUserId: nil)
+        }
+        guard owner != user else { return Answer(outcome: .alreadyLinked, appTransactionId: id, userId: user, ownerUserId: nil) }
+        // Named by the claimant: the same user claiming again records one conflict.
+        let event = try EventCoding.newEvent(
+            type: AppleAccountEvents.conflict, AppleAccountEvents.Conflict(appTransactionId: id, userId: user, ownerUserId: owner),
+            id: EventID.named(AppleAccountEvents.conflict, id.rawValue, user.rawValue), metadata: metadata)
+        let written = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: stream)), on: connection)
+        if !written.replayed {
+            database.logger.warning("an Apple account another user owns was claimed", metadata: [
+                "apple.app_transaction": "\(id)", "user.id": "\(user)", "apple.owner": "\(owner)"])
+        }
+        return Answer(outcome: .conflict, appTransactionId: id, userId: user, ownerUserId: owner)
+    }
+
+    /// The user who owns the account, if one does.
+    public func owner(of id: AppTransactionID) async throws -> UserID? {
+        try await database.withConnection { connection in try await owner(of: id, on: connection) }
+    }
+
+    func owner(of id: AppTransactionID, on connection: PostgresConnection) async throws -> UserID? {
+        let rows = try await connection.guardedQuery(
+            "SELECT data->>'userId' FROM events WHERE stream_id = \(id.streamID.rawValue) AND stream_version = 0",
+            logger: database.logger)
+        for try await user in rows.decode(String.self) { return UserID(unchecked: user) }
+        return nil
+    }
+}

@@ -1,0 +1,50 @@
+import ArgumentParser
+import Foundation
+import LedgerCore
+import LedgerServer
+import LedgerStore
+
+/// `ledger recover`: one history sweep, as `POST /v1/recover` runs it, with progress on a
+/// terminal and a summary.
+struct Recover: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Sweep the Apple transaction history of users with old open orders and take in the purchases no client sent (App Store Server API).")
+    @OptionGroup var options: ConfigurationOptions
+    @Option(help: "Sweep only this user's Apple accounts") var user: String?
+
+    /// Progress on standard error, only when it is a terminal.
+    static var progress: (@Sendable (Int, Int) -> Void)? {
+        guard isatty(STDERR_FILENO) == 1 else { return nil }
+        return { @Sendable (done: Int, total: Int) in
+            FileHandle.standardError.write(Data("\r\(done) of \(total) Apple accounts".utf8))
+            if done >= total { FileHandle.standardError.write(Data("\n".utf8)) }
+        }
+    }
+
+    func run() async throws {
+        let configuration = try LedgerConfiguration.load(options.values())
+        guard let settings = try configuration.apple.appStoreServerAPI() else {
+            throw ValidationError("the App Store Server API is not configured: set LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID and LEDGER_APPLE_API_PRIVATE_KEY")
+        }
+        let userID = try user.map { try UserID($0) }
+        let who = "ledger recover (\(ProcessInfo.processInfo.environment["USER"] ?? "unknown user"))"
+        let metadata = try JSONSerialization.data(withJSONObject: ["appendedBy": who])
+        let progress = Self.progress
+        let summary = try await withLedgerDatabase(options) { client, logger in
+            let database = Database(client: client, logger: logger)
+            let sweep = configuration.historySweep(
+                api: LazyAppStoreServerAPI(settings: settings, logger: logger), verifier: try configuration.apple.verifier(logger: logger),
+                receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database))))
+            return try await sweep.run(user: userID, metadata: metadata, progress: progress)
+        }
+        let ingested = summary.ingested.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
+        print("swept \(summary.accounts) Apple accounts, \(summary.pages) pages, \(summary.transactions) transactions in \(String(format: "%.2f", summary.seconds)) s")
+        print("new to the ledger: \(ingested.isEmpty ? "none" : ingested); \(summary.known) known already; \(summary.refused) refused by verification")
+        if summary.busy > 0 { print("\(summary.busy) accounts left to another server sweeping them") }
+        if summary.failed > 0 {
+            let why = summary.failures.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
+            print("\(summary.failed) accounts could not be read (\(why)); the next sweep starts them where this one stopped")
+        }
+        if let stop = summary.stoppedBy { throw ValidationError("the sweep stopped early: \(stop)") }
+    }
+}

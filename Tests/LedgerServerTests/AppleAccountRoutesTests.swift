@@ -1,0 +1,187 @@
+import AppleReceipts
+import AppStoreStandIn
+import Foundation
+import HTTPTypes
+import LedgerServer
+import LedgerStore
+import LedgerTestSupport
+import Testing
+
+/// The Apple account link and the history sweeps, against a stand-in App Store Server API.
+@Suite("Apple accounts: POST /v1/users/{userId}/app-transaction and POST /v1/recover")
+struct AppleAccountRoutesTests {
+    let apple: TestApple
+    let standIn = AppStoreServerStandIn(bundleID: TestApple.bundleId)
+    init() throws { apple = try TestApple() }
+
+    /// The receipts application with the API pointed at the stand-in; orders are due a sweep at once.
+    func withSweepApplication(_ test: @Sendable @escaping (LedgerHTTP, TestDatabase, _ standInURL: String) async throws -> Void) async throws {
+        let keyFile = NSTemporaryDirectory() + "iap-key-\(UUID()).p8"
+        try standIn.privateKeyPEM.write(toFile: keyFile, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: keyFile) }
+        try await standIn.run { base in
+            try await withReceiptsApplication(apple, configure: { configuration in
+                configuration.apple.apiKeyID = AppStoreServerStandIn.keyID
+                configuration.apple.apiIssuerID = AppStoreServerStandIn.issuerID
+                configuration.apple.apiPrivateKeyFile = keyFile
+                configuration.apple.apiURL = base
+                configuration.recoveryAfter = 0
+                configuration.recoveryInterval = 0
+            }, { http, db in try await test(http, db, base) })
+        }
+    }
+
+    @discardableResult
+    func link(_ http: LedgerHTTP, _ user: String, _ signed: String) async throws -> (HTTPResponse.Status, [String: Any]) {
+        try await http.send(.post, "/v1/users/\(user)/app-transaction", json: ["signedAppTransaction": signed])
+    }
+
+    @Test("the first user to present an account owns it; again is a no-op; another user is a conflict recorded once; forged or foreign ones are 422")
+    func links() async throws {
+        let forged = try ThrowawaySigningChain(name: "Not Apple")
+        try await withReceiptsApplication(apple) { http, db in
+            let signed = try await apple.sign(TestApple.appTransaction("acct-1"))
+            let (status, first) = try await link(http, "u-a", signed)
+            #expect(status == .ok && first["outcome"] as? String == "linked" && first["appTransactionId"] as? String == "acct-1")
+            let events = try await eventCount(db)
+            let (_, again) = try await link(http, "u-a", try await apple.sign(TestApple.appTransaction("acct-1")))
+            #expect(again["outcome"] as? String == "already-linked")
+            #expect(try await eventCount(db) == events, "a second login appends nothing")
+            let (_, other) = try await link(http, "u-b", signed)
+            #expect(other["outcome"] as? String == "conflict" && other["ownerUserId"] as? String == "u-a")
+            let (_, otherAgain) = try await link(http, "u-b", signed)
+            #expect(otherAgain["outcome"] as? String == "conflict")
+            #expect(try await eventCount(db) == events + 1, "the conflict is recorded once")
+            #expect(try await scalar(db, "SELECT user_id || ' ' || conflicts FROM dashboards.apple_accounts WHERE app_transaction_id = 'acct-1'", as: String.self) == "u-a 1")
+            #expect(try await scalar(db, "SELECT claimed_by FROM dashboards.apple_account_conflicts", as: String.self) == "u-b")
+
+            let (forgedStatus, forgedError) = try await link(http, "u-a", try forged.sign(TestApple.appTransaction("acct-2")))
+            #expect(forgedStatus == .unprocessableContent && errorOf(forgedError)["code"] as? String == "invalid-certificate-chain")
+            let (bundleStatus, bundleError) = try await link(http, "u-a", try await apple.sign(TestApple.appTransaction("acct-2", bundleId: "com.other")))
+            #expect(bundleStatus == .unprocessableContent && errorOf(bundleError)["code"] as? String == "wrong-bundle-id")
+            let (envStatus, envError) = try await link(http, "u-a", try await apple.sign(TestApple.appTransaction("acct-2", environment: "Production")))
+            #expect(envStatus == .unprocessableContent && errorOf(envError)["code"] as? String == "wrong-environment")
+            let (noIDStatus, _) = try await link(http, "u-a", try await apple.sign(TestApple.appTransaction(nil)))
+            #expect(noIDStatus == .unprocessableContent)
+            let (missing, missingError) = try await http.send(.post, "/v1/users/u-a/app-transaction", json: [:])
+            #expect(missing == .badRequest, "\(missingError)")
+            #expect(try await eventCount(db) == events + 1, "nothing refused is stored")
+        }
+    }
+
+    @Test("a linked account resolves the user of an orphan that came without one")
+    func linkResolvesOrphan() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-linked", user: "u-linked"))
+            var purchase = TestApple.transaction("7300001")
+            purchase.appTransactionId = "acct-linked"
+            let notification = try await apple.notification("ONE_TIME_CHARGE", transaction: purchase)
+            let (_, pooled) = try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": notification], key: .some(nil))
+            #expect(pooled["streamId"] as? String == "transaction-7300001")
+            let (_, before) = try await http.send(.post, "/v1/reconcile", raw: "")
+            #expect(before["paired"] as? Int == 0 && before["unknownUser"] as? Int == 1)
+            let (linked, _) = try await link(http, "u-linked", try await apple.sign(TestApple.appTransaction("acct-linked")))
+            #expect(linked == .ok)
+            let (_, after) = try await http.send(.post, "/v1/reconcile", raw: "")
+            #expect(after["paired"] as? Int == 1 && after["usersResolved"] as? Int == 1)
+            let (_, order) = try await http.send(.get, "/v1/orders/o-linked")
+            #expect(order["state"] as? String == "verified" && order["transactionId"] as? String == "7300001")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions", as: Int.self) == 0)
+        }
+    }
+
+    @Test("a sweep finds purchases no client sent through a 429 storm and a 500, refuses a forged one, and a second sweep ingests nothing")
+    func sweeps() async throws {
+        let forged = try ThrowawaySigningChain(name: "Not Apple")
+        try await withSweepApplication { http, db, _ in
+            let (_, created) = try await http.send(.post, "/v1/orders", json: newOrder("o-gems", user: "u-s"))
+            let token = try #require((created["appAccountToken"] as? String).flatMap(UUID.init(uuidString:)))
+            try await http.send(.post, "/v1/orders", json: newOrder("o-coins", user: "u-s", product: "coins.500"))
+            // Still open after the sweep: the account stays due.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-open", user: "u-s", product: "gems.900"))
+            try await link(http, "u-s", try await apple.sign(TestApple.appTransaction("acct-s")))
+            var withToken = TestApple.transaction("7400001", appAccountToken: token)
+            withToken.appTransactionId = "acct-s"
+            var withoutToken = TestApple.transaction("7400002", product: "coins.500")
+            withoutToken.appTransactionId = "acct-s"
+            await standIn.setHistory("acct-s", [
+                .init(revision: "r1", hasMore: true, signedTransactions: [try await apple.sign(withToken), try forged.sign(TestApple.transaction("7400003"))]),
+                .init(revision: "r2", hasMore: false, signedTransactions: [try await apple.sign(withoutToken)]),
+            ])
+            await standIn.queue([.tooManyRequests(after: .milliseconds(300)), .tooManyRequests(after: .milliseconds(200)), .serverError])
+            let (status, summary) = try await http.send(.post, "/v1/recover", raw: "")
+            #expect(status == .ok, "\(summary)")
+            #expect(summary["accounts"] as? Int == 1 && summary["pages"] as? Int == 2 && summary["transactions"] as? Int == 3)
+            #expect(summary["refused"] as? Int == 1 && summary["failed"] as? Int == 0)
+            #expect(summary["ingested"] as? [String: Int] == ["matched": 1, "unmatched": 1])
+            let (_, gems) = try await http.send(.get, "/v1/orders/o-gems")
+            #expect(gems["state"] as? String == "verified" && gems["transactionId"] as? String == "7400001")
+            let (_, pass) = try await http.send(.post, "/v1/reconcile", raw: "")
+            #expect(pass["paired"] as? Int == 1)
+            let (_, coins) = try await http.send(.get, "/v1/orders/o-coins")
+            #expect(coins["state"] as? String == "verified" && coins["transactionId"] as? String == "7400002")
+            #expect(try await scalar(db, "SELECT revision FROM apple_history_cursors WHERE account_id = 'acct-s'", as: String.self) == "r2")
+
+            let events = try await eventCount(db)
+            let (_, again) = try await http.send(.post, "/v1/recover", json: ["userId": "u-s"])
+            #expect(again["accounts"] as? Int == 1 && again["pages"] as? Int == 1 && again["transactions"] as? Int == 0, "\(again)")
+            #expect((again["ingested"] as? [String: Int] ?? [:]).isEmpty)
+            #expect(try await eventCount(db) == events, "a second sweep appends nothing")
+            #expect(await standIn.historyQueries.last?["revision"] == "r2", "it starts where the first one stopped")
+            #expect(await standIn.historyQueries.first?["startDate"] != nil, "the first one starts at the oldest open order")
+            #expect(await standIn.refusedTokens == 0)
+        }
+    }
+
+    @Test("a malformed page fails its account and keeps its cursor; two sweeps at once ingest once; a lost cursor costs a sweep that ingests nothing")
+    func faultsAndRaces() async throws {
+        try await withSweepApplication { http, db, base in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-f", user: "u-f"))
+            try await link(http, "u-f", try await apple.sign(TestApple.appTransaction("acct-f")))
+            var purchase = TestApple.transaction("7500001")
+            purchase.appTransactionId = "acct-f"
+            await standIn.setHistory("acct-f", [.init(revision: "f1", hasMore: false, signedTransactions: [try await apple.sign(purchase)])])
+            await standIn.queue([.malformed])
+            let (_, failed) = try await http.send(.post, "/v1/recover", raw: "")
+            #expect(failed["failed"] as? Int == 1 && failed["failures"] as? [String: Int] == ["apple-api-answer-malformed": 1])
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_history_cursors WHERE revision IS NOT NULL", as: Int.self) == 0)
+
+            // Two servers' sweeps at once: the first holds the account while Apple is slow; the second skips it.
+            var configuration = LedgerConfiguration()
+            configuration.apple.rootCertificateFiles = [apple.rootFile]
+            configuration.apple.bundleID = TestApple.bundleId
+            configuration.apple.environment = "Sandbox"
+            configuration.recoveryAfter = 0
+            let verifier = try configuration.apple.verifier(logger: TestServer.logger)
+            let sweeps = (0..<2).map { _ in
+                configuration.historySweep(
+                    api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger), verifier: verifier,
+                    receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: Database(client: db.client, logger: TestServer.logger)))))
+            }
+            await standIn.queue([.slow(.milliseconds(800))])
+            async let first = sweeps[0].run()
+            try await Task.sleep(for: .milliseconds(300))
+            let second = try await sweeps[1].run()
+            let firstSummary = try await first
+            #expect(second.busy == 1 && second.transactions == 0, "\(second)")
+            #expect(firstSummary.ingested == ["unmatched": 1], "\(firstSummary)")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM events WHERE stream_id = 'transaction-7500001'", as: Int.self) == 1)
+            let (_, later) = try await http.send(.post, "/v1/recover", raw: "")
+            #expect(later["busy"] as? Int == 0 && later["transactions"] as? Int == 0)
+            // A lost cursor costs one full sweep, which finds the pooled purchase known.
+            try await db.client.query("UPDATE apple_history_cursors SET revision = NULL", logger: TestServer.logger)
+            let events = try await eventCount(db)
+            let (_, full) = try await http.send(.post, "/v1/recover", raw: "")
+            #expect(full["transactions"] as? Int == 1 && full["known"] as? Int == 1 && (full["ingested"] as? [String: Int] ?? [:]).isEmpty, "\(full)")
+            #expect(try await eventCount(db) == events)
+        }
+    }
+
+    @Test("without an API key POST /v1/recover answers 503 apple-api-not-configured")
+    func notConfigured() async throws {
+        try await withReceiptsApplication(apple) { http, _ in
+            let (status, error) = try await http.send(.post, "/v1/recover", raw: "")
+            #expect(status == .serviceUnavailable && errorOf(error)["code"] as? String == "apple-api-not-configured")
+        }
+    }
+}
