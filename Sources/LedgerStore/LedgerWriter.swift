@@ -53,16 +53,24 @@ public final class LedgerWriter: Sendable {
         /// For a receipt that takes its transaction out of the pool: how the pairing was made,
         /// recorded on the `transaction-matched` the writer appends for it.
         public var pairing: Pairing?
+        /// For a write decided on what the writer reads rather than on what its caller read
+        /// under locks (a receipt's common case): what the order of its first append must be,
+        /// as read, for the write to be stored; else it is refused with `WriteConditionFailed`.
+        public var condition: (@Sendable (Order) -> Bool)?
 
-        public init(_ appends: [Append], pairing: Pairing? = nil) {
+        public init(_ appends: [Append], pairing: Pairing? = nil, condition: (@Sendable (Order) -> Bool)? = nil) {
             self.appends = appends
             self.pairing = pairing
+            self.condition = condition
         }
 
-        public init(_ append: Append, pairing: Pairing? = nil) {
-            self.init([append], pairing: pairing)
+        public init(_ append: Append, pairing: Pairing? = nil, condition: (@Sendable (Order) -> Bool)? = nil) {
+            self.init([append], pairing: pairing, condition: condition)
         }
     }
+
+    /// A write's `condition` did not hold of its order as read: nothing of it was stored.
+    public struct WriteConditionFailed: Error, Sendable {}
 
     /// How an Apple transaction was paired with an order: among how many candidates, by which rule.
     public struct Pairing: Sendable {

@@ -40,6 +40,7 @@ public struct ReceiptLedger: Sendable {
 
     /// Applies `transaction`, proven by the client or by Apple, for `claim`.
     public func apply(_ transaction: AppleTransaction, claim: Claim, metadata: Data) async throws -> Answer {
+        if let answer = try await applyCommonCase(transaction, claim: claim, metadata: metadata) { return answer }
         do {
             return try await database.transaction { connection in
                 try await apply(transaction, claim: claim, metadata: metadata, on: connection)
@@ -51,6 +52,37 @@ public struct ReceiptLedger: Sendable {
             return try await database.transaction { connection in
                 try await apply(transaction, claim: claim, metadata: metadata, on: connection)
             }
+        }
+    }
+
+    /// The common case, through the writer's group commit rather than a transaction of its own:
+    /// the order its order id (else its appAccountToken) names, open, of the same product and
+    /// of the claiming user, takes the transaction. The writer checks that on the order as its
+    /// group reads it, and the append routine stores the pairing only if, under the locks, the
+    /// order is still as read and the transaction unclaimed (taken out of the pool if it waited
+    /// there). Nil when the case does not hold, or no longer held when written: the locked path
+    /// (`apply(_:claim:metadata:on:)`) then decides.
+    func applyCommonCase(_ transaction: AppleTransaction, claim: Claim, metadata: Data) async throws -> Answer? {
+        let named: (OrderID, MatchedBy)
+        if let orderID = claim.orderId {
+            named = (orderID, .applicationUsername)
+        } else if let token = transaction.appAccountToken,
+                  let owner = try await database.withConnection({ try await orderID(appAccountToken: token, on: $0) }) {
+            named = (owner, .appAccountToken)
+        } else {
+            return nil
+        }
+        let (product, user) = (transaction.productId, claim.userId)
+        var write = try matchWrite(transaction, to: named.0, by: named.1, pairing: nil, metadata: metadata)
+        write.condition = { order in order.isOpen && order.productId == product && (user == nil || user == order.userId) }
+        do {
+            let written = try await writer.append(write)
+            // A replay (the same proof raced itself): the locked path answers from what is stored.
+            guard let after = written.appends.first?.order else { return nil }
+            return Answer(outcome: .matched, transactionId: transaction.transactionId, orderId: named.0, state: after.state,
+                          finishTransaction: after.state.clientMayFinish, reason: nil)
+        } catch let error where Self.lostRace(error) || error is OrderDecisionError || error is LedgerWriter.WriteConditionFailed {
+            return nil
         }
     }
 
