@@ -95,7 +95,7 @@ let package = Package(
         .executableTarget(
             name: "LedgerBench",
             dependencies: [
-                "LedgerCore", "LedgerStore", "LedgerServer", "AppleReceipts",
+                "LedgerCore", "LedgerStore", "LedgerServer", "AppleReceipts", "AppStoreStandIn",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),

@@ -35,9 +35,7 @@ struct BenchReceipts: AsyncParsableCommand {
         let work = try BenchServerChild.workDirectory("receipts")
         defer { try? FileManager.default.removeItem(at: work) }
 
-        let chain = try ThrowawaySigningChain(name: "Order Ledger benchmark")
-        let rootFile = work.appendingPathComponent("bench-root.pem").path
-        try chain.rootPEM().write(toFile: rootFile, atomically: true, encoding: .utf8)
+        let (chain, rootFile) = try Self.signingChain(in: work)
         let run = UUID().uuidString.prefix(6).lowercased()
         let (key, bodies) = try await withPostgresClient(benchConfiguration, logger: logger) { client in
             let database = Database(client: client, logger: logger)
@@ -57,6 +55,15 @@ struct BenchReceipts: AsyncParsableCommand {
         let outcomeText = outcomes.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", ")
         printTableRow(["\(concurrency)"] + summary.cells + [outcomeText, format(Double(peakRSS) / 1024, decimals: 1)])
         try await BenchAppend().dropDatabase(opened.clientConfiguration, logger: logger)
+    }
+
+    /// A signing chain made for this run, its root written to a PEM file in `work` for the
+    /// ledger to trust.
+    static func signingChain(in work: URL) throws -> (ThrowawaySigningChain, rootFile: String) {
+        let chain = try ThrowawaySigningChain(name: "Order Ledger benchmark")
+        let rootFile = work.appendingPathComponent("bench-root.pem").path
+        try chain.rootPEM().write(toFile: rootFile, atomically: true, encoding: .utf8)
+        return (chain, rootFile)
     }
 
     /// One open order per receipt and the request body proving its purchase, signed beforehand

@@ -43,22 +43,32 @@ public struct AppleAccountLinks: Sendable {
 
     func link(_ account: AppleAccount, to user: UserID, metadata: Data, on connection: PostgresConnection) async throws -> Answer {
         let id = account.appTransactionId
-        let stream = id.streamID
-        try await writer.lock([stream], on: connection)
-        guard let owner = try await owner(of: id, on: connection) else {
-            let event = try EventCoding.newEvent(
-                type: AppleAccountEvents.linked, AppleAccountEvents.Linked(account: account, userId: user),
-                id: EventID.named(AppleAccountEvents.linked, id.rawValue, user.rawValue), metadata: metadata)
-            _ = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: stream, expected: .noStream)), on: connection)
-            database.logger.info("Apple account linked", metadata: ["apple.app_transaction": "\(id)", "user.id": "\(user)"])
-            return Answer(outcome: .linked, appTransactionId: id, userId: user, ownerUserId: nil)
-        }
-        guard owner != user else { return Answer(outcome: .alreadyLinked, appTransactionId: id, userId: user, ownerUserId: nil) }
-        // Named by the claimant: the same user claiming again records one conflict.
+        try await writer.lock([id.streamID], on: connection)
+        let owner = try await owner(of: id, on: connection)
+        if owner == user { return Answer(outcome: .alreadyLinked, appTransactionId: id, userId: user, ownerUserId: nil) }
+        if let owner { return try await recordConflict(id, claimedBy: user, owner: owner, metadata: metadata, on: connection) }
+        return try await recordLink(account, to: user, metadata: metadata, on: connection)
+    }
+
+    /// The account's first event: `user` owns it.
+    private func recordLink(_ account: AppleAccount, to user: UserID, metadata: Data, on connection: PostgresConnection) async throws -> Answer {
+        let id = account.appTransactionId
+        let event = try EventCoding.newEvent(
+            type: AppleAccountEvents.linked, AppleAccountEvents.Linked(account: account, userId: user),
+            id: EventID.named(AppleAccountEvents.linked, id.rawValue, user.rawValue), metadata: metadata)
+        _ = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: id.streamID, expected: .noStream)), on: connection)
+        database.logger.info("Apple account linked", metadata: ["apple.app_transaction": "\(id)", "user.id": "\(user)"])
+        return Answer(outcome: .linked, appTransactionId: id, userId: user, ownerUserId: nil)
+    }
+
+    /// Another user's claim, for support; named by the claimant, so claiming again records one.
+    private func recordConflict(
+        _ id: AppTransactionID, claimedBy user: UserID, owner: UserID, metadata: Data, on connection: PostgresConnection
+    ) async throws -> Answer {
         let event = try EventCoding.newEvent(
             type: AppleAccountEvents.conflict, AppleAccountEvents.Conflict(appTransactionId: id, userId: user, ownerUserId: owner),
             id: EventID.named(AppleAccountEvents.conflict, id.rawValue, user.rawValue), metadata: metadata)
-        let written = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: stream)), on: connection)
+        let written = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: id.streamID)), on: connection)
         if !written.replayed {
             database.logger.warning("an Apple account another user owns was claimed", metadata: [
                 "apple.app_transaction": "\(id)", "user.id": "\(user)", "apple.owner": "\(owner)"])

@@ -85,7 +85,9 @@ public enum EventCoding {
     }
 
     /// An event no projection reads (an Apple account's link, a notification kept apart), with
-    /// `body` as its JSON.
+    /// `body` as its JSON. (Not inlined: inlined into an async caller, its typed-throwing
+    /// `NewEvent` init crashes Swift 6.3's optimiser while it splits that caller's coroutine.)
+    @inline(never)
     public static func newEvent(type: String, _ body: some Encodable, id: EventID, metadata: Data) throws -> NewEvent {
         try NewEvent(id: id, type: type, data: encoder.encode(body), metadata: metadata)
     }

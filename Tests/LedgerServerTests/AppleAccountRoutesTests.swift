@@ -15,7 +15,9 @@ struct AppleAccountRoutesTests {
     init() throws { apple = try TestApple() }
 
     /// The receipts application with the API pointed at the stand-in; orders are due a sweep at once.
-    func withSweepApplication(_ test: @Sendable @escaping (LedgerHTTP, TestDatabase, _ standInURL: String) async throws -> Void) async throws {
+    func withSweepApplication(
+        interval: Int = 0, _ test: @Sendable @escaping (LedgerHTTP, TestDatabase, _ standInURL: String) async throws -> Void
+    ) async throws {
         let keyFile = NSTemporaryDirectory() + "iap-key-\(UUID()).p8"
         try standIn.privateKeyPEM.write(toFile: keyFile, atomically: true, encoding: .utf8)
         defer { try? FileManager.default.removeItem(atPath: keyFile) }
@@ -26,7 +28,7 @@ struct AppleAccountRoutesTests {
                 configuration.apple.apiPrivateKeyFile = keyFile
                 configuration.apple.apiURL = base
                 configuration.recoveryAfter = 0
-                configuration.recoveryInterval = 0
+                configuration.recoveryInterval = interval
             }, { http, db in try await test(http, db, base) })
         }
     }
@@ -174,6 +176,24 @@ struct AppleAccountRoutesTests {
             let (_, full) = try await http.send(.post, "/v1/recover", raw: "")
             #expect(full["transactions"] as? Int == 1 && full["known"] as? Int == 1 && (full["ingested"] as? [String: Int] ?? [:]).isEmpty, "\(full)")
             #expect(try await eventCount(db) == events)
+        }
+    }
+
+    @Test("ledger serve sweeps on its own every LEDGER_RECOVERY_INTERVAL seconds")
+    func sweepsInTheBackground() async throws {
+        try await withSweepApplication(interval: 1) { http, _, _ in
+            let (_, created) = try await http.send(.post, "/v1/orders", json: newOrder("o-bg", user: "u-bg"))
+            let token = try #require((created["appAccountToken"] as? String).flatMap(UUID.init(uuidString:)))
+            try await link(http, "u-bg", try await apple.sign(TestApple.appTransaction("acct-bg")))
+            var purchase = TestApple.transaction("7600001", appAccountToken: token)
+            purchase.appTransactionId = "acct-bg"
+            await standIn.setHistory("acct-bg", [.init(revision: "b1", hasMore: false, signedTransactions: [try await apple.sign(purchase)])])
+            var state: String?
+            for _ in 0..<50 where state != "verified" {
+                try await Task.sleep(for: .milliseconds(100))
+                state = try await http.send(.get, "/v1/orders/o-bg").1["state"] as? String
+            }
+            #expect(state == "verified", "the background sweep found the purchase within 5 s")
         }
     }
 
