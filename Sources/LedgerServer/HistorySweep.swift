@@ -224,16 +224,17 @@ public struct HistorySweep: Sendable {
             }
         }
         let known = try await receipts.holders(of: transactions.map(\.transactionId))
-        var ingested = 0
-        for transaction in transactions {
-            guard known.index(forKey: transaction.transactionId) == nil else {
-                summary.known += 1
-                continue
+        let new = transactions.filter { known.index(forKey: $0.transactionId) == nil }
+        summary.known += transactions.count - new.count
+        // Different transactions: taken in at once (each in a transaction of its own).
+        let outcomes = try await withThrowingTaskGroup(of: ReceiptOutcome.self) { group in
+            for transaction in new {
+                group.addTask { try await receipts.apply(transaction, claim: .init(userId: account.user, orderId: nil), metadata: metadata).outcome }
             }
-            let answer = try await receipts.apply(transaction, claim: .init(userId: account.user, orderId: nil), metadata: metadata)
-            summary.ingested[answer.outcome.rawValue, default: 0] += 1
-            ingested += 1
+            return try await group.reduce(into: [ReceiptOutcome]()) { $0.append($1) }
         }
+        for outcome in outcomes { summary.ingested[outcome.rawValue, default: 0] += 1 }
+        let ingested = outcomes.count
         return ingested
     }
 
