@@ -57,6 +57,21 @@ public final class AppStoreServerStandIn: Sendable {
     }
 
     public func setHistory(_ anyID: String, _ pages: [Page]) async { await state.setHistory(anyID, pages) }
+    /// Refund history pages of an account (`revision` and `signedTransactions` as for history).
+    public func setRefunds(_ anyID: String, _ pages: [Page]) async { await state.setRefunds(anyID, pages) }
+    /// Notification history: pages of signed payloads, each page's `revision` its pagination token.
+    public func setNotifications(_ pages: [Page]) async { await state.setNotifications(pages) }
+    /// Apple's refusal of Set App Account Token for a transaction (its `errorCode`, such as
+    /// 4000185 for a family-shared one).
+    public func refuseAccountToken(_ transactionID: String, errorCode: Int) async { await state.refuseToken(transactionID, errorCode) }
+    /// The writes that reached Apple with a valid token: method, path and body, in order.
+    public var writes: [Write] { get async { await state.writes } }
+
+    public struct Write: Sendable {
+        public var method: String
+        public var path: String
+        public var body: String
+    }
     public func setOrder(_ orderID: String, _ signedTransactions: [String]) async { await state.setOrder(orderID, signedTransactions) }
     public func queue(_ faults: [Fault]) async { await state.queue(faults) }
     /// Requests that reached a route, with a valid token or not.
@@ -75,6 +90,26 @@ public final class AppStoreServerStandIn: Sendable {
         var tokens = Set<String>()
         var refusedTokens = 0
         var historyQueries: [[String: String]] = []
+        var refunds: [String: [Page]] = [:]
+        var notifications: [Page] = []
+        var tokenRefusals: [String: Int] = [:]
+        var writes: [Write] = []
+
+        func setRefunds(_ id: String, _ pages: [Page]) { refunds[id] = pages }
+        func setNotifications(_ pages: [Page]) { notifications = pages }
+        func refuseToken(_ id: String, _ code: Int) { tokenRefusals[id] = code }
+        func wrote(_ write: Write) { writes.append(write) }
+        func refund(_ id: String, revision: String?) -> Page? { Self.page(refunds[id], after: revision) }
+        func notificationPage(after token: String?) -> Page? { Self.page(notifications, after: token) }
+
+        /// The page after the one `revision` names (the first without one); from the last page's
+        /// revision, an empty page with it (nothing new yet).
+        static func page(_ pages: [Page]?, after revision: String?) -> Page? {
+            guard let pages else { return nil }
+            guard let revision else { return pages.first }
+            guard let index = pages.firstIndex(where: { $0.revision == revision }) else { return nil }
+            return index + 1 < pages.count ? pages[index + 1] : Page(revision: revision, hasMore: false, signedTransactions: [])
+        }
 
         func setHistory(_ id: String, _ pages: [Page]) { histories[id] = pages }
         func setOrder(_ id: String, _ signed: [String]) { orders[id] = signed }
@@ -87,11 +122,7 @@ public final class AppStoreServerStandIn: Sendable {
         func refused() { refusedTokens += 1 }
         func history(_ id: String, query: [String: String]) -> Page? {
             historyQueries.append(query)
-            guard let pages = histories[id] else { return nil }
-            guard let revision = query["revision"] else { return pages.first }
-            guard let index = pages.firstIndex(where: { $0.revision == revision }) else { return nil }
-            // From the last page's revision on: what was added since, or nothing yet.
-            return index + 1 < pages.count ? pages[index + 1] : Page(revision: revision, hasMore: false, signedTransactions: [])
+            return Self.page(histories[id], after: query["revision"])
         }
         func order(_ id: String) -> [String]? { orders[id] }
     }
@@ -135,7 +166,51 @@ public final class AppStoreServerStandIn: Sendable {
                 return (200, String(decoding: try JSONSerialization.data(withJSONObject: body), as: UTF8.self))
             }
         }
+        router.get("/inApps/v2/refund/lookup/:id") { request, context -> Response in
+            try await self.answer(request) {
+                guard let page = await self.state.refund(context.parameters.get("id") ?? "", revision: request.uri.queryParameters["revision"].map(String.init)) else {
+                    return (404, #"{"errorCode": 4040010, "errorMessage": "Transaction id not found."}"#)
+                }
+                let body: [String: Any] = ["revision": page.revision, "hasMore": page.hasMore, "signedTransactions": page.signedTransactions]
+                return (200, String(decoding: try JSONSerialization.data(withJSONObject: body), as: UTF8.self))
+            }
+        }
+        router.post("/inApps/v1/notifications/history") { request, _ -> Response in
+            let token = request.uri.queryParameters["paginationToken"].map(String.init)
+            return try await self.answer(request) {
+                guard let page = await self.state.notificationPage(after: token) else {
+                    return (400, #"{"errorCode": 4000014, "errorMessage": "Invalid pagination token."}"#)
+                }
+                let body: [String: Any] = [
+                    "paginationToken": page.revision, "hasMore": page.hasMore,
+                    "notificationHistory": page.signedTransactions.map { ["signedPayload": $0] },
+                ]
+                return (200, String(decoding: try JSONSerialization.data(withJSONObject: body), as: UTF8.self))
+            }
+        }
+        router.put("/inApps/v2/transactions/consumption/:id") { request, _ -> Response in
+            try await self.recordWrite(request, status: 202)
+        }
+        router.post("/inApps/v1/transactions/:id/finish") { request, _ -> Response in
+            try await self.recordWrite(request, status: 200)
+        }
+        router.put("/inApps/v1/transactions/:id/appAccountToken") { request, context -> Response in
+            if let code = await self.state.tokenRefusals[context.parameters.get("id") ?? ""] {
+                return try await self.answer(request) { (400, #"{"errorCode": \#(code), "errorMessage": "Refused."}"#) }
+            }
+            return try await self.recordWrite(request, status: 200)
+        }
         return try await serveStandIn(router) { bound in try await body("http://127.0.0.1:\(bound)") }
+    }
+
+    /// A write Apple takes: recorded (once it passes the token and the faults), answered `status`.
+    private func recordWrite(_ request: Request, status: Int) async throws -> Response {
+        var request = request
+        let body = String(buffer: try await request.collectBody(upTo: 1 << 20))
+        return try await answer(request) {
+            await self.state.wrote(Write(method: request.method.rawValue, path: request.uri.path, body: body))
+            return (status, "")
+        }
     }
 
     /// The token checked, the next fault played, else `route`'s status and JSON.

@@ -3,6 +3,7 @@ import Foundation
 import JWTKit
 import Logging
 import NIOCore
+import NIOHTTP1
 import NIOFoundationCompat
 
 /// A client of Apple's App Store Server API: each request authorised by an ES256 JWT made with
@@ -95,17 +96,98 @@ public final class AppStoreServerAPI: Sendable {
         if let revision { query.append(("revision", revision)) }
         if let startDate { query.append(("startDate", String(Int64((startDate.timeIntervalSince1970 * 1000).rounded(.down))))) }
         for product in productIDs { query.append(("productId", product)) }
-        return try await get("/inApps/v2/history/\(Self.pathSegment(anyID))", query: query, as: HistoryPage.self)
+        let path = "/inApps/v2/history/\(Self.pathSegment(anyID))"
+        return try await decode(send(.GET, path, query: query), path)
     }
 
     /// Look Up Order ID: the purchases behind the order id on a customer's receipt e-mail.
     /// Apple's status 1 (no such order) is the error `apple-order-not-found`.
     public func lookUpOrder(_ orderID: String) async throws(AppStoreServerAPIError) -> [String] {
-        let answer = try await get("/inApps/v1/lookup/\(Self.pathSegment(orderID))", query: [], as: OrderLookup.self)
+        let path = "/inApps/v1/lookup/\(Self.pathSegment(orderID))"
+        let answer: OrderLookup = try await decode(send(.GET, path), path)
         guard answer.status == 0 else {
             throw AppStoreServerAPIError(code: "apple-order-not-found", message: "Apple knows no order \(orderID)", status: 404)
         }
         return answer.signedTransactions ?? []
+    }
+
+    /// Send Consumption Information (v2): what the ledger knows of a consumable whose refund a
+    /// customer asked for, answering Apple's `CONSUMPTION_REQUEST`.
+    public func sendConsumptionInformation(_ transactionID: String, _ information: ConsumptionInformation) async throws(AppStoreServerAPIError) {
+        _ = try await send(.PUT, "/inApps/v2/transactions/consumption/\(Self.pathSegment(transactionID))", body: Self.json(information))
+    }
+
+    /// Get Notification History: one page of the notifications Apple sent (or tried to send)
+    /// between `startDate` and `endDate` (at most 180 days back), from `paginationToken` on.
+    public func notificationHistory(
+        startDate: Date, endDate: Date, paginationToken: String? = nil
+    ) async throws(AppStoreServerAPIError) -> NotificationHistoryPage {
+        let request = NotificationHistoryRequest(startDate: startDate.millisecondsSince1970, endDate: endDate.millisecondsSince1970)
+        let query = paginationToken.map { [("paginationToken", $0)] } ?? []
+        return try await decode(send(.POST, "/inApps/v1/notifications/history", query: query, body: Self.json(request)), "/inApps/v1/notifications/history")
+    }
+
+    /// Get Refund History (v2): one page of an account's refunded transactions, from `revision`.
+    public func refundHistory(_ anyID: String, revision: String? = nil) async throws(AppStoreServerAPIError) -> RefundHistoryPage {
+        let path = "/inApps/v2/refund/lookup/\(Self.pathSegment(anyID))"
+        return try await decode(send(.GET, path, query: revision.map { [("revision", $0)] } ?? []), path)
+    }
+
+    /// Finish Transaction: tells Apple the app's server delivered what the transaction bought.
+    public func finishTransaction(_ transactionID: String) async throws(AppStoreServerAPIError) {
+        _ = try await send(.POST, "/inApps/v1/transactions/\(Self.pathSegment(transactionID))/finish")
+    }
+
+    /// Set App Account Token: the order's token on a transaction (by its original id), so that
+    /// Apple's later notifications about it carry it.
+    public func setAppAccountToken(_ originalTransactionID: String, _ token: UUID) async throws(AppStoreServerAPIError) {
+        _ = try await send(.PUT, "/inApps/v1/transactions/\(Self.pathSegment(originalTransactionID))/appAccountToken",
+                           body: Self.json(["appAccountToken": token.uuidString.lowercased()]))
+    }
+
+    /// The body of Send Consumption Information (v2), as Apple names its fields.
+    public struct ConsumptionInformation: Codable, Sendable, Equatable {
+        public var customerConsented: Bool
+        /// `DELIVERED`, or why not: `UNDELIVERED_QUALITY_ISSUE`, `UNDELIVERED_WRONG_ITEM`,
+        /// `UNDELIVERED_SERVER_OUTAGE`, `UNDELIVERED_OTHER`.
+        public var deliveryStatus: String
+        public var sampleContentProvided: Bool
+        /// `DECLINE`, `GRANT_FULL` or `GRANT_PRORATED`.
+        public var refundPreference: String?
+        /// Of the purchase consumed, in thousandths of a percent (0 to 100,000).
+        public var consumptionPercentage: Int?
+
+        public init(customerConsented: Bool, deliveryStatus: String, sampleContentProvided: Bool, refundPreference: String? = nil, consumptionPercentage: Int? = nil) {
+            self.customerConsented = customerConsented
+            self.deliveryStatus = deliveryStatus
+            self.sampleContentProvided = sampleContentProvided
+            self.refundPreference = refundPreference
+            self.consumptionPercentage = consumptionPercentage
+        }
+    }
+
+    struct NotificationHistoryRequest: Encodable {
+        var startDate: Int64
+        var endDate: Int64
+    }
+
+    /// A page of notification history as Apple sends it.
+    public struct NotificationHistoryPage: Decodable, Sendable {
+        public var paginationToken: String?
+        public var hasMore: Bool
+        public var notificationHistory: [Item]
+
+        /// One notification: its signed payload, as it would have arrived.
+        public struct Item: Decodable, Sendable {
+            public var signedPayload: String
+        }
+    }
+
+    /// A page of refund history as Apple sends it.
+    public struct RefundHistoryPage: Decodable, Sendable {
+        public var revision: String
+        public var hasMore: Bool
+        public var signedTransactions: [String]
     }
 
     /// A page of transaction history as Apple sends it.
@@ -124,8 +206,11 @@ public final class AppStoreServerAPI: Sendable {
 
     // MARK: Requests
 
-    /// A GET of `path`, decoded as `Answer`, with the pacing, the token and the retries.
-    func get<Answer: Decodable>(_ path: String, query: [(String, String)], as _: Answer.Type) async throws(AppStoreServerAPIError) -> Answer {
+    /// A request of `path` with the pacing, the token and the retries; the body of Apple's 2xx
+    /// answer. (Every call here is safe to send again: reads, and writes Apple applies as a whole.)
+    func send(
+        _ method: HTTPMethod, _ path: String, query: [(String, String)] = [], body requestBody: ByteBuffer? = nil
+    ) async throws(AppStoreServerAPIError) -> ByteBuffer {
         var components = URLComponents()
         components.queryItems = query.isEmpty ? nil : query.map { URLQueryItem(name: $0.0, value: $0.1) }
         let url = settings.baseURL.trimmingSuffix("/") + path + (components.percentEncodedQuery.map { "?" + $0 } ?? "")
@@ -134,9 +219,13 @@ public final class AppStoreServerAPI: Sendable {
             await pace.next()
             let bearer = try await bearerToken()
             var request = HTTPClientRequest(url: url)
-            request.method = .GET
+            request.method = method
             request.headers.add(name: "Authorization", value: "Bearer \(bearer)")
             request.headers.add(name: "Accept", value: "application/json")
+            if let requestBody {
+                request.headers.add(name: "Content-Type", value: "application/json")
+                request.body = .bytes(requestBody)
+            }
             let status: Int
             let body: ByteBuffer
             let retryAfter: String?
@@ -157,12 +246,8 @@ public final class AppStoreServerAPI: Sendable {
                 continue
             }
             switch status {
-            case 200:
-                do {
-                    return try JSONDecoder().decode(Answer.self, from: body)
-                } catch {
-                    throw AppStoreServerAPIError(code: "apple-api-answer-malformed", message: "the App Store Server API's answer to \(path) is not the JSON it documents", status: status)
-                }
+            case 200...299:
+                return body
             case 429:
                 // Retry-After: the Unix time, in milliseconds, from which Apple takes requests again.
                 let until = retryAfter.flatMap(Double.init).map { Date(timeIntervalSince1970: $0 / 1000) } ?? Date().addingTimeInterval(1)
@@ -189,6 +274,20 @@ public final class AppStoreServerAPI: Sendable {
                     status: status, appleErrorCode: apple?.errorCode)
             }
         }
+    }
+
+    /// Apple's answer to `path` as the JSON it documents.
+    func decode<Answer: Decodable>(_ body: ByteBuffer, _ path: String) throws(AppStoreServerAPIError) -> Answer {
+        do {
+            return try JSONDecoder().decode(Answer.self, from: body)
+        } catch {
+            throw AppStoreServerAPIError(code: "apple-api-answer-malformed", message: "the App Store Server API's answer to \(path) is not the JSON it documents", status: 200)
+        }
+    }
+
+    static func json(_ value: some Encodable) -> ByteBuffer {
+        // The ledger's own values, always encodable.
+        ByteBuffer(data: (try? JSONEncoder().encode(value)) ?? Data("{}".utf8))
     }
 
     struct AppleError: Decodable {

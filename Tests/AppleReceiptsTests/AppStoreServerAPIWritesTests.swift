@@ -1,0 +1,135 @@
+import AppleReceipts
+import AppStoreStandIn
+import Foundation
+import LedgerTestSupport
+import Logging
+import NIOCore
+import Testing
+
+/// The calls refund defence and catch-up make (Send Consumption Information v2, Get Notification
+/// History, Get Refund History v2, Finish Transaction, Set App Account Token), each with the
+/// faults Apple's servers have, against the stand-in.
+@Suite("The App Store Server API's writes and backfill reads against a stand-in")
+struct AppStoreServerAPIWritesTests {
+    let apple: TestApple
+    let standIn = AppStoreServerStandIn(bundleID: TestApple.bundleId)
+    init() throws { apple = try TestApple() }
+
+    func client(_ baseURL: String, timeout: TimeAmount = .seconds(2)) async throws -> AppStoreServerAPI {
+        try await AppStoreServerAPI(settings: standIn.settings(baseURL: baseURL, timeout: timeout), logger: AppStoreServerAPITests.logger)
+    }
+
+    @Test("consumption information: through a 429 and a 500, sent once Apple takes it, every field as Apple names it")
+    func consumption() async throws {
+        try await standIn.run { base in
+            let api = try await client(base)
+            await standIn.queue([.tooManyRequests(after: .milliseconds(300)), .serverError])
+            let started = ContinuousClock.now
+            try await api.sendConsumptionInformation("8100001", .init(
+                customerConsented: true, deliveryStatus: "DELIVERED", sampleContentProvided: false, refundPreference: "DECLINE", consumptionPercentage: 25_000))
+            #expect(ContinuousClock.now - started >= .milliseconds(300), "Retry-After honoured")
+            let writes = await standIn.writes
+            #expect(writes.count == 1)
+            #expect(writes.first?.method == "PUT" && writes.first?.path == "/inApps/v2/transactions/consumption/8100001")
+            let body = try #require(try JSONSerialization.jsonObject(with: Data((writes.first?.body ?? "").utf8)) as? [String: Any])
+            #expect(body["customerConsented"] as? Bool == true)
+            #expect(body["deliveryStatus"] as? String == "DELIVERED")
+            #expect(body["sampleContentProvided"] as? Bool == false)
+            #expect(body["refundPreference"] as? String == "DECLINE")
+            #expect(body["consumptionPercentage"] as? Int == 25_000)
+            #expect(body.count == 5)
+            // Without a preference or a percentage, neither is sent.
+            try await api.sendConsumptionInformation("8100002", .init(customerConsented: true, deliveryStatus: "UNDELIVERED_SERVER_OUTAGE", sampleContentProvided: false))
+            let second = try #require(try JSONSerialization.jsonObject(with: Data((await standIn.writes.last?.body ?? "").utf8)) as? [String: Any])
+            #expect(Set(second.keys) == ["customerConsented", "deliveryStatus", "sampleContentProvided"])
+        }
+    }
+
+    @Test("finish transaction: a slow answer is retried, and a 500 storm ends in a clear error")
+    func finish() async throws {
+        try await standIn.run { base in
+            let api = try await client(base, timeout: .milliseconds(800))
+            await standIn.queue([.slow(.seconds(2))])
+            try await api.finishTransaction("8100003")
+            let finished = await standIn.writes.filter { $0.path == "/inApps/v1/transactions/8100003/finish" && $0.method == "POST" }
+            // The slow answer may still land after the client gave up on it: Apple finishes once either way.
+            #expect((1...2).contains(finished.count))
+            await standIn.queue(Array(repeating: .serverError, count: 4))
+            await #expect(throws: AppStoreServerAPIError.self) { try await api.finishTransaction("8100004") }
+            #expect(await standIn.writes.allSatisfy { $0.path != "/inApps/v1/transactions/8100004/finish" })
+        }
+    }
+
+    @Test("set app account token: the token as sent; Apple's refusal of a family-shared transaction keeps its errorCode")
+    func accountToken() async throws {
+        try await standIn.run { base in
+            let api = try await client(base)
+            let token = UUID()
+            await standIn.queue([.serverError])
+            try await api.setAppAccountToken("8100005", token)
+            let write = try #require(await standIn.writes.last)
+            #expect(write.method == "PUT" && write.path == "/inApps/v1/transactions/8100005/appAccountToken")
+            #expect(write.body == #"{"appAccountToken":"\#(token.uuidString.lowercased())"}"#)
+            await standIn.refuseAccountToken("8100006", errorCode: 4_000_185)
+            do {
+                try await api.setAppAccountToken("8100006", token)
+                Issue.record("a refused token was taken")
+            } catch {
+                let refusal = error as? AppStoreServerAPIError
+                #expect(refusal?.code == "apple-api-refused" && refusal?.status == 400 && refusal?.appleErrorCode == 4_000_185)
+            }
+        }
+    }
+
+    @Test("notification history: pages followed by their pagination token; a malformed page says so")
+    func notificationHistory() async throws {
+        let first = try await apple.notification("CONSUMPTION_REQUEST", transaction: TestApple.transaction("8100007"))
+        let second = try await apple.notification("REFUND", transaction: TestApple.transaction("8100008"))
+        await standIn.setNotifications([
+            .init(revision: "p1", hasMore: true, signedTransactions: [first]),
+            .init(revision: "p2", hasMore: false, signedTransactions: [second]),
+        ])
+        try await standIn.run { base in
+            let api = try await client(base)
+            let end = Date()
+            let start = end.addingTimeInterval(-86_400)
+            await standIn.queue([.tooManyRequests(after: .milliseconds(200))])
+            let one = try await api.notificationHistory(startDate: start, endDate: end)
+            #expect(one.hasMore && one.paginationToken == "p1" && one.notificationHistory.map(\.signedPayload) == [first])
+            let two = try await api.notificationHistory(startDate: start, endDate: end, paginationToken: one.paginationToken)
+            #expect(!two.hasMore && two.notificationHistory.map(\.signedPayload) == [second])
+            await standIn.queue([.malformed])
+            do {
+                _ = try await api.notificationHistory(startDate: start, endDate: end)
+                Issue.record("a malformed page was read")
+            } catch {
+                #expect((error as? AppStoreServerAPIError)?.code == "apple-api-answer-malformed")
+            }
+        }
+    }
+
+    @Test("refund history: pages from a revision; an unknown account is apple-api-not-found")
+    func refundHistory() async throws {
+        await standIn.setRefunds("app-r", [
+            .init(revision: "f1", hasMore: true, signedTransactions: [try await apple.sign(TestApple.transaction("8100009"))]),
+            .init(revision: "f2", hasMore: false, signedTransactions: []),
+        ])
+        try await standIn.run { base in
+            let api = try await client(base)
+            await standIn.queue([.serverError])
+            let one = try await api.refundHistory("app-r")
+            #expect(one.revision == "f1" && one.hasMore && one.signedTransactions.count == 1)
+            let two = try await api.refundHistory("app-r", revision: one.revision)
+            #expect(two.revision == "f2" && !two.hasMore && two.signedTransactions.isEmpty)
+            let later = try await api.refundHistory("app-r", revision: two.revision)
+            #expect(later.signedTransactions.isEmpty && later.revision == "f2", "nothing new since")
+            do {
+                _ = try await api.refundHistory("app-unknown")
+                Issue.record("an unknown account answered")
+            } catch {
+                let refusal = error as? AppStoreServerAPIError
+                #expect(refusal?.code == "apple-api-not-found" && refusal?.status == 404)
+            }
+        }
+    }
+}
