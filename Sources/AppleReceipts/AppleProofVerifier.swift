@@ -32,9 +32,15 @@ public struct AppleProofVerifier: Sendable {
 
     /// A StoreKit 2 signed transaction, verified and checked against the app.
     public func transaction(signed jws: String) async throws(AppleVerificationError) -> AppleTransaction {
+        try await transactionAndRevocation(signed: jws).transaction
+    }
+
+    /// `transaction(signed:)`, with when Apple refunded or revoked it, if it did (Apple's
+    /// histories list such transactions too).
+    public func transactionAndRevocation(signed jws: String) async throws(AppleVerificationError) -> (transaction: AppleTransaction, revoked: Date?) {
         let payload = try await signedData.verify(jws, as: SignedTransactionPayload.self)
         try check(bundleId: payload.bundleId, environment: payload.environment)
-        return try Self.transaction(payload, sha256: Self.sha256(jws))
+        return (try Self.transaction(payload, sha256: Self.sha256(jws)), payload.revocationDate.map(Date.init(millisecondsSince1970:)))
     }
 
     /// The Apple account a signed `AppTransaction` names, verified like a transaction (chain,

@@ -73,7 +73,8 @@ public struct AppleOrderLookup: Sendable {
         for jws in signed {
             do {
                 let transaction = try await verifier.transaction(signed: jws)
-                let answer = try await receipts.apply(transaction, claim: .init(userId: user, orderId: nil), metadata: metadata)
+                // The purchase's token decides its order; the user given is for the pool.
+                let answer = try await receipts.apply(transaction, claim: .init(userId: nil, orderId: nil, poolUserId: user), metadata: metadata)
                 entries.append(.init(
                     transactionId: answer.transactionId.rawValue, outcome: answer.outcome.rawValue, orderId: answer.orderId?.rawValue,
                     state: answer.state?.rawValue, reason: answer.reason))

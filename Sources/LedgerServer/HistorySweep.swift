@@ -14,7 +14,8 @@ import PostgresNIO
 /// `appAccountToken`, else into the pool with the account's user, for the reconciler.
 ///
 /// A sweep ingests nothing twice: the intake refuses a known transaction in the database, and
-/// an account being swept by another server is skipped (its cursor row is locked), not waited for.
+/// an account another server is sweeping is skipped (that server holds a lease on its cursor
+/// row), not waited for.
 public struct HistorySweep: Sendable {
     let api: LazyAppStoreServerAPI
     let verifier: AppleProofVerifier
@@ -53,11 +54,15 @@ public struct HistorySweep: Sendable {
         /// Ingested: tied to their order (`matched`), into the pool (`unmatched`), a second
         /// claim on a granted transaction (`duplicate`), refunded before any order (`rejected`).
         public var ingested: [String: Int] = [:]
-        /// Signed transactions that failed verification: logged, never ingested.
+        /// Signed transactions that failed verification: logged, never ingested; the account's
+        /// cursor stays before them.
         public var refused = 0
+        /// Transactions Apple had refunded or revoked: never ingested by a sweep.
+        public var revoked = 0
         /// Why accounts failed, by the App Store Server API's error code.
         public var failures: [String: Int] = [:]
-        /// Set when a sweep stopped early: Apple refused the key, or asked for a pause too long.
+        /// Set when a sweep stopped early: Apple refused the key or asked for a pause too long,
+        /// verification cannot run (no root certificates), or the server is stopping.
         public var stoppedBy: String?
         public var seconds = 0.0
         public init() {}
@@ -70,6 +75,7 @@ public struct HistorySweep: Sendable {
             transactions += other.transactions
             known += other.known
             refused += other.refused
+            revoked += other.revoked
             ingested.merge(other.ingested, uniquingKeysWith: +)
             failures.merge(other.failures, uniquingKeysWith: +)
             stoppedBy = stoppedBy ?? other.stoppedBy
@@ -99,7 +105,7 @@ public struct HistorySweep: Sendable {
             var next = accounts.makeIterator()
             func startNext() -> Bool {
                 guard let account = next.next() else { return false }
-                group.addTask { try await sweep(account, metadata: metadata) }
+                group.addTask { await sweep(account, metadata: metadata) }
                 return true
             }
             for _ in 0..<max(1, accountsAtOnce) { guard startNext() else { break } }
@@ -107,8 +113,9 @@ public struct HistorySweep: Sendable {
                 summary.add(swept)
                 done += 1
                 progress?(done, accounts.count)
-                // Apple refused the key or asked for a long pause: no point asking again now.
-                if summary.stoppedBy == nil { _ = startNext() }
+                // Apple refused the key or asked for a long pause, verification cannot run, or the
+                // server is stopping: no point starting another account now.
+                if summary.stoppedBy == nil, !Task.isCancelled { _ = startNext() }
             }
         }
         summary.seconds = (ContinuousClock.now - started).inSeconds
@@ -160,63 +167,109 @@ public struct HistorySweep: Sendable {
         return accounts
     }
 
-    /// Sweeps one account while holding its cursor row: reads its history from the cursor on,
-    /// ingests what the ledger does not know, and moves the cursor page by page.
-    func sweep(_ account: Account, metadata: Data) async throws -> Summary {
-        try await database.transaction { connection in
-            var summary = Summary()
-            try await connection.guardedQuery(
-                """
-                INSERT INTO apple_history_cursors (account_id, user_id) VALUES (\(account.id), \(account.user.rawValue))
-                ON CONFLICT (account_id) DO NOTHING
-                """, logger: logger)
-            var claimed = false
-            var revision: String?
-            let rows = try await connection.guardedQuery(
-                "SELECT revision FROM apple_history_cursors WHERE account_id = \(account.id) FOR UPDATE SKIP LOCKED", logger: logger)
-            for try await stored in rows.decode(String?.self) { (claimed, revision) = (true, stored) }
-            guard claimed else {
+    /// How long a sweep may hold an account before another server may take it over; each page
+    /// read renews it.
+    static let lease: TimeInterval = 600
+
+    /// Sweeps one account under a lease on its cursor row (no database transaction stays open
+    /// while Apple answers): reads its history from the cursor on, ingests what the ledger does
+    /// not know, and moves the stored cursor page by page, never past a page with an entry it
+    /// could not verify. Every failure is the account's, counted, never the sweep's.
+    func sweep(_ account: Account, metadata: Data) async -> Summary {
+        var summary = Summary()
+        do {
+            guard let cursor = try await claim(account) else {
                 summary.busy = 1
                 return summary
             }
-            let client: AppStoreServerAPI
-            do { client = try await api.client() } catch let error as AppStoreServerAPIError { return failed(account, error, summary) }
-            var found = 0
-            for _ in 0..<maximumPages {
-                let page: AppStoreServerAPI.HistoryPage
-                do {
-                    page = try await client.transactionHistory(
-                        account.id, revision: revision,
-                        startDate: revision == nil ? account.oldestOpenOrder.addingTimeInterval(-clockSkew) : nil)
-                } catch let error as AppStoreServerAPIError {
-                    summary = failed(account, error, summary)
-                    break
-                }
-                summary.pages += 1
-                let ingested = try await ingest(page.signedTransactions, of: account, metadata: metadata, into: &summary)
-                found += ingested
-                revision = page.revision
-                try await connection.guardedQuery(
-                    """
-                    UPDATE apple_history_cursors SET revision = \(page.revision), swept_at = now(), found = found + \(ingested)
-                     WHERE account_id = \(account.id)
-                    """, logger: logger)
-                if !page.hasMore { break }
+            do {
+                try await read(account, from: cursor, metadata: metadata, into: &summary)
+            } catch {
+                summary = failed(account, error, summary)
             }
-            if summary.failed == 0 { summary.accounts = 1 }
-            return summary
+            // Another server may take it at once; if this fails, the lease runs out instead.
+            _ = try? await database.query("UPDATE apple_history_cursors SET claimed_until = NULL WHERE account_id = \(account.id)")
+        } catch {
+            summary = failed(account, error, summary)
+        }
+        if summary.failed == 0 { summary.accounts = 1 }
+        return summary
+    }
+
+    /// Where an account's sweep starts: the revision stored, and the start date its first request
+    /// sent (which every later one repeats).
+    struct Cursor {
+        let revision: String?
+        let startDate: Date
+    }
+
+    /// The account's lease, or nil when another server holds it.
+    private func claim(_ account: Account) async throws -> Cursor? {
+        _ = try await database.query(
+            """
+            INSERT INTO apple_history_cursors (account_id, user_id) VALUES (\(account.id), \(account.user.rawValue))
+            ON CONFLICT (account_id) DO NOTHING
+            """)
+        let start = account.oldestOpenOrder.addingTimeInterval(-clockSkew)
+        let rows = try await database.query(
+            """
+            UPDATE apple_history_cursors
+               SET claimed_until = now() + make_interval(secs => \(Self.lease)), start_date = coalesce(start_date, \(start))
+             WHERE account_id = \(account.id) AND (claimed_until IS NULL OR claimed_until < now())
+            RETURNING revision, start_date
+            """)
+        for try await (revision, startDate) in rows.decode((String?, Date).self) { return Cursor(revision: revision, startDate: startDate) }
+        return nil
+    }
+
+    /// Reads the account's pages from `cursor` and takes their transactions in.
+    private func read(_ account: Account, from cursor: Cursor, metadata: Data, into summary: inout Summary) async throws {
+        let client = try await api.client()
+        var revision = cursor.revision
+        // Once a page held an entry that did not verify, the stored cursor stays before it, so
+        // that the next sweep reads it again (what this one took in is then known).
+        var held = false
+        for _ in 0..<maximumPages {
+            let page = try await client.transactionHistory(account.id, revision: revision, startDate: cursor.startDate)
+            summary.pages += 1
+            let (ingested, refused) = try await ingest(page.signedTransactions, of: account, metadata: metadata, into: &summary)
+            held = held || refused
+            revision = page.revision
+            _ = try await database.query(
+                """
+                UPDATE apple_history_cursors
+                   SET revision = CASE WHEN \(held) THEN revision ELSE \(page.revision) END, swept_at = now(), found = found + \(ingested),
+                       claimed_until = now() + make_interval(secs => \(Self.lease))
+                 WHERE account_id = \(account.id)
+                """)
+            if !page.hasMore { break }
         }
     }
 
     /// Verifies each signed transaction of a page and takes the ones the ledger does not know
-    /// through the receipts' intake; answers how many it ingested.
-    private func ingest(_ signed: [String], of account: Account, metadata: Data, into summary: inout Summary) async throws -> Int {
+    /// through the receipts' intake, at once (each in a transaction of its own); answers how
+    /// many it took in, and whether an entry was refused. Verification that cannot run at all
+    /// (no root certificates) fails the account instead.
+    private func ingest(
+        _ signed: [String], of account: Account, metadata: Data, into summary: inout Summary
+    ) async throws -> (ingested: Int, refused: Bool) {
         var transactions: [AppleTransaction] = []
+        var refused = false
         for jws in signed {
             summary.transactions += 1
             do {
-                transactions.append(try await verifier.transaction(signed: jws))
+                let (transaction, revoked) = try await verifier.transactionAndRevocation(signed: jws)
+                if let revoked {
+                    // Never granted from here: a refund reaches the ledger by notification.
+                    summary.revoked += 1
+                    logger.info("a refunded or revoked transaction in Apple's history was not taken in", metadata: [
+                        "apple.account": "\(account.id)", "apple.transaction": "\(transaction.transactionId)", "apple.revoked": "\(revoked)"])
+                    continue
+                }
+                transactions.append(transaction)
             } catch {
+                if error.isRetryable { throw error }
+                refused = true
                 summary.refused += 1
                 logger.warning("a signed transaction in Apple's transaction history was refused", metadata: [
                     "apple.account": "\(account.id)", "user.id": "\(account.user)", "error": "\(error.code)",
@@ -226,25 +279,37 @@ public struct HistorySweep: Sendable {
         let known = try await receipts.holders(of: transactions.map(\.transactionId))
         let new = transactions.filter { known.index(forKey: $0.transactionId) == nil }
         summary.known += transactions.count - new.count
-        // Different transactions: taken in at once (each in a transaction of its own).
+        // The purchase's own token decides its order (another user's, it may be); the account's
+        // user is whom one no order takes is pooled for.
+        let claim = ReceiptLedger.Claim(userId: nil, orderId: nil, poolUserId: account.user)
         let outcomes = try await withThrowingTaskGroup(of: ReceiptOutcome.self) { group in
             for transaction in new {
-                group.addTask { try await receipts.apply(transaction, claim: .init(userId: account.user, orderId: nil), metadata: metadata).outcome }
+                group.addTask { try await receipts.apply(transaction, claim: claim, metadata: metadata).outcome }
             }
             return try await group.reduce(into: [ReceiptOutcome]()) { $0.append($1) }
         }
         for outcome in outcomes { summary.ingested[outcome.rawValue, default: 0] += 1 }
-        let ingested = outcomes.count
-        return ingested
+        return (outcomes.count, refused)
     }
 
-    private func failed(_ account: Account, _ error: AppStoreServerAPIError, _ summary: Summary) -> Summary {
+    /// The account's failure, counted by code: Apple's, verification's, or `internal-error`.
+    private func failed(_ account: Account, _ error: any Error, _ summary: Summary) -> Summary {
         var summary = summary
+        let code: String
+        switch error {
+        case let error as AppStoreServerAPIError: code = error.code
+        case let error as AppleVerificationError: code = error.code
+        case is CancellationError: code = "cancelled"
+        default: code = "internal-error"
+        }
         summary.failed = 1
-        summary.failures[error.code, default: 0] += 1
-        if ["apple-api-unauthorized", "apple-api-rate-limited", "apple-api-key-invalid"].contains(error.code) { summary.stoppedBy = error.code }
-        logger.warning("the history of an Apple account could not be read", metadata: [
-            "apple.account": "\(account.id)", "user.id": "\(account.user)", "error": "\(error.code)", "error.message": "\(error.description)"])
+        summary.failures[code, default: 0] += 1
+        if ["apple-api-unauthorized", "apple-api-rate-limited", "apple-api-key-invalid", "cancelled", "verification-unavailable"].contains(code) {
+            summary.stoppedBy = code
+        }
+        let level: Logger.Level = code == "internal-error" ? .error : .warning
+        logger.log(level: level, "the history of an Apple account could not be read", metadata: [
+            "apple.account": "\(account.id)", "user.id": "\(account.user)", "error": "\(code)", "error.message": "\(String(describing: error))"])
         return summary
     }
 }

@@ -178,7 +178,9 @@ extension LedgerWriter {
             plan.callerExpected.append(append.expected)
             if let id = append.stream.orderID {
                 let current = snapshot.orders[id]
-                if index == 0, let condition = write.condition, let current, !condition(current) { throw WriteConditionFailed() }
+                if index == 0, let condition = write.condition {
+                    guard let current, condition(current) else { throw WriteConditionFailed() }
+                }
                 let version = current?.version ?? ExpectedVersion.noStreamVersion
                 if let refusal = expectedRefusal(append, version) { throw refusal }
                 var order = current

@@ -20,9 +20,15 @@ public struct ReceiptLedger: Sendable {
     public struct Claim: Sendable {
         public var userId: UserID?
         public var orderId: OrderID?
-        public init(userId: UserID?, orderId: OrderID?) {
+        /// The user a transaction no order takes is pooled for when `userId` is nil: the user
+        /// whose Apple account it came from (a sweep, support's lookup). Unlike `userId`, it
+        /// never keeps the order the transaction's `appAccountToken` names from taking it.
+        public var poolUserId: UserID?
+
+        public init(userId: UserID?, orderId: OrderID?, poolUserId: UserID? = nil) {
             self.userId = userId
             self.orderId = orderId
+            self.poolUserId = poolUserId
         }
     }
 
@@ -149,7 +155,8 @@ public struct ReceiptLedger: Sendable {
         }
         let reason = candidate == nil ? noOrderReason : "order-closed"
         if holder == nil {
-            let append = try poolAppend(transaction, userId: claim.userId ?? candidate?.userId, claimedOrder: claim.orderId, reason: reason, metadata: metadata)
+            let append = try poolAppend(
+                transaction, userId: claim.userId ?? candidate?.userId ?? claim.poolUserId, claimedOrder: claim.orderId, reason: reason, metadata: metadata)
             _ = try await writer.append(LedgerWriter.Write(append), on: connection, knowing: snapshot)
         }
         return Answer(outcome: .unmatched, transactionId: id, orderId: candidate?.orderId, state: candidate?.state, finishTransaction: false, reason: reason)

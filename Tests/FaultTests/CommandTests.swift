@@ -130,6 +130,7 @@ struct RecoverCommandTests {
                 let (again, second) = try await LedgerChild.run(
                     ["recover"], environment: environment, log: work.appendingPathComponent("2.log"))
                 #expect(again == 0, "\(second)")
+                #expect(second.contains("swept 1 Apple accounts, 1 pages, 0 transactions"), "\(second)")
                 #expect(second.contains("new to the ledger: none"), "\(second)")
                 let (bad, refusal) = try await LedgerChild.run(
                     ["recover", "--user", ""], environment: environment, log: work.appendingPathComponent("3.log"))

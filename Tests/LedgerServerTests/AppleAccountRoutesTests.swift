@@ -3,6 +3,7 @@ import AppStoreStandIn
 import Foundation
 import HTTPTypes
 import LedgerServer
+import LedgerCore
 import LedgerStore
 import LedgerTestSupport
 import Testing
@@ -122,15 +123,29 @@ struct AppleAccountRoutesTests {
             #expect(pass["paired"] as? Int == 1)
             let (_, coins) = try await http.send(.get, "/v1/orders/o-coins")
             #expect(coins["state"] as? String == "verified" && coins["transactionId"] as? String == "7400002")
-            #expect(try await scalar(db, "SELECT revision FROM apple_history_cursors WHERE account_id = 'acct-s'", as: String.self) == "r2")
+            // The forged entry holds the stored cursor before its page: the next sweep reads it again.
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_history_cursors WHERE account_id = 'acct-s' AND revision IS NULL", as: Int.self) == 1)
 
             let events = try await eventCount(db)
             let (_, again) = try await http.send(.post, "/v1/recover", json: ["userId": "u-s"])
-            #expect(again["accounts"] as? Int == 1 && again["pages"] as? Int == 1 && again["transactions"] as? Int == 0, "\(again)")
+            #expect(again["accounts"] as? Int == 1 && again["pages"] as? Int == 2 && again["transactions"] as? Int == 3, "\(again)")
+            #expect(again["known"] as? Int == 2 && again["refused"] as? Int == 1)
             #expect((again["ingested"] as? [String: Int] ?? [:]).isEmpty)
             #expect(try await eventCount(db) == events, "a second sweep appends nothing")
-            #expect(await standIn.historyQueries.last?["revision"] == "r2", "it starts where the first one stopped")
-            #expect(await standIn.historyQueries.first?["startDate"] != nil, "the first one starts at the oldest open order")
+            let queries = await standIn.historyQueries
+            #expect(queries.count == 4, "two pages, twice (requests the faults answered never reach the route)")
+            #expect(queries.last?["revision"] == "r1")
+            #expect(queries.first?["startDate"] != nil && Set(queries.map { $0["startDate"] }).count == 1,
+                    "every request repeats the start date of the first, the oldest open order's")
+            // With the forged entry gone from Apple's answer, the cursor moves to the end.
+            await standIn.setHistory("acct-s", [
+                .init(revision: "r1", hasMore: true, signedTransactions: [try await apple.sign(withToken)]),
+                .init(revision: "r2", hasMore: false, signedTransactions: [try await apple.sign(withoutToken)]),
+            ])
+            let (_, third) = try await http.send(.post, "/v1/recover", raw: "")
+            #expect(third["known"] as? Int == 2 && third["refused"] as? Int == 0)
+            #expect(try await scalar(db, "SELECT revision FROM apple_history_cursors WHERE account_id = 'acct-s'", as: String.self) == "r2")
+            #expect(try await eventCount(db) == events)
             #expect(await standIn.refusedTokens == 0)
         }
     }
@@ -176,6 +191,51 @@ struct AppleAccountRoutesTests {
             let (_, full) = try await http.send(.post, "/v1/recover", raw: "")
             #expect(full["transactions"] as? Int == 1 && full["known"] as? Int == 1 && (full["ingested"] as? [String: Int] ?? [:]).isEmpty, "\(full)")
             #expect(try await eventCount(db) == events)
+        }
+    }
+
+    @Test("in a sweep a purchase's token decides its order, even another user's; a revoked one is left out; without roots nothing moves")
+    func tokensRevocationsAndRoots() async throws {
+        try await withSweepApplication { http, db, base in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-x", user: "u-x"))
+            let (_, other) = try await http.send(.post, "/v1/orders", json: newOrder("o-y", user: "u-y"))
+            let token = try #require((other["appAccountToken"] as? String).flatMap(UUID.init(uuidString:)))
+            try await link(http, "u-x", try await apple.sign(TestApple.appTransaction("acct-x")))
+            var theirs = TestApple.transaction("7700001", appAccountToken: token)
+            theirs.appTransactionId = "acct-x"
+            var refunded = TestApple.transaction("7700002")
+            refunded.appTransactionId = "acct-x"
+            refunded.revocationDate = Date().millisecondsSince1970
+            refunded.revocationReason = 0
+            await standIn.setHistory("acct-x", [.init(revision: "x1", hasMore: false, signedTransactions: [
+                try await apple.sign(theirs), try await apple.sign(refunded),
+            ])])
+            let (_, swept) = try await http.send(.post, "/v1/recover", json: ["userId": "u-x"])
+            #expect(swept["ingested"] as? [String: Int] == ["matched": 1] && swept["revoked"] as? Int == 1, "\(swept)")
+            let (_, theirOrder) = try await http.send(.get, "/v1/orders/o-y")
+            #expect(theirOrder["state"] as? String == "verified" && theirOrder["transactionId"] as? String == "7700001")
+            let (_, pass) = try await http.send(.post, "/v1/reconcile", raw: "")
+            #expect(pass["paired"] as? Int == 0)
+            let (_, mine) = try await http.send(.get, "/v1/orders/o-x")
+            #expect(mine["state"] as? String == "created", "u-x's order takes neither u-y's purchase nor the refunded one")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_transactions WHERE transaction_id = '7700002'", as: Int.self) == 0)
+
+            // A server with the API key but no Apple roots: no account's cursor moves.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-z", user: "u-z"))
+            try await link(http, "u-z", try await apple.sign(TestApple.appTransaction("acct-z")))
+            await standIn.setHistory("acct-z", [.init(revision: "z1", hasMore: false, signedTransactions: [try await apple.sign(TestApple.transaction("7700003"))])])
+            var configuration = LedgerConfiguration()
+            configuration.apple.bundleID = TestApple.bundleId
+            configuration.apple.environment = "Sandbox"
+            configuration.recoveryAfter = 0
+            let sweep = configuration.historySweep(
+                api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
+                verifier: try configuration.apple.verifier(logger: TestServer.logger),
+                receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: Database(client: db.client, logger: TestServer.logger)))))
+            let blind = try await sweep.run(user: UserID("u-z"))
+            #expect(blind.failed == 1 && blind.failures == ["verification-unavailable": 1] && blind.stoppedBy == "verification-unavailable", "\(blind)")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_history_cursors WHERE account_id = 'acct-z' AND revision IS NULL AND claimed_until IS NULL", as: Int.self) == 1)
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_transactions WHERE transaction_id = '7700003'", as: Int.self) == 0)
         }
     }
 

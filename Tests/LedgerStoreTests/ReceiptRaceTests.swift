@@ -27,6 +27,7 @@ struct ReceiptRaceTests {
                     tokenGiven: false, metadata: metadata)
             }
             let paid = transaction("5100001")
+            let groupWrites = receipts.orders.writer.groupCommitStatistics.writes
             let answers = try await withThrowingTaskGroup(of: ReceiptLedger.Answer.self) { group in
                 for index in 0..<16 {
                     group.addTask {
@@ -36,6 +37,7 @@ struct ReceiptRaceTests {
                 return try await group.reduce(into: []) { $0.append($1) }
             }
             #expect(answers.count == 16)
+            #expect(receipts.orders.writer.groupCommitStatistics.writes - groupWrites >= 16, "each went the common case first")
             #expect(answers.filter { $0.outcome == .matched }.count == 1, "\(answers.map(\.outcome))")
             #expect(answers.filter { $0.outcome == .duplicate }.count == 15, "\(answers.map(\.outcome))")
             let orders = try await (0..<16).asyncMap { try await receipts.orders.order(OrderID(unchecked: "race-\($0)")) }
