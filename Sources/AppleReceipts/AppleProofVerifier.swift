@@ -35,6 +35,18 @@ public struct AppleProofVerifier: Sendable {
         try await transactionAndRevocation(signed: jws).transaction
     }
 
+    /// `transaction(signed:)` for a purchase to be granted: one Apple has refunded or revoked
+    /// (StoreKit hands such transactions to the app too) is refused with `transaction-revoked`.
+    public func verifiedPurchase(signed jws: String) async throws(AppleVerificationError) -> AppleTransaction {
+        let (transaction, revoked) = try await transactionAndRevocation(signed: jws)
+        if let revoked {
+            throw AppleVerificationError(
+                code: "transaction-revoked",
+                message: "Apple refunded or revoked transaction \(transaction.transactionId) at \(revoked.ISO8601Format()): it is never granted")
+        }
+        return transaction
+    }
+
     /// `transaction(signed:)`, with when Apple refunded or revoked it, if it did (Apple's
     /// histories list such transactions too).
     public func transactionAndRevocation(signed jws: String) async throws(AppleVerificationError) -> (transaction: AppleTransaction, revoked: Date?) {

@@ -72,7 +72,7 @@ public struct AppleOrderLookup: Sendable {
         var entries: [Found.Entry] = []
         for jws in signed {
             do {
-                let transaction = try await verifier.transaction(signed: jws)
+                let transaction = try await verifier.verifiedPurchase(signed: jws)
                 // The purchase's token decides its order; the user given is for the pool.
                 let answer = try await receipts.apply(transaction, claim: .init(userId: nil, orderId: nil, poolUserId: user), metadata: metadata)
                 entries.append(.init(

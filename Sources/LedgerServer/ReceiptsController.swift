@@ -34,7 +34,7 @@ struct ReceiptsController {
         switch (body.signedTransaction, body.receiptData) {
         case (let jws?, nil):
             do {
-                let transaction = try await verifier.transaction(signed: jws)
+                let transaction = try await verifier.verifiedPurchase(signed: jws)
                 let answer = try await receipts.apply(transaction, claim: claim, metadata: metadata)
                 metrics.receiptAnswered(answer.outcome.rawValue)
                 return try Self.response(answer, request, context)

@@ -180,6 +180,25 @@ struct ReceiptRoutesTests {
         }
     }
 
+    @Test("a signed transaction Apple has revoked is never granted: rejected, no order changed, recorded for audit")
+    func revoked() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let (_, created) = try await http.send(.post, "/v1/orders", json: newOrder("o-revoked"))
+            let token = UUID(uuidString: created["appAccountToken"] as? String ?? "")
+            var refunded = TestApple.transaction("1000018", appAccountToken: token)
+            refunded.revocationDate = Date().millisecondsSince1970
+            refunded.revocationReason = 1
+            let (status, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-revoked", "signedTransaction": try await apple.sign(refunded)])
+            #expect(status == .ok)
+            #expect(answer["outcome"] as? String == "rejected" && answer["reason"] as? String == "transaction-revoked", "\(answer)")
+            #expect(answer["finishTransaction"] as? Bool == true)
+            let (_, order) = try await http.send(.get, "/v1/orders/o-revoked")
+            #expect(order["state"] as? String == "created" && order["version"] as? Int == 0)
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_transactions WHERE transaction_id = '1000018'", as: Int.self) == 0)
+            #expect(try await scalar(db, "SELECT reason FROM dashboards.rejected_proofs", as: String.self) == "transaction-revoked")
+        }
+    }
+
     @Test("a forged proof changes no order, is recorded for audit once, and is answered rejected with the reason")
     func forged() async throws {
         try await withReceiptsApplication(apple) { http, db in
