@@ -143,6 +143,10 @@ public struct PrivateCluster: Sendable {
         try handle.close()
     }
 
+    /// Connections the cluster takes. The tests' (not durable) cluster serves every suite's
+    /// connection pools at once, and refused connections ("too many clients") at 300.
+    var maximumConnections: Int { durable ? 300 : 600 }
+
     private func writeSettings(account: SystemAccount) throws {
         try FileManager.default.createDirectory(atPath: socketDirectory, withIntermediateDirectories: true)
         chmod(socketDirectory, 0o700)
@@ -152,7 +156,7 @@ public struct PrivateCluster: Sendable {
             unix_socket_directories = '\(socketDirectory.replacingOccurrences(of: "'", with: "''"))'
             unix_socket_permissions = 0700
             port = \(Self.port)
-            max_connections = 300
+            max_connections = \(maximumConnections)
             shared_buffers = 256MB
             max_locks_per_transaction = 256
 
