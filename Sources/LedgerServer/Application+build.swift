@@ -83,16 +83,39 @@ public func buildApplication(
     )
     if configuration.reconcileInterval > 0 {
         let pass = configuration.reconcilerPass(ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database))))
-        application.addServices(ReconcilerService(pass: pass, interval: .seconds(configuration.reconcileInterval), logger: logger))
+        application.addServices(PeriodicService(name: "reconciler pass", interval: .seconds(configuration.reconcileInterval), logger: logger) {
+            let summary = try await pass.run()
+            if summary.paired > 0 || summary.lostRaces > 0 {
+                logger.info("reconciler pass", metadata: [
+                    "reconcile.paired": "\(summary.paired)", "reconcile.ambiguous": "\(summary.ambiguous)",
+                    "reconcile.considered": "\(summary.considered)", "reconcile.lost_races": "\(summary.lostRaces)",
+                ])
+            }
+        })
     }
     if let appStoreServerAPI, configuration.recoveryInterval > 0 {
         let sweep = configuration.historySweep(
             api: appStoreServerAPI, verifier: verifier, receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database))))
-        application.addServices(HistorySweepService(sweep: sweep, interval: .seconds(configuration.recoveryInterval), logger: logger))
+        application.addServices(PeriodicService(name: "history sweep", interval: .seconds(configuration.recoveryInterval), logger: logger) {
+            _ = try await sweep.run()
+        })
+    }
+    // The calls to Apple that deliveries and pairings queue: only where they can be made.
+    let finish = configuration.finishAfterDelivery && appStoreServerAPI != nil
+    let setToken = configuration.setTokenAfterPairing && appStoreServerAPI != nil
+    if (configuration.finishAfterDelivery || configuration.setTokenAfterPairing) && appStoreServerAPI == nil {
+        logger.warning("LEDGER_APPLE_FINISH_AFTER_DELIVERY and LEDGER_APPLE_SET_TOKEN_AFTER_PAIRING need the App Store Server API key: off")
+    }
+    if let appStoreServerAPI, finish || setToken {
+        let calls = AppleCalls(api: appStoreServerAPI, writer: LedgerWriter(database: database))
+        application.addServices(PeriodicService(name: "calls to Apple", interval: .seconds(10), logger: logger) {
+            _ = try await calls.run()
+        })
     }
     if migrate {
         application.beforeServerStarts {
             try await migrator.migrate(client)
+            try await AppleCalls.setSwitches(finishAfterDelivery: finish, setTokenAfterPairing: setToken, on: database)
         }
     }
     return application

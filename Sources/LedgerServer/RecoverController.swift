@@ -2,8 +2,6 @@ import Foundation
 import Hummingbird
 import LedgerCore
 import LedgerStore
-import Logging
-import ServiceLifecycle
 
 /// `POST /v1/recover` (admin) `{userId?}`: one history sweep, of every due account or of one
 /// user's, answered with its counts.
@@ -32,27 +30,4 @@ extension APIError {
     static let appleAPINotConfigured = APIError(
         .serviceUnavailable, code: "apple-api-not-configured",
         message: "the App Store Server API is not configured (LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID, LEDGER_APPLE_API_PRIVATE_KEY)")
-}
-
-/// The history sweeps inside `ledger serve`: one every `interval`, until shutdown. A failed
-/// sweep is logged and the next one comes on time.
-struct HistorySweepService: Service {
-    let sweep: HistorySweep
-    let interval: Duration
-    let logger: Logger
-
-    func run() async throws {
-        await cancelWhenGracefulShutdown {
-            while !Task.isCancelled {
-                do { try await Task.sleep(for: interval) } catch { return }
-                do {
-                    _ = try await sweep.run()
-                } catch is CancellationError {
-                    return
-                } catch {
-                    logger.error("history sweep failed", metadata: ["error": "\(String(reflecting: error))"])
-                }
-            }
-        }
-    }
 }

@@ -19,19 +19,10 @@ struct AppleAccountRoutesTests {
     func withSweepApplication(
         interval: Int = 0, _ test: @Sendable @escaping (LedgerHTTP, TestDatabase, _ standInURL: String) async throws -> Void
     ) async throws {
-        let keyFile = NSTemporaryDirectory() + "iap-key-\(UUID()).p8"
-        try standIn.privateKeyPEM.write(toFile: keyFile, atomically: true, encoding: .utf8)
-        defer { try? FileManager.default.removeItem(atPath: keyFile) }
-        try await standIn.run { base in
-            try await withReceiptsApplication(apple, configure: { configuration in
-                configuration.apple.apiKeyID = AppStoreServerStandIn.keyID
-                configuration.apple.apiIssuerID = AppStoreServerStandIn.issuerID
-                configuration.apple.apiPrivateKeyFile = keyFile
-                configuration.apple.apiURL = base
-                configuration.recoveryAfter = 0
-                configuration.recoveryInterval = interval
-            }, { http, db in try await test(http, db, base) })
-        }
+        try await withAppleAPIApplication(apple, standIn, configure: { configuration in
+            configuration.recoveryAfter = 0
+            configuration.recoveryInterval = interval
+        }, test)
     }
 
     @discardableResult

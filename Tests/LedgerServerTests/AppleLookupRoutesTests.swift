@@ -13,17 +13,7 @@ struct AppleLookupRoutesTests {
 
     /// The receipts application with the App Store Server API pointed at the stand-in.
     func withLookupApplication(_ test: @Sendable @escaping (LedgerHTTP, TestDatabase) async throws -> Void) async throws {
-        let keyFile = NSTemporaryDirectory() + "iap-key-\(UUID()).p8"
-        try standIn.privateKeyPEM.write(toFile: keyFile, atomically: true, encoding: .utf8)
-        defer { try? FileManager.default.removeItem(atPath: keyFile) }
-        try await standIn.run { base in
-            try await withReceiptsApplication(apple, configure: { configuration in
-                configuration.apple.apiKeyID = AppStoreServerStandIn.keyID
-                configuration.apple.apiIssuerID = AppStoreServerStandIn.issuerID
-                configuration.apple.apiPrivateKeyFile = keyFile
-                configuration.apple.apiURL = base
-            }, test)
-        }
+        try await withAppleAPIApplication(apple, standIn) { http, db, _ in try await test(http, db) }
     }
 
     @Test("each purchase of an Apple order goes through the receipts' intake: matched by its token, pooled for the user, a forged one refused; again, nothing new")

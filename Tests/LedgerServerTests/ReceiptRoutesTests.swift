@@ -1,3 +1,4 @@
+import AppStoreStandIn
 import AppleReceipts
 import Foundation
 import Hummingbird
@@ -24,6 +25,27 @@ func withReceiptsApplication(
         if let production { configuration.apple.verifyReceiptURL = production }
         if let sandbox { configuration.apple.verifyReceiptSandboxURL = sandbox }
     }, test)
+}
+
+/// `withReceiptsApplication` with the App Store Server API at `standIn` (its key in a file for
+/// the run); `test` also gets the stand-in's base URL.
+func withAppleAPIApplication(
+    _ apple: TestApple, _ standIn: AppStoreServerStandIn, configure: @Sendable @escaping (inout LedgerConfiguration) -> Void = { _ in },
+    _ test: @Sendable @escaping (LedgerHTTP, TestDatabase, _ standInURL: String) async throws -> Void
+) async throws {
+    let keyFile = NSTemporaryDirectory() + "iap-key-\(UUID()).p8"
+    try standIn.privateKeyPEM.write(toFile: keyFile, atomically: true, encoding: .utf8)
+    defer { try? FileManager.default.removeItem(atPath: keyFile) }
+    try await standIn.run { base in
+        try await withReceiptsApplication(apple, configure: { configuration in
+            configuration.apple.apiKeyID = AppStoreServerStandIn.keyID
+            configuration.apple.apiIssuerID = AppStoreServerStandIn.issuerID
+            configuration.apple.apiPrivateKeyFile = keyFile
+            configuration.apple.apiURL = base
+            configuration.recoveryInterval = 0
+            configure(&configuration)
+        }, { http, db in try await test(http, db, base) })
+    }
 }
 
 /// One value of a query's first row.
