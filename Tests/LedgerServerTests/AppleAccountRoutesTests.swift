@@ -137,6 +137,7 @@ struct AppleAccountRoutesTests {
             #expect(third["known"] as? Int == 2 && third["refused"] as? Int == 0)
             #expect(try await scalar(db, "SELECT revision FROM apple_history_cursors WHERE account_id = 'acct-s'", as: String.self) == "r2")
             #expect(try await eventCount(db) == events)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
             #expect(await standIn.refusedTokens == 0)
         }
     }
@@ -163,12 +164,22 @@ struct AppleAccountRoutesTests {
             let verifier = try configuration.apple.verifier(logger: TestServer.logger)
             let sweeps = (0..<2).map { _ in
                 configuration.historySweep(
-                    api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger), verifier: verifier,
+                    api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base, timeout: .seconds(5)), logger: TestServer.logger), verifier: verifier,
                     receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: Database(client: db.client, logger: TestServer.logger)))))
             }
-            await standIn.queue([.slow(.milliseconds(800))])
+            await standIn.queue([.slow(.seconds(3))])
             async let first = sweeps[0].run()
             try await Task.sleep(for: .milliseconds(300))
+            // Promise 10: a sweep waiting on Apple holds no database transaction that would keep
+            // the gap-safe feed from reaching what commits meanwhile.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-feed", user: "u-feed"))
+            let store = EventStore(database: Database(client: db.client, logger: TestServer.logger))
+            var fed = false
+            for _ in 0..<40 where !fed {
+                fed = try await store.readAll(after: 0, limit: 10_000).contains { $0.streamID.rawValue == "order-o-feed" }
+                if !fed { try await Task.sleep(for: .milliseconds(50)) }
+            }
+            #expect(fed, "the feed reached the new order within 2 s, while the sweep still waited on Apple")
             let second = try await sweeps[1].run()
             let firstSummary = try await first
             #expect(second.busy == 1 && second.transactions == 0, "\(second)")
@@ -182,6 +193,7 @@ struct AppleAccountRoutesTests {
             let (_, full) = try await http.send(.post, "/v1/recover", raw: "")
             #expect(full["transactions"] as? Int == 1 && full["known"] as? Int == 1 && (full["ingested"] as? [String: Int] ?? [:]).isEmpty, "\(full)")
             #expect(try await eventCount(db) == events)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
         }
     }
 

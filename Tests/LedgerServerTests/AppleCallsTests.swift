@@ -53,6 +53,7 @@ struct AppleCallsTests {
             #expect(try await scalar(db, "SELECT attempts FROM apple_calls", as: Int.self) == 1)
             #expect(try await calls.run() == ["done": 1])
             #expect(try await calls.run() == [:], "nothing left to call")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9: the queue's triggers change no projection")
             let finished = await standIn.writes.filter { $0.method == "POST" && $0.path == "/inApps/v1/transactions/7900001/finish" }
             #expect(finished.count == 1)
             #expect(try await scalar(db, "SELECT data->>'outcome' FROM events WHERE stream_id = 'apple-calls-7900001' AND type = 'apple-transaction-finished'", as: String.self) == "done")
@@ -91,6 +92,7 @@ struct AppleCallsTests {
             #expect(set.count == 1 && set.first?.body == #"{"appAccountToken":"\#(token)"}"#)
             #expect(try await scalar(db, "SELECT data->>'appleErrorCode' FROM events WHERE stream_id = 'apple-calls-7900004'", as: String.self) == "4000185")
             #expect(try await calls.run() == [:], "a refusal is not tried again")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9: the queue's triggers change no projection")
         }
     }
 }
