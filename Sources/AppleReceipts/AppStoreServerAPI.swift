@@ -94,17 +94,15 @@ public final class AppStoreServerAPI: Sendable {
     ) async throws(AppStoreServerAPIError) -> HistoryPage {
         var query: [(String, String)] = [("sort", "ASCENDING")]
         if let revision { query.append(("revision", revision)) }
-        if let startDate { query.append(("startDate", String(Int64((startDate.timeIntervalSince1970 * 1000).rounded(.down))))) }
+        if let startDate { query.append(("startDate", String(startDate.millisecondsSince1970))) }
         for product in productIDs { query.append(("productId", product)) }
-        let path = "/inApps/v2/history/\(Self.pathSegment(anyID))"
-        return try await decode(send(.GET, path, query: query), path)
+        return try await fetch(.GET, "/inApps/v2/history/\(Self.pathSegment(anyID))", query: query)
     }
 
     /// Look Up Order ID: the purchases behind the order id on a customer's receipt e-mail.
     /// Apple's status 1 (no such order) is the error `apple-order-not-found`.
     public func lookUpOrder(_ orderID: String) async throws(AppStoreServerAPIError) -> [String] {
-        let path = "/inApps/v1/lookup/\(Self.pathSegment(orderID))"
-        let answer: OrderLookup = try await decode(send(.GET, path), path)
+        let answer = try await fetch(.GET, "/inApps/v1/lookup/\(Self.pathSegment(orderID))", as: OrderLookup.self)
         guard answer.status == 0 else {
             throw AppStoreServerAPIError(code: "apple-order-not-found", message: "Apple knows no order \(orderID)", status: 404)
         }
@@ -114,7 +112,7 @@ public final class AppStoreServerAPI: Sendable {
     /// Send Consumption Information (v2): what the ledger knows of a consumable whose refund a
     /// customer asked for, answering Apple's `CONSUMPTION_REQUEST`.
     public func sendConsumptionInformation(_ transactionID: String, _ information: ConsumptionInformation) async throws(AppStoreServerAPIError) {
-        _ = try await send(.PUT, "/inApps/v2/transactions/consumption/\(Self.pathSegment(transactionID))", body: Self.json(information))
+        try await send(.PUT, "/inApps/v2/transactions/consumption/\(Self.pathSegment(transactionID))", body: Self.json(information))
     }
 
     /// Get Notification History: one page of the notifications Apple sent (or tried to send)
@@ -124,24 +122,23 @@ public final class AppStoreServerAPI: Sendable {
     ) async throws(AppStoreServerAPIError) -> NotificationHistoryPage {
         let request = NotificationHistoryRequest(startDate: startDate.millisecondsSince1970, endDate: endDate.millisecondsSince1970)
         let query = paginationToken.map { [("paginationToken", $0)] } ?? []
-        return try await decode(send(.POST, "/inApps/v1/notifications/history", query: query, body: Self.json(request)), "/inApps/v1/notifications/history")
+        return try await fetch(.POST, "/inApps/v1/notifications/history", query: query, body: Self.json(request))
     }
 
     /// Get Refund History (v2): one page of an account's refunded transactions, from `revision`.
     public func refundHistory(_ anyID: String, revision: String? = nil) async throws(AppStoreServerAPIError) -> RefundHistoryPage {
-        let path = "/inApps/v2/refund/lookup/\(Self.pathSegment(anyID))"
-        return try await decode(send(.GET, path, query: revision.map { [("revision", $0)] } ?? []), path)
+        try await fetch(.GET, "/inApps/v2/refund/lookup/\(Self.pathSegment(anyID))", query: revision.map { [("revision", $0)] } ?? [])
     }
 
     /// Finish Transaction: tells Apple the app's server delivered what the transaction bought.
     public func finishTransaction(_ transactionID: String) async throws(AppStoreServerAPIError) {
-        _ = try await send(.POST, "/inApps/v1/transactions/\(Self.pathSegment(transactionID))/finish")
+        try await send(.POST, "/inApps/v1/transactions/\(Self.pathSegment(transactionID))/finish")
     }
 
     /// Set App Account Token: the order's token on a transaction (by its original id), so that
     /// Apple's later notifications about it carry it.
     public func setAppAccountToken(_ originalTransactionID: String, _ token: UUID) async throws(AppStoreServerAPIError) {
-        _ = try await send(.PUT, "/inApps/v1/transactions/\(Self.pathSegment(originalTransactionID))/appAccountToken",
+        try await send(.PUT, "/inApps/v1/transactions/\(Self.pathSegment(originalTransactionID))/appAccountToken",
                            body: Self.json(["appAccountToken": token.uuidString.lowercased()]))
     }
 
@@ -208,6 +205,7 @@ public final class AppStoreServerAPI: Sendable {
 
     /// A request of `path` with the pacing, the token and the retries; the body of Apple's 2xx
     /// answer. (Every call here is safe to send again: reads, and writes Apple applies as a whole.)
+    @discardableResult
     func send(
         _ method: HTTPMethod, _ path: String, query: [(String, String)] = [], body requestBody: ByteBuffer? = nil
     ) async throws(AppStoreServerAPIError) -> ByteBuffer {
@@ -276,10 +274,13 @@ public final class AppStoreServerAPI: Sendable {
         }
     }
 
-    /// Apple's answer to `path` as the JSON it documents.
-    func decode<Answer: Decodable>(_ body: ByteBuffer, _ path: String) throws(AppStoreServerAPIError) -> Answer {
+    /// `send`, and Apple's answer as the JSON it documents.
+    func fetch<Answer: Decodable>(
+        _ method: HTTPMethod, _ path: String, query: [(String, String)] = [], body: ByteBuffer? = nil, as _: Answer.Type = Answer.self
+    ) async throws(AppStoreServerAPIError) -> Answer {
+        let answer = try await send(method, path, query: query, body: body)
         do {
-            return try JSONDecoder().decode(Answer.self, from: body)
+            return try JSONDecoder().decode(Answer.self, from: answer)
         } catch {
             throw AppStoreServerAPIError(code: "apple-api-answer-malformed", message: "the App Store Server API's answer to \(path) is not the JSON it documents", status: 200)
         }
@@ -362,6 +363,12 @@ public struct AppStoreServerAPIError: Error, Sendable, Equatable, CustomStringCo
     }
 
     public var description: String { appleErrorCode.map { "\(message) (Apple error \($0))" } ?? message }
+
+    /// Apple busy or away (rate-limited beyond the longest wait, 5xx answers, no answer): the
+    /// same request may well succeed later.
+    public var isAppleAway: Bool {
+        ["apple-api-rate-limited", "apple-api-unavailable", "apple-api-timeout", "apple-api-unreachable"].contains(code)
+    }
 }
 
 /// The current API token.

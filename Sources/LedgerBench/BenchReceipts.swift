@@ -27,34 +27,31 @@ struct BenchReceipts: AsyncParsableCommand {
     static let bundleId = "com.example.ledger-bench"
 
     func run() async throws {
-        let configuration = try options.load()
         let logger = benchLogger
-        let opened = try await OpenedDatabase.open(configuration.database, logger: logger)
-        defer { try? opened.close(logger: logger) }
-        let benchConfiguration = try await BenchAppend.prepareDatabase(opened.clientConfiguration, logger: logger)
-        let work = try BenchServerChild.workDirectory("receipts")
-        defer { try? FileManager.default.removeItem(at: work) }
+        try await options.withBenchDatabase { benchConfiguration in
+            let work = try BenchServerChild.workDirectory("receipts")
+            defer { try? FileManager.default.removeItem(at: work) }
 
-        let (chain, rootFile) = try Self.signingChain(in: work)
-        let run = UUID().uuidString.prefix(6).lowercased()
-        let (key, bodies) = try await withPostgresClient(benchConfiguration, logger: logger) { client in
-            let database = Database(client: client, logger: logger)
-            let key = try await APIKeyStore(database: database).create(name: "bench", scopes: [.admin])
-            return (key, try await prepare(chain: chain, run: String(run), total: receipts + warmup, ledger: OrderLedger(writer: LedgerWriter(database: database))))
-        }
+            let (chain, rootFile) = try Self.signingChain(in: work)
+            let run = UUID().uuidString.prefix(6).lowercased()
+            let (key, bodies) = try await withPostgresClient(benchConfiguration, logger: logger) { client in
+                let database = Database(client: client, logger: logger)
+                let key = try await APIKeyStore(database: database).create(name: "bench", scopes: [.admin])
+                return (key, try await prepare(chain: chain, run: String(run), total: receipts + warmup, ledger: OrderLedger(writer: LedgerWriter(database: database))))
+            }
 
-        let environment = ["LEDGER_APPLE_ROOT_CERTS": rootFile, "LEDGER_APPLE_BUNDLE_ID": Self.bundleId, "LEDGER_APPLE_ENVIRONMENT": "Sandbox"]
-        let (measured, peakRSS) = try await BenchServerChild.run(
-            server: try options.serverPath(), database: benchConfiguration, work: work, environment: environment
-        ) { client, base, _ in
-            try await drive(client, base: base, key: key, bodies: bodies)
+            let environment = ["LEDGER_APPLE_ROOT_CERTS": rootFile, "LEDGER_APPLE_BUNDLE_ID": Self.bundleId, "LEDGER_APPLE_ENVIRONMENT": "Sandbox"]
+            let (measured, peakRSS) = try await BenchServerChild.run(
+                server: try options.serverPath(), database: benchConfiguration, work: work, environment: environment
+            ) { client, base, _ in
+                try await drive(client, base: base, key: key, bodies: bodies)
+            }
+            let (summary, outcomes) = measured
+            print("Signed-transaction receipts over HTTP (\(concurrency) keep-alive clients, \(receipts) receipts after \(warmup) for warm-up, each verified and applied to its own order)")
+            printTableHeader(["clients", "receipts/s", "p50 ms", "p99 ms", "outcomes", "server peak RSS MB"], leftAligned: [4])
+            let outcomeText = outcomes.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", ")
+            printTableRow(["\(concurrency)"] + summary.cells + [outcomeText, format(Double(peakRSS) / 1024, decimals: 1)])
         }
-        let (summary, outcomes) = measured
-        print("Signed-transaction receipts over HTTP (\(concurrency) keep-alive clients, \(receipts) receipts after \(warmup) for warm-up, each verified and applied to its own order)")
-        printTableHeader(["clients", "receipts/s", "p50 ms", "p99 ms", "outcomes", "server peak RSS MB"], leftAligned: [4])
-        let outcomeText = outcomes.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", ")
-        printTableRow(["\(concurrency)"] + summary.cells + [outcomeText, format(Double(peakRSS) / 1024, decimals: 1)])
-        try await BenchAppend().dropDatabase(opened.clientConfiguration, logger: logger)
     }
 
     /// A signing chain made for this run, its root written to a PEM file in `work` for the

@@ -28,48 +28,45 @@ struct BenchSweep: AsyncParsableCommand {
     static let bundleId = BenchReceipts.bundleId
 
     func run() async throws {
-        let configuration = try options.load()
         let logger = benchLogger
-        let opened = try await OpenedDatabase.open(configuration.database, logger: logger)
-        defer { try? opened.close(logger: logger) }
-        let benchConfiguration = try await BenchAppend.prepareDatabase(opened.clientConfiguration, logger: logger)
-        let work = try BenchServerChild.workDirectory("sweep")
-        defer { try? FileManager.default.removeItem(at: work) }
-        let (chain, rootFile) = try BenchReceipts.signingChain(in: work)
-        var settings = LedgerConfiguration()
-        settings.apple.rootCertificateFiles = [rootFile]
-        settings.apple.bundleID = Self.bundleId
-        settings.apple.environment = "Sandbox"
-        settings.recoveryAfter = 0
-        let verifier = try settings.apple.verifier(logger: logger)
-        let ledgerSettings = settings
-        let standIn = AppStoreServerStandIn(bundleID: Self.bundleId)
-        let (accounts, transactions, rate) = (accounts, transactions, rate)
+        try await options.withBenchDatabase { benchConfiguration in
+            let work = try BenchServerChild.workDirectory("sweep")
+            defer { try? FileManager.default.removeItem(at: work) }
+            let (chain, rootFile) = try BenchReceipts.signingChain(in: work)
+            var settings = LedgerConfiguration()
+            settings.apple.rootCertificateFiles = [rootFile]
+            settings.apple.bundleID = Self.bundleId
+            settings.apple.environment = "Sandbox"
+            settings.recoveryAfter = 0
+            let verifier = try settings.apple.verifier(logger: logger)
+            let ledgerSettings = settings
+            let standIn = AppStoreServerStandIn(bundleID: Self.bundleId)
+            let (accounts, transactions, rate) = (accounts, transactions, rate)
 
-        let rows = try await withPostgresClient(benchConfiguration, logger: logger) { client in
-            let database = Database(client: client, logger: logger)
-            let receipts = ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database)))
-            try await Self.prepare(accounts: accounts, transactions: transactions, chain: chain, standIn: standIn, receipts: receipts)
-            return try await standIn.run { base in
-                let api = LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base, requestsPerSecond: rate, timeout: .seconds(30)), logger: logger)
-                let sweep = ledgerSettings.historySweep(api: api, verifier: verifier, receipts: receipts)
-                let ids = (0..<accounts).map { "bench-account-\($0)" }
-                let fetched = try await Self.fetchOnly(ids, api: api, verifier: verifier, atOnce: sweep.accountsAtOnce)
-                let first = try await sweep.run()
-                let second = try await sweep.run()
-                return [("fetch and verify only (baseline)", accounts, accounts * transactions, 0, fetched),
-                        ("first sweep (all new)", first.accounts, first.transactions, first.ingested.values.reduce(0, +), first.seconds),
-                        ("second sweep (nothing new)", second.accounts, second.transactions, second.ingested.values.reduce(0, +), second.seconds)]
+            let rows = try await withPostgresClient(benchConfiguration, logger: logger) { client in
+                let database = Database(client: client, logger: logger)
+                let receipts = ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database)))
+                try await Self.prepare(accounts: accounts, transactions: transactions, chain: chain, standIn: standIn, receipts: receipts)
+                return try await standIn.run { base in
+                    let api = LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base, requestsPerSecond: rate, timeout: .seconds(30)), logger: logger)
+                    let sweep = ledgerSettings.historySweep(api: api, verifier: verifier, receipts: receipts)
+                    let ids = (0..<accounts).map { "bench-account-\($0)" }
+                    let fetched = try await Self.fetchOnly(ids, api: api, verifier: verifier, atOnce: sweep.accountsAtOnce)
+                    let first = try await sweep.run()
+                    let second = try await sweep.run()
+                    return [("fetch and verify only (baseline)", accounts, accounts * transactions, 0, fetched),
+                            ("first sweep (all new)", first.accounts, first.transactions, first.ingested.values.reduce(0, +), first.seconds),
+                            ("second sweep (nothing new)", second.accounts, second.transactions, second.ingested.values.reduce(0, +), second.seconds)]
+                }
+            }
+            print("History sweeps against the stand-in App Store Server API (\(accounts) accounts, \(transactions) transactions each, \(format(rate)) requests/s allowed)")
+            printTableHeader(["run", "accounts", "transactions", "ingested", "seconds", "accounts/s", "of baseline"], leftAligned: [0])
+            let baseline = Double(rows[0].1) / rows[0].4
+            for (name, swept, seen, ingested, seconds) in rows {
+                let perSecond = Double(swept) / seconds
+                printTableRow([name, "\(swept)", "\(seen)", "\(ingested)", format(seconds, decimals: 2), format(perSecond), format(perSecond / baseline, decimals: 2)])
             }
         }
-        print("History sweeps against the stand-in App Store Server API (\(accounts) accounts, \(transactions) transactions each, \(format(rate)) requests/s allowed)")
-        printTableHeader(["run", "accounts", "transactions", "ingested", "seconds", "accounts/s", "of baseline"], leftAligned: [0])
-        let baseline = Double(rows[0].1) / rows[0].4
-        for (name, swept, seen, ingested, seconds) in rows {
-            let perSecond = Double(swept) / seconds
-            printTableRow([name, "\(swept)", "\(seen)", "\(ingested)", format(seconds, decimals: 2), format(perSecond), format(perSecond / baseline, decimals: 2)])
-        }
-        try await BenchAppend().dropDatabase(opened.clientConfiguration, logger: logger)
     }
 
     /// One user, open order and linked account per account; its history at the stand-in.

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import LedgerServer
+import LedgerStore
 import Logging
 import PostgresNIO
 
@@ -46,6 +47,19 @@ struct BenchOptions: ParsableArguments {
         if let databaseURL { values[Key.databaseURL] = databaseURL }
         if let dataDir { values[Key.dataDirectory] = dataDir }
         return try LedgerConfiguration.load(values)
+    }
+
+    /// Opens the database, hands `body` a bench database made afresh on it (migrated unless told
+    /// not to), and drops that database once `body` is done.
+    func withBenchDatabase<Result>(
+        migrate: Bool = true, _ body: (_ bench: PostgresClient.Configuration) async throws -> Result
+    ) async throws -> Result {
+        let opened = try await OpenedDatabase.open(try load().database, logger: benchLogger)
+        defer { try? opened.close(logger: benchLogger) }
+        let bench = try await BenchAppend.prepareDatabase(opened.clientConfiguration, migrate: migrate, logger: benchLogger)
+        let result = try await body(bench)
+        try await BenchAppend().dropDatabase(opened.clientConfiguration, logger: benchLogger)
+        return result
     }
 
     /// The `ledger` to start for the HTTP benchmarks.

@@ -13,8 +13,7 @@ import Logging
 public struct AppleCalls: Sendable {
     let api: LazyAppStoreServerAPI
     let writer: LedgerWriter
-    var database: Database { writer.database }
-    /// Calls taken per pass.
+    var database: Database { writer.database }    /// Calls taken per pass.
     public var batch = 50
     /// The first retry's delay; each later one doubles it, up to an hour.
     public var backoff: TimeInterval = 30
@@ -67,15 +66,22 @@ public struct AppleCalls: Sendable {
     private func make(_ call: Call, with client: AppStoreServerAPI, metadata: Data) async throws -> String {
         do {
             switch call.kind {
-            case "finish": try await client.finishTransaction(call.transactionID)
-            default: try await client.setAppAccountToken(call.originalTransactionID ?? call.transactionID, call.token ?? UUID())
+            case "finish":
+                try await client.finishTransaction(call.transactionID)
+            default:
+                // The trigger takes the token from the order's row, where it is never null.
+                guard let token = call.token else {
+                    throw AppStoreServerAPIError(code: "no-account-token", message: "order \(call.orderID) has no appAccountToken to set")
+                }
+                try await client.setAppAccountToken(call.originalTransactionID ?? call.transactionID, token)
             }
             try await settle(call, outcome: "done", error: nil, metadata: metadata)
             return "done"
         } catch let error as AppStoreServerAPIError {
-            let transient = ["apple-api-unavailable", "apple-api-timeout", "apple-api-unreachable", "apple-api-rate-limited", "apple-api-unauthorized", "cancelled"]
-            guard transient.contains(error.code), call.attempt < attempts else {
-                let outcome = transient.contains(error.code) ? "given-up" : "refused"
+            // Apple away, the key refused (until the operator fixes it), the server stopping: later.
+            let transient = error.isAppleAway || ["apple-api-unauthorized", "cancelled"].contains(error.code)
+            guard transient, call.attempt < attempts else {
+                let outcome = transient ? "given-up" : "refused"
                 try await settle(call, outcome: outcome, error: error, metadata: metadata)
                 return outcome
             }

@@ -17,18 +17,11 @@ struct AppleLookupController {
         router.post("/v1/apple-orders/:appleOrderId/lookup") { request, context in try await look(request, context) }
     }
 
-    /// The body, which may be empty.
-    struct Lookup: Decodable {
-        let userId: UserID?
-    }
-
     func look(_ request: Request, _ context: LedgerRequestContext) async throws -> AppleOrderLookup.Found {
         let orderID = try pathParameter(context, "appleOrderId")
         guard !orderID.isEmpty, orderID.count <= 64, orderID.unicodeScalars.allSatisfy({ $0.isASCII && $0.properties.isAlphabetic || ("0"..."9").contains($0) })
         else { throw LedgerInputError(field: "appleOrderId", problem: "must be the letters and digits of an Apple order id, such as MQ1N2CD3EF") }
-        var request = request
-        let body = try await request.collectBody(upTo: context.maxUploadSize)
-        let userID = body.readableBytes == 0 ? nil : try await request.decode(as: Lookup.self, context: context).userId
+        let userID = try await OptionalUserBody.user(of: request, context)
         guard let lookup else { throw APIError.appleAPINotConfigured }
         return try await lookup.look(up: orderID, user: userID, metadata: context.eventMetadata)
     }
@@ -85,37 +78,5 @@ public struct AppleOrderLookup: Sendable {
             }
         }
         return Found(appleOrderId: orderID, transactions: entries)
-    }
-}
-
-/// The App Store Server API client, made on first use from settings checked at start.
-public actor LazyAppStoreServerAPI {
-    let settings: AppStoreServerAPI.Settings
-    let logger: Logger
-    private var made: AppStoreServerAPI?
-
-    public init(settings: AppStoreServerAPI.Settings, logger: Logger) {
-        self.settings = settings
-        self.logger = logger
-    }
-
-    public func client() async throws(AppStoreServerAPIError) -> AppStoreServerAPI {
-        if let made { return made }
-        let client = try await AppStoreServerAPI(settings: settings, logger: logger)
-        made = client
-        return client
-    }
-}
-
-extension APIError {
-    /// An App Store Server API failure as the ledger's answer: Apple's "no such order" a 404,
-    /// Apple busy or away a 503, anything else Apple refused a 502; the code is the client's.
-    static func from(_ error: AppStoreServerAPIError) -> APIError {
-        let status: HTTPResponse.Status = switch error.code {
-        case "apple-order-not-found", "apple-api-not-found": .notFound
-        case "apple-api-rate-limited", "apple-api-unavailable", "apple-api-timeout", "apple-api-unreachable": .serviceUnavailable
-        default: .badGateway
-        }
-        return APIError(status, code: error.code, message: error.description)
     }
 }

@@ -12,18 +12,22 @@ public func buildRouter(
     health: DatabaseHealth? = nil
 ) -> Router<LedgerRequestContext> {
     let metrics = LedgerMetrics()
+    let database = database.observingAppends(metrics.eventsAppended)
     return buildRouter(
-        database: database.observingAppends(metrics.eventsAppended), migrator: migrator, apple: apple,
+        receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database))), migrator: migrator, apple: apple,
         appStoreServerAPI: (try? configuration.apple.appStoreServerAPI()).flatMap { $0 }.map { LazyAppStoreServerAPI(settings: $0, logger: database.logger) },
         configuration: configuration, health: health, metrics: metrics)
 }
 
-/// The router, on a database whose appends `metrics` already counts; `appStoreServerAPI`: the
-/// one client of the API every route and service of this server shares (nil: no key).
+/// The router. `receipts`: on the one writer every route and service of this server shares, so
+/// that their events share transactions, on a database whose appends `metrics` already counts;
+/// `appStoreServerAPI`: the one client of the API they share (nil: no key).
 func buildRouter(
-    database: Database, migrator: Migrator, apple: AppleProofVerifier, appStoreServerAPI: LazyAppStoreServerAPI?,
+    receipts: ReceiptLedger, migrator: Migrator, apple: AppleProofVerifier, appStoreServerAPI: LazyAppStoreServerAPI?,
     configuration: LedgerConfiguration, health: DatabaseHealth?, metrics: LedgerMetrics
 ) -> Router<LedgerRequestContext> {
+    let orders = receipts.orders
+    let database = orders.database
     let router = Router(context: LedgerRequestContext.self)
     router.add(middleware: MetricsMiddleware(metrics: metrics))
     let routes = RouteTable()
@@ -31,10 +35,7 @@ func buildRouter(
     if let health { router.add(middleware: DatabaseGateMiddleware(health: health)) }
     router.add(middleware: AuthMiddleware(keys: APIKeyStore(database: database)))
     HealthController(database: database, migrator: migrator).addRoutes(to: router)
-    // One writer for every route and service, so that their events share transactions.
-    let orders = OrderLedger(writer: LedgerWriter(database: database))
     OrdersController(ledger: orders).addRoutes(to: router)
-    let receipts = ReceiptLedger(orders: orders)
     ReceiptsController(receipts: receipts, verifier: apple, metrics: metrics).addRoutes(to: router)
     NotificationsController(notifications: NotificationLedger(receipts: receipts), verifier: apple, metrics: metrics).addRoutes(to: router)
     ReconcileController(pass: configuration.reconcilerPass(receipts)).addRoutes(to: router)
@@ -73,16 +74,18 @@ public func buildApplication(
         logger.notice("App Store Server API off: set LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID and LEDGER_APPLE_API_PRIVATE_KEY to turn it on")
     }
     let verifier = try configuration.apple.verifier(logger: logger)
+    // One writer for every route and service, so that their events share transactions.
+    let receipts = ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database)))
     var application = Application(
         router: buildRouter(
-            database: database, migrator: migrator, apple: verifier,
+            receipts: receipts, migrator: migrator, apple: verifier,
             appStoreServerAPI: appStoreServerAPI, configuration: configuration, health: health, metrics: metrics),
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "order-ledger"),
         services: [client, health],
         logger: logger
     )
     if configuration.reconcileInterval > 0 {
-        let pass = configuration.reconcilerPass(ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database))))
+        let pass = configuration.reconcilerPass(receipts)
         application.addServices(PeriodicService(name: "reconciler pass", interval: .seconds(configuration.reconcileInterval), logger: logger) {
             let summary = try await pass.run()
             if summary.paired > 0 || summary.lostRaces > 0 {
@@ -94,8 +97,7 @@ public func buildApplication(
         })
     }
     if let appStoreServerAPI, configuration.recoveryInterval > 0 {
-        let sweep = configuration.historySweep(
-            api: appStoreServerAPI, verifier: verifier, receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database))))
+        let sweep = configuration.historySweep(api: appStoreServerAPI, verifier: verifier, receipts: receipts)
         application.addServices(PeriodicService(name: "history sweep", interval: .seconds(configuration.recoveryInterval), logger: logger) {
             _ = try await sweep.run()
         })
@@ -107,7 +109,7 @@ public func buildApplication(
         logger.warning("LEDGER_APPLE_FINISH_AFTER_DELIVERY and LEDGER_APPLE_SET_TOKEN_AFTER_PAIRING need the App Store Server API key: off")
     }
     if let appStoreServerAPI, finish || setToken {
-        let calls = AppleCalls(api: appStoreServerAPI, writer: LedgerWriter(database: database))
+        let calls = AppleCalls(api: appStoreServerAPI, writer: receipts.orders.writer)
         application.addServices(PeriodicService(name: "calls to Apple", interval: .seconds(10), logger: logger) {
             _ = try await calls.run()
         })

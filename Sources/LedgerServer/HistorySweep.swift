@@ -1,6 +1,5 @@
 import AppleReceipts
 import Foundation
-import Hummingbird
 import LedgerCore
 import LedgerStore
 import Logging
@@ -59,7 +58,8 @@ public struct HistorySweep: Sendable {
         public var refused = 0
         /// Transactions Apple had refunded or revoked: never ingested by a sweep.
         public var revoked = 0
-        /// Why accounts failed, by the App Store Server API's error code.
+        /// Why accounts failed, by code: the App Store Server API's, verification's, `cancelled`,
+        /// `internal-error`.
         public var failures: [String: Int] = [:]
         /// Set when a sweep stopped early: Apple refused the key or asked for a pause too long,
         /// verification cannot run (no root certificates), or the server is stopping.
@@ -101,7 +101,7 @@ public struct HistorySweep: Sendable {
         var summary = Summary()
         var done = 0
         progress?(0, accounts.count)
-        try await withThrowingTaskGroup(of: Summary.self) { group in
+        await withTaskGroup(of: Summary.self) { group in
             var next = accounts.makeIterator()
             func startNext() -> Bool {
                 guard let account = next.next() else { return false }
@@ -109,7 +109,7 @@ public struct HistorySweep: Sendable {
                 return true
             }
             for _ in 0..<max(1, accountsAtOnce) { guard startNext() else { break } }
-            while let swept = try await group.next() {
+            while let swept = await group.next() {
                 summary.add(swept)
                 done += 1
                 progress?(done, accounts.count)

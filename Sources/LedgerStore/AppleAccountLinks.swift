@@ -77,10 +77,6 @@ public struct AppleAccountLinks: Sendable {
     }
 
     /// The user who owns the account, if one does.
-    public func owner(of id: AppTransactionID) async throws -> UserID? {
-        try await database.withConnection { connection in try await owner(of: id, on: connection) }
-    }
-
     func owner(of id: AppTransactionID, on connection: PostgresConnection) async throws -> UserID? {
         let rows = try await connection.guardedQuery(
             "SELECT data->>'userId' FROM events WHERE stream_id = \(id.streamID.rawValue) AND stream_version = 0",

@@ -15,12 +15,9 @@ struct Lookup: AsyncParsableCommand {
 
     func run() async throws {
         let configuration = try LedgerConfiguration.load(options.values())
-        guard let settings = try configuration.apple.appStoreServerAPI() else {
-            throw ValidationError("the App Store Server API is not configured: set LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID and LEDGER_APPLE_API_PRIVATE_KEY")
-        }
+        let settings = try configuration.requiredAppStoreServerAPI()
         let userID = try user.map { try UserID($0) }
-        let who = "ledger lookup (\(ProcessInfo.processInfo.environment["USER"] ?? "unknown user"))"
-        let metadata = try JSONSerialization.data(withJSONObject: ["appendedBy": who])
+        let metadata = try operatorMetadata("lookup")
         let found = try await withLedgerDatabase(options) { client, logger in
             let database = Database(client: client, logger: logger)
             let lookup = AppleOrderLookup(

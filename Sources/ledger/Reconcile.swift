@@ -8,19 +8,10 @@ struct Reconcile: AsyncParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Pair orphan Apple transactions with open orders of the same user and product.")
     @OptionGroup var options: ConfigurationOptions
 
-    /// Progress on standard error, only when it is a terminal.
-    static var progress: (@Sendable (Int, Int) -> Void)? {
-        guard isatty(STDERR_FILENO) == 1 else { return nil }
-        return { @Sendable (done: Int, total: Int) in
-            FileHandle.standardError.write(Data("\r\(done) of \(total) users".utf8))
-            if done >= total { FileHandle.standardError.write(Data("\n".utf8)) }
-        }
-    }
-
     func run() async throws {
         // (withLedgerDatabase sets logging up; the settings alone are read here.)
         let configuration = try LedgerConfiguration.load(options.values())
-        let progress = Self.progress
+        let progress = terminalProgress("users")
         let summary = try await withLedgerDatabase(options) { client, logger in
             let database = Database(client: client, logger: logger)
             let receipts = ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database)))

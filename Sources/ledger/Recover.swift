@@ -12,24 +12,12 @@ struct Recover: AsyncParsableCommand {
     @OptionGroup var options: ConfigurationOptions
     @Option(help: "Sweep only this user's Apple accounts") var user: String?
 
-    /// Progress on standard error, only when it is a terminal.
-    static var progress: (@Sendable (Int, Int) -> Void)? {
-        guard isatty(STDERR_FILENO) == 1 else { return nil }
-        return { @Sendable (done: Int, total: Int) in
-            FileHandle.standardError.write(Data("\r\(done) of \(total) Apple accounts".utf8))
-            if done >= total { FileHandle.standardError.write(Data("\n".utf8)) }
-        }
-    }
-
     func run() async throws {
         let configuration = try LedgerConfiguration.load(options.values())
-        guard let settings = try configuration.apple.appStoreServerAPI() else {
-            throw ValidationError("the App Store Server API is not configured: set LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID and LEDGER_APPLE_API_PRIVATE_KEY")
-        }
+        let settings = try configuration.requiredAppStoreServerAPI()
         let userID = try user.map { try UserID($0) }
-        let who = "ledger recover (\(ProcessInfo.processInfo.environment["USER"] ?? "unknown user"))"
-        let metadata = try JSONSerialization.data(withJSONObject: ["appendedBy": who])
-        let progress = Self.progress
+        let metadata = try operatorMetadata("recover")
+        let progress = terminalProgress("Apple accounts")
         let summary = try await withLedgerDatabase(options) { client, logger in
             let database = Database(client: client, logger: logger)
             let sweep = configuration.historySweep(

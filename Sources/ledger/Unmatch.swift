@@ -15,9 +15,7 @@ struct Unmatch: AsyncParsableCommand {
 
     func run() async throws {
         let id = try TransactionID(transactionId)
-        // Who did it: the operating-system user, as a key's name is recorded over HTTP.
-        let who = "ledger unmatch (\(ProcessInfo.processInfo.environment["USER"] ?? "unknown user"))"
-        let metadata = try JSONSerialization.data(withJSONObject: ["appendedBy": who])
+        let metadata = try operatorMetadata("unmatch")
         let order = try await withLedgerDatabase(options) { client, logger in
             let database = Database(client: client, logger: logger)
             let desk = SupportDesk(receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database))))

@@ -47,11 +47,6 @@ struct UnmatchCommandTests {
             #expect(refusal.contains("is paired with no order"), "\(refusal)")
         }
     }
-
-    func scalarText(_ db: TestDatabase, _ query: PostgresQuery) async throws -> String? {
-        for try await value in try await db.client.query(query, logger: TestServer.logger).decode(String?.self) { return value }
-        return nil
-    }
 }
 
 /// `ledger lookup`, run as an operator runs it, against the stand-in App Store Server API.
@@ -62,20 +57,8 @@ struct LookupCommandTests {
         let apple = try TestApple()
         let standIn = AppStoreServerStandIn(bundleID: TestApple.bundleId)
         try await withTestDatabase { db in
-            let work = FileManager.default.temporaryDirectory.appendingPathComponent("ledger-lookup-\(UUID().uuidString.prefix(8))")
-            try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
-            defer { try? FileManager.default.removeItem(at: work) }
-            let keyFile = work.appendingPathComponent("key.p8").path
-            try standIn.privateKeyPEM.write(toFile: keyFile, atomically: true, encoding: .utf8)
             await standIn.setOrder("MQ7CLI", [try await apple.sign(TestApple.transaction("9200001"))])
-            try await standIn.run { base in
-                let environment = [
-                    "LEDGER_DATABASE_URL": db.configuration.url, "LEDGER_LOG_LEVEL": "warning",
-                    "LEDGER_APPLE_ROOT_CERTS": apple.rootFile, "LEDGER_APPLE_BUNDLE_ID": TestApple.bundleId,
-                    "LEDGER_APPLE_ENVIRONMENT": "Sandbox", "LEDGER_APPLE_API_KEY_ID": AppStoreServerStandIn.keyID,
-                    "LEDGER_APPLE_API_ISSUER_ID": AppStoreServerStandIn.issuerID, "LEDGER_APPLE_API_PRIVATE_KEY": keyFile,
-                    "LEDGER_APPLE_API_URL": base,
-                ]
+            try await withAppleCommandEnvironment("lookup", apple, standIn, db) { environment, work in
                 let (status, output) = try await LedgerChild.run(
                     ["lookup", "MQ7CLI", "--user", "cli-user"], environment: environment, log: work.appendingPathComponent("1.log"))
                 #expect(status == 0, "\(output)")
@@ -109,19 +92,7 @@ struct RecoverCommandTests {
             purchase.appTransactionId = "acct-cli"
             await standIn.setHistory("acct-cli", [.init(revision: "c1", hasMore: false, signedTransactions: [try await apple.sign(purchase)])])
 
-            let work = FileManager.default.temporaryDirectory.appendingPathComponent("ledger-recover-\(UUID().uuidString.prefix(8))")
-            try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
-            defer { try? FileManager.default.removeItem(at: work) }
-            let keyFile = work.appendingPathComponent("key.p8").path
-            try standIn.privateKeyPEM.write(toFile: keyFile, atomically: true, encoding: .utf8)
-            try await standIn.run { base in
-                let environment = [
-                    "LEDGER_DATABASE_URL": db.configuration.url, "LEDGER_LOG_LEVEL": "warning",
-                    "LEDGER_APPLE_ROOT_CERTS": apple.rootFile, "LEDGER_APPLE_BUNDLE_ID": TestApple.bundleId,
-                    "LEDGER_APPLE_ENVIRONMENT": "Sandbox", "LEDGER_APPLE_API_KEY_ID": AppStoreServerStandIn.keyID,
-                    "LEDGER_APPLE_API_ISSUER_ID": AppStoreServerStandIn.issuerID, "LEDGER_APPLE_API_PRIVATE_KEY": keyFile,
-                    "LEDGER_APPLE_API_URL": base, "LEDGER_RECOVERY_AFTER": "0",
-                ]
+            try await withAppleCommandEnvironment("recover", apple, standIn, db, ["LEDGER_RECOVERY_AFTER": "0"]) { environment, work in
                 let (status, output) = try await LedgerChild.run(
                     ["recover", "--user", "cli-user"], environment: environment, log: work.appendingPathComponent("1.log"))
                 #expect(status == 0, "\(output)")
@@ -138,11 +109,6 @@ struct RecoverCommandTests {
             }
             #expect(try await scalarText(db, "SELECT user_id FROM apple_transactions WHERE transaction_id = '9300001'") == "cli-user")
         }
-    }
-
-    func scalarText(_ db: TestDatabase, _ query: PostgresQuery) async throws -> String? {
-        for try await value in try await db.client.query(query, logger: TestServer.logger).decode(String?.self) { return value }
-        return nil
     }
 }
 
@@ -163,5 +129,35 @@ struct DemoCommandTests {
         #expect(output.contains("purchases no client sent: matched 1"), "\(output)")
         #expect(output.contains("recovered orders delivered: 1"), "\(output)")
         #expect(output.contains("Reconciliation report (CSV):"), "\(output)")
+    }
+}
+
+/// One value of a query's first row, as text.
+func scalarText(_ db: TestDatabase, _ query: PostgresQuery) async throws -> String? {
+    for try await value in try await db.client.query(query, logger: TestServer.logger).decode(String?.self) { return value }
+    return nil
+}
+
+/// Runs `body` with the environment of a `ledger` command that asks the stand-in App Store Server
+/// API (on `db`, trusting `apple`, with the stand-in's key in a file of a work folder of its own,
+/// plus `extra`), while the stand-in serves.
+func withAppleCommandEnvironment(
+    _ command: String, _ apple: TestApple, _ standIn: AppStoreServerStandIn, _ db: TestDatabase, _ extra: [String: String] = [:],
+    _ body: @Sendable (_ environment: [String: String], _ work: URL) async throws -> Void
+) async throws {
+    let work = FileManager.default.temporaryDirectory.appendingPathComponent("ledger-\(command)-\(UUID().uuidString.prefix(8))")
+    try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
+    defer { try? FileManager.default.removeItem(at: work) }
+    let keyFile = work.appendingPathComponent("key.p8").path
+    try standIn.privateKeyPEM.write(toFile: keyFile, atomically: true, encoding: .utf8)
+    try await standIn.run { base in
+        let environment = [
+            "LEDGER_DATABASE_URL": db.configuration.url, "LEDGER_LOG_LEVEL": "warning",
+            "LEDGER_APPLE_ROOT_CERTS": apple.rootFile, "LEDGER_APPLE_BUNDLE_ID": TestApple.bundleId,
+            "LEDGER_APPLE_ENVIRONMENT": "Sandbox", "LEDGER_APPLE_API_KEY_ID": AppStoreServerStandIn.keyID,
+            "LEDGER_APPLE_API_ISSUER_ID": AppStoreServerStandIn.issuerID, "LEDGER_APPLE_API_PRIVATE_KEY": keyFile,
+            "LEDGER_APPLE_API_URL": base,
+        ].merging(extra) { _, given in given }
+        try await body(environment, work)
     }
 }

@@ -1,0 +1,40 @@
+import AppleReceipts
+import Hummingbird
+import Logging
+
+/// The App Store Server API client, made on first use from settings checked at start.
+public actor LazyAppStoreServerAPI {
+    let settings: AppStoreServerAPI.Settings
+    let logger: Logger
+    private var made: AppStoreServerAPI?
+
+    public init(settings: AppStoreServerAPI.Settings, logger: Logger) {
+        self.settings = settings
+        self.logger = logger
+    }
+
+    public func client() async throws(AppStoreServerAPIError) -> AppStoreServerAPI {
+        if let made { return made }
+        let client = try await AppStoreServerAPI(settings: settings, logger: logger)
+        made = client
+        return client
+    }
+}
+
+extension APIError {
+    /// An App Store Server API failure as the ledger's answer: Apple's "no such order" a 404,
+    /// Apple busy or away a 503, anything else Apple refused a 502; the code is the client's.
+    static func from(_ error: AppStoreServerAPIError) -> APIError {
+        let status: HTTPResponse.Status = if ["apple-order-not-found", "apple-api-not-found"].contains(error.code) {
+            .notFound
+        } else {
+            error.isAppleAway ? .serviceUnavailable : .badGateway
+        }
+        return APIError(status, code: error.code, message: error.description)
+    }
+
+    /// The answer of a route that asks Apple when no In-App Purchase key is configured.
+    static let appleAPINotConfigured = APIError(
+        .serviceUnavailable, code: "apple-api-not-configured",
+        message: "the App Store Server API is not configured (LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID, LEDGER_APPLE_API_PRIVATE_KEY)")
+}

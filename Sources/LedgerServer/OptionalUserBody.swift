@@ -1,0 +1,14 @@
+import Hummingbird
+import LedgerCore
+
+/// The body `{userId?}` of the admin routes that may also come without one (the Apple order
+/// lookup, a history sweep): the user named, or nil for an empty body.
+struct OptionalUserBody: Decodable {
+    let userId: UserID?
+
+    static func user(of request: Request, _ context: LedgerRequestContext) async throws -> UserID? {
+        var request = request
+        let body = try await request.collectBody(upTo: context.maxUploadSize)
+        return body.readableBytes == 0 ? nil : try await request.decode(as: Self.self, context: context).userId
+    }
+}
