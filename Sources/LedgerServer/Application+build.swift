@@ -102,22 +102,9 @@ public func buildApplication(
             _ = try await sweep.run()
         })
     }
-    // The calls to Apple that deliveries and pairings queue: only where they can be made.
-    let finish = configuration.finishAfterDelivery && appStoreServerAPI != nil
-    let setToken = configuration.setTokenAfterPairing && appStoreServerAPI != nil
-    if (configuration.finishAfterDelivery || configuration.setTokenAfterPairing) && appStoreServerAPI == nil {
-        logger.warning("LEDGER_APPLE_FINISH_AFTER_DELIVERY and LEDGER_APPLE_SET_TOKEN_AFTER_PAIRING need the App Store Server API key: off")
-    }
-    if let appStoreServerAPI, finish || setToken {
-        let calls = AppleCalls(api: appStoreServerAPI, writer: receipts.orders.writer)
-        application.addServices(PeriodicService(name: "calls to Apple", interval: .seconds(10), logger: logger) {
-            _ = try await calls.run()
-        })
-    }
     if migrate {
         application.beforeServerStarts {
             try await migrator.migrate(client)
-            try await AppleCalls.setSwitches(finishAfterDelivery: finish, setTokenAfterPairing: setToken, on: database)
         }
     }
     return application

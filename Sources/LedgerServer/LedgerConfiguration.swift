@@ -58,15 +58,13 @@ public struct LedgerConfiguration: Sendable {
         public static let reconcileRecoveryOrders = "LEDGER_RECONCILE_RECOVERY_ORDERS"
         public static let recoveryAfter = "LEDGER_RECOVERY_AFTER"
         public static let recoveryInterval = "LEDGER_RECOVERY_INTERVAL"
-        public static let finishAfterDelivery = "LEDGER_APPLE_FINISH_AFTER_DELIVERY"
-        public static let setTokenAfterPairing = "LEDGER_APPLE_SET_TOKEN_AFTER_PAIRING"
 
         public static let all = [
             databaseURL, dataDirectory, host, port, logLevel, appleRootCertificates, appleBundleID, appleAppID,
             appleEnvironment, verifyReceiptURL, verifyReceiptSandboxURL, appleSharedSecret,
             appleAPIKeyID, appleAPIIssuerID, appleAPIPrivateKey, appleAPIURL, appleAPIRate,
             reconcileInterval, reconcileClockSkew, reconcileMaximumAge, reconcileSettle, reconcileRecoveryOrders,
-            recoveryAfter, recoveryInterval, finishAfterDelivery, setTokenAfterPairing,
+            recoveryAfter, recoveryInterval,
         ]
     }
 
@@ -84,10 +82,6 @@ public struct LedgerConfiguration: Sendable {
     public var recoveryAfter = 600
     /// Seconds between history sweeps inside `ledger serve` (with an App Store Server API key); 0: none.
     public var recoveryInterval = 300
-    /// Whether a delivered order's transaction is finished at Apple (needs the API key).
-    public var finishAfterDelivery = false
-    /// Whether a pooled transaction the reconciler or support pairs gets its order's token at Apple.
-    public var setTokenAfterPairing = false
 
     public init() {}
 
@@ -135,8 +129,6 @@ public struct LedgerConfiguration: Sendable {
         }
         for (key, apply) in [
             (Key.reconcileRecoveryOrders, { (c: inout LedgerConfiguration, v: Bool) in c.recoveryOrders = v }),
-            (Key.finishAfterDelivery, { (c: inout LedgerConfiguration, v: Bool) in c.finishAfterDelivery = v }),
-            (Key.setTokenAfterPairing, { (c: inout LedgerConfiguration, v: Bool) in c.setTokenAfterPairing = v }),
         ] as [(String, (inout LedgerConfiguration, Bool) -> Void)] {
             guard let text = values[key] else { continue }
             switch text.lowercased() {

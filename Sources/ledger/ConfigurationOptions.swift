@@ -53,10 +53,6 @@ struct ConfigurationOptions: ParsableArguments {
     var recoveryAfter: String?
     @Option(help: "Seconds between history sweeps in serve, 0: none; needs the App Store Server API key (LEDGER_RECOVERY_INTERVAL, default 300)")
     var recoveryInterval: String?
-    @Option(help: "true: finish a delivered order's transaction at Apple; needs the App Store Server API key (LEDGER_APPLE_FINISH_AFTER_DELIVERY, default false)")
-    var appleFinishAfterDelivery: String?
-    @Option(help: "true: set the order's appAccountToken at Apple on a transaction the reconciler or support paired (LEDGER_APPLE_SET_TOKEN_AFTER_PAIRING, default false)")
-    var appleSetTokenAfterPairing: String?
 
     /// The environment with the flags given on the command line laid over it.
     func values(environment: [String: String] = ProcessInfo.processInfo.environment) -> [String: String] {
@@ -73,7 +69,6 @@ struct ConfigurationOptions: ParsableArguments {
             (Key.reconcileClockSkew, reconcileClockSkew), (Key.reconcileMaximumAge, reconcileMaxAge),
             (Key.reconcileSettle, reconcileSettle), (Key.reconcileRecoveryOrders, reconcileRecoveryOrders),
             (Key.recoveryAfter, recoveryAfter), (Key.recoveryInterval, recoveryInterval),
-            (Key.finishAfterDelivery, appleFinishAfterDelivery), (Key.setTokenAfterPairing, appleSetTokenAfterPairing),
         ]
         for (key, value) in flags { if let value { values[key] = value } }
         return values
