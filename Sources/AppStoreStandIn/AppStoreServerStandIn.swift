@@ -21,6 +21,8 @@ public final class AppStoreServerStandIn: Sendable {
         /// Answers after this long.
         case slow(Duration)
         case malformed
+        /// Apple refuses the request: `status` with its `errorCode`.
+        case refused(status: Int, errorCode: Int)
     }
 
     public struct Page: Sendable {
@@ -234,6 +236,8 @@ public final class AppStoreServerStandIn: Sendable {
             try await Task.sleep(for: duration)
         case .malformed?:
             return Self.json(200, #"{"revision": 12, "signedTransactions": "#)
+        case .refused(let status, let code)?:
+            return Self.json(status, #"{"errorCode": \#(code), "errorMessage": "Refused."}"#)
         case nil:
             break
         }

@@ -148,13 +148,14 @@ public final class AppStoreServerAPI: Sendable {
         /// `DELIVERED`, or why not: `UNDELIVERED_QUALITY_ISSUE`, `UNDELIVERED_WRONG_ITEM`,
         /// `UNDELIVERED_SERVER_OUTAGE`, `UNDELIVERED_OTHER`.
         public var deliveryStatus: String
-        public var sampleContentProvided: Bool
+        /// Absent when the catalog does not say.
+        public var sampleContentProvided: Bool?
         /// `DECLINE`, `GRANT_FULL` or `GRANT_PRORATED`.
         public var refundPreference: String?
         /// Of the purchase consumed, in thousandths of a percent (0 to 100,000).
         public var consumptionPercentage: Int?
 
-        public init(customerConsented: Bool, deliveryStatus: String, sampleContentProvided: Bool, refundPreference: String? = nil, consumptionPercentage: Int? = nil) {
+        public init(customerConsented: Bool, deliveryStatus: String, sampleContentProvided: Bool? = nil, refundPreference: String? = nil, consumptionPercentage: Int? = nil) {
             self.customerConsented = customerConsented
             self.deliveryStatus = deliveryStatus
             self.sampleContentProvided = sampleContentProvided
@@ -251,7 +252,7 @@ public final class AppStoreServerAPI: Sendable {
                 let until = retryAfter.flatMap(Double.init).map { Date(timeIntervalSince1970: $0 / 1000) } ?? Date().addingTimeInterval(1)
                 let wait = max(0, until.timeIntervalSinceNow)
                 guard Duration.seconds(wait) <= settings.longestWait else {
-                    throw AppStoreServerAPIError(code: "apple-api-rate-limited", message: "Apple takes no more requests until \(until)", status: 429)
+                    throw AppStoreServerAPIError(code: "apple-api-rate-limited", message: "Apple takes no more requests until \(until)", status: 429, retryAt: until)
                 }
                 logger.info("App Store Server API rate limit: waiting", metadata: ["apple.wait_seconds": "\(String(format: "%.1f", wait))"])
                 try await sleep(.seconds(wait))
@@ -354,12 +355,15 @@ public struct AppStoreServerAPIError: Error, Sendable, Equatable, CustomStringCo
     public var status: Int?
     /// Apple's `errorCode`, when its answer carried one.
     public var appleErrorCode: Int?
+    /// When Apple takes requests again (its `Retry-After`), when it said.
+    public var retryAt: Date?
 
-    public init(code: String, message: String, status: Int? = nil, appleErrorCode: Int? = nil) {
+    public init(code: String, message: String, status: Int? = nil, appleErrorCode: Int? = nil, retryAt: Date? = nil) {
         self.code = code
         self.message = message
         self.status = status
         self.appleErrorCode = appleErrorCode
+        self.retryAt = retryAt
     }
 
     public var description: String { appleErrorCode.map { "\(message) (Apple error \($0))" } ?? message }

@@ -38,7 +38,7 @@ public struct AppleProofVerifier: Sendable {
     /// `transaction(signed:)` for a purchase to be granted: one Apple has refunded or revoked
     /// (StoreKit hands such transactions to the app too) is refused with `transaction-revoked`.
     public func verifiedPurchase(signed jws: String) async throws(AppleVerificationError) -> AppleTransaction {
-        let (transaction, revoked) = try await transactionAndRevocation(signed: jws)
+        let (transaction, revoked, _) = try await transactionAndRevocation(signed: jws)
         if let revoked {
             throw AppleVerificationError(
                 code: "transaction-revoked",
@@ -49,10 +49,13 @@ public struct AppleProofVerifier: Sendable {
 
     /// `transaction(signed:)`, with when Apple refunded or revoked it, if it did (Apple's
     /// histories list such transactions too).
-    public func transactionAndRevocation(signed jws: String) async throws(AppleVerificationError) -> (transaction: AppleTransaction, revoked: Date?) {
+    public func transactionAndRevocation(
+        signed jws: String
+    ) async throws(AppleVerificationError) -> (transaction: AppleTransaction, revoked: Date?, revocationReason: Int?) {
         let payload = try await signedData.verify(jws, as: SignedTransactionPayload.self)
         try check(bundleId: payload.bundleId, environment: payload.environment)
-        return (try Self.transaction(payload, sha256: Self.sha256(jws)), payload.revocationDate.map(Date.init(millisecondsSince1970:)))
+        return (try Self.transaction(payload, sha256: Self.sha256(jws)), payload.revocationDate.map(Date.init(millisecondsSince1970:)),
+                payload.revocationReason)
     }
 
     /// The Apple account a signed `AppTransaction` names, verified like a transaction (chain,
@@ -94,7 +97,8 @@ public struct AppleProofVerifier: Sendable {
         return VerifiedNotification(
             notificationUUID: uuid, notificationType: payload.notificationType, subtype: payload.subtype,
             signedDate: payload.signedAt, transaction: transaction,
-            revocationDate: revocation?.date, revocationReason: revocation?.reason)
+            revocationDate: revocation?.date, revocationReason: revocation?.reason,
+            consumptionRequestReason: payload.data?.consumptionRequestReason)
     }
 
     /// The transactions of a legacy app receipt, as Apple's verifyReceipt reports them.
@@ -182,4 +186,6 @@ public struct VerifiedNotification: Sendable, Equatable {
     public var transaction: AppleTransaction?
     public var revocationDate: Date?
     public var revocationReason: Int?
+    /// Why the customer asked for a refund (`CONSUMPTION_REQUEST` only).
+    public var consumptionRequestReason: String?
 }

@@ -77,13 +77,19 @@ public struct SignedNotificationPayload: AppleSignedPayload, Equatable {
         public var environment: String?
         public var signedTransactionInfo: String?
         public var signedRenewalInfo: String?
+        /// Why the customer asked for a refund (`CONSUMPTION_REQUEST`).
+        public var consumptionRequestReason: String?
 
-        public init(bundleId: String?, appAppleId: Int64? = nil, environment: String?, signedTransactionInfo: String?, signedRenewalInfo: String? = nil) {
+        public init(
+            bundleId: String?, appAppleId: Int64? = nil, environment: String?, signedTransactionInfo: String?,
+            signedRenewalInfo: String? = nil, consumptionRequestReason: String? = nil
+        ) {
             self.bundleId = bundleId
             self.appAppleId = appAppleId
             self.environment = environment
             self.signedTransactionInfo = signedTransactionInfo
             self.signedRenewalInfo = signedRenewalInfo
+            self.consumptionRequestReason = consumptionRequestReason
         }
     }
 

@@ -49,7 +49,7 @@ public enum Projection {
             row.status = status
             row.updatedAt = date
             return row
-        case .matched:
+        case .matched, .consumptionAnswer:
             // The claim (`receipt-received` on the order) moves the row; this records the pairing.
             return row
         }

@@ -102,10 +102,59 @@ public func buildApplication(
             _ = try await sweep.run()
         })
     }
+    if let appStoreServerAPI {
+        for service in appleServices(api: appStoreServerAPI, verifier: verifier, receipts: receipts, configuration: configuration,
+                                     metrics: metrics, logger: logger) {
+            application.addServices(service)
+        }
+    } else if configuration.appleCalls.any {
+        logger.warning("LEDGER_APPLE_CONSUMPTION_CONSENT, LEDGER_APPLE_FINISH_AFTER_DELIVERY and LEDGER_APPLE_SET_TOKEN_AFTER_PAIRING need the App Store Server API key: no calls to Apple are made")
+    }
+    if (appStoreServerAPI == nil || !configuration.appleCalls.any), configuration.appleCallsInterval > 0 {
+        // No calls to make: the feed still moves past what it reads, so that a switch turned on
+        // later applies from then on, not to every event since.
+        let queue = AppleCallQueue(orders: receipts.orders)
+        application.addServices(PeriodicService(name: "calls to Apple", interval: .seconds(configuration.appleCallsInterval), logger: logger) {
+            _ = try await queue.catchUp(.init())
+        })
+    }
     if migrate {
         application.beforeServerStarts {
             try await migrator.migrate(client)
         }
     }
     return application
+}
+
+/// The background work that asks Apple besides the sweeps: the calls events call for, the
+/// notification backfill at start, and the refund catch-up.
+func appleServices(
+    api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, receipts: ReceiptLedger, configuration: LedgerConfiguration,
+    metrics: LedgerMetrics, logger: Logger
+) -> [any Service] {
+    var services: [any Service] = []
+    if configuration.appleCalls.any, configuration.appleCallsInterval > 0 {
+        let calls = configuration.appleCalls(api: api, receipts: receipts)
+        services.append(PeriodicService(name: "calls to Apple", interval: .seconds(configuration.appleCallsInterval), logger: logger) {
+            let summary = try await calls.run()
+            for (call, count) in summary.calls { for _ in 0..<count { metrics.appleCalled(call) } }
+            let pending = try await calls.queue.pendingConsumption()
+            metrics.consumptionPending(count: pending.count, secondsLeft: pending.secondsLeft)
+        })
+    }
+    if configuration.backfillNotificationsAtStart {
+        let backfill = NotificationBackfill(api: api, verifier: verifier, notifications: NotificationLedger(receipts: receipts))
+        services.append(PeriodicService(name: "notification backfill", interval: .seconds(1), logger: logger, firstWait: .seconds(1), repeats: false) {
+            _ = try await backfill.run()
+        })
+    }
+    if configuration.refundCatchUpInterval > 0 {
+        let catchUp = configuration.refundCatchUp(api: api, verifier: verifier, receipts: receipts)
+        services.append(PeriodicService(
+            name: "refund catch-up", interval: .seconds(configuration.refundCatchUpInterval), logger: logger, firstWait: .seconds(60)
+        ) {
+            _ = try await catchUp.run()
+        })
+    }
+    return services
 }

@@ -258,7 +258,7 @@ public struct HistorySweep: Sendable {
         for jws in signed {
             summary.transactions += 1
             do {
-                let (transaction, revoked) = try await verifier.transactionAndRevocation(signed: jws)
+                let (transaction, revoked, _) = try await verifier.transactionAndRevocation(signed: jws)
                 if let revoked {
                     // Never granted from here: a refund reaches the ledger by notification.
                     summary.revoked += 1

@@ -58,13 +58,17 @@ public struct LedgerConfiguration: Sendable {
         public static let reconcileRecoveryOrders = "LEDGER_RECONCILE_RECOVERY_ORDERS"
         public static let recoveryAfter = "LEDGER_RECOVERY_AFTER"
         public static let recoveryInterval = "LEDGER_RECOVERY_INTERVAL"
+        public static let consumptionConsent = "LEDGER_APPLE_CONSUMPTION_CONSENT"
+        public static let finishAfterDelivery = "LEDGER_APPLE_FINISH_AFTER_DELIVERY"
+        public static let setTokenAfterPairing = "LEDGER_APPLE_SET_TOKEN_AFTER_PAIRING"
+        public static let refundLookback = "LEDGER_REFUND_LOOKBACK"
 
         public static let all = [
             databaseURL, dataDirectory, host, port, logLevel, appleRootCertificates, appleBundleID, appleAppID,
             appleEnvironment, verifyReceiptURL, verifyReceiptSandboxURL, appleSharedSecret,
             appleAPIKeyID, appleAPIIssuerID, appleAPIPrivateKey, appleAPIURL, appleAPIRate,
             reconcileInterval, reconcileClockSkew, reconcileMaximumAge, reconcileSettle, reconcileRecoveryOrders,
-            recoveryAfter, recoveryInterval,
+            recoveryAfter, recoveryInterval, consumptionConsent, finishAfterDelivery, setTokenAfterPairing, refundLookback,
         ]
     }
 
@@ -82,6 +86,18 @@ public struct LedgerConfiguration: Sendable {
     public var recoveryAfter = 600
     /// Seconds between history sweeps inside `ledger serve` (with an App Store Server API key); 0: none.
     public var recoveryInterval = 300
+    /// Which calls to Apple events call for (consumption answers need the operator's word that
+    /// the app's terms obtain the customer's consent; the other two are off by default).
+    public var appleCalls = AppleCallQueue.Switches()
+    /// Seconds between passes of the calls to Apple inside `ledger serve`; 0: none.
+    public var appleCallsInterval = 10
+    /// Days back whose granted transactions' accounts the refund catch-up reads.
+    public var refundLookbackDays = 90
+    /// Seconds between refund catch-up passes inside `ledger serve` (each account is read at most
+    /// once a day); 0: none.
+    public var refundCatchUpInterval = 3600
+    /// Whether `ledger serve` backfills the notifications Apple sent while it was away, at start.
+    public var backfillNotificationsAtStart = true
 
     public init() {}
 
@@ -127,8 +143,18 @@ public struct LedgerConfiguration: Sendable {
                 problems.append(.init(key, "is \(text), not a whole number of seconds (\(minimum) or more)"))
             }
         }
+        if let text = values[Key.refundLookback] {
+            if let days = Int(text), (1...3650).contains(days) {
+                configuration.refundLookbackDays = days
+            } else {
+                problems.append(.init(Key.refundLookback, "is \(text), not a whole number of days (1 to 3650)"))
+            }
+        }
         for (key, apply) in [
             (Key.reconcileRecoveryOrders, { (c: inout LedgerConfiguration, v: Bool) in c.recoveryOrders = v }),
+            (Key.consumptionConsent, { (c: inout LedgerConfiguration, v: Bool) in c.appleCalls.consumption = v }),
+            (Key.finishAfterDelivery, { (c: inout LedgerConfiguration, v: Bool) in c.appleCalls.finishAfterDelivery = v }),
+            (Key.setTokenAfterPairing, { (c: inout LedgerConfiguration, v: Bool) in c.appleCalls.setTokenAfterPairing = v }),
         ] as [(String, (inout LedgerConfiguration, Bool) -> Void)] {
             guard let text = values[key] else { continue }
             switch text.lowercased() {
@@ -257,5 +283,17 @@ extension LedgerConfiguration {
         sweep.recoverAfter = TimeInterval(recoveryAfter)
         sweep.clockSkew = reconciler.clockSkew
         return sweep
+    }
+
+    /// The calls to Apple that events call for, with these switches.
+    public func appleCalls(api: LazyAppStoreServerAPI, receipts: ReceiptLedger) -> AppleCalls {
+        AppleCalls(api: api, queue: AppleCallQueue(orders: receipts.orders), switches: appleCalls)
+    }
+
+    /// A refund catch-up with these settings.
+    public func refundCatchUp(api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, receipts: ReceiptLedger) -> RefundCatchUp {
+        var catchUp = RefundCatchUp(api: api, verifier: verifier, notifications: NotificationLedger(receipts: receipts))
+        catchUp.lookbackDays = refundLookbackDays
+        return catchUp
     }
 }

@@ -57,6 +57,24 @@ final class LedgerMetrics: Sendable {
         counter("ledger_apple_notifications", help: "App Store Server Notifications, by result", label: "result", result).increment()
     }
 
+    /// Calls to Apple the log called for, by `<kind> <outcome>` (consumption `too-late` and
+    /// `refused`, and any `given-up`, are worth an alert).
+    func appleCalled(_ kindAndOutcome: String) {
+        counter("ledger_apple_calls", help: "Calls to Apple made because of events, by kind and outcome", label: "call", kindAndOutcome).increment()
+    }
+
+    /// Consumption requests waiting for an answer, and the least time left to send one (Apple
+    /// waits 12 hours); set by each pass of the calls to Apple.
+    func consumptionPending(count: Int, secondsLeft: Double?) {
+        consumptionGauges.pending.set(Int64(count))
+        consumptionGauges.secondsLeft.set(secondsLeft ?? 43_200)
+    }
+
+    private var consumptionGauges: (pending: Gauge, secondsLeft: Gauge) {
+        (registry.makeGauge(descriptor: .init(metricName: "ledger_apple_consumption_requests_pending", helpText: "Consumption requests not yet answered")),
+         registry.makeGauge(descriptor: .init(metricName: "ledger_apple_consumption_seconds_left", helpText: "Least time left to answer a pending consumption request")))
+    }
+
     /// The counters of one label seen so far, kept for the reason `requestMetrics` is (the
     /// registry's lookup of the events' counter was 1.5% of the server's CPU).
     private let counters = Mutex<[CounterKey: Counter]>([:])

@@ -46,16 +46,24 @@ struct NotificationsController {
             let notificationType: String
         }
         let metadata = try EventCoding.encoder.encode(Metadata(requestId: context.requestID, notificationType: notification.notificationType))
-        let record = NotificationReceived(
-            notificationUUID: notification.notificationUUID, notificationType: notification.notificationType,
-            subtype: notification.subtype, transactionId: notification.transaction?.transactionId, signedDate: notification.signedDate)
-        let applied = try await notifications.apply(
-            .init(record: record, transaction: notification.transaction, revocationDate: notification.revocationDate,
-                  revocationReason: notification.revocationReason),
-            metadata: metadata)
+        let applied = try await notifications.apply(notification, metadata: metadata)
         metrics.notificationAnswered(applied.appended ? "applied" : "repeated")
         return Answer(Applied(
             notificationUUID: notification.notificationUUID.uuidString.lowercased(), applied: applied.appended,
             streamId: applied.streamId, type: applied.type))
+    }
+}
+
+extension NotificationLedger {
+    /// A verified notification applied, whether it arrived or came from Apple's history.
+    func apply(_ notification: VerifiedNotification, metadata: Data) async throws -> Applied {
+        let record = NotificationReceived(
+            notificationUUID: notification.notificationUUID, notificationType: notification.notificationType,
+            subtype: notification.subtype, transactionId: notification.transaction?.transactionId, signedDate: notification.signedDate,
+            consumptionRequestReason: notification.consumptionRequestReason)
+        return try await apply(
+            .init(record: record, transaction: notification.transaction, revocationDate: notification.revocationDate,
+                  revocationReason: notification.revocationReason),
+            metadata: metadata)
     }
 }

@@ -7,19 +7,30 @@ struct PeriodicService: Service {
     let name: String
     let interval: Duration
     let logger: Logger
+    /// The wait before the first run (nil: `interval`).
+    var firstWait: Duration? = nil
+    /// False: one run only (a pass at start).
+    var repeats = true
     let work: @Sendable () async throws -> Void
 
     func run() async throws {
         await cancelWhenGracefulShutdown {
+            var wait = firstWait ?? interval
             while !Task.isCancelled {
                 // Shutdown cancels the wait: the service then ends normally, not with an error.
-                do { try await Task.sleep(for: interval) } catch { return }
+                do { try await Task.sleep(for: wait) } catch { return }
+                wait = interval
                 do {
                     try await work()
                 } catch is CancellationError {
                     return
                 } catch {
                     logger.error("\(name) failed", metadata: ["error": "\(String(reflecting: error))"])
+                }
+                if !repeats {
+                    // A service that ends would end the server: this one waits for shutdown.
+                    try? await gracefulShutdown()
+                    return
                 }
             }
         }

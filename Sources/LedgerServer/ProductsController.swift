@@ -18,7 +18,15 @@ struct ProductsController {
             guard let status = ProductCatalog.Status(rawValue: statusText) else {
                 throw LedgerInputError(field: "status", problem: "must be active or retired")
             }
-            return Answer(ProductResponse(try await catalog.set(id, status: status, price: body.price, currency: body.currency)))
+            let preference = try body.refundPreference.map { text in
+                guard let preference = RefundPreference(rawValue: text) else {
+                    throw LedgerInputError(field: "refundPreference", problem: "must be DECLINE, GRANT_FULL or GRANT_PRORATED")
+                }
+                return preference
+            }
+            return Answer(ProductResponse(try await catalog.set(
+                id, status: status, price: body.price, currency: body.currency, sampleContentProvided: body.sampleContentProvided,
+                refundPreference: preference)))
         }
     }
 
@@ -27,6 +35,8 @@ struct ProductsController {
         let status: String?
         let price: String?
         let currency: String?
+        let sampleContentProvided: Bool?
+        let refundPreference: String?
     }
 
     struct ProductResponse: Encodable, Sendable {
@@ -34,7 +44,7 @@ struct ProductsController {
 
         init(_ product: ProductCatalog.Product) { self.product = product }
 
-        enum CodingKeys: String, CodingKey { case productId, status, price, currency, updatedAt }
+        enum CodingKeys: String, CodingKey { case productId, status, price, currency, sampleContentProvided, refundPreference, updatedAt }
 
         func encode(to encoder: any Encoder) throws {
             var json = encoder.container(keyedBy: CodingKeys.self)
@@ -42,6 +52,8 @@ struct ProductsController {
             try json.encode(product.status.rawValue, forKey: .status)
             try json.encode(product.price, forKey: .price)
             try json.encode(product.currency, forKey: .currency)
+            try json.encodeIfPresent(product.sampleContentProvided, forKey: .sampleContentProvided)
+            try json.encodeIfPresent(product.refundPreference?.rawValue, forKey: .refundPreference)
             try json.encode(product.updatedAt, forKey: .updatedAt)
         }
     }

@@ -20,12 +20,19 @@ public struct ProductCatalog: Sendable {
         public var status: Status
         public var price: String?
         public var currency: String?
+        /// Consumption answers: whether the app offers a free sample or trial of it (absent: not sent).
+        public var sampleContentProvided: Bool?
+        /// Consumption answers: the refund the operator would like Apple to grant (absent: not sent).
+        public var refundPreference: RefundPreference?
         public var updatedAt: Date
     }
 
     /// Creates or replaces a product's entry.
     @discardableResult
-    public func set(_ id: ProductID, status: Status, price: String?, currency: String?) async throws -> Product {
+    public func set(
+        _ id: ProductID, status: Status, price: String?, currency: String?, sampleContentProvided: Bool? = nil,
+        refundPreference: RefundPreference? = nil
+    ) async throws -> Product {
         if let price, !OrderEvent.isValidPrice(price) {
             throw LedgerInputError(field: "price", problem: "must be a decimal string such as \"0.99\"")
         }
@@ -34,11 +41,12 @@ public struct ProductCatalog: Sendable {
         }
         let rows = try await database.query(
             """
-            INSERT INTO products (product_id, status, price, currency, updated_at)
-            VALUES (\(id.rawValue), \(status.rawValue), \(price)::numeric, \(currency), now())
+            INSERT INTO products (product_id, status, price, currency, sample_content_provided, refund_preference, updated_at)
+            VALUES (\(id.rawValue), \(status.rawValue), \(price)::numeric, \(currency), \(sampleContentProvided), \(refundPreference?.rawValue), now())
             ON CONFLICT (product_id) DO UPDATE SET status = EXCLUDED.status, price = EXCLUDED.price,
-                currency = EXCLUDED.currency, updated_at = EXCLUDED.updated_at
-            RETURNING product_id, status, price::text, currency, updated_at
+                currency = EXCLUDED.currency, sample_content_provided = EXCLUDED.sample_content_provided,
+                refund_preference = EXCLUDED.refund_preference, updated_at = EXCLUDED.updated_at
+            RETURNING \(unescaped: Self.columns)
             """)
         guard let product = try await Self.decode(rows).first else { throw OrderDecisionError.noSuchOrder }
         return product
@@ -46,15 +54,23 @@ public struct ProductCatalog: Sendable {
 
     public func list() async throws -> [Product] {
         let rows = try await database.query(
-            "SELECT product_id, status, price::text, currency, updated_at FROM products ORDER BY product_id")
+            "SELECT \(unescaped: Self.columns) FROM products ORDER BY product_id")
         return try await Self.decode(rows)
     }
 
+    /// One product's entry, or nil.
+    public func product(_ id: ProductID) async throws -> Product? {
+        try await Self.decode(database.query("SELECT \(unescaped: Self.columns) FROM products WHERE product_id = \(id.rawValue)")).first
+    }
+
+    static let columns = "product_id, status, price::text, currency, sample_content_provided, refund_preference, updated_at"
+
     static func decode(_ rows: some AsyncSequence<PostgresRow, any Error>) async throws -> [Product] {
         var products: [Product] = []
-        for try await (id, status, price, currency, updated) in rows.decode((String, String, String?, String?, Date).self) {
+        for try await (id, status, price, currency, sample, preference, updated) in rows.decode((String, String, String?, String?, Bool?, String?, Date).self) {
             products.append(Product(productId: ProductID(unchecked: id), status: Status(rawValue: status) ?? .active,
-                                    price: price, currency: currency, updatedAt: updated))
+                                    price: price, currency: currency, sampleContentProvided: sample,
+                                    refundPreference: preference.flatMap(RefundPreference.init), updatedAt: updated))
         }
         return products
     }

@@ -25,6 +25,14 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         public var supportPairings = 0
         /// Pairings support undid (`POST /v1/transactions/{id}/unmatch`).
         public var undonePairings = 0
+        /// Answers to Apple's consumption requests: taken by Apple, refused by it, not sent within
+        /// the 12 hours Apple waits.
+        public var consumptionAnswered = 0
+        public var consumptionFailed = 0
+        public var consumptionTooLate = 0
+        /// Refunds the ledger learnt of from Apple's refund history, not from a notification
+        /// (also counted in `refunded`).
+        public var refundsCaughtUp = 0
 
         init(day: String, productId: String, currency: String?) {
             self.day = day
@@ -57,11 +65,13 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         let orderRows = try await database.query(
             """
             SELECT to_char(e.recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), o.product_id, o.currency, e.type,
-                   CASE e.type WHEN 'failed' THEN coalesce(e.data->>'reason', '') WHEN 'pairing-undone' THEN coalesce(e.data->>'fromState', '') ELSE '' END,
+                   CASE e.type WHEN 'failed' THEN coalesce(e.data->>'reason', '') WHEN 'pairing-undone' THEN coalesce(e.data->>'fromState', '')
+                               WHEN 'consumption-answer' THEN coalesce(e.data->>'outcome', '')
+                               WHEN 'refunded' THEN CASE WHEN e.metadata ? 'refundCatchUp' THEN 'caught-up' ELSE '' END ELSE '' END,
                    count(*)::int, coalesce(sum(o.price * o.quantity), 0)::text
             FROM events e JOIN orders o ON o.order_id = substr(e.stream_id, 7)
             WHERE e.stream_id LIKE 'order-%' AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
-              AND e.type IN ('created', 'verified', 'delivered', 'finished', 'failed', 'refunded', 'pairing-undone')
+              AND e.type IN ('created', 'verified', 'delivered', 'finished', 'failed', 'refunded', 'pairing-undone', 'consumption-answer')
             GROUP BY 1, 2, 3, 4, 5
             """)
         for try await (day, product, currency, type, reason, count, amount) in orderRows.decode((String, String, String?, String, String, Int, String).self) {
@@ -79,13 +89,31 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
                 row.failedByReason[reason.isEmpty ? "unknown" : reason, default: 0] += count
             case "refunded":
                 row.refunded += count
+                if reason == "caught-up" { row.refundsCaughtUp += count }
                 revenue[k, default: 0] -= Decimal(string: amount) ?? 0
             case "pairing-undone":
                 row.undonePairings += count
                 // A verified order's revenue goes with its pairing (it counts again when paired anew).
                 if reason == OrderState.verified.rawValue { revenue[k, default: 0] -= Decimal(string: amount) ?? 0 }
+            case "consumption-answer":
+                row.countConsumptionAnswer(reason, count)
             default: break
             }
+            rows[k] = row
+        }
+
+        // Consumption answers about pooled transactions (no order, so no currency).
+        let pooledAnswers = try await database.query(
+            """
+            SELECT to_char(e.recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), t.product_id, coalesce(e.data->>'outcome', ''), count(*)::int
+            FROM events e JOIN apple_transactions t ON t.transaction_id = substr(e.stream_id, 13)
+            WHERE e.stream_id LIKE 'transaction-%' AND e.type = 'consumption-answer' AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
+            GROUP BY 1, 2, 3
+            """)
+        for try await (day, product, outcome, count) in pooledAnswers.decode((String, String, String, Int).self) {
+            let k = key(day, product, nil)
+            var row = rows[k] ?? Row(day: day, productId: product, currency: nil)
+            row.countConsumptionAnswer(outcome, count)
             rows[k] = row
         }
 
@@ -127,6 +155,10 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             totals.ambiguousPairings += row.ambiguousPairings
             totals.supportPairings += row.supportPairings
             totals.undonePairings += row.undonePairings
+            totals.consumptionAnswered += row.consumptionAnswered
+            totals.consumptionFailed += row.consumptionFailed
+            totals.consumptionTooLate += row.consumptionTooLate
+            totals.refundsCaughtUp += row.refundsCaughtUp
             totalRevenue += Decimal(string: row.revenue) ?? 0
         }
         totals.revenue = "\(totalRevenue)"
@@ -153,17 +185,19 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
 
     /// The report as CSV: one line per row and a totals line; maps as `key=count` lists.
     public var csv: String {
-        var lines = ["day,product_id,currency,orders_created,verified,delivered,finished,failed,failed_by_reason,refunded,revenue,pairings_by_rule,ambiguous_pairings,support_pairings,undone_pairings"]
+        var lines = ["day,product_id,currency,orders_created,verified,delivered,finished,failed,failed_by_reason,refunded,revenue,pairings_by_rule,ambiguous_pairings,support_pairings,undone_pairings,consumption_answered,consumption_failed,consumption_too_late,refunds_caught_up"]
         func map(_ values: [String: Int]) -> String { values.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ";") }
         func field(_ text: String) -> String {
             text.contains(where: { $0 == "," || $0 == "\"" || $0 == "\n" }) ? "\"" + text.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : text
         }
         for row in rows + [totals] {
-            lines.append([
+            let orders: [String] = [
                 row.day, row.productId, row.currency ?? "", String(row.ordersCreated), String(row.verified), String(row.delivered),
                 String(row.finished), String(row.failed), map(row.failedByReason), String(row.refunded), row.revenue,
-                map(row.pairingsByRule), String(row.ambiguousPairings), String(row.supportPairings), String(row.undonePairings),
-            ].map(field).joined(separator: ","))
+            ]
+            let pairings: [String] = [map(row.pairingsByRule), String(row.ambiguousPairings), String(row.supportPairings), String(row.undonePairings)]
+            let apple: [Int] = [row.consumptionAnswered, row.consumptionFailed, row.consumptionTooLate, row.refundsCaughtUp]
+            lines.append((orders + pairings + apple.map(String.init)).map(field).joined(separator: ","))
         }
         lines.append("")
         lines.append("unmatched_count,oldest_age_seconds,under_1h,1h_1d,1d_7d,over_7d")
@@ -173,5 +207,16 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             String(unmatched.byAge["1d-7d"] ?? 0), String(unmatched.byAge["over-7d"] ?? 0),
         ].joined(separator: ","))
         return lines.joined(separator: "\n") + "\n"
+    }
+}
+
+extension ReconciliationReport.Row {
+    mutating func countConsumptionAnswer(_ outcome: String, _ count: Int) {
+        switch ConsumptionAnswer.Outcome(rawValue: outcome) {
+        case .sent: consumptionAnswered += count
+        case .refused: consumptionFailed += count
+        case .tooLate: consumptionTooLate += count
+        case nil: break
+        }
     }
 }

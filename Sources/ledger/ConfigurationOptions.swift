@@ -53,6 +53,14 @@ struct ConfigurationOptions: ParsableArguments {
     var recoveryAfter: String?
     @Option(help: "Seconds between history sweeps in serve, 0: none; needs the App Store Server API key (LEDGER_RECOVERY_INTERVAL, default 300)")
     var recoveryInterval: String?
+    @Option(help: "true: the app's terms obtain the customer's consent, so the ledger answers Apple's consumption requests (LEDGER_APPLE_CONSUMPTION_CONSENT, default false)")
+    var appleConsumptionConsent: String?
+    @Option(help: "true: finish each delivered order's transaction at Apple (LEDGER_APPLE_FINISH_AFTER_DELIVERY, default false)")
+    var appleFinishAfterDelivery: String?
+    @Option(help: "true: set the order's appAccountToken at Apple after a reconciler or support pairing (LEDGER_APPLE_SET_TOKEN_AFTER_PAIRING, default false)")
+    var appleSetTokenAfterPairing: String?
+    @Option(help: "Days back whose granted transactions' accounts the refund catch-up reads (LEDGER_REFUND_LOOKBACK, default 90)")
+    var refundLookback: String?
 
     /// The environment with the flags given on the command line laid over it.
     func values(environment: [String: String] = ProcessInfo.processInfo.environment) -> [String: String] {
@@ -69,6 +77,8 @@ struct ConfigurationOptions: ParsableArguments {
             (Key.reconcileClockSkew, reconcileClockSkew), (Key.reconcileMaximumAge, reconcileMaxAge),
             (Key.reconcileSettle, reconcileSettle), (Key.reconcileRecoveryOrders, reconcileRecoveryOrders),
             (Key.recoveryAfter, recoveryAfter), (Key.recoveryInterval, recoveryInterval),
+            (Key.consumptionConsent, appleConsumptionConsent), (Key.finishAfterDelivery, appleFinishAfterDelivery),
+            (Key.setTokenAfterPairing, appleSetTokenAfterPairing), (Key.refundLookback, refundLookback),
         ]
         for (key, value) in flags { if let value { values[key] = value } }
         return values

@@ -71,6 +71,12 @@ struct Demo: AsyncParsableCommand {
         // to settle, every open order due.
         configuration.reconciler.settle = 0
         configuration.recoveryAfter = 0
+        // Consumption answers on (the demo's terms obtain consent), made every second; the demo
+        // runs its notification backfill itself, and no refund catch-up.
+        configuration.appleCalls.consumption = true
+        configuration.appleCallsInterval = 1
+        configuration.backfillNotificationsAtStart = false
+        configuration.refundCatchUpInterval = 0
         let settings = configuration
         let (seed, users, lostRate, database) = (seed, users, lostRate, demoDatabase)
         try await standIn.run { apiURL in
@@ -110,6 +116,14 @@ extension Demo {
             }
             var story = DemoStory(http: http, base: base, key: key, chain: chain, standIn: standIn, seed: seed, lostRate: lostRate)
             try await story.play(users: users)
+            try await story.answerConsumptionRequest()
+            try await story.prepareMissedNotification()
+            let backfill = NotificationBackfill(
+                api: LazyAppStoreServerAPI(settings: try configuration.requiredAppStoreServerAPI(), logger: logger),
+                verifier: try configuration.apple.verifier(logger: logger),
+                notifications: NotificationLedger(receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(
+                    database: Database(client: client, logger: logger))))))
+            story.backfill = try await backfill.run(since: Date(timeIntervalSinceNow: -3600))
             print(story.summary)
             let csv = try await story.request("GET", "/v1/reports/reconciliation", accept: "text/csv")
             print("\nReconciliation report (CSV):\n\(csv)")
@@ -148,6 +162,12 @@ struct DemoStory {
     var counts: [String: Int] = [:]
     var reconcile: [String: Any] = [:]
     var recovery: [String: Any] = [:]
+    /// Delivered purchases: one gets a consumption request, one a refund the ledger misses.
+    var delivered: [Pending] = []
+    var consumption: [String: Any] = [:]
+    var consumptionSent: String?
+    var backfill: NotificationBackfill.Summary?
+    var missedRefundOrder: String?
     /// Each Apple account's purchases, as Apple's transaction history lists them.
     var histories: [String: [String]] = [:]
 
@@ -168,6 +188,7 @@ struct DemoStory {
         let user: String
         let jws: String
         let lost: Bool
+        let payload: SignedTransactionPayload
     }
 
     mutating func play(users: Int) async throws {
@@ -213,7 +234,7 @@ struct DemoStory {
                     appAccountToken: lost ? nil : token, appTransactionId: account, price: product == "gems.500" ? 4990 : 990, currency: "USD")
                 let jws = try chain.sign(payload)
                 histories[account, default: []].append(jws)
-                pending.append(Pending(transactionId: transactionId, orderId: orderId, user: user, jws: jws, lost: lost))
+                pending.append(Pending(transactionId: transactionId, orderId: orderId, user: user, jws: jws, lost: lost, payload: payload))
                 if lost { count("order ids lost by StoreKit") }
             }
         }
@@ -234,7 +255,10 @@ struct DemoStory {
         for item in pending {
             let answer = try await upload(item)
             count("first upload: \(answer["outcome"] as? String ?? "?")")
-            if try await deliverIfMatched(answer) { continue }
+            if try await deliverIfMatched(answer) {
+                if answer["state"] as? String == "verified" { delivered.append(item) }
+                continue
+            }
             still.append(item)
         }
         // A client that re-posts on every launch: the same proof, the same answer, nothing appended.
@@ -271,6 +295,51 @@ struct DemoStory {
         }
     }
 
+    /// A customer asks Apple to refund a delivered purchase: Apple's CONSUMPTION_REQUEST arrives,
+    /// and the ledger answers it from what it knows (within a few seconds here).
+    mutating func answerConsumptionRequest() async throws {
+        guard let item = delivered.first else { return }
+        _ = try await request("PUT", "/v1/products/gems.100", body: #"{"price":"0.99","currency":"USD","sampleContentProvided":false,"refundPreference":"DECLINE"}"#)
+        _ = try await request("PUT", "/v1/products/gems.500", body: #"{"price":"4.99","currency":"USD","sampleContentProvided":false,"refundPreference":"DECLINE"}"#)
+        let notification = try signedNotification("CONSUMPTION_REQUEST", transaction: item.jws, reason: "UNINTENDED_PURCHASE")
+        _ = try await requestJSON("POST", "/v1/notifications/apple", body: #"{"signedPayload":"\#(notification)"}"#)
+        for _ in 0..<100 {
+            let order = try await requestJSON("GET", "/v1/orders/\(item.orderId)")
+            if let answer = (order["events"] as? [[String: Any]])?.last, answer["type"] as? String == "consumption-answer" {
+                consumption = answer["data"] as? [String: Any] ?? [:]
+                break
+            }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        consumptionSent = await standIn.writes.first { $0.path.hasSuffix("/consumption/\(item.transactionId)") }?.body
+        count("consumption requests answered")
+    }
+
+    /// Apple refunds another delivered purchase while the ledger is not listening: its
+    /// notification is only in Apple's notification history, beside the one the ledger received.
+    mutating func prepareMissedNotification() async throws {
+        var history: [String] = []
+        if let item = delivered.first { history.append(try signedNotification("CONSUMPTION_REQUEST", transaction: item.jws, reason: "UNINTENDED_PURCHASE")) }
+        if delivered.count > 1 {
+            let item = delivered[1]
+            var payload = item.payload
+            payload.revocationDate = Date().millisecondsSince1970
+            payload.revocationReason = 0
+            history.append(try signedNotification("REFUND", transaction: try chain.sign(payload), reason: nil))
+            missedRefundOrder = item.orderId
+        }
+        await standIn.setNotifications([.init(revision: "demo-history-end", hasMore: false, signedTransactions: history)])
+    }
+
+    /// A notification as Apple signs it, about `transaction` (signed). The same one each time
+    /// for the same type and transaction, as Apple's retries and its history are.
+    func signedNotification(_ type: String, transaction: String, reason: String?) throws -> String {
+        let uuid = EventID.named("demo-notification", type, transaction).uuid.uuidString.lowercased()
+        return try chain.sign(SignedNotificationPayload(
+            notificationType: type, notificationUUID: uuid, signedDate: Date().millisecondsSince1970,
+            data: .init(bundleId: Demo.bundleId, environment: "Sandbox", signedTransactionInfo: transaction, consumptionRequestReason: reason)))
+    }
+
     /// At login the app sends the signed AppTransaction naming the user's Apple account.
     mutating func logIn(_ user: String, account: String) async throws -> String {
         let signed = try chain.sign(SignedAppTransactionPayload(
@@ -305,6 +374,14 @@ struct DemoStory {
         lines.append("Reconciler: paired \(reconcile["paired"] as? Int ?? 0) of \(reconcile["considered"] as? Int ?? 0) orphans (\(rules.isEmpty ? "none" : rules)), \(reconcile["ambiguous"] as? Int ?? 0) ambiguous, \(reconcile["unknownUser"] as? Int ?? 0) without a user")
         let found = (recovery["ingested"] as? [String: Int] ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
         lines.append("History sweep: \(recovery["accounts"] as? Int ?? 0) Apple accounts, \(recovery["transactions"] as? Int ?? 0) transactions, \(recovery["known"] as? Int ?? 0) known; purchases no client sent: \(found.isEmpty ? "none" : found)")
+        if consumption.isEmpty {
+            lines.append("Consumption answer: none recorded")
+        } else {
+            lines.append("Consumption answer (order \(delivered.first?.orderId ?? "-")): \(consumption["outcome"] as? String ?? "?"), deliveryStatus \(consumption["deliveryStatus"] as? String ?? "?"); sent to Apple: \(consumptionSent ?? "nothing")")
+        }
+        if let backfill {
+            lines.append("Notification backfill: \(backfill.notifications) in Apple's history, \(backfill.applied) new to the ledger, \(backfill.repeated) applied before\(missedRefundOrder.map { "; the missed REFUND refunded order \($0)" } ?? "")")
+        }
         return lines.joined(separator: "\n")
     }
 

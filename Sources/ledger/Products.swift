@@ -15,12 +15,22 @@ struct Products: AsyncParsableCommand {
         @Option(help: "active or retired") var status = "active"
         @Option(help: "Price as a decimal string, such as 0.99") var price: String?
         @Option(help: "ISO 4217 currency, such as USD") var currency: String?
+        @Option(help: "Consumption answers: true when the app offers a free sample or trial of it") var sampleContentProvided: Bool?
+        @Option(help: "Consumption answers: DECLINE, GRANT_FULL or GRANT_PRORATED") var refundPreference: String?
 
         func run() async throws {
             guard let status = ProductCatalog.Status(rawValue: status) else { throw CommandFailure("--status must be active or retired") }
+            let preference = try refundPreference.map { text in
+                guard let preference = RefundPreference(rawValue: text) else {
+                    throw CommandFailure("--refund-preference must be DECLINE, GRANT_FULL or GRANT_PRORATED")
+                }
+                return preference
+            }
             let id = try ProductID(product)
             let saved = try await withLedgerDatabase(options) { client, logger in
-                try await ProductCatalog(database: Database(client: client, logger: logger)).set(id, status: status, price: price, currency: currency)
+                try await ProductCatalog(database: Database(client: client, logger: logger)).set(
+                    id, status: status, price: price, currency: currency, sampleContentProvided: sampleContentProvided,
+                    refundPreference: preference)
             }
             print("\(saved.productId)\t\(saved.status.rawValue)\t\(saved.price ?? "-")\t\(saved.currency ?? "-")")
         }

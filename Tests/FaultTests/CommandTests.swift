@@ -112,6 +112,36 @@ struct RecoverCommandTests {
     }
 }
 
+/// `ledger backfill`, run as an operator runs it, against the stand-in App Store Server API.
+@Suite("ledger backfill")
+struct BackfillCommandTests {
+    @Test("backfills notifications and refunds from the command line and says what it applied; again, nothing new; a bad date is named")
+    func backfills() async throws {
+        let apple = try TestApple()
+        let standIn = AppStoreServerStandIn(bundleID: TestApple.bundleId)
+        try await withTestDatabase { db in
+            let missed = try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("9400001"))
+            await standIn.setNotifications([.init(revision: "end", hasMore: false, signedTransactions: [missed])])
+            try await withAppleCommandEnvironment("backfill", apple, standIn, db) { environment, work in
+                let (status, output) = try await LedgerChild.run(
+                    ["backfill", "notifications", "--since", "2026-11-01T00:00:00Z"], environment: environment, log: work.appendingPathComponent("1.log"))
+                #expect(status == 0, "\(output)")
+                #expect(output.contains("1 notifications") && output.contains("applied 1 new to the ledger; 0 applied before"), "\(output)")
+                let (again, second) = try await LedgerChild.run(
+                    ["backfill", "notifications"], environment: environment, log: work.appendingPathComponent("2.log"))
+                #expect(again == 0 && second.contains("applied 0 new to the ledger; 1 applied before"), "\(second)")
+                let (bad, refusal) = try await LedgerChild.run(
+                    ["backfill", "notifications", "--since", "yesterday"], environment: environment, log: work.appendingPathComponent("3.log"))
+                #expect(bad != 0 && refusal.contains("--since"), "\(refusal)")
+                let (refunds, summary) = try await LedgerChild.run(
+                    ["backfill", "refunds", "--all"], environment: environment, log: work.appendingPathComponent("4.log"))
+                #expect(refunds == 0 && summary.contains("read the refund history of 0 Apple accounts"), "\(summary)")
+            }
+            #expect(try await scalarText(db, "SELECT transaction_id FROM apple_transactions WHERE transaction_id = '9400001'") == "9400001")
+        }
+    }
+}
+
 /// `ledger demo`, as a newcomer runs it: its own private cluster, its own Apple stand-ins.
 @Suite("ledger demo")
 struct DemoCommandTests {
@@ -128,6 +158,8 @@ struct DemoCommandTests {
         #expect(output.contains("clients deleted before uploading: 1"), "\(output)")
         #expect(output.contains("purchases no client sent: matched 1"), "\(output)")
         #expect(output.contains("recovered orders delivered: 1"), "\(output)")
+        #expect(output.contains("Consumption answer (order demo-user-0-order-0): sent, deliveryStatus DELIVERED"), "\(output)")
+        #expect(output.contains("Notification backfill: 2 in Apple's history, 1 new to the ledger, 1 applied before"), "\(output)")
         #expect(output.contains("Reconciliation report (CSV):"), "\(output)")
     }
 }

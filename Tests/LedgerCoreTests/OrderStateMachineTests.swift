@@ -36,6 +36,9 @@ func sample(_ type: OrderEventType, seed: Int = 0) -> OrderEvent {
     case .notificationReceived: return .notificationReceived(NotificationReceived(
         notificationUUID: UUID(uuidString: "00000000-0000-4000-8000-\(String(seed).leftPadded(to: 12))")!, notificationType: "CONSUMPTION_REQUEST", subtype: nil, transactionId: nil, signedDate: date))
     case .pairingUndone: return .pairingUndone(PairingUndone(transactionId: TransactionID(unchecked: "2000\(seed)"), reason: "wrong recipient", fromState: .verified))
+    case .consumptionAnswer: return .consumptionAnswer(ConsumptionAnswer(
+        notificationUUID: UUID(uuidString: "00000000-0000-4000-8000-\(String(seed).leftPadded(to: 12))")!, transactionId: TransactionID(unchecked: "2000\(seed)"),
+        outcome: .sent, deliveryStatus: .delivered, customerConsented: true, attempts: 1))
     }
 }
 
@@ -75,7 +78,7 @@ struct OrderStateMachineTests {
             let decision = Order.decide(current, sample(type))
             if type == .created {
                 #expect(decision == .failure(.orderExists(current.orderId)))
-            } else if type == .notificationReceived {
+            } else if type.isRecord {
                 // A record, not a transition: every state takes it and stays as it is.
                 #expect(decision == .success([sample(type)]))
                 let next = Order.evolve(current, sample(type), orderID: current.orderId, version: current.version + 1, at: .now)

@@ -56,13 +56,14 @@ public final class TestApple: Sendable {
     /// A signed notification about `transaction` (signed too, as Apple nests it).
     public func notification(
         _ type: String, subtype: String? = nil, uuid: UUID = UUID(), transaction: SignedTransactionPayload?,
-        environment: String = "Sandbox"
+        environment: String = "Sandbox", signedDate: Date = Date(), consumptionRequestReason: String? = nil
     ) async throws -> String {
         let signedTransaction: String? = if let transaction { try await sign(transaction) } else { nil }
         let payload = SignedNotificationPayload(
             notificationType: type, subtype: subtype, notificationUUID: uuid.uuidString.lowercased(),
-            signedDate: Date().millisecondsSince1970,
-            data: .init(bundleId: Self.bundleId, appAppleId: Self.appAppleId, environment: environment, signedTransactionInfo: signedTransaction))
+            signedDate: signedDate.millisecondsSince1970,
+            data: .init(bundleId: Self.bundleId, appAppleId: Self.appAppleId, environment: environment, signedTransactionInfo: signedTransaction,
+                        consumptionRequestReason: consumptionRequestReason))
         return try await sign(payload)
     }
 }

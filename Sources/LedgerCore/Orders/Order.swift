@@ -87,7 +87,7 @@ extension Order {
         case .failed(let body):
             next.state = .failed
             next.failureReason = body.reason
-        case .notificationReceived:
+        case .notificationReceived, .consumptionAnswer:
             break
         case .pairingUndone:
             // Back to where it stood before the receipt.

@@ -13,6 +13,7 @@ public enum OrderEvent: Sendable, Equatable {
     case failed(Failed)
     case notificationReceived(NotificationReceived)
     case pairingUndone(PairingUndone)
+    case consumptionAnswer(ConsumptionAnswer)
 
     public var type: OrderEventType {
         switch self {
@@ -27,6 +28,7 @@ public enum OrderEvent: Sendable, Equatable {
         case .failed: .failed
         case .notificationReceived: .notificationReceived
         case .pairingUndone: .pairingUndone
+        case .consumptionAnswer: .consumptionAnswer
         }
     }
 
@@ -48,13 +50,18 @@ public enum OrderEvent: Sendable, Equatable {
         case .paymentAdded: self = .paymentAdded(try body.read(PaymentAdded.self))
         case .receiptReceived: self = .receiptReceived(try body.read(ReceiptReceived.self))
         case .verified: self = .verified(try body.read(Verified.self))
-        case .delivered: _ = try body.read(NoFields.self); self = .delivered
+        case .delivered:
+            if let percentage = try body.read(DeliveredFields.self).consumptionPercentage, !(0...100_000).contains(percentage) {
+                throw LedgerInputError(field: "consumptionPercentage", problem: "must be from 0 to 100000 (thousandths of a percent)")
+            }
+            self = .delivered
         case .finished: _ = try body.read(NoFields.self); self = .finished
         case .refunded: self = .refunded(try body.read(Refunded.self))
         case .refundReversed: _ = try body.read(NoFields.self); self = .refundReversed
         case .failed: self = .failed(try body.read(Failed.self))
         case .notificationReceived: self = .notificationReceived(try body.read(NotificationReceived.self))
         case .pairingUndone: self = .pairingUndone(try body.read(PairingUndone.self))
+        case .consumptionAnswer: self = .consumptionAnswer(try body.read(ConsumptionAnswer.self))
         }
         try validate()
     }
@@ -116,6 +123,7 @@ extension OrderEvent: Encodable {
         case .failed(let body): try body.encode(to: encoder)
         case .notificationReceived(let body): try body.encode(to: encoder)
         case .pairingUndone(let body): try body.encode(to: encoder)
+        case .consumptionAnswer(let body): try body.encode(to: encoder)
         case .delivered, .finished, .refundReversed: try NoFields().encode(to: encoder)
         }
     }

@@ -29,9 +29,15 @@ public enum OrderEventType: String, Codable, Sendable, CaseIterable {
     /// Support undid the order's pairing before delivery (`POST /v1/transactions/{id}/unmatch`):
     /// only the ledger writes it.
     case pairingUndone = "pairing-undone"
+    /// The ledger's answer to Apple's `CONSUMPTION_REQUEST` about the order's transaction (sent,
+    /// refused, or too late); it changes no state, and only the ledger writes it.
+    case consumptionAnswer = "consumption-answer"
 
     /// Whether clients may append this type through the API.
-    public var isWrittenByClients: Bool { self != .notificationReceived && self != .pairingUndone }
+    public var isWrittenByClients: Bool { ![.notificationReceived, .pairingUndone, .consumptionAnswer].contains(self) }
+
+    /// A record on the order's stream, not a transition: any existing order takes it.
+    public var isRecord: Bool { self == .notificationReceived || self == .consumptionAnswer }
 }
 
 /// The order state machine's transition table: the only place that knows it.
@@ -52,8 +58,7 @@ public enum OrderTransitions {
     }
 
     public static func isAllowed(_ type: OrderEventType, from state: OrderState?) -> Bool {
-        // A notification is a record, not a transition: any existing order takes it.
-        if type == .notificationReceived { return state != nil }
+        if type.isRecord { return state != nil }
         return allowed(from: state).contains(type)
     }
 }

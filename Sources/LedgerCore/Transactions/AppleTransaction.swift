@@ -52,6 +52,8 @@ public enum TransactionEventType: String, Codable, Sendable, CaseIterable {
     case matched = "transaction-matched"
     /// An App Store Server Notification about it arrived while it had no order.
     case notificationReceived = "notification-received"
+    /// The ledger's answer to Apple's `CONSUMPTION_REQUEST` about it while it had no order.
+    case consumptionAnswer = "consumption-answer"
 }
 
 /// One event of a transaction's stream with its typed body.
@@ -59,12 +61,14 @@ public enum TransactionEvent: Sendable, Equatable {
     case unmatched(TransactionUnmatched)
     case matched(TransactionMatched)
     case notificationReceived(NotificationReceived)
+    case consumptionAnswer(ConsumptionAnswer)
 
     public var type: TransactionEventType {
         switch self {
         case .unmatched: .unmatched
         case .matched: .matched
         case .notificationReceived: .notificationReceived
+        case .consumptionAnswer: .consumptionAnswer
         }
     }
 
@@ -74,6 +78,7 @@ public enum TransactionEvent: Sendable, Equatable {
         case .unmatched: self = .unmatched(try body.read(TransactionUnmatched.self))
         case .matched: self = .matched(try body.read(TransactionMatched.self))
         case .notificationReceived: self = .notificationReceived(try body.read(NotificationReceived.self))
+        case .consumptionAnswer: self = .consumptionAnswer(try body.read(ConsumptionAnswer.self))
         }
     }
 }
@@ -85,6 +90,7 @@ extension TransactionEvent: Encodable {
         case .unmatched(let body): try body.encode(to: encoder)
         case .matched(let body): try body.encode(to: encoder)
         case .notificationReceived(let body): try body.encode(to: encoder)
+        case .consumptionAnswer(let body): try body.encode(to: encoder)
         }
     }
 }
@@ -138,12 +144,19 @@ public struct NotificationReceived: Codable, Sendable, Equatable {
     public var subtype: String?
     public var transactionId: TransactionID?
     public var signedDate: Date
+    /// Why the customer asked for a refund (`CONSUMPTION_REQUEST` only): Apple's
+    /// `consumptionRequestReason`, such as `UNINTENDED_PURCHASE` or `FULFILLMENT_ISSUE`.
+    public var consumptionRequestReason: String?
 
-    public init(notificationUUID: UUID, notificationType: String, subtype: String?, transactionId: TransactionID?, signedDate: Date) {
+    public init(
+        notificationUUID: UUID, notificationType: String, subtype: String?, transactionId: TransactionID?, signedDate: Date,
+        consumptionRequestReason: String? = nil
+    ) {
         self.notificationUUID = notificationUUID
         self.notificationType = notificationType
         self.subtype = subtype
         self.transactionId = transactionId
         self.signedDate = signedDate
+        self.consumptionRequestReason = consumptionRequestReason
     }
 }

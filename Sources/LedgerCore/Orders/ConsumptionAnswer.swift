@@ -1,0 +1,96 @@
+import Foundation
+
+/// `consumption-answer`: what the ledger did about Apple's `CONSUMPTION_REQUEST` for a
+/// transaction (a customer asked for a refund): the answer it sent with Send Consumption
+/// Information, or why none was sent. Recorded where the request was, on the order's stream (or
+/// the pooled transaction's); it changes no state.
+public struct ConsumptionAnswer: Codable, Sendable, Equatable {
+    /// How the request ended.
+    public enum Outcome: String, Codable, Sendable, CaseIterable {
+        /// Apple took the answer.
+        case sent
+        /// Apple refused it: not sent again.
+        case refused
+        /// Not sent within the 12 hours Apple waits for an answer.
+        case tooLate = "too-late"
+    }
+
+    /// The `CONSUMPTION_REQUEST` notification answered.
+    public var notificationUUID: UUID
+    public var transactionId: TransactionID
+    public var outcome: Outcome
+    /// The fields sent (or that would have been), as Apple names them.
+    public var deliveryStatus: DeliveryStatus
+    public var customerConsented: Bool
+    public var sampleContentProvided: Bool?
+    public var refundPreference: String?
+    public var consumptionPercentage: Int?
+    /// Calls made to Apple for it.
+    public var attempts: Int
+    /// Why it was not sent: the App Store Server API's error code, and Apple's own.
+    public var error: String?
+    public var appleErrorCode: Int?
+
+    public init(
+        notificationUUID: UUID, transactionId: TransactionID, outcome: Outcome, deliveryStatus: DeliveryStatus,
+        customerConsented: Bool, sampleContentProvided: Bool? = nil, refundPreference: String? = nil,
+        consumptionPercentage: Int? = nil, attempts: Int, error: String? = nil, appleErrorCode: Int? = nil
+    ) {
+        self.notificationUUID = notificationUUID
+        self.transactionId = transactionId
+        self.outcome = outcome
+        self.deliveryStatus = deliveryStatus
+        self.customerConsented = customerConsented
+        self.sampleContentProvided = sampleContentProvided
+        self.refundPreference = refundPreference
+        self.consumptionPercentage = consumptionPercentage
+        self.attempts = attempts
+        self.error = error
+        self.appleErrorCode = appleErrorCode
+    }
+}
+
+/// Whether the customer got what they paid for, in Apple's words (Send Consumption Information
+/// v2's `deliveryStatus`), from the ledger's facts about the transaction's order.
+public enum DeliveryStatus: String, Codable, Sendable, CaseIterable {
+    case delivered = "DELIVERED"
+    case qualityIssue = "UNDELIVERED_QUALITY_ISSUE"
+    case wrongItem = "UNDELIVERED_WRONG_ITEM"
+    case serverOutage = "UNDELIVERED_SERVER_OUTAGE"
+    case other = "UNDELIVERED_OTHER"
+
+    /// The status of an order in `state` (nil: the transaction has no order), `failureReason` its
+    /// `failed` event's reason; `delivered`: whether its stream has a `delivered` event (a refunded
+    /// order may have been delivered first). The table is docs/apple.md's.
+    public static func of(state: OrderState?, delivered: Bool, failureReason: String?) -> DeliveryStatus {
+        if delivered || state == .delivered || state == .finished { return .delivered }
+        guard state == .failed, let failureReason else { return .other }
+        return byFailureReason[failureReason] ?? .other
+    }
+
+    /// The failure reasons that say more than "undelivered": the ledger's own `product-mismatch`,
+    /// and the reasons a backend may give when it fails an order it could not deliver.
+    public static let byFailureReason: [String: DeliveryStatus] = [
+        "product-mismatch": .wrongItem,
+        "wrong-item": .wrongItem,
+        "quality-issue": .qualityIssue,
+        "server-outage": .serverOutage,
+        "delivery-failed": .serverOutage,
+    ]
+}
+
+/// The catalog's refund preference for a product (Send Consumption Information v2's
+/// `refundPreference`).
+public enum RefundPreference: String, Codable, Sendable, CaseIterable {
+    case decline = "DECLINE"
+    case grantFull = "GRANT_FULL"
+    case grantProrated = "GRANT_PRORATED"
+}
+
+/// The fields a `delivered` event may carry.
+public struct DeliveredFields: Codable, Sendable, Equatable {
+    /// How much of the purchase the customer consumed, in thousandths of a percent (0 to 100,000),
+    /// as Apple takes it in a consumption answer.
+    public var consumptionPercentage: Int?
+    public init(consumptionPercentage: Int? = nil) { self.consumptionPercentage = consumptionPercentage }
+}

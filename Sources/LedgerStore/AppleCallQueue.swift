@@ -1,0 +1,243 @@
+import Foundation
+import LedgerCore
+import Logging
+import PostgresNIO
+
+/// The calls to Apple that events call for (`apple_calls`, migration 007): answering a
+/// `CONSUMPTION_REQUEST`, finishing a delivered order's transaction, setting an order's token on
+/// a transaction the reconciler or support paired with it. They are queued by reading the log
+/// past a position (`feed`), never by the write path of an order event; servers take due calls
+/// under a lease (`claim`), and `settle` records each outcome as an event and deletes the call.
+public struct AppleCallQueue: Sendable {
+    public let orders: OrderLedger
+    var writer: LedgerWriter { orders.writer }
+    var database: Database { writer.database }
+    var logger: Logger { database.logger }
+
+    public init(orders: OrderLedger) {
+        self.orders = orders
+    }
+
+    /// Which calls the feed queues (the operator's settings).
+    public struct Switches: Sendable, Equatable {
+        /// Answer consumption requests (the operator says the app's terms obtain the customer's consent).
+        public var consumption = false
+        public var finishAfterDelivery = false
+        public var setTokenAfterPairing = false
+        public init(consumption: Bool = false, finishAfterDelivery: Bool = false, setTokenAfterPairing: Bool = false) {
+            self.consumption = consumption
+            self.finishAfterDelivery = finishAfterDelivery
+            self.setTokenAfterPairing = setTokenAfterPairing
+        }
+        public var any: Bool { consumption || finishAfterDelivery || setTokenAfterPairing }
+    }
+
+    /// What one feed step did; nil when another server was reading the feed.
+    public struct Fed: Sendable, Equatable {
+        public var events: Int
+        public var queued: Int
+    }
+
+    /// Reads up to `limit` events past the feed's position (never past the gap-safe position, so
+    /// no event committed later is passed over), queues the calls they call for under `switches`,
+    /// and moves the position past them, in one statement: a server that stops halfway has done
+    /// nothing. A call already queued is not queued twice.
+    public func feed(_ switches: Switches, limit: Int = 5000) async throws -> Fed? {
+        let rows = try await database.query(
+            """
+            WITH feed AS (
+                SELECT read_to FROM apple_call_feed FOR UPDATE SKIP LOCKED),
+            span AS (
+                SELECT coalesce(max(global_position), (SELECT read_to FROM feed)) AS upto, count(*) AS events
+                  FROM (SELECT e.global_position FROM feed, events e
+                         WHERE e.global_position > feed.read_to AND e.global_position <= events_safe_position()
+                         ORDER BY e.global_position LIMIT \(limit)) w),
+            read AS (
+                SELECT e.global_position, e.stream_id, e.type, e.data FROM feed, span, events e
+                 WHERE \(switches.any) AND e.global_position > feed.read_to AND e.global_position <= span.upto
+                   AND e.type IN ('notification-received', 'delivered', 'receipt-received')),
+            consumption AS (
+                INSERT INTO apple_calls (call_id, kind, transaction_id, stream_id, order_id, notification_uuid, deadline)
+                SELECT 'consumption:' || (r.data->>'notificationUUID'), 'consumption', r.data->>'transactionId', r.stream_id,
+                       CASE WHEN r.stream_id LIKE 'order-%' THEN substr(r.stream_id, 7) END,
+                       (r.data->>'notificationUUID')::uuid, (r.data->>'signedDate')::timestamptz + interval '12 hours'
+                  FROM read r
+                 WHERE \(switches.consumption) AND r.type = 'notification-received'
+                   AND r.data->>'notificationType' = 'CONSUMPTION_REQUEST' AND r.data->>'transactionId' IS NOT NULL
+                ON CONFLICT (call_id) DO NOTHING RETURNING 1),
+            finish AS (
+                INSERT INTO apple_calls (call_id, kind, transaction_id, stream_id, order_id)
+                SELECT 'finish:' || o.transaction_id, 'finish', o.transaction_id, r.stream_id, o.order_id
+                  FROM read r JOIN orders o ON o.order_id = substr(r.stream_id, 7)
+                 WHERE \(switches.finishAfterDelivery) AND r.type = 'delivered' AND r.stream_id LIKE 'order-%'
+                   AND o.transaction_id IS NOT NULL
+                ON CONFLICT (call_id) DO NOTHING RETURNING 1),
+            token AS (
+                INSERT INTO apple_calls (call_id, kind, transaction_id, stream_id, order_id)
+                SELECT 'set-token:' || (r.data->>'transactionId') || ':' || r.global_position, 'set-token', r.data->>'transactionId', r.stream_id, substr(r.stream_id, 7)
+                  FROM read r
+                 WHERE \(switches.setTokenAfterPairing) AND r.type = 'receipt-received' AND r.stream_id LIKE 'order-%'
+                   AND r.data->>'matchedBy' IN ('reconciler', 'support')
+                ON CONFLICT (call_id) DO NOTHING RETURNING 1),
+            moved AS (
+                UPDATE apple_call_feed SET read_to = (SELECT upto FROM span)
+                 WHERE EXISTS (SELECT FROM feed) AND (SELECT events FROM span) > 0 RETURNING 1)
+            SELECT (SELECT count(*) FROM feed)::int, (SELECT events FROM span)::int,
+                   ((SELECT count(*) FROM consumption) + (SELECT count(*) FROM finish) + (SELECT count(*) FROM token))::int,
+                   (SELECT count(*) FROM moved)::int
+            """)
+        for try await (held, events, queued, _) in rows.decode((Int, Int, Int, Int).self) {
+            return held == 0 ? nil : Fed(events: events, queued: queued)
+        }
+        return nil
+    }
+
+    /// Feeds until the feed has read up to the gap-safe position (or another server holds it);
+    /// answers the calls queued.
+    public func catchUp(_ switches: Switches) async throws -> Int {
+        var queued = 0
+        while let fed = try await feed(switches), fed.events > 0 {
+            queued += fed.queued
+            try Task.checkCancellation()
+        }
+        return queued
+    }
+
+    /// A queued call.
+    public struct Call: Sendable, Equatable {
+        public enum Kind: String, Sendable, CaseIterable {
+            case consumption, finish
+            case setToken = "set-token"
+        }
+
+        public var id: String
+        public var kind: Kind
+        public var transactionId: TransactionID
+        /// Where the event that called for it is (a consumption answer is recorded there).
+        public var streamId: StreamID
+        public var orderId: OrderID?
+        public var notificationUUID: UUID?
+        public var deadline: Date?
+        /// This one included.
+        public var attempts: Int
+    }
+
+    /// Takes up to `batch` due calls for `lease` seconds (another server takes them only after it).
+    public func claim(batch: Int, lease: TimeInterval) async throws -> [Call] {
+        let rows = try await database.query(
+            """
+            UPDATE apple_calls SET claimed_until = now() + make_interval(secs => \(lease)), attempts = attempts + 1
+             WHERE call_id IN (SELECT call_id FROM apple_calls
+                                WHERE due_at <= now() AND (claimed_until IS NULL OR claimed_until < now())
+                                ORDER BY due_at LIMIT \(batch) FOR UPDATE SKIP LOCKED)
+            RETURNING call_id, kind, transaction_id, stream_id, order_id, notification_uuid, deadline, attempts
+            """)
+        var calls: [Call] = []
+        for try await (id, kind, transaction, stream, order, notification, deadline, attempts)
+            in rows.decode((String, String, String, String, String?, UUID?, Date?, Int).self) {
+            guard let kind = Call.Kind(rawValue: kind) else { continue }
+            calls.append(Call(
+                id: id, kind: kind, transactionId: TransactionID(unchecked: transaction), streamId: StreamID(unchecked: stream),
+                orderId: order.map(OrderID.init(unchecked:)), notificationUUID: notification, deadline: deadline, attempts: attempts))
+        }
+        return calls
+    }
+
+    /// Puts `call` back for another try at `date`.
+    public func retry(_ call: Call, at date: Date, error: String) async throws {
+        try await database.query(
+            "UPDATE apple_calls SET due_at = \(date), claimed_until = NULL, last_error = \(error) WHERE call_id = \(call.id)")
+    }
+
+    /// Records `call`'s outcome (`event`, on `stream`; nil: nothing to record) and deletes it. The
+    /// event's id is named by the call, so a call made again after a lost lease is recorded once.
+    public func settle(_ call: Call, event: NewEvent?, on stream: StreamID) async throws {
+        if let event {
+            do {
+                _ = try await writer.append([event], to: stream)
+            } catch AppendError.eventIDConflict {
+                // Recorded before with another body (a try after a lost lease): the first stands.
+            }
+        }
+        try await database.query("DELETE FROM apple_calls WHERE call_id = \(call.id)")
+    }
+
+    /// Records a consumption answer where its request was: on the order's stream, or the pooled
+    /// transaction's.
+    public func settle(_ call: Call, answer: ConsumptionAnswer, metadata: Data) async throws {
+        let id = EventID.named("apple-call", call.id)
+        if let order = call.orderId {
+            do {
+                _ = try await orders.append(order, event: .consumptionAnswer(answer), eventID: id, expected: nil, metadata: metadata)
+            } catch AppendError.eventIDConflict {
+                // Recorded before (a try after a lost lease): the first stands.
+            }
+            try await settle(call, event: nil, on: call.streamId)
+        } else {
+            try await settle(call, event: EventCoding.newEvent(TransactionEvent.consumptionAnswer(answer), id: id, metadata: metadata), on: call.streamId)
+        }
+    }
+
+    /// What the ledger knows of a transaction, for a consumption answer.
+    public struct ConsumptionFacts: Sendable, Equatable {
+        /// The state of the order holding it (nil: none, it is in the pool).
+        public var state: OrderState?
+        /// Whether that order's stream has a `delivered` event.
+        public var delivered: Bool
+        public var failureReason: String?
+        /// The last `delivered` event's `consumptionPercentage`.
+        public var consumptionPercentage: Int?
+        public var sampleContentProvided: Bool?
+        public var refundPreference: RefundPreference?
+
+        public var deliveryStatus: DeliveryStatus { .of(state: state, delivered: delivered, failureReason: failureReason) }
+        /// What the answer says was consumed: the backend's figure for a delivered purchase
+        /// (absent when it gave none), 0 for one not delivered (Apple refuses anything else then).
+        public var consumptionPercentageToSend: Int? { deliveryStatus == .delivered ? consumptionPercentage : 0 }
+    }
+
+    public func consumptionFacts(_ transaction: TransactionID) async throws -> ConsumptionFacts {
+        let rows = try await database.query(
+            """
+            SELECT o.state, o.failure_reason, d.percentage, d.stream_id IS NOT NULL, p.sample_content_provided, p.refund_preference
+              FROM (SELECT \(transaction.rawValue)::text AS transaction_id) x
+              LEFT JOIN apple_transactions t ON t.transaction_id = x.transaction_id
+              LEFT JOIN orders o ON o.order_id = t.order_id
+              LEFT JOIN products p ON p.product_id = coalesce(o.product_id, t.product_id)
+              LEFT JOIN LATERAL (
+                  SELECT e.stream_id, (e.data->>'consumptionPercentage')::int AS percentage FROM events e
+                   WHERE e.stream_id = 'order-' || o.order_id AND e.type = 'delivered'
+                   ORDER BY e.stream_version DESC LIMIT 1) d ON true
+            """)
+        for try await (state, reason, percentage, delivered, sample, preference)
+            in rows.decode((String?, String?, Int?, Bool, Bool?, String?).self) {
+            return ConsumptionFacts(
+                state: state.flatMap(OrderState.init), delivered: delivered, failureReason: reason, consumptionPercentage: percentage,
+                sampleContentProvided: sample, refundPreference: preference.flatMap(RefundPreference.init))
+        }
+        return ConsumptionFacts(state: nil, delivered: false)
+    }
+
+    /// The order now holding `transaction` and its token, with the transaction's original id:
+    /// what Set App Account Token sends. Nil when no order holds it any more (support undid it).
+    public func tokenTarget(_ transaction: TransactionID) async throws -> (order: OrderID, token: UUID, originalTransactionId: String)? {
+        let rows = try await database.query(
+            """
+            SELECT o.order_id, o.app_account_token, coalesce(t.original_transaction_id, t.transaction_id)
+              FROM apple_transactions t JOIN orders o ON o.order_id = t.order_id
+             WHERE t.transaction_id = \(transaction.rawValue)
+            """)
+        for try await (order, token, original) in rows.decode((String, UUID, String).self) {
+            return (OrderID(unchecked: order), token, original)
+        }
+        return nil
+    }
+
+    /// Consumption requests not yet answered: how many, and the least time left to answer one.
+    public func pendingConsumption() async throws -> (count: Int, secondsLeft: Double?) {
+        let rows = try await database.query(
+            "SELECT count(*)::int, extract(epoch FROM min(deadline) - now())::float8 FROM apple_calls WHERE kind = 'consumption'")
+        for try await (count, left) in rows.decode((Int, Double?).self) { return (count, left) }
+        return (0, nil)
+    }
+}

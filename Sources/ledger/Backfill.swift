@@ -1,0 +1,70 @@
+import ArgumentParser
+import Foundation
+import LedgerCore
+import LedgerServer
+import LedgerStore
+
+/// `ledger backfill notifications|refunds`: what Apple said while the ledger was not listening
+/// (App Store Server API), through the paths live notifications take.
+struct Backfill: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Take in the notifications and refunds Apple sent while the ledger was not listening (App Store Server API).",
+        subcommands: [Notifications.self, Refunds.self])
+
+    struct Notifications: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Apply Apple's notification history (at most 180 days back) from the last notification recorded, or --since; a stopped backfill resumes.")
+        @OptionGroup var options: ConfigurationOptions
+        @Option(help: "Start here instead (ISO 8601, such as 2026-11-01T00:00:00Z); Apple keeps 180 days") var since: String?
+
+        func run() async throws {
+            let configuration = try LedgerConfiguration.load(options.values())
+            let settings = try configuration.requiredAppStoreServerAPI()
+            let start = try since.map { text in
+                guard let date = ISO8601DateFormatter().date(from: text) else { throw ValidationError("--since must be an ISO 8601 date such as 2026-11-01T00:00:00Z") }
+                return date
+            }
+            let metadata = try operatorMetadata("backfill notifications")
+            let progress = terminalProgress("notifications").map { report in { @Sendable (seen: Int) in report(seen, seen + 1) } }
+            let summary = try await withLedgerDatabase(options) { client, logger in
+                let database = Database(client: client, logger: logger)
+                let backfill = NotificationBackfill(
+                    api: LazyAppStoreServerAPI(settings: settings, logger: logger), verifier: try configuration.apple.verifier(logger: logger),
+                    notifications: NotificationLedger(receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database)))))
+                return try await backfill.run(since: start, metadata: metadata, progress: progress)
+            }
+            if summary.busy { throw ValidationError("another server is running the notification backfill; try again later") }
+            let dates = [summary.startDate, summary.endDate].map { $0.map { ISO8601DateFormatter().string(from: $0) } ?? "-" }
+            print("\(summary.resumed ? "resumed" : "read") Apple's notification history from \(dates[0]) to \(dates[1]): \(summary.pages) pages, \(summary.notifications) notifications")
+            print("applied \(summary.applied) new to the ledger; \(summary.repeated) applied before; \(summary.refused) refused by verification")
+        }
+    }
+
+    struct Refunds: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Read the refund history of the accounts with transactions granted in the last LEDGER_REFUND_LOOKBACK days and apply refunds the ledger missed.")
+        @OptionGroup var options: ConfigurationOptions
+        @Flag(help: "Read every account in the look-back, also those read in the last day") var all = false
+
+        func run() async throws {
+            let configuration = try LedgerConfiguration.load(options.values())
+            let settings = try configuration.requiredAppStoreServerAPI()
+            let metadata = try operatorMetadata("backfill refunds")
+            let progress = terminalProgress("Apple accounts")
+            let summary = try await withLedgerDatabase(options) { client, logger in
+                let database = Database(client: client, logger: logger)
+                let catchUp = configuration.refundCatchUp(
+                    api: LazyAppStoreServerAPI(settings: settings, logger: logger), verifier: try configuration.apple.verifier(logger: logger),
+                    receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database))))
+                return try await catchUp.run(all: all, metadata: metadata, progress: progress)
+            }
+            print("read the refund history of \(summary.accounts) Apple accounts: \(summary.pages) pages, \(summary.transactions) refunded transactions")
+            print("applied \(summary.applied) refunds new to the ledger; \(summary.known) recorded before; \(summary.refused) refused by verification")
+            if summary.busy > 0 { print("\(summary.busy) accounts left to another server reading them") }
+            if summary.failed > 0 {
+                let why = summary.failures.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
+                throw ValidationError("\(summary.failed) accounts could not be read (\(why)); the next run starts them where this one stopped")
+            }
+        }
+    }
+}

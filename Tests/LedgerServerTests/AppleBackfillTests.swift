@@ -1,0 +1,189 @@
+import AppleReceipts
+import AppStoreStandIn
+import Foundation
+import LedgerCore
+import LedgerServer
+import LedgerStore
+import LedgerTestSupport
+import Testing
+
+@Suite("Backfills from Apple's history: notifications missed, refunds never heard of")
+struct AppleBackfillTests {
+    let apple: TestApple
+    let standIn = AppStoreServerStandIn(bundleID: TestApple.bundleId)
+    init() throws { apple = try TestApple() }
+
+    func withBackfillApplication(
+        atStart: Bool = false, _ test: @Sendable @escaping (LedgerHTTP, TestDatabase, String) async throws -> Void
+    ) async throws {
+        try await withAppleAPIApplication(apple, standIn, configure: { configuration in
+            configuration.appleCallsInterval = 0
+            configuration.backfillNotificationsAtStart = atStart
+            configuration.refundCatchUpInterval = 0
+        }, test)
+    }
+
+    func verifier() throws -> AppleProofVerifier {
+        var configuration = LedgerConfiguration()
+        configuration.apple.rootCertificateFiles = [apple.rootFile]
+        configuration.apple.bundleID = TestApple.bundleId
+        configuration.apple.environment = "Sandbox"
+        return try configuration.apple.verifier(logger: TestServer.logger)
+    }
+
+    func notifications(_ db: TestDatabase) -> NotificationLedger {
+        NotificationLedger(receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: Database(client: db.client, logger: TestServer.logger)))))
+    }
+
+    func backfill(_ base: String, _ db: TestDatabase) throws -> NotificationBackfill {
+        NotificationBackfill(
+            api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger), verifier: try verifier(),
+            notifications: notifications(db))
+    }
+
+    func order(_ http: LedgerHTTP, _ id: String, _ transaction: SignedTransactionPayload) async throws {
+        try await http.send(.post, "/v1/orders", json: newOrder(id))
+        let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": id, "signedTransaction": try await apple.sign(transaction)])
+        #expect(answer["state"] as? String == "verified")
+        try await http.send(.post, "/v1/orders/\(id)/events", json: ["type": "delivered", "data": [:]])
+    }
+
+    func refunded(_ transaction: SignedTransactionPayload) -> SignedTransactionPayload {
+        var refunded = transaction
+        refunded.revocationDate = Date().millisecondsSince1970
+        refunded.revocationReason = 1
+        return refunded
+    }
+
+    @Test("a notification backfill applies what was missed once, resumes where a failure stopped it, and a second one applies nothing")
+    func notificationBackfill() async throws {
+        let forged = try ThrowawaySigningChain(name: "Not Apple")
+        try await withBackfillApplication { http, db, base in
+            let sold = TestApple.transaction("8500001")
+            try await order(http, "n-1", sold)
+            // Received live before the outage: in the history too.
+            let live = try await apple.notification("CONSUMPTION_REQUEST", transaction: sold)
+            let (status, _) = try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": live], key: .some(nil))
+            #expect(status == .ok)
+            let missedRefund = try await apple.notification("REFUND", transaction: refunded(sold))
+            let missedPurchase = try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("8500002"))
+            let forgedOne = try forged.sign(SignedNotificationPayload(
+                notificationType: "REFUND", notificationUUID: UUID().uuidString, signedDate: Date().millisecondsSince1970, data: nil))
+            await standIn.setNotifications([
+                .init(revision: "page-2", hasMore: true, signedTransactions: [live, missedRefund]),
+                .init(revision: "page-3", hasMore: false, signedTransactions: [forgedOne, missedPurchase]),
+            ])
+            // A backfill stopped after its first page keeps the next page's token.
+            var backfill = try backfill(base, db)
+            backfill.maximumPages = 1
+            let stopped = try await backfill.run()
+            #expect(!stopped.finished && stopped.applied == 1 && stopped.repeated == 1, "\(stopped)")
+            #expect(try await scalar(db, "SELECT pagination_token FROM apple_notification_backfill WHERE claimed_until IS NULL", as: String.self) == "page-2")
+            let (_, afterFirst) = try await http.send(.get, "/v1/orders/n-1")
+            #expect(afterFirst["state"] as? String == "refunded", "the first page was applied")
+            // Then Apple rate-limits (honoured), and fails the page more often than the client retries: the token stays.
+            backfill.maximumPages = 100
+            await standIn.queue([.tooManyRequests(after: .seconds(1))] + Array(repeating: .serverError, count: 4))
+            let started = ContinuousClock.now
+            await #expect(throws: AppStoreServerAPIError.self) { try await backfill.run() }
+            #expect(ContinuousClock.now - started >= .seconds(1), "Retry-After honoured")
+            #expect(try await scalar(db, "SELECT pagination_token FROM apple_notification_backfill WHERE claimed_until IS NULL", as: String.self) == "page-2")
+
+            let resumed = try await backfill.run()
+            #expect(resumed.resumed && resumed.pages == 1 && resumed.notifications == 2 && resumed.applied == 1 && resumed.refused == 1, "\(resumed)")
+            #expect(resumed.finished)
+            #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions WHERE transaction_id = '8500002'", as: Int.self) == 1)
+
+            // Again from the start date: all known, nothing appended.
+            let events = try await eventCount(db)
+            let again = try await backfill.run(since: Date(timeIntervalSinceNow: -3600))
+            #expect(!again.resumed && again.notifications == 4 && again.applied == 0 && again.repeated == 3 && again.refused == 1, "\(again)")
+            #expect(try await eventCount(db) == events, "nothing applied twice")
+            let refunds = try await scalar(db, "SELECT count(*)::int FROM events WHERE stream_id = 'order-n-1' AND type = 'refunded'", as: Int.self)
+            #expect(refunds == 1)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
+        }
+    }
+
+    @Test("ledger serve backfills notifications at start, from the last one it recorded")
+    func backfillAtStart() async throws {
+        // Apple's history holds a notification the ledger never received; the server starts.
+        await standIn.setNotifications([
+            .init(revision: "only", hasMore: false, signedTransactions: [
+                try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("8600001"))]),
+        ])
+        try await withBackfillApplication(atStart: true) { _, db, _ in
+            var applied = 0
+            for _ in 0..<60 where applied == 0 {
+                try await Task.sleep(for: .milliseconds(100))
+                applied = try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions WHERE transaction_id = '8600001'", as: Int.self) ?? 0
+            }
+            #expect(applied == 1, "the pass at start applied the missed notification")
+            #expect(try await scalar(db, "SELECT finished_at IS NOT NULL FROM apple_notification_backfill", as: Bool.self) == true)
+        }
+    }
+
+    @Test("the refund catch-up applies a refund the ledger never heard of, once, counted in the report; Apple's faults fail the account and keep its cursor")
+    func refundCatchUp() async throws {
+        let forged = try ThrowawaySigningChain(name: "Not Apple")
+        try await withBackfillApplication { http, db, base in
+            var configuration = LedgerConfiguration()
+            configuration.apple.rootCertificateFiles = [apple.rootFile]
+            configuration.apple.bundleID = TestApple.bundleId
+            configuration.apple.environment = "Sandbox"
+            let receipts = ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: Database(client: db.client, logger: TestServer.logger))))
+            let catchUp = configuration.refundCatchUp(
+                api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
+                verifier: try configuration.apple.verifier(logger: TestServer.logger), receipts: receipts)
+
+            // Account a: a refund the ledger never heard of. Account b: a refund that came by
+            // notification, and another purchase still granted (so the account is due).
+            var missed = TestApple.transaction("8700001")
+            missed.appTransactionId = "acct-a"
+            try await order(http, "r-1", missed)
+            var known = TestApple.transaction("8700002", purchaseDate: Date(timeIntervalSinceNow: -120))
+            known.appTransactionId = "acct-b"
+            try await order(http, "r-2", known)
+            var kept = TestApple.transaction("8700003", purchaseDate: Date(timeIntervalSinceNow: -30))
+            kept.appTransactionId = "acct-b"
+            try await order(http, "r-3", kept)
+            _ = try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("REFUND", transaction: refunded(known))], key: .some(nil))
+            await standIn.setRefunds("8700001", [.init(revision: "r1-a", hasMore: false, signedTransactions: [try await apple.sign(refunded(missed))])])
+            await standIn.setRefunds("8700003", [.init(revision: "r2-a", hasMore: false, signedTransactions: [
+                try await apple.sign(refunded(known)), try forged.sign(refunded(TestApple.transaction("8700004"))),
+            ])])
+
+            // A malformed answer for the first account: it fails, its cursor does not move; the other is read.
+            await standIn.queue([.malformed])
+            let first = try await catchUp.run()
+            #expect(first.failed == 1 && first.failures == ["apple-api-answer-malformed": 1] && first.accounts == 1, "\(first)")
+            #expect(first.known == 1 && first.refused == 1 && first.applied == 0, "\(first)")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_refund_cursors WHERE revision IS NOT NULL", as: Int.self) == 0,
+                    "a failed account and a page with a forged entry keep their cursors")
+
+            let second = try await catchUp.run()
+            #expect(second.applied == 1 && second.failed == 0, "\(second)")
+            let (_, order) = try await http.send(.get, "/v1/orders/r-1")
+            #expect(order["state"] as? String == "refunded")
+            let refund = (order["events"] as? [[String: Any]])?.last ?? [:]
+            #expect((refund["data"] as? [String: Any])?["revocationType"] as? String == "REFUND")
+            #expect((refund["metadata"] as? [String: Any])?["refundCatchUp"] as? Bool == true)
+            #expect(try await scalar(db, "SELECT revision FROM apple_refund_cursors WHERE account_id = 'acct-a'", as: String.self) == "r1-a")
+
+            // Read within the day: not due. Read anyway: nothing new.
+            let third = try await catchUp.run()
+            #expect(third.accounts == 0, "\(third)")
+            let events = try await eventCount(db)
+            await standIn.setRefunds("8700001", [.init(revision: "r1-a", hasMore: false, signedTransactions: [try await apple.sign(refunded(missed))])])
+            try await db.client.query("UPDATE apple_refund_cursors SET revision = NULL", logger: TestServer.logger)
+            let everything = try await catchUp.run(all: true)
+            #expect(everything.applied == 0, "\(everything)")
+            #expect(try await eventCount(db) == events, "nothing applied twice")
+
+            let (_, report) = try await http.send(.get, "/v1/reports/reconciliation")
+            let totals = report["totals"] as? [String: Any] ?? [:]
+            #expect(totals["refundsCaughtUp"] as? Int == 1 && totals["refunded"] as? Int == 2, "\(totals)")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
+        }
+    }
+}
