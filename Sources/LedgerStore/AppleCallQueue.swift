@@ -49,13 +49,13 @@ public struct AppleCallQueue: Sendable {
                 SELECT read_to FROM apple_call_feed FOR UPDATE SKIP LOCKED),
             span AS (
                 SELECT coalesce(max(global_position), (SELECT read_to FROM feed)) AS upto, count(*) AS events
-                  FROM (SELECT e.global_position FROM feed, events e
-                         WHERE e.global_position > feed.read_to AND e.global_position <= events_safe_position()
-                         ORDER BY e.global_position LIMIT \(limit)) w),
+                  FROM (SELECT global_position FROM events
+                         WHERE global_position > (SELECT read_to FROM feed) AND global_position <= (SELECT events_safe_position())
+                         ORDER BY global_position LIMIT \(limit)) w),
             read AS (
-                SELECT e.global_position, e.stream_id, e.type, e.data FROM feed, span, events e
-                 WHERE \(switches.any) AND e.global_position > feed.read_to AND e.global_position <= span.upto
-                   AND e.type IN ('notification-received', 'delivered', 'receipt-received')),
+                SELECT global_position, stream_id, type, data FROM events
+                 WHERE \(switches.any) AND global_position > (SELECT read_to FROM feed) AND global_position <= (SELECT upto FROM span)
+                   AND type IN ('notification-received', 'delivered', 'receipt-received')),
             consumption AS (
                 INSERT INTO apple_calls (call_id, kind, transaction_id, stream_id, order_id, notification_uuid, deadline)
                 SELECT 'consumption:' || (r.data->>'notificationUUID'), 'consumption', r.data->>'transactionId', r.stream_id,
@@ -95,6 +95,13 @@ public struct AppleCallQueue: Sendable {
     /// Feeds until the feed has read up to the gap-safe position (or another server holds it);
     /// answers the calls queued.
     public func catchUp(_ switches: Switches) async throws -> Int {
+        guard switches.any else {
+            // Nothing to queue: the position jumps to the gap-safe one without reading the log
+            // (reading it cost PostgreSQL a third more CPU per order event under load).
+            try await database.query(
+                "UPDATE apple_call_feed SET read_to = greatest(read_to, events_safe_position())")
+            return 0
+        }
         var queued = 0
         while let fed = try await feed(switches), fed.events > 0 {
             queued += fed.queued
