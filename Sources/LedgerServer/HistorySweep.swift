@@ -295,13 +295,7 @@ public struct HistorySweep: Sendable {
     /// The account's failure, counted by code: Apple's, verification's, or `internal-error`.
     private func failed(_ account: Account, _ error: any Error, _ summary: Summary) -> Summary {
         var summary = summary
-        let code: String
-        switch error {
-        case let error as AppStoreServerAPIError: code = error.code
-        case let error as AppleVerificationError: code = error.code
-        case is CancellationError: code = "cancelled"
-        default: code = "internal-error"
-        }
+        let code = Self.failureCode(error)
         summary.failed = 1
         summary.failures[code, default: 0] += 1
         if ["apple-api-unauthorized", "apple-api-rate-limited", "apple-api-key-invalid", "cancelled", "verification-unavailable"].contains(code) {
@@ -311,5 +305,18 @@ public struct HistorySweep: Sendable {
         logger.log(level: level, "the history of an Apple account could not be read", metadata: [
             "apple.account": "\(account.id)", "user.id": "\(account.user)", "error": "\(code)", "error.message": "\(String(describing: error))"])
         return summary
+    }
+}
+
+extension HistorySweep {
+    /// Why work that asks Apple failed, as a stable code: the App Store Server API's,
+    /// verification's, `cancelled`, or `internal-error`.
+    static func failureCode(_ error: any Error) -> String {
+        switch error {
+        case let error as AppStoreServerAPIError: error.code
+        case let error as AppleVerificationError: error.code
+        case is CancellationError: "cancelled"
+        default: "internal-error"
+        }
     }
 }

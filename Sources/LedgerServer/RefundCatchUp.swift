@@ -126,12 +126,7 @@ public struct RefundCatchUp: Sendable {
             _ = try await database.query(release)
             summary.accounts += 1
         } catch {
-            let code = switch error {
-            case let error as AppStoreServerAPIError: error.code
-            case let error as AppleVerificationError: error.code
-            case is CancellationError: "cancelled"
-            default: "internal-error"
-            }
+            let code = HistorySweep.failureCode(error)
             summary.failed += 1
             summary.failures[code, default: 0] += 1
             logger.log(level: code == "internal-error" ? .error : .warning, "the refund history of an Apple account could not be read", metadata: [

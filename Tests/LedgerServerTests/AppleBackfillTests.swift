@@ -23,22 +23,10 @@ struct AppleBackfillTests {
         }, test)
     }
 
-    func verifier() throws -> AppleProofVerifier {
-        var configuration = LedgerConfiguration()
-        configuration.apple.rootCertificateFiles = [apple.rootFile]
-        configuration.apple.bundleID = TestApple.bundleId
-        configuration.apple.environment = "Sandbox"
-        return try configuration.apple.verifier(logger: TestServer.logger)
-    }
-
-    func notifications(_ db: TestDatabase) -> NotificationLedger {
-        NotificationLedger(receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: Database(client: db.client, logger: TestServer.logger)))))
-    }
-
     func backfill(_ base: String, _ db: TestDatabase) throws -> NotificationBackfill {
         NotificationBackfill(
-            api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger), verifier: try verifier(),
-            notifications: notifications(db))
+            api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
+            verifier: try trusting(apple).apple.verifier(logger: TestServer.logger), notifications: NotificationLedger(receipts: receiptLedger(db)))
     }
 
     func order(_ http: LedgerHTTP, _ id: String, _ transaction: SignedTransactionPayload) async throws {
@@ -127,14 +115,10 @@ struct AppleBackfillTests {
     func refundCatchUp() async throws {
         let forged = try ThrowawaySigningChain(name: "Not Apple")
         try await withBackfillApplication { http, db, base in
-            var configuration = LedgerConfiguration()
-            configuration.apple.rootCertificateFiles = [apple.rootFile]
-            configuration.apple.bundleID = TestApple.bundleId
-            configuration.apple.environment = "Sandbox"
-            let receipts = ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: Database(client: db.client, logger: TestServer.logger))))
+            let configuration = trusting(apple)
             let catchUp = configuration.refundCatchUp(
                 api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
-                verifier: try configuration.apple.verifier(logger: TestServer.logger), receipts: receipts)
+                verifier: try configuration.apple.verifier(logger: TestServer.logger), receipts: receiptLedger(db))
 
             // Account a: a refund the ledger never heard of. Account b: a refund that came by
             // notification, and another purchase still granted (so the account is due).

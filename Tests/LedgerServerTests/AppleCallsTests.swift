@@ -7,13 +7,26 @@ import LedgerStore
 import LedgerTestSupport
 import Testing
 
+/// A configuration that trusts `apple`'s test chain, as the test servers do.
+func trusting(_ apple: TestApple) -> LedgerConfiguration {
+    var configuration = LedgerConfiguration()
+    configuration.apple.rootCertificateFiles = [apple.rootFile]
+    configuration.apple.bundleID = TestApple.bundleId
+    configuration.apple.environment = "Sandbox"
+    return configuration
+}
+
+/// The receipts' intake on `db`, as a second server in the same process has it.
+func receiptLedger(_ db: TestDatabase) -> ReceiptLedger {
+    ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: Database(client: db.client, logger: TestServer.logger))))
+}
+
 /// A server's calls to Apple on `db`, made to the stand-in at `base`, with `switches`.
 func appleCalls(_ standIn: AppStoreServerStandIn, _ base: String, _ db: TestDatabase, switches: AppleCallQueue.Switches) -> AppleCalls {
     var configuration = LedgerConfiguration()
     configuration.appleCalls = switches
-    let receipts = ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: Database(client: db.client, logger: TestServer.logger))))
     var calls = configuration.appleCalls(
-        api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger), receipts: receipts)
+        api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger), receipts: receiptLedger(db))
     calls.backoff = 30
     return calls
 }

@@ -107,8 +107,8 @@ struct AppleFaultMatrixTests {
             try await apple.notification("REFUND", transaction: refunded),
         ])])
         let backfill = NotificationBackfill(
-            api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger), verifier: try verifier(),
-            notifications: NotificationLedger(receipts: receipts(db)))
+            api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
+            verifier: try trusting(apple).apple.verifier(logger: TestServer.logger), notifications: NotificationLedger(receipts: receiptLedger(db)))
         await standIn.queue([fault.played])
         var applied = 0
         do {
@@ -133,13 +133,10 @@ struct AppleFaultMatrixTests {
         var refunded = sold
         refunded.revocationDate = Date().millisecondsSince1970
         await standIn.setRefunds("8800001", [.init(revision: "r1", hasMore: false, signedTransactions: [try await apple.sign(refunded)])])
-        var configuration = LedgerConfiguration()
-        configuration.apple.rootCertificateFiles = [apple.rootFile]
-        configuration.apple.bundleID = TestApple.bundleId
-        configuration.apple.environment = "Sandbox"
+        let configuration = trusting(apple)
         let catchUp = configuration.refundCatchUp(
-            api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger), verifier: try verifier(),
-            receipts: receipts(db))
+            api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
+            verifier: try configuration.apple.verifier(logger: TestServer.logger), receipts: receiptLedger(db))
         await standIn.queue([fault.played])
         let first = try await catchUp.run()
         var applied = first.applied
@@ -154,17 +151,5 @@ struct AppleFaultMatrixTests {
         #expect(again.applied == 0 && after == events, "nothing applied twice")
         let (_, order) = try await http.send(.get, "/v1/orders/m-1")
         #expect(order["state"] as? String == "refunded")
-    }
-
-    func verifier() throws -> AppleProofVerifier {
-        var configuration = LedgerConfiguration()
-        configuration.apple.rootCertificateFiles = [apple.rootFile]
-        configuration.apple.bundleID = TestApple.bundleId
-        configuration.apple.environment = "Sandbox"
-        return try configuration.apple.verifier(logger: TestServer.logger)
-    }
-
-    func receipts(_ db: TestDatabase) -> ReceiptLedger {
-        ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: Database(client: db.client, logger: TestServer.logger))))
     }
 }
