@@ -144,7 +144,7 @@ func appleServices(
     }
     if configuration.backfillNotificationsAtStart {
         let backfill = NotificationBackfill(api: api, verifier: verifier, notifications: NotificationLedger(receipts: receipts))
-        services.append(PeriodicService(name: "notification backfill", interval: .seconds(1), logger: logger, firstWait: .seconds(1), repeats: false) {
+        services.append(PeriodicService(name: "notification backfill", interval: .seconds(60), logger: logger, firstWait: .seconds(1), repeats: false) {
             _ = try await backfill.run()
         })
     }

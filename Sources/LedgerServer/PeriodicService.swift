@@ -9,7 +9,8 @@ struct PeriodicService: Service {
     let logger: Logger
     /// The wait before the first run (nil: `interval`).
     var firstWait: Duration? = nil
-    /// False: one run only (a pass at start).
+    /// False: runs until one succeeds (a pass at start; a failed one, say before the migrations
+    /// are done or while Apple is away, is tried again `interval` later).
     var repeats = true
     let work: @Sendable () async throws -> Void
 
@@ -20,14 +21,16 @@ struct PeriodicService: Service {
                 // Shutdown cancels the wait: the service then ends normally, not with an error.
                 do { try await Task.sleep(for: wait) } catch { return }
                 wait = interval
+                var succeeded = false
                 do {
                     try await work()
+                    succeeded = true
                 } catch is CancellationError {
                     return
                 } catch {
                     logger.error("\(name) failed", metadata: ["error": "\(String(reflecting: error))"])
                 }
-                if !repeats {
+                if !repeats, succeeded {
                     // A service that ends would end the server: this one waits for shutdown.
                     try? await gracefulShutdown()
                     return
