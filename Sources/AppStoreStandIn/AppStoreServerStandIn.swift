@@ -102,7 +102,11 @@ public final class AppStoreServerStandIn: Sendable {
         func refuseToken(_ id: String, _ code: Int) { tokenRefusals[id] = code }
         func wrote(_ write: Write) { writes.append(write) }
         func refund(_ id: String, revision: String?) -> Page? { Self.page(refunds[id], after: revision) }
-        func notificationPage(after token: String?) -> Page? { Self.page(notifications, after: token) }
+        func notificationPage(after token: String?) -> Page? {
+            // No history set: an empty first page, as Apple answers for a quiet period.
+            if token == nil, notifications.isEmpty { return Page(revision: "", hasMore: false, signedTransactions: []) }
+            return Self.page(notifications, after: token)
+        }
 
         /// The page after the one `revision` names (the first without one); from the last page's
         /// revision, an empty page with it (nothing new yet).

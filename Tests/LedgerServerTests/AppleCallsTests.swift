@@ -32,11 +32,11 @@ func appleCalls(_ standIn: AppStoreServerStandIn, _ base: String, _ db: TestData
 }
 
 /// Passes until the feed has read every event committed before the call (the gap-safe position
-/// may lag a moment behind: the test cluster's other suites hold transactions open too).
+/// may lag behind: the test cluster's other suites hold transactions open too), 30 s at most.
 func drain(_ calls: AppleCalls, _ db: TestDatabase) async throws -> AppleCalls.Summary {
     let target = try await scalar(db, "SELECT max(global_position) FROM events", as: Int64.self) ?? 0
     var total = AppleCalls.Summary()
-    for _ in 0..<100 {
+    for _ in 0..<300 {
         let summary = try await calls.run()
         total.queued += summary.queued
         total.calls.merge(summary.calls, uniquingKeysWith: +)

@@ -43,6 +43,9 @@ func withAppleAPIApplication(
             configuration.apple.apiPrivateKeyFile = keyFile
             configuration.apple.apiURL = base
             configuration.recoveryInterval = 0
+            // Background work that asks Apple is the business of the tests that turn it on.
+            configuration.backfillNotificationsAtStart = false
+            configuration.refundCatchUpInterval = 0
             configure(&configuration)
         }, { http, db in try await test(http, db, base) })
     }
