@@ -33,7 +33,7 @@ struct BenchReconcile: AsyncParsableCommand {
                 let loadStart = ContinuousClock.now
                 try await Self.loadMix(orphans: orphans, orders: orders, on: database)
                 let loaded = ContinuousClock.now - loadStart
-                let receipts = ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database)))
+                let receipts = ReceiptLedger(database: database)
                 let summary = try await ReconcilerPass(receipts: receipts, settings: .init(settle: 0)).run()
                 return (summary, loaded.inSeconds)
             }

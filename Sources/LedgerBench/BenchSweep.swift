@@ -45,7 +45,7 @@ struct BenchSweep: AsyncParsableCommand {
 
             let rows = try await withPostgresClient(benchConfiguration, logger: logger) { client in
                 let database = Database(client: client, logger: logger)
-                let receipts = ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database)))
+                let receipts = ReceiptLedger(database: database)
                 try await Self.prepare(accounts: accounts, transactions: transactions, chain: chain, standIn: standIn, receipts: receipts)
                 return try await standIn.run { base in
                     let api = LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base, requestsPerSecond: rate, timeout: .seconds(30)), logger: logger)

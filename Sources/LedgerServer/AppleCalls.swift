@@ -73,6 +73,7 @@ public struct AppleCalls: Sendable {
                 notificationUUID: call.notificationUUID ?? UUID(), transactionId: call.transactionId, outcome: outcome,
                 deliveryStatus: facts.deliveryStatus, customerConsented: true, sampleContentProvided: facts.sampleContentProvided,
                 refundPreference: facts.refundPreference?.rawValue, consumptionPercentage: facts.consumptionPercentageToSend,
+                // Taking the call counted a try; found too late before calling, none was made.
                 attempts: outcome == .tooLate && error == nil ? call.attempts - 1 : call.attempts,
                 error: error?.code, appleErrorCode: error?.appleErrorCode)
             try await queue.settle(call, answer: answer, metadata: metadata)

@@ -14,7 +14,7 @@ public func buildRouter(
     let metrics = LedgerMetrics()
     let database = database.observingAppends(metrics.eventsAppended)
     return buildRouter(
-        receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database))), migrator: migrator, apple: apple,
+        receipts: ReceiptLedger(database: database), migrator: migrator, apple: apple,
         appStoreServerAPI: (try? configuration.apple.appStoreServerAPI()).flatMap { $0 }.map { LazyAppStoreServerAPI(settings: $0, logger: database.logger) },
         configuration: configuration, health: health, metrics: metrics)
 }
@@ -75,7 +75,7 @@ public func buildApplication(
     }
     let verifier = try configuration.apple.verifier(logger: logger)
     // One writer for every route and service, so that their events share transactions.
-    let receipts = ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database)))
+    let receipts = ReceiptLedger(database: database)
     var application = Application(
         router: buildRouter(
             receipts: receipts, migrator: migrator, apple: verifier,
@@ -137,7 +137,7 @@ func appleServices(
         let calls = configuration.appleCalls(api: api, receipts: receipts)
         services.append(PeriodicService(name: "calls to Apple", interval: .seconds(configuration.appleCallsInterval), logger: logger) {
             let summary = try await calls.run()
-            for (call, count) in summary.calls { for _ in 0..<count { metrics.appleCalled(call) } }
+            for (call, count) in summary.calls { metrics.appleCalled(call, times: count) }
             let pending = try await calls.queue.pendingConsumption()
             metrics.consumptionPending(count: pending.count, secondsLeft: pending.secondsLeft)
         })

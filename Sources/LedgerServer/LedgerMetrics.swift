@@ -4,7 +4,19 @@ import Synchronization
 
 /// The service's Prometheus metrics, in a registry of its own (one per application).
 final class LedgerMetrics: Sendable {
-    let registry = PrometheusCollectorRegistry()
+    let registry: PrometheusCollectorRegistry
+    private let consumptionRequestsPending: Gauge
+    private let consumptionSecondsLeft: Gauge
+
+    init() {
+        let registry = PrometheusCollectorRegistry()
+        self.registry = registry
+        consumptionRequestsPending = registry.makeGauge(
+            descriptor: .init(metricName: "ledger_apple_consumption_requests_pending", helpText: "Consumption requests not yet answered"))
+        consumptionSecondsLeft = registry.makeGauge(
+            descriptor: .init(metricName: "ledger_apple_consumption_seconds_left", helpText: "Least time left to answer a pending consumption request"))
+        consumptionPending(count: 0, secondsLeft: nil)
+    }
 
     static let durationBuckets: [Duration] = [
         .milliseconds(1), .milliseconds(2), .milliseconds(5), .milliseconds(10), .milliseconds(25), .milliseconds(50),
@@ -59,20 +71,16 @@ final class LedgerMetrics: Sendable {
 
     /// Calls to Apple the log called for, by `<kind> <outcome>` (consumption `too-late` and
     /// `refused`, and any `given-up`, are worth an alert).
-    func appleCalled(_ kindAndOutcome: String) {
-        counter("ledger_apple_calls", help: "Calls to Apple made because of events, by kind and outcome", label: "call", kindAndOutcome).increment()
+    func appleCalled(_ kindAndOutcome: String, times: Int) {
+        counter("ledger_apple_calls", help: "Calls to Apple made because of events, by kind and outcome", label: "call", kindAndOutcome)
+            .increment(by: Int64(times))
     }
 
     /// Consumption requests waiting for an answer, and the least time left to send one (Apple
     /// waits 12 hours); set by each pass of the calls to Apple.
     func consumptionPending(count: Int, secondsLeft: Double?) {
-        consumptionGauges.pending.set(Int64(count))
-        consumptionGauges.secondsLeft.set(secondsLeft ?? 43_200)
-    }
-
-    private var consumptionGauges: (pending: Gauge, secondsLeft: Gauge) {
-        (registry.makeGauge(descriptor: .init(metricName: "ledger_apple_consumption_requests_pending", helpText: "Consumption requests not yet answered")),
-         registry.makeGauge(descriptor: .init(metricName: "ledger_apple_consumption_seconds_left", helpText: "Least time left to answer a pending consumption request")))
+        consumptionRequestsPending.set(Int64(count))
+        consumptionSecondsLeft.set(secondsLeft ?? 43_200)
     }
 
     /// The counters of one label seen so far, kept for the reason `requestMetrics` is (the

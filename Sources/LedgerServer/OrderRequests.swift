@@ -65,9 +65,11 @@ struct AppendEvent: Decodable {
             throw APIError(.badRequest, code: "unknown-event-type", message: "orders are created with POST /v1/orders")
         }
         guard type.isWrittenByClients else {
-            let writer = type == .pairingUndone
-                ? "when support undoes a pairing (POST /v1/transactions/{transactionId}/unmatch)"
-                : "from Apple's notifications (POST /v1/notifications/apple)"
+            let writer = switch type {
+            case .pairingUndone: "when support undoes a pairing (POST /v1/transactions/{transactionId}/unmatch)"
+            case .consumptionAnswer: "when it answers Apple's consumption request (LEDGER_APPLE_CONSUMPTION_CONSENT)"
+            default: "from Apple's notifications (POST /v1/notifications/apple)"
+            }
             throw APIError(.badRequest, code: "unknown-event-type", message: "\(typeName) is recorded by the ledger \(writer)")
         }
         eventId = try body.decodeIfPresent(EventID.self, forKey: .eventId)

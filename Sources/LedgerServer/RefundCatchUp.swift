@@ -142,23 +142,23 @@ public struct RefundCatchUp: Sendable {
             summary.pages += 1
             var applied = 0
             var held = false
+            var refunds: [(transaction: AppleTransaction, revoked: Date, reason: Int?)] = []
             for jws in page.signedTransactions {
                 summary.transactions += 1
-                let transaction: AppleTransaction
-                let revoked: Date?
-                let reason: Int?
                 do {
-                    (transaction, revoked, reason) = try await verifier.transactionAndRevocation(signed: jws)
+                    let (transaction, revoked, reason) = try await verifier.transactionAndRevocation(signed: jws)
+                    if let revoked { refunds.append((transaction, revoked, reason)) } else { summary.known += 1 }
                 } catch {
                     if error.isRetryable { throw error }
                     held = true
                     summary.refused += 1
                     logger.warning("a signed transaction in Apple's refund history was refused", metadata: [
                         "apple.account": "\(account.key)", "error": "\(error.code)", "error.message": "\(error.message)"])
-                    continue
                 }
-                let recorded = try await refundRecorded(transaction.transactionId)
-                guard let revoked, !recorded else {
+            }
+            let recorded = try await refundsRecorded(refunds.map(\.transaction.transactionId))
+            for (transaction, revoked, reason) in refunds {
+                guard !recorded.contains(transaction.transactionId) else {
                     summary.known += 1
                     continue
                 }
@@ -187,16 +187,18 @@ public struct RefundCatchUp: Sendable {
         }
     }
 
-    /// Whether the ledger already has the transaction refunded: its order's state, or its pool row's.
-    private func refundRecorded(_ transaction: TransactionID) async throws -> Bool {
+    /// Which of `transactions` the ledger already has refunded: by their order's state, or their
+    /// pool row's.
+    private func refundsRecorded(_ transactions: [TransactionID]) async throws -> Set<TransactionID> {
+        guard !transactions.isEmpty else { return [] }
         let rows = try await database.query(
             """
-            SELECT coalesce(o.state = 'refunded', false) OR t.status = 'refunded'
+            SELECT t.transaction_id
               FROM apple_transactions t LEFT JOIN orders o ON o.order_id = t.order_id
-             WHERE t.transaction_id = \(transaction.rawValue)
+             WHERE t.transaction_id = ANY(\(transactions.map(\.rawValue))) AND (o.state = 'refunded' OR t.status = 'refunded')
             """)
-        var recorded = false
-        for try await value in rows.decode(Bool.self) { recorded = value }
+        var recorded: Set<TransactionID> = []
+        for try await id in rows.decode(String.self) { recorded.insert(TransactionID(unchecked: id)) }
         return recorded
     }
 }

@@ -16,6 +16,12 @@ public struct ReceiptLedger: Sendable {
         self.orders = orders
     }
 
+    /// The intake on a writer of its own on `database` (a command's, a second server's): events
+    /// share transactions only with what uses this value.
+    public init(database: Database) {
+        self.init(orders: OrderLedger(writer: LedgerWriter(database: database)))
+    }
+
     /// Who sent the proof and which order it names.
     public struct Claim: Sendable {
         public var userId: UserID?

@@ -18,20 +18,15 @@ struct Backfill: AsyncParsableCommand {
         @Option(help: "Start here instead (ISO 8601, such as 2026-11-01T00:00:00Z); Apple keeps 180 days") var since: String?
 
         func run() async throws {
-            let configuration = try LedgerConfiguration.load(options.values())
-            let settings = try configuration.requiredAppStoreServerAPI()
             let start = try since.map { text in
                 guard let date = ISO8601DateFormatter().date(from: text) else { throw ValidationError("--since must be an ISO 8601 date such as 2026-11-01T00:00:00Z") }
                 return date
             }
             let metadata = try operatorMetadata("backfill notifications")
             let progress = terminalProgress("notifications").map { report in { @Sendable (seen: Int) in report(seen, seen + 1) } }
-            let summary = try await withLedgerDatabase(options) { client, logger in
-                let database = Database(client: client, logger: logger)
-                let backfill = NotificationBackfill(
-                    api: LazyAppStoreServerAPI(settings: settings, logger: logger), verifier: try configuration.apple.verifier(logger: logger),
-                    notifications: NotificationLedger(receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database)))))
-                return try await backfill.run(since: start, metadata: metadata, progress: progress)
+            let summary = try await withAppleWork(options) { work in
+                try await NotificationBackfill(api: work.api, verifier: work.verifier, notifications: NotificationLedger(receipts: work.receipts))
+                    .run(since: start, metadata: metadata, progress: progress)
             }
             if summary.busy { throw ValidationError("another server is running the notification backfill; try again later") }
             let dates = [summary.startDate, summary.endDate].map { $0.map { ISO8601DateFormatter().string(from: $0) } ?? "-" }
@@ -47,16 +42,11 @@ struct Backfill: AsyncParsableCommand {
         @Flag(help: "Read every account in the look-back, also those read in the last day") var all = false
 
         func run() async throws {
-            let configuration = try LedgerConfiguration.load(options.values())
-            let settings = try configuration.requiredAppStoreServerAPI()
             let metadata = try operatorMetadata("backfill refunds")
             let progress = terminalProgress("Apple accounts")
-            let summary = try await withLedgerDatabase(options) { client, logger in
-                let database = Database(client: client, logger: logger)
-                let catchUp = configuration.refundCatchUp(
-                    api: LazyAppStoreServerAPI(settings: settings, logger: logger), verifier: try configuration.apple.verifier(logger: logger),
-                    receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database))))
-                return try await catchUp.run(all: all, metadata: metadata, progress: progress)
+            let summary = try await withAppleWork(options) { work in
+                try await work.configuration.refundCatchUp(api: work.api, verifier: work.verifier, receipts: work.receipts)
+                    .run(all: all, metadata: metadata, progress: progress)
             }
             print("read the refund history of \(summary.accounts) Apple accounts: \(summary.pages) pages, \(summary.transactions) refunded transactions")
             print("applied \(summary.applied) refunds new to the ledger; \(summary.known) recorded before; \(summary.refused) refused by verification")

@@ -121,8 +121,7 @@ extension Demo {
             let backfill = NotificationBackfill(
                 api: LazyAppStoreServerAPI(settings: try configuration.requiredAppStoreServerAPI(), logger: logger),
                 verifier: try configuration.apple.verifier(logger: logger),
-                notifications: NotificationLedger(receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(
-                    database: Database(client: client, logger: logger))))))
+                notifications: NotificationLedger(receipts: ReceiptLedger(database: Database(client: client, logger: logger))))
             story.backfill = try await backfill.run(since: Date(timeIntervalSinceNow: -3600))
             print(story.summary)
             let csv = try await story.request("GET", "/v1/reports/reconciliation", accept: "text/csv")

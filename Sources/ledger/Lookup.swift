@@ -14,16 +14,11 @@ struct Lookup: AsyncParsableCommand {
     @Option(help: "The user whose purchases they are (for those no order's token claims)") var user: String?
 
     func run() async throws {
-        let configuration = try LedgerConfiguration.load(options.values())
-        let settings = try configuration.requiredAppStoreServerAPI()
         let userID = try user.map { try UserID($0) }
         let metadata = try operatorMetadata("lookup")
-        let found = try await withLedgerDatabase(options) { client, logger in
-            let database = Database(client: client, logger: logger)
-            let lookup = AppleOrderLookup(
-                api: LazyAppStoreServerAPI(settings: settings, logger: logger), verifier: try configuration.apple.verifier(logger: logger),
-                receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database))))
-            return try await lookup.look(up: appleOrderId, user: userID, metadata: metadata)
+        let found = try await withAppleWork(options) { work in
+            try await AppleOrderLookup(api: work.api, verifier: work.verifier, receipts: work.receipts)
+                .look(up: appleOrderId, user: userID, metadata: metadata)
         }
         print("Apple order \(found.appleOrderId): \(found.transactions.count) purchases")
         for entry in found.transactions {

@@ -2,6 +2,7 @@ import AppleReceipts
 import ArgumentParser
 import Foundation
 import LedgerServer
+import LedgerStore
 
 /// Progress on standard error ("12 of 40 users"), only when it is a terminal.
 func terminalProgress(_ unit: String) -> (@Sendable (Int, Int) -> Void)? {
@@ -26,5 +27,28 @@ extension LedgerConfiguration {
             throw ValidationError("the App Store Server API is not configured: set LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID and LEDGER_APPLE_API_PRIVATE_KEY")
         }
         return settings
+    }
+}
+
+/// What a command that asks Apple works with: its configuration, the App Store Server API
+/// client, the verifier, and the receipts' intake on the ledger's database.
+struct AppleWork: Sendable {
+    let configuration: LedgerConfiguration
+    let api: LazyAppStoreServerAPI
+    let verifier: AppleProofVerifier
+    let receipts: ReceiptLedger
+}
+
+/// Runs `body` for a command that cannot run without the App Store Server API key (checked
+/// before the database is opened).
+func withAppleWork<Result: Sendable>(
+    _ options: ConfigurationOptions, _ body: @Sendable (AppleWork) async throws -> Result
+) async throws -> Result {
+    let configuration = try LedgerConfiguration.load(options.values())
+    let settings = try configuration.requiredAppStoreServerAPI()
+    return try await withLedgerDatabase(options) { client, logger in
+        try await body(AppleWork(
+            configuration: configuration, api: LazyAppStoreServerAPI(settings: settings, logger: logger),
+            verifier: try configuration.apple.verifier(logger: logger), receipts: ReceiptLedger(database: Database(client: client, logger: logger))))
     }
 }

@@ -14,7 +14,7 @@ struct Reconcile: AsyncParsableCommand {
         let progress = terminalProgress("users")
         let summary = try await withLedgerDatabase(options) { client, logger in
             let database = Database(client: client, logger: logger)
-            let receipts = ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database)))
+            let receipts = ReceiptLedger(database: database)
             return try await configuration.reconcilerPass(receipts).run(progress: progress)
         }
         let rules = summary.byRule.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")

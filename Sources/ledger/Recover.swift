@@ -13,17 +13,12 @@ struct Recover: AsyncParsableCommand {
     @Option(help: "Sweep only this user's Apple accounts") var user: String?
 
     func run() async throws {
-        let configuration = try LedgerConfiguration.load(options.values())
-        let settings = try configuration.requiredAppStoreServerAPI()
         let userID = try user.map { try UserID($0) }
         let metadata = try operatorMetadata("recover")
         let progress = terminalProgress("Apple accounts")
-        let summary = try await withLedgerDatabase(options) { client, logger in
-            let database = Database(client: client, logger: logger)
-            let sweep = configuration.historySweep(
-                api: LazyAppStoreServerAPI(settings: settings, logger: logger), verifier: try configuration.apple.verifier(logger: logger),
-                receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database))))
-            return try await sweep.run(user: userID, metadata: metadata, progress: progress)
+        let summary = try await withAppleWork(options) { work in
+            try await work.configuration.historySweep(api: work.api, verifier: work.verifier, receipts: work.receipts)
+                .run(user: userID, metadata: metadata, progress: progress)
         }
         let ingested = summary.ingested.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
         print("swept \(summary.accounts) Apple accounts, \(summary.pages) pages, \(summary.transactions) transactions in \(String(format: "%.2f", summary.seconds)) s")

@@ -18,7 +18,7 @@ struct Unmatch: AsyncParsableCommand {
         let metadata = try operatorMetadata("unmatch")
         let order = try await withLedgerDatabase(options) { client, logger in
             let database = Database(client: client, logger: logger)
-            let desk = SupportDesk(receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: database))))
+            let desk = SupportDesk(receipts: ReceiptLedger(database: database))
             return try await desk.unmatch(id, reason: reason, metadata: metadata)
         }
         print("order \(order.orderId) is \(order.state.rawValue) again; Apple transaction \(id) is back in the pool")

@@ -13,7 +13,7 @@ struct UnmatchCommandTests {
     func undoesFromTheCommandLine() async throws {
         try await withTestDatabase { db in
             let metadata = Data(#"{"appendedBy":"test"}"#.utf8)
-            let receipts = ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: db.database)))
+            let receipts = ReceiptLedger(database: db.database)
             let orderID = OrderID(unchecked: "cli-order")
             _ = try await receipts.orders.create(
                 orderID, OrderCreated(userId: UserID(unchecked: "cli-user"), productId: ProductID(unchecked: "gems.100")),

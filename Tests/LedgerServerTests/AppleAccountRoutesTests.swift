@@ -165,7 +165,7 @@ struct AppleAccountRoutesTests {
             let sweeps = (0..<2).map { _ in
                 configuration.historySweep(
                     api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base, timeout: .seconds(5)), logger: TestServer.logger), verifier: verifier,
-                    receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: Database(client: db.client, logger: TestServer.logger)))))
+                    receipts: ReceiptLedger(database: Database(client: db.client, logger: TestServer.logger)))
             }
             await standIn.queue([.slow(.seconds(3))])
             async let first = sweeps[0].run()
@@ -234,7 +234,7 @@ struct AppleAccountRoutesTests {
             let sweep = configuration.historySweep(
                 api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
                 verifier: try configuration.apple.verifier(logger: TestServer.logger),
-                receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: Database(client: db.client, logger: TestServer.logger)))))
+                receipts: ReceiptLedger(database: Database(client: db.client, logger: TestServer.logger)))
             let blind = try await sweep.run(user: UserID("u-z"))
             #expect(blind.failed == 1 && blind.failures == ["verification-unavailable": 1] && blind.stoppedBy == "verification-unavailable", "\(blind)")
             #expect(try await scalar(db, "SELECT count(*)::int FROM apple_history_cursors WHERE account_id = 'acct-z' AND revision IS NULL AND claimed_until IS NULL", as: Int.self) == 1)

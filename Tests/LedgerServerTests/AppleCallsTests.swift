@@ -18,7 +18,7 @@ func trusting(_ apple: TestApple) -> LedgerConfiguration {
 
 /// The receipts' intake on `db`, as a second server in the same process has it.
 func receiptLedger(_ db: TestDatabase) -> ReceiptLedger {
-    ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: Database(client: db.client, logger: TestServer.logger))))
+    ReceiptLedger(database: Database(client: db.client, logger: TestServer.logger))
 }
 
 /// A server's calls to Apple on `db`, made to the stand-in at `base`, with `switches`.
@@ -282,6 +282,22 @@ struct AppleCallsTests {
             #expect(refusal == 4000185)
             #expect(try await calls.run().calls.isEmpty, "a refusal is not tried again")
             #expect(try await scalar(db, "SELECT count(*)::int FROM apple_calls", as: Int.self) == 0)
+        }
+    }
+
+    @Test("a client cannot append consumption-answer: refused, naming who records it, and nothing is stored")
+    func clientsCannotAnswer() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("answer-by-client"))
+            let before = try await eventCount(db)
+            let (status, error) = try await http.send(.post, "/v1/orders/answer-by-client/events", json: [
+                "type": "consumption-answer",
+                "data": ["notificationUUID": UUID().uuidString, "transactionId": "1", "outcome": "sent", "deliveryStatus": "DELIVERED",
+                         "customerConsented": true, "attempts": 1],
+            ])
+            #expect(status == .badRequest && errorOf(error)["code"] as? String == "unknown-event-type")
+            #expect((errorOf(error)["message"] as? String ?? "").contains("consumption request"))
+            #expect(try await eventCount(db) == before)
         }
     }
 }

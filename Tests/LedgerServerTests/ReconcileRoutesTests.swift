@@ -292,7 +292,7 @@ extension ReconcileRoutesTests {
                 try await http.send(.post, "/v1/receipts", json: ["userId": "u-batch-\(user)", "signedTransaction": try await transaction("71000\(user + 10)")])
             }
             var pass = ReconcilerPass(
-                receipts: ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: db.database))), settings: .init(settle: 0))
+                receipts: ReceiptLedger(database: db.database), settings: .init(settle: 0))
             pass.orphansPerBatch = 2
             let summary = try await pass.run()
             #expect(summary.paired == 12 && summary.considered == 12 && summary.lostRaces == 0)

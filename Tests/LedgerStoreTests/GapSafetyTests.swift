@@ -54,6 +54,49 @@ struct GapSafetyTests {
         }
     }
 
+    @Test("the Apple call feed does not pass a request whose transaction commits late; it queues it once it commits")
+    func appleCallFeedWaitsForLateCommits() async throws {
+        try await withTestDatabase { db in
+            let queue = AppleCallQueue(orders: OrderLedger(writer: db.writer))
+            let switches = AppleCallQueue.Switches(consumption: true)
+            // A CONSUMPTION_REQUEST recorded in a transaction that takes its position first and commits last.
+            func request(_ id: String) throws -> NewEvent {
+                try event("notification-received", """
+                    {"notificationUUID": "\(UUID().uuidString)", "notificationType": "CONSUMPTION_REQUEST", "transactionId": "\(id)", "signedDate": "\(EventCoding.formatDate(Date()))"}
+                    """)
+            }
+            let slow = try await db.connect(id: 1)
+            try await slow.query("BEGIN", logger: TestServer.logger)
+            let late = try await db.append([try request("9900001")], to: try uniqueStream("notification"), on: slow)
+            let early = try await db.append([try request("9900002")], to: try uniqueStream("notification"))
+            #expect(late.positions[0] < early.positions[0])
+
+            _ = try await queue.catchUp(switches)
+            let readTo = try await scalarPosition(db, "SELECT read_to FROM apple_call_feed")
+            #expect(readTo < late.positions[0], "the feed stopped before the open transaction's position")
+            #expect(try await scalarPosition(db, "SELECT count(*) FROM apple_calls") == 0)
+
+            try await slow.query("COMMIT", logger: TestServer.logger)
+            try await slow.close()
+            // Other tests' open transactions in the same cluster may hold the safe position back a little.
+            let deadline = ContinuousClock.now + .seconds(20)
+            while try await scalarPosition(db, "SELECT read_to FROM apple_call_feed") < early.positions[0], ContinuousClock.now < deadline {
+                _ = try await queue.catchUp(switches)
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            let queued = try await db.client.query("SELECT transaction_id FROM apple_calls ORDER BY transaction_id", logger: TestServer.logger)
+            var ids: [String] = []
+            for try await id in queued.decode(String.self) { ids.append(id) }
+            #expect(ids == ["9900001", "9900002"], "both requests queued, once each")
+        }
+    }
+
+    /// One bigint value of a query's first row.
+    func scalarPosition(_ db: TestDatabase, _ query: PostgresQuery) async throws -> Int64 {
+        for try await value in try await db.client.query(query, logger: TestServer.logger).decode(Int64.self) { return value }
+        return -1
+    }
+
     @Test("a reader polling during concurrent appends sees every committed event exactly once")
     func pollingReaderMissesNothing() async throws {
         try await withTestDatabase { db in

@@ -20,7 +20,7 @@ struct ReceiptRaceTests {
     @Test("one transaction sent for 16 orders at once, each through its own client: one order gets it, 15 fail as duplicates")
     func oneTransactionManyOrders() async throws {
         try await withTestDatabase { db in
-            let receipts = ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: db.database)))
+            let receipts = ReceiptLedger(database: db.database)
             for index in 0..<16 {
                 _ = try await receipts.orders.create(
                     OrderID(unchecked: "race-\(index)"), OrderCreated(userId: UserID(unchecked: "u-race"), productId: ProductID(unchecked: "gems.100")),
@@ -49,7 +49,7 @@ struct ReceiptRaceTests {
     @Test("one proof sent 16 times at once for its order: matched every time, stored once")
     func oneProofManyTimes() async throws {
         try await withTestDatabase { db in
-            let receipts = ReceiptLedger(orders: OrderLedger(writer: LedgerWriter(database: db.database)))
+            let receipts = ReceiptLedger(database: db.database)
             let created = try await receipts.orders.create(
                 OrderID(unchecked: "again"), OrderCreated(userId: UserID(unchecked: "u-again"), productId: ProductID(unchecked: "gems.100")),
                 tokenGiven: false, metadata: metadata)
