@@ -20,6 +20,8 @@ public final class AppStoreServerStandIn: Sendable {
         case serverError
         /// Answers after this long.
         case slow(Duration)
+        /// Answers once the test calls `release()`: a request in flight for as long as a race needs.
+        case held
         case malformed
         /// Apple refuses the request: `status` with its `errorCode`.
         case refused(status: Int, errorCode: Int)
@@ -76,6 +78,10 @@ public final class AppStoreServerStandIn: Sendable {
     }
     public func setOrder(_ orderID: String, _ signedTransactions: [String]) async { await state.setOrder(orderID, signedTransactions) }
     public func queue(_ faults: [Fault]) async { await state.queue(faults) }
+    /// How many requests wait on a `held` fault.
+    public var holding: Int { get async { await state.held.count } }
+    /// Lets every request held by a `held` fault go on.
+    public func release() async { await state.release() }
     /// Requests that reached a route, with a valid token or not.
     public var requests: Int { get async { await state.requests } }
     /// The distinct tokens presented, and the refusals of bad ones.
@@ -96,7 +102,13 @@ public final class AppStoreServerStandIn: Sendable {
         var notifications: [Page] = []
         var tokenRefusals: [String: Int] = [:]
         var writes: [Write] = []
+        var held: [CheckedContinuation<Void, Never>] = []
 
+        func hold() async { await withCheckedContinuation { held.append($0) } }
+        func release() {
+            held.forEach { $0.resume() }
+            held = []
+        }
         func setRefunds(_ id: String, _ pages: [Page]) { refunds[id] = pages }
         func setNotifications(_ pages: [Page]) { notifications = pages }
         func refuseToken(_ id: String, _ code: Int) { tokenRefusals[id] = code }
@@ -238,6 +250,8 @@ public final class AppStoreServerStandIn: Sendable {
             return Self.json(500, #"{"errorCode": 5000000, "errorMessage": "An unknown error occurred."}"#)
         case .slow(let duration)?:
             try await Task.sleep(for: duration)
+        case .held?:
+            await state.hold()
         case .malformed?:
             return Self.json(200, #"{"revision": 12, "signedTransactions": "#)
         case .refused(let status, let code)?:

@@ -155,7 +155,7 @@ struct AppleAccountRoutesTests {
             #expect(failed["failed"] as? Int == 1 && failed["failures"] as? [String: Int] == ["apple-api-answer-malformed": 1])
             #expect(try await scalar(db, "SELECT count(*)::int FROM apple_history_cursors WHERE revision IS NOT NULL", as: Int.self) == 0)
 
-            // Two servers' sweeps at once: the first holds the account while Apple is slow; the second skips it.
+            // Two servers' sweeps at once: the first holds the account while Apple holds its answer; the second skips it.
             var configuration = LedgerConfiguration()
             configuration.apple.rootCertificateFiles = [apple.rootFile]
             configuration.apple.bundleID = TestApple.bundleId
@@ -164,12 +164,17 @@ struct AppleAccountRoutesTests {
             let verifier = try configuration.apple.verifier(logger: TestServer.logger)
             let sweeps = (0..<2).map { _ in
                 configuration.historySweep(
-                    api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base, timeout: .seconds(5)), logger: TestServer.logger), verifier: verifier,
+                    api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base, timeout: .seconds(60)), logger: TestServer.logger), verifier: verifier,
                     receipts: ReceiptLedger(database: Database(client: db.client, logger: TestServer.logger)))
             }
-            await standIn.queue([.slow(.seconds(3))])
+            await standIn.queue([.held])
             async let first = sweeps[0].run()
-            try await Task.sleep(for: .milliseconds(300))
+            var holding = 0
+            for _ in 0..<200 where holding == 0 {
+                try await Task.sleep(for: .milliseconds(50))
+                holding = await standIn.holding
+            }
+            #expect(holding == 1, "the first sweep's request reached Apple within 10 s")
             // Promise 10: a sweep waiting on Apple holds no database transaction that would keep
             // the gap-safe feed from reaching what commits meanwhile.
             try await http.send(.post, "/v1/orders", json: newOrder("o-feed", user: "u-feed"))
@@ -181,6 +186,7 @@ struct AppleAccountRoutesTests {
             }
             #expect(fed, "the feed reached the new order within 2 s, while the sweep still waited on Apple")
             let second = try await sweeps[1].run()
+            await standIn.release()
             let firstSummary = try await first
             #expect(second.busy == 1 && second.transactions == 0, "\(second)")
             #expect(firstSummary.ingested == ["unmatched": 1], "\(firstSummary)")
