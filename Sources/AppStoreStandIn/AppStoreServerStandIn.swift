@@ -20,7 +20,8 @@ public final class AppStoreServerStandIn: Sendable {
         case serverError
         /// Answers after this long.
         case slow(Duration)
-        /// Answers once the test calls `release()`: a request in flight for as long as a race needs.
+        /// Answers once the test calls `release()` (or `run` ends): a request in flight for as
+        /// long as a race needs.
         case held
         case malformed
         /// Apple refuses the request: `status` with its `errorCode`.
@@ -218,7 +219,17 @@ public final class AppStoreServerStandIn: Sendable {
             }
             return try await self.recordWrite(request, status: 200)
         }
-        return try await serveStandIn(router) { bound in try await body("http://127.0.0.1:\(bound)") }
+        return try await serveStandIn(router) { bound in
+            // Requests still held when `body` ends, however it ends, are let go: the server stops.
+            do {
+                let result = try await body("http://127.0.0.1:\(bound)")
+                await self.state.release()
+                return result
+            } catch {
+                await self.state.release()
+                throw error
+            }
+        }
     }
 
     /// A write Apple takes: recorded (once it passes the token and the faults), answered `status`.

@@ -170,21 +170,22 @@ struct AppleAccountRoutesTests {
             await standIn.queue([.held])
             async let first = sweeps[0].run()
             var holding = 0
-            for _ in 0..<200 where holding == 0 {
+            for _ in 0..<400 where holding == 0 {
                 try await Task.sleep(for: .milliseconds(50))
                 holding = await standIn.holding
             }
-            #expect(holding == 1, "the first sweep's request reached Apple within 10 s")
+            #expect(holding == 1, "the first sweep's request reached Apple within 20 s")
             // Promise 10: a sweep waiting on Apple holds no database transaction that would keep
-            // the gap-safe feed from reaching what commits meanwhile.
+            // the gap-safe feed from reaching what commits meanwhile (other tests' transactions
+            // on the shared cluster may hold it back a while; the sweep waits as long as needed).
             try await http.send(.post, "/v1/orders", json: newOrder("o-feed", user: "u-feed"))
             let store = EventStore(database: Database(client: db.client, logger: TestServer.logger))
             var fed = false
-            for _ in 0..<40 where !fed {
+            for _ in 0..<400 where !fed {
                 fed = try await store.readAll(after: 0, limit: 10_000).contains { $0.streamID.rawValue == "order-o-feed" }
                 if !fed { try await Task.sleep(for: .milliseconds(50)) }
             }
-            #expect(fed, "the feed reached the new order within 2 s, while the sweep still waited on Apple")
+            #expect(fed, "the feed reached the new order while the sweep still waited on Apple")
             let second = try await sweeps[1].run()
             await standIn.release()
             let firstSummary = try await first
@@ -258,11 +259,11 @@ struct AppleAccountRoutesTests {
             purchase.appTransactionId = "acct-bg"
             await standIn.setHistory("acct-bg", [.init(revision: "b1", hasMore: false, signedTransactions: [try await apple.sign(purchase)])])
             var state: String?
-            for _ in 0..<50 where state != "verified" {
+            for _ in 0..<300 where state != "verified" {
                 try await Task.sleep(for: .milliseconds(100))
                 state = try await http.send(.get, "/v1/orders/o-bg").1["state"] as? String
             }
-            #expect(state == "verified", "the background sweep found the purchase within 5 s")
+            #expect(state == "verified", "the background sweep found the purchase within 30 s")
         }
     }
 
