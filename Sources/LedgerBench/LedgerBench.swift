@@ -49,14 +49,12 @@ struct BenchOptions: ParsableArguments {
         return try LedgerConfiguration.load(values)
     }
 
-    /// Opens the database, hands `body` a bench database made afresh on it (migrated unless told
-    /// not to), and drops that database once `body` is done.
-    func withBenchDatabase<Result>(
-        migrate: Bool = true, _ body: (_ bench: PostgresClient.Configuration) async throws -> Result
-    ) async throws -> Result {
+    /// Opens the database, hands `body` a bench database made afresh and migrated on it, and drops
+    /// that database once `body` is done.
+    func withBenchDatabase<Result>(_ body: (_ bench: PostgresClient.Configuration) async throws -> Result) async throws -> Result {
         let opened = try await OpenedDatabase.open(try load().database, logger: benchLogger)
         defer { try? opened.close(logger: benchLogger) }
-        let bench = try await BenchAppend.prepareDatabase(opened.clientConfiguration, migrate: migrate, logger: benchLogger)
+        let bench = try await BenchAppend.prepareDatabase(opened.clientConfiguration, logger: benchLogger)
         let result = try await body(bench)
         try await BenchAppend().dropDatabase(opened.clientConfiguration, logger: benchLogger)
         return result

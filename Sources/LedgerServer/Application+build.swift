@@ -103,20 +103,14 @@ public func buildApplication(
         })
     }
     if let appStoreServerAPI {
-        for service in appleServices(api: appStoreServerAPI, verifier: verifier, receipts: receipts, configuration: configuration,
-                                     metrics: metrics, logger: logger) {
+        for service in appleServices(api: appStoreServerAPI, verifier: verifier, receipts: receipts, configuration: configuration, logger: logger) {
             application.addServices(service)
         }
     } else if configuration.appleCalls.any {
         logger.warning("LEDGER_APPLE_CONSUMPTION_CONSENT, LEDGER_APPLE_FINISH_AFTER_DELIVERY and LEDGER_APPLE_SET_TOKEN_AFTER_PAIRING need the App Store Server API key: no calls to Apple are made")
     }
-    if (appStoreServerAPI == nil || !configuration.appleCalls.any), configuration.appleCallsInterval > 0 {
-        // No calls to make: the feed still moves past what it reads, so that a switch turned on
-        // later applies from then on, not to every event since.
-        let queue = AppleCallQueue(orders: receipts.orders)
-        application.addServices(PeriodicService(name: "calls to Apple", interval: .seconds(configuration.appleCallsInterval), logger: logger) {
-            _ = try await queue.catchUp(.init())
-        })
+    if let calls = appleCallsService(api: appStoreServerAPI, receipts: receipts, configuration: configuration, metrics: metrics, logger: logger) {
+        application.addServices(calls)
     }
     if migrate {
         application.beforeServerStarts {
@@ -126,22 +120,36 @@ public func buildApplication(
     return application
 }
 
-/// The background work that asks Apple besides the sweeps: the calls events call for, the
-/// notification backfill at start, and the refund catch-up.
+/// The calls to Apple that events call for, made every `appleCallsInterval` seconds. With no
+/// switch on, or no key, none is made, but the feed still moves past what it reads, so that a
+/// switch turned on later applies from then on, not to every event since.
+func appleCallsService(
+    api: LazyAppStoreServerAPI?, receipts: ReceiptLedger, configuration: LedgerConfiguration, metrics: LedgerMetrics, logger: Logger
+) -> (any Service)? {
+    guard configuration.appleCallsInterval > 0 else { return nil }
+    let interval = Duration.seconds(configuration.appleCallsInterval)
+    guard let api, configuration.appleCalls.any else {
+        let queue = AppleCallQueue(orders: receipts.orders)
+        return PeriodicService(name: "calls to Apple", interval: interval, logger: logger) {
+            _ = try await queue.catchUp(.init())
+        }
+    }
+    let calls = configuration.appleCalls(api: api, receipts: receipts)
+    return PeriodicService(name: "calls to Apple", interval: interval, logger: logger) {
+        let summary = try await calls.run()
+        for (call, count) in summary.calls { metrics.appleCalled(call, times: count) }
+        let pending = try await calls.queue.pendingConsumption()
+        metrics.consumptionPending(count: pending.count, secondsLeft: pending.secondsLeft)
+    }
+}
+
+/// The background work that asks Apple besides the sweeps and the calls: the notification
+/// backfill at start, and the refund catch-up.
 func appleServices(
     api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, receipts: ReceiptLedger, configuration: LedgerConfiguration,
-    metrics: LedgerMetrics, logger: Logger
+    logger: Logger
 ) -> [any Service] {
     var services: [any Service] = []
-    if configuration.appleCalls.any, configuration.appleCallsInterval > 0 {
-        let calls = configuration.appleCalls(api: api, receipts: receipts)
-        services.append(PeriodicService(name: "calls to Apple", interval: .seconds(configuration.appleCallsInterval), logger: logger) {
-            let summary = try await calls.run()
-            for (call, count) in summary.calls { metrics.appleCalled(call, times: count) }
-            let pending = try await calls.queue.pendingConsumption()
-            metrics.consumptionPending(count: pending.count, secondsLeft: pending.secondsLeft)
-        })
-    }
     if configuration.backfillNotificationsAtStart {
         let backfill = NotificationBackfill(api: api, verifier: verifier, notifications: NotificationLedger(receipts: receipts))
         services.append(PeriodicService(name: "notification backfill", interval: .seconds(60), logger: logger, firstWait: .seconds(1), repeats: false) {

@@ -116,9 +116,7 @@ public struct NotificationBackfill: Sendable {
                 UPDATE apple_notification_backfill
                    SET start_date = \(request.start), end_date = \(request.end), pagination_token = \(request.token),
                        claimed_until = now() + make_interval(secs => \(Self.lease)),
-                       finished_at = CASE WHEN \(fresh) THEN NULL ELSE finished_at END,
-                       applied = CASE WHEN \(fresh) THEN 0 ELSE applied END,
-                       repeated = CASE WHEN \(fresh) THEN 0 ELSE repeated END
+                       finished_at = CASE WHEN \(fresh) THEN NULL ELSE finished_at END
                 """, logger: logger)
             return request
         }
@@ -132,8 +130,6 @@ public struct NotificationBackfill: Sendable {
         for _ in 0..<maximumPages {
             let page = try await client.notificationHistory(startDate: request.start, endDate: request.end, paginationToken: token)
             summary.pages += 1
-            var applied = 0
-            var repeated = 0
             for item in page.notificationHistory {
                 summary.notifications += 1
                 let notification: VerifiedNotification
@@ -146,10 +142,8 @@ public struct NotificationBackfill: Sendable {
                         "error": "\(error.code)", "error.message": "\(error.message)"])
                     continue
                 }
-                if try await notifications.apply(notification, metadata: metadata).appended { applied += 1 } else { repeated += 1 }
+                if try await notifications.apply(notification, metadata: metadata).appended { summary.applied += 1 } else { summary.repeated += 1 }
             }
-            summary.applied += applied
-            summary.repeated += repeated
             progress?(summary.notifications)
             let done = !page.hasMore || page.paginationToken == nil
             token = page.paginationToken
@@ -158,7 +152,6 @@ public struct NotificationBackfill: Sendable {
                 UPDATE apple_notification_backfill
                    SET pagination_token = CASE WHEN \(done) THEN NULL ELSE \(token) END,
                        finished_at = CASE WHEN \(done) THEN now() END,
-                       applied = applied + \(applied), repeated = repeated + \(repeated),
                        claimed_until = now() + make_interval(secs => \(Self.lease))
                 """)
             if done {

@@ -140,7 +140,6 @@ public struct RefundCatchUp: Sendable {
         for _ in 0..<maximumPages {
             let page = try await client.refundHistory(account.transactionId, revision: revision)
             summary.pages += 1
-            var applied = 0
             var held = false
             var refunds: [(transaction: AppleTransaction, revoked: Date, reason: Int?)] = []
             for jws in page.signedTransactions {
@@ -168,17 +167,16 @@ public struct RefundCatchUp: Sendable {
                 let result = try await notifications.apply(
                     .init(record: record, transaction: transaction, revocationDate: revoked, revocationReason: reason), metadata: metadata)
                 if result.appended {
-                    applied += 1
+                    summary.applied += 1
                 } else {
                     summary.known += 1
                 }
             }
-            summary.applied += applied
             // A page with an entry that did not verify is read again next time.
             _ = try await database.query(
                 """
                 UPDATE apple_refund_cursors
-                   SET revision = CASE WHEN \(held) THEN revision ELSE \(page.revision) END, checked_at = now(), found = found + \(applied),
+                   SET revision = CASE WHEN \(held) THEN revision ELSE \(page.revision) END, checked_at = now(),
                        claimed_until = now() + make_interval(secs => \(Self.lease))
                  WHERE account_id = \(account.key)
                 """)

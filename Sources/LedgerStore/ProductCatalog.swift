@@ -58,11 +58,6 @@ public struct ProductCatalog: Sendable {
         return try await Self.decode(rows)
     }
 
-    /// One product's entry, or nil.
-    public func product(_ id: ProductID) async throws -> Product? {
-        try await Self.decode(database.query("SELECT \(unescaped: Self.columns) FROM products WHERE product_id = \(id.rawValue)")).first
-    }
-
     static let columns = "product_id, status, price::text, currency, sample_content_provided, refund_preference, updated_at"
 
     static func decode(_ rows: some AsyncSequence<PostgresRow, any Error>) async throws -> [Product] {

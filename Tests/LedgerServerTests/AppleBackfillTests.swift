@@ -171,4 +171,32 @@ struct AppleBackfillTests {
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
         }
     }
+
+    @Test("the refund catch-up keeps a refunded purchase the ledger never saw from being granted later (promise 8)")
+    func refundOfUnknownTransaction() async throws {
+        try await withBackfillApplication { http, db, base in
+            let configuration = trusting(apple)
+            let catchUp = configuration.refundCatchUp(
+                api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
+                verifier: try configuration.apple.verifier(logger: TestServer.logger), receipts: receiptLedger(db))
+            // The account is due for its granted purchase; its refund history holds another one no client sent.
+            var granted = TestApple.transaction("8800001")
+            granted.appTransactionId = "acct-u"
+            try await order(http, "u-1", granted)
+            var unseen = TestApple.transaction("8800002")
+            unseen.appTransactionId = "acct-u"
+            await standIn.setRefunds("8800001", [.init(revision: "u1", hasMore: false, signedTransactions: [try await apple.sign(refunded(unseen))])])
+
+            let summary = try await catchUp.run()
+            #expect(summary.applied == 1 && summary.failed == 0, "\(summary)")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM events WHERE stream_id = 'transaction-8800002' AND type = 'notification-received'", as: Int.self) == 1)
+            #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions WHERE transaction_id = '8800002'", as: Int.self) == 0,
+                    "a refunded purchase is not offered to the reconciler")
+            // A client that sends it later gets it refused, and its order is not granted.
+            try await http.send(.post, "/v1/orders", json: newOrder("u-late"))
+            let (_, receipt) = try await http.send(.post, "/v1/receipts", json: ["orderId": "u-late", "signedTransaction": try await apple.sign(unseen)])
+            #expect(receipt["outcome"] as? String == "rejected" && receipt["reason"] as? String == "transaction-refunded", "\(receipt)")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
+        }
+    }
 }

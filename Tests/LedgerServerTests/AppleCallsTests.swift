@@ -160,6 +160,8 @@ struct AppleCallsTests {
             #expect((answer["notificationUUID"] as? String)?.lowercased() == uuids["8200001"]!.uuidString.lowercased())
             #expect(order["state"] as? String == "delivered", "an answer changes no state")
             #expect(try await scalar(db, "SELECT count(*)::int FROM events WHERE stream_id = 'transaction-8200004' AND type = 'consumption-answer'", as: Int.self) == 1)
+            #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions WHERE transaction_id = '8200004'", as: Int.self) == 1,
+                    "an answer leaves a pooled transaction in the pool (promise 8)")
 
             // Nothing is sent twice: another pass, and the same request again, call for nothing.
             _ = try await notify(http, try await apple.notification(

@@ -44,9 +44,7 @@ CREATE TABLE apple_notification_backfill (
     end_date         timestamptz,
     pagination_token text,
     finished_at      timestamptz,
-    claimed_until    timestamptz,
-    applied          integer     NOT NULL DEFAULT 0,
-    repeated         integer     NOT NULL DEFAULT 0
+    claimed_until    timestamptz
 );
 INSERT INTO apple_notification_backfill DEFAULT VALUES;
 -- The last notification recorded: where the next backfill starts.
@@ -57,8 +55,7 @@ CREATE TABLE apple_refund_cursors (
     account_id    text        PRIMARY KEY,
     revision      text,
     checked_at    timestamptz,
-    claimed_until timestamptz,
-    found         integer     NOT NULL DEFAULT 0
+    claimed_until timestamptz
 );
 
 -- For support and alerts: the calls still to make, and how they have gone so far.
