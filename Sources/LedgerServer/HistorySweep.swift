@@ -298,9 +298,7 @@ public struct HistorySweep: Sendable {
         let code = Self.failureCode(error)
         summary.failed = 1
         summary.failures[code, default: 0] += 1
-        if ["apple-api-unauthorized", "apple-api-rate-limited", "apple-api-key-invalid", "cancelled", "verification-unavailable"].contains(code) {
-            summary.stoppedBy = code
-        }
+        if Self.endsRun(code) { summary.stoppedBy = code }
         let level: Logger.Level = code == "internal-error" ? .error : .warning
         logger.log(level: level, "the history of an Apple account could not be read", metadata: [
             "apple.account": "\(account.id)", "user.id": "\(account.user)", "error": "\(code)", "error.message": "\(String(describing: error))"])
@@ -309,6 +307,13 @@ public struct HistorySweep: Sendable {
 }
 
 extension HistorySweep {
+    /// Whether a failure with this code would fail every account after it too (the key refused,
+    /// Apple's rate limit beyond what the client waits, no roots to verify with, cancelled): a
+    /// run that reads account after account stops there instead of asking Apple again.
+    static func endsRun(_ code: String) -> Bool {
+        ["apple-api-unauthorized", "apple-api-rate-limited", "apple-api-key-invalid", "cancelled", "verification-unavailable"].contains(code)
+    }
+
     /// Why work that asks Apple failed, as a stable code: the App Store Server API's,
     /// verification's, `cancelled`, or `internal-error`.
     static func failureCode(_ error: any Error) -> String {

@@ -63,7 +63,7 @@ public struct RefundCatchUp: Sendable {
             try Task.checkCancellation()
             await catchUp(account, metadata: metadata, into: &summary)
             progress?(done + 1, accounts.count)
-            if summary.failures["apple-api-unauthorized"] != nil || summary.failures["verification-unavailable"] != nil { break }
+            if summary.failures.keys.contains(where: HistorySweep.endsRun) { break }
         }
         if summary.applied > 0 || summary.failed > 0 {
             logger.info("refund catch-up", metadata: [

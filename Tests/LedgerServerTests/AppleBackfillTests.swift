@@ -199,4 +199,27 @@ struct AppleBackfillTests {
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
         }
     }
+
+    @Test("the refund catch-up stops where the history sweep does: Apple's rate limit beyond the client's wait is not asked again per account")
+    func refundCatchUpStopsOnRateLimit() async throws {
+        try await withBackfillApplication { http, db, base in
+            let configuration = trusting(apple)
+            let catchUp = configuration.refundCatchUp(
+                api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
+                verifier: try configuration.apple.verifier(logger: TestServer.logger), receipts: receiptLedger(db))
+            for (order, id) in [("l-1", "8900001"), ("l-2", "8900002"), ("l-3", "8900003")] {
+                var purchase = TestApple.transaction(id)
+                purchase.appTransactionId = "acct-\(order)"
+                try await self.order(http, order, purchase)
+                await standIn.setRefunds(id, [.init(revision: "r-\(id)", hasMore: false, signedTransactions: [])])
+            }
+            await standIn.queue([.tooManyRequests(after: .seconds(600))])
+            let before = await standIn.requests
+            let limited = try await catchUp.run()
+            #expect(limited.failures == ["apple-api-rate-limited": 1] && limited.accounts == 0, "\(limited)")
+            #expect(await standIn.requests == before + 1, "one request, not one per account")
+            let after = try await catchUp.run()
+            #expect(after.accounts == 3 && after.failed == 0, "the next pass reads them all: \(after)")
+        }
+    }
 }
