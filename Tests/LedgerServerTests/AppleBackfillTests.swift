@@ -23,6 +23,13 @@ struct AppleBackfillTests {
         }, test)
     }
 
+    func refundCatchUp(_ base: String, _ db: TestDatabase) throws -> RefundCatchUp {
+        let configuration = trusting(apple)
+        return configuration.refundCatchUp(
+            api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
+            verifier: try configuration.apple.verifier(logger: TestServer.logger), receipts: receiptLedger(db))
+    }
+
     func backfill(_ base: String, _ db: TestDatabase) throws -> NotificationBackfill {
         NotificationBackfill(
             api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
@@ -116,10 +123,7 @@ struct AppleBackfillTests {
     func refundCatchUp() async throws {
         let forged = try ThrowawaySigningChain(name: "Not Apple")
         try await withBackfillApplication { http, db, base in
-            let configuration = trusting(apple)
-            let catchUp = configuration.refundCatchUp(
-                api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
-                verifier: try configuration.apple.verifier(logger: TestServer.logger), receipts: receiptLedger(db))
+            let catchUp = try refundCatchUp(base, db)
 
             // Account a: a refund the ledger never heard of. Account b: a refund that came by
             // notification, and another purchase still granted (so the account is due).
@@ -175,10 +179,7 @@ struct AppleBackfillTests {
     @Test("the refund catch-up keeps a refunded purchase the ledger never saw from being granted later (promise 8)")
     func refundOfUnknownTransaction() async throws {
         try await withBackfillApplication { http, db, base in
-            let configuration = trusting(apple)
-            let catchUp = configuration.refundCatchUp(
-                api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
-                verifier: try configuration.apple.verifier(logger: TestServer.logger), receipts: receiptLedger(db))
+            let catchUp = try refundCatchUp(base, db)
             // The account is due for its granted purchase; its refund history holds another one no client sent.
             var granted = TestApple.transaction("8800001")
             granted.appTransactionId = "acct-u"
@@ -203,10 +204,7 @@ struct AppleBackfillTests {
     @Test("the refund catch-up stops where the history sweep does: Apple's rate limit beyond the client's wait is not asked again per account")
     func refundCatchUpStopsOnRateLimit() async throws {
         try await withBackfillApplication { http, db, base in
-            let configuration = trusting(apple)
-            let catchUp = configuration.refundCatchUp(
-                api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
-                verifier: try configuration.apple.verifier(logger: TestServer.logger), receipts: receiptLedger(db))
+            let catchUp = try refundCatchUp(base, db)
             for (order, id) in [("l-1", "8900001"), ("l-2", "8900002"), ("l-3", "8900003")] {
                 var purchase = TestApple.transaction(id)
                 purchase.appTransactionId = "acct-\(order)"
