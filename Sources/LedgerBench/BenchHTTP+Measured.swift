@@ -21,21 +21,23 @@ extension BenchHTTP {
         }
     }
 
-    /// One level's rounds: the HTTP workload, and both baselines with the machine's CPU while they ran.
+    /// One level's rounds: the HTTP workload, both baselines with the machine's CPU while they
+    /// ran, and the write path alone.
     struct Level {
-        private var rounds: [(events: Measured, byHand: PgbenchBaseline.Measurement, bare: PgbenchBaseline.Measurement)] = []
+        private var rounds: [(events: Measured, byHand: PgbenchBaseline.Measurement, bare: PgbenchBaseline.Measurement, alone: WritePath)] = []
         var floor: Measured?
 
-        mutating func add(_ events: Measured, byHand: PgbenchBaseline.Measurement, bare: PgbenchBaseline.Measurement) {
-            rounds.append((events, byHand, bare))
+        mutating func add(_ events: Measured, byHand: PgbenchBaseline.Measurement, bare: PgbenchBaseline.Measurement, alone: WritePath) {
+            rounds.append((events, byHand, bare, alone))
         }
 
         /// Each round's ratio against the work done by hand.
         var byHandRatios: [Double] { rounds.map { $0.events.latencies.ratio(to: $0.byHand.summary) } }
 
         /// All rounds as one measurement each side: counts, seconds and CPU added, latencies pooled.
-        func merged() -> (events: Measured, byHand: PgbenchBaseline.Measurement, bare: PgbenchBaseline.Measurement) {
+        func merged() -> (events: Measured, byHand: PgbenchBaseline.Measurement, bare: PgbenchBaseline.Measurement, alone: WritePath) {
             let events = rounds.map(\.events)
+            let alone = rounds.map(\.alone)
             func merge(_ baselines: [PgbenchBaseline.Measurement]) -> PgbenchBaseline.Measurement {
                 (LatencySummary(combining: baselines.map(\.summary)), baselines.map(\.machine).reduce(MachineCPU(), +))
             }
@@ -44,7 +46,11 @@ extension BenchHTTP {
                     latencies: LatencySummary(combining: events.map(\.latencies)), failures: events.reduce(0) { $0 + $1.failures },
                     serverSeconds: events.reduce(0) { $0 + $1.serverSeconds }, postgresSeconds: events.reduce(0) { $0 + $1.postgresSeconds },
                     machine: events.map(\.machine).reduce(MachineCPU(), +)),
-                merge(rounds.map(\.byHand)), merge(rounds.map(\.bare)))
+                merge(rounds.map(\.byHand)), merge(rounds.map(\.bare)),
+                WritePath(
+                    operations: alone.reduce(0) { $0 + $1.operations }, seconds: alone.reduce(0) { $0 + $1.seconds },
+                    machine: alone.map(\.machine).reduce(MachineCPU(), +), postgresSeconds: alone.reduce(0) { $0 + $1.postgresSeconds },
+                    perGroup: alone.reduce(0) { $0 + $1.perGroup } / Double(max(1, alone.count))))
         }
     }
 }

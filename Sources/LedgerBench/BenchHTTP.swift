@@ -14,10 +14,11 @@ import PostgresNIO
 /// two pgbench baselines at the same concurrency: the same durable work as an order event done by
 /// hand, one transaction per event (`order-event`: lock the order's row, insert the event into the
 /// ledger's log, update the row), and a bare single-row INSERT (`insert`, the floor of any durable
-/// write); then the same server's floor (GET /healthz from the same client), the most any route
-/// could reach; prints the server's peak RSS.
+/// write), and the same orders through the write path alone, in this process (no HTTP); then the
+/// same server's floor (GET /healthz from the same client), the most any route could reach;
+/// prints the server's peak RSS.
 ///
-/// The three take turns, in rounds, at each level, a different one first in each round: this
+/// The four take turns, in rounds, at each level, a different one first in each round: this
 /// machine's speed swings by a third or more over minutes, and measured in turns all three see
 /// the same phases. A ratio is the whole HTTP count over the whole baseline count, and each
 /// round's own ratio is printed beside it.
@@ -64,15 +65,16 @@ struct BenchHTTP: AsyncParsableCommand {
                 for number in 0..<rounds {
                     // Who goes first turns, so that a steady drift of the machine's speed favours
                     // none. The server stays up, idle, while pgbench runs.
-                    var events: Measured?, byHand: PgbenchBaseline.Measurement?, bare: PgbenchBaseline.Measurement?
-                    for side in (0..<3).map({ ($0 + number) % 3 }) {
+                    var events: Measured?, byHand: PgbenchBaseline.Measurement?, bare: PgbenchBaseline.Measurement?, alone: WritePath?
+                    for side in (0..<4).map({ ($0 + number) % 4 }) {
                         switch side {
                         case 0: events = try await drive(base: base, key: key, concurrency: level, seconds: round, floor: false, server: child)
                         case 1: byHand = try orderEvent.measure(concurrency: level, seconds: round)
-                        default: bare = try insert.measure(concurrency: level, seconds: round)
+                        case 2: bare = try insert.measure(concurrency: level, seconds: round)
+                        default: alone = try await writePath(benchConfiguration, concurrency: level, seconds: round)
                         }
                     }
-                    measured.add(events!, byHand: byHand!, bare: bare!)
+                    measured.add(events!, byHand: byHand!, bare: bare!, alone: alone!)
                 }
                 measured.floor = try await drive(base: base, key: key, concurrency: level, seconds: round, floor: true, server: child)
                 results.append(measured)
@@ -113,6 +115,18 @@ struct BenchHTTP: AsyncParsableCommand {
             printTableRow(["\(level)", format(event), format(total.events.machine.idlePercent), format(byHand), format(total.byHand.machine.idlePercent),
                            format(row), format(total.bare.machine.idlePercent),
                            result.floor.map { format($0.machine.microseconds(per: $0.latencies.operations)) } ?? "-"])
+        }
+        print("")
+        print("The write path alone: the same orders appended through `OrderLedger` in the benchmark's process, with no HTTP, JSON, key or route (callers on the global executor, the writer on the connections' loop, as `ledger serve` runs them), taking turns with the others; \"CPU ceiling\": the most an HTTP event could reach against by hand, on the machine's CPU, if it cost only the write path and the floor (by hand µs/transaction over write path µs/event plus floor µs/request)")
+        printTableHeader(["clients", "events/s", "ratio to by hand", "writes per group", "busy CPU µs/event", "idle %", "PostgreSQL CPU µs/event", "CPU ceiling"])
+        for (level, (result, total)) in zip(levels, zip(results, merged)) {
+            let alone = total.alone
+            let byHand = total.byHand.machine.microseconds(per: total.byHand.summary.operations)
+            let event = alone.machine.microseconds(per: alone.operations)
+            let floor = result.floor.map { $0.machine.microseconds(per: $0.latencies.operations) } ?? .nan
+            printTableRow(["\(level)", format(alone.perSecond), format(total.byHand.summary.perSecond > 0 ? alone.perSecond / total.byHand.summary.perSecond : .nan, decimals: 2),
+                           format(alone.perGroup, decimals: 1), format(event), format(alone.machine.idlePercent), format(alone.postgresMicroseconds),
+                           format(byHand / (event + floor), decimals: 2)])
         }
         print("")
         print("Server peak RSS over the whole run: \(format(Double(peakRSS) / 1024, decimals: 1)) MB")
@@ -160,13 +174,8 @@ struct BenchHTTP: AsyncParsableCommand {
             let id = "\(prefix)-\(worker)-\(n)"
             let now = EventCoding.formatDate(Date())
             let requests: [(String, String)] = [
-                ("/v1/orders", #"{"orderId":"\#(id)","userId":"u-\#(worker)","productId":"gems.100","price":"0.99","currency":"USD"}"#),
-                ("/v1/orders/\(id)/events", #"{"type":"payment-added","data":{"queuedAt":"\#(now)"}}"#),
-                ("/v1/orders/\(id)/events", #"{"type":"receipt-received","data":{"transactionId":"t-\#(id)","productId":"gems.100","purchaseDate":"\#(now)","receiptSha256":"\#(String(repeating: "ab", count: 32))","format":"jws","matchedBy":"applicationUsername"}}"#),
-                ("/v1/orders/\(id)/events", #"{"type":"verified","data":{"environment":"Sandbox"}}"#),
-                ("/v1/orders/\(id)/events", #"{"type":"delivered","data":{}}"#),
-                ("/v1/orders/\(id)/events", #"{"type":"finished","data":{}}"#),
-            ]
+                ("/v1/orders", #"{"orderId":"\#(id)","userId":"u-\#(worker)","productId":"gems.100","price":"0.99","currency":"USD"}"#)
+            ] + Self.orderEvents(transaction: "t-\(id)", at: now).map { ("/v1/orders/\(id)/events", #"{"type":"\#($0.type)","data":\#($0.data)}"#) }
             return requests.map { HTTPLoad.Request(method: "POST", path: $0.0, host: host, headers: headers, body: $0.1) }
         }
     }
