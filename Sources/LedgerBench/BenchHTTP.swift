@@ -19,7 +19,7 @@ import PostgresNIO
 /// prints the server's peak RSS.
 ///
 /// The four take turns, in rounds, at each level, a different one first in each round: this
-/// machine's speed swings by a third or more over minutes, and measured in turns all three see
+/// machine's speed swings by a third or more over minutes, and measured in turns all four see
 /// the same phases. A ratio is the whole HTTP count over the whole baseline count, and each
 /// round's own ratio is printed beside it.
 struct BenchHTTP: AsyncParsableCommand {
@@ -64,7 +64,7 @@ struct BenchHTTP: AsyncParsableCommand {
                 var measured = Level()
                 for number in 0..<rounds {
                     // Who goes first turns, so that a steady drift of the machine's speed favours
-                    // none. The server stays up, idle, while pgbench runs.
+                    // none. The server stays up, idle, while the others run.
                     var events: Measured?, byHand: PgbenchBaseline.Measurement?, bare: PgbenchBaseline.Measurement?, alone: WritePath?
                     for side in (0..<4).map({ ($0 + number) % 4 }) {
                         switch side {
