@@ -64,33 +64,22 @@ struct BenchAppend: AsyncParsableCommand {
         configuration.options.maximumConnections = concurrency
         configuration.options.minimumConnections = concurrency
         let seconds = self.seconds
-        // As `ledger serve` runs: the connections on one event loop, the callers and the
-        // group-commit writer on it too.
-        let loop = MultiThreadedEventLoopGroup(numberOfThreads: 1)
-        let executor = EventLoopTaskExecutor(loop.next())
-        let measured: Result<(LatencySummary, Double), any Error>
-        do {
-            measured = .success(try await withPostgresClient(configuration, eventLoopGroup: loop, logger: logger) { client in
-                try await withTaskExecutorPreference(executor) {
-                    let writer = LedgerWriter(database: Database(client: client, logger: logger, writerExecutor: executor))
-                    let run = UUID().uuidString.prefix(8)
-                    // Warm up the pool and the server's caches, unmeasured.
-                    _ = try await appendLoop(writer, workers: concurrency, for: .seconds(1), prefix: "warm-\(run)")
-                    let before = writer.groupCommitStatistics
-                    let start = ContinuousClock.now
-                    let latencies = try await appendLoop(writer, workers: concurrency, for: .seconds(seconds), prefix: "bench-\(run)")
-                    let elapsedSeconds = (ContinuousClock.now - start).inSeconds
-                    let after = writer.groupCommitStatistics
-                    let perTransaction = Double(after.writes - before.writes) / Double(max(1, after.groups - before.groups))
-                    return (LatencySummary(operations: latencies.count, seconds: elapsedSeconds, latencies: latencies), perTransaction)
-                }
-            })
-        } catch {
-            measured = .failure(error)
+        // The callers on the connections' loop too, where the writer runs.
+        return try await withWriterLoop(configuration, logger: logger) { database, executor in
+            try await withTaskExecutorPreference(executor) {
+                let writer = LedgerWriter(database: database)
+                let run = UUID().uuidString.prefix(8)
+                // Warm up the pool and the server's caches, unmeasured.
+                _ = try await appendLoop(writer, workers: concurrency, for: .seconds(1), prefix: "warm-\(run)")
+                let before = writer.groupCommitStatistics
+                let start = ContinuousClock.now
+                let latencies = try await appendLoop(writer, workers: concurrency, for: .seconds(seconds), prefix: "bench-\(run)")
+                let elapsedSeconds = (ContinuousClock.now - start).inSeconds
+                let after = writer.groupCommitStatistics
+                let perTransaction = Double(after.writes - before.writes) / Double(max(1, after.groups - before.groups))
+                return (LatencySummary(operations: latencies.count, seconds: elapsedSeconds, latencies: latencies), perTransaction)
+            }
         }
-        // After the client: its connections live on this loop.
-        try? await loop.shutdownGracefully()
-        return try measured.get()
     }
 
     /// Each worker appends one-event streams until the time is up; returns every latency in ms.
@@ -158,4 +147,24 @@ struct LoadEventIDs {
         }
         return EventID(UUID(uuid: uuid))
     }
+}
+
+/// Runs `body` on the database as `ledger serve` sets it up: the connections on an event loop of
+/// their own, the group-commit writer on that loop too (`executor`); the loop ends after the client.
+func withWriterLoop<Result: Sendable>(
+    _ configuration: PostgresClient.Configuration, logger: Logger,
+    _ body: @Sendable (_ database: Database, _ executor: EventLoopTaskExecutor) async throws -> Result
+) async throws -> Result {
+    let loop = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+    let executor = EventLoopTaskExecutor(loop.next())
+    let outcome: Swift.Result<Result, any Error>
+    do {
+        outcome = .success(try await withPostgresClient(configuration, eventLoopGroup: loop, logger: logger) { client in
+            try await body(Database(client: client, logger: logger, writerExecutor: executor), executor)
+        })
+    } catch {
+        outcome = .failure(error)
+    }
+    try? await loop.shutdownGracefully()
+    return try outcome.get()
 }

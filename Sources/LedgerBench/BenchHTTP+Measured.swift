@@ -36,21 +36,25 @@ extension BenchHTTP {
 
         /// All rounds as one measurement each side: counts, seconds and CPU added, latencies pooled.
         func merged() -> (events: Measured, byHand: PgbenchBaseline.Measurement, bare: PgbenchBaseline.Measurement, alone: WritePath) {
-            let events = rounds.map(\.events)
-            let alone = rounds.map(\.alone)
             func merge(_ baselines: [PgbenchBaseline.Measurement]) -> PgbenchBaseline.Measurement {
                 (LatencySummary(combining: baselines.map(\.summary)), baselines.map(\.machine).reduce(MachineCPU(), +))
             }
+            let alone = rounds.map(\.alone)
             return (
-                Measured(
-                    latencies: LatencySummary(combining: events.map(\.latencies)), failures: events.reduce(0) { $0 + $1.failures },
-                    serverSeconds: events.reduce(0) { $0 + $1.serverSeconds }, postgresSeconds: events.reduce(0) { $0 + $1.postgresSeconds },
-                    machine: events.map(\.machine).reduce(MachineCPU(), +)),
-                merge(rounds.map(\.byHand)), merge(rounds.map(\.bare)),
+                Measured(combining: rounds.map(\.events)), merge(rounds.map(\.byHand)), merge(rounds.map(\.bare)),
                 WritePath(
-                    operations: alone.reduce(0) { $0 + $1.operations }, seconds: alone.reduce(0) { $0 + $1.seconds },
-                    machine: alone.map(\.machine).reduce(MachineCPU(), +), postgresSeconds: alone.reduce(0) { $0 + $1.postgresSeconds },
-                    perGroup: alone.reduce(0) { $0 + $1.perGroup } / Double(max(1, alone.count))))
+                    measured: Measured(combining: alone.map(\.measured)), groups: alone.reduce(0) { $0 + $1.groups },
+                    writes: alone.reduce(0) { $0 + $1.writes }))
         }
+    }
+}
+
+extension BenchHTTP.Measured {
+    /// Several runs as one: counts, seconds and CPU added, latencies pooled.
+    init(combining parts: [Self]) {
+        self.init(
+            latencies: LatencySummary(combining: parts.map(\.latencies)), failures: parts.reduce(0) { $0 + $1.failures },
+            serverSeconds: parts.reduce(0) { $0 + $1.serverSeconds }, postgresSeconds: parts.reduce(0) { $0 + $1.postgresSeconds },
+            machine: parts.map(\.machine).reduce(MachineCPU(), +))
     }
 }

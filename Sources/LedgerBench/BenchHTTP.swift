@@ -120,12 +120,12 @@ struct BenchHTTP: AsyncParsableCommand {
         print("The write path alone: the same orders appended through `OrderLedger` in the benchmark's process, with no HTTP, JSON, key or route (callers on the global executor, the writer on the connections' loop, as `ledger serve` runs them), taking turns with the others; \"CPU ceiling\": the most an HTTP event could reach against by hand, on the machine's CPU, if it cost only the write path and the floor (by hand µs/transaction over write path µs/event plus floor µs/request)")
         printTableHeader(["clients", "events/s", "ratio to by hand", "writes per group", "busy CPU µs/event", "idle %", "PostgreSQL CPU µs/event", "CPU ceiling"])
         for (level, (result, total)) in zip(levels, zip(results, merged)) {
-            let alone = total.alone
+            let alone = total.alone.measured
             let byHand = total.byHand.machine.microseconds(per: total.byHand.summary.operations)
-            let event = alone.machine.microseconds(per: alone.operations)
+            let event = alone.machine.microseconds(per: alone.latencies.operations)
             let floor = result.floor.map { $0.machine.microseconds(per: $0.latencies.operations) } ?? .nan
-            printTableRow(["\(level)", format(alone.perSecond), format(total.byHand.summary.perSecond > 0 ? alone.perSecond / total.byHand.summary.perSecond : .nan, decimals: 2),
-                           format(alone.perGroup, decimals: 1), format(event), format(alone.machine.idlePercent), format(alone.postgresMicroseconds),
+            printTableRow(["\(level)", format(alone.latencies.perSecond), format(alone.latencies.ratio(to: total.byHand.summary), decimals: 2),
+                           format(total.alone.perGroup, decimals: 1), format(event), format(alone.machine.idlePercent), format(alone.postgresMicroseconds),
                            format(byHand / (event + floor), decimals: 2)])
         }
         print("")
@@ -172,10 +172,11 @@ struct BenchHTTP: AsyncParsableCommand {
         return try await HTTPLoad.run(on: loop, host: "127.0.0.1", port: port, connections: concurrency, until: deadline) { worker, n in
             if floor { return health }
             let id = "\(prefix)-\(worker)-\(n)"
-            let now = EventCoding.formatDate(Date())
             let requests: [(String, String)] = [
                 ("/v1/orders", #"{"orderId":"\#(id)","userId":"u-\#(worker)","productId":"gems.100","price":"0.99","currency":"USD"}"#)
-            ] + Self.orderEvents(transaction: "t-\(id)", at: now).map { ("/v1/orders/\(id)/events", #"{"type":"\#($0.type)","data":\#($0.data)}"#) }
+            ] + Self.orderEvents(transaction: TransactionID(unchecked: "t-\(id)"), at: Date()).map {
+                ("/v1/orders/\(id)/events", #"{"type":"\#($0.event.type.rawValue)","data":\#($0.data)}"#)
+            }
             return requests.map { HTTPLoad.Request(method: "POST", path: $0.0, host: host, headers: headers, body: $0.1) }
         }
     }
