@@ -36,16 +36,39 @@ let package = Package(
             exclude: ["README.md"],
             resources: [.embedInCode("migrations")]
         ),
-        /// PostgreSQL: the one write path, reads of the log and projections, migrations, the private cluster.
+        /// The JSON the ledger stores and answers: event bodies written and read, times in ISO 8601.
+        .target(name: "LedgerJSON", dependencies: ["LedgerCore"]),
+        /// PostgreSQL, and the only module with SQL text: the connection, the writer and the
+        /// append, the event store and feed, projections and their rebuild, migrations, leases,
+        /// and every query the rest of the ledger needs.
         .target(
             name: "LedgerStore",
             dependencies: [
-                "LedgerCore", "LedgerSchema",
+                "LedgerCore", "LedgerJSON", "LedgerSchema",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Crypto", package: "swift-crypto"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            ]
+        ),
+        /// The private PostgreSQL cluster `ledger serve`, the tests and the benchmarks start when
+        /// no database is configured.
+        .target(
+            name: "PrivatePostgres",
+            dependencies: [
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        /// The ledger's work with Apple and with the pool: intake of receipts and notifications,
+        /// the reconciler pass, support's actions, history sweeps, refund catch-up, notification
+        /// backfill, the calls to Apple. Neither HTTP nor SQL.
+        .target(
+            name: "LedgerServices",
+            dependencies: [
+                "LedgerCore", "LedgerJSON", "LedgerStore", "AppleReceipts",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
         /// Verification of Apple's proofs: signed transactions and notifications (JWS with an x5c
@@ -63,11 +86,11 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
-        /// The Hummingbird application: routes, configuration, service group.
+        /// HTTP only: routes, middleware, configuration and the application's assembly.
         .target(
             name: "LedgerServer",
             dependencies: [
-                "LedgerCore", "LedgerStore", "AppleReceipts",
+                "LedgerCore", "LedgerJSON", "LedgerStore", "LedgerServices", "PrivatePostgres", "AppleReceipts",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
@@ -82,7 +105,8 @@ let package = Package(
         .executableTarget(
             name: "ledger",
             dependencies: [
-                "LedgerCore", "LedgerStore", "LedgerServer", "AppleReceipts", "AppStoreStandIn",
+                "LedgerCore", "LedgerJSON", "LedgerStore", "LedgerServices", "LedgerServer", "PrivatePostgres", "AppleReceipts",
+                "AppStoreStandIn",
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -96,7 +120,8 @@ let package = Package(
         .executableTarget(
             name: "LedgerBench",
             dependencies: [
-                "LedgerCore", "LedgerStore", "LedgerServer", "AppleReceipts", "AppStoreStandIn",
+                "LedgerCore", "LedgerJSON", "LedgerStore", "LedgerServices", "LedgerServer", "PrivatePostgres", "AppleReceipts",
+                "AppStoreStandIn",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
@@ -121,7 +146,7 @@ let package = Package(
         .target(
             name: "LedgerTestSupport",
             dependencies: [
-                "LedgerCore", "LedgerStore", "AppleReceipts", "AppStoreStandIn",
+                "LedgerCore", "LedgerJSON", "LedgerStore", "LedgerServices", "PrivatePostgres", "AppleReceipts", "AppStoreStandIn",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "X509", package: "swift-certificates"),
@@ -134,6 +159,7 @@ let package = Package(
             path: "Tests/LedgerTestSupport"
         ),
         .testTarget(name: "LedgerCoreTests", dependencies: ["LedgerCore", "LedgerTestSupport"]),
+        .testTarget(name: "LedgerJSONTests", dependencies: ["LedgerJSON", "LedgerTestSupport"]),
         .testTarget(
             name: "AppleReceiptsTests",
             dependencies: ["AppleReceipts", "LedgerTestSupport", .product(name: "JWTKit", package: "jwt-kit")]
@@ -141,15 +167,26 @@ let package = Package(
         .testTarget(
             name: "LedgerStoreTests",
             dependencies: [
-                "LedgerStore", "LedgerTestSupport",
+                "LedgerStore", "LedgerJSON", "LedgerTestSupport",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ]
         ),
         .testTarget(
+            name: "LedgerServicesTests",
+            dependencies: [
+                "LedgerServices", "LedgerStore", "LedgerJSON", "LedgerTestSupport",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+            ]
+        ),
+        .testTarget(
+            name: "PrivatePostgresTests",
+            dependencies: ["PrivatePostgres", "LedgerTestSupport", .product(name: "PostgresNIO", package: "postgres-nio")]
+        ),
+        .testTarget(
             name: "LedgerServerTests",
             dependencies: [
-                "LedgerServer", "LedgerTestSupport",
+                "LedgerServer", "LedgerServices", "LedgerStore", "LedgerJSON", "LedgerTestSupport",
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
             ]
         ),
@@ -157,7 +194,7 @@ let package = Package(
         .testTarget(
             name: "FaultTests",
             dependencies: [
-                "LedgerStore", "LedgerTestSupport",
+                "LedgerStore", "LedgerServices", "LedgerServer", "PrivatePostgres", "LedgerTestSupport",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
             ]

@@ -17,6 +17,7 @@ public enum LedgerSchema {
         Migration(name: "005_apple_accounts.sql", sql: String(decoding: PackageResources._05_apple_accounts_sql, as: UTF8.self)),
         Migration(name: "006_sweep_leases.sql", sql: String(decoding: PackageResources._06_sweep_leases_sql, as: UTF8.self)),
         Migration(name: "007_apple_calls.sql", sql: String(decoding: PackageResources._07_apple_calls_sql, as: UTF8.self)),
+        Migration(name: "008_leases.sql", sql: String(decoding: PackageResources._08_leases_sql, as: UTF8.self)),
     ]
 
     /// The migrations of the schema before it was squashed into `001_baseline.sql`. Nothing made

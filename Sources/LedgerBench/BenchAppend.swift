@@ -6,6 +6,7 @@ import LedgerStore
 import Logging
 import NIOPosix
 import PostgresNIO
+import PrivatePostgres
 
 /// `ledger-bench append`: single-event streams appended through the ledger's writer (group
 /// commit, each acknowledged after COMMIT), next to pgbench's single-row INSERT of the same shape,

@@ -1,5 +1,6 @@
 import Foundation
 import LedgerCore
+import LedgerJSON
 import LedgerStore
 import PostgresNIO
 

@@ -8,6 +8,7 @@ import Logging
 import NIOCore
 import NIOPosix
 import PostgresNIO
+import PrivatePostgres
 
 /// `ledger-bench http`: order events appended over HTTP by concurrent keep-alive clients (each
 /// order created, then taken through its events) against a `ledger serve` child process, next to

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import LedgerCore
 import LedgerServer
+import LedgerServices
 import LedgerStore
 import Logging
 import PostgresNIO
@@ -33,8 +34,7 @@ struct BenchReconcile: AsyncParsableCommand {
                 let loadStart = ContinuousClock.now
                 try await Self.loadMix(orphans: orphans, orders: orders, on: database)
                 let loaded = ContinuousClock.now - loadStart
-                let receipts = ReceiptLedger(database: database)
-                let summary = try await ReconcilerPass(receipts: receipts, settings: .init(settle: 0)).run()
+                let summary = try await ServiceAssembly(database: database).reconcilerPass(settings: .init(settle: 0)).run()
                 return (summary, loaded.inSeconds)
             }
             results.append((orphans, orders, summary, load))

@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import Foundation
 import LedgerStore
 import PostgresNIO
+import PrivatePostgres
 
 /// A `ledger serve` child process (`server`: the ledger executable) on the benchmark database,
 /// for the HTTP benchmarks: started with the settings they add, driven through a keep-alive

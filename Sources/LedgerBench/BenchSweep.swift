@@ -1,9 +1,10 @@
-import AppStoreStandIn
 import AppleReceipts
+import AppStoreStandIn
 import ArgumentParser
 import Foundation
 import LedgerCore
 import LedgerServer
+import LedgerServices
 import LedgerStore
 import Logging
 import PostgresNIO
@@ -45,11 +46,11 @@ struct BenchSweep: AsyncParsableCommand {
 
             let rows = try await withPostgresClient(benchConfiguration, logger: logger) { client in
                 let database = Database(client: client, logger: logger)
-                let receipts = ReceiptLedger(database: database)
-                try await Self.prepare(accounts: accounts, transactions: transactions, chain: chain, standIn: standIn, receipts: receipts)
+                let services = ServiceAssembly(database: database)
+                try await Self.prepare(accounts: accounts, transactions: transactions, chain: chain, standIn: standIn, services: services)
                 return try await standIn.run { base in
                     let api = LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base, requestsPerSecond: rate, timeout: .seconds(30)), logger: logger)
-                    let sweep = ledgerSettings.historySweep(api: api, verifier: verifier, receipts: receipts)
+                    let sweep = ledgerSettings.historySweep(services, api: api, verifier: verifier)
                     let ids = (0..<accounts).map { "bench-account-\($0)" }
                     let fetched = try await Self.fetchOnly(ids, api: api, verifier: verifier, atOnce: sweep.accountsAtOnce)
                     let first = try await sweep.run()
@@ -71,9 +72,9 @@ struct BenchSweep: AsyncParsableCommand {
 
     /// One user, open order and linked account per account; its history at the stand-in.
     static func prepare(
-        accounts: Int, transactions: Int, chain: ThrowawaySigningChain, standIn: AppStoreServerStandIn, receipts: ReceiptLedger
+        accounts: Int, transactions: Int, chain: ThrowawaySigningChain, standIn: AppStoreServerStandIn, services: ServiceAssembly
     ) async throws {
-        let links = AppleAccountLinks(writer: receipts.orders.writer)
+        let links = services.accounts
         let metadata = Data(#"{"appendedBy":"bench"}"#.utf8)
         try await withThrowingTaskGroup(of: Void.self) { group in
             for worker in 0..<16 {
@@ -81,11 +82,11 @@ struct BenchSweep: AsyncParsableCommand {
                     for index in stride(from: worker, to: accounts, by: 16) {
                         let user = try UserID("sweep-user-\(index)")
                         let account = "bench-account-\(index)"
-                        let created = try await receipts.orders.create(
+                        let created = try await services.orders.create(
                             try OrderID("sweep-order-\(index)"), OrderCreated(userId: user, productId: try ProductID("gems.100")),
                             tokenGiven: false, metadata: metadata)
                         // Still open after the sweep: the account stays due for the second.
-                        _ = try await receipts.orders.create(
+                        _ = try await services.orders.create(
                             try OrderID("sweep-open-\(index)"), OrderCreated(userId: user, productId: try ProductID("gems.500")),
                             tokenGiven: false, metadata: metadata)
                         _ = try await links.link(

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import LedgerStore
 import PostgresNIO
+import PrivatePostgres
 
 /// A baseline measured with pgbench on the benchmark's database.
 struct PgbenchBaseline {

@@ -11,3 +11,14 @@ public struct StreamID: ValidatedIdentifier {
         self.rawValue = rawValue
     }
 }
+
+extension StreamID {
+    /// An order's stream (`order-<orderId>`).
+    public var isOrder: Bool { rawValue.hasPrefix("order-") }
+    /// An Apple transaction's stream (`transaction-<transactionId>`).
+    public var isTransaction: Bool { rawValue.hasPrefix("transaction-") }
+    /// The order whose stream this is.
+    public var orderID: OrderID? { isOrder ? OrderID(unchecked: String(rawValue.dropFirst("order-".count))) : nil }
+    /// The transaction whose stream this is.
+    public var transactionID: TransactionID? { isTransaction ? TransactionID(unchecked: String(rawValue.dropFirst("transaction-".count))) : nil }
+}

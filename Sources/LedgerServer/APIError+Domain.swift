@@ -1,16 +1,9 @@
 import Hummingbird
 import LedgerCore
+import LedgerServices
 import LedgerStore
-import PostgresNIO
 
 extension APIError {
-    /// SQLSTATEs that mean a value sent by the caller cannot be stored: \u0000 in JSON, malformed
-    /// text for a type, too long, out of range, a check constraint, an index row too large.
-    static let clientDataStates: [PostgresError.Code] = [
-        .untranslatableCharacter, .invalidTextRepresentation, .stringDataRightTruncationException, .numericValueOutOfRange,
-        .datetimeFieldOverflow, .checkViolation, .programLimitExceeded,
-    ]
-
     /// The API's answer for a domain error, or nil for errors that are not the caller's doing.
     static func from(_ error: any Error) -> APIError? {
         switch error {
@@ -52,12 +45,10 @@ extension APIError {
             default: .conflict
             }
             return APIError(status, code: error.code, message: error.description)
-        case let error as PSQLError:
-            // A value the checks above let through but PostgreSQL refuses: still the caller's input.
-            guard let state = error.sqlState, clientDataStates.contains(state) else { return nil }
-            return APIError(.badRequest, code: "invalid-input", message: "the database refused a value: \(error.serverInfo?[.message] ?? state.raw)")
         default:
-            return nil
+            // A value the checks above let through but PostgreSQL refuses: still the caller's input.
+            guard let refused = refusedValueMessage(error) else { return nil }
+            return APIError(.badRequest, code: "invalid-input", message: "the database refused a value: \(refused)")
         }
     }
 }

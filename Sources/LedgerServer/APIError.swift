@@ -1,5 +1,6 @@
 import Foundation
 import Hummingbird
+import LedgerJSON
 import LedgerStore
 
 /// An error answered as `{"error": {"code", "message", …}}` with a stable code.

@@ -2,6 +2,7 @@ import AppleReceipts
 import Foundation
 import Hummingbird
 import LedgerCore
+import LedgerServices
 import LedgerStore
 
 /// `POST /v1/users/{userId}/app-transaction` (append): the app, at login, sends the signed

@@ -1,6 +1,7 @@
 import AppleReceipts
 import Hummingbird
 import LedgerCore
+import LedgerServices
 import LedgerStore
 import Logging
 import PostgresNIO
@@ -14,42 +15,42 @@ public func buildRouter(
     let metrics = LedgerMetrics()
     let database = database.observingAppends(metrics.eventsAppended)
     return buildRouter(
-        receipts: ReceiptLedger(database: database), migrator: migrator, apple: apple,
+        services: ServiceAssembly(database: database), migrator: migrator, apple: apple,
         appStoreServerAPI: (try? configuration.apple.appStoreServerAPI()).flatMap { $0 }.map { LazyAppStoreServerAPI(settings: $0, logger: database.logger) },
         configuration: configuration, health: health, metrics: metrics)
 }
 
-/// The router. `receipts`: on the one writer every route and service of this server shares, so
-/// that their events share transactions, on a database whose appends `metrics` already counts;
-/// `appStoreServerAPI`: the one client of the API they share (nil: no key).
+/// The router. `services`: the one assembly every route and service of this server shares (one
+/// writer, so that their events share transactions), on a database whose appends `metrics`
+/// already counts; `appStoreServerAPI`: the one client of the API they share (nil: no key).
 func buildRouter(
-    receipts: ReceiptLedger, migrator: Migrator, apple: AppleProofVerifier, appStoreServerAPI: LazyAppStoreServerAPI?,
+    services: ServiceAssembly, migrator: Migrator, apple: AppleProofVerifier, appStoreServerAPI: LazyAppStoreServerAPI?,
     configuration: LedgerConfiguration, health: DatabaseHealth?, metrics: LedgerMetrics
 ) -> Router<LedgerRequestContext> {
-    let orders = receipts.orders
-    let database = orders.database
+    let database = services.database
     let router = Router(context: LedgerRequestContext.self)
     router.add(middleware: MetricsMiddleware(metrics: metrics))
     let routes = RouteTable()
     router.add(middleware: RequestIDMiddleware(routes: routes))
     if let health { router.add(middleware: DatabaseGateMiddleware(health: health)) }
-    router.add(middleware: AuthMiddleware(keys: APIKeyStore(database: database)))
+    router.add(middleware: AuthMiddleware(keys: services.keys))
     HealthController(database: database, migrator: migrator).addRoutes(to: router)
-    OrdersController(ledger: orders).addRoutes(to: router)
-    ReceiptsController(receipts: receipts, verifier: apple, metrics: metrics).addRoutes(to: router)
-    NotificationsController(notifications: NotificationLedger(receipts: receipts), verifier: apple, metrics: metrics).addRoutes(to: router)
-    ReconcileController(pass: configuration.reconcilerPass(receipts)).addRoutes(to: router)
-    ProductsController(catalog: ProductCatalog(database: database)).addRoutes(to: router)
+    OrdersController(ledger: services.orders, events: services.events).addRoutes(to: router)
+    ReceiptsController(receipts: services.receipts, orders: services.orders, pool: services.pool, verifier: apple, metrics: metrics)
+        .addRoutes(to: router)
+    NotificationsController(notifications: services.notifications, verifier: apple, metrics: metrics).addRoutes(to: router)
+    ReconcileController(pass: configuration.reconcilerPass(services)).addRoutes(to: router)
+    ProductsController(catalog: services.catalog).addRoutes(to: router)
     ReportsController(database: database).addRoutes(to: router)
-    TransactionsController(desk: SupportDesk(receipts: receipts)).addRoutes(to: router)
-    AppleAccountsController(links: AppleAccountLinks(writer: orders.writer), verifier: apple).addRoutes(to: router)
-    AppleLookupController(lookup: appStoreServerAPI.map { AppleOrderLookup(api: $0, verifier: apple, receipts: receipts) }).addRoutes(to: router)
-    RecoverController(sweep: appStoreServerAPI.map { configuration.historySweep(api: $0, verifier: apple, receipts: receipts) }).addRoutes(to: router)
+    TransactionsController(pool: services.pool, desk: services.support).addRoutes(to: router)
+    AppleAccountsController(links: services.accounts, verifier: apple).addRoutes(to: router)
+    AppleLookupController(lookup: appStoreServerAPI.map { services.orderLookup(api: $0, verifier: apple) }).addRoutes(to: router)
+    RecoverController(sweep: appStoreServerAPI.map { configuration.historySweep(services, api: $0, verifier: apple) }).addRoutes(to: router)
     router.get("/metrics") { _, _ in
         Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
                  body: .init(byteBuffer: ByteBuffer(string: metrics.registry.emitToString())))
     }
-    EventsController(store: orders.store).addRoutes(to: router)
+    EventsController(store: services.events).addRoutes(to: router)
     routes.set(router.routes.map { ("\($0.method)", "\($0.path)") })
     return router
 }
@@ -74,18 +75,18 @@ public func buildApplication(
         logger.notice("App Store Server API off: set LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID and LEDGER_APPLE_API_PRIVATE_KEY to turn it on")
     }
     let verifier = try configuration.apple.verifier(logger: logger)
-    // One writer for every route and service, so that their events share transactions.
-    let receipts = ReceiptLedger(database: database)
+    // One assembly (one writer) for every route and service, so that their events share transactions.
+    let services = ServiceAssembly(database: database)
     var application = Application(
         router: buildRouter(
-            receipts: receipts, migrator: migrator, apple: verifier,
+            services: services, migrator: migrator, apple: verifier,
             appStoreServerAPI: appStoreServerAPI, configuration: configuration, health: health, metrics: metrics),
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "order-ledger"),
         services: [client, health],
         logger: logger
     )
     if configuration.reconcileInterval > 0 {
-        let pass = configuration.reconcilerPass(receipts)
+        let pass = configuration.reconcilerPass(services)
         application.addServices(PeriodicService(name: "reconciler pass", interval: .seconds(configuration.reconcileInterval), logger: logger) {
             let summary = try await pass.run()
             if summary.paired > 0 || summary.lostRaces > 0 {
@@ -97,19 +98,19 @@ public func buildApplication(
         })
     }
     if let appStoreServerAPI, configuration.recoveryInterval > 0 {
-        let sweep = configuration.historySweep(api: appStoreServerAPI, verifier: verifier, receipts: receipts)
+        let sweep = configuration.historySweep(services, api: appStoreServerAPI, verifier: verifier)
         application.addServices(PeriodicService(name: "history sweep", interval: .seconds(configuration.recoveryInterval), logger: logger) {
             _ = try await sweep.run()
         })
     }
     if let appStoreServerAPI {
-        for service in appleServices(api: appStoreServerAPI, verifier: verifier, receipts: receipts, configuration: configuration, logger: logger) {
+        for service in appleServices(api: appStoreServerAPI, verifier: verifier, services: services, configuration: configuration, logger: logger) {
             application.addServices(service)
         }
     } else if configuration.appleCalls.any {
         logger.warning("LEDGER_APPLE_CONSUMPTION_CONSENT, LEDGER_APPLE_FINISH_AFTER_DELIVERY and LEDGER_APPLE_SET_TOKEN_AFTER_PAIRING need the App Store Server API key: no calls to Apple are made")
     }
-    if let calls = appleCallsService(api: appStoreServerAPI, receipts: receipts, configuration: configuration, metrics: metrics, logger: logger) {
+    if let calls = appleCallsService(api: appStoreServerAPI, services: services, configuration: configuration, metrics: metrics, logger: logger) {
         application.addServices(calls)
     }
     if migrate {
@@ -124,17 +125,17 @@ public func buildApplication(
 /// switch on, or no key, none is made, but the feed still moves past what it reads, so that a
 /// switch turned on later applies from then on, not to every event since.
 func appleCallsService(
-    api: LazyAppStoreServerAPI?, receipts: ReceiptLedger, configuration: LedgerConfiguration, metrics: LedgerMetrics, logger: Logger
+    api: LazyAppStoreServerAPI?, services: ServiceAssembly, configuration: LedgerConfiguration, metrics: LedgerMetrics, logger: Logger
 ) -> (any Service)? {
     guard configuration.appleCallsInterval > 0 else { return nil }
     let interval = Duration.seconds(configuration.appleCallsInterval)
     guard let api, configuration.appleCalls.any else {
-        let queue = AppleCallQueue(orders: receipts.orders)
+        let queue = services.callQueue
         return PeriodicService(name: "calls to Apple", interval: interval, logger: logger) {
             _ = try await queue.catchUp(.init())
         }
     }
-    let calls = configuration.appleCalls(api: api, receipts: receipts)
+    let calls = configuration.appleCalls(services, api: api)
     return PeriodicService(name: "calls to Apple", interval: interval, logger: logger) {
         let summary = try await calls.run()
         for (call, count) in summary.calls { metrics.appleCalled(call, times: count) }
@@ -146,23 +147,23 @@ func appleCallsService(
 /// The background work that asks Apple besides the sweeps and the calls: the notification
 /// backfill at start, and the refund catch-up.
 func appleServices(
-    api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, receipts: ReceiptLedger, configuration: LedgerConfiguration,
+    api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, services: ServiceAssembly, configuration: LedgerConfiguration,
     logger: Logger
 ) -> [any Service] {
-    var services: [any Service] = []
+    var background: [any Service] = []
     if configuration.backfillNotificationsAtStart {
-        let backfill = NotificationBackfill(api: api, verifier: verifier, notifications: NotificationLedger(receipts: receipts))
-        services.append(PeriodicService(name: "notification backfill", interval: .seconds(60), logger: logger, firstWait: .seconds(1), repeats: false) {
+        let backfill = services.notificationBackfill(api: api, verifier: verifier)
+        background.append(PeriodicService(name: "notification backfill", interval: .seconds(60), logger: logger, firstWait: .seconds(1), repeats: false) {
             _ = try await backfill.run()
         })
     }
     if configuration.refundCatchUpInterval > 0 {
-        let catchUp = configuration.refundCatchUp(api: api, verifier: verifier, receipts: receipts)
-        services.append(PeriodicService(
+        let catchUp = configuration.refundCatchUp(services, api: api, verifier: verifier)
+        background.append(PeriodicService(
             name: "refund catch-up", interval: .seconds(configuration.refundCatchUpInterval), logger: logger, firstWait: .seconds(60)
         ) {
             _ = try await catchUp.run()
         })
     }
-    return services
+    return background
 }

@@ -1,4 +1,5 @@
 import LedgerStore
+import PrivatePostgres
 import Logging
 import PostgresNIO
 
@@ -18,6 +19,12 @@ public struct OpenedDatabase: Sendable {
         case .privateCluster(let directory):
             let cluster = PrivateCluster(directory: directory, durable: durable)
             let running = try await cluster.start(logger: logger)
+            do {
+                try await ensureDatabaseExists(cluster.clientConfiguration(), logger: logger)
+            } catch {
+                try? running.stop(logger: logger)
+                throw error
+            }
             return OpenedDatabase(clientConfiguration: cluster.clientConfiguration(), privateCluster: running)
         }
     }

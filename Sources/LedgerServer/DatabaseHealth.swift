@@ -1,7 +1,6 @@
 import Hummingbird
 import LedgerStore
 import Logging
-import PostgresNIO
 import ServiceLifecycle
 import Synchronization
 

@@ -1,4 +1,5 @@
 import Foundation
+import LedgerJSON
 import LedgerStore
 
 /// Any JSON value, for the bodies the ledger keeps as sent (an event's `data`, its metadata) and

@@ -1,6 +1,7 @@
 import AppleReceipts
 import Foundation
 import LedgerCore
+import LedgerServices
 import LedgerStore
 import Logging
 
@@ -271,28 +272,26 @@ extension LedgerConfiguration.Apple {
 
 extension LedgerConfiguration {
     /// A reconciler pass with these settings.
-    public func reconcilerPass(_ receipts: ReceiptLedger) -> ReconcilerPass {
-        var pass = ReconcilerPass(receipts: receipts, settings: reconciler)
-        pass.recoveryOrders = recoveryOrders
-        return pass
+    public func reconcilerPass(_ services: ServiceAssembly) -> ReconcilerPass {
+        services.reconcilerPass(settings: reconciler, recoveryOrders: recoveryOrders)
     }
 
     /// A history sweep with these settings, asking Apple through `api`.
-    public func historySweep(api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, receipts: ReceiptLedger) -> HistorySweep {
-        var sweep = HistorySweep(api: api, verifier: verifier, receipts: receipts)
+    public func historySweep(_ services: ServiceAssembly, api: LazyAppStoreServerAPI, verifier: AppleProofVerifier) -> HistorySweep {
+        var sweep = services.historySweep(api: api, verifier: verifier)
         sweep.recoverAfter = TimeInterval(recoveryAfter)
         sweep.clockSkew = reconciler.clockSkew
         return sweep
     }
 
     /// The calls to Apple that events call for, with these switches.
-    public func appleCalls(api: LazyAppStoreServerAPI, receipts: ReceiptLedger) -> AppleCalls {
-        AppleCalls(api: api, queue: AppleCallQueue(orders: receipts.orders), switches: appleCalls)
+    public func appleCalls(_ services: ServiceAssembly, api: LazyAppStoreServerAPI) -> AppleCalls {
+        services.appleCalls(api: api, switches: appleCalls)
     }
 
     /// A refund catch-up with these settings.
-    public func refundCatchUp(api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, receipts: ReceiptLedger) -> RefundCatchUp {
-        var catchUp = RefundCatchUp(api: api, verifier: verifier, notifications: NotificationLedger(receipts: receipts))
+    public func refundCatchUp(_ services: ServiceAssembly, api: LazyAppStoreServerAPI, verifier: AppleProofVerifier) -> RefundCatchUp {
+        var catchUp = services.refundCatchUp(api: api, verifier: verifier)
         catchUp.lookbackDays = refundLookbackDays
         return catchUp
     }

@@ -1,6 +1,7 @@
 import Foundation
 import Hummingbird
 import LedgerCore
+import LedgerJSON
 import LedgerStore
 import NIOFoundationCompat
 

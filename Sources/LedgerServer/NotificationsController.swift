@@ -2,6 +2,8 @@ import AppleReceipts
 import Foundation
 import Hummingbird
 import LedgerCore
+import LedgerJSON
+import LedgerServices
 import LedgerStore
 
 /// `POST /v1/notifications/apple`: App Store Server Notifications V2. No API key: Apple signs
@@ -51,19 +53,5 @@ struct NotificationsController {
         return Answer(Applied(
             notificationUUID: notification.notificationUUID.uuidString.lowercased(), applied: applied.appended,
             streamId: applied.streamId, type: applied.type))
-    }
-}
-
-extension NotificationLedger {
-    /// A verified notification applied, whether it arrived or came from Apple's history.
-    func apply(_ notification: VerifiedNotification, metadata: Data) async throws -> Applied {
-        let record = NotificationReceived(
-            notificationUUID: notification.notificationUUID, notificationType: notification.notificationType,
-            subtype: notification.subtype, transactionId: notification.transaction?.transactionId, signedDate: notification.signedDate,
-            consumptionRequestReason: notification.consumptionRequestReason)
-        return try await apply(
-            .init(record: record, transaction: notification.transaction, revocationDate: notification.revocationDate,
-                  revocationReason: notification.revocationReason),
-            metadata: metadata)
     }
 }

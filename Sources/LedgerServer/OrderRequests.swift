@@ -1,6 +1,7 @@
 import Foundation
 import Hummingbird
 import LedgerCore
+import LedgerJSON
 import LedgerStore
 
 /// The body of `POST /v1/orders`: the order's id and the fields of its `created` event, with a

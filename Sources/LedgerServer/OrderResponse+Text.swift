@@ -1,6 +1,7 @@
 import Foundation
 import Hummingbird
 import LedgerCore
+import LedgerJSON
 import LedgerStore
 
 /// An order answer written by hand rather than through `JSONEncoder`: the order routes answer

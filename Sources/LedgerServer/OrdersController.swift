@@ -6,6 +6,7 @@ import LedgerStore
 /// The order routes: create, append an event, read one, search.
 struct OrdersController {
     let ledger: OrderLedger
+    let events: EventStore
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
         router.post("/v1/orders") { request, context in try await create(request, context) }
@@ -19,7 +20,7 @@ struct OrdersController {
         let body = try await request.decode(as: CreateOrder.self, context: context)
         let outcome = try await ledger.create(body.orderId, body.created, tokenGiven: body.tokenGiven, metadata: context.eventMetadata)
         var events = outcome.events
-        if events == nil { events = try await ledger.store.readStream(body.orderId.streamID) }
+        if events == nil { events = try await self.events.readStream(body.orderId.streamID) }
         return EditedResponse(status: outcome.appended ? .created : .ok, response: OrderResponse(outcome.order, events: events))
     }
 
@@ -39,7 +40,7 @@ struct OrdersController {
         guard let order = try await ledger.order(id) else {
             throw APIError(.notFound, code: "order-not-found", message: "order \(id) does not exist")
         }
-        return OrderResponse(order, events: try await ledger.store.readStream(id.streamID))
+        return OrderResponse(order, events: try await events.readStream(id.streamID))
     }
 
     /// `GET /v1/orders?userId=&productId=&state=&after=&limit=`; `state=open`: not finished, failed or refunded.

@@ -2,6 +2,8 @@ import AppleReceipts
 import Foundation
 import Hummingbird
 import LedgerCore
+import LedgerJSON
+import LedgerServices
 import LedgerStore
 
 /// `POST /v1/receipts`: a client's proof of purchase, verified, then tied to its order or put in
@@ -9,6 +11,8 @@ import LedgerStore
 /// finish the StoreKit transaction; `retry-later` also carries `Retry-After`.
 struct ReceiptsController {
     let receipts: ReceiptLedger
+    let orders: OrderLedger
+    let pool: TransactionPool
     let verifier: AppleProofVerifier
     let metrics: LedgerMetrics
 
@@ -75,8 +79,8 @@ struct ReceiptsController {
         }
         var forOrder: TransactionID?
         if let orderID = claim.orderId {
-            let holders = try await receipts.holders(of: transactions.map(\.transactionId))
-            let product = try await receipts.orders.order(orderID)?.productId
+            let holders = try await pool.holders(of: transactions.map(\.transactionId))
+            let product = try await orders.order(orderID)?.productId
             forOrder = transactions.first(where: { holders[$0.transactionId] == .some(orderID) })?.transactionId
                 ?? transactions.first(where: { (holders[$0.transactionId] ?? nil) == nil && $0.productId == product })?.transactionId
         }

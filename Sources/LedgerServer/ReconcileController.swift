@@ -1,6 +1,7 @@
 import Foundation
 import Hummingbird
 import LedgerCore
+import LedgerServices
 import LedgerStore
 
 /// `POST /v1/reconcile` (admin): one reconciler pass, answered with its counts.

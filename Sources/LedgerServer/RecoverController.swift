@@ -1,4 +1,5 @@
 import Hummingbird
+import LedgerServices
 
 /// `POST /v1/recover` (admin) `{userId?}`: one history sweep, of every due account or of one
 /// user's, answered with its counts.

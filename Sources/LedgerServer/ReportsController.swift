@@ -1,6 +1,7 @@
 import Foundation
 import Hummingbird
 import LedgerCore
+import LedgerJSON
 import LedgerStore
 
 /// `GET /v1/reports/reconciliation?from=&to=`: JSON, or CSV with `Accept: text/csv`.

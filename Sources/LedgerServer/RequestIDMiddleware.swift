@@ -2,7 +2,6 @@ import HTTPTypes
 import Hummingbird
 import Logging
 import LedgerStore
-import PostgresNIO
 import Synchronization
 
 /// Gives every request an id (the caller's `X-Request-Id` when usable), puts it in the logger's

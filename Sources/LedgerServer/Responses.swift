@@ -1,6 +1,7 @@
 import Foundation
 import Hummingbird
 import LedgerCore
+import LedgerJSON
 import LedgerStore
 
 /// An order as the API shows it (every answer about an order says whether the client may

@@ -1,11 +1,14 @@
 import Foundation
 import Hummingbird
 import LedgerCore
+import LedgerJSON
+import LedgerServices
 import LedgerStore
 
 /// Support's routes on the pool: `GET /v1/transactions/unmatched` (read) and
 /// `POST /v1/transactions/{transactionId}/match` and `…/unmatch` (admin).
 struct TransactionsController {
+    let pool: TransactionPool
     let desk: SupportDesk
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
@@ -23,15 +26,15 @@ struct TransactionsController {
         let from = try query["from"].map { try Self.date(String($0), field: "from") }
         let to = try query["to"].map { try Self.date(String($0), field: "to") }
         let limit = try OrdersController.limit(query["limit"], default: 100, maximum: 1000)
-        let found = try await desk.unmatched(userId: user, productId: product, from: from, to: to, transactionId: transaction, after: after, limit: limit)
+        let found = try await pool.unmatched(userId: user, productId: product, from: from, to: to, transactionId: transaction, after: after, limit: limit)
         return Answer(Page(name: "transactions", items: found.map(Pooled.init), next: found.count == limit ? found.last?.transactionId.rawValue : nil))
     }
 
     /// A transaction waiting in the pool, as the API shows it.
     struct Pooled: Encodable, Sendable {
-        let pooled: SupportDesk.PooledTransaction
+        let pooled: TransactionPool.PooledTransaction
 
-        init(_ pooled: SupportDesk.PooledTransaction) { self.pooled = pooled }
+        init(_ pooled: TransactionPool.PooledTransaction) { self.pooled = pooled }
 
         enum CodingKeys: String, CodingKey {
             case transactionId, userId, productId, purchaseDate, environment, appAccountToken, receivedAt, verification

@@ -1,5 +1,6 @@
 import Foundation
 import LedgerCore
+import LedgerJSON
 import Logging
 import PostgresNIO
 
@@ -7,15 +8,17 @@ import PostgresNIO
 /// `CONSUMPTION_REQUEST`, finishing a delivered order's transaction, setting an order's token on
 /// a transaction the reconciler or support paired with it. They are queued by reading the log
 /// past a position (`feed`), never by the write path of an order event; servers take due calls
-/// under a lease (`claim`), and `settle` records each outcome as an event and deletes the call.
+/// under a lease each (`claim`), and `settle` records each outcome as an event and deletes the call.
 public struct AppleCallQueue: Sendable {
     public let orders: OrderLedger
+    public let leases: Leases
     var writer: LedgerWriter { orders.writer }
     var database: Database { writer.database }
     var logger: Logger { database.logger }
 
-    public init(orders: OrderLedger) {
+    public init(orders: OrderLedger, leases: Leases) {
         self.orders = orders
+        self.leases = leases
     }
 
     /// Which calls the feed queues (the operator's settings).
@@ -127,33 +130,59 @@ public struct AppleCallQueue: Sendable {
         public var deadline: Date?
         /// This one included.
         public var attempts: Int
+        /// This server's lease on it: no other server makes the call while it holds it.
+        public var lease: Lease
     }
 
-    /// Takes up to `batch` due calls for `lease` seconds (another server takes them only after it).
+    /// The lease of a call.
+    static func leaseName(_ callID: String) -> String { "apple-call/" + callID }
+
+    /// Takes up to `batch` due calls under a lease of `lease` seconds each (another server takes
+    /// one only once its lease is released or has expired), counting a try of each.
     public func claim(batch: Int, lease: TimeInterval) async throws -> [Call] {
+        let due = try await database.query(
+            """
+            SELECT c.call_id FROM apple_calls c
+             WHERE c.due_at <= now()
+               AND NOT EXISTS (SELECT FROM leases l WHERE l.name = 'apple-call/' || c.call_id AND l.expires_at > now())
+             ORDER BY c.due_at LIMIT \(batch)
+            """)
+        var names: [String] = []
+        for try await id in due.decode(String.self) { names.append(Self.leaseName(id)) }
+        let leases = try await self.leases.claim(names, for: lease)
+        guard !leases.isEmpty else { return [] }
+        let held = Dictionary(uniqueKeysWithValues: leases.map { ($0.name, $0) })
         let rows = try await database.query(
             """
-            UPDATE apple_calls SET claimed_until = now() + make_interval(secs => \(lease)), attempts = attempts + 1
-             WHERE call_id IN (SELECT call_id FROM apple_calls
-                                WHERE due_at <= now() AND (claimed_until IS NULL OR claimed_until < now())
-                                ORDER BY due_at LIMIT \(batch) FOR UPDATE SKIP LOCKED)
+            UPDATE apple_calls SET attempts = attempts + 1
+             WHERE 'apple-call/' || call_id = ANY(\(leases.map(\.name)))
             RETURNING call_id, kind, transaction_id, stream_id, order_id, notification_uuid, deadline, attempts
             """)
         var calls: [Call] = []
+        var ignored: [Lease] = []
         for try await (id, kind, transaction, stream, order, notification, deadline, attempts)
             in rows.decode((String, String, String, String, String?, UUID?, Date?, Int).self) {
-            guard let kind = Call.Kind(rawValue: kind) else { continue }
+            guard let lease = held[Self.leaseName(id)] else { continue }
+            guard let kind = Call.Kind(rawValue: kind) else {
+                ignored.append(lease)
+                continue
+            }
             calls.append(Call(
                 id: id, kind: kind, transactionId: TransactionID(unchecked: transaction), streamId: StreamID(unchecked: stream),
-                orderId: order.map(OrderID.init(unchecked:)), notificationUUID: notification, deadline: deadline, attempts: attempts))
+                orderId: order.map(OrderID.init(unchecked:)), notificationUUID: notification, deadline: deadline, attempts: attempts,
+                lease: lease))
         }
-        return calls
+        try await self.leases.release(ignored)
+        // Oldest due first, as they were chosen.
+        let rank = Dictionary(uniqueKeysWithValues: names.enumerated().map { ($1, $0) })
+        return calls.sorted { rank[$0.lease.name, default: 0] < rank[$1.lease.name, default: 0] }
     }
 
-    /// Puts `call` back for another try at `date`.
+    /// Puts `call` back for another try at `date`, and frees its lease.
     public func retry(_ call: Call, at date: Date, error: String) async throws {
         try await database.query(
-            "UPDATE apple_calls SET due_at = \(date), claimed_until = NULL, last_error = \(error) WHERE call_id = \(call.id)")
+            "UPDATE apple_calls SET due_at = \(date), last_error = \(error) WHERE call_id = \(call.id)")
+        try await leases.release(call.lease)
     }
 
     /// Records `call`'s outcome (`event`, on `stream`; nil: nothing to record) and deletes it. The
@@ -167,6 +196,7 @@ public struct AppleCallQueue: Sendable {
             }
         }
         try await database.query("DELETE FROM apple_calls WHERE call_id = \(call.id)")
+        try await leases.release(call.lease)
     }
 
     /// Records a consumption answer where its request was: on the order's stream, or the pooled

@@ -79,9 +79,10 @@ public struct Database: Sendable {
     /// PostgresClient.withTransaction wraps errors in PostgresTransactionError; callers here map
     /// PostgreSQL errors to domain errors, so they need the original.
     public func transaction<Result: Sendable>(
-        _ body: (PostgresConnection) async throws -> Result
+        _ body: (DatabaseTransaction) async throws -> Result
     ) async throws -> Result {
         try await withConnection { connection in
+            let transaction = DatabaseTransaction(connection)
             _ = try await Self.first(try await connection.atomicallyGuardedQuery("BEGIN", logger: logger).get())
             let pending = appendObserver == nil ? nil : PendingAppends(connection)
             // Whatever ends the transaction ends the list (after COMMIT, `close` has taken it).
@@ -89,9 +90,9 @@ public struct Database: Sendable {
             let result: Result
             do {
                 if let pending {
-                    result = try await Self.$pendingAppends.withValue(pending) { try await body(connection) }
+                    result = try await Self.$pendingAppends.withValue(pending) { try await body(transaction) }
                 } else {
-                    result = try await body(connection)
+                    result = try await body(transaction)
                 }
             } catch {
                 // On a connection the server dropped, a ROLLBACK can wait forever (it is queued on
@@ -224,17 +225,49 @@ extension Database {
     /// `transaction(body)`, again from its start when it lost a race inside PostgreSQL: a deadlock
     /// PostgreSQL broke with a writer that took the same locks the other way round, or a unique
     /// key taken meanwhile. Nothing of a failed attempt is stored; three attempts in all.
-    func transactionAgainAfterLostRace<Result: Sendable>(_ body: (PostgresConnection) async throws -> Result) async throws -> Result {
+    public func transactionAgainAfterLostRace<Result: Sendable>(_ body: (DatabaseTransaction) async throws -> Result) async throws -> Result {
         var attempt = 0
         while true {
             attempt += 1
             do {
                 return try await transaction(body)
-            } catch let error as PSQLError where attempt < 3 && [.deadlockDetected, .uniqueViolation].contains(error.sqlState) {
+            } catch where attempt < 3 && isLostRace(error) {
                 logger.debug("a transaction lost a race; again", metadata: ["error": "\(String(reflecting: error))"])
             }
         }
     }
+}
+
+/// A database transaction open on one connection (`Database.transaction`): what the store's
+/// functions that read or write inside it are given. Its streams' locks and rows stay as the
+/// transaction took and wrote them until it ends.
+public struct DatabaseTransaction: Sendable {
+    public let connection: PostgresConnection
+
+    /// A transaction the caller opened on `connection` itself (tests that hold one open).
+    public init(_ connection: PostgresConnection) {
+        self.connection = connection
+    }
+}
+
+/// True when PostgreSQL refused a statement because a concurrent writer won: a unique key taken
+/// meanwhile, or a deadlock it broke. Run from the start again, the loser sees the winner.
+public func isLostRace(_ error: any Error) -> Bool {
+    guard let error = error as? PSQLError else { return false }
+    return error.sqlState == .uniqueViolation || error.sqlState == .deadlockDetected
+}
+
+/// The message of a statement PostgreSQL refused for a value the caller sent (\u0000 in JSON,
+/// malformed text for a type, too long, out of range, a check constraint, an index row too
+/// large), or nil for any other error: the API answers it 400, not 500.
+public func refusedValueMessage(_ error: any Error) -> String? {
+    guard let error = error as? PSQLError, let state = error.sqlState else { return nil }
+    let clientData: [PostgresError.Code] = [
+        .untranslatableCharacter, .invalidTextRepresentation, .stringDataRightTruncationException, .numericValueOutOfRange,
+        .datetimeFieldOverflow, .checkViolation, .programLimitExceeded,
+    ]
+    guard clientData.contains(state) else { return nil }
+    return error.serverMessage ?? state.raw
 }
 
 extension PostgresConnection {
@@ -286,6 +319,24 @@ public func withPostgresClient<Result: Sendable>(
         group.addTask { await client.run() }
         defer { group.cancelAll() }
         return try await body(client)
+    }
+}
+
+/// Creates the database `configuration` names on its server unless it exists (the private
+/// cluster's `ledger` database, at every start).
+public func ensureDatabaseExists(_ configuration: PostgresClient.Configuration, logger: Logger) async throws {
+    guard let name = configuration.database else { return }
+    var admin = configuration
+    admin.database = "postgres"
+    try await withPostgresClient(admin, logger: logger) { client in
+        let rows = try await client.query("SELECT count(*)::int FROM pg_database WHERE datname = \(name)", logger: logger)
+        for try await count in rows.decode(Int.self) where count > 0 { return }
+        do {
+            let quoted = "\"" + name.replacingOccurrences(of: "\"", with: "\"\"") + "\""
+            try await client.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(quoted)"), logger: logger)
+        } catch let error as PSQLError where error.sqlState == .duplicateDatabase {
+            // Created meanwhile by another process.
+        }
     }
 }
 

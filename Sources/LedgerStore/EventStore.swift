@@ -35,6 +35,21 @@ public struct EventStore: Sendable {
         return try await Self.decode(rows)
     }
 
+    /// The event stored with `id`, if one is, as the caller's transaction sees the log.
+    public func event(_ id: EventID, in transaction: DatabaseTransaction) async throws -> RecordedEvent? {
+        let rows = try await transaction.connection.guardedQuery(
+            "SELECT \(unescaped: Self.columns) FROM events WHERE event_id = \(id.uuid)", logger: database.logger)
+        return try await Self.decode(rows).first
+    }
+
+    /// The first event of `stream`, if it has one, as the caller's transaction sees the log.
+    public func firstEvent(of stream: StreamID, in transaction: DatabaseTransaction) async throws -> RecordedEvent? {
+        let rows = try await transaction.connection.guardedQuery(
+            "SELECT \(unescaped: Self.columns) FROM events WHERE stream_id = \(stream.rawValue) AND stream_version = 0",
+            logger: database.logger)
+        return try await Self.decode(rows).first
+    }
+
     /// The global feed after `position`, in position order, gap-safe: an event is returned only
     /// once every transaction that could still commit a lower position has ended, so a reader
     /// that resumes after the last position it saw never skips an event.

@@ -123,21 +123,21 @@ public final class LedgerWriter: Sendable {
         try await append(Write(Append(events, to: stream, expected: expected))).appends[0]
     }
 
-    /// Appends `write` inside the transaction the caller holds on `connection`: its streams stay
-    /// locked until that transaction ends, and it is durable once the caller's COMMIT returns.
-    /// `snapshot`: what the caller read (`read`) to decide on it, which the writer then need
-    /// not read again.
-    public func append(_ write: Write, on connection: PostgresConnection, knowing snapshot: Snapshot? = nil) async throws -> Written {
-        try await append([write], on: connection, knowing: snapshot)[0].get()
+    /// Appends `write` inside the transaction the caller holds: its streams stay locked until
+    /// that transaction ends, and it is durable once the caller's COMMIT returns. `snapshot`: what
+    /// the caller read (`read`) to decide on it, which the writer then need not read again.
+    public func append(_ write: Write, in transaction: DatabaseTransaction, knowing snapshot: Snapshot? = nil) async throws -> Written {
+        try await append([write], in: transaction, knowing: snapshot)[0].get()
     }
 
-    /// `append(_:on:knowing:)` for several writes in one call of the routine: each write's
+    /// `append(_:in:knowing:)` for several writes in one call of the routine: each write's
     /// outcome, a refusal as a failure. The writes touch no stream or Apple transaction in common,
     /// and carry at most 4096 events with what they claim (a transaction positions that many).
-    public func append(_ writes: [Write], on connection: PostgresConnection, knowing snapshot: Snapshot? = nil) async throws -> [Result<Written, any Error>] {
+    public func append(_ writes: [Write], in transaction: DatabaseTransaction, knowing snapshot: Snapshot? = nil) async throws -> [Result<Written, any Error>] {
         guard !writes.isEmpty else { return [] }
         // Whether the caller's transaction commits is not known here: the groups read these orders again.
         remembered.forget(writes.flatMap(\.orderIDs))
+        let connection = transaction.connection
         let results = try await Self.write(writes, on: connection, commit: false, database: database, knowing: snapshot)
         for case .success(let written) in results { database.appended(written.appendedTypes, on: connection) }
         return results
@@ -147,9 +147,9 @@ public final class LedgerWriter: Sendable {
     /// `lock`, as they stay until it ends), in one round trip.
     /// With `locking`: after taking those streams' locks as `lock` does, in the same round trip.
     public func read(
-        locking: [StreamID] = [], orders: [OrderID], transactions: [TransactionID], on connection: PostgresConnection
+        locking: [StreamID] = [], orders: [OrderID], transactions: [TransactionID], in transaction: DatabaseTransaction
     ) async throws -> Snapshot {
-        var statement = Statement(connection: connection, logger: database.logger, leaseFirst: false)
+        var statement = Statement(connection: transaction.connection, logger: database.logger, leaseFirst: false)
         return try await Self.read(locking: locking, orders: orders, transactions: transactions, with: &statement)
     }
 
@@ -157,8 +157,8 @@ public final class LedgerWriter: Sendable {
     /// (an Apple transaction is locked as its stream is): what the caller reads afterwards stays as
     /// read until it commits. Several at once are taken in the routine's order (by
     /// `read_for_write`, which takes them as `append_events` does).
-    public func lock(_ streams: [StreamID], on connection: PostgresConnection) async throws {
-        _ = try await read(locking: streams, orders: [], transactions: [], on: connection)
+    public func lock(_ streams: [StreamID], in transaction: DatabaseTransaction) async throws {
+        _ = try await read(locking: streams, orders: [], transactions: [], in: transaction)
     }
 
     /// Group commit so far: transactions written, and writes they carried.
@@ -170,7 +170,7 @@ public final class LedgerWriter: Sendable {
     /// A group holds at most this many writes, and this many events (one transaction positions
     /// at most 4096).
     static let maximumWritesPerGroup = 256
-    static let maximumEventsPerGroup = 4096
+    public static let maximumEventsPerGroup = 4096
 
     /// The oldest writes that touch no stream or Apple transaction an older one in the group
     /// touches (a later write then sees the earlier one's result), within the limits.

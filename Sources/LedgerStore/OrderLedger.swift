@@ -1,5 +1,6 @@
 import Foundation
 import LedgerCore
+import LedgerJSON
 import Logging
 import PostgresNIO
 
@@ -71,7 +72,7 @@ public struct OrderLedger: Sendable {
 
     /// The order as it stood right after its event `version`: what the first answer to an append
     /// said, given again to its retries.
-    func orderAsOf(_ id: OrderID, version: Int64) async throws -> Order {
+    public func orderAsOf(_ id: OrderID, version: Int64) async throws -> Order {
         var order: Order?
         for event in try await store.readStream(id.streamID) where event.streamVersion <= version {
             guard case .order(let body)? = try? EventCoding.body(stream: event.streamID, type: event.type, data: event.data) else { continue }
@@ -85,6 +86,25 @@ public struct OrderLedger: Sendable {
     public func order(_ id: OrderID) async throws -> Order? {
         let rows = try await database.query("SELECT \(unescaped: ProjectionRows.orderColumns) FROM orders WHERE order_id = \(id.rawValue)")
         return try ProjectionRows.orders(rows.rows).first
+    }
+
+    /// The order whose `appAccountToken` is `token`, if one is.
+    public func orderID(appAccountToken token: UUID) async throws -> OrderID? {
+        try await Self.orderID(from: database.query(Self.orderWithToken(token)))
+    }
+
+    /// `orderID(appAccountToken:)` in the caller's transaction.
+    public func orderID(appAccountToken token: UUID, in transaction: DatabaseTransaction) async throws -> OrderID? {
+        try await Self.orderID(from: transaction.connection.guardedQuery(Self.orderWithToken(token), logger: database.logger))
+    }
+
+    private static func orderWithToken(_ token: UUID) -> PostgresQuery {
+        "SELECT order_id FROM orders WHERE app_account_token = \(token)"
+    }
+
+    private static func orderID(from rows: some AsyncSequence<PostgresRow, any Error>) async throws -> OrderID? {
+        for try await id in rows.decode(String.self) { return OrderID(unchecked: id) }
+        return nil
     }
 
     /// Orders filtered by user, product and state, after the order id `after` (for paging), in

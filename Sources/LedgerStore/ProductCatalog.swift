@@ -58,6 +58,18 @@ public struct ProductCatalog: Sendable {
         return try await Self.decode(rows)
     }
 
+    /// The active products and their prices (price, currency): what the reconciler may create a
+    /// recovery order for.
+    public func activePrices() async throws -> [ProductID: (price: String?, currency: String?)] {
+        let rows = try await database.query(
+            "SELECT product_id, price::text, currency FROM products WHERE status = 'active'")
+        var products: [ProductID: (price: String?, currency: String?)] = [:]
+        for try await (id, price, currency) in rows.decode((String, String?, String?).self) {
+            products[ProductID(unchecked: id)] = (price, currency)
+        }
+        return products
+    }
+
     static let columns = "product_id, status, price::text, currency, sample_content_provided, refund_preference, updated_at"
 
     static func decode(_ rows: some AsyncSequence<PostgresRow, any Error>) async throws -> [Product] {

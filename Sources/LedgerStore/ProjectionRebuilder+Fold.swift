@@ -1,5 +1,6 @@
 import Foundation
 import LedgerCore
+import LedgerJSON
 import PostgresNIO
 
 /// The rebuild's fold: the rows it reads, their decoded bodies, the projections folded from them

@@ -45,10 +45,11 @@ public struct ProjectionRebuilder: Sendable {
         _ body: (_ connection: PostgresConnection, _ reader: PostgresConnection) async throws -> Result
     ) async throws -> Result {
         try await database.transaction { reader in
-            try await database.transaction { connection in
+            try await database.transaction { transaction in
+                let connection = transaction.connection
                 try await connection.guardedQuery("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", logger: database.logger)
                 try await connection.guardedQuery("SET LOCAL statement_timeout = 0", logger: database.logger)
-                return try await body(connection, reader)
+                return try await body(connection, reader.connection)
             }
         }
     }

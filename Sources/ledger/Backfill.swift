@@ -25,7 +25,7 @@ struct Backfill: AsyncParsableCommand {
             let metadata = try operatorMetadata("backfill notifications")
             let progress = terminalProgress("notifications").map { report in { @Sendable (seen: Int) in report(seen, seen + 1) } }
             let summary = try await withAppleWork(options) { work in
-                try await NotificationBackfill(api: work.api, verifier: work.verifier, notifications: NotificationLedger(receipts: work.receipts))
+                try await work.services.notificationBackfill(api: work.api, verifier: work.verifier)
                     .run(since: start, metadata: metadata, progress: progress)
             }
             if summary.busy { throw ValidationError("another server is running the notification backfill; try again later") }
@@ -45,7 +45,7 @@ struct Backfill: AsyncParsableCommand {
             let metadata = try operatorMetadata("backfill refunds")
             let progress = terminalProgress("Apple accounts")
             let summary = try await withAppleWork(options) { work in
-                try await work.configuration.refundCatchUp(api: work.api, verifier: work.verifier, receipts: work.receipts)
+                try await work.configuration.refundCatchUp(work.services, api: work.api, verifier: work.verifier)
                     .run(all: all, metadata: metadata, progress: progress)
             }
             print("read the refund history of \(summary.accounts) Apple accounts: \(summary.pages) pages, \(summary.transactions) refunded transactions")

@@ -1,14 +1,17 @@
-import AppStoreStandIn
 import AppleReceipts
+import AppStoreStandIn
 import ArgumentParser
 import AsyncHTTPClient
 import Foundation
 import LedgerCore
+import LedgerJSON
 import LedgerServer
+import LedgerServices
 import LedgerStore
 import Logging
 import NIOCore
 import PostgresNIO
+import PrivatePostgres
 import ServiceLifecycle
 
 /// `ledger demo`: the whole ledger in one command, on a private database of its own. Starts the
@@ -118,10 +121,9 @@ extension Demo {
             try await story.play(users: users)
             try await story.answerConsumptionRequest()
             try await story.prepareMissedNotification()
-            let backfill = NotificationBackfill(
+            let backfill = ServiceAssembly(database: Database(client: client, logger: logger)).notificationBackfill(
                 api: LazyAppStoreServerAPI(settings: try configuration.requiredAppStoreServerAPI(), logger: logger),
-                verifier: try configuration.apple.verifier(logger: logger),
-                notifications: NotificationLedger(receipts: ReceiptLedger(database: Database(client: client, logger: logger))))
+                verifier: try configuration.apple.verifier(logger: logger))
             story.backfill = try await backfill.run(since: Date(timeIntervalSinceNow: -3600))
             print(story.summary)
             let csv = try await story.request("GET", "/v1/reports/reconciliation", accept: "text/csv")

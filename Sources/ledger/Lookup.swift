@@ -1,3 +1,4 @@
+import AppleReceipts
 import ArgumentParser
 import Foundation
 import LedgerCore
@@ -17,8 +18,12 @@ struct Lookup: AsyncParsableCommand {
         let userID = try user.map { try UserID($0) }
         let metadata = try operatorMetadata("lookup")
         let found = try await withAppleWork(options) { work in
-            try await AppleOrderLookup(api: work.api, verifier: work.verifier, receipts: work.receipts)
-                .look(up: appleOrderId, user: userID, metadata: metadata)
+            do {
+                return try await work.services.orderLookup(api: work.api, verifier: work.verifier)
+                    .look(up: appleOrderId, user: userID, metadata: metadata)
+            } catch let error as AppStoreServerAPIError {
+                throw CommandFailure("\(error.code): \(error.description)")
+            }
         }
         print("Apple order \(found.appleOrderId): \(found.transactions.count) purchases")
         for entry in found.transactions {

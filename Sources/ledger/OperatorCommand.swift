@@ -2,6 +2,7 @@ import AppleReceipts
 import ArgumentParser
 import Foundation
 import LedgerServer
+import LedgerServices
 import LedgerStore
 
 /// Progress on standard error ("12 of 40 users"), only when it is a terminal.
@@ -31,12 +32,12 @@ extension LedgerConfiguration {
 }
 
 /// What a command that asks Apple works with: its configuration, the App Store Server API
-/// client, the verifier, and the receipts' intake on the ledger's database.
+/// client, the verifier, and the ledger's services on its database.
 struct AppleWork: Sendable {
     let configuration: LedgerConfiguration
     let api: LazyAppStoreServerAPI
     let verifier: AppleProofVerifier
-    let receipts: ReceiptLedger
+    let services: ServiceAssembly
 }
 
 /// Runs `body` for a command that cannot run without the App Store Server API key (checked
@@ -49,6 +50,6 @@ func withAppleWork<Result: Sendable>(
     return try await withLedgerDatabase(options) { client, logger in
         try await body(AppleWork(
             configuration: configuration, api: LazyAppStoreServerAPI(settings: settings, logger: logger),
-            verifier: try configuration.apple.verifier(logger: logger), receipts: ReceiptLedger(database: Database(client: client, logger: logger))))
+            verifier: try configuration.apple.verifier(logger: logger), services: ServiceAssembly(database: Database(client: client, logger: logger))))
     }
 }

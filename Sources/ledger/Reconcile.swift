@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import LedgerServer
+import LedgerServices
 import LedgerStore
 
 /// `ledger reconcile`: one reconciler pass, with progress on a terminal and a summary.
@@ -13,9 +14,8 @@ struct Reconcile: AsyncParsableCommand {
         let configuration = try LedgerConfiguration.load(options.values())
         let progress = terminalProgress("users")
         let summary = try await withLedgerDatabase(options) { client, logger in
-            let database = Database(client: client, logger: logger)
-            let receipts = ReceiptLedger(database: database)
-            return try await configuration.reconcilerPass(receipts).run(progress: progress)
+            let services = ServiceAssembly(database: Database(client: client, logger: logger))
+            return try await configuration.reconcilerPass(services).run(progress: progress)
         }
         let rules = summary.byRule.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
         print("paired \(summary.paired) of \(summary.considered) orphans with a known user (\(rules.isEmpty ? "none" : rules); \(summary.ambiguous) ambiguous)")

@@ -17,7 +17,7 @@ struct Recover: AsyncParsableCommand {
         let metadata = try operatorMetadata("recover")
         let progress = terminalProgress("Apple accounts")
         let summary = try await withAppleWork(options) { work in
-            try await work.configuration.historySweep(api: work.api, verifier: work.verifier, receipts: work.receipts)
+            try await work.configuration.historySweep(work.services, api: work.api, verifier: work.verifier)
                 .run(user: userID, metadata: metadata, progress: progress)
         }
         let ingested = summary.ingested.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")

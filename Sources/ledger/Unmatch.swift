@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import LedgerCore
 import LedgerServer
+import LedgerServices
 import LedgerStore
 
 /// `ledger unmatch`: support's undo of a pairing made from the pool, as
@@ -17,9 +18,7 @@ struct Unmatch: AsyncParsableCommand {
         let id = try TransactionID(transactionId)
         let metadata = try operatorMetadata("unmatch")
         let order = try await withLedgerDatabase(options) { client, logger in
-            let database = Database(client: client, logger: logger)
-            let desk = SupportDesk(receipts: ReceiptLedger(database: database))
-            return try await desk.unmatch(id, reason: reason, metadata: metadata)
+            try await ServiceAssembly(database: Database(client: client, logger: logger)).support.unmatch(id, reason: reason, metadata: metadata)
         }
         print("order \(order.orderId) is \(order.state.rawValue) again; Apple transaction \(id) is back in the pool")
     }

@@ -1,6 +1,7 @@
 import AppStoreStandIn
 import Foundation
 import LedgerCore
+import LedgerServices
 import LedgerStore
 import LedgerTestSupport
 import PostgresNIO
@@ -13,9 +14,10 @@ struct UnmatchCommandTests {
     func undoesFromTheCommandLine() async throws {
         try await withTestDatabase { db in
             let metadata = Data(#"{"appendedBy":"test"}"#.utf8)
-            let receipts = ReceiptLedger(database: db.database)
+            let services = ServiceAssembly(database: db.database)
+            let receipts = services.receipts
             let orderID = OrderID(unchecked: "cli-order")
-            _ = try await receipts.orders.create(
+            _ = try await services.orders.create(
                 orderID, OrderCreated(userId: UserID(unchecked: "cli-user"), productId: ProductID(unchecked: "gems.100")),
                 tokenGiven: false, metadata: metadata)
             let transaction = AppleTransaction(
@@ -24,7 +26,7 @@ struct UnmatchCommandTests {
                 receiptSha256: String(repeating: "ab", count: 32))
             let pooled = try await receipts.apply(transaction, claim: .init(userId: UserID(unchecked: "cli-user"), orderId: nil), metadata: metadata)
             #expect(pooled.outcome == .unmatched)
-            let paired = try await SupportDesk(receipts: receipts).match(
+            let paired = try await services.support.match(
                 transaction.transactionId, to: orderID, force: false, reason: nil, metadata: metadata)
             #expect(paired.state == .verified)
 
@@ -36,7 +38,7 @@ struct UnmatchCommandTests {
                 ["unmatch", "7000001", "--reason", "wrong character"], environment: environment, log: work.appendingPathComponent("1.log"))
             #expect(status == 0, "\(output)")
             #expect(output.contains("order cli-order is created again"), "\(output)")
-            let order = try #require(try await receipts.orders.order(orderID))
+            let order = try #require(try await services.orders.order(orderID))
             #expect(order.state == .created && order.transactionId == nil)
             let appendedBy = try await scalarText(db, "SELECT metadata->>'appendedBy' FROM events WHERE type = 'pairing-undone'")
             #expect(appendedBy == "ledger unmatch (support-ann)")
@@ -81,13 +83,12 @@ struct RecoverCommandTests {
         let standIn = AppStoreServerStandIn(bundleID: TestApple.bundleId)
         try await withTestDatabase { db in
             let metadata = Data(#"{"appendedBy":"test"}"#.utf8)
-            let writer = LedgerWriter(database: db.database)
-            let orders = OrderLedger(writer: writer)
-            _ = try await orders.create(
+            let services = ServiceAssembly(database: db.database)
+            _ = try await services.orders.create(
                 OrderID(unchecked: "cli-open"), OrderCreated(userId: UserID(unchecked: "cli-user"), productId: ProductID(unchecked: "gems.100")),
                 tokenGiven: false, metadata: metadata)
             let account = AppleAccount(appTransactionId: AppTransactionID(unchecked: "acct-cli"), environment: "Sandbox", bundleId: TestApple.bundleId)
-            _ = try await AppleAccountLinks(writer: writer).link(account, to: UserID(unchecked: "cli-user"), metadata: metadata)
+            _ = try await services.accounts.link(account, to: UserID(unchecked: "cli-user"), metadata: metadata)
             var purchase = TestApple.transaction("9300001", product: "coins.500")
             purchase.appTransactionId = "acct-cli"
             await standIn.setHistory("acct-cli", [.init(revision: "c1", hasMore: false, signedTransactions: [try await apple.sign(purchase)])])

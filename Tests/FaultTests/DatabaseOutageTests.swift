@@ -3,6 +3,7 @@ import Foundation
 import LedgerStore
 import LedgerTestSupport
 import PostgresNIO
+import PrivatePostgres
 import Testing
 
 /// PostgreSQL stopped for 5 s under load: the server keeps running, answers 503 with

@@ -3,6 +3,7 @@ import Foundation
 import LedgerStore
 import LedgerTestSupport
 import PostgresNIO
+import PrivatePostgres
 import Synchronization
 import Testing
 

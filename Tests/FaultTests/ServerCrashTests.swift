@@ -3,6 +3,7 @@ import Foundation
 import LedgerStore
 import LedgerTestSupport
 import PostgresNIO
+import PrivatePostgres
 import Testing
 
 /// The server killed with SIGKILL in the middle of appends that clients retry with the same ids:

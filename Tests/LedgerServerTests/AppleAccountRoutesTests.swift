@@ -2,8 +2,9 @@ import AppleReceipts
 import AppStoreStandIn
 import Foundation
 import HTTPTypes
-import LedgerServer
 import LedgerCore
+import LedgerServer
+import LedgerServices
 import LedgerStore
 import LedgerTestSupport
 import Testing
@@ -164,8 +165,7 @@ struct AppleAccountRoutesTests {
             let verifier = try configuration.apple.verifier(logger: TestServer.logger)
             let sweeps = (0..<2).map { _ in
                 configuration.historySweep(
-                    api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base, timeout: .seconds(60)), logger: TestServer.logger), verifier: verifier,
-                    receipts: ReceiptLedger(database: Database(client: db.client, logger: TestServer.logger)))
+                    secondServer(db), api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base, timeout: .seconds(60)), logger: TestServer.logger), verifier: verifier)
             }
             await standIn.queue([.held])
             async let first = sweeps[0].run()
@@ -239,12 +239,11 @@ struct AppleAccountRoutesTests {
             configuration.apple.environment = "Sandbox"
             configuration.recoveryAfter = 0
             let sweep = configuration.historySweep(
-                api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
-                verifier: try configuration.apple.verifier(logger: TestServer.logger),
-                receipts: ReceiptLedger(database: Database(client: db.client, logger: TestServer.logger)))
+                secondServer(db), api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
+                verifier: try configuration.apple.verifier(logger: TestServer.logger))
             let blind = try await sweep.run(user: UserID("u-z"))
             #expect(blind.failed == 1 && blind.failures == ["verification-unavailable": 1] && blind.stoppedBy == "verification-unavailable", "\(blind)")
-            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_history_cursors WHERE account_id = 'acct-z' AND revision IS NULL AND claimed_until IS NULL", as: Int.self) == 1)
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_history_cursors WHERE account_id = 'acct-z' AND revision IS NULL AND NOT EXISTS (SELECT FROM leases WHERE name = 'history-sweep/acct-z')", as: Int.self) == 1)
             #expect(try await scalar(db, "SELECT count(*)::int FROM apple_transactions WHERE transaction_id = '7700003'", as: Int.self) == 0)
         }
     }

@@ -3,6 +3,7 @@ import AppStoreStandIn
 import Foundation
 import LedgerCore
 import LedgerServer
+import LedgerServices
 import LedgerStore
 import LedgerTestSupport
 import Testing
@@ -26,14 +27,14 @@ struct AppleBackfillTests {
     func refundCatchUp(_ base: String, _ db: TestDatabase) throws -> RefundCatchUp {
         let configuration = trusting(apple)
         return configuration.refundCatchUp(
-            api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
-            verifier: try configuration.apple.verifier(logger: TestServer.logger), receipts: receiptLedger(db))
+            secondServer(db), api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
+            verifier: try configuration.apple.verifier(logger: TestServer.logger))
     }
 
     func backfill(_ base: String, _ db: TestDatabase) throws -> NotificationBackfill {
-        NotificationBackfill(
+        secondServer(db).notificationBackfill(
             api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
-            verifier: try trusting(apple).apple.verifier(logger: TestServer.logger), notifications: NotificationLedger(receipts: receiptLedger(db)))
+            verifier: try trusting(apple).apple.verifier(logger: TestServer.logger))
     }
 
     func order(_ http: LedgerHTTP, _ id: String, _ transaction: SignedTransactionPayload) async throws {
@@ -73,7 +74,7 @@ struct AppleBackfillTests {
             backfill.maximumPages = 1
             let stopped = try await backfill.run()
             #expect(!stopped.finished && stopped.applied == 1 && stopped.repeated == 1, "\(stopped)")
-            #expect(try await scalar(db, "SELECT pagination_token FROM apple_notification_backfill WHERE claimed_until IS NULL", as: String.self) == "page-2")
+            #expect(try await scalar(db, "SELECT pagination_token FROM apple_notification_backfill WHERE NOT EXISTS (SELECT FROM leases WHERE name = 'notification-backfill')", as: String.self) == "page-2")
             let (_, afterFirst) = try await http.send(.get, "/v1/orders/n-1")
             #expect(afterFirst["state"] as? String == "refunded", "the first page was applied")
             // Then Apple rate-limits (honoured), and fails the page more often than the client retries: the token stays.
@@ -82,7 +83,7 @@ struct AppleBackfillTests {
             let started = ContinuousClock.now
             await #expect(throws: AppStoreServerAPIError.self) { try await backfill.run() }
             #expect(ContinuousClock.now - started >= .seconds(1), "Retry-After honoured")
-            #expect(try await scalar(db, "SELECT pagination_token FROM apple_notification_backfill WHERE claimed_until IS NULL", as: String.self) == "page-2")
+            #expect(try await scalar(db, "SELECT pagination_token FROM apple_notification_backfill WHERE NOT EXISTS (SELECT FROM leases WHERE name = 'notification-backfill')", as: String.self) == "page-2")
 
             let resumed = try await backfill.run()
             #expect(resumed.resumed && resumed.pages == 1 && resumed.notifications == 2 && resumed.applied == 1 && resumed.refused == 1, "\(resumed)")

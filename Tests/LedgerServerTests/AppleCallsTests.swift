@@ -3,6 +3,7 @@ import AppStoreStandIn
 import Foundation
 import LedgerCore
 import LedgerServer
+import LedgerServices
 import LedgerStore
 import LedgerTestSupport
 import Testing
@@ -16,9 +17,10 @@ func trusting(_ apple: TestApple) -> LedgerConfiguration {
     return configuration
 }
 
-/// The receipts' intake on `db`, as a second server in the same process has it.
-func receiptLedger(_ db: TestDatabase) -> ReceiptLedger {
-    ReceiptLedger(database: Database(client: db.client, logger: TestServer.logger))
+/// The ledger's services on `db`, as a second server in the same process has them (a writer of
+/// their own).
+func secondServer(_ db: TestDatabase) -> ServiceAssembly {
+    ServiceAssembly(database: Database(client: db.client, logger: TestServer.logger))
 }
 
 /// A server's calls to Apple on `db`, made to the stand-in at `base`, with `switches`.
@@ -26,7 +28,7 @@ func appleCalls(_ standIn: AppStoreServerStandIn, _ base: String, _ db: TestData
     var configuration = LedgerConfiguration()
     configuration.appleCalls = switches
     var calls = configuration.appleCalls(
-        api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger), receipts: receiptLedger(db))
+        secondServer(db), api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger))
     calls.backoff = 30
     return calls
 }

@@ -3,6 +3,7 @@ import AppStoreStandIn
 import Foundation
 import LedgerCore
 import LedgerServer
+import LedgerServices
 import LedgerStore
 import LedgerTestSupport
 import PostgresNIO
@@ -106,9 +107,9 @@ struct AppleFaultMatrixTests {
         await standIn.setNotifications([.init(revision: "end", hasMore: false, signedTransactions: [
             try await apple.notification("REFUND", transaction: refunded),
         ])])
-        let backfill = NotificationBackfill(
+        let backfill = secondServer(db).notificationBackfill(
             api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
-            verifier: try trusting(apple).apple.verifier(logger: TestServer.logger), notifications: NotificationLedger(receipts: receiptLedger(db)))
+            verifier: try trusting(apple).apple.verifier(logger: TestServer.logger))
         await standIn.queue([fault.played])
         var applied = 0
         do {
@@ -135,8 +136,8 @@ struct AppleFaultMatrixTests {
         await standIn.setRefunds("8800001", [.init(revision: "r1", hasMore: false, signedTransactions: [try await apple.sign(refunded)])])
         let configuration = trusting(apple)
         let catchUp = configuration.refundCatchUp(
-            api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
-            verifier: try configuration.apple.verifier(logger: TestServer.logger), receipts: receiptLedger(db))
+            secondServer(db), api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),
+            verifier: try configuration.apple.verifier(logger: TestServer.logger))
         await standIn.queue([fault.played])
         let first = try await catchUp.run()
         var applied = first.applied

@@ -1,7 +1,8 @@
 import Foundation
 import Hummingbird
-import LedgerCore
 import HummingbirdTesting
+import LedgerCore
+import LedgerJSON
 import LedgerServer
 import LedgerStore
 import LedgerTestSupport

@@ -3,6 +3,7 @@ import Foundation
 import Hummingbird
 import HummingbirdTesting
 import LedgerServer
+import LedgerServices
 import LedgerStore
 import LedgerTestSupport
 import Testing
@@ -172,9 +173,9 @@ extension ReconcileRoutesTests {
                 try await http.send(.post, "/v1/receipts", json: ["userId": user, "signedTransaction": try await transaction(user == "u-held" ? "5000041" : "5000042")])
             }
             // Another reconciler's claim on u-held, held in a transaction of its own.
-            try await db.database.transaction { connection in
-                try await connection.query(
-                    "SELECT pg_advisory_xact_lock(\(ReconcilerPass.claimSpace), hashtext('u-held'))", logger: TestServer.logger)
+            try await db.database.transaction { transaction in
+                try await transaction.connection.query(
+                    "SELECT pg_advisory_xact_lock(\(TransactionPool.reconcilerClaimSpace), hashtext('u-held'))", logger: TestServer.logger)
                 let (_, summary) = try await http.send(.post, "/v1/reconcile")
                 #expect(summary["paired"] as? Int == 1 && summary["usersBusy"] as? Int == 1)
             }
@@ -291,8 +292,7 @@ extension ReconcileRoutesTests {
                 try await http.send(.post, "/v1/orders", json: newOrder("batch-\(user)", user: "u-batch-\(user)"))
                 try await http.send(.post, "/v1/receipts", json: ["userId": "u-batch-\(user)", "signedTransaction": try await transaction("71000\(user + 10)")])
             }
-            var pass = ReconcilerPass(
-                receipts: ReceiptLedger(database: db.database), settings: .init(settle: 0))
+            var pass = ServiceAssembly(database: db.database).reconcilerPass(settings: .init(settle: 0))
             pass.orphansPerBatch = 2
             let summary = try await pass.run()
             #expect(summary.paired == 12 && summary.considered == 12 && summary.lostRaces == 0)

@@ -26,7 +26,8 @@ struct ConnectionLossTests {
         try await withTestDatabase { db in
             try await db.database.query("CREATE TABLE loss_probe (n int)")
             let outcome: Result<Void, any Error> = await Result(catching: {
-                try await db.database.transaction { connection in
+                try await db.database.transaction { transaction in
+                    let connection = transaction.connection
                     try await connection.guardedQuery("INSERT INTO loss_probe VALUES (1)", logger: TestServer.logger)
                     // From outside while idle in its transaction: a backend that terminates itself
                     // does so while its own query is in flight, a case postgres-nio (1.33) may
@@ -50,7 +51,8 @@ struct ConnectionLossTests {
     func pooledStatementsAfterTermination() async throws {
         try await withTestDatabase { db in
             for round in 1...25 {
-                _ = try? await db.database.transaction { connection in
+                _ = try? await db.database.transaction { transaction in
+                    let connection = transaction.connection
                     // Handed back the moment the client sees the close: the pool hears of it a
                     // little later, from the connection's close future.
                     try await terminateFromOutside(connection, db, poll: .zero)

@@ -41,16 +41,16 @@ struct EventStoreTests {
             let writer = LedgerWriter(database: database)
             struct Abandoned: Error {}
             await #expect(throws: Abandoned.self) {
-                try await database.transaction { connection in
-                    _ = try await writer.append(.init(.init([try event("payment-added")], to: try uniqueStream())), on: connection)
+                try await database.transaction { transaction in
+                    _ = try await writer.append(.init(.init([try event("payment-added")], to: try uniqueStream())), in: transaction)
                     throw Abandoned()
                 }
             }
             #expect(heard.withLock { $0 } == [])
             let inTransaction = try event("verified")
             let stream = try uniqueStream()
-            try await database.transaction { connection in
-                _ = try await writer.append(.init(.init([inTransaction], to: stream)), on: connection)
+            try await database.transaction { transaction in
+                _ = try await writer.append(.init(.init([inTransaction], to: stream)), in: transaction)
                 #expect(heard.withLock { $0 } == [], "not before COMMIT")
             }
             #expect(heard.withLock { $0 } == ["verified"])

@@ -1,5 +1,6 @@
 import Foundation
 import LedgerCore
+import LedgerJSON
 import LedgerStore
 import LedgerTestSupport
 import PostgresNIO
@@ -57,7 +58,7 @@ struct GapSafetyTests {
     @Test("the Apple call feed does not pass a request whose transaction commits late; it queues it once it commits")
     func appleCallFeedWaitsForLateCommits() async throws {
         try await withTestDatabase { db in
-            let queue = AppleCallQueue(orders: OrderLedger(writer: db.writer))
+            let queue = AppleCallQueue(orders: OrderLedger(writer: db.writer), leases: Leases(database: db.database))
             let switches = AppleCallQueue.Switches(consumption: true)
             // A CONSUMPTION_REQUEST recorded in a transaction that takes its position first and commits last.
             func request(_ id: String) throws -> NewEvent {

@@ -1,5 +1,6 @@
 import Foundation
 import LedgerCore
+import LedgerJSON
 import LedgerStore
 import LedgerTestSupport
 import Testing
@@ -19,18 +20,18 @@ struct ReadForWriteTests {
 
             let (locked, lockTaken) = AsyncStream.makeStream(of: Void.self)
             let holder = Task {
-                try await db.database.transaction { connection in
-                    try await db.writer.lock([id.streamID], on: connection)
+                try await db.database.transaction { transaction in
+                    try await db.writer.lock([id.streamID], in: transaction)
                     lockTaken.yield()
                     // Long enough for the reader's statement to start and wait for the lock.
                     try await Task.sleep(for: .milliseconds(500))
                     let paid = try EventCoding.newEvent(.paymentAdded(PaymentAdded(queuedAt: Date())), id: EventID(), metadata: Data("{}".utf8))
-                    _ = try await db.writer.append(LedgerWriter.Write(LedgerWriter.Append([paid], to: id.streamID)), on: connection)
+                    _ = try await db.writer.append(LedgerWriter.Write(LedgerWriter.Append([paid], to: id.streamID)), in: transaction)
                 }
             }
             for await _ in locked { break }
-            let read = try await db.database.transaction { connection in
-                try await db.writer.read(locking: [id.streamID], orders: [id], transactions: [], on: connection)
+            let read = try await db.database.transaction { transaction in
+                try await db.writer.read(locking: [id.streamID], orders: [id], transactions: [], in: transaction)
             }
             try await holder.value
             #expect(read.order(id)?.version == 1)

@@ -35,7 +35,7 @@ public struct TestDatabase: Sendable {
     public func append(
         _ events: [NewEvent], to stream: StreamID, expectedVersion: ExpectedVersion = .any, on connection: PostgresConnection
     ) async throws -> AppendResult {
-        try await writer.append(.init(.init(events, to: stream, expected: expectedVersion)), on: connection).appends[0].result
+        try await writer.append(.init(.init(events, to: stream, expected: expectedVersion)), in: DatabaseTransaction(connection)).appends[0].result
     }
 
     /// Opens a single connection of its own (for tests that hold transactions open).

@@ -2,6 +2,7 @@ import Foundation
 import LedgerStore
 import Logging
 import PostgresNIO
+import PrivatePostgres
 
 #if canImport(Glibc)
 import Glibc

@@ -1,5 +1,6 @@
 import Foundation
 import LedgerCore
+import LedgerServices
 import LedgerStore
 import LedgerTestSupport
 import Testing
@@ -20,14 +21,15 @@ struct ReceiptRaceTests {
     @Test("one transaction sent for 16 orders at once, each through its own client: one order gets it, 15 fail as duplicates")
     func oneTransactionManyOrders() async throws {
         try await withTestDatabase { db in
-            let receipts = ReceiptLedger(database: db.database)
+            let services = ServiceAssembly(database: db.database)
+            let receipts = services.receipts
             for index in 0..<16 {
-                _ = try await receipts.orders.create(
+                _ = try await services.orders.create(
                     OrderID(unchecked: "race-\(index)"), OrderCreated(userId: UserID(unchecked: "u-race"), productId: ProductID(unchecked: "gems.100")),
                     tokenGiven: false, metadata: metadata)
             }
             let paid = transaction("5100001")
-            let groupWrites = receipts.orders.writer.groupCommitStatistics.writes
+            let groupWrites = services.writer.groupCommitStatistics.writes
             let answers = try await withThrowingTaskGroup(of: ReceiptLedger.Answer.self) { group in
                 for index in 0..<16 {
                     group.addTask {
@@ -37,10 +39,10 @@ struct ReceiptRaceTests {
                 return try await group.reduce(into: []) { $0.append($1) }
             }
             #expect(answers.count == 16)
-            #expect(receipts.orders.writer.groupCommitStatistics.writes - groupWrites >= 16, "each went the common case first")
+            #expect(services.writer.groupCommitStatistics.writes - groupWrites >= 16, "each went the common case first")
             #expect(answers.filter { $0.outcome == .matched }.count == 1, "\(answers.map(\.outcome))")
             #expect(answers.filter { $0.outcome == .duplicate }.count == 15, "\(answers.map(\.outcome))")
-            let orders = try await (0..<16).asyncMap { try await receipts.orders.order(OrderID(unchecked: "race-\($0)")) }
+            let orders = try await (0..<16).asyncMap { try await services.orders.order(OrderID(unchecked: "race-\($0)")) }
             #expect(orders.compactMap { $0 }.filter { $0.transactionId == paid.transactionId }.count == 1)
             #expect(orders.compactMap { $0 }.filter { $0.state == .failed }.count == 15)
         }
@@ -49,8 +51,9 @@ struct ReceiptRaceTests {
     @Test("one proof sent 16 times at once for its order: matched every time, stored once")
     func oneProofManyTimes() async throws {
         try await withTestDatabase { db in
-            let receipts = ReceiptLedger(database: db.database)
-            let created = try await receipts.orders.create(
+            let services = ServiceAssembly(database: db.database)
+            let receipts = services.receipts
+            let created = try await services.orders.create(
                 OrderID(unchecked: "again"), OrderCreated(userId: UserID(unchecked: "u-again"), productId: ProductID(unchecked: "gems.100")),
                 tokenGiven: false, metadata: metadata)
             let paid = transaction("5100002", token: created.order.appAccountToken)
@@ -63,7 +66,7 @@ struct ReceiptRaceTests {
                 return try await group.reduce(into: []) { $0.append($1) }
             }
             #expect(answers.count == 16 && answers.allSatisfy { $0.outcome == .matched && $0.orderId == OrderID(unchecked: "again") }, "\(answers)")
-            let order = try #require(try await receipts.orders.order(OrderID(unchecked: "again")))
+            let order = try #require(try await services.orders.order(OrderID(unchecked: "again")))
             #expect(order.state == .verified && order.version == 2)
         }
     }

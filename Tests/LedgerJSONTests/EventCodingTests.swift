@@ -1,6 +1,7 @@
 import Foundation
 import LedgerCore
-import LedgerStore
+import LedgerJSON
+
 import Testing
 
 @Suite("The ledger's JSON: event bodies and times")

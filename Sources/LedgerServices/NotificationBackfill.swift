@@ -3,30 +3,36 @@ import Foundation
 import LedgerCore
 import LedgerStore
 import Logging
-import PostgresNIO
 
 /// The notification backfill: the App Store Server Notifications Apple sent while the ledger
 /// was away (Get Notification History), each applied through the path a live one takes, so one
 /// applied before is applied once (its `notificationUUID` is its event's id). Its request and the
 /// pagination token of the last page applied are kept (`apple_notification_backfill`): a stopped
-/// backfill resumes where it stopped. One server at a time runs it (a lease on that row).
+/// backfill resumes where it stopped. One server at a time runs it (under its lease).
 public struct NotificationBackfill: Sendable {
     let api: LazyAppStoreServerAPI
     let verifier: AppleProofVerifier
     let notifications: NotificationLedger
+    let state: NotificationBackfillState
+    let leases: Leases
+    let logger: Logger
     /// How far back Apple keeps notification history.
     public static let appleKeeps: TimeInterval = 180 * 86_400
     /// How much earlier than the last notification recorded a backfill starts (Apple's history
     /// is by the time it sent a notification, which may be a little before its signed date).
     public var overlap: TimeInterval = 3600
     public var maximumPages = 10_000
-    var database: Database { notifications.receipts.orders.database }
-    var logger: Logger { database.logger }
 
-    public init(api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, notifications: NotificationLedger) {
+    public init(
+        api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, notifications: NotificationLedger, state: NotificationBackfillState,
+        leases: Leases, logger: Logger
+    ) {
         self.api = api
         self.verifier = verifier
         self.notifications = notifications
+        self.state = state
+        self.leases = leases
+        self.logger = logger
     }
 
     /// What a backfill did.
@@ -56,18 +62,15 @@ public struct NotificationBackfill: Sendable {
         progress: (@Sendable (Int) -> Void)? = nil
     ) async throws -> Summary {
         var summary = Summary()
-        guard let request = try await claim(since: since) else {
+        let ran: Void? = try await leases.withLease("notification-backfill", for: Self.lease) { lease in
+            let request = try await begin(since: since)
+            (summary.startDate, summary.endDate, summary.resumed) = (request.start, request.end, request.token != nil)
+            try await read(request, under: lease, metadata: metadata, into: &summary, progress: progress)
+        }
+        guard ran != nil else {
             summary.busy = true
             return summary
         }
-        (summary.startDate, summary.endDate, summary.resumed) = (request.start, request.end, request.token != nil)
-        do {
-            try await read(request, metadata: metadata, into: &summary, progress: progress)
-        } catch {
-            _ = try? await database.query("UPDATE apple_notification_backfill SET claimed_until = NULL")
-            throw error
-        }
-        _ = try await database.query("UPDATE apple_notification_backfill SET claimed_until = NULL")
         if summary.notifications > 0 {
             logger.info("notification backfill", metadata: [
                 "backfill.notifications": "\(summary.notifications)", "backfill.applied": "\(summary.applied)",
@@ -84,47 +87,31 @@ public struct NotificationBackfill: Sendable {
 
     static let lease: TimeInterval = 600
 
-    /// The request to run, under the lease; nil when another server holds it.
-    private func claim(since: Date?) async throws -> Request? {
+    /// The request to run, recorded (the caller holds the lease): a stopped one's, unless
+    /// `since` is given, else a new one from the latest of the last notification recorded and the
+    /// end of the last backfill, less `overlap` (a ledger that recorded neither: from its first
+    /// event), to now, never further back than Apple keeps.
+    private func begin(since: Date?) async throws -> Request {
         let earliest = Date().addingTimeInterval(-Self.appleKeeps + 60)
-        return try await database.transaction { connection in
-            let rows = try await connection.guardedQuery(
-                """
-                SELECT start_date, end_date, pagination_token, finished_at IS NOT NULL, coalesce(claimed_until > now(), false),
-                       (SELECT (data->>'signedDate')::timestamptz FROM events WHERE type = 'notification-received'
-                         ORDER BY global_position DESC LIMIT 1),
-                       (SELECT recorded_at FROM events ORDER BY global_position LIMIT 1)
-                  FROM apple_notification_backfill FOR UPDATE
-                """, logger: logger)
-            var found: (start: Date?, end: Date?, token: String?, finished: Bool, claimed: Bool, lastNotification: Date?, firstEvent: Date?)?
-            for try await row in rows.decode((Date?, Date?, String?, Bool, Bool, Date?, Date?).self) { found = row }
-            guard let (start, end, token, finished, claimed, lastNotification, firstEvent) = found, !claimed else { return nil }
-            var request: Request
-            if since == nil, let start, let end, !finished {
-                request = Request(start: start, end: end, token: token)
-            } else {
-                // From the latest of: the last notification recorded, the end of the last
-                // backfill; a ledger that recorded neither, from its first event.
-                let from = since ?? ([lastNotification, finished ? end : nil].compactMap { $0 }.max()?.addingTimeInterval(-overlap)
-                    ?? firstEvent ?? Date())
-                request = Request(start: max(from, earliest), end: Date(), token: nil)
-            }
-            if request.start >= request.end { request = Request(start: request.end.addingTimeInterval(-1), end: request.end, token: nil) }
-            let fresh = request.token == nil
-            _ = try await connection.guardedQuery(
-                """
-                UPDATE apple_notification_backfill
-                   SET start_date = \(request.start), end_date = \(request.end), pagination_token = \(request.token),
-                       claimed_until = now() + make_interval(secs => \(Self.lease)),
-                       finished_at = CASE WHEN \(fresh) THEN NULL ELSE finished_at END
-                """, logger: logger)
-            return request
+        let stored = try await state.read()
+        var request: Request
+        if since == nil, let start = stored.startDate, let end = stored.endDate, !stored.finished {
+            request = Request(start: start, end: end, token: stored.paginationToken)
+        } else {
+            let from = since ?? ([stored.lastNotification, stored.finished ? stored.endDate : nil].compactMap { $0 }.max()?.addingTimeInterval(-overlap)
+                ?? stored.firstEvent ?? Date())
+            request = Request(start: max(from, earliest), end: Date(), token: nil)
         }
+        if request.start >= request.end { request = Request(start: request.end.addingTimeInterval(-1), end: request.end, token: nil) }
+        try await state.begin(startDate: request.start, endDate: request.end, paginationToken: request.token)
+        return request
     }
 
     /// Reads the pages from the request's token on, applies each notification, and keeps the
     /// next page's token once a page is applied.
-    private func read(_ request: Request, metadata: Data, into summary: inout Summary, progress: (@Sendable (Int) -> Void)?) async throws {
+    private func read(
+        _ request: Request, under lease: Lease, metadata: Data, into summary: inout Summary, progress: (@Sendable (Int) -> Void)?
+    ) async throws {
         let client = try await api.client()
         var token = request.token
         for _ in 0..<maximumPages {
@@ -147,13 +134,11 @@ public struct NotificationBackfill: Sendable {
             progress?(summary.notifications)
             let done = !page.hasMore || page.paginationToken == nil
             token = page.paginationToken
-            _ = try await database.query(
-                """
-                UPDATE apple_notification_backfill
-                   SET pagination_token = CASE WHEN \(done) THEN NULL ELSE \(token) END,
-                       finished_at = CASE WHEN \(done) THEN now() END,
-                       claimed_until = now() + make_interval(secs => \(Self.lease))
-                """)
+            guard try await leases.renew(lease, for: Self.lease) else {
+                logger.warning("the notification backfill lost its lease; another server goes on")
+                return
+            }
+            try await state.advance(paginationToken: token, done: done)
             if done {
                 summary.finished = true
                 return

@@ -1,5 +1,5 @@
 import Foundation
-import LedgerStore
+import PrivatePostgres
 import LedgerTestSupport
 import Logging
 import PostgresNIO
@@ -17,7 +17,7 @@ struct PrivateClusterTests {
 
     func count(_ cluster: PrivateCluster) async throws -> Int {
         let connection = try await PostgresConnection.connect(
-            configuration: .init(unixSocketPath: cluster.socketPath, username: PrivateCluster.user, password: nil, database: PrivateCluster.database),
+            configuration: .init(unixSocketPath: cluster.socketPath, username: PrivateCluster.user, password: nil, database: "postgres"),
             id: 1, logger: TestServer.logger)
         defer { Task { try? await connection.close() } }
         try await connection.query("CREATE TABLE IF NOT EXISTS marks (n int)", logger: TestServer.logger)

@@ -1,25 +1,22 @@
 import Foundation
 import LedgerCore
+import LedgerJSON
+import LedgerStore
 import Logging
-import PostgresNIO
 
 /// Applies verified Apple transactions to orders: each proof in one database transaction that
 /// locks the transaction (and the order it names), ties the transaction to its order by the
 /// strongest evidence, and appends `receipt-received` + `verified` (or `failed`), or puts the
 /// transaction in the pool. Re-sending a proof finds it applied and appends nothing.
 public struct ReceiptLedger: Sendable {
-    public let orders: OrderLedger
-    var writer: LedgerWriter { orders.writer }
-    var database: Database { orders.database }
+    let database: Database
+    let writer: LedgerWriter
+    let orders: OrderLedger
 
-    public init(orders: OrderLedger) {
+    public init(database: Database, writer: LedgerWriter, orders: OrderLedger) {
+        self.database = database
+        self.writer = writer
         self.orders = orders
-    }
-
-    /// The intake on a writer of its own on `database` (a command's, a second server's): events
-    /// share transactions only with what uses this value.
-    public init(database: Database) {
-        self.init(orders: OrderLedger(writer: LedgerWriter(database: database)))
     }
 
     /// Who sent the proof and which order it names.
@@ -54,15 +51,15 @@ public struct ReceiptLedger: Sendable {
     public func apply(_ transaction: AppleTransaction, claim: Claim, metadata: Data) async throws -> Answer {
         if let answer = try await applyCommonCase(transaction, claim: claim, metadata: metadata) { return answer }
         do {
-            return try await database.transaction { connection in
-                try await apply(transaction, claim: claim, metadata: metadata, on: connection)
+            return try await database.transaction { tx in
+                try await apply(transaction, claim: claim, metadata: metadata, in: tx)
             }
         } catch let error where Self.lostRace(error) {
             // Another writer (a backend's own receipt-received naming this transaction, a
             // reconciler's pairing) was first, or PostgreSQL broke a deadlock here. Again, from
             // the start: the holder is now visible.
-            return try await database.transaction { connection in
-                try await apply(transaction, claim: claim, metadata: metadata, on: connection)
+            return try await database.transaction { tx in
+                try await apply(transaction, claim: claim, metadata: metadata, in: tx)
             }
         }
     }
@@ -73,19 +70,18 @@ public struct ReceiptLedger: Sendable {
     /// group reads it, and the append routine stores the pairing only if, under the locks, the
     /// order is still as read and the transaction unclaimed (taken out of the pool if it waited
     /// there). Nil when the case does not hold, or no longer held when written: the locked path
-    /// (`apply(_:claim:metadata:on:)`) then decides.
+    /// (`apply(_:claim:metadata:in:)`) then decides.
     func applyCommonCase(_ transaction: AppleTransaction, claim: Claim, metadata: Data) async throws -> Answer? {
         let named: (OrderID, MatchedBy)
         if let orderID = claim.orderId {
             named = (orderID, .applicationUsername)
-        } else if let token = transaction.appAccountToken,
-                  let owner = try await database.withConnection({ try await orderID(appAccountToken: token, on: $0) }) {
+        } else if let token = transaction.appAccountToken, let owner = try await orders.orderID(appAccountToken: token) {
             named = (owner, .appAccountToken)
         } else {
             return nil
         }
         let (product, user) = (transaction.productId, claim.userId)
-        var write = try matchWrite(transaction, to: named.0, by: named.1, pairing: nil, metadata: metadata)
+        var write = try Self.matchWrite(transaction, to: named.0, by: named.1, pairing: nil, metadata: metadata)
         write.condition = { order in order.isOpen && order.productId == product && (user == nil || user == order.userId) }
         do {
             let written = try await writer.append(write)
@@ -102,14 +98,13 @@ public struct ReceiptLedger: Sendable {
     static func lostRace(_ error: any Error) -> Bool {
         switch error {
         case OrderLedgerError.duplicateTransaction, AppendError.eventIDConflict, AppendError.wrongExpectedVersion: true
-        case let error as PSQLError: error.sqlState == .uniqueViolation || error.sqlState == .deadlockDetected
-        default: false
+        default: isLostRace(error)
         }
     }
 
-    func apply(_ transaction: AppleTransaction, claim: Claim, metadata: Data, on connection: PostgresConnection) async throws -> Answer {
+    func apply(_ transaction: AppleTransaction, claim: Claim, metadata: Data, in tx: DatabaseTransaction) async throws -> Answer {
         let id = transaction.transactionId
-        let (snapshot, candidate, matchedBy, noOrderReason) = try await lookUp(transaction, claim: claim, on: connection)
+        let (snapshot, candidate, matchedBy, noOrderReason) = try await lookUp(transaction, claim: claim, in: tx)
         let holder = snapshot.transaction(id)
 
         if let holder, let holderOrder = holder.orderId {
@@ -118,7 +113,7 @@ public struct ReceiptLedger: Sendable {
                 return Answer(outcome: .matched, transactionId: id, orderId: holderOrder, state: candidate.state,
                               finishTransaction: candidate.state.clientMayFinish, reason: nil)
             }
-            let owner = try await writer.read(orders: [holderOrder], transactions: [], on: connection).order(holderOrder)
+            let owner = try await writer.read(orders: [holderOrder], transactions: [], in: tx).order(holderOrder)
             let ownerMayFinish = owner?.state.clientMayFinish ?? false
             guard let loser = candidate else {
                 let sameUser = claim.userId == nil || owner?.userId == claim.userId
@@ -129,7 +124,7 @@ public struct ReceiptLedger: Sendable {
             var state = loser.state
             if loser.isOpen {
                 let failed = OrderEvent.failed(Failed(reason: "duplicate-transaction", detail: "Apple transaction \(id) belongs to another order"))
-                state = try await append([(failed, EventID.named("duplicate", loser.orderId.rawValue, id.rawValue))], to: loser, metadata: metadata, on: connection, knowing: snapshot).state
+                state = try await append([(failed, EventID.named("duplicate", loser.orderId.rawValue, id.rawValue))], to: loser, metadata: metadata, in: tx, knowing: snapshot).state
             }
             return Answer(outcome: .duplicate, transactionId: id, orderId: loser.orderId, state: state,
                           finishTransaction: ownerMayFinish, reason: "duplicate-transaction")
@@ -147,23 +142,23 @@ public struct ReceiptLedger: Sendable {
                 let failed = OrderEvent.failed(Failed(
                     reason: "product-mismatch",
                     detail: "Apple transaction \(id) is for \(transaction.productId), the order for \(order.productId)"))
-                var appends = [try orderAppend([(failed, EventID.named("product-mismatch", order.orderId.rawValue, id.rawValue))], to: order.orderId, metadata: metadata)]
+                var appends = [try Self.orderAppend([(failed, EventID.named("product-mismatch", order.orderId.rawValue, id.rawValue))], to: order.orderId, metadata: metadata)]
                 if holder == nil {
-                    appends.append(try poolAppend(transaction, userId: claim.userId ?? order.userId, claimedOrder: order.orderId, reason: "product-mismatch", metadata: metadata))
+                    appends.append(try Self.poolAppend(transaction, userId: claim.userId ?? order.userId, claimedOrder: order.orderId, reason: "product-mismatch", metadata: metadata))
                 }
-                let written = try await writer.append(LedgerWriter.Write(appends), on: connection, knowing: snapshot)
+                let written = try await writer.append(LedgerWriter.Write(appends), in: tx, knowing: snapshot)
                 let state = written.appends[0].order?.state ?? order.state
                 return Answer(outcome: .unmatched, transactionId: id, orderId: order.orderId, state: state, finishTransaction: false, reason: "product-mismatch")
             }
-            let matched = try await match(transaction, to: order, by: matchedBy, metadata: metadata, on: connection, knowing: snapshot)
+            let matched = try await match(transaction, to: order, by: matchedBy, metadata: metadata, in: tx, knowing: snapshot)
             return Answer(outcome: .matched, transactionId: id, orderId: matched.orderId, state: matched.state,
                           finishTransaction: matched.state.clientMayFinish, reason: nil)
         }
         let reason = candidate == nil ? noOrderReason : "order-closed"
         if holder == nil {
-            let append = try poolAppend(
+            let append = try Self.poolAppend(
                 transaction, userId: claim.userId ?? candidate?.userId ?? claim.poolUserId, claimedOrder: claim.orderId, reason: reason, metadata: metadata)
-            _ = try await writer.append(LedgerWriter.Write(append), on: connection, knowing: snapshot)
+            _ = try await writer.append(LedgerWriter.Write(append), in: tx, knowing: snapshot)
         }
         return Answer(outcome: .unmatched, transactionId: id, orderId: candidate?.orderId, state: candidate?.state, finishTransaction: false, reason: reason)
     }
@@ -173,14 +168,14 @@ public struct ReceiptLedger: Sendable {
     /// `pairing`). The caller holds the locks of both; answers the order as the events leave it.
     func match(
         _ transaction: AppleTransaction, to order: Order, by matchedBy: MatchedBy, pairing: LedgerWriter.Pairing? = nil,
-        metadata: Data, on connection: PostgresConnection, knowing snapshot: LedgerWriter.Snapshot? = nil
+        metadata: Data, in tx: DatabaseTransaction, knowing snapshot: LedgerWriter.Snapshot? = nil
     ) async throws -> Order {
         try await append(Self.matchEvents(transaction, order: order.orderId, by: matchedBy), to: order, pairing: pairing,
-                         metadata: metadata, on: connection, knowing: snapshot)
+                         metadata: metadata, in: tx, knowing: snapshot)
     }
 
     /// The write `match` makes, for a caller that writes several at once.
-    func matchWrite(
+    static func matchWrite(
         _ transaction: AppleTransaction, to order: OrderID, by matchedBy: MatchedBy, pairing: LedgerWriter.Pairing?, metadata: Data
     ) throws -> LedgerWriter.Write {
         LedgerWriter.Write(try orderAppend(Self.matchEvents(transaction, order: order, by: matchedBy), to: order, metadata: metadata), pairing: pairing)
@@ -202,20 +197,20 @@ public struct ReceiptLedger: Sendable {
     /// Appends events the ledger decided to an order in the caller's transaction: the order they leave.
     func append(
         _ events: [(OrderEvent, EventID)], to order: Order, pairing: LedgerWriter.Pairing? = nil, metadata: Data,
-        on connection: PostgresConnection, knowing snapshot: LedgerWriter.Snapshot? = nil
+        in tx: DatabaseTransaction, knowing snapshot: LedgerWriter.Snapshot? = nil
     ) async throws -> Order {
-        let write = LedgerWriter.Write(try orderAppend(events, to: order.orderId, metadata: metadata), pairing: pairing)
-        let written = try await writer.append(write, on: connection, knowing: snapshot)
+        let write = LedgerWriter.Write(try Self.orderAppend(events, to: order.orderId, metadata: metadata), pairing: pairing)
+        let written = try await writer.append(write, in: tx, knowing: snapshot)
         if let order = written.appends[0].order { return order }
         return try await orders.orderAsOf(order.orderId, version: written.appends[0].result.streamVersion)
     }
 
-    private func orderAppend(_ events: [(OrderEvent, EventID)], to order: OrderID, metadata: Data) throws -> LedgerWriter.Append {
+    private static func orderAppend(_ events: [(OrderEvent, EventID)], to order: OrderID, metadata: Data) throws -> LedgerWriter.Append {
         LedgerWriter.Append(try events.map { try EventCoding.newEvent($0.0, id: $0.1, metadata: metadata) }, to: order.streamID)
     }
 
     /// A verified transaction no order can take, into the pool (`transaction-unmatched`).
-    func poolAppend(
+    static func poolAppend(
         _ transaction: AppleTransaction, userId: UserID?, claimedOrder: OrderID?, reason: String, metadata: Data
     ) throws -> LedgerWriter.Append {
         let body = TransactionUnmatched(transaction: transaction, userId: userId, claimedOrderId: claimedOrder, reason: reason)
@@ -228,11 +223,11 @@ public struct ReceiptLedger: Sendable {
     /// by the strongest evidence: the order id it carries, then its appAccountToken; never an
     /// order of another user than the proof's. The order found is locked too.
     private func lookUp(
-        _ transaction: AppleTransaction, claim: Claim, on connection: PostgresConnection
+        _ transaction: AppleTransaction, claim: Claim, in tx: DatabaseTransaction
     ) async throws -> (LedgerWriter.Snapshot, Order?, MatchedBy?, String) {
         let id = transaction.transactionId
         let named = claim.orderId.map { [$0] } ?? []
-        var snapshot = try await writer.read(locking: [id.streamID] + named.map(\.streamID), orders: named, transactions: [id], on: connection)
+        var snapshot = try await writer.read(locking: [id.streamID] + named.map(\.streamID), orders: named, transactions: [id], in: tx)
         var reason = "no-order"
         if let orderId = claim.orderId {
             if let order = snapshot.order(orderId) {
@@ -242,8 +237,8 @@ public struct ReceiptLedger: Sendable {
                 reason = "unknown-order"
             }
         }
-        if let token = transaction.appAccountToken, let found = try await orderID(appAccountToken: token, on: connection) {
-            snapshot = try await writer.read(locking: [found.streamID], orders: [found], transactions: [id], on: connection)
+        if let token = transaction.appAccountToken, let found = try await orders.orderID(appAccountToken: token, in: tx) {
+            snapshot = try await writer.read(locking: [found.streamID], orders: [found], transactions: [id], in: tx)
             if let order = snapshot.order(found), claim.userId == nil || claim.userId == order.userId {
                 return (snapshot, order, .appAccountToken, "")
             }
@@ -251,15 +246,9 @@ public struct ReceiptLedger: Sendable {
         return (snapshot, nil, nil, reason)
     }
 
-    private func orderID(appAccountToken token: UUID, on connection: PostgresConnection) async throws -> OrderID? {
-        let rows = try await connection.guardedQuery("SELECT order_id FROM orders WHERE app_account_token = \(token)", logger: database.logger)
-        for try await id in rows.decode(String.self) { return OrderID(unchecked: id) }
-        return nil
-    }
-
     /// Locks Apple transaction `id` in the caller's transaction, as every writer of it does.
-    func lockTransaction(_ id: TransactionID, on connection: PostgresConnection) async throws {
-        try await writer.lock([id.streamID], on: connection)
+    func lockTransaction(_ id: TransactionID, in tx: DatabaseTransaction) async throws {
+        try await writer.lock([id.streamID], in: tx)
     }
 }
 
@@ -303,17 +292,5 @@ extension ReceiptLedger {
             // The same proof was refused for the same reason and order before, sent then with other
             // fields (a user id, a transaction id): the first record stands; this is a retry.
         }
-    }
-
-    /// The order holding each of `ids` (nil: in the pool); ids the ledger does not know are absent.
-    public func holders(of ids: [TransactionID]) async throws -> [TransactionID: OrderID?] {
-        let rows = try await database.query(
-            "SELECT transaction_id, order_id FROM apple_transactions WHERE transaction_id = ANY(\(ids.map(\.rawValue)))")
-        var holders: [TransactionID: OrderID?] = [:]
-        for try await (id, order) in rows.decode((String, String?).self) {
-            // (Assigning nil through the subscript would drop a pooled transaction's key.)
-            holders.updateValue(order.map(OrderID.init(unchecked:)), forKey: TransactionID(unchecked: id))
-        }
-        return holders
     }
 }

@@ -1,7 +1,8 @@
 import Foundation
 import LedgerCore
+import LedgerJSON
+import LedgerStore
 import Logging
-import PostgresNIO
 
 /// The Apple account links: which user owns which Apple account (`appTransactionId`). A link is
 /// the first event of the account's stream, so the database's one-event-per-version rule lets
@@ -9,11 +10,14 @@ import PostgresNIO
 /// recorded as a conflict for support and moves nothing. The reconciler's view of the pool
 /// (`pool_with_users`) and the history sweeps read the links from the log.
 public struct AppleAccountLinks: Sendable {
-    public let writer: LedgerWriter
-    var database: Database { writer.database }
+    let database: Database
+    let writer: LedgerWriter
+    let events: EventStore
 
-    public init(writer: LedgerWriter) {
+    public init(database: Database, writer: LedgerWriter, events: EventStore) {
+        self.database = database
         self.writer = writer
+        self.events = events
     }
 
     /// What a claim did.
@@ -36,39 +40,39 @@ public struct AppleAccountLinks: Sendable {
 
     /// Records that `user` presented `account`'s signed AppTransaction.
     public func link(_ account: AppleAccount, to user: UserID, metadata: Data) async throws -> Answer {
-        try await database.transactionAgainAfterLostRace { connection in
-            try await link(account, to: user, metadata: metadata, on: connection)
+        try await database.transactionAgainAfterLostRace { tx in
+            try await link(account, to: user, metadata: metadata, in: tx)
         }
     }
 
-    func link(_ account: AppleAccount, to user: UserID, metadata: Data, on connection: PostgresConnection) async throws -> Answer {
+    func link(_ account: AppleAccount, to user: UserID, metadata: Data, in tx: DatabaseTransaction) async throws -> Answer {
         let id = account.appTransactionId
-        try await writer.lock([id.streamID], on: connection)
-        let owner = try await owner(of: id, on: connection)
+        try await writer.lock([id.streamID], in: tx)
+        let owner = try await owner(of: id, in: tx)
         if owner == user { return Answer(outcome: .alreadyLinked, appTransactionId: id, userId: user, ownerUserId: nil) }
-        if let owner { return try await recordConflict(id, claimedBy: user, owner: owner, metadata: metadata, on: connection) }
-        return try await recordLink(account, to: user, metadata: metadata, on: connection)
+        if let owner { return try await recordConflict(id, claimedBy: user, owner: owner, metadata: metadata, in: tx) }
+        return try await recordLink(account, to: user, metadata: metadata, in: tx)
     }
 
     /// The account's first event: `user` owns it.
-    private func recordLink(_ account: AppleAccount, to user: UserID, metadata: Data, on connection: PostgresConnection) async throws -> Answer {
+    private func recordLink(_ account: AppleAccount, to user: UserID, metadata: Data, in tx: DatabaseTransaction) async throws -> Answer {
         let id = account.appTransactionId
         let event = try EventCoding.newEvent(
             type: AppleAccountEvents.linked, AppleAccountEvents.Linked(account: account, userId: user),
             id: EventID.named(AppleAccountEvents.linked, id.rawValue, user.rawValue), metadata: metadata)
-        _ = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: id.streamID, expected: .noStream)), on: connection)
+        _ = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: id.streamID, expected: .noStream)), in: tx)
         database.logger.info("Apple account linked", metadata: ["apple.app_transaction": "\(id)", "user.id": "\(user)"])
         return Answer(outcome: .linked, appTransactionId: id, userId: user, ownerUserId: nil)
     }
 
     /// Another user's claim, for support; named by the claimant, so claiming again records one.
     private func recordConflict(
-        _ id: AppTransactionID, claimedBy user: UserID, owner: UserID, metadata: Data, on connection: PostgresConnection
+        _ id: AppTransactionID, claimedBy user: UserID, owner: UserID, metadata: Data, in tx: DatabaseTransaction
     ) async throws -> Answer {
         let event = try EventCoding.newEvent(
             type: AppleAccountEvents.conflict, AppleAccountEvents.Conflict(appTransactionId: id, userId: user, ownerUserId: owner),
             id: EventID.named(AppleAccountEvents.conflict, id.rawValue, user.rawValue), metadata: metadata)
-        let written = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: id.streamID)), on: connection)
+        let written = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: id.streamID)), in: tx)
         if !written.replayed {
             database.logger.warning("an Apple account another user owns was claimed", metadata: [
                 "apple.app_transaction": "\(id)", "user.id": "\(user)", "apple.owner": "\(owner)"])
@@ -76,12 +80,10 @@ public struct AppleAccountLinks: Sendable {
         return Answer(outcome: .conflict, appTransactionId: id, userId: user, ownerUserId: owner)
     }
 
-    /// The user who owns the account, if one does.
-    func owner(of id: AppTransactionID, on connection: PostgresConnection) async throws -> UserID? {
-        let rows = try await connection.guardedQuery(
-            "SELECT data->>'userId' FROM events WHERE stream_id = \(id.streamID.rawValue) AND stream_version = 0",
-            logger: database.logger)
-        for try await user in rows.decode(String.self) { return UserID(unchecked: user) }
-        return nil
+    /// The user who owns the account, if one does: the one its first event, the link, names.
+    func owner(of id: AppTransactionID, in tx: DatabaseTransaction) async throws -> UserID? {
+        struct Owner: Decodable { let userId: String }
+        guard let link = try await events.firstEvent(of: id.streamID, in: tx) else { return nil }
+        return UserID(unchecked: try EventCoding.decoder.decode(Owner.self, from: link.data).userId)
     }
 }

@@ -1,5 +1,6 @@
 import Foundation
 import LedgerCore
+import LedgerServices
 import LedgerStore
 import LedgerTestSupport
 import Testing
@@ -15,7 +16,7 @@ struct AppleAccountLinkTests {
             let answers = try await withThrowingTaskGroup(of: AppleAccountLinks.Answer.self) { group in
                 for index in 0..<12 {
                     // A writer each, as on servers of their own.
-                    let links = AppleAccountLinks(writer: LedgerWriter(database: db.database))
+                    let links = ServiceAssembly(database: db.database).accounts
                     group.addTask { try await links.link(account, to: UserID(unchecked: "racer-\(index)"), metadata: metadata) }
                 }
                 return try await group.reduce(into: []) { $0.append($1) }

@@ -48,7 +48,7 @@ public enum EventCoding {
 
     /// `body(stream:type:data:)` for a body read from the log as text, through
     /// `StoredBodyDecoder`: the same answers, faster.
-    static func body(stream: StreamID, type: String, text: String) throws -> EventBody {
+    public static func body(stream: StreamID, type: String, text: String) throws -> EventBody {
         try body(stream: stream, type: type, reader: StoredReader(text: text))
     }
 
@@ -144,21 +144,10 @@ public enum EventCoding {
     }
 }
 
-extension StreamID {
-    /// An order's stream (`order-<orderId>`).
-    public var isOrder: Bool { rawValue.hasPrefix("order-") }
-    /// An Apple transaction's stream (`transaction-<transactionId>`).
-    public var isTransaction: Bool { rawValue.hasPrefix("transaction-") }
-    /// The order whose stream this is.
-    var orderID: OrderID? { isOrder ? OrderID(unchecked: String(rawValue.dropFirst("order-".count))) : nil }
-    /// The transaction whose stream this is.
-    var transactionID: TransactionID? { isTransaction ? TransactionID(unchecked: String(rawValue.dropFirst("transaction-".count))) : nil }
-}
-
 extension AppleTransactionRecord {
     /// The verified transaction as the pool recorded it (`transaction-unmatched`), for a
     /// transaction that went through the pool.
-    func verifiedTransaction() throws -> AppleTransaction? {
+    public func verifiedTransaction() throws -> AppleTransaction? {
         try verification.map { try StoredBodyDecoder.decode(TransactionUnmatched.self, from: String(decoding: $0, as: UTF8.self)).transaction }
     }
 }

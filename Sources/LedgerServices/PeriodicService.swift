@@ -3,7 +3,7 @@ import ServiceLifecycle
 
 /// Work inside `ledger serve` every `interval` until shutdown (the reconciler's passes, the
 /// history sweeps, the calls to Apple): a failed run is logged and the next one comes on time.
-struct PeriodicService: Service {
+public struct PeriodicService: Service {
     let name: String
     let interval: Duration
     let logger: Logger
@@ -14,7 +14,19 @@ struct PeriodicService: Service {
     var repeats = true
     let work: @Sendable () async throws -> Void
 
-    func run() async throws {
+    public init(
+        name: String, interval: Duration, logger: Logger, firstWait: Duration? = nil, repeats: Bool = true,
+        work: @escaping @Sendable () async throws -> Void
+    ) {
+        self.name = name
+        self.interval = interval
+        self.logger = logger
+        self.firstWait = firstWait
+        self.repeats = repeats
+        self.work = work
+    }
+
+    public func run() async throws {
         await cancelWhenGracefulShutdown {
             var wait = firstWait ?? interval
             while !Task.isCancelled {

@@ -10,14 +10,14 @@ import Foundation
 /// Whatever else it meets (an escape, invalid UTF-8, a `Data`, `Decimal` or floating-point
 /// field, a missing key, a wrong type) hands the body to `EventCoding.decoder`, so every answer,
 /// value or error, is the one `JSONDecoder` gives.
-enum StoredBodyDecoder {
-    static func decode<T: Decodable>(_ type: T.Type, from text: String) throws -> T {
+public enum StoredBodyDecoder {
+    public static func decode<T: Decodable>(_ type: T.Type, from text: String) throws -> T {
         if let value = withoutFoundation(type, from: text) { return value }
         return try EventCoding.decoder.decode(T.self, from: Data(text.utf8))
     }
 
     /// The value when this decoder reads `text` by itself; nil when `JSONDecoder` must.
-    static func withoutFoundation<T: Decodable>(_ type: T.Type, from text: String) -> T? {
+    public static func withoutFoundation<T: Decodable>(_ type: T.Type, from text: String) -> T? {
         var text = text
         return text.withUTF8 { bytes in
             var scanner = JSONScanner(bytes)

@@ -3,7 +3,6 @@ import Foundation
 import LedgerCore
 import LedgerStore
 import Logging
-import PostgresNIO
 
 /// History sweeps: for each Apple account the ledger knows (linked, or named by a transaction
 /// it holds) whose user has an open order older than `recoverAfter`, the account's transaction
@@ -13,12 +12,16 @@ import PostgresNIO
 /// `appAccountToken`, else into the pool with the account's user, for the reconciler.
 ///
 /// A sweep ingests nothing twice: the intake refuses a known transaction in the database, and
-/// an account another server is sweeping is skipped (that server holds a lease on its cursor
-/// row), not waited for.
+/// an account another server is sweeping is skipped (that server holds the account's lease), not
+/// waited for.
 public struct HistorySweep: Sendable {
     let api: LazyAppStoreServerAPI
     let verifier: AppleProofVerifier
     let receipts: ReceiptLedger
+    let pool: TransactionPool
+    let cursors: HistoryCursors
+    let leases: Leases
+    let logger: Logger
     /// An open order this old makes its user's accounts due.
     public var recoverAfter: TimeInterval = 600
     /// How much earlier than the oldest open order a first sweep starts (the reconciler's skew).
@@ -27,13 +30,18 @@ public struct HistorySweep: Sendable {
     public var accountsAtOnce = 4
     /// Pages read of one account in one sweep; the rest waits for the next.
     public var maximumPages = 500
-    var database: Database { receipts.orders.database }
-    var logger: Logger { database.logger }
 
-    public init(api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, receipts: ReceiptLedger) {
+    public init(
+        api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, receipts: ReceiptLedger, pool: TransactionPool,
+        cursors: HistoryCursors, leases: Leases, logger: Logger
+    ) {
         self.api = api
         self.verifier = verifier
         self.receipts = receipts
+        self.pool = pool
+        self.cursors = cursors
+        self.leases = leases
+        self.logger = logger
     }
 
     /// What a sweep did.
@@ -82,14 +90,7 @@ public struct HistorySweep: Sendable {
         }
     }
 
-    /// One account due a sweep.
-    struct Account: Sendable {
-        /// The id history is asked by: the appTransactionId, else a transaction id of the account.
-        let id: String
-        let user: UserID
-        /// The user's oldest open order.
-        let oldestOpenOrder: Date
-    }
+    typealias Account = HistoryCursors.DueAccount
 
     /// Sweeps every due account, or only `user`'s; `progress` gets (accounts done, accounts due).
     public func run(
@@ -97,7 +98,7 @@ public struct HistorySweep: Sendable {
         progress: (@Sendable (Int, Int) -> Void)? = nil
     ) async throws -> Summary {
         let started = ContinuousClock.now
-        let accounts = try await dueAccounts(user: user)
+        let accounts = try await cursors.dueAccounts(user: user, openFor: recoverAfter)
         var summary = Summary()
         var done = 0
         progress?(0, accounts.count)
@@ -129,66 +130,31 @@ public struct HistorySweep: Sendable {
         return summary
     }
 
-    /// The accounts of users with an open order older than `recoverAfter`: those they linked,
-    /// those named by their transactions, and for a user with neither but with a transaction of
-    /// an unknown account, that transaction's id.
-    func dueAccounts(user: UserID?) async throws -> [Account] {
-        let rows = try await database.query(
-            """
-            WITH due AS (
-                SELECT user_id, min(created_at) AS oldest FROM orders
-                 WHERE state IN ('created', 'payment-added') AND created_at <= now() - make_interval(secs => \(recoverAfter))
-                   AND (\(user?.rawValue)::text IS NULL OR user_id = \(user?.rawValue)::text)
-                 GROUP BY user_id),
-            accounts AS (
-                SELECT substr(e.stream_id, length('apple-account-') + 1) AS account_id, d.user_id, d.oldest, 0 AS strength
-                  FROM due d JOIN events e ON e.type = 'account-linked' AND e.data->>'userId' = d.user_id
-                UNION ALL
-                SELECT t.app_transaction_id, d.user_id, d.oldest, 1
-                  FROM due d JOIN orders o ON o.user_id = d.user_id JOIN apple_transactions t ON t.order_id = o.order_id
-                 WHERE t.app_transaction_id IS NOT NULL
-                UNION ALL
-                SELECT t.app_transaction_id, d.user_id, d.oldest, 1
-                  FROM due d JOIN apple_transactions t ON t.user_id = d.user_id AND t.order_id IS NULL
-                 WHERE t.app_transaction_id IS NOT NULL),
-            fallback AS (
-                SELECT DISTINCT ON (d.user_id) t.transaction_id AS account_id, d.user_id, d.oldest, 2 AS strength
-                  FROM due d JOIN orders o ON o.user_id = d.user_id JOIN apple_transactions t ON t.order_id = o.order_id
-                 WHERE NOT EXISTS (SELECT FROM accounts a WHERE a.user_id = d.user_id)
-                 ORDER BY d.user_id, t.purchase_date)
-            SELECT DISTINCT ON (account_id) account_id, user_id, oldest
-              FROM (SELECT * FROM accounts UNION ALL SELECT * FROM fallback) a
-             ORDER BY account_id, strength, oldest
-            """)
-        var accounts: [Account] = []
-        for try await (id, user, oldest) in rows.decode((String, String, Date).self) {
-            accounts.append(Account(id: id, user: UserID(unchecked: user), oldestOpenOrder: oldest))
-        }
-        return accounts
-    }
-
     /// How long a sweep may hold an account before another server may take it over; each page
     /// read renews it.
     static let lease: TimeInterval = 600
 
-    /// Sweeps one account under a lease on its cursor row (no database transaction stays open
-    /// while Apple answers): reads its history from the cursor on, ingests what the ledger does
-    /// not know, and moves the stored cursor page by page, never past a page with an entry it
-    /// could not verify. Every failure is the account's, counted, never the sweep's.
+    /// Sweeps one account under its lease (no database transaction stays open while Apple
+    /// answers): reads its history from the cursor on, ingests what the ledger does not know, and
+    /// moves the stored cursor page by page, never past a page with an entry it could not verify.
+    /// A sweep that lost its lease stops (another server goes on). Every failure is the
+    /// account's, counted, never the sweep's.
     func sweep(_ account: Account, metadata: Data) async -> Summary {
         var summary = Summary()
         do {
-            guard let cursor = try await claim(account) else {
+            let swept: Void? = try await leases.withLease("history-sweep/" + account.id, for: Self.lease) { lease in
+                let cursor = try await cursors.open(
+                    account.id, user: account.user, startDate: account.oldestOpenOrder.addingTimeInterval(-clockSkew))
+                do {
+                    try await read(account, from: cursor, under: lease, metadata: metadata, into: &summary)
+                } catch {
+                    summary = failed(account, error, summary)
+                }
+            }
+            if swept == nil {
                 summary.busy = 1
                 return summary
             }
-            do {
-                try await read(account, from: cursor, metadata: metadata, into: &summary)
-            } catch {
-                summary = failed(account, error, summary)
-            }
-            // Another server may take it at once; if this fails, the lease runs out instead.
-            _ = try? await database.query("UPDATE apple_history_cursors SET claimed_until = NULL WHERE account_id = \(account.id)")
         } catch {
             summary = failed(account, error, summary)
         }
@@ -196,34 +162,11 @@ public struct HistorySweep: Sendable {
         return summary
     }
 
-    /// Where an account's sweep starts: the revision stored, and the start date its first request
-    /// sent (which every later one repeats).
-    struct Cursor {
-        let revision: String?
-        let startDate: Date
-    }
-
-    /// The account's lease, or nil when another server holds it.
-    private func claim(_ account: Account) async throws -> Cursor? {
-        _ = try await database.query(
-            """
-            INSERT INTO apple_history_cursors (account_id, user_id) VALUES (\(account.id), \(account.user.rawValue))
-            ON CONFLICT (account_id) DO NOTHING
-            """)
-        let start = account.oldestOpenOrder.addingTimeInterval(-clockSkew)
-        let rows = try await database.query(
-            """
-            UPDATE apple_history_cursors
-               SET claimed_until = now() + make_interval(secs => \(Self.lease)), start_date = coalesce(start_date, \(start))
-             WHERE account_id = \(account.id) AND (claimed_until IS NULL OR claimed_until < now())
-            RETURNING revision, start_date
-            """)
-        for try await (revision, startDate) in rows.decode((String?, Date).self) { return Cursor(revision: revision, startDate: startDate) }
-        return nil
-    }
-
-    /// Reads the account's pages from `cursor` and takes their transactions in.
-    private func read(_ account: Account, from cursor: Cursor, metadata: Data, into summary: inout Summary) async throws {
+    /// Reads the account's pages from `cursor` and takes their transactions in, renewing `lease`
+    /// at each page.
+    private func read(
+        _ account: Account, from cursor: HistoryCursors.Cursor, under lease: Lease, metadata: Data, into summary: inout Summary
+    ) async throws {
         let client = try await api.client()
         var revision = cursor.revision
         // Once a page held an entry that did not verify, the stored cursor stays before it, so
@@ -235,13 +178,12 @@ public struct HistorySweep: Sendable {
             let (ingested, refused) = try await ingest(page.signedTransactions, of: account, metadata: metadata, into: &summary)
             held = held || refused
             revision = page.revision
-            _ = try await database.query(
-                """
-                UPDATE apple_history_cursors
-                   SET revision = CASE WHEN \(held) THEN revision ELSE \(page.revision) END, swept_at = now(), found = found + \(ingested),
-                       claimed_until = now() + make_interval(secs => \(Self.lease))
-                 WHERE account_id = \(account.id)
-                """)
+            // Lost (expired and taken over): the holder now goes on from the stored cursor.
+            guard try await leases.renew(lease, for: Self.lease) else {
+                logger.warning("a history sweep lost its lease on an account; another server goes on", metadata: ["apple.account": "\(account.id)"])
+                return
+            }
+            try await cursors.advance(account.id, to: page.revision, holdingBack: held, found: ingested)
             if !page.hasMore { break }
         }
     }
@@ -276,7 +218,7 @@ public struct HistorySweep: Sendable {
                     "error.message": "\(error.message)"])
             }
         }
-        let known = try await receipts.holders(of: transactions.map(\.transactionId))
+        let known = try await pool.holders(of: transactions.map(\.transactionId))
         let new = transactions.filter { known.index(forKey: $0.transactionId) == nil }
         summary.known += transactions.count - new.count
         // The purchase's own token decides its order (another user's, it may be); the account's

@@ -3,28 +3,36 @@ import Foundation
 import LedgerCore
 import LedgerStore
 import Logging
-import PostgresNIO
 
 /// The refund catch-up: for the Apple accounts with transactions granted in the last
 /// `lookbackDays`, Apple's refund history (Get Refund History v2, from the `revision` kept per
 /// account in `apple_refund_cursors`); a refund the ledger has not recorded is applied as a
 /// `REFUND` notification would be (the order refunded, or the pooled transaction kept from being
 /// granted), with an event id named by the transaction, so it is applied once however often it is
-/// read. Each account is read at most once per `recheckAfter`, under a lease on its cursor row.
+/// read. Each account is read at most once per `recheckAfter`, under the account's lease.
 public struct RefundCatchUp: Sendable {
     let api: LazyAppStoreServerAPI
     let verifier: AppleProofVerifier
     let notifications: NotificationLedger
+    let pool: TransactionPool
+    let cursors: RefundCursors
+    let leases: Leases
+    let logger: Logger
     public var lookbackDays = 90
     public var recheckAfter: TimeInterval = 86_400
     public var maximumPages = 100
-    var database: Database { notifications.receipts.orders.database }
-    var logger: Logger { database.logger }
 
-    public init(api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, notifications: NotificationLedger) {
+    public init(
+        api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, notifications: NotificationLedger, pool: TransactionPool,
+        cursors: RefundCursors, leases: Leases, logger: Logger
+    ) {
         self.api = api
         self.verifier = verifier
         self.notifications = notifications
+        self.pool = pool
+        self.cursors = cursors
+        self.leases = leases
+        self.logger = logger
     }
 
     /// What a catch-up did.
@@ -52,7 +60,7 @@ public struct RefundCatchUp: Sendable {
         all: Bool = false, metadata: Data = Data(#"{"appendedBy":"refund-catch-up"}"#.utf8),
         progress: (@Sendable (Int, Int) -> Void)? = nil
     ) async throws -> Summary {
-        let accounts = try await dueAccounts(all: all)
+        let accounts = try await cursors.dueAccounts(lookbackDays: lookbackDays, recheckAfter: recheckAfter, all: all)
         // Marked, so that the report counts the refunds this caught up.
         var marked = (try? JSONSerialization.jsonObject(with: metadata)) as? [String: Any] ?? [:]
         marked["refundCatchUp"] = true
@@ -72,58 +80,19 @@ public struct RefundCatchUp: Sendable {
         return summary
     }
 
-    /// An account: its key (appTransactionId, else original transaction id) and a transaction id
-    /// of it to ask Apple by.
-    struct Account: Sendable {
-        let key: String
-        let transactionId: String
-    }
-
-    func dueAccounts(all: Bool) async throws -> [Account] {
-        let rows = try await database.query(
-            """
-            SELECT a.account_id, a.transaction_id FROM (
-                SELECT DISTINCT ON (account_id) account_id, transaction_id FROM (
-                    SELECT coalesce(t.app_transaction_id, t.original_transaction_id, t.transaction_id) AS account_id,
-                           t.transaction_id, t.purchase_date
-                      FROM apple_transactions t JOIN orders o ON o.order_id = t.order_id
-                     WHERE o.state IN ('verified', 'delivered', 'finished')
-                       AND t.purchase_date >= now() - make_interval(days => \(lookbackDays)::int)) granted
-                 ORDER BY account_id, purchase_date DESC) a
-              LEFT JOIN apple_refund_cursors c ON c.account_id = a.account_id
-             WHERE \(all) OR c.checked_at IS NULL OR c.checked_at < now() - make_interval(secs => \(recheckAfter))
-             ORDER BY a.account_id
-            """)
-        var accounts: [Account] = []
-        for try await (key, transaction) in rows.decode((String, String).self) { accounts.append(Account(key: key, transactionId: transaction)) }
-        return accounts
-    }
+    typealias Account = RefundCursors.DueAccount
 
     static let lease: TimeInterval = 600
 
     private func catchUp(_ account: Account, metadata: Data, into summary: inout Summary) async {
         do {
-            _ = try await database.query("INSERT INTO apple_refund_cursors (account_id) VALUES (\(account.key)) ON CONFLICT (account_id) DO NOTHING")
-            let rows = try await database.query(
-                """
-                UPDATE apple_refund_cursors SET claimed_until = now() + make_interval(secs => \(Self.lease))
-                 WHERE account_id = \(account.key) AND (claimed_until IS NULL OR claimed_until < now())
-                RETURNING revision
-                """)
-            var claimed: String??
-            for try await revision in rows.decode(String?.self) { claimed = .some(revision) }
-            guard let revision = claimed else {
+            let read: Void? = try await leases.withLease("refund-catch-up/" + account.key, for: Self.lease) { lease in
+                try await self.read(account, from: try await cursors.revision(of: account.key), under: lease, metadata: metadata, into: &summary)
+            }
+            guard read != nil else {
                 summary.busy += 1
                 return
             }
-            let release: PostgresQuery = "UPDATE apple_refund_cursors SET claimed_until = NULL WHERE account_id = \(account.key)"
-            do {
-                try await read(account, from: revision, metadata: metadata, into: &summary)
-            } catch {
-                _ = try? await database.query(release)
-                throw error
-            }
-            _ = try await database.query(release)
             summary.accounts += 1
         } catch {
             let code = HistorySweep.failureCode(error)
@@ -134,7 +103,9 @@ public struct RefundCatchUp: Sendable {
         }
     }
 
-    private func read(_ account: Account, from start: String?, metadata: Data, into summary: inout Summary) async throws {
+    /// Reads the account's pages from `start`, applies the refunds the ledger has not recorded,
+    /// and renews `lease` at each page; stops when it lost the lease.
+    private func read(_ account: Account, from start: String?, under lease: Lease, metadata: Data, into summary: inout Summary) async throws {
         let client = try await api.client()
         var revision = start
         for _ in 0..<maximumPages {
@@ -155,7 +126,7 @@ public struct RefundCatchUp: Sendable {
                         "apple.account": "\(account.key)", "error": "\(error.code)", "error.message": "\(error.message)"])
                 }
             }
-            let recorded = try await refundsRecorded(refunds.map(\.transaction.transactionId))
+            let recorded = try await pool.refundsRecorded(refunds.map(\.transaction.transactionId))
             for (transaction, revoked, reason) in refunds {
                 guard !recorded.contains(transaction.transactionId) else {
                     summary.known += 1
@@ -172,31 +143,14 @@ public struct RefundCatchUp: Sendable {
                     summary.known += 1
                 }
             }
+            guard try await leases.renew(lease, for: Self.lease) else {
+                logger.warning("a refund catch-up lost its lease on an account; another server goes on", metadata: ["apple.account": "\(account.key)"])
+                return
+            }
             // A page with an entry that did not verify is read again next time.
-            _ = try await database.query(
-                """
-                UPDATE apple_refund_cursors
-                   SET revision = CASE WHEN \(held) THEN revision ELSE \(page.revision) END, checked_at = now(),
-                       claimed_until = now() + make_interval(secs => \(Self.lease))
-                 WHERE account_id = \(account.key)
-                """)
+            try await cursors.advance(account.key, to: page.revision, holdingBack: held)
             revision = held ? revision : page.revision
             if !page.hasMore || held { return }
         }
-    }
-
-    /// Which of `transactions` the ledger already has refunded: by their order's state, or their
-    /// pool row's.
-    private func refundsRecorded(_ transactions: [TransactionID]) async throws -> Set<TransactionID> {
-        guard !transactions.isEmpty else { return [] }
-        let rows = try await database.query(
-            """
-            SELECT t.transaction_id
-              FROM apple_transactions t LEFT JOIN orders o ON o.order_id = t.order_id
-             WHERE t.transaction_id = ANY(\(transactions.map(\.rawValue))) AND (o.state = 'refunded' OR t.status = 'refunded')
-            """)
-        var recorded: Set<TransactionID> = []
-        for try await id in rows.decode(String.self) { recorded.insert(TransactionID(unchecked: id)) }
-        return recorded
     }
 }

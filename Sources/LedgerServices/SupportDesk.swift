@@ -1,57 +1,20 @@
 import Foundation
 import LedgerCore
+import LedgerJSON
+import LedgerStore
 import Logging
-import PostgresNIO
 
-/// Support's tools on the pool: search it, and pair a transaction with an order by hand.
+/// Support's tools on the pool: pair a transaction with an order by hand, and undo a pairing.
 public struct SupportDesk: Sendable {
-    public let receipts: ReceiptLedger
-    var database: Database { receipts.orders.database }
-    var logger: Logger { database.logger }
+    let database: Database
+    let writer: LedgerWriter
+    /// Support's pairing ties a transaction to an order as a client's proof does.
+    let receipts: ReceiptLedger
 
-    public init(receipts: ReceiptLedger) {
+    public init(database: Database, writer: LedgerWriter, receipts: ReceiptLedger) {
+        self.database = database
+        self.writer = writer
         self.receipts = receipts
-    }
-
-    /// A transaction waiting in the pool, as the API shows it.
-    public struct PooledTransaction: Sendable {
-        public let transactionId: TransactionID
-        public let userId: UserID?
-        public let productId: ProductID
-        public let purchaseDate: Date
-        public let environment: String?
-        public let appAccountToken: UUID?
-        public let receivedAt: Date
-        /// The `transaction-unmatched` body: the verified transaction and why no order took it.
-        public let verification: Data?
-    }
-
-    /// The pool filtered by user, product, purchase time (`from` inclusive, `to` exclusive) and
-    /// transaction id, oldest received first, after the transaction id `after` (for paging).
-    public func unmatched(
-        userId: UserID?, productId: ProductID?, from: Date?, to: Date?, transactionId: TransactionID?, after: TransactionID?, limit: Int
-    ) async throws -> [PooledTransaction] {
-        let rows = try await database.query(
-            """
-            SELECT transaction_id, user_id, product_id, purchase_date, environment, app_account_token, received_at, verification::text
-            FROM unmatched_transactions
-            WHERE (\(userId?.rawValue)::text IS NULL OR user_id = \(userId?.rawValue))
-              AND (\(productId?.rawValue)::text IS NULL OR product_id = \(productId?.rawValue))
-              AND (\(from)::timestamptz IS NULL OR purchase_date >= \(from))
-              AND (\(to)::timestamptz IS NULL OR purchase_date < \(to))
-              AND (\(transactionId?.rawValue)::text IS NULL OR transaction_id = \(transactionId?.rawValue))
-              AND (\(after?.rawValue)::text IS NULL OR transaction_id > \(after?.rawValue))
-            ORDER BY transaction_id LIMIT \(min(max(limit, 1), 1000))
-            """)
-        var found: [PooledTransaction] = []
-        for try await (id, user, product, purchase, environment, token, received, verification)
-            in rows.decode((String, String?, String, Date, String?, UUID?, Date, String?).self) {
-            found.append(PooledTransaction(
-                transactionId: TransactionID(unchecked: id), userId: user.map(UserID.init(unchecked:)), productId: ProductID(unchecked: product),
-                purchaseDate: purchase, environment: environment, appAccountToken: token, receivedAt: received,
-                verification: verification.map { Data($0.utf8) }))
-        }
-        return found
     }
 
     /// Pairs a pooled transaction with an open order by hand (`matchedBy: support`). Another
@@ -61,10 +24,9 @@ public struct SupportDesk: Sendable {
         _ transactionId: TransactionID, to orderId: OrderID, force: Bool, reason: String?, metadata: Data
     ) async throws -> Order {
         if force, (reason ?? "").isEmpty { throw SupportMatchError.reasonRequired }
-        return try await database.transaction { connection in
-            let writer = receipts.writer
-            try await writer.lock([transactionId.streamID, orderId.streamID], on: connection)
-            let snapshot = try await writer.read(orders: [orderId], transactions: [transactionId], on: connection)
+        return try await database.transaction { tx in
+            try await writer.lock([transactionId.streamID, orderId.streamID], in: tx)
+            let snapshot = try await writer.read(orders: [orderId], transactions: [transactionId], in: tx)
             guard let known = snapshot.transaction(transactionId) else { throw SupportMatchError.transactionNotFound(transactionId) }
             guard known.isPooled, let transaction = try known.verifiedTransaction() else {
                 throw SupportMatchError.notInPool(transactionId, status: known.status.rawValue)
@@ -80,7 +42,7 @@ public struct SupportDesk: Sendable {
             return try await receipts.match(
                 transaction, to: order, by: .support,
                 pairing: .init(candidates: 1, rule: force ? "support-forced: \(reason ?? "")" : "support"),
-                metadata: metadata, on: connection, knowing: snapshot)
+                metadata: metadata, in: tx, knowing: snapshot)
         }
     }
 }
@@ -100,16 +62,15 @@ extension SupportDesk {
         guard reason.unicodeScalars.count <= 1_000 else { throw SupportUnmatchError.reasonTooLong }
         // The transaction's lock, then its order's: a writer that took them the other way round
         // may deadlock with this, and the attempt then runs again.
-        return try await database.transactionAgainAfterLostRace { connection in
-            let writer = receipts.writer
-            let found = try await writer.read(locking: [transactionId.streamID], orders: [], transactions: [transactionId], on: connection)
+        return try await database.transactionAgainAfterLostRace { tx in
+            let found = try await writer.read(locking: [transactionId.streamID], orders: [], transactions: [transactionId], in: tx)
             guard let known = found.transaction(transactionId) else { throw SupportUnmatchError.transactionNotFound(transactionId) }
             guard let orderId = known.orderId, known.status == .claimed else {
                 throw SupportUnmatchError.notPaired(transactionId, status: known.status.rawValue)
             }
             // The order's lock after the transaction's, as a receipt takes them when it finds its order.
             let snapshot = try await writer.read(
-                locking: [orderId.streamID], orders: [orderId], transactions: [transactionId], on: connection)
+                locking: [orderId.streamID], orders: [orderId], transactions: [transactionId], in: tx)
             guard let row = snapshot.transaction(transactionId), row.orderId == orderId,
                   let order = snapshot.order(orderId), order.transactionId == transactionId else {
                 throw SupportUnmatchError.notPaired(transactionId, status: known.status.rawValue)
@@ -134,7 +95,7 @@ extension SupportDesk {
                 LedgerWriter.Append([undone], to: orderId.streamID),
                 LedgerWriter.Append([unmatched], to: transactionId.streamID),
             ])
-            let written = try await writer.append(write, on: connection, knowing: snapshot)
+            let written = try await writer.append(write, in: tx, knowing: snapshot)
             guard let left = written.appends[0].order else { throw SupportUnmatchError.notPaired(transactionId, status: known.status.rawValue) }
             return left
         }

@@ -1,6 +1,7 @@
 import AppleReceipts
 import Foundation
 import LedgerCore
+import LedgerJSON
 import LedgerStore
 import Logging
 
@@ -21,12 +22,13 @@ public struct AppleCalls: Sendable {
     public var attempts = 20
     /// How long a server holds the calls it took before another may take them.
     public var lease: TimeInterval = 300
-    var logger: Logger { queue.orders.database.logger }
+    let logger: Logger
 
-    public init(api: LazyAppStoreServerAPI, queue: AppleCallQueue, switches: AppleCallQueue.Switches) {
+    public init(api: LazyAppStoreServerAPI, queue: AppleCallQueue, switches: AppleCallQueue.Switches, logger: Logger) {
         self.api = api
         self.queue = queue
         self.switches = switches
+        self.logger = logger
     }
 
     /// What a pass did: calls queued from the log, and the calls made by `<kind> <outcome>`

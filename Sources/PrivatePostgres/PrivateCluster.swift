@@ -44,7 +44,8 @@ public struct PrivateCluster: Sendable {
         PostgresClient.Configuration(unixSocketPath: socketPath, username: Self.user, password: nil, database: database)
     }
 
-    /// Initialises (first time), starts or adopts the cluster, and makes sure the ledger database exists.
+    /// Initialises (first time), starts or adopts the cluster. The ledger's database in it is made
+    /// by whoever opens it (`ensureDatabaseExists` in LedgerStore): this module holds no SQL.
     public func start(logger: Logger) async throws -> RunningPrivateCluster {
         guard socketPath.utf8.count < 108 else {
             throw PrivateClusterError("the data directory \(directory.path) is too long for a Unix socket path; set LEDGER_DATA_DIR to a shorter one")
@@ -84,7 +85,6 @@ public struct PrivateCluster: Sendable {
         let running = RunningPrivateCluster(cluster: self, binaries: binaries, runner: runner, ownerLock: owns ? ownerLock : nil)
         do {
             try await waitUntilReady(logger: logger)
-            try await ensureDatabase(Self.database, logger: logger)
         } catch {
             try? running.stop(logger: logger)
             throw error
@@ -207,25 +207,6 @@ public struct PrivateCluster: Sendable {
             }
         }
         throw PrivateClusterError("PostgreSQL did not accept connections within 30 s: \(String(describing: lastError)); see \(logPath)")
-    }
-
-    /// Creates `name` unless it exists.
-    private func ensureDatabase(_ name: String, logger: Logger) async throws {
-        let connection = try await PostgresConnection.connect(
-            configuration: .init(unixSocketPath: socketPath, username: Self.user, password: nil, database: "postgres"),
-            id: 1, logger: logger)
-        defer { Task { try? await connection.close() } }
-        let rows = try await connection.guardedQuery("SELECT count(*) FROM pg_database WHERE datname = \(name)", logger: logger)
-        for try await count in rows.decode(Int.self) where count > 0 { return }
-        do {
-            try await connection.guardedQuery(PostgresQuery(unsafeSQL: "CREATE DATABASE \(Self.quoteIdentifier(name))"), logger: logger)
-        } catch let error as PSQLError where error.sqlState == .duplicateDatabase {
-            // Created meanwhile by another process.
-        }
-    }
-
-    static func quoteIdentifier(_ name: String) -> String {
-        "\"" + name.replacingOccurrences(of: "\"", with: "\"\"") + "\""
     }
 }
 

@@ -1,6 +1,6 @@
 import Foundation
 import LedgerCore
-@testable import LedgerStore
+import LedgerJSON
 import LedgerTestSupport
 import Testing
 

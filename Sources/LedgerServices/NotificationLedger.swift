@@ -1,18 +1,25 @@
+import AppleReceipts
 import Foundation
 import LedgerCore
+import LedgerJSON
+import LedgerStore
 import Logging
-import PostgresNIO
 
 /// Applies App Store Server Notifications: refunds and their reversals change the order, every
 /// other type is recorded on the stream of the order (or pooled transaction) it concerns. The
 /// notification's UUID is the id of the event it appends, so Apple's retries apply it once.
 public struct NotificationLedger: Sendable {
-    public let receipts: ReceiptLedger
-    var orders: OrderLedger { receipts.orders }
-    var writer: LedgerWriter { receipts.writer }
-    var logger: Logger { receipts.database.logger }
+    let database: Database
+    let writer: LedgerWriter
+    let events: EventStore
+    /// The intake of a client's proof: a notification about a transaction the ledger does not
+    /// know takes it in as one, without an order.
+    let receipts: ReceiptLedger
 
-    public init(receipts: ReceiptLedger) {
+    public init(database: Database, writer: LedgerWriter, events: EventStore, receipts: ReceiptLedger) {
+        self.database = database
+        self.writer = writer
+        self.events = events
         self.receipts = receipts
     }
 
@@ -42,32 +49,32 @@ public struct NotificationLedger: Sendable {
     }
 
     public func apply(_ notification: Notification, metadata: Data) async throws -> Applied {
-        try await orders.database.transaction { connection in
+        try await database.transaction { tx in
             let eventID = EventID(notification.record.notificationUUID)
-            if let stored = try await storedEvent(eventID, on: connection) {
-                return Applied(appended: false, streamId: stored.stream, type: stored.type)
+            if let stored = try await events.event(eventID, in: tx) {
+                return Applied(appended: false, streamId: stored.streamID, type: stored.type)
             }
             let record = notification.record
             guard let transaction = notification.transaction else {
                 // Nothing to tie it to: kept on a stream of its own.
                 let stream = StreamID(unchecked: "notification-" + record.notificationUUID.uuidString.lowercased())
                 let event = try EventCoding.newEvent(type: OrderEventType.notificationReceived.rawValue, record, id: eventID, metadata: metadata)
-                _ = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: stream)), on: connection)
+                _ = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: stream)), in: tx)
                 return Applied(appended: true, streamId: stream, type: OrderEventType.notificationReceived.rawValue)
             }
             let id = transaction.transactionId
-            try await receipts.lockTransaction(id, on: connection)
-            var known = try await writer.read(orders: [], transactions: [id], on: connection).transaction(id)
+            try await receipts.lockTransaction(id, in: tx)
+            var known = try await writer.read(orders: [], transactions: [id], in: tx).transaction(id)
             if known == nil {
                 // Unknown to the ledger: tied to its order by appAccountToken, or into the pool.
-                _ = try await receipts.apply(transaction, claim: .init(userId: nil, orderId: nil), metadata: metadata, on: connection)
-                known = try await writer.read(orders: [], transactions: [id], on: connection).transaction(id)
+                _ = try await receipts.apply(transaction, claim: .init(userId: nil, orderId: nil), metadata: metadata, in: tx)
+                known = try await writer.read(orders: [], transactions: [id], in: tx).transaction(id)
             }
             guard let holder = known else { throw OrderLedgerError.duplicateTransaction(id) }
             let type = record.notificationType
             if let orderID = holder.orderId {
-                try await writer.lock([orderID.streamID], on: connection)
-                let snapshot = try await writer.read(orders: [orderID], transactions: [], on: connection)
+                try await writer.lock([orderID.streamID], in: tx)
+                let snapshot = try await writer.read(orders: [orderID], transactions: [], in: tx)
                 if let order = snapshot.order(orderID) {
                     var event = OrderEvent.notificationReceived(record)
                     if AppleTransactionRecord.poolStatus(after: type) == .refunded, OrderTransitions.isAllowed(.refunded, from: order.state) {
@@ -77,20 +84,28 @@ public struct NotificationLedger: Sendable {
                     } else if type == "REFUND_REVERSED", OrderTransitions.isAllowed(.refundReversed, from: order.state) {
                         event = .refundReversed
                     }
-                    _ = try await receipts.append([(event, eventID)], to: order, metadata: metadata, on: connection, knowing: snapshot)
+                    _ = try await receipts.append([(event, eventID)], to: order, metadata: metadata, in: tx, knowing: snapshot)
                     return Applied(appended: true, streamId: orderID.streamID, type: event.type.rawValue)
                 }
             }
             // Waiting in the pool: recorded on its stream, where a refund keeps it from being granted.
             let event = try EventCoding.newEvent(TransactionEvent.notificationReceived(record), id: eventID, metadata: metadata)
-            _ = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: id.streamID)), on: connection)
+            _ = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: id.streamID)), in: tx)
             return Applied(appended: true, streamId: id.streamID, type: TransactionEventType.notificationReceived.rawValue)
         }
     }
+}
 
-    private func storedEvent(_ id: EventID, on connection: PostgresConnection) async throws -> (stream: StreamID, type: String)? {
-        let rows = try await connection.guardedQuery("SELECT stream_id, type FROM events WHERE event_id = \(id.uuid)", logger: logger)
-        for try await (stream, type) in rows.decode((String, String).self) { return (StreamID(unchecked: stream), type) }
-        return nil
+extension NotificationLedger {
+    /// A verified notification applied, whether it arrived or came from Apple's history.
+    public func apply(_ notification: VerifiedNotification, metadata: Data) async throws -> Applied {
+        let record = NotificationReceived(
+            notificationUUID: notification.notificationUUID, notificationType: notification.notificationType,
+            subtype: notification.subtype, transactionId: notification.transaction?.transactionId, signedDate: notification.signedDate,
+            consumptionRequestReason: notification.consumptionRequestReason)
+        return try await apply(
+            .init(record: record, transaction: notification.transaction, revocationDate: notification.revocationDate,
+                  revocationReason: notification.revocationReason),
+            metadata: metadata)
     }
 }

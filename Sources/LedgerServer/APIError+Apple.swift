@@ -1,25 +1,5 @@
 import AppleReceipts
 import Hummingbird
-import Logging
-
-/// The App Store Server API client, made on first use from settings checked at start.
-public actor LazyAppStoreServerAPI {
-    let settings: AppStoreServerAPI.Settings
-    let logger: Logger
-    private var made: AppStoreServerAPI?
-
-    public init(settings: AppStoreServerAPI.Settings, logger: Logger) {
-        self.settings = settings
-        self.logger = logger
-    }
-
-    public func client() async throws(AppStoreServerAPIError) -> AppStoreServerAPI {
-        if let made { return made }
-        let client = try await AppStoreServerAPI(settings: settings, logger: logger)
-        made = client
-        return client
-    }
-}
 
 extension APIError {
     /// An App Store Server API failure as the ledger's answer: Apple's "no such order" a 404,

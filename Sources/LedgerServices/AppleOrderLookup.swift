@@ -1,0 +1,56 @@
+import AppleReceipts
+import Foundation
+import LedgerCore
+import Logging
+
+/// Looks up an Apple order id and takes each of its purchases through the receipts' intake.
+public struct AppleOrderLookup: Sendable {
+    let api: LazyAppStoreServerAPI
+    let verifier: AppleProofVerifier
+    let receipts: ReceiptLedger
+    let logger: Logger
+
+    public init(api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, receipts: ReceiptLedger, logger: Logger) {
+        self.api = api
+        self.verifier = verifier
+        self.receipts = receipts
+        self.logger = logger
+    }
+
+    /// What became of each purchase of one Apple order.
+    public struct Found: Codable, Sendable {
+        public var appleOrderId: String
+        public var transactions: [Entry]
+
+        public struct Entry: Codable, Sendable {
+            public var transactionId: String?
+            /// `matched`, `unmatched` (in the pool), `duplicate`, `rejected`, `retry-later`, as
+            /// `POST /v1/receipts` answers.
+            public var outcome: String
+            public var orderId: String?
+            public var state: String?
+            public var reason: String?
+        }
+    }
+
+    /// Throws `AppStoreServerAPIError` when Apple cannot be asked or refuses.
+    public func look(up orderID: String, user: UserID?, metadata: Data) async throws -> Found {
+        let signed = try await api.client().lookUpOrder(orderID)
+        var entries: [Found.Entry] = []
+        for jws in signed {
+            do {
+                let transaction = try await verifier.verifiedPurchase(signed: jws)
+                // The purchase's token decides its order; the user given is for the pool.
+                let answer = try await receipts.apply(transaction, claim: .init(userId: nil, orderId: nil, poolUserId: user), metadata: metadata)
+                entries.append(.init(
+                    transactionId: answer.transactionId.rawValue, outcome: answer.outcome.rawValue, orderId: answer.orderId?.rawValue,
+                    state: answer.state?.rawValue, reason: answer.reason))
+            } catch let error as AppleVerificationError {
+                logger.warning(
+                    "a signed transaction from Look Up Order ID was refused", metadata: ["apple.order": "\(orderID)", "error": "\(error.code)"])
+                entries.append(.init(transactionId: nil, outcome: ReceiptOutcome.rejected.rawValue, orderId: nil, state: nil, reason: error.code))
+            }
+        }
+        return Found(appleOrderId: orderID, transactions: entries)
+    }
+}

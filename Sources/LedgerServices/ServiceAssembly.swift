@@ -1,0 +1,85 @@
+import AppleReceipts
+import LedgerCore
+import LedgerStore
+import Logging
+
+/// The ledger's store and services on one database, each service handed what it uses: where
+/// `ledger serve`, the commands, the benchmarks and the tests put the ledger together. Every
+/// service shares one writer, so that their events share transactions (group commit).
+public struct ServiceAssembly: Sendable {
+    public let database: Database
+    public let writer: LedgerWriter
+    public let events: EventStore
+    public let orders: OrderLedger
+    public let pool: TransactionPool
+    public let catalog: ProductCatalog
+    public let keys: APIKeyStore
+    public let leases: Leases
+    public let callQueue: AppleCallQueue
+    public let receipts: ReceiptLedger
+    public let notifications: NotificationLedger
+    public let accounts: AppleAccountLinks
+    public let support: SupportDesk
+    var logger: Logger { database.logger }
+
+    /// Everything on `database`, with a writer of its own: events share transactions only with
+    /// what uses this assembly (a server uses one).
+    public init(database: Database) {
+        let writer = LedgerWriter(database: database)
+        let events = EventStore(database: database)
+        let orders = OrderLedger(writer: writer)
+        let leases = Leases(database: database)
+        let receipts = ReceiptLedger(database: database, writer: writer, orders: orders)
+        self.database = database
+        self.writer = writer
+        self.events = events
+        self.orders = orders
+        self.pool = TransactionPool(database: database)
+        self.catalog = ProductCatalog(database: database)
+        self.keys = APIKeyStore(database: database)
+        self.leases = leases
+        self.callQueue = AppleCallQueue(orders: orders, leases: leases)
+        self.receipts = receipts
+        self.notifications = NotificationLedger(database: database, writer: writer, events: events, receipts: receipts)
+        self.accounts = AppleAccountLinks(database: database, writer: writer, events: events)
+        self.support = SupportDesk(database: database, writer: writer, receipts: receipts)
+    }
+
+    /// A reconciler pass with these settings.
+    public func reconcilerPass(settings: Reconciler.Settings = .init(), recoveryOrders: Bool = false) -> ReconcilerPass {
+        var pass = ReconcilerPass(database: database, writer: writer, pool: pool, catalog: catalog, settings: settings)
+        pass.recoveryOrders = recoveryOrders
+        return pass
+    }
+
+    /// A history sweep asking Apple through `api`.
+    public func historySweep(api: LazyAppStoreServerAPI, verifier: AppleProofVerifier) -> HistorySweep {
+        HistorySweep(
+            api: api, verifier: verifier, receipts: receipts, pool: pool, cursors: HistoryCursors(database: database), leases: leases,
+            logger: logger)
+    }
+
+    /// A refund catch-up asking Apple through `api`.
+    public func refundCatchUp(api: LazyAppStoreServerAPI, verifier: AppleProofVerifier) -> RefundCatchUp {
+        RefundCatchUp(
+            api: api, verifier: verifier, notifications: notifications, pool: pool, cursors: RefundCursors(database: database),
+            leases: leases, logger: logger)
+    }
+
+    /// A notification backfill asking Apple through `api`.
+    public func notificationBackfill(api: LazyAppStoreServerAPI, verifier: AppleProofVerifier) -> NotificationBackfill {
+        NotificationBackfill(
+            api: api, verifier: verifier, notifications: notifications, state: NotificationBackfillState(database: database),
+            leases: leases, logger: logger)
+    }
+
+    /// The calls to Apple the log calls for under `switches`, made through `api`.
+    public func appleCalls(api: LazyAppStoreServerAPI, switches: AppleCallQueue.Switches) -> AppleCalls {
+        AppleCalls(api: api, queue: callQueue, switches: switches, logger: logger)
+    }
+
+    /// Support's lookup of Apple order ids through `api`.
+    public func orderLookup(api: LazyAppStoreServerAPI, verifier: AppleProofVerifier) -> AppleOrderLookup {
+        AppleOrderLookup(api: api, verifier: verifier, receipts: receipts, logger: logger)
+    }
+}

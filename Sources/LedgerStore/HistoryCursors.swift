@@ -1,0 +1,94 @@
+import Foundation
+import LedgerCore
+import Logging
+import PostgresNIO
+
+/// Where each Apple account's history sweep stopped (`apple_history_cursors`): Apple's
+/// `revision` for the next request and the start date every request of the account repeats; and
+/// which accounts are due a sweep.
+public struct HistoryCursors: Sendable {
+    public let database: Database
+
+    public init(database: Database) {
+        self.database = database
+    }
+
+    /// One account due a sweep.
+    public struct DueAccount: Sendable {
+        /// The id history is asked by: the appTransactionId, else a transaction id of the account.
+        public let id: String
+        public let user: UserID
+        /// The user's oldest open order.
+        public let oldestOpenOrder: Date
+    }
+
+    /// The accounts of users with an open order older than `openFor` seconds (of `user` alone,
+    /// when given): those they linked, those named by their transactions, and for a user with
+    /// neither but with a transaction of an unknown account, that transaction's id.
+    public func dueAccounts(user: UserID?, openFor: TimeInterval) async throws -> [DueAccount] {
+        let rows = try await database.query(
+            """
+            WITH due AS (
+                SELECT user_id, min(created_at) AS oldest FROM orders
+                 WHERE state IN ('created', 'payment-added') AND created_at <= now() - make_interval(secs => \(openFor))
+                   AND (\(user?.rawValue)::text IS NULL OR user_id = \(user?.rawValue)::text)
+                 GROUP BY user_id),
+            accounts AS (
+                SELECT substr(e.stream_id, length('apple-account-') + 1) AS account_id, d.user_id, d.oldest, 0 AS strength
+                  FROM due d JOIN events e ON e.type = 'account-linked' AND e.data->>'userId' = d.user_id
+                UNION ALL
+                SELECT t.app_transaction_id, d.user_id, d.oldest, 1
+                  FROM due d JOIN orders o ON o.user_id = d.user_id JOIN apple_transactions t ON t.order_id = o.order_id
+                 WHERE t.app_transaction_id IS NOT NULL
+                UNION ALL
+                SELECT t.app_transaction_id, d.user_id, d.oldest, 1
+                  FROM due d JOIN apple_transactions t ON t.user_id = d.user_id AND t.order_id IS NULL
+                 WHERE t.app_transaction_id IS NOT NULL),
+            fallback AS (
+                SELECT DISTINCT ON (d.user_id) t.transaction_id AS account_id, d.user_id, d.oldest, 2 AS strength
+                  FROM due d JOIN orders o ON o.user_id = d.user_id JOIN apple_transactions t ON t.order_id = o.order_id
+                 WHERE NOT EXISTS (SELECT FROM accounts a WHERE a.user_id = d.user_id)
+                 ORDER BY d.user_id, t.purchase_date)
+            SELECT DISTINCT ON (account_id) account_id, user_id, oldest
+              FROM (SELECT * FROM accounts UNION ALL SELECT * FROM fallback) a
+             ORDER BY account_id, strength, oldest
+            """)
+        var accounts: [DueAccount] = []
+        for try await (id, user, oldest) in rows.decode((String, String, Date).self) {
+            accounts.append(DueAccount(id: id, user: UserID(unchecked: user), oldestOpenOrder: oldest))
+        }
+        return accounts
+    }
+
+    /// Where an account's sweep starts: the revision stored, and the start date its first request
+    /// sent (which every later one repeats).
+    public struct Cursor: Sendable, Equatable {
+        public let revision: String?
+        public let startDate: Date
+    }
+
+    /// The account's cursor, made on its first sweep with `startDate` (kept from then on).
+    public func open(_ account: String, user: UserID, startDate: Date) async throws -> Cursor {
+        let rows = try await database.query(
+            """
+            INSERT INTO apple_history_cursors AS c (account_id, user_id, start_date) VALUES (\(account), \(user.rawValue), \(startDate))
+            ON CONFLICT (account_id) DO UPDATE SET start_date = coalesce(c.start_date, EXCLUDED.start_date)
+            RETURNING revision, start_date
+            """)
+        for try await (revision, start) in rows.decode((String?, Date).self) { return Cursor(revision: revision, startDate: start) }
+        // (An upsert answers its row; this is never reached.)
+        return Cursor(revision: nil, startDate: startDate)
+    }
+
+    /// Records a page read: the account's cursor moves to `revision` unless `holdingBack` (a page
+    /// held an entry that did not verify: the next sweep reads it again), and `found` more
+    /// transactions were new to the ledger.
+    public func advance(_ account: String, to revision: String, holdingBack: Bool, found: Int) async throws {
+        try await database.query(
+            """
+            UPDATE apple_history_cursors
+               SET revision = CASE WHEN \(holdingBack) THEN revision ELSE \(revision) END, swept_at = now(), found = found + \(found)
+             WHERE account_id = \(account)
+            """)
+    }
+}

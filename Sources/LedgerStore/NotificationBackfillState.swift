@@ -1,0 +1,63 @@
+import Foundation
+import Logging
+import PostgresNIO
+
+/// The notification backfill's request and where its pages stopped (the one row of
+/// `apple_notification_backfill`), so that a stopped backfill resumes with the same dates and
+/// Apple's pagination token.
+public struct NotificationBackfillState: Sendable {
+    public let database: Database
+
+    public init(database: Database) {
+        self.database = database
+    }
+
+    /// What is stored, with what the next backfill's start is reckoned from.
+    public struct Stored: Sendable, Equatable {
+        public var startDate: Date?
+        public var endDate: Date?
+        /// The next page's token of a backfill that stopped before its end.
+        public var paginationToken: String?
+        public var finished: Bool
+        /// The signed date of the last notification the ledger recorded, if any.
+        public var lastNotification: Date?
+        /// When the ledger recorded its first event, if any.
+        public var firstEvent: Date?
+    }
+
+    public func read() async throws -> Stored {
+        let rows = try await database.query(
+            """
+            SELECT start_date, end_date, pagination_token, finished_at IS NOT NULL,
+                   (SELECT (data->>'signedDate')::timestamptz FROM events WHERE type = 'notification-received'
+                     ORDER BY global_position DESC LIMIT 1),
+                   (SELECT recorded_at FROM events ORDER BY global_position LIMIT 1)
+              FROM apple_notification_backfill
+            """)
+        for try await (start, end, token, finished, last, first) in rows.decode((Date?, Date?, String?, Bool, Date?, Date?).self) {
+            return Stored(startDate: start, endDate: end, paginationToken: token, finished: finished, lastNotification: last, firstEvent: first)
+        }
+        return Stored(finished: false)
+    }
+
+    /// Records the request a backfill runs: from `startDate` to `endDate`, from `paginationToken`
+    /// (nil: a new request, not finished yet).
+    public func begin(startDate: Date, endDate: Date, paginationToken: String?) async throws {
+        try await database.query(
+            """
+            UPDATE apple_notification_backfill
+               SET start_date = \(startDate), end_date = \(endDate), pagination_token = \(paginationToken),
+                   finished_at = CASE WHEN \(paginationToken == nil) THEN NULL ELSE finished_at END
+            """)
+    }
+
+    /// Records a page applied: the next page's token, or the request finished (`done`).
+    public func advance(paginationToken: String?, done: Bool) async throws {
+        try await database.query(
+            """
+            UPDATE apple_notification_backfill
+               SET pagination_token = CASE WHEN \(done) THEN NULL ELSE \(paginationToken) END,
+                   finished_at = CASE WHEN \(done) THEN now() END
+            """)
+    }
+}

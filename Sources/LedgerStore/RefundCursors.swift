@@ -1,0 +1,67 @@
+import Foundation
+import LedgerCore
+import Logging
+import PostgresNIO
+
+/// Where each Apple account's refund history was last read (`apple_refund_cursors`): Apple's
+/// `revision` and when; and which accounts are due a read.
+public struct RefundCursors: Sendable {
+    public let database: Database
+
+    public init(database: Database) {
+        self.database = database
+    }
+
+    /// An account: its key (appTransactionId, else original transaction id) and a transaction id
+    /// of it to ask Apple by.
+    public struct DueAccount: Sendable, Equatable {
+        public let key: String
+        public let transactionId: String
+    }
+
+    /// The accounts with transactions granted in the last `lookbackDays` whose refund history was
+    /// not read in the last `recheckAfter` seconds (`all`: however recently), by key.
+    public func dueAccounts(lookbackDays: Int, recheckAfter: TimeInterval, all: Bool) async throws -> [DueAccount] {
+        let rows = try await database.query(
+            """
+            SELECT a.account_id, a.transaction_id FROM (
+                SELECT DISTINCT ON (account_id) account_id, transaction_id FROM (
+                    SELECT coalesce(t.app_transaction_id, t.original_transaction_id, t.transaction_id) AS account_id,
+                           t.transaction_id, t.purchase_date
+                      FROM apple_transactions t JOIN orders o ON o.order_id = t.order_id
+                     WHERE o.state IN ('verified', 'delivered', 'finished')
+                       AND t.purchase_date >= now() - make_interval(days => \(lookbackDays)::int)) granted
+                 ORDER BY account_id, purchase_date DESC) a
+              LEFT JOIN apple_refund_cursors c ON c.account_id = a.account_id
+             WHERE \(all) OR c.checked_at IS NULL OR c.checked_at < now() - make_interval(secs => \(recheckAfter))
+             ORDER BY a.account_id
+            """)
+        var accounts: [DueAccount] = []
+        for try await (key, transaction) in rows.decode((String, String).self) { accounts.append(DueAccount(key: key, transactionId: transaction)) }
+        return accounts
+    }
+
+    /// The revision the account's next read starts from (nil: its first read), its cursor made
+    /// on first use.
+    public func revision(of account: String) async throws -> String? {
+        let rows = try await database.query(
+            """
+            INSERT INTO apple_refund_cursors AS c (account_id) VALUES (\(account))
+            ON CONFLICT (account_id) DO UPDATE SET account_id = c.account_id
+            RETURNING revision
+            """)
+        for try await revision in rows.decode(String?.self) { return revision }
+        return nil
+    }
+
+    /// Records a page read now: the cursor moves to `revision` unless `holdingBack` (a page held
+    /// an entry that did not verify: the next read starts before it again).
+    public func advance(_ account: String, to revision: String, holdingBack: Bool) async throws {
+        try await database.query(
+            """
+            UPDATE apple_refund_cursors
+               SET revision = CASE WHEN \(holdingBack) THEN revision ELSE \(revision) END, checked_at = now()
+             WHERE account_id = \(account)
+            """)
+    }
+}

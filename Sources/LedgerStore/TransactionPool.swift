@@ -1,0 +1,171 @@
+import Foundation
+import LedgerCore
+import Logging
+import PostgresNIO
+
+/// The Apple transactions the ledger knows, and the pool of those no order took: the reads the
+/// intake, support, the reconciler and the refund catch-up make of them (`apple_transactions`,
+/// the views `unmatched_transactions` and `pool_with_users`).
+public struct TransactionPool: Sendable {
+    public let database: Database
+
+    public init(database: Database) {
+        self.database = database
+    }
+
+    /// The order holding each of `ids` (nil: in the pool); ids the ledger does not know are absent.
+    public func holders(of ids: [TransactionID]) async throws -> [TransactionID: OrderID?] {
+        let rows = try await database.query(
+            "SELECT transaction_id, order_id FROM apple_transactions WHERE transaction_id = ANY(\(ids.map(\.rawValue)))")
+        var holders: [TransactionID: OrderID?] = [:]
+        for try await (id, order) in rows.decode((String, String?).self) {
+            // (Assigning nil through the subscript would drop a pooled transaction's key.)
+            holders.updateValue(order.map(OrderID.init(unchecked:)), forKey: TransactionID(unchecked: id))
+        }
+        return holders
+    }
+
+    /// Which of `transactions` the ledger already has refunded: by their order's state, or their
+    /// pool row's.
+    public func refundsRecorded(_ transactions: [TransactionID]) async throws -> Set<TransactionID> {
+        guard !transactions.isEmpty else { return [] }
+        let rows = try await database.query(
+            """
+            SELECT t.transaction_id
+              FROM apple_transactions t LEFT JOIN orders o ON o.order_id = t.order_id
+             WHERE t.transaction_id = ANY(\(transactions.map(\.rawValue))) AND (o.state = 'refunded' OR t.status = 'refunded')
+            """)
+        var recorded: Set<TransactionID> = []
+        for try await id in rows.decode(String.self) { recorded.insert(TransactionID(unchecked: id)) }
+        return recorded
+    }
+
+    /// A transaction waiting in the pool, as the API shows it.
+    public struct PooledTransaction: Sendable {
+        public let transactionId: TransactionID
+        public let userId: UserID?
+        public let productId: ProductID
+        public let purchaseDate: Date
+        public let environment: String?
+        public let appAccountToken: UUID?
+        public let receivedAt: Date
+        /// The `transaction-unmatched` body: the verified transaction and why no order took it.
+        public let verification: Data?
+    }
+
+    /// The pool filtered by user, product, purchase time (`from` inclusive, `to` exclusive) and
+    /// transaction id, in transaction id order, after the transaction id `after` (for paging).
+    public func unmatched(
+        userId: UserID?, productId: ProductID?, from: Date?, to: Date?, transactionId: TransactionID?, after: TransactionID?, limit: Int
+    ) async throws -> [PooledTransaction] {
+        let rows = try await database.query(
+            """
+            SELECT transaction_id, user_id, product_id, purchase_date, environment, app_account_token, received_at, verification::text
+            FROM unmatched_transactions
+            WHERE (\(userId?.rawValue)::text IS NULL OR user_id = \(userId?.rawValue))
+              AND (\(productId?.rawValue)::text IS NULL OR product_id = \(productId?.rawValue))
+              AND (\(from)::timestamptz IS NULL OR purchase_date >= \(from))
+              AND (\(to)::timestamptz IS NULL OR purchase_date < \(to))
+              AND (\(transactionId?.rawValue)::text IS NULL OR transaction_id = \(transactionId?.rawValue))
+              AND (\(after?.rawValue)::text IS NULL OR transaction_id > \(after?.rawValue))
+            ORDER BY transaction_id LIMIT \(min(max(limit, 1), 1000))
+            """)
+        var found: [PooledTransaction] = []
+        for try await (id, user, product, purchase, environment, token, received, verification)
+            in rows.decode((String, String?, String, Date, String?, UUID?, Date, String?).self) {
+            found.append(PooledTransaction(
+                transactionId: TransactionID(unchecked: id), userId: user.map(UserID.init(unchecked:)), productId: ProductID(unchecked: product),
+                purchaseDate: purchase, environment: environment, appAccountToken: token, receivedAt: received,
+                verification: verification.map { Data($0.utf8) }))
+        }
+        return found
+    }
+}
+
+extension TransactionPool {
+    /// One orphan of the pool as the reconciler reads it.
+    public struct PoolEntry: Sendable {
+        public let orphan: Reconciler.Orphan
+        /// It, or an orphan of the same user and product, is younger than the settle window.
+        public let settling: Bool
+    }
+
+    /// The pool as the reconciler sees it: the orphans with a user (their own, or one resolved
+    /// through an earlier transaction of the same Apple account or subscription, or the account's
+    /// link), by user in user order.
+    public struct ReconcilerView: Sendable {
+        public var users: [UserID] = []
+        public var entries: [UserID: [PoolEntry]] = [:]
+        /// Orphans with no user at all: left for support.
+        public var unknownUser = 0
+        /// Orphans whose user was resolved rather than their own.
+        public var usersResolved = 0
+    }
+
+    /// The pool with users (`pool_with_users`); an orphan is settling while it, or another of its
+    /// user's orphans of the same product, was recorded less than `settle` seconds ago.
+    public func reconcilerView(settle: TimeInterval) async throws -> ReconcilerView {
+        let rows = try await database.query(
+            """
+            SELECT transaction_id, resolved_user_id, product_id, purchase_date, user_id IS NULL,
+                   coalesce(bool_or(received_at > now() - make_interval(secs => \(settle)))
+                       OVER (PARTITION BY resolved_user_id, product_id), false),
+                   CASE WHEN jsonb_typeof(undone_order_ids) = 'array'
+                        THEN ARRAY(SELECT jsonb_array_elements_text(undone_order_ids)) ELSE '{}' END
+            FROM pool_with_users
+            ORDER BY resolved_user_id
+            """)
+        var view = ReconcilerView()
+        for try await (id, user, product, purchase, withoutOwnUser, settling, undone)
+            in rows.decode((String, String?, String, Date, Bool, Bool, [String]).self) {
+            guard let user else {
+                view.unknownUser += 1
+                continue
+            }
+            if withoutOwnUser { view.usersResolved += 1 }
+            let userID = UserID(unchecked: user)
+            if view.users.last != userID { view.users.append(userID) }
+            view.entries[userID, default: []].append(PoolEntry(
+                orphan: .init(
+                    transactionId: TransactionID(unchecked: id), userId: userID, productId: ProductID(unchecked: product),
+                    purchaseDate: purchase, undoneOrders: undone.map(OrderID.init(unchecked:))),
+                settling: settling))
+        }
+        return view
+    }
+
+    /// The users of `users` the caller's transaction now holds until it ends, as the one
+    /// reconciler pairing them; a user another reconciler holds is skipped, not waited for.
+    public func claimUsers(_ users: [UserID], in transaction: DatabaseTransaction) async throws -> [UserID] {
+        let rows = try await transaction.connection.guardedQuery(
+            """
+            SELECT u FROM unnest(\(users.map(\.rawValue))::text[]) AS u
+            WHERE pg_try_advisory_xact_lock(\(Self.reconcilerClaimSpace), hashtext(u))
+            """,
+            logger: database.logger)
+        var claimed: [UserID] = []
+        for try await user in rows.decode(String.self) { claimed.append(UserID(unchecked: user)) }
+        return claimed
+    }
+
+    /// The first key of a reconciler's claim on a user (advisory locks of two keys never meet the
+    /// one-key locks of the streams).
+    public static let reconcilerClaimSpace: Int32 = 0x52_43_4C_52
+
+    /// The open orders (created or payment-added, no transaction) of `users`: the reconciler's candidates.
+    public func openOrders(of users: [UserID], in transaction: DatabaseTransaction) async throws -> [Reconciler.OpenOrder] {
+        let rows = try await transaction.connection.guardedQuery(
+            """
+            SELECT order_id, user_id, product_id, created_at, queued_at FROM orders
+            WHERE user_id = ANY(\(users.map(\.rawValue))::text[]) AND state IN ('created', 'payment-added') AND transaction_id IS NULL
+            """,
+            logger: database.logger)
+        var orders: [Reconciler.OpenOrder] = []
+        for try await (id, user, product, created, queued) in rows.decode((String, String, String, Date, Date?).self) {
+            orders.append(.init(
+                orderId: OrderID(unchecked: id), userId: UserID(unchecked: user), productId: ProductID(unchecked: product),
+                createdAt: created, queuedAt: queued))
+        }
+        return orders
+    }
+}
