@@ -159,20 +159,17 @@ public struct AppleCallQueue: Sendable {
             RETURNING call_id, kind, transaction_id, stream_id, order_id, notification_uuid, deadline, attempts
             """)
         var calls: [Call] = []
-        var ignored: [Lease] = []
         for try await (id, kind, transaction, stream, order, notification, deadline, attempts)
             in rows.decode((String, String, String, String, String?, UUID?, Date?, Int).self) {
-            guard let lease = held[Self.leaseName(id)] else { continue }
-            guard let kind = Call.Kind(rawValue: kind) else {
-                ignored.append(lease)
-                continue
-            }
+            guard let lease = held[Self.leaseName(id)], let kind = Call.Kind(rawValue: kind) else { continue }
             calls.append(Call(
                 id: id, kind: kind, transactionId: TransactionID(unchecked: transaction), streamId: StreamID(unchecked: stream),
                 orderId: order.map(OrderID.init(unchecked:)), notificationUUID: notification, deadline: deadline, attempts: attempts,
                 lease: lease))
         }
-        try await self.leases.release(ignored)
+        // A call settled by another server meanwhile, or of a kind this build does not make.
+        let taken = Set(calls.map(\.lease.name))
+        try await self.leases.release(leases.filter { !taken.contains($0.name) })
         // Oldest due first, as they were chosen.
         let rank = Dictionary(uniqueKeysWithValues: names.enumerated().map { ($1, $0) })
         return calls.sorted { rank[$0.lease.name, default: 0] < rank[$1.lease.name, default: 0] }
