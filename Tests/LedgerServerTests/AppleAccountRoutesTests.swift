@@ -204,6 +204,48 @@ struct AppleAccountRoutesTests {
         }
     }
 
+    @Test("a sweep whose lease another server took over while Apple answered stops there: it cannot renew it, and moves no cursor")
+    func lostLease() async throws {
+        try await withSweepApplication { http, db, base in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-l", user: "u-l"))
+            try await link(http, "u-l", try await apple.sign(TestApple.appTransaction("acct-l")))
+            var purchase = TestApple.transaction("7600001")
+            purchase.appTransactionId = "acct-l"
+            await standIn.setHistory("acct-l", [.init(revision: "l1", hasMore: false, signedTransactions: [try await apple.sign(purchase)])])
+            var configuration = LedgerConfiguration()
+            configuration.apple.rootCertificateFiles = [apple.rootFile]
+            configuration.apple.bundleID = TestApple.bundleId
+            configuration.apple.environment = "Sandbox"
+            configuration.recoveryAfter = 0
+            let sweep = configuration.historySweep(
+                secondServer(db), api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base, timeout: .seconds(60)), logger: TestServer.logger),
+                verifier: try configuration.apple.verifier(logger: TestServer.logger))
+            await standIn.queue([.held])
+            async let swept = sweep.run()
+            var holding = 0
+            // However slow the machine: the test's whole run has its own time limit.
+            for _ in 0..<2400 where holding == 0 {
+                try await Task.sleep(for: .milliseconds(50))
+                holding = await standIn.holding
+            }
+            #expect(holding == 1, "the sweep's request reached Apple within 120 s")
+            // The lease runs out while Apple holds the answer, and another server takes it.
+            try await db.client.query("UPDATE leases SET expires_at = now() WHERE name = 'history-sweep/acct-l'", logger: TestServer.logger)
+            let leases = Leases(database: db.database)
+            let taken = try #require(try await leases.claim("history-sweep/acct-l", for: 600))
+            await standIn.release()
+            let summary = try await swept
+            #expect(summary.pages == 1 && summary.failed == 0, "\(summary)")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_history_cursors WHERE account_id = 'acct-l' AND revision IS NULL", as: Int.self) == 1,
+                    "the sweep that lost its lease moved no cursor")
+            #expect(try await leases.renew(taken, for: 600), "the lease is still the new holder's")
+            try await leases.release(taken)
+            let (_, later) = try await http.send(.post, "/v1/recover", raw: "")
+            #expect(later["transactions"] as? Int == 1 && later["known"] as? Int == 1, "what the first sweep took in is known: \(later)")
+            #expect(try await scalar(db, "SELECT revision FROM apple_history_cursors WHERE account_id = 'acct-l'", as: String.self) == "l1")
+        }
+    }
+
     @Test("in a sweep a purchase's token decides its order, even another user's; a revoked one is left out; without roots nothing moves")
     func tokensRevocationsAndRoots() async throws {
         try await withSweepApplication { http, db, base in
