@@ -102,7 +102,7 @@ extension Demo {
         standIn: AppStoreServerStandIn, seed: UInt64, users: Int, lostRate: Double, logger: Logger
     ) async throws {
         let client = PostgresClient(configuration: demoDatabase, backgroundLogger: logger)
-        let application = try buildApplication(configuration: configuration, client: client, logger: logger)
+        let application = try buildApplication(configuration: configuration, client: client, probing: demoDatabase, logger: logger)
         let group = ServiceGroup(configuration: .init(services: [application], gracefulShutdownSignals: [], logger: logger))
         let server = Task { try await group.run() }
 
