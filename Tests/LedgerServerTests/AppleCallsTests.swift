@@ -5,6 +5,7 @@ import LedgerCore
 import LedgerServer
 import LedgerStore
 import LedgerTestSupport
+import NIOCore
 import Testing
 
 /// A configuration that trusts `apple`'s test chain, as the test servers do.
@@ -22,11 +23,13 @@ func receiptLedger(_ db: TestDatabase) -> ReceiptLedger {
 }
 
 /// A server's calls to Apple on `db`, made to the stand-in at `base`, with `switches`.
-func appleCalls(_ standIn: AppStoreServerStandIn, _ base: String, _ db: TestDatabase, switches: AppleCallQueue.Switches) -> AppleCalls {
+func appleCalls(
+    _ standIn: AppStoreServerStandIn, _ base: String, _ db: TestDatabase, switches: AppleCallQueue.Switches, timeout: TimeAmount = .seconds(30)
+) -> AppleCalls {
     var configuration = LedgerConfiguration()
     configuration.appleCalls = switches
     var calls = configuration.appleCalls(
-        api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger), receipts: receiptLedger(db))
+        api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base, timeout: timeout), logger: TestServer.logger), receipts: receiptLedger(db))
     calls.backoff = 30
     return calls
 }

@@ -21,7 +21,7 @@ func withLiveApplication(
         let client = PostgresClient(configuration: db.configuration, backgroundLogger: TestServer.clientLogger)
         let application = try buildApplication(
             configuration: configuration, client: client, probing: db.configuration, logger: TestServer.logger, migrate: migrateAtStart)
-        try await application.test(.live) { http in try await test(LedgerHTTP(client: http, key: key), db) }
+        try await withLiveServer(application) { http in try await test(LedgerHTTP(client: http, key: key), db) }
     }
 }
 
@@ -69,7 +69,7 @@ struct HealthTests {
         let nowhere = PostgresClient.Configuration(unixSocketPath: "/nonexistent/.s.PGSQL.5432", username: "x", password: nil, database: "x")
         let client = PostgresClient(configuration: nowhere, backgroundLogger: TestServer.clientLogger)
         let application = try buildApplication(configuration: configuration, client: client, probing: nowhere, logger: TestServer.logger, migrate: false)
-        try await application.test(.live) { http in
+        try await withLiveServer(application) { http in
             let ready = try await http.execute(uri: "/readyz", method: .get)
             #expect(ready.status == .serviceUnavailable)
             #expect(json(ready.body)["reason"] as? String == "the database is unreachable")
