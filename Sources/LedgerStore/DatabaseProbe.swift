@@ -74,6 +74,11 @@ public actor DatabaseProbe {
         discard()
     }
 
+    deinit {
+        // A check that raced with `close()` may have left one open.
+        if let open = connection?.0 { Self.close(open) }
+    }
+
     private func checkOnce(deadline: NIODeadline) async -> Outcome {
         // A connection found closed or failing (not slow) may have been dropped for reasons of
         // its own (an administrator ended that backend): one fresh connection decides.

@@ -45,6 +45,8 @@ struct DatabaseOutageTests {
             let restartedAt = ContinuousClock.now
 
             let inFlight = await rig.load.requests(held)
+            // (All may be 2xx: the lock's holder is ended first, and on a loaded machine the
+            // writes it held can commit before their own backends are ended.)
             expectAnsweredWithout(waiting: inFlight, "requests in flight when PostgreSQL stopped")
             let down = try await markedDown.value
             print("DatabaseOutageTests: PostgreSQL stopped (`pg_ctl stop` took \(milliseconds(stopped - stopping)) ms), marked down \(milliseconds(down - stopping)) ms after it began; \(held.count) requests in flight answered within \(milliseconds(latency(inFlight, after: down))) ms of that: \(inFlight.compactMap { $0.answer?.status })")
@@ -77,7 +79,8 @@ struct DatabaseOutageTests {
                     await rig.load.requests(held).allSatisfy { $0.answered != nil }
                 }
                 let inFlight = await rig.load.requests(held)
-                expectAnsweredWithout(waiting: inFlight, "requests in flight while PostgreSQL was silent")
+                // Some were sent after PostgreSQL went silent: those cannot commit.
+                expectAnsweredWithout(waiting: inFlight, "requests in flight while PostgreSQL was silent", someRefused: true)
                 print("DatabaseOutageTests: PostgreSQL silent, marked down \(milliseconds(markedDown - silenced)) ms after; \(held.count) requests in flight answered within \(milliseconds(latency(inFlight, after: markedDown))) ms of that: \(inFlight.compactMap { $0.answer?.status })")
                 outcome = .success(())
             } catch {
@@ -91,13 +94,14 @@ struct DatabaseOutageTests {
 }
 
 /// Requests in flight as PostgreSQL went away, all answered before it came back: a write that
-/// committed in time with 2xx, the others (at least one: the clients keep sending) with 503 and
-/// `Retry-After`.
-func expectAnsweredWithout(waiting inFlight: [RetryingLoad.Request], _ what: String, sourceLocation: SourceLocation = #_sourceLocation) {
+/// committed in time with 2xx, the others (`someRefused`: at least one) with 503 and `Retry-After`.
+func expectAnsweredWithout(
+    waiting inFlight: [RetryingLoad.Request], _ what: String, someRefused: Bool = false, sourceLocation: SourceLocation = #_sourceLocation
+) {
     let statuses = inFlight.map { $0.answer.map { "\($0.status)" } ?? "no answer" }
     #expect(inFlight.allSatisfy { ($0.answer?.status).map { (200..<300).contains($0) } == true || ($0.answer?.status == 503 && $0.answer?.retryAfter != nil) },
             "\(what): \(statuses)", sourceLocation: sourceLocation)
-    #expect(inFlight.contains { $0.answer?.status == 503 }, "\(what): no 503 among \(statuses)", sourceLocation: sourceLocation)
+    #expect(!someRefused || inFlight.contains { $0.answer?.status == 503 }, "\(what): no 503 among \(statuses)", sourceLocation: sourceLocation)
 }
 
 /// The longest a request of `requests` took to be answered once the database was marked down
