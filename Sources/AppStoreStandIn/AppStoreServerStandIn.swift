@@ -55,8 +55,10 @@ public final class AppStoreServerStandIn: Sendable {
         self.bundleID = bundleID
     }
 
-    /// The client settings for this stand-in at `baseURL`.
-    public func settings(baseURL: String, requestsPerSecond: Double = 100, timeout: TimeAmount = .seconds(2)) -> AppStoreServerAPI.Settings {
+    /// The client settings for this stand-in at `baseURL`. The time-out is generous: a loaded
+    /// machine can take seconds to answer, and a try given up early would take a fault queued for
+    /// the next one. A test about time-outs holds an answer (`.held`) past a shorter one.
+    public func settings(baseURL: String, requestsPerSecond: Double = 100, timeout: TimeAmount = .seconds(30)) -> AppStoreServerAPI.Settings {
         .init(keyID: Self.keyID, issuerID: Self.issuerID, privateKeyPEM: privateKeyPEM, bundleID: bundleID, baseURL: baseURL,
               requestsPerSecond: requestsPerSecond, timeout: timeout, attempts: 4, longestWait: .seconds(10))
     }

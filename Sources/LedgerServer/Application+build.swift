@@ -34,7 +34,7 @@ func buildRouter(
     router.add(middleware: RequestIDMiddleware(routes: routes))
     if let health { router.add(middleware: DatabaseGateMiddleware(health: health)) }
     router.add(middleware: AuthMiddleware(keys: services.keys))
-    HealthController(database: database, migrator: migrator).addRoutes(to: router)
+    HealthController(database: database, migrator: migrator, health: health).addRoutes(to: router)
     OrdersController(ledger: services.orders, events: services.events).addRoutes(to: router)
     ReceiptsController(receipts: services.receipts, orders: services.orders, pool: services.pool, verifier: apple, metrics: metrics)
         .addRoutes(to: router)
@@ -56,16 +56,18 @@ func buildRouter(
 }
 
 /// Builds the HTTP application: the PostgreSQL client runs as a service, migrations run before
-/// the server accepts connections. Throws when the Apple root certificates cannot be read.
+/// the server accepts connections. `probing`: the configuration `client` was made with (the
+/// health probe connects there on a connection of its own). Throws when the Apple root
+/// certificates cannot be read.
 public func buildApplication(
-    configuration: LedgerConfiguration, client: PostgresClient, logger: Logger, migrate: Bool = true,
-    writerExecutor: (any TaskExecutor)? = nil
+    configuration: LedgerConfiguration, client: PostgresClient, probing: PostgresConnection.Configuration, logger: Logger,
+    migrate: Bool = true, writerExecutor: (any TaskExecutor)? = nil
 ) throws -> some ApplicationProtocol {
     // Every event the ledger appends is counted, whichever route or service appended it.
     let metrics = LedgerMetrics()
     let database = Database(client: client, logger: logger, writerExecutor: writerExecutor).observingAppends(metrics.eventsAppended)
     let migrator = Migrator(logger: logger)
-    let health = DatabaseHealth(database: database)
+    let health = DatabaseHealth(probing: probing, logger: logger)
     // Said once: whether the features that ask Apple's App Store Server API are on.
     let apiSettings = try configuration.apple.appStoreServerAPI()
     let appStoreServerAPI = apiSettings.map { LazyAppStoreServerAPI(settings: $0, logger: logger) }

@@ -7,6 +7,9 @@ import PostgresNIO
 /// private cluster started (or reused) for this process.
 public struct OpenedDatabase: Sendable {
     public let clientConfiguration: PostgresClient.Configuration
+    /// The same database for a single connection of its own (the health probe's), with the
+    /// pool's credentials and TLS.
+    public let connectionConfiguration: PostgresConnection.Configuration
     /// Set when the private cluster is in use.
     public let privateCluster: RunningPrivateCluster?
 
@@ -15,7 +18,8 @@ public struct OpenedDatabase: Sendable {
         switch source {
         case .url(let url):
             logger.info("using the configured database", metadata: ["db.url": "\(url)"])
-            return OpenedDatabase(clientConfiguration: url.clientConfiguration, privateCluster: nil)
+            return OpenedDatabase(
+                clientConfiguration: url.clientConfiguration, connectionConfiguration: try url.connectionConfiguration(), privateCluster: nil)
         case .privateCluster(let directory):
             let cluster = PrivateCluster(directory: directory, durable: durable)
             let running = try await cluster.start(logger: logger)
@@ -25,7 +29,11 @@ public struct OpenedDatabase: Sendable {
                 try? running.stop(logger: logger)
                 throw error
             }
-            return OpenedDatabase(clientConfiguration: cluster.clientConfiguration(), privateCluster: running)
+            return OpenedDatabase(
+                clientConfiguration: cluster.clientConfiguration(),
+                connectionConfiguration: .init(
+                    unixSocketPath: cluster.socketPath, username: PrivateCluster.user, password: nil, database: PrivateCluster.database),
+                privateCluster: running)
         }
     }
 

@@ -5,6 +5,8 @@ import LedgerStore
 struct HealthController {
     let database: Database
     let migrator: Migrator
+    /// Whether PostgreSQL answers (nil: a router without it; readiness then asks and waits).
+    let health: DatabaseHealth?
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
         router.get("/healthz") { _, _ in
@@ -15,23 +17,21 @@ struct HealthController {
         }
     }
 
-    /// How long readiness waits for the database before answering 503.
-    static let databaseTimeout = Duration.seconds(2)
-
+    /// Not ready while the health has the database down; else the migrations' status, however
+    /// long a busy database takes to tell it (a slow answer is not an unreachable database; the
+    /// health's probe decides that, and then readiness answers at once).
     func readiness() async -> Answer<[String: String]> {
+        let unreachable = Answer(.serviceUnavailable, ["status": "not-ready", "reason": "the database is unreachable"])
         let status: MigrationStatus
         do {
-            status = try await withThrowingTaskGroup(of: MigrationStatus.self) { group in
-                group.addTask { try await migrator.status(database.client) }
-                group.addTask {
-                    try await Task.sleep(for: Self.databaseTimeout)
-                    throw CancellationError()
-                }
-                defer { group.cancelAll() }
-                return try await group.next()!
+            if let health {
+                guard await health.availability() else { return unreachable }
+                status = try await health.unlessUnavailable { [migrator, database] in try await migrator.status(database.client) }
+            } else {
+                status = try await migrator.status(database.client)
             }
         } catch {
-            return Answer(.serviceUnavailable, ["status": "not-ready", "reason": "the database is unreachable"])
+            return unreachable
         }
         guard status == .current else {
             return Answer(.serviceUnavailable, ["status": "not-ready", "reason": MigrationError(status: status).description])

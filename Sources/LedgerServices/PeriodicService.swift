@@ -37,7 +37,8 @@ public struct PeriodicService: Service {
                 do {
                     try await work()
                     succeeded = true
-                } catch is CancellationError {
+                } catch where error is CancellationError || Task.isCancelled {
+                    // Shutdown: a statement cut short by it fails with the connection closed.
                     return
                 } catch {
                     logger.error("\(name) failed", metadata: ["error": "\(String(reflecting: error))"])

@@ -124,7 +124,8 @@ public struct Database: Sendable {
         }
     }
 
-    /// Leases a pooled connection for `body`. A connection that closed is handed back only once the
+    /// Leases a pooled connection for `body`; cancellation ends the wait for a lease and closes
+    /// the connection under a statement in flight. A connection that closed is handed back only once the
     /// pool knows of the close. When `body`'s first statement (wrapped in `first`) finds the
     /// connection closed, nothing reached PostgreSQL, and `body` runs again on another connection
     /// (three tries in all).
@@ -137,7 +138,10 @@ public struct Database: Sendable {
             do {
                 return try await client.withConnection { connection in
                     do {
-                        return try await body(connection)
+                        // Cancelled (a request answered 503 while the database is away), a
+                        // statement in flight would still wait for PostgreSQL: the connection is
+                        // closed, which ends it at once (a transaction open on it rolls back).
+                        return try await withTaskCancellationHandler { try await body(connection) } onCancel: { connection.close() }
                     } catch {
                         // The pool learns of a close from the connection's close future (completed
                         // one event-loop turn after the channel went inactive, which `isClosed`

@@ -61,6 +61,20 @@ public struct DatabaseURL: Sendable, Equatable, CustomStringConvertible {
         return .init(host: host, port: port, username: username, password: password, database: database, tls: tls)
     }
 
+    /// The same server for a single connection of its own (the health probe's), with TLS as
+    /// `sslmode` says; throws when TLS is asked for and no TLS context can be made.
+    public func connectionConfiguration() throws -> PostgresConnection.Configuration {
+        if host.hasPrefix("/") {
+            return .init(unixSocketPath: "\(host)/.s.PGSQL.\(port)", username: username, password: password, database: database)
+        }
+        let tls: PostgresConnection.Configuration.TLS = switch sslMode {
+        case .disable: .disable
+        case .prefer: .prefer(try NIOSSLContext(configuration: .makeClientConfiguration()))
+        case .require: .require(try NIOSSLContext(configuration: .makeClientConfiguration()))
+        }
+        return .init(host: host, port: port, username: username, password: password, database: database, tls: tls)
+    }
+
     /// The URL with the password hidden, for logs.
     public var description: String {
         "postgres://\(username)\(password == nil ? "" : ":***")@\(host.hasPrefix("/") ? "" : host):\(port)/\(database)"

@@ -10,7 +10,41 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
     /// One piece of work waiting for its answer.
     struct Pending: Sendable {
         let work: Work
-        let continuation: CheckedContinuation<Answer, any Error>
+        let continuation: Waiter
+    }
+
+    /// A caller's wait, resumed once: by its batch's answer, or with `CancellationError` when the
+    /// caller is cancelled first (a request answered 503 while the database is away). The
+    /// batch's answer for it is then dropped; a write that commits after all is safe, since
+    /// clients retry with the same ids.
+    final class Waiter: Sendable {
+        private enum State {
+            case starting
+            case waiting(CheckedContinuation<Answer, any Error>)
+            case done
+        }
+
+        private let state = Mutex(State.starting)
+
+        /// Keeps `continuation`; false (and resumed with `CancellationError`) when cancelled already.
+        fileprivate func wait(_ continuation: CheckedContinuation<Answer, any Error>) -> Bool {
+            let waiting = state.withLock { state in
+                guard case .starting = state else { return false }
+                state = .waiting(continuation)
+                return true
+            }
+            if !waiting { continuation.resume(throwing: CancellationError()) }
+            return waiting
+        }
+
+        func resume(with result: Result<Answer, any Error>) {
+            let continuation: CheckedContinuation<Answer, any Error>? = state.withLock { state in
+                defer { state = .done }
+                guard case .waiting(let continuation) = state else { return nil }
+                return continuation
+            }
+            continuation?.resume(with: result)
+        }
     }
 
     /// How much batching has happened (for tests and the benchmark).
@@ -58,10 +92,23 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
     var statistics: Statistics { state.withLock { $0.statistics } }
 
     /// Waits for `work` to be written in some batch and answers what that batch said of it.
+    /// Cancelled, it throws `CancellationError` at once, and its work is dropped if no batch has
+    /// taken it yet.
     func submit(_ work: Work) async throws -> Answer {
+        let waiter = Waiter()
+        return try await withTaskCancellationHandler {
+            try await enqueue(work, waiter)
+        } onCancel: {
+            state.withLock { $0.pending.removeAll { $0.continuation === waiter } }
+            waiter.resume(with: .failure(CancellationError()))
+        }
+    }
+
+    private func enqueue(_ work: Work, _ waiter: Waiter) async throws -> Answer {
         try await withCheckedThrowingContinuation { continuation in
+            guard waiter.wait(continuation) else { return }
             let batch: [Pending]? = state.withLock { state in
-                state.pending.append(Pending(work: work, continuation: continuation))
+                state.pending.append(Pending(work: work, continuation: waiter))
                 guard state.writers < maximumWriters else { return nil }
                 state.writers += 1
                 return take(&state)

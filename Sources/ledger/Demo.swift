@@ -45,6 +45,8 @@ struct Demo: AsyncParsableCommand {
         defer { try? opened.close(logger: logger) }
         var demoDatabase = opened.clientConfiguration
         demoDatabase.database = Self.database
+        var demoProbe = opened.connectionConfiguration
+        demoProbe.database = Self.database
         try await resetDatabase(Self.database, on: opened.clientConfiguration, logger: logger)
 
         // The throwaway "Apple": trusted by this process's server only.
@@ -81,12 +83,12 @@ struct Demo: AsyncParsableCommand {
         configuration.backfillNotificationsAtStart = false
         configuration.refundCatchUpInterval = 0
         let settings = configuration
-        let (seed, users, lostRate, database) = (seed, users, lostRate, demoDatabase)
+        let (seed, users, lostRate, database, probe) = (seed, users, lostRate, demoDatabase, demoProbe)
         try await standIn.run { apiURL in
             var configuration = settings
             configuration.apple.apiURL = apiURL
             try await Self.serveAndPlay(
-                configuration, database: database, chain: chain, standIn: standIn, seed: seed, users: users, lostRate: lostRate, logger: logger)
+                configuration, database: database, probing: probe, chain: chain, standIn: standIn, seed: seed, users: users, lostRate: lostRate, logger: logger)
         }
         let psql = opened.privateCluster.map { _ in PrivateCluster(directory: dataDir).psqlCommand(database: Self.database) } ?? "psql"
         if explore {
@@ -101,11 +103,12 @@ struct Demo: AsyncParsableCommand {
 extension Demo {
     /// Serves the ledger in-process on `configuration` while the story plays against it.
     static func serveAndPlay(
-        _ configuration: LedgerConfiguration, database demoDatabase: PostgresClient.Configuration, chain: ThrowawaySigningChain,
+        _ configuration: LedgerConfiguration, database demoDatabase: PostgresClient.Configuration,
+        probing: PostgresConnection.Configuration, chain: ThrowawaySigningChain,
         standIn: AppStoreServerStandIn, seed: UInt64, users: Int, lostRate: Double, logger: Logger
     ) async throws {
         let client = PostgresClient(configuration: demoDatabase, backgroundLogger: logger)
-        let application = try buildApplication(configuration: configuration, client: client, logger: logger)
+        let application = try buildApplication(configuration: configuration, client: client, probing: probing, logger: logger)
         let group = ServiceGroup(configuration: .init(services: [application], gracefulShutdownSignals: [], logger: logger))
         let server = Task { try await group.run() }
 

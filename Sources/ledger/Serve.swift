@@ -22,7 +22,7 @@ struct Serve: AsyncParsableCommand {
         let client = PostgresClient(configuration: database.clientConfiguration, eventLoopGroup: loop, backgroundLogger: logger)
         do {
             let application = try buildApplication(
-                configuration: configuration, client: client, logger: logger, writerExecutor: EventLoopTaskExecutor(loop.next()))
+                configuration: configuration, client: client, probing: database.connectionConfiguration, logger: logger, writerExecutor: EventLoopTaskExecutor(loop.next()))
             try await application.runService()
         } catch {
             try? await loop.shutdownGracefully()

@@ -18,7 +18,7 @@ struct AppStoreServerAPITests {
         return logger
     }()
 
-    func client(_ baseURL: String, timeout: TimeAmount = .seconds(2), requestsPerSecond: Double = 100) async throws -> AppStoreServerAPI {
+    func client(_ baseURL: String, timeout: TimeAmount = .seconds(30), requestsPerSecond: Double = 100) async throws -> AppStoreServerAPI {
         try await AppStoreServerAPI(settings: standIn.settings(baseURL: baseURL, requestsPerSecond: requestsPerSecond, timeout: timeout), logger: Self.logger)
     }
 
@@ -90,7 +90,8 @@ struct AppStoreServerAPITests {
         // The second try is held past the client's time-out (and let go when the stand-in stops).
         await standIn.queue([.serverError, .held, .serverError])
         try await standIn.run { base in
-            let api = try await client(base, timeout: .seconds(3))
+            // 10 s: long enough for the retries' answers on a loaded machine.
+            let api = try await client(base, timeout: .seconds(10))
             let page = try await api.transactionHistory("app-4")
             #expect(page.revision == "r1")
             #expect(await standIn.requests == 4)

@@ -6,7 +6,7 @@ import NIOCore
 import Testing
 
 /// A verifier that asks `standIn`'s URLs, with a short time-out.
-func legacyVerifier(_ production: String, _ sandbox: String, timeout: TimeAmount = .seconds(5)) -> AppleProofVerifier {
+func legacyVerifier(_ production: String, _ sandbox: String, timeout: TimeAmount = .seconds(30)) -> AppleProofVerifier {
     AppleProofVerifier(
         app: .init(bundleId: TestApple.bundleId, appAppleId: nil, environment: .production),
         signedData: SignedDataVerifier(rootCertificates: []),
@@ -55,7 +55,7 @@ struct VerifyReceiptTests {
     }
 
     /// The error verifying `receipt` against `answer` gives.
-    func failure(_ answer: VerifyReceiptStandIn.Answer, timeout: TimeAmount = .seconds(5)) async throws -> AppleVerificationError? {
+    func failure(_ answer: VerifyReceiptStandIn.Answer, timeout: TimeAmount = .seconds(30)) async throws -> AppleVerificationError? {
         let standIn = VerifyReceiptStandIn(answers: ["production:R": answer])
         return try await standIn.run { production, sandbox -> AppleVerificationError? in
             do {

@@ -23,6 +23,14 @@ actor RetryingLoad {
     private(set) var refusals: [Answer] = []
     private(set) var unanswered = 0
     private(set) var acknowledgedAt: [ContinuousClock.Instant] = []
+    /// Every request, when it was sent and when and how it was answered (nil: not yet, or never).
+    private(set) var requests: [Request] = []
+
+    struct Request: Sendable {
+        let sent: ContinuousClock.Instant
+        var answered: ContinuousClock.Instant?
+        var answer: Answer?
+    }
 
     private var stopping = false
 
@@ -44,6 +52,16 @@ actor RetryingLoad {
     func sent(event: String, order: String) { sentEvents[order, default: []].insert(event) }
     func refused(_ answer: Answer) { refusals.append(answer) }
     func noAnswer() { unanswered += 1 }
+    func sending() -> Int {
+        requests.append(Request(sent: .now))
+        return requests.count - 1
+    }
+    func answered(_ request: Int, _ answer: Answer?) {
+        requests[request].answered = .now
+        requests[request].answer = answer
+    }
+    /// The requests sent and not answered yet.
+    var inFlight: [Int] { requests.indices.filter { requests[$0].answered == nil } }
 
     /// Runs `clients` workers until `stop()`; each finishes the order it is on, so every request
     /// started is retried to an answer (or the test's deadline).
@@ -90,12 +108,18 @@ actor RetryingLoad {
             request.headers.add(name: "Authorization", value: "Bearer \(key)")
             request.headers.add(name: "Content-Type", value: "application/json")
             request.body = .bytes(ByteBuffer(string: body))
+            let sent = await sending()
             do {
-                let response = try await client.execute(request, timeout: .seconds(10))
+                // Generous: an answer is never raced against the machine's speed; a request
+                // that waited the outage out shows in the tests' checks of `requests`.
+                let response = try await client.execute(request, timeout: .seconds(120))
                 let text = String(buffer: try await response.body.collect(upTo: 1 << 20))
+                let answer = Answer(status: Int(response.status.code), retryAfter: response.headers.first(name: "Retry-After"), body: text)
+                await answered(sent, answer)
                 if (200..<300).contains(response.status.code) { return }
-                await refused(Answer(status: Int(response.status.code), retryAfter: response.headers.first(name: "Retry-After"), body: text))
+                await refused(answer)
             } catch {
+                await answered(sent, nil)
                 await noAnswer()
             }
             try await Task.sleep(for: .milliseconds(100))

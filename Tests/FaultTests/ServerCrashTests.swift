@@ -74,7 +74,7 @@ func waitUntilReady(_ client: HTTPClient, _ base: String, server: LedgerChild, s
     let deadline = ContinuousClock.now + .seconds(seconds)
     while ContinuousClock.now < deadline {
         guard server.isRunning else { throw FaultTestError("ledger serve exited:\n\(server.logText().suffix(4000))") }
-        if let response = try? await client.execute(HTTPClientRequest(url: base + "/readyz"), timeout: .seconds(2)),
+        if let response = try? await client.execute(HTTPClientRequest(url: base + "/readyz"), timeout: .seconds(10)),
            response.status == .ok { return }
         try await Task.sleep(for: .milliseconds(100))
     }

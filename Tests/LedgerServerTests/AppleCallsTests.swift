@@ -6,6 +6,7 @@ import LedgerServer
 import LedgerServices
 import LedgerStore
 import LedgerTestSupport
+import NIOCore
 import Testing
 
 /// A configuration that trusts `apple`'s test chain, as the test servers do.
@@ -24,11 +25,13 @@ func secondServer(_ db: TestDatabase) -> ServiceAssembly {
 }
 
 /// A server's calls to Apple on `db`, made to the stand-in at `base`, with `switches`.
-func appleCalls(_ standIn: AppStoreServerStandIn, _ base: String, _ db: TestDatabase, switches: AppleCallQueue.Switches) -> AppleCalls {
+func appleCalls(
+    _ standIn: AppStoreServerStandIn, _ base: String, _ db: TestDatabase, switches: AppleCallQueue.Switches, timeout: TimeAmount = .seconds(30)
+) -> AppleCalls {
     var configuration = LedgerConfiguration()
     configuration.appleCalls = switches
     var calls = configuration.appleCalls(
-        secondServer(db), api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger))
+        secondServer(db), api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base, timeout: timeout), logger: TestServer.logger))
     calls.backoff = 30
     return calls
 }

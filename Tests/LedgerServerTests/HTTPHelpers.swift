@@ -5,7 +5,7 @@ import NIOCore
 
 /// The live test client with an API key it sends as a Bearer token.
 struct LedgerHTTP: Sendable {
-    let client: any TestClientProtocol
+    let client: LiveClient
     let key: String
 
     /// Sends a JSON body (or raw text) with `key` (this client's own unless given; nil: none) and

@@ -19,8 +19,9 @@ func withLiveApplication(
         configure(&configuration)
         let key = migrated ? try await APIKeyStore(database: db.database).create(name: "test-admin", scopes: [.admin]) : ""
         let client = PostgresClient(configuration: db.configuration, backgroundLogger: TestServer.clientLogger)
-        let application = try buildApplication(configuration: configuration, client: client, logger: TestServer.logger, migrate: migrateAtStart)
-        try await application.test(.live) { http in try await test(LedgerHTTP(client: http, key: key), db) }
+        let application = try buildApplication(
+            configuration: configuration, client: client, probing: .init(db.configuration), logger: TestServer.logger, migrate: migrateAtStart)
+        try await withLiveServer(application) { http in try await test(LedgerHTTP(client: http, key: key), db) }
     }
 }
 
@@ -67,8 +68,8 @@ struct HealthTests {
         configuration.port = 0
         let nowhere = PostgresClient.Configuration(unixSocketPath: "/nonexistent/.s.PGSQL.5432", username: "x", password: nil, database: "x")
         let client = PostgresClient(configuration: nowhere, backgroundLogger: TestServer.clientLogger)
-        let application = try buildApplication(configuration: configuration, client: client, logger: TestServer.logger, migrate: false)
-        try await application.test(.live) { http in
+        let application = try buildApplication(configuration: configuration, client: client, probing: .init(nowhere), logger: TestServer.logger, migrate: false)
+        try await withLiveServer(application) { http in
             let ready = try await http.execute(uri: "/readyz", method: .get)
             #expect(ready.status == .serviceUnavailable)
             #expect(json(ready.body)["reason"] as? String == "the database is unreachable")

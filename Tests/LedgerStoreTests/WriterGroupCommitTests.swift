@@ -154,7 +154,7 @@ struct WriterGroupCommitTests {
 
             // Each round: a body PostgreSQL refuses as JSON (the call fails as a whole, and each
             // write goes alone), and a retry, among fresh appends.
-            let outcomes = await answered(within: .seconds(30)) {
+            let outcomes = await answered(within: .seconds(120)) {
                 var outcomes: [Outcome] = []
                 for _ in 0..<4 {
                     outcomes += await withTaskGroup(of: Outcome.self) { group in
@@ -173,7 +173,7 @@ struct WriterGroupCommitTests {
                 return outcomes
             }
             guard case .success(let all)? = outcomes else {
-                Issue.record("appends unanswered within 30 s on a pool of one: \(String(describing: outcomes))")
+                Issue.record("appends unanswered within 120 s on a pool of one: \(String(describing: outcomes))")
                 return
             }
             #expect(all.count { $0 == .replayed } == 4)

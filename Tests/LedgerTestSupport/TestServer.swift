@@ -136,8 +136,8 @@ public actor TestServer {
 }
 
 extension PostgresConnection.Configuration {
-    /// A single connection's configuration from a pool's.
-    init(_ pool: PostgresClient.Configuration) {
+    /// A single connection's configuration from a pool's (the test server's: no TLS).
+    public init(_ pool: PostgresClient.Configuration) {
         if let path = pool.unixSocketPath {
             self.init(unixSocketPath: path, username: pool.username, password: pool.password, database: pool.database)
         } else {

@@ -1,0 +1,165 @@
+import Logging
+import NIOCore
+import NIOPosix
+import PostgresNIO
+import Synchronization
+
+/// Asks PostgreSQL whether it answers, on one connection of its own outside the pool: through the
+/// pool a stopped server is never a failed connection (the pool reconnects and a lease waits), and
+/// a busy pool would make a healthy server look silent.
+///
+/// Its connection shows as `application_name` `DatabaseProbe.applicationName` in
+/// `pg_stat_activity`. One check at a time: a caller that asks while one runs gets its outcome.
+public actor DatabaseProbe {
+    /// What one check found.
+    public enum Outcome: Sendable, Equatable {
+        /// PostgreSQL answered: `SELECT 1`, or an error of its own (too many connections, a bad
+        /// password) — a server that answers is up.
+        case answered
+        /// No server to talk to: the connection was refused, or PostgreSQL said it is shutting
+        /// down or starting (57P01–57P03).
+        case unreachable(String)
+        /// Nothing within the time-out (a slow server, or a silent one). The connection is dropped
+        /// and the next check connects afresh, so one stuck backend is one miss.
+        case noAnswer
+    }
+
+    public static let applicationName = "order-ledger health probe"
+
+    private let configuration: PostgresConnection.Configuration
+    private let eventLoop: any EventLoop
+    private let logger: Logger
+    /// Called when PostgreSQL closes the probe's connection between checks (a shutdown, a
+    /// restart): the caller checks at once instead of at its next tick.
+    private let onClose: @Sendable () -> Void
+    private var connection: (PostgresConnection, ClosedByProbe)?
+    private var running: Task<Outcome, Never>?
+    private var connections = 0
+
+    /// A connection's close, when the probe itself closed it (not worth telling).
+    private final class ClosedByProbe: Sendable {
+        let flag = Atomic<Bool>(false)
+    }
+
+    /// A probe of the server `configuration` reaches: the pool's server, with the pool's
+    /// credentials and TLS (`DatabaseURL.connectionConfiguration`).
+    public init(_ configuration: PostgresConnection.Configuration, logger: Logger, onClose: @escaping @Sendable () -> Void = {}) {
+        var configuration = configuration
+        configuration.options.additionalStartupParameters = [("application_name", Self.applicationName)]
+        self.configuration = configuration
+        self.eventLoop = MultiThreadedEventLoopGroup.singleton.next()
+        self.logger = logger
+        self.onClose = onClose
+    }
+
+    /// Checks that PostgreSQL answers `SELECT 1` within `timeout`, connection included.
+    public func check(timeout: Duration) async -> Outcome {
+        if let running { return await running.value }
+        let task = Task { await self.checkOnce(deadline: .now() + TimeAmount(timeout)) }
+        running = task
+        defer { running = nil }
+        return await task.value
+    }
+
+    /// Closes the probe's connection.
+    public func close() {
+        discard()
+    }
+
+    deinit {
+        // A check that raced with `close()` may have left one open.
+        if let open = connection?.0 { Self.close(open) }
+    }
+
+    private func checkOnce(deadline: NIODeadline) async -> Outcome {
+        // A connection found closed or failing (not slow) may have been dropped for reasons of
+        // its own (an administrator ended that backend): one fresh connection decides.
+        if let open = connection?.0 {
+            switch await answer(Self.atomicallyGuarded(open), by: deadline) {
+            case nil:
+                discard()
+                return .noAnswer
+            case .success?:
+                return .answered
+            case .failure(let error)?:
+                if Self.serverAnswer(error) == .answered { return .answered }
+                discard()
+            }
+        }
+        let connecting: EventLoopFuture<PostgresConnection> = PostgresConnection.connect(
+            on: eventLoop, configuration: configuration, id: connections, logger: logger)
+        connections += 1
+        switch await answer(connecting, by: deadline) {
+        case nil:
+            // Connected too late: closed when it comes.
+            connecting.whenSuccess { late in Self.close(late) }
+            return .noAnswer
+        case .failure(let error)?:
+            return Self.serverAnswer(error) ?? Self.connectFailure(error)
+        case .success(let fresh)?:
+            let closedByProbe = ClosedByProbe()
+            connection = (fresh, closedByProbe)
+            let onClose = onClose
+            fresh.closeFuture.whenComplete { _ in if !closedByProbe.flag.load(ordering: .relaxed) { onClose() } }
+            switch await answer(Self.atomicallyGuarded(fresh), by: deadline) {
+            case nil:
+                discard()
+                return .noAnswer
+            case .success?:
+                return .answered
+            case .failure(let error)?:
+                discard()
+                return Self.serverAnswer(error) ?? .unreachable("\(String(reflecting: error))")
+            }
+        }
+    }
+
+    private static func atomicallyGuarded(_ connection: PostgresConnection) -> EventLoopFuture<PostgresQueryResult> {
+        connection.atomicallyGuardedQuery("SELECT 1", logger: Logger(label: "probe", factory: { _ in SwiftLogNoOpLogHandler() }))
+    }
+
+    private func discard() {
+        guard let current = connection else { return }
+        connection = nil
+        current.1.flag.store(true, ordering: .relaxed)
+        Self.close(current.0)
+    }
+
+    /// Closes `connection`, keeping it until the close completes (postgres-nio asserts that a
+    /// connection is closed when it goes away).
+    private static func close(_ connection: PostgresConnection) {
+        connection.closeFuture.whenComplete { _ in withExtendedLifetime(connection) {} }
+        let close: () -> Void = connection.close
+        close()
+    }
+
+    /// PostgreSQL's own answer in `error`: up, unless it says it is shutting down or starting.
+    private static func serverAnswer(_ error: any Error) -> Outcome? {
+        guard let error = error as? PSQLError, let state = error.sqlState else { return nil }
+        if [.adminShutdown, .crashShutdown, .cannotConnectNow].contains(state) || state.raw.hasPrefix("08") {
+            return .unreachable(error.serverMessage ?? state.raw)
+        }
+        return .answered
+    }
+
+    /// A connection attempt that failed without a word from PostgreSQL: refused (down), or timed
+    /// out (a miss).
+    private static func connectFailure(_ error: any Error) -> Outcome {
+        let underlying = (error as? PSQLError)?.underlying ?? error
+        if case ChannelError.connectTimeout = underlying { return .noAnswer }
+        return .unreachable("\(underlying)")
+    }
+
+    /// `future`'s result, or nil when it has none by `deadline`. The time-out is kept on the
+    /// connection's event loop, where the answer arrives: a busy Swift task pool delays both
+    /// alike, and cannot make an answer that came in time look late.
+    private func answer<T: Sendable>(_ future: EventLoopFuture<T>, by deadline: NIODeadline) async -> Result<T, any Error>? {
+        let promise = future.eventLoop.makePromise(of: Result<T, any Error>?.self)
+        let timer = future.eventLoop.scheduleTask(deadline: deadline) { promise.succeed(nil) }
+        future.whenComplete { result in
+            timer.cancel()
+            promise.succeed(result)
+        }
+        return try? await promise.futureResult.get()
+    }
+}
