@@ -29,12 +29,12 @@ let package = Package(
         /// The domain: events, the order state machine, the projections' rules, the reconciler's
         /// rules, typed ids. No I/O, no JSON.
         .target(name: "LedgerCore"),
-        /// The numbered SQL migrations of `sql/`, embedded in the binary.
+        /// The SQL of `sql/`, embedded in the binary: the numbered migrations and the routines' definition files.
         .target(
             name: "LedgerSchema",
             path: "sql",
             exclude: ["README.md"],
-            resources: [.embedInCode("migrations")]
+            resources: [.embedInCode("migrations"), .embedInCode("routines")]
         ),
         /// The JSON the ledger stores and answers: event bodies written and read, times in ISO 8601.
         .target(name: "LedgerJSON", dependencies: ["LedgerCore"]),

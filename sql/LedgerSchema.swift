@@ -1,23 +1,62 @@
-/// The numbered migrations of `sql/migrations`, embedded in the binary in the order they apply.
+/// The SQL files of `sql/`, embedded in the binary: the numbered migrations in the order they
+/// apply, and the routines' definition files.
 ///
-/// SwiftPM embeds each file as a static property without a way to list them, so a new migration
-/// is added here too; `MigrationFilesTests` fails when this list and the folder disagree.
+/// SwiftPM embeds each file as a static property without a way to list them, so a new file is
+/// added here too; `MigrationTests` fails when these lists and the folders disagree.
 public enum LedgerSchema {
-    /// One migration file: its name (which orders it) and its SQL text.
+    /// One file: its name (which orders it) and its SQL text.
     public struct Migration: Sendable {
         public let name: String
         public let sql: String
     }
 
+    /// `sql/migrations`: each applied once, in name order.
     public static let migrations: [Migration] = [
         Migration(name: "001_baseline.sql", sql: String(decoding: PackageResources._01_baseline_sql, as: UTF8.self)),
-        Migration(name: "002_append_common_case.sql", sql: String(decoding: PackageResources._02_append_common_case_sql, as: UTF8.self)),
-        Migration(name: "003_read_for_write.sql", sql: String(decoding: PackageResources._03_read_for_write_sql, as: UTF8.self)),
         Migration(name: "004_pool_received_at.sql", sql: String(decoding: PackageResources._04_pool_received_at_sql, as: UTF8.self)),
         Migration(name: "005_apple_accounts.sql", sql: String(decoding: PackageResources._05_apple_accounts_sql, as: UTF8.self)),
         Migration(name: "006_sweep_leases.sql", sql: String(decoding: PackageResources._06_sweep_leases_sql, as: UTF8.self)),
         Migration(name: "007_apple_calls.sql", sql: String(decoding: PackageResources._07_apple_calls_sql, as: UTF8.self)),
         Migration(name: "008_leases.sql", sql: String(decoding: PackageResources._08_leases_sql, as: UTF8.self)),
+    ]
+
+    /// `sql/routines`: applied after the migrations, and again whenever their text changes.
+    public static let routines: [Migration] = [
+        Migration(name: "append_events.sql", sql: String(decoding: PackageResources.append_events_sql, as: UTF8.self)),
+        Migration(name: "read_for_write.sql", sql: String(decoding: PackageResources.read_for_write_sql, as: UTF8.self)),
+    ]
+
+    /// Migrations squashed into one after databases had applied them.
+    public struct Squash: Sendable {
+        /// The file they were squashed into, one of them.
+        public let baseline: String
+        /// Each file squashed, the baseline among them, with the SHA-256 it was applied with.
+        public let former: [String: String]
+        /// What the former files made that nothing defines now, dropped when the records are rewritten.
+        public let cleanup: String
+    }
+
+    /// A database that recorded exactly these files with these checksums has its records rewritten
+    /// to the squashed ones (the routines the files defined are definition files now, applied as
+    /// such), instead of being refused for a changed baseline.
+    public static let squashes: [Squash] = [
+        // 002 and 003 held only routines (sql/routines); 002 had renamed 001's append routine
+        // append_events_checked and called it for the uncommon case, which append_events now
+        // checks itself.
+        Squash(
+            baseline: "001_baseline.sql",
+            former: [
+                "001_baseline.sql": "8820cf68b8d661b4e011b6352a499afa4691a9796fb4150c31d55069bb5f3d3e",
+                "002_append_common_case.sql": "9be2cf7c4806077e25e8027c96f45e881dc71c8b476d5a7eb29e1dae5bdab236",
+                "003_read_for_write.sql": "dc1455c809cc58c6771accd5cec9e3d287ece823831211804176785ad9b0a4f4",
+            ],
+            cleanup: """
+                DROP PROCEDURE IF EXISTS append_events_checked(integer[], text[], bigint[], uuid[], text[], jsonb[], jsonb[], text[],
+                    integer[], boolean[], text[], text[], text[], integer[], text[], text[], uuid[], text[], bigint[], text[], bigint[],
+                    bigint[], bigint[], text[], text[], integer[], boolean[], text[], text[], text[], text[], bigint[], text[], text[],
+                    bigint[], bigint[], text[], text[], uuid[], text[], text[], bigint, boolean, text[], text[], bigint[], bigint[])
+                """
+        )
     ]
 
     /// The migrations of the schema before it was squashed into `001_baseline.sql`. Nothing made

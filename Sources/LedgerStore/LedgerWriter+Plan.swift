@@ -121,8 +121,8 @@ extension LedgerWriter {
         return snapshot
     }
 
-    /// `read_for_write` (migration 003), prepared once per connection, its rows as the columns
-    /// of `ProjectionRows`.
+    /// `read_for_write` (`sql/routines/read_for_write.sql`), prepared once per connection, its
+    /// rows as the columns of `ProjectionRows`.
     struct ReadRows: PostgresPreparedStatement {
         static let name = "ledger_read_for_write"
         static let sql = """

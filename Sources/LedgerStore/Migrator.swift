@@ -4,12 +4,13 @@ import LedgerSchema
 import Logging
 import PostgresNIO
 
-/// Applies the numbered SQL migrations, each once, in order, each in its own transaction.
+/// Applies the numbered SQL migrations, each once, in order, each in its own transaction, then
+/// the routines' definition files, again whenever their text changed.
 ///
 /// Safe when several instances start at once: a session advisory lock lets one migrator work at
 /// a time, and the others then find nothing left to apply.
 public struct Migrator: Sendable {
-    /// One migration: its file name and SQL.
+    /// One migration or routine file: the name it is recorded under and its SQL.
     public struct Migration: Sendable, Equatable {
         public let name: String
         public let sql: String
@@ -25,12 +26,23 @@ public struct Migrator: Sendable {
     public static let lockKey: Int64 = 0x4C45_4447_4552_4D47
 
     public static let bundled: [Migration] = LedgerSchema.migrations.map { Migration(name: $0.name, sql: $0.sql) }
+    /// The routines of `sql/routines`, recorded as `routines/<file>`.
+    public static let bundledRoutines: [Migration] = LedgerSchema.routines.map { Migration(name: "routines/\($0.name)", sql: $0.sql) }
 
     public let migrations: [Migration]
+    /// Applied after the migrations, each in its own transaction, and again when its checksum
+    /// differs from the one recorded: a routine file replaces what it defines (CREATE OR REPLACE).
+    public let routines: [Migration]
     public let logger: Logger
 
-    public init(migrations: [Migration] = Migrator.bundled, logger: Logger) {
+    /// The migrations and routines embedded in the binary.
+    public init(logger: Logger) {
+        self.init(migrations: Self.bundled, routines: Self.bundledRoutines, logger: logger)
+    }
+
+    public init(migrations: [Migration], routines: [Migration] = [], logger: Logger) {
         self.migrations = migrations.sorted { $0.name < $1.name }
+        self.routines = routines.sorted { $0.name < $1.name }
         self.logger = logger
     }
 
@@ -50,11 +62,16 @@ public struct Migrator: Sendable {
         }
     }
 
-    /// Checks, without changing anything, that every migration is applied unchanged.
+    /// Checks, without changing anything, that every migration is applied unchanged and every
+    /// routine as its file is; what is not yet is pending.
     public func status(_ client: PostgresClient) async throws -> MigrationStatus {
-        let applied = try await client.withConnection { try await appliedMigrations(on: $0) }
+        let recorded = try await client.withConnection { try await appliedMigrations(on: $0) }
+        let squash = squash(of: recorded)
+        let applied = squash.map { rebaselined(recorded, by: $0) } ?? recorded
         if let problem = try? check(applied: applied) { return problem }
-        let pending = migrations.filter { applied[$0.name] == nil }.map(\.name)
+        // A squash whose records are still to be rewritten is pending as its baseline.
+        let pending = migrations.filter { applied[$0.name] == nil || $0.name == squash?.baseline }.map(\.name)
+            + routines.filter { applied[$0.name] != $0.checksum }.map(\.name)
         return pending.isEmpty ? .current : .pending(pending)
     }
 
@@ -70,26 +87,50 @@ public struct Migrator: Sendable {
             CREATE OR REPLACE FUNCTION pg_temp.ledger_execute(sql text) RETURNS void
             LANGUAGE plpgsql AS $fn$ BEGIN EXECUTE sql; END $fn$
             """, logger: logger)
-        let applied = try await appliedMigrations(on: connection)
+        let recorded = try await appliedMigrations(on: connection)
+        let squash = squash(of: recorded)
+        let applied = squash.map { rebaselined(recorded, by: $0) } ?? recorded
         if let problem = try check(applied: applied) { throw MigrationError(status: problem) }
 
         var names: [String] = []
         for migration in migrations where applied[migration.name] == nil {
-            try await connection.guardedQuery("BEGIN", logger: logger)
-            do {
-                try await connection.guardedQuery("SELECT pg_temp.ledger_execute(\(migration.sql))", logger: logger)
-                try await connection.guardedQuery(
-                    "INSERT INTO schema_migrations (name, sha256) VALUES (\(migration.name), \(migration.checksum))",
-                    logger: logger)
-                try await connection.guardedQuery("COMMIT", logger: logger)
-            } catch {
-                _ = try? await connection.guardedQuery("ROLLBACK", logger: logger)
-                throw MigrationError(status: .failed(migration.name, String(reflecting: error)))
-            }
+            try await apply(
+                migration,
+                recording: "INSERT INTO schema_migrations (name, sha256) VALUES (\(migration.name), \(migration.checksum))",
+                on: connection)
             logger.info("applied migration", metadata: ["migration.name": "\(migration.name)"])
             names.append(migration.name)
         }
+        for routine in routines where applied[routine.name] != routine.checksum {
+            try await apply(
+                routine,
+                recording: """
+                    INSERT INTO schema_migrations (name, sha256) VALUES (\(routine.name), \(routine.checksum))
+                    ON CONFLICT (name) DO UPDATE SET sha256 = excluded.sha256, applied_at = now()
+                    """,
+                on: connection)
+            logger.info(
+                "applied routine",
+                metadata: ["migration.name": "\(routine.name)", "migration.reapplied": "\(applied[routine.name] != nil)"])
+            names.append(routine.name)
+        }
+        // Last, once the routines that replace what the squashed files made are in place: so the
+        // cleanup never drops what a routine still in use calls.
+        if let squash { try await rewriteRecords(of: squash, on: connection) }
         return names
+    }
+
+    /// Runs `file` and records it in one transaction.
+    private func apply(_ file: Migration, recording record: PostgresQuery, on connection: PostgresConnection) async throws {
+        try await connection.guardedQuery("BEGIN", logger: logger)
+        do {
+            try await connection.guardedQuery("SELECT pg_temp.ledger_execute(\(file.sql))", logger: logger)
+            try await connection.guardedQuery(record, logger: logger)
+            try await connection.guardedQuery("COMMIT", logger: logger)
+        } catch {
+            _ = try? await connection.guardedQuery("ROLLBACK", logger: logger)
+            throw MigrationError(status: .failed(file.name, String(reflecting: error)))
+        }
     }
 
     private func appliedMigrations(on connection: PostgresConnection) async throws -> [String: String] {
@@ -101,17 +142,55 @@ public struct Migrator: Sendable {
         return applied
     }
 
-    /// A problem with what is applied, or nil when it agrees with the files.
+    /// A problem with what is applied, or nil when it agrees with the files. A routine recorded
+    /// with another checksum is not one: it is applied again.
     private func check(applied: [String: String]) throws -> MigrationStatus? {
         let known = Dictionary(uniqueKeysWithValues: migrations.map { ($0.name, $0) })
+        let routineNames = Set(routines.map(\.name))
         if let unreleased = applied.keys.sorted().first(where: { LedgerSchema.unreleased.contains($0) && known[$0] == nil }) {
             return .unreleasedSchema(unreleased)
         }
-        for (name, checksum) in applied.sorted(by: { $0.key < $1.key }) {
+        for (name, checksum) in applied.sorted(by: { $0.key < $1.key }) where !routineNames.contains(name) {
             guard let migration = known[name] else { return .unknownApplied(name) }
             if migration.checksum != checksum { return .changed(name, applied: checksum, file: migration.checksum) }
         }
         return nil
+    }
+
+    /// The squash whose former files `recorded` holds, each with its former checksum.
+    private func squash(of recorded: [String: String]) -> LedgerSchema.Squash? {
+        let names = Set(migrations.map(\.name))
+        return LedgerSchema.squashes.first { (squash: LedgerSchema.Squash) -> Bool in
+            names.contains(squash.baseline) && squash.former.allSatisfy { (name, checksum) in recorded[name] == checksum }
+        }
+    }
+
+    /// `recorded` as it reads once the squash's records are rewritten.
+    private func rebaselined(_ recorded: [String: String], by squash: LedgerSchema.Squash) -> [String: String] {
+        var applied = recorded.filter { squash.former[$0.key] == nil }
+        applied[squash.baseline] = migrations.first { $0.name == squash.baseline }?.checksum
+        return applied
+    }
+
+    /// Records the squashed baseline in place of the files it replaced, and drops what only they
+    /// made, in one transaction.
+    private func rewriteRecords(of squash: LedgerSchema.Squash, on connection: PostgresConnection) async throws {
+        let replaced = squash.former.keys.filter { $0 != squash.baseline }.sorted()
+        let checksum = migrations.first { $0.name == squash.baseline }?.checksum ?? ""
+        try await connection.guardedQuery("BEGIN", logger: logger)
+        do {
+            try await connection.guardedQuery("DELETE FROM schema_migrations WHERE name = ANY (\(replaced))", logger: logger)
+            try await connection.guardedQuery(
+                "UPDATE schema_migrations SET sha256 = \(checksum) WHERE name = \(squash.baseline)", logger: logger)
+            try await connection.guardedQuery("SELECT pg_temp.ledger_execute(\(squash.cleanup))", logger: logger)
+            try await connection.guardedQuery("COMMIT", logger: logger)
+        } catch {
+            _ = try? await connection.guardedQuery("ROLLBACK", logger: logger)
+            throw MigrationError(status: .failed(squash.baseline, String(reflecting: error)))
+        }
+        logger.info(
+            "rewrote the records of squashed migrations",
+            metadata: ["migration.name": "\(squash.baseline)", "migration.replaced": "\(replaced.joined(separator: ", "))"])
     }
 
     static func sha256(_ text: String) -> String {

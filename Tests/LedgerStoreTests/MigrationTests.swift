@@ -92,7 +92,7 @@ struct MigrationTests {
                 }
                 return try await group.reduce(into: []) { $0 += $1 }
             }
-            let bundled = Migrator.bundled.map(\.name)
+            let bundled = (Migrator.bundled + Migrator.bundledRoutines).map(\.name)
             #expect(applied.sorted() == bundled.sorted())
             let rows = try await appliedRows(db)
             #expect(rows == bundled.sorted())
@@ -114,15 +114,126 @@ struct MigrationTests {
         }
     }
 
-    @Test("the embedded migrations are exactly the files of sql/migrations")
+    @Test("the embedded migrations and routines are exactly the files of sql/migrations and sql/routines")
     func embeddedListMatchesFolder() throws {
-        let folder = TestServer.packageRoot.appendingPathComponent("sql/migrations")
-        let files = try FileManager.default.contentsOfDirectory(atPath: folder.path).filter { $0.hasSuffix(".sql") }.sorted()
-        #expect(LedgerSchema.migrations.map(\.name) == files)
-        for migration in LedgerSchema.migrations {
-            let text = try String(contentsOf: folder.appendingPathComponent(migration.name), encoding: .utf8)
-            #expect(migration.sql == text, "\(migration.name) differs from its file")
+        for (name, embedded) in [("migrations", LedgerSchema.migrations), ("routines", LedgerSchema.routines)] {
+            let folder = TestServer.packageRoot.appendingPathComponent("sql/\(name)")
+            let files = try FileManager.default.contentsOfDirectory(atPath: folder.path).filter { $0.hasSuffix(".sql") }.sorted()
+            #expect(embedded.map(\.name) == files, "sql/\(name)")
+            for file in embedded {
+                let text = try String(contentsOf: folder.appendingPathComponent(file.name), encoding: .utf8)
+                #expect(file.sql == text, "\(name)/\(file.name) differs from its file")
+            }
         }
+    }
+
+    @Test("a routine is applied after the migrations, and again, its record updated, when its file changed")
+    func changedRoutineIsAppliedAgain() async throws {
+        try await withTestDatabase(migrated: false) { db in
+            let routine = Migrator.Migration(
+                name: "routines/answer.sql", sql: "CREATE OR REPLACE FUNCTION answer() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+            let migrator = Migrator(migrations: [first], routines: [routine], logger: TestServer.logger)
+            #expect(try await migrator.status(db.client) == .pending(["001_a.sql", "routines/answer.sql"]))
+            #expect(try await migrator.migrate(db.client) == ["001_a.sql", "routines/answer.sql"])
+            #expect(try await migrator.migrate(db.client).isEmpty)
+            #expect(try await migrator.status(db.client) == .current)
+
+            let edited = Migrator.Migration(name: routine.name, sql: routine.sql.replacingOccurrences(of: "SELECT 1", with: "SELECT 2"))
+            let next = Migrator(migrations: [first, second], routines: [edited], logger: TestServer.logger)
+            #expect(try await next.status(db.client) == .pending(["002_b.sql", "routines/answer.sql"]))
+            #expect(try await next.migrate(db.client) == ["002_b.sql", "routines/answer.sql"])
+            #expect(try await next.status(db.client) == .current)
+            let answer = try await db.client.query("SELECT answer()", logger: TestServer.logger)
+            for try await value in answer.decode(Int.self) { #expect(value == 2) }
+            #expect(try await recorded(db)[routine.name] == edited.checksum)
+            // A build with the file as it was finds its routine pending again, not a changed migration.
+            let unedited = Migrator(migrations: [first, second], routines: [routine], logger: TestServer.logger)
+            #expect(try await unedited.status(db.client) == .pending(["routines/answer.sql"]))
+        }
+    }
+
+    @Test("a recorded routine this build does not know is refused, as an unknown migration is")
+    func unknownRoutineIsRefused() async throws {
+        try await withTestDatabase(migrated: false) { db in
+            let routine = Migrator.Migration(name: "routines/answer.sql", sql: "CREATE FUNCTION answer() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+            try await Migrator(migrations: [first], routines: [routine], logger: TestServer.logger).migrate(db.client)
+            let older = Migrator(migrations: [first, second], logger: TestServer.logger)
+            #expect(try await older.status(db.client) == .unknownApplied(routine.name))
+            await #expect(throws: MigrationError.self) { try await older.migrate(db.client) }
+            #expect(try await appliedRows(db) == ["001_a.sql", "routines/answer.sql"])
+        }
+    }
+
+    @Test("a database made before the routines were squashed out of the baseline is upgraded: records rewritten, the old procedure dropped")
+    func formerBaselineIsRewritten() async throws {
+        try await withTestDatabase { db in
+            try await recordFormerBaseline(db)
+            let migrator = Migrator(logger: TestServer.logger)
+            let routines = Migrator.bundledRoutines.map(\.name)
+            #expect(try await migrator.status(db.client) == .pending(["001_baseline.sql"] + routines))
+            #expect(try await migrator.migrate(db.client) == routines)
+            #expect(try await migrator.status(db.client) == .current)
+
+            let expected = Dictionary(uniqueKeysWithValues: (Migrator.bundled + Migrator.bundledRoutines).map { ($0.name, $0.checksum) })
+            #expect(try await recorded(db) == expected)
+            let left = try await db.client.query("SELECT count(*)::int FROM pg_proc WHERE proname = 'append_events_checked'", logger: TestServer.logger)
+            for try await count in left.decode(Int.self) { #expect(count == 0) }
+            // And the ledger appends through the routine as before.
+            let stream = try uniqueStream("migration")
+            let stored = try await db.append([try event()], to: stream, expectedVersion: .noStream)
+            #expect(stored.streamVersion == 0 && !stored.replayed)
+        }
+    }
+
+    @Test("a former file recorded with a checksum that is neither its former one nor today's is still refused")
+    func formerBaselineWithAnotherChecksumIsRefused() async throws {
+        let former = try #require(LedgerSchema.squashes.first).former
+        for name in former.keys.sorted() {
+            try await withTestDatabase { db in
+                try await recordFormerBaseline(db)
+                try await db.client.query(
+                    "UPDATE schema_migrations SET sha256 = \(String(repeating: "0", count: 64)) WHERE name = \(name)", logger: TestServer.logger)
+                let before = try await recorded(db)
+                let migrator = Migrator(logger: TestServer.logger)
+                let status = try await migrator.status(db.client)
+                switch status {
+                case .changed, .unknownApplied: break
+                default: Issue.record("\(name): status \(status)")
+                }
+                await #expect(throws: MigrationError.self) { try await migrator.migrate(db.client) }
+                #expect(try await recorded(db) == before, "\(name): nothing rewritten")
+            }
+        }
+    }
+
+    /// The records of a database made before the squash of 001–003: the former files with the
+    /// checksums they had, no routine, and the procedure only 002 made.
+    func recordFormerBaseline(_ db: TestDatabase) async throws {
+        let former = try #require(LedgerSchema.squashes.first).former
+        try await db.client.query("DELETE FROM schema_migrations WHERE name LIKE 'routines/%'", logger: TestServer.logger)
+        for (name, checksum) in former {
+            try await db.client.query(
+                """
+                INSERT INTO schema_migrations (name, sha256) VALUES (\(name), \(checksum))
+                ON CONFLICT (name) DO UPDATE SET sha256 = excluded.sha256
+                """, logger: TestServer.logger)
+        }
+        try await db.client.query(
+            """
+            CREATE PROCEDURE append_events_checked(integer[], text[], bigint[], uuid[], text[], jsonb[], jsonb[], text[],
+                integer[], boolean[], text[], text[], text[], integer[], text[], text[], uuid[], text[], bigint[], text[], bigint[],
+                bigint[], bigint[], text[], text[], integer[], boolean[], text[], text[], text[], text[], bigint[], text[], text[],
+                bigint[], bigint[], text[], text[], uuid[], text[], text[], bigint, boolean,
+                INOUT r_status text[], INOUT r_detail text[], INOUT r_versions bigint[], INOUT r_positions bigint[])
+            LANGUAGE plpgsql AS $fn$ BEGIN END $fn$
+            """, logger: TestServer.logger)
+    }
+
+    func recorded(_ db: TestDatabase) async throws -> [String: String] {
+        let rows = try await db.client.query("SELECT name, sha256 FROM schema_migrations", logger: TestServer.logger)
+        var records: [String: String] = [:]
+        for try await (name, checksum) in rows.decode((String, String).self) { records[name] = checksum }
+        return records
     }
 
     /// An order event's UPDATE may be a HOT update (a new row version on the same

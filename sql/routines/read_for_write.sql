@@ -1,6 +1,7 @@
 -- What a writer reads before deciding, in one routine (docs/architecture.md, "The append
 -- transaction"): the streams' locks first, when the caller asks for them, then the orders and
--- Apple transactions named, each transaction with its stream's version.
+-- Apple transactions named, each transaction with its stream's version. A definition file
+-- (sql/README.md): edit it in place, and the migrator applies it again.
 --
 -- A receipt locks its transaction and order, then reads them, in its own transaction. Sent as two
 -- statements, that was a round trip more; and the read, sent alone, was planned afresh at every
@@ -9,7 +10,7 @@
 -- with its plans kept and index lookups only, as in the append routine, and the caller's settings
 -- put back.
 
-CREATE FUNCTION read_for_write(p_lock text[], p_orders text[], p_transactions text[])
+CREATE OR REPLACE FUNCTION read_for_write(p_lock text[], p_orders text[], p_transactions text[])
 RETURNS TABLE (o orders, t apple_transactions, transaction_version bigint)
 LANGUAGE plpgsql AS $fn$
 DECLARE
