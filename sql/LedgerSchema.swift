@@ -8,6 +8,16 @@ public enum LedgerSchema {
     public struct Migration: Sendable {
         public let name: String
         public let sql: String
+        /// A routine file's every version, oldest first, as the SHA-256 of its text; the last is
+        /// the file's now (`MigrationTests` holds it to the file, so an edit adds its checksum
+        /// here). Empty for a migration, which never changes.
+        public let versions: [String]
+
+        init(name: String, sql: String, versions: [String] = []) {
+            self.name = name
+            self.sql = sql
+            self.versions = versions
+        }
     }
 
     /// `sql/migrations`: each applied once, in name order.
@@ -20,10 +30,16 @@ public enum LedgerSchema {
         Migration(name: "008_leases.sql", sql: String(decoding: PackageResources._08_leases_sql, as: UTF8.self)),
     ]
 
-    /// `sql/routines`: applied after the migrations, and again whenever their text changes.
+    /// `sql/routines`: applied after the migrations, and again when a database has an earlier
+    /// version of their text. A database with a version not listed was given it by a newer
+    /// ledger, and this one refuses to put its older text back.
     public static let routines: [Migration] = [
-        Migration(name: "append_events.sql", sql: String(decoding: PackageResources.append_events_sql, as: UTF8.self)),
-        Migration(name: "read_for_write.sql", sql: String(decoding: PackageResources.read_for_write_sql, as: UTF8.self)),
+        Migration(
+            name: "append_events.sql", sql: String(decoding: PackageResources.append_events_sql, as: UTF8.self),
+            versions: ["32a6d7ebb207ec785d60d5f93dd6dd7f69dd3d3323cf587590b268389f687dd4"]),
+        Migration(
+            name: "read_for_write.sql", sql: String(decoding: PackageResources.read_for_write_sql, as: UTF8.self),
+            versions: ["749544a6ace030bf754785b0c0d63ba9a9989eda015b2e718d4889d0f99dafcf"]),
     ]
 
     /// Migrations squashed into one after databases had applied them.

@@ -14,11 +14,16 @@ public struct Migrator: Sendable {
     public struct Migration: Sendable, Equatable {
         public let name: String
         public let sql: String
+        /// A routine's earlier versions (SHA-256 of their text): a database recording one is
+        /// upgraded; one recording a checksum that is neither these nor `checksum` has a newer
+        /// version, made by a newer ledger, and is refused.
+        public let formerChecksums: [String]
         public var checksum: String { Migrator.sha256(sql) }
 
-        public init(name: String, sql: String) {
+        public init(name: String, sql: String, formerChecksums: [String] = []) {
             self.name = name
             self.sql = sql
+            self.formerChecksums = formerChecksums
         }
     }
 
@@ -27,11 +32,14 @@ public struct Migrator: Sendable {
 
     public static let bundled: [Migration] = LedgerSchema.migrations.map { Migration(name: $0.name, sql: $0.sql) }
     /// The routines of `sql/routines`, recorded as `routines/<file>`.
-    public static let bundledRoutines: [Migration] = LedgerSchema.routines.map { Migration(name: "routines/\($0.name)", sql: $0.sql) }
+    public static let bundledRoutines: [Migration] = LedgerSchema.routines.map {
+        Migration(name: "routines/\($0.name)", sql: $0.sql, formerChecksums: Array($0.versions.dropLast()))
+    }
 
     public let migrations: [Migration]
-    /// Applied after the migrations, each in its own transaction, and again when its checksum
-    /// differs from the one recorded: a routine file replaces what it defines (CREATE OR REPLACE).
+    /// Applied after the migrations, each in its own transaction, and again when the database
+    /// records one of its former versions: a routine file replaces what it defines (CREATE OR
+    /// REPLACE).
     public let routines: [Migration]
     public let logger: Logger
 
@@ -143,14 +151,20 @@ public struct Migrator: Sendable {
     }
 
     /// A problem with what is applied, or nil when it agrees with the files. A routine recorded
-    /// with another checksum is not one: it is applied again.
+    /// in one of its former versions is not one: it is applied again.
     private func check(applied: [String: String]) throws -> MigrationStatus? {
         let known = Dictionary(uniqueKeysWithValues: migrations.map { ($0.name, $0) })
-        let routineNames = Set(routines.map(\.name))
+        let routinesKnown = Dictionary(uniqueKeysWithValues: routines.map { ($0.name, $0) })
         if let unreleased = applied.keys.sorted().first(where: { LedgerSchema.unreleased.contains($0) && known[$0] == nil }) {
             return .unreleasedSchema(unreleased)
         }
-        for (name, checksum) in applied.sorted(by: { $0.key < $1.key }) where !routineNames.contains(name) {
+        for (name, checksum) in applied.sorted(by: { $0.key < $1.key }) {
+            if let routine = routinesKnown[name] {
+                if checksum != routine.checksum, !routine.formerChecksums.contains(checksum) {
+                    return .newerRoutine(name, applied: checksum)
+                }
+                continue
+            }
             guard let migration = known[name] else { return .unknownApplied(name) }
             if migration.checksum != checksum { return .changed(name, applied: checksum, file: migration.checksum) }
         }
@@ -204,6 +218,8 @@ public enum MigrationStatus: Sendable, Equatable {
     case pending([String])
     case changed(String, applied: String, file: String)
     case unknownApplied(String)
+    /// A routine recorded in a version this build does not know: a newer ledger's.
+    case newerRoutine(String, applied: String)
     /// Made by the schema of before `001_baseline.sql` (named by one of its migrations), which was never released.
     case unreleasedSchema(String)
     case failed(String, String)
@@ -225,6 +241,8 @@ public struct MigrationError: Error, Sendable, Equatable, CustomStringConvertibl
             "migration \(name) was changed after it was applied (applied sha256 \(applied), file sha256 \(file)); restore the file and add a new migration instead"
         case .unknownApplied(let name):
             "the database has migration \(name), which this ledger does not know: is an older ledger running against a newer database?"
+        case .newerRoutine(let name, let applied):
+            "the database has \(name) in a version this ledger does not know (sha256 \(applied)): is an older ledger running against a newer database?"
         case .unreleasedSchema(let name):
             "this database was made by an unreleased schema of the ledger (it has migration \(name)); start afresh: drop the database, or stop the ledger and remove its private cluster's folder (LEDGER_DATA_DIR, default ./.ledger), then start again"
         case .failed(let name, let reason): "migration \(name) failed: \(reason)"

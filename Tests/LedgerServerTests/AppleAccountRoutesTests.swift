@@ -157,10 +157,7 @@ struct AppleAccountRoutesTests {
             #expect(try await scalar(db, "SELECT count(*)::int FROM apple_history_cursors WHERE revision IS NOT NULL", as: Int.self) == 0)
 
             // Two servers' sweeps at once: the first holds the account while Apple holds its answer; the second skips it.
-            var configuration = LedgerConfiguration()
-            configuration.apple.rootCertificateFiles = [apple.rootFile]
-            configuration.apple.bundleID = TestApple.bundleId
-            configuration.apple.environment = "Sandbox"
+            var configuration = trusting(apple)
             configuration.recoveryAfter = 0
             let verifier = try configuration.apple.verifier(logger: TestServer.logger)
             let sweeps = (0..<2).map { _ in
@@ -212,10 +209,7 @@ struct AppleAccountRoutesTests {
             var purchase = TestApple.transaction("7600001")
             purchase.appTransactionId = "acct-l"
             await standIn.setHistory("acct-l", [.init(revision: "l1", hasMore: false, signedTransactions: [try await apple.sign(purchase)])])
-            var configuration = LedgerConfiguration()
-            configuration.apple.rootCertificateFiles = [apple.rootFile]
-            configuration.apple.bundleID = TestApple.bundleId
-            configuration.apple.environment = "Sandbox"
+            var configuration = trusting(apple)
             configuration.recoveryAfter = 0
             let sweep = configuration.historySweep(
                 secondServer(db), api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base, timeout: .seconds(60)), logger: TestServer.logger),

@@ -127,6 +127,18 @@ struct MigrationTests {
         }
     }
 
+    @Test("each routine's versions end with its file's checksum: an edit adds its checksum, and the earlier ones stay")
+    func routineVersionsEndWithTheFile() {
+        #expect(!LedgerSchema.routines.isEmpty)
+        for routine in LedgerSchema.routines {
+            let checksum = Migrator.Migration(name: routine.name, sql: routine.sql).checksum
+            #expect(routine.versions.last == checksum,
+                    "sql/routines/\(routine.name) changed: append \(checksum) to its versions in sql/LedgerSchema.swift, keeping the earlier ones")
+            #expect(Set(routine.versions).count == routine.versions.count, "\(routine.name) lists a version twice")
+        }
+        #expect(LedgerSchema.migrations.allSatisfy { $0.versions.isEmpty }, "a migration never changes")
+    }
+
     @Test("a routine is applied after the migrations, and again, its record updated, when its file changed")
     func changedRoutineIsAppliedAgain() async throws {
         try await withTestDatabase(migrated: false) { db in
@@ -138,7 +150,8 @@ struct MigrationTests {
             #expect(try await migrator.migrate(db.client).isEmpty)
             #expect(try await migrator.status(db.client) == .current)
 
-            let edited = Migrator.Migration(name: routine.name, sql: routine.sql.replacingOccurrences(of: "SELECT 1", with: "SELECT 2"))
+            let edited = Migrator.Migration(
+                name: routine.name, sql: routine.sql.replacingOccurrences(of: "SELECT 1", with: "SELECT 2"), formerChecksums: [routine.checksum])
             let next = Migrator(migrations: [first, second], routines: [edited], logger: TestServer.logger)
             #expect(try await next.status(db.client) == .pending(["002_b.sql", "routines/answer.sql"]))
             #expect(try await next.migrate(db.client) == ["002_b.sql", "routines/answer.sql"])
@@ -146,9 +159,15 @@ struct MigrationTests {
             let answer = try await db.client.query("SELECT answer()", logger: TestServer.logger)
             for try await value in answer.decode(Int.self) { #expect(value == 2) }
             #expect(try await recorded(db)[routine.name] == edited.checksum)
-            // A build with the file as it was finds its routine pending again, not a changed migration.
+            // A build with the file as it was (an older instance during a rollout) does not put
+            // its older text back: it refuses the database, as it would a newer migration.
             let unedited = Migrator(migrations: [first, second], routines: [routine], logger: TestServer.logger)
-            #expect(try await unedited.status(db.client) == .pending(["routines/answer.sql"]))
+            #expect(try await unedited.status(db.client) == .newerRoutine(routine.name, applied: edited.checksum))
+            let refusal = await #expect(throws: MigrationError.self) { try await unedited.migrate(db.client) }
+            #expect(refusal?.description.contains("older ledger running against a newer database") == true)
+            let still = try await db.client.query("SELECT answer()", logger: TestServer.logger)
+            for try await value in still.decode(Int.self) { #expect(value == 2) }
+            #expect(try await recorded(db)[routine.name] == edited.checksum)
         }
     }
 
