@@ -1,3 +1,5 @@
+// LedgerSchema: the SQL migrations and routines of `sql/`, embedded in the binary.
+
 /// The SQL files of `sql/`, embedded in the binary: the numbered migrations in the order they
 /// apply, and the routines' definition files.
 ///

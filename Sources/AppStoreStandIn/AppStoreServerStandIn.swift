@@ -1,3 +1,5 @@
+// AppStoreStandIn: a stand-in App Store Server API on a local port, for the tests and `ledger demo`.
+
 import AppleReceipts
 import Crypto
 import Foundation

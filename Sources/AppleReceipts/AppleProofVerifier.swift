@@ -1,3 +1,5 @@
+// AppleReceipts: verifying Apple's proofs, and the clients of Apple's APIs.
+
 import Crypto
 import Foundation
 import LedgerCore

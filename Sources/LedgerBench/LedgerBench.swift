@@ -1,3 +1,5 @@
+// LedgerBench: `ledger-bench`, the benchmarks (not shipped).
+
 import ArgumentParser
 import Foundation
 import LedgerServer

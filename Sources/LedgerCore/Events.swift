@@ -1,3 +1,5 @@
+// LedgerCore: the domain (events, the order state machine, the projections' and the reconciler's rules), free of I/O and JSON.
+
 import Foundation
 
 /// What an event means to the projections: an order's event, a transaction's, or neither.

@@ -1,3 +1,5 @@
+// LedgerJSON: the JSON the ledger stores and answers (event bodies written and read, times).
+
 import Foundation
 import LedgerCore
 

@@ -1,3 +1,5 @@
+// LedgerServer: HTTP only (routes, middleware, the health gate) and the application's assembly.
+
 import AppleReceipts
 import Hummingbird
 import LedgerCore

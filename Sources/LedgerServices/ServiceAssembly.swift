@@ -1,3 +1,5 @@
+// LedgerServices: the ledger's work with Apple and with the pool; neither HTTP nor SQL.
+
 import AppleReceipts
 import LedgerCore
 import LedgerStore

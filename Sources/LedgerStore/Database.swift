@@ -1,3 +1,5 @@
+// LedgerStore: PostgreSQL, and the only module with SQL text (the writer, the log, projections, migrations, leases, queries).
+
 import LedgerCore
 import Logging
 import NIOCore

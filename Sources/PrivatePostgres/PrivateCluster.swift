@@ -1,3 +1,5 @@
+// PrivatePostgres: the private PostgreSQL cluster started when no database is configured.
+
 import Foundation
 import Logging
 import PostgresNIO

@@ -1,3 +1,5 @@
+// ledger: the shipped executable (serve and the operator's commands).
+
 import ArgumentParser
 
 /// The `ledger` command: the service and its operations.
