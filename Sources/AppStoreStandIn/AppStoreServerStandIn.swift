@@ -13,12 +13,14 @@ import NIOCore
 /// `ledger demo` (Apple is not reachable from either). It checks every request's JWT as
 /// Apple does (ES256 with the key's public half, `kid`, `iss`, `aud`, `bid`, at most an hour
 /// between `iat` and `exp`, not expired), serves the transaction history and order lookups a test
-/// scripted, and plays the faults a test queued (429 with `Retry-After`, 500, a slow answer, a
-/// malformed page) on the next requests.
+/// scripted, and plays the faults a test queued (429 with or without `Retry-After`, 500, a slow
+/// answer, a malformed page, any of Apple's error codes) on the next requests.
 public final class AppStoreServerStandIn: Sendable {
     public enum Fault: Sendable {
         /// 429 with `Retry-After` this long from now.
         case tooManyRequests(after: Duration)
+        /// 429 without `Retry-After` (Apple documents the header, but a client must not wait on it).
+        case tooManyRequestsWithoutRetryAfter
         case serverError
         /// Answers after this long.
         case slow(Duration)
@@ -28,6 +30,12 @@ public final class AppStoreServerStandIn: Sendable {
         case malformed
         /// Apple refuses the request: `status` with its `errorCode`.
         case refused(status: Int, errorCode: Int)
+
+        /// Apple's `errorCode` with the HTTP status Apple answers it with (404 for 404xxxx, and
+        /// so on: the status is the code's first three digits).
+        public static func appleError(_ errorCode: Int) -> Fault {
+            .refused(status: errorCode / 10_000, errorCode: errorCode)
+        }
     }
 
     public struct Page: Sendable {
@@ -59,10 +67,16 @@ public final class AppStoreServerStandIn: Sendable {
 
     /// The client settings for this stand-in at `baseURL`. The time-out is generous: a loaded
     /// machine can take seconds to answer, and a try given up early would take a fault queued for
-    /// the next one. A test about time-outs holds an answer (`.held`) past a shorter one.
-    public func settings(baseURL: String, requestsPerSecond: Double = 100, timeout: TimeAmount = .seconds(30)) -> AppStoreServerAPI.Settings {
+    /// the next one. A test about time-outs holds an answer (`.held`) past a shorter one. Every
+    /// endpoint gets `requestsPerSecond` (the stand-in has none of Apple's limits, and tests stay
+    /// fast); a test of the budgets passes its own.
+    public func settings(
+        baseURL: String, requestsPerSecond: Double = 100, budgets: AppStoreServerAPI.RequestBudgets? = nil, timeout: TimeAmount = .seconds(30),
+        attempts: Int = 4, backoff: Duration = .milliseconds(500), longestBackoff: Duration = .seconds(8)
+    ) -> AppStoreServerAPI.Settings {
         .init(keyID: Self.keyID, issuerID: Self.issuerID, privateKeyPEM: privateKeyPEM, bundleID: bundleID, baseURL: baseURL,
-              requestsPerSecond: requestsPerSecond, timeout: timeout, attempts: 4, longestWait: .seconds(10))
+              requestsPerSecond: requestsPerSecond, budgets: budgets ?? .uniform(requestsPerSecond), timeout: timeout, attempts: attempts,
+              longestWait: .seconds(10), backoff: backoff, longestBackoff: longestBackoff)
     }
 
     public func setHistory(_ anyID: String, _ pages: [Page]) async { await state.setHistory(anyID, pages) }
@@ -261,6 +275,8 @@ public final class AppStoreServerStandIn: Sendable {
             var response = Self.json(429, #"{"errorCode": 4290000, "errorMessage": "Rate limit exceeded."}"#)
             response.headers[.retryAfter] = String(Int64(until.timeIntervalSince1970 * 1000))
             return response
+        case .tooManyRequestsWithoutRetryAfter?:
+            return Self.json(429, #"{"errorCode": 4290000, "errorMessage": "Rate limit exceeded."}"#)
         case .serverError?:
             return Self.json(500, #"{"errorCode": 5000000, "errorMessage": "An unknown error occurred."}"#)
         case .slow(let duration)?:

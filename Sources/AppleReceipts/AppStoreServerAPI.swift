@@ -7,12 +7,14 @@ import NIOHTTP1
 import NIOFoundationCompat
 
 /// A client of Apple's App Store Server API: each request authorised by an ES256 JWT made with
-/// the app's In-App Purchase key (reused until shortly before it expires), paced to a request
-/// rate shared by every caller of one client, 429 answered by waiting until its `Retry-After`,
-/// 5xx and time-outs retried with backoff, a bounded number of times. Apple's other refusals
-/// are `AppStoreServerAPIError`s with Apple's `errorCode`. Signed transactions in its answers are
-/// returned as Apple sent them: the caller checks them with the verifier a client's proof goes
-/// through (`AppleProofVerifier.transaction(signed:)`).
+/// the app's In-App Purchase key (reused until shortly before it expires), paced to its
+/// endpoint's request budget (Apple's limits per endpoint, shared by every caller of one client),
+/// and retried as Apple means its answers: 429 after its `Retry-After` (or with backoff when it
+/// gives none), 5xx, time-outs and Apple's retryable "not found" codes with backoff, all within a
+/// bounded number of tries. Apple's other refusals are final `AppStoreServerAPIError`s with
+/// Apple's `errorCode`. Signed transactions in its answers are returned as Apple sent them: the
+/// caller checks them with the verifier a client's proof goes through
+/// (`AppleProofVerifier.transaction(signed:)`).
 public final class AppStoreServerAPI: Sendable {
     public struct Settings: Sendable {
         /// The In-App Purchase key's id (the JWT header's `kid`).
@@ -25,32 +27,58 @@ public final class AppStoreServerAPI: Sendable {
         public var bundleID: String
         /// Apple's base URL for the environment, or a stand-in's.
         public var baseURL: String
-        /// Requests per second, across every caller of this client.
+        /// Whose rate limits apply: Apple's sandbox allows a tenth of production's. Nil: the
+        /// sandbox when `baseURL` is Apple's sandbox host, else production.
+        public var environment: AppleEnvironment?
+        /// The most requests per second to any one endpoint (each endpoint has its own budget,
+        /// Apple's limit for it when that is lower), across every caller of this client.
         public var requestsPerSecond: Double
+        /// Each endpoint's requests per second, when not Apple's limits (a stand-in's).
+        public var budgets: RequestBudgets?
         public var timeout: TimeAmount
-        /// Tries per request (the first and its retries) for 5xx answers and time-outs.
+        /// Tries per request (the first and its retries) for 429, 5xx, time-outs and Apple's
+        /// retryable codes.
         public var attempts: Int
         /// The longest `Retry-After` waited for; a later one is an error.
         public var longestWait: Duration
+        /// The wait after a first failure, doubled after each failure in a row up to `longestBackoff`.
+        public var backoff: Duration
+        public var longestBackoff: Duration
 
         public init(
-            keyID: String, issuerID: String, privateKeyPEM: String, bundleID: String, baseURL: String,
-            requestsPerSecond: Double = 10, timeout: TimeAmount = .seconds(30), attempts: Int = 5, longestWait: Duration = .seconds(300)
+            keyID: String, issuerID: String, privateKeyPEM: String, bundleID: String, baseURL: String, environment: AppleEnvironment? = nil,
+            requestsPerSecond: Double = 10, budgets: RequestBudgets? = nil, timeout: TimeAmount = .seconds(30), attempts: Int = 5,
+            longestWait: Duration = .seconds(300), backoff: Duration = .milliseconds(500), longestBackoff: Duration = .seconds(8)
         ) {
             self.keyID = keyID
             self.issuerID = issuerID
             self.privateKeyPEM = privateKeyPEM
             self.bundleID = bundleID
             self.baseURL = baseURL
+            self.environment = environment
             self.requestsPerSecond = requestsPerSecond
+            self.budgets = budgets
             self.timeout = timeout
             self.attempts = attempts
             self.longestWait = longestWait
+            self.backoff = backoff
+            self.longestBackoff = longestBackoff
+        }
+
+        /// The environment whose limits apply.
+        public var rateLimitEnvironment: AppleEnvironment {
+            environment ?? (URL(string: baseURL)?.host == URL(string: AppStoreServerAPI.sandboxURL)?.host ? .sandbox : .production)
+        }
+
+        /// The budgets the client paces each endpoint to.
+        public var effectiveBudgets: RequestBudgets {
+            budgets ?? .apple(rateLimitEnvironment, atMost: requestsPerSecond)
         }
     }
 
-    public static let productionURL = "https://api.storekit.itunes.apple.com"
-    public static let sandboxURL = "https://api.storekit-sandbox.itunes.apple.com"
+    /// Apple's hosts, as Apple's App Store Server Libraries name them.
+    public static let productionURL = "https://api.storekit.apple.com"
+    public static let sandboxURL = "https://api.storekit-sandbox.apple.com"
     /// How long a token is made for (Apple takes at most 60 minutes), and how long before its
     /// expiry a new one is made.
     static let tokenLifetime: TimeInterval = 20 * 60
@@ -71,7 +99,7 @@ public final class AppStoreServerAPI: Sendable {
         let key = try Self.key(settings.privateKeyPEM)
         keys = JWTKeyCollection()
         await keys.add(ecdsa: key, kid: JWKIdentifier(string: settings.keyID))
-        pace = RequestPace(perSecond: settings.requestsPerSecond)
+        pace = RequestPace(settings.effectiveBudgets)
     }
 
     /// The In-App Purchase key in `pem`, or why it is none.
@@ -213,9 +241,11 @@ public final class AppStoreServerAPI: Sendable {
         var components = URLComponents()
         components.queryItems = query.isEmpty ? nil : query.map { URLQueryItem(name: $0.0, value: $0.1) }
         let url = settings.baseURL.trimmingSuffix("/") + path + (components.percentEncodedQuery.map { "?" + $0 } ?? "")
+        let endpoint = Endpoint(path: path)
         var failures = 0
         while true {
-            await pace.next()
+            let wait = await pace.reserve(endpoint)
+            if wait > .zero { try await sleep(wait) }
             let bearer = try await bearerToken()
             var request = HTTPClientRequest(url: url)
             request.method = method
@@ -244,32 +274,41 @@ public final class AppStoreServerAPI: Sendable {
                 try await backOff(after: failures)
                 continue
             }
-            switch status {
-            case 200...299:
+            let apple = (200...299).contains(status) ? nil : try? JSONDecoder().decode(AppleError.self, from: body)
+            switch Self.verdict(status: status, appleErrorCode: apple?.errorCode) {
+            case .success:
                 return body
-            case 429:
-                // Retry-After: the Unix time, in milliseconds, from which Apple takes requests again.
-                let until = retryAfter.flatMap(Double.init).map { Date(timeIntervalSince1970: $0 / 1000) } ?? Date().addingTimeInterval(1)
-                let wait = max(0, until.timeIntervalSinceNow)
-                guard Duration.seconds(wait) <= settings.longestWait else {
-                    throw AppStoreServerAPIError(code: "apple-api-rate-limited", message: "Apple takes no more requests until \(until)", status: 429, retryAt: until)
-                }
-                logger.info("App Store Server API rate limit: waiting", metadata: ["apple.wait_seconds": "\(String(format: "%.1f", wait))"])
-                try await sleep(.seconds(wait))
-            case 500...599:
-                failures += 1
-                guard failures < settings.attempts else {
-                    throw AppStoreServerAPIError(code: "apple-api-unavailable", message: "the App Store Server API answered HTTP \(status) to \(path), \(failures) times", status: status)
-                }
-                try await backOff(after: failures)
-            case 401:
+            case .unauthorized:
                 await token.clear()
                 throw AppStoreServerAPIError(code: "apple-api-unauthorized", message: "the App Store Server API refused the token (check LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID, the key and the bundle id)", status: 401)
-            default:
-                let apple = try? JSONDecoder().decode(AppleError.self, from: body)
+            case .rateLimited:
+                failures += 1
+                // Retry-After: the Unix time, in milliseconds, from which Apple takes requests
+                // again. Without one, the client's own backoff, which grows to its cap.
+                let until = retryAfter.flatMap(Double.init).map { Date(timeIntervalSince1970: $0 / 1000) }
+                let wait = until.map { Duration.seconds(max(0, $0.timeIntervalSinceNow)) } ?? Self.backoff(after: failures, settings)
+                guard wait <= settings.longestWait, failures < settings.attempts else {
+                    let when = until.map { "until \($0)" } ?? "after \(failures) tries"
+                    throw AppStoreServerAPIError(
+                        code: "apple-api-rate-limited", message: "Apple takes no more requests to \(endpoint.rawValue) \(when)",
+                        status: 429, appleErrorCode: apple?.errorCode, retryAt: until)
+                }
+                logger.info("App Store Server API rate limit: waiting", metadata: [
+                    "apple.endpoint": "\(endpoint.rawValue)", "apple.wait_seconds": "\(String(format: "%.1f", Self.seconds(wait)))"])
+                try await sleep(wait)
+            case .retryable:
+                failures += 1
+                guard failures < settings.attempts else {
+                    throw AppStoreServerAPIError(
+                        code: status >= 500 ? "apple-api-unavailable" : "apple-api-not-found-retryable",
+                        message: "the App Store Server API answered \(method) \(path) with HTTP \(status)\(Self.naming(apple)), \(failures) times",
+                        status: status, appleErrorCode: apple?.errorCode)
+                }
+                try await backOff(after: failures)
+            case .final:
                 throw AppStoreServerAPIError(
                     code: status == 404 ? "apple-api-not-found" : "apple-api-refused",
-                    message: "the App Store Server API answered HTTP \(status) to \(path)" + (apple?.errorMessage.map { ": \($0)" } ?? ""),
+                    message: "the App Store Server API refused \(method) \(path): HTTP \(status)\(Self.naming(apple))",
                     status: status, appleErrorCode: apple?.errorCode)
             }
         }
@@ -297,9 +336,10 @@ public final class AppStoreServerAPI: Sendable {
         var errorMessage: String?
     }
 
-    /// Waits 0.5 s, 1 s, 2 s… (at most 8 s) after the `failures`-th failure in a row.
+    /// Waits `settings.backoff` after a first failure, doubling with each failure in a row up to
+    /// `settings.longestBackoff`.
     private func backOff(after failures: Int) async throws(AppStoreServerAPIError) {
-        try await sleep(.milliseconds(500 * (1 << min(failures - 1, 4))))
+        try await sleep(Self.backoff(after: failures, settings))
     }
 
     private func sleep(_ duration: Duration) async throws(AppStoreServerAPIError) {
@@ -366,12 +406,17 @@ public struct AppStoreServerAPIError: Error, Sendable, Equatable, CustomStringCo
         self.retryAt = retryAt
     }
 
-    public var description: String { appleErrorCode.map { "\(message) (Apple error \($0))" } ?? message }
+    public var description: String {
+        guard let appleErrorCode, !message.contains(String(appleErrorCode)) else { return message }
+        return "\(message) (Apple error \(appleErrorCode))"
+    }
 
-    /// Apple busy or away (rate-limited beyond the longest wait, 5xx answers, no answer): the
-    /// same request may well succeed later.
+    /// Apple busy or away (rate-limited past the client's tries or longest wait, 5xx answers,
+    /// Apple's retryable "not found" codes past the client's tries, no answer): the same request
+    /// may well succeed later, so work that asks Apple tries it again later rather than taking it
+    /// as Apple's refusal.
     public var isAppleAway: Bool {
-        ["apple-api-rate-limited", "apple-api-unavailable", "apple-api-timeout", "apple-api-unreachable"].contains(code)
+        ["apple-api-rate-limited", "apple-api-unavailable", "apple-api-not-found-retryable", "apple-api-timeout", "apple-api-unreachable"].contains(code)
     }
 }
 
@@ -383,23 +428,6 @@ actor TokenCache {
     func valid(at date: Date) -> String? { date < expires ? token : nil }
     func set(_ token: String, expires: Date) { (self.token, self.expires) = (token, expires) }
     func clear() { (token, expires) = (nil, .distantPast) }
-}
-
-/// Spaces request starts `1 / perSecond` apart, across every caller.
-actor RequestPace {
-    private let interval: Duration
-    private var nextStart = ContinuousClock.now
-
-    init(perSecond: Double) {
-        interval = .seconds(1 / max(perSecond, 0.001))
-    }
-
-    func next() async {
-        let now = ContinuousClock.now
-        let start = max(now, nextStart)
-        nextStart = start + interval
-        if start > now { try? await Task.sleep(until: start, clock: .continuous) }
-    }
 }
 
 extension String {

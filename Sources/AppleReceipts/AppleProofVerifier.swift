@@ -84,11 +84,8 @@ public struct AppleProofVerifier: Sendable {
         }
         var transaction: AppleTransaction?
         var revocation: (date: Date, reason: Int?)?
+        try checkApp(of: payload)
         if let data = payload.data {
-            if let environment = data.environment { try check(bundleId: data.bundleId, environment: environment) }
-            if app.environment == .production, let expected = app.appAppleId, data.appAppleId != expected {
-                throw AppleVerificationError(code: "wrong-app-id", message: "the notification is for app id \(data.appAppleId.map(String.init) ?? "none"), not \(expected)")
-            }
             if let signedTransaction = data.signedTransactionInfo {
                 let inner = try await signedData.verify(signedTransaction, as: SignedTransactionPayload.self)
                 try check(bundleId: inner.bundleId, environment: inner.environment)

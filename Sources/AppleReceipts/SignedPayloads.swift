@@ -68,7 +68,15 @@ public struct SignedNotificationPayload: AppleSignedPayload, Equatable {
     public var notificationUUID: String
     public var signedDate: Int64
     public var version: String?
+    /// The transaction notifications' part; each of the others names the app instead for
+    /// notifications without a transaction (`checkApp(of:)` reads whichever is there).
     public var data: NotificationData?
+    /// `RENEWAL_EXTENSION`'s summary of a mass extension.
+    public var summary: Summary?
+    /// `EXTERNAL_PURCHASE_TOKEN`'s token.
+    public var externalPurchaseToken: ExternalPurchaseToken?
+    /// App-level notifications' part (such as `RESCIND_CONSENT`).
+    public var appData: AppData?
 
     /// The app and the signed transaction a notification is about.
     public struct NotificationData: Codable, Sendable, Equatable {
@@ -93,13 +101,19 @@ public struct SignedNotificationPayload: AppleSignedPayload, Equatable {
         }
     }
 
-    public init(notificationType: String, subtype: String? = nil, notificationUUID: String, signedDate: Int64, version: String? = "2.0", data: NotificationData?) {
+    public init(
+        notificationType: String, subtype: String? = nil, notificationUUID: String, signedDate: Int64, version: String? = "2.0", data: NotificationData?,
+        summary: Summary? = nil, externalPurchaseToken: ExternalPurchaseToken? = nil, appData: AppData? = nil
+    ) {
         self.notificationType = notificationType
         self.subtype = subtype
         self.notificationUUID = notificationUUID
         self.signedDate = signedDate
         self.version = version
         self.data = data
+        self.summary = summary
+        self.externalPurchaseToken = externalPurchaseToken
+        self.appData = appData
     }
 }
 

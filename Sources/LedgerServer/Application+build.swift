@@ -74,7 +74,8 @@ public func buildApplication(
     let apiSettings = try configuration.apple.appStoreServerAPI()
     let appStoreServerAPI = apiSettings.map { LazyAppStoreServerAPI(settings: $0, logger: logger) }
     if let api = apiSettings {
-        logger.notice("App Store Server API on", metadata: ["apple.api_url": "\(api.baseURL)", "apple.api_rate": "\(api.requestsPerSecond)"])
+        logger.notice("App Store Server API on", metadata: [
+            "apple.api_url": "\(api.baseURL)", "apple.api_rate": "\(api.requestsPerSecond)", "apple.api_limits": "\(api.rateLimitEnvironment.rawValue)"])
     } else {
         logger.notice("App Store Server API off: set LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID and LEDGER_APPLE_API_PRIVATE_KEY to turn it on")
     }

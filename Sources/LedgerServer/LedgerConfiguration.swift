@@ -14,7 +14,8 @@ public struct LedgerConfiguration: Sendable {
         case privateCluster(dataDirectory: String)
     }
 
-    /// Apple verification settings (used by the receipts and notifications routes).
+    /// Apple verification settings (used by the receipts and notifications routes). With root
+    /// certificates, the app they check against is required: see `identityProblems()`.
     public struct Apple: Sendable, Equatable {
         public var rootCertificateFiles: [String] = []
         public var bundleID: String?
@@ -200,6 +201,9 @@ extension LedgerConfiguration.Apple {
         }
         sharedSecret = values[Key.appleSharedSecret]
         problems += loadAPI(values)
+        // A setting already named (an app id that is no number) is not named again as missing.
+        let named = Set(problems.map(\.setting))
+        problems += identityProblems().filter { !named.contains($0.setting) }
         return problems
     }
 
@@ -212,9 +216,6 @@ extension LedgerConfiguration.Apple {
         let missing = given.filter { $0.1 == nil }.map(\.0)
         if missing.count < 3 {
             for key in missing { problems.append(.init(key, "is missing: the App Store Server API needs the key id, the issuer id and the key file together")) }
-        }
-        if missing.isEmpty, bundleID == nil {
-            problems.append(.init(Key.appleBundleID, "is missing: the App Store Server API's tokens name the app (bid)"))
         }
         if let file = apiPrivateKeyFile, !FileManager.default.isReadableFile(atPath: file) {
             problems.append(.init(Key.appleAPIPrivateKey, "names \(file), which is missing or unreadable"))
@@ -260,6 +261,9 @@ extension LedgerConfiguration.Apple {
     /// The verifier these settings describe. Throws when a root certificate file cannot be read
     /// or holds no certificate: the service refuses to start rather than reject every proof.
     public func verifier(logger: Logger) throws -> AppleProofVerifier {
+        // Settings made in code (not read by `load`) are held to the same rule.
+        let problems = identityProblems()
+        guard problems.isEmpty else { throw LedgerConfigurationError(problems: problems) }
         let roots = try AppleRootCertificates.load(paths: rootCertificateFiles)
         return AppleProofVerifier(
             app: .init(bundleId: bundleID, appAppleId: appID, environment: AppleEnvironment(name: environment) ?? .production),

@@ -17,9 +17,9 @@ struct ConfigurationOptions: ParsableArguments {
     var logLevel: String?
     @Option(help: "Comma-separated Apple root certificate files, PEM or DER (LEDGER_APPLE_ROOT_CERTS)")
     var appleRootCerts: String?
-    @Option(help: "The app's bundle id (LEDGER_APPLE_BUNDLE_ID)")
+    @Option(help: "The app's bundle id, required with root certificates (LEDGER_APPLE_BUNDLE_ID)")
     var appleBundleId: String?
-    @Option(help: "The app's Apple id, required in production (LEDGER_APPLE_APP_ID)")
+    @Option(help: "The app's Apple id, required with root certificates in production (LEDGER_APPLE_APP_ID)")
     var appleAppId: String?
     @Option(help: "Production or Sandbox (LEDGER_APPLE_ENVIRONMENT)")
     var appleEnvironment: String?
@@ -37,7 +37,7 @@ struct ConfigurationOptions: ParsableArguments {
     var appleApiPrivateKey: String?
     @Option(help: "App Store Server API base URL (LEDGER_APPLE_API_URL, default Apple's for the environment)")
     var appleApiUrl: String?
-    @Option(help: "App Store Server API requests per second (LEDGER_APPLE_API_RATE, default 10)")
+    @Option(help: "App Store Server API: at most this many requests per second to any one endpoint, each also within Apple's limit for it (LEDGER_APPLE_API_RATE, default 10)")
     var appleApiRate: String?
     @Option(help: "Seconds between background reconciler passes in serve, 0: none (LEDGER_RECONCILE_INTERVAL, default 60)")
     var reconcileInterval: String?

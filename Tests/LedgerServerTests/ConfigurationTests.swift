@@ -24,7 +24,9 @@ struct ConfigurationTests {
         }
         let garbage = NSTemporaryDirectory() + "not-a-root-\(UUID()).pem"
         try "not a certificate".write(toFile: garbage, atomically: true, encoding: .utf8)
-        let configuration = try LedgerConfiguration.load([LedgerConfiguration.Key.appleRootCertificates: garbage])
+        // With roots, the app they check against (a sandbox ledger needs no app id).
+        let app = [LedgerConfiguration.Key.appleBundleID: TestApple.bundleId, LedgerConfiguration.Key.appleEnvironment: "Sandbox"]
+        let configuration = try LedgerConfiguration.load(app.merging([LedgerConfiguration.Key.appleRootCertificates: garbage]) { $1 })
         do {
             _ = try configuration.apple.verifier(logger: TestServer.logger)
             Issue.record("a file without a certificate was accepted")
@@ -32,7 +34,7 @@ struct ConfigurationTests {
             #expect(error.code == "root-certificate-unreadable" && error.message.contains(garbage))
         }
         let apple = try TestApple()
-        let good = try LedgerConfiguration.load([LedgerConfiguration.Key.appleRootCertificates: apple.rootFile])
+        let good = try LedgerConfiguration.load(app.merging([LedgerConfiguration.Key.appleRootCertificates: apple.rootFile]) { $1 })
         #expect(try good.apple.verifier(logger: TestServer.logger).signedData.rootCount == 1)
     }
 
@@ -49,8 +51,9 @@ struct ConfigurationTests {
             let names = Set(error.problems.map(\.setting))
             #expect(names == [
                 "LEDGER_DATABASE_URL", "LEDGER_PORT", "LEDGER_APPLE_ENVIRONMENT", "LEDGER_APPLE_ROOT_CERTS",
-                "LEDGER_APPLE_APP_ID", "LEDGER_LOG_LEVEL", "LEDGER_APPLE_VERIFY_RECEIPT_URL",
+                "LEDGER_APPLE_APP_ID", "LEDGER_LOG_LEVEL", "LEDGER_APPLE_VERIFY_RECEIPT_URL", "LEDGER_APPLE_BUNDLE_ID",
             ])
+            #expect(error.problems.filter { $0.setting == "LEDGER_APPLE_APP_ID" }.count == 1, "a bad app id is not also called missing")
             #expect(error.description.contains("/nonexistent/AppleRootCA-G3.cer"))
         }
     }
@@ -104,6 +107,7 @@ extension ConfigurationTests {
         ]
         let settings = try #require(try LedgerConfiguration.load(values).apple.appStoreServerAPI())
         #expect(settings.baseURL == AppStoreServerAPI.sandboxURL && settings.requestsPerSecond == 10 && settings.bundleID == TestApple.bundleId)
+        #expect(settings.effectiveBudgets == .apple(.sandbox, atMost: 10), "the sandbox's limits, each endpoint apart")
         var elsewhere = values
         elsewhere[Key.appleAPIURL] = "http://127.0.0.1:9/"
         elsewhere[Key.appleAPIRate] = "2.5"
@@ -119,5 +123,38 @@ extension ConfigurationTests {
         } catch let error as AppStoreServerAPIError {
             #expect(error.code == "apple-api-key-invalid")
         }
+    }
+}
+
+extension ConfigurationTests {
+    @Test("with root certificates, serve refuses to start without the bundle id, and in production without the app id, in one line naming them")
+    func verificationNeedsTheApp() throws {
+        typealias Key = LedgerConfiguration.Key
+        let apple = try TestApple()
+        func refusal(_ values: [String: String]) -> LedgerConfigurationError? {
+            switch Result(catching: { () throws(LedgerConfigurationError) in try LedgerConfiguration.load(values) }) {
+            case .success: nil
+            case .failure(let error): error
+            }
+        }
+        let production = try #require(refusal([Key.appleRootCertificates: apple.rootFile]))
+        #expect(Set(production.problems.map(\.setting)) == [Key.appleBundleID, Key.appleAppID])
+        #expect(!production.description.contains("\n") && production.description.contains(Key.appleBundleID) && production.description.contains(Key.appleAppID))
+        let noAppID = try #require(refusal([Key.appleRootCertificates: apple.rootFile, Key.appleBundleID: TestApple.bundleId]))
+        #expect(noAppID.problems.map(\.setting) == [Key.appleAppID])
+        let noBundle = try #require(refusal([Key.appleRootCertificates: apple.rootFile, Key.appleEnvironment: "Sandbox"]))
+        #expect(noBundle.problems.map(\.setting) == [Key.appleBundleID])
+        // Enough: the sandbox with a bundle id; production with both.
+        #expect(refusal([Key.appleRootCertificates: apple.rootFile, Key.appleEnvironment: "Sandbox", Key.appleBundleID: TestApple.bundleId]) == nil)
+        #expect(refusal([Key.appleRootCertificates: apple.rootFile, Key.appleBundleID: TestApple.bundleId, Key.appleAppID: "1234567890"]) == nil)
+        // No Apple settings at all (the quickstart): nothing required.
+        #expect(refusal([:]) == nil)
+        // Settings made in code are held to the same rule when the verifier is built.
+        var made = LedgerConfiguration()
+        made.apple.rootCertificateFiles = [apple.rootFile]
+        #expect(throws: LedgerConfigurationError.self) { _ = try made.apple.verifier(logger: TestServer.logger) }
+        made.apple.bundleID = TestApple.bundleId
+        made.apple.appID = TestApple.appAppleId
+        #expect(try made.apple.verifier(logger: TestServer.logger).app.appAppleId == TestApple.appAppleId)
     }
 }
