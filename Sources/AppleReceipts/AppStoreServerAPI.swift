@@ -116,7 +116,8 @@ public final class AppStoreServerAPI: Sendable {
     }
 
     /// Get Notification History: one page of the notifications Apple sent (or tried to send)
-    /// between `startDate` and `endDate` (at most 180 days back), from `paginationToken` on.
+    /// between `startDate` and `endDate` (at most 180 days back in production, 30 in the sandbox),
+    /// from `paginationToken` on.
     public func notificationHistory(
         startDate: Date, endDate: Date, paginationToken: String? = nil
     ) async throws(AppStoreServerAPIError) -> NotificationHistoryPage {
@@ -148,14 +149,14 @@ public final class AppStoreServerAPI: Sendable {
         /// `DELIVERED`, or why not: `UNDELIVERED_QUALITY_ISSUE`, `UNDELIVERED_WRONG_ITEM`,
         /// `UNDELIVERED_SERVER_OUTAGE`, `UNDELIVERED_OTHER`.
         public var deliveryStatus: String
-        /// Absent when the catalog does not say.
-        public var sampleContentProvided: Bool?
-        /// `DECLINE`, `GRANT_FULL` or `GRANT_PRORATED`.
+        /// Required by Apple, as `customerConsented` and `deliveryStatus` are.
+        public var sampleContentProvided: Bool
+        /// `DECLINE`, `GRANT_FULL` or `GRANT_PRORATED` (optional).
         public var refundPreference: String?
-        /// Of the purchase consumed, in thousandths of a percent (0 to 100,000).
+        /// Of the purchase consumed, in thousandths of a percent (0 to 100,000; optional).
         public var consumptionPercentage: Int?
 
-        public init(customerConsented: Bool, deliveryStatus: String, sampleContentProvided: Bool? = nil, refundPreference: String? = nil, consumptionPercentage: Int? = nil) {
+        public init(customerConsented: Bool, deliveryStatus: String, sampleContentProvided: Bool, refundPreference: String? = nil, consumptionPercentage: Int? = nil) {
             self.customerConsented = customerConsented
             self.deliveryStatus = deliveryStatus
             self.sampleContentProvided = sampleContentProvided
