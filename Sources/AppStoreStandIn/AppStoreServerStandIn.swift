@@ -13,8 +13,10 @@ import NIOCore
 /// `ledger demo` (Apple is not reachable from either). It checks every request's JWT as
 /// Apple does (ES256 with the key's public half, `kid`, `iss`, `aud`, `bid`, at most an hour
 /// between `iat` and `exp`, not expired), serves the transaction history and order lookups a test
-/// scripted, and plays the faults a test queued (429 with or without `Retry-After`, 500, a slow
-/// answer, a malformed page, any of Apple's error codes) on the next requests.
+/// scripted, refuses what Apple refuses in the requests it checks (consumption answers, the dates
+/// and tokens of notification history) with Apple's status and `errorCode`, and plays the faults
+/// a test queued (429 with or without `Retry-After`, 500, a slow answer, a malformed page, any of
+/// Apple's error codes) on the next requests.
 public final class AppStoreServerStandIn: Sendable {
     public enum Fault: Sendable {
         /// 429 with `Retry-After` this long from now.
@@ -56,14 +58,21 @@ public final class AppStoreServerStandIn: Sendable {
     public let privateKeyPEM: String
     let publicKey: P256.Signing.PublicKey
     public let bundleID: String
-    private let state = State()
+    /// The environment it plays, as Apple names it: `Sandbox` (the default) keeps 30 days of
+    /// notification history, `Production` 180.
+    public let environment: String
+    let state = State()
 
-    public init(bundleID: String) {
+    public init(bundleID: String, environment: String = "Sandbox") {
         let key = P256.Signing.PrivateKey()
         privateKeyPEM = key.pemRepresentation
         publicKey = key.publicKey
         self.bundleID = bundleID
+        self.environment = environment
     }
+
+    /// How far back Get Notification History goes in `environment`.
+    public var notificationHistoryDays: Int { environment == "Production" ? 180 : 30 }
 
     /// The client settings for this stand-in at `baseURL`. The time-out is generous: a loaded
     /// machine can take seconds to answer, and a try given up early would take a fault queued for
@@ -84,6 +93,18 @@ public final class AppStoreServerStandIn: Sendable {
     public func setRefunds(_ anyID: String, _ pages: [Page]) async { await state.setRefunds(anyID, pages) }
     /// Notification history: pages of signed payloads, each page's `revision` its pagination token.
     public func setNotifications(_ pages: [Page]) async { await state.setNotifications(pages) }
+    /// Every notification-history pagination token handed out so far expires: asked with one,
+    /// the stand-in answers 400 `4000017` (PaginationTokenExpired) until it hands it out again.
+    public func expireNotificationTokens() async { await state.expireNotificationTokens() }
+    /// Each Get Notification History request that passed the token check, in order.
+    public var notificationRequests: [NotificationRequest] { get async { await state.notificationRequests } }
+
+    /// A Get Notification History request: its dates (nil when absent or not a number) and token.
+    public struct NotificationRequest: Sendable, Equatable {
+        public var startDate: Date?
+        public var endDate: Date?
+        public var paginationToken: String?
+    }
     /// Apple's refusal of Set App Account Token for a transaction (its `errorCode`, such as
     /// 4000185 for a family-shared one).
     public func refuseAccountToken(_ transactionID: String, errorCode: Int) async { await state.refuseToken(transactionID, errorCode) }
@@ -119,6 +140,9 @@ public final class AppStoreServerStandIn: Sendable {
         var historyQueries: [[String: String]] = []
         var refunds: [String: [Page]] = [:]
         var notifications: [Page] = []
+        var notificationTokens = Set<String>()
+        var expiredNotificationTokens = Set<String>()
+        var notificationRequests: [NotificationRequest] = []
         var tokenRefusals: [String: Int] = [:]
         var writes: [Write] = []
         var held: [CheckedContinuation<Void, Never>] = []
@@ -136,8 +160,14 @@ public final class AppStoreServerStandIn: Sendable {
         func notificationPage(after token: String?) -> Page? {
             // No history set: an empty first page, as Apple answers for a quiet period.
             if token == nil, notifications.isEmpty { return Page(revision: "", hasMore: false, signedTransactions: []) }
-            return Self.page(notifications, after: token)
+            guard let page = Self.page(notifications, after: token) else { return nil }
+            // Handed out (again): good until the test expires it.
+            notificationTokens.insert(page.revision)
+            expiredNotificationTokens.remove(page.revision)
+            return page
         }
+        func expireNotificationTokens() { expiredNotificationTokens.formUnion(notificationTokens) }
+        func askedForNotifications(_ request: NotificationRequest) { notificationRequests.append(request) }
 
         /// The page after the one `revision` names (the first without one); from the last page's
         /// revision, an empty page with it (nothing new yet).
@@ -213,10 +243,13 @@ public final class AppStoreServerStandIn: Sendable {
             }
         }
         router.post("/inApps/v1/notifications/history") { request, _ -> Response in
+            var request = request
             let token = request.uri.queryParameters["paginationToken"].map(String.init)
+            let body = try await request.collectBody(upTo: 1 << 20)
             return try await self.answer(request) {
+                if let refusal = await self.refusal(ofNotificationHistory: body, token: token) { return refusal }
                 guard let page = await self.state.notificationPage(after: token) else {
-                    return (400, #"{"errorCode": 4000014, "errorMessage": "Invalid pagination token."}"#)
+                    return Self.refusal(4000014, "Invalid pagination token.")
                 }
                 let body: [String: Any] = [
                     "paginationToken": page.revision, "hasMore": page.hasMore,
@@ -226,7 +259,7 @@ public final class AppStoreServerStandIn: Sendable {
             }
         }
         router.put("/inApps/v2/transactions/consumption/:id") { request, _ -> Response in
-            try await self.recordWrite(request, status: 202)
+            try await self.recordWrite(request, status: 202, check: Self.refusal(ofConsumption:))
         }
         router.post("/inApps/v1/transactions/:id/finish") { request, _ -> Response in
             try await self.recordWrite(request, status: 200)
@@ -250,11 +283,16 @@ public final class AppStoreServerStandIn: Sendable {
         }
     }
 
-    /// A write Apple takes: recorded (once it passes the token and the faults), answered `status`.
-    private func recordWrite(_ request: Request, status: Int) async throws -> Response {
+    /// A write Apple takes: recorded (once it passes the token, the faults and `check`, which
+    /// answers Apple's refusal of the body if it has one), answered `status`.
+    private func recordWrite(
+        _ request: Request, status: Int, check: @Sendable (ByteBuffer) -> (Int, String)? = { _ in nil }
+    ) async throws -> Response {
         var request = request
-        let body = String(buffer: try await request.collectBody(upTo: 1 << 20))
+        let buffer = try await request.collectBody(upTo: 1 << 20)
+        let body = String(buffer: buffer)
         return try await answer(request) {
+            if let refusal = check(buffer) { return refusal }
             await self.state.wrote(Write(method: request.method.rawValue, path: request.uri.path, body: body))
             return (status, "")
         }

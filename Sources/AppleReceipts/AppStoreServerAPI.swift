@@ -65,15 +65,25 @@ public final class AppStoreServerAPI: Sendable {
             self.longestBackoff = longestBackoff
         }
 
-        /// The environment whose limits apply.
+        /// The environment whose limits apply: `environment`, else that of Apple's host in
+        /// `baseURL`, else production's.
         public var rateLimitEnvironment: AppleEnvironment {
-            environment ?? (URL(string: baseURL)?.host == URL(string: AppStoreServerAPI.sandboxURL)?.host ? .sandbox : .production)
+            environment ?? AppStoreServerAPI.environment(ofHost: baseURL) ?? .production
         }
 
         /// The budgets the client paces each endpoint to.
         public var effectiveBudgets: RequestBudgets {
             budgets ?? .apple(rateLimitEnvironment, atMost: requestsPerSecond)
         }
+    }
+
+    /// The environment of Apple's host in `baseURL` (today's or the older `itunes.apple.com`
+    /// one); nil for any other host, such as a stand-in or a proxy.
+    public static func environment(ofHost baseURL: String) -> AppleEnvironment? {
+        let host = URLComponents(string: baseURL)?.host?.lowercased() ?? ""
+        if host == "api.storekit-sandbox.apple.com" || host == "api.storekit-sandbox.itunes.apple.com" { return .sandbox }
+        if host == "api.storekit.apple.com" || host == "api.storekit.itunes.apple.com" { return .production }
+        return nil
     }
 
     /// Apple's hosts, as Apple's App Store Server Libraries name them.
@@ -144,7 +154,8 @@ public final class AppStoreServerAPI: Sendable {
     }
 
     /// Get Notification History: one page of the notifications Apple sent (or tried to send)
-    /// between `startDate` and `endDate` (at most 180 days back), from `paginationToken` on.
+    /// between `startDate` and `endDate` (at most 180 days back in production, 30 in the sandbox),
+    /// from `paginationToken` on.
     public func notificationHistory(
         startDate: Date, endDate: Date, paginationToken: String? = nil
     ) async throws(AppStoreServerAPIError) -> NotificationHistoryPage {
@@ -176,14 +187,14 @@ public final class AppStoreServerAPI: Sendable {
         /// `DELIVERED`, or why not: `UNDELIVERED_QUALITY_ISSUE`, `UNDELIVERED_WRONG_ITEM`,
         /// `UNDELIVERED_SERVER_OUTAGE`, `UNDELIVERED_OTHER`.
         public var deliveryStatus: String
-        /// Absent when the catalog does not say.
-        public var sampleContentProvided: Bool?
-        /// `DECLINE`, `GRANT_FULL` or `GRANT_PRORATED`.
+        /// Required by Apple, as `customerConsented` and `deliveryStatus` are.
+        public var sampleContentProvided: Bool
+        /// `DECLINE`, `GRANT_FULL` or `GRANT_PRORATED` (optional).
         public var refundPreference: String?
-        /// Of the purchase consumed, in thousandths of a percent (0 to 100,000).
+        /// Of the purchase consumed, in thousandths of a percent (0 to 100,000; optional).
         public var consumptionPercentage: Int?
 
-        public init(customerConsented: Bool, deliveryStatus: String, sampleContentProvided: Bool? = nil, refundPreference: String? = nil, consumptionPercentage: Int? = nil) {
+        public init(customerConsented: Bool, deliveryStatus: String, sampleContentProvided: Bool, refundPreference: String? = nil, consumptionPercentage: Int? = nil) {
             self.customerConsented = customerConsented
             self.deliveryStatus = deliveryStatus
             self.sampleContentProvided = sampleContentProvided

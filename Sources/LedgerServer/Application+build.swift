@@ -109,7 +109,9 @@ public func buildApplication(
         })
     }
     if let appStoreServerAPI {
-        for service in appleServices(api: appStoreServerAPI, verifier: verifier, services: services, configuration: configuration, logger: logger) {
+        for service in appleServices(
+            api: appStoreServerAPI, verifier: verifier, services: services, configuration: configuration, metrics: metrics, logger: logger
+        ) {
             application.addServices(service)
         }
     } else if configuration.appleCalls.any {
@@ -153,11 +155,14 @@ func appleCallsService(
 /// backfill at start, and the refund catch-up.
 func appleServices(
     api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, services: ServiceAssembly, configuration: LedgerConfiguration,
-    logger: Logger
+    metrics: LedgerMetrics, logger: Logger
 ) -> [any Service] {
     var background: [any Service] = []
     if configuration.backfillNotificationsAtStart {
-        let backfill = services.notificationBackfill(api: api, verifier: verifier)
+        var configured = services.notificationBackfill(
+            api: api, verifier: verifier, environment: AppleEnvironment(name: configuration.apple.environment))
+        configured.restarted = metrics.notificationBackfillRestarted
+        let backfill = configured
         background.append(PeriodicService(name: "notification backfill", interval: .seconds(60), logger: logger, firstWait: .seconds(1), repeats: false) {
             _ = try await backfill.run()
         })

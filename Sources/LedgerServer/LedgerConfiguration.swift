@@ -244,7 +244,7 @@ extension LedgerConfiguration.Apple {
         return AppStoreServerAPI.Settings(
             keyID: keyID, issuerID: issuerID, privateKeyPEM: pem, bundleID: bundleID ?? "",
             baseURL: apiURL ?? (environment == "Sandbox" ? AppStoreServerAPI.sandboxURL : AppStoreServerAPI.productionURL),
-            requestsPerSecond: apiRequestsPerSecond)
+            environment: AppleEnvironment(name: environment), requestsPerSecond: apiRequestsPerSecond)
     }
 }
 

@@ -76,6 +76,13 @@ final class LedgerMetrics: Sendable {
             .increment(by: Int64(times))
     }
 
+    /// A notification backfill that started again from the earliest date Apple allows, by
+    /// Apple's reason (`StartDateTooFarInPast`, `InvalidPaginationToken`, `PaginationTokenExpired`).
+    @Sendable func notificationBackfillRestarted(_ reason: String) {
+        counter("ledger_notification_backfill_restarts", help: "Notification backfills started again after Apple refused their position, by reason",
+                label: "reason", reason).increment()
+    }
+
     /// Consumption requests waiting for an answer, and the least time left to send one (Apple
     /// waits 12 hours); set by each pass of the calls to Apple.
     func consumptionPending(count: Int, secondsLeft: Double?) {

@@ -66,22 +66,24 @@ public struct AppleCalls: Sendable {
 
     /// Answers a consumption request with what the ledger knows now, within its 12 hours.
     private func answer(_ call: AppleCallQueue.Call, with client: AppStoreServerAPI, metadata: Data) async throws -> String {
-        let facts = try await queue.consumptionFacts(call.transactionId)
+        let fields = try await queue.consumptionFacts(call.transactionId).fields
         let information = AppStoreServerAPI.ConsumptionInformation(
-            customerConsented: true, deliveryStatus: facts.deliveryStatus.rawValue, sampleContentProvided: facts.sampleContentProvided,
-            refundPreference: facts.refundPreference?.rawValue, consumptionPercentage: facts.consumptionPercentageToSend)
+            customerConsented: true, deliveryStatus: fields.deliveryStatus.rawValue, sampleContentProvided: fields.sampleContentProvided,
+            refundPreference: fields.refundPreference?.rawValue, consumptionPercentage: fields.consumptionPercentage)
         func record(_ outcome: ConsumptionAnswer.Outcome, _ error: AppStoreServerAPIError?) async throws -> String {
             let answer = ConsumptionAnswer(
                 notificationUUID: call.notificationUUID ?? UUID(), transactionId: call.transactionId, outcome: outcome,
-                deliveryStatus: facts.deliveryStatus, customerConsented: true, sampleContentProvided: facts.sampleContentProvided,
-                refundPreference: facts.refundPreference?.rawValue, consumptionPercentage: facts.consumptionPercentageToSend,
+                deliveryStatus: fields.deliveryStatus, customerConsented: true, sampleContentProvided: fields.sampleContentProvided,
+                refundPreference: fields.refundPreference?.rawValue, consumptionPercentage: fields.consumptionPercentage,
+                preferenceAdjusted: fields.preferenceAdjusted?.rawValue, sampleContentDefaulted: fields.sampleContentDefaulted ? true : nil,
                 // Taking the call counted a try; found too late before calling, none was made.
                 attempts: outcome == .tooLate && error == nil ? call.attempts - 1 : call.attempts,
                 error: error?.code, appleErrorCode: error?.appleErrorCode)
             try await queue.settle(call, answer: answer, metadata: metadata)
             if outcome != .sent {
                 logger.warning("a consumption request was not answered", metadata: [
-                    "apple.transaction": "\(call.transactionId)", "outcome": "\(outcome.rawValue)", "error": "\(error?.code ?? "")"])
+                    "apple.transaction": "\(call.transactionId)", "outcome": "\(outcome.rawValue)", "error": "\(error?.code ?? "")",
+                    "apple.error_code": "\(error?.appleErrorCode.map(String.init) ?? "")"])
             }
             return outcome.rawValue
         }
@@ -93,7 +95,7 @@ public struct AppleCalls: Sendable {
             guard Self.isPassing(error) else { return try await record(.refused, error) }
             let next = retryDate(call, error)
             if let deadline = call.deadline, next >= deadline { return try await record(.tooLate, error) }
-            try await queue.retry(call, at: next, error: error.description)
+            try await queue.retry(call, at: next, error: error.description, appleErrorCode: error.appleErrorCode)
             return "retrying"
         }
     }
@@ -135,7 +137,7 @@ public struct AppleCalls: Sendable {
         } catch let error as AppStoreServerAPIError {
             guard Self.isPassing(error) else { return try await record("refused", error) }
             guard call.attempts < attempts else { return try await record("given-up", error) }
-            try await queue.retry(call, at: retryDate(call, error), error: error.description)
+            try await queue.retry(call, at: retryDate(call, error), error: error.description, appleErrorCode: error.appleErrorCode)
             return "retrying"
         }
     }

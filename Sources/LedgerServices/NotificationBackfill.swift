@@ -8,7 +8,11 @@ import Logging
 /// was away (Get Notification History), each applied through the path a live one takes, so one
 /// applied before is applied once (its `notificationUUID` is its event's id). Its request and the
 /// pagination token of the last page applied are kept (`apple_notification_backfill`): a stopped
-/// backfill resumes where it stopped. One server at a time runs it (under its lease).
+/// backfill resumes where it stopped. It never asks further back than Apple keeps history in the
+/// client's environment. When Apple refuses the stored position (start date too far back, token
+/// invalid or expired) it starts again once, without the token, from a date Apple allows; any other
+/// refusal stops the run, and its request is abandoned so that no later run repeats it. One
+/// server at a time runs it (under its lease).
 public struct NotificationBackfill: Sendable {
     let api: LazyAppStoreServerAPI
     let verifier: AppleProofVerifier
@@ -16,17 +20,22 @@ public struct NotificationBackfill: Sendable {
     let state: NotificationBackfillState
     let leases: Leases
     let logger: Logger
-    /// How far back Apple keeps notification history.
-    public static let appleKeeps: TimeInterval = 180 * 86_400
+    /// The environment the API client asks, which sets how far back Apple keeps history.
+    public var environment: AppleEnvironment
+    /// Told the reason (Apple's error name) each time a run drops its stored position and starts
+    /// again: the server counts them (`ledger_notification_backfill_restarts_total`).
+    public var restarted: (@Sendable (String) -> Void)?
     /// How much earlier than the last notification recorded a backfill starts (Apple's history
     /// is by the time it sent a notification, which may be a little before its signed date).
     public var overlap: TimeInterval = 3600
     public var maximumPages = 10_000
 
+    /// `environment`: nil takes the one of the API client's base URL (`environment(baseURL:configured:)`).
     public init(
         api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, notifications: NotificationLedger, state: NotificationBackfillState,
-        leases: Leases, logger: Logger
+        leases: Leases, logger: Logger, environment: AppleEnvironment? = nil
     ) {
+        self.environment = Self.environment(baseURL: api.settings.baseURL, configured: environment ?? api.settings.environment)
         self.api = api
         self.verifier = verifier
         self.notifications = notifications
@@ -52,7 +61,38 @@ public struct NotificationBackfill: Sendable {
         public var refused = 0
         /// All of Apple's history for the dates was read.
         public var finished = false
+        /// Apple refused the stored position and the run started again without it, from a date
+        /// Apple allows: Apple's error name (`StartDateTooFarInPast`, `InvalidPaginationToken`,
+        /// `PaginationTokenExpired`).
+        public var restarted: String?
+        /// Apple refused the request and the run stopped: its error, and Apple's errorCode. The
+        /// request is abandoned; the next run asks afresh.
+        public var refusal: String?
+        public var appleErrorCode: Int?
         public init() {}
+    }
+
+    /// How far back Get Notification History goes: 180 days in production, 30 in the sandbox
+    /// (and Xcode or local testing, which have no history at Apple).
+    public static func keeps(_ environment: AppleEnvironment) -> TimeInterval {
+        (environment == .production ? 180 : 30) * 86_400
+    }
+
+    /// The environment the API client asks: Apple's sandbox or production host by its base URL;
+    /// any other host (a stand-in, a proxy) is `configured`'s, else the sandbox, whose shorter
+    /// history Apple never refuses.
+    public static func environment(baseURL: String, configured: AppleEnvironment?) -> AppleEnvironment {
+        AppStoreServerAPI.environment(ofHost: baseURL) ?? configured ?? .sandbox
+    }
+
+    /// Apple's refusals of a stored position, by errorCode: the run starts again without it.
+    static let restartReasons = [4000012: "StartDateTooFarInPast", 4000014: "InvalidPaginationToken", 4000017: "PaginationTokenExpired"]
+
+    /// Apple's answer to this request, which it would give again: a 4xx other than 401 (the key,
+    /// which the operator can mend), 429 and Apple's "not found, try again" codes.
+    static func isRefusal(_ error: AppStoreServerAPIError) -> Bool {
+        guard let status = error.status, (400..<500).contains(status), status != 401, status != 429, !error.isAppleAway else { return false }
+        return ![4040002, 4040004, 4040006].contains(error.appleErrorCode ?? 0)
     }
 
     /// Backfills from `since` (nil: a stopped backfill's place, else from the last notification
@@ -63,9 +103,30 @@ public struct NotificationBackfill: Sendable {
     ) async throws -> Summary {
         var summary = Summary()
         let ran: Void? = try await leases.withLease("notification-backfill", for: Self.lease) { lease in
-            let request = try await begin(since: since)
-            (summary.startDate, summary.endDate, summary.resumed) = (request.start, request.end, request.token != nil)
-            try await read(request, under: lease, metadata: metadata, into: &summary, progress: progress)
+            var request = try await begin(since: since)
+            while true {
+                (summary.startDate, summary.endDate, summary.resumed) = (request.start, request.end, request.token != nil)
+                do {
+                    return try await read(request, under: lease, metadata: metadata, into: &summary, progress: progress)
+                } catch let error as AppStoreServerAPIError where Self.isRefusal(error) {
+                    if summary.restarted == nil, let reason = error.appleErrorCode.flatMap({ Self.restartReasons[$0] }) {
+                        // Once per run: a second refusal of the new request would be refused again.
+                        summary.restarted = reason
+                        logger.warning("notification backfill: Apple refused the stored position; starting again without it", metadata: [
+                            "backfill.reason": "\(reason)", "backfill.start": "\(request.start)", "apple.error_code": "\(error.appleErrorCode ?? 0)"])
+                        restarted?(reason)
+                        request = try await restart(request, after: reason)
+                        continue
+                    }
+                    summary.refusal = error.description
+                    summary.appleErrorCode = error.appleErrorCode
+                    try await state.abandon(because: error.description)
+                    logger.error("notification backfill stopped: Apple refused its request; the next run asks afresh", metadata: [
+                        "error": "\(error.code)", "error.message": "\(error.description)", "backfill.start": "\(request.start)",
+                        "backfill.end": "\(request.end)"])
+                    return
+                }
+            }
         }
         guard ran != nil else {
             summary.busy = true
@@ -87,23 +148,39 @@ public struct NotificationBackfill: Sendable {
 
     static let lease: TimeInterval = 600
 
+    /// The earliest start date Apple takes now, with `margin` to spare.
+    func earliest(margin: TimeInterval = 60) -> Date { Date().addingTimeInterval(-Self.keeps(environment) + margin) }
+
     /// The request to run, recorded (the caller holds the lease): a stopped one's, unless
-    /// `since` is given, else a new one from the latest of the last notification recorded and the
-    /// end of the last backfill, less `overlap` (a ledger that recorded neither: from its first
-    /// event), to now, never further back than Apple keeps.
+    /// `since` is given, it was abandoned, or it starts further back than Apple keeps now; else a
+    /// new one from the latest of the last notification recorded and the end of the last
+    /// backfill, less `overlap` (a ledger that recorded neither: from its first event), to now,
+    /// never further back than Apple keeps.
     private func begin(since: Date?) async throws -> Request {
-        let earliest = Date().addingTimeInterval(-Self.appleKeeps + 60)
+        let earliest = earliest()
         let stored = try await state.read()
-        var request: Request
-        if since == nil, let start = stored.startDate, let end = stored.endDate, !stored.finished {
+        let request: Request
+        if since == nil, let start = stored.startDate, let end = stored.endDate, !stored.finished, !stored.abandoned, start >= earliest {
             request = Request(start: start, end: end, token: stored.paginationToken)
         } else {
             let from = since ?? ([stored.lastNotification, stored.finished ? stored.endDate : nil].compactMap { $0 }.max()?.addingTimeInterval(-overlap)
                 ?? stored.firstEvent ?? Date())
-            request = Request(start: max(from, earliest), end: Date(), token: nil)
+            // A second at least: the dates are stored to the microsecond, and a resumed request
+            // must still start before it ends.
+            let end = Date()
+            request = Request(start: min(max(from, earliest), end.addingTimeInterval(-1)), end: end, token: nil)
         }
-        if request.start >= request.end { request = Request(start: request.end.addingTimeInterval(-1), end: request.end, token: nil) }
         try await state.begin(startDate: request.start, endDate: request.end, paginationToken: request.token)
+        return request
+    }
+
+    /// The request after Apple refused `refused`'s position, recorded: from the same start (or
+    /// the earliest Apple takes, if later; a day later than that when Apple said the start was
+    /// too far back, as its reckoning of the limit may differ from ours) to now, without a token.
+    private func restart(_ refused: Request, after reason: String) async throws -> Request {
+        let floor = reason == Self.restartReasons[4000012] ? earliest(margin: 86_400) : earliest()
+        let request = Request(start: max(refused.start, floor), end: Date(), token: nil)
+        try await state.begin(startDate: request.start, endDate: request.end, paginationToken: nil)
         return request
     }
 

@@ -68,11 +68,14 @@ public struct ServiceAssembly: Sendable {
             leases: leases, logger: logger)
     }
 
-    /// A notification backfill asking Apple through `api`.
-    public func notificationBackfill(api: LazyAppStoreServerAPI, verifier: AppleProofVerifier) -> NotificationBackfill {
+    /// A notification backfill asking Apple through `api`, in `environment` (nil: the one of
+    /// `api`'s base URL; see `NotificationBackfill.environment(baseURL:configured:)`).
+    public func notificationBackfill(
+        api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, environment: AppleEnvironment? = nil
+    ) -> NotificationBackfill {
         NotificationBackfill(
             api: api, verifier: verifier, notifications: notifications, state: NotificationBackfillState(database: database),
-            leases: leases, logger: logger)
+            leases: leases, logger: logger, environment: environment)
     }
 
     /// The calls to Apple the log calls for under `switches`, made through `api`.

@@ -175,10 +175,14 @@ public struct AppleCallQueue: Sendable {
         return calls.sorted { rank[$0.lease.name, default: 0] < rank[$1.lease.name, default: 0] }
     }
 
-    /// Puts `call` back for another try at `date`, and frees its lease.
-    public func retry(_ call: Call, at date: Date, error: String) async throws {
+    /// Puts `call` back for another try at `date`, with the last failure (`error`, and Apple's
+    /// own `appleErrorCode` when its answer had one), and frees its lease.
+    public func retry(_ call: Call, at date: Date, error: String, appleErrorCode: Int? = nil) async throws {
         try await database.query(
-            "UPDATE apple_calls SET due_at = \(date), last_error = \(error) WHERE call_id = \(call.id)")
+            """
+            UPDATE apple_calls SET due_at = \(date), last_error = \(error), last_apple_error_code = \(appleErrorCode)
+             WHERE call_id = \(call.id)
+            """)
         try await leases.release(call.lease)
     }
 
@@ -225,9 +229,12 @@ public struct AppleCallQueue: Sendable {
         public var refundPreference: RefundPreference?
 
         public var deliveryStatus: DeliveryStatus { .of(state: state, delivered: delivered, failureReason: failureReason) }
-        /// What the answer says was consumed: the backend's figure for a delivered purchase
-        /// (absent when it gave none), 0 for one not delivered (Apple refuses anything else then).
-        public var consumptionPercentageToSend: Int? { deliveryStatus == .delivered ? consumptionPercentage : 0 }
+        /// What the answer sends: Apple's required fields, in combinations Apple takes.
+        public var fields: ConsumptionFields {
+            ConsumptionFields(
+                deliveryStatus: deliveryStatus, consumed: consumptionPercentage, sampleContentProvided: sampleContentProvided,
+                refundPreference: refundPreference)
+        }
     }
 
     public func consumptionFacts(_ transaction: TransactionID) async throws -> ConsumptionFacts {

@@ -4,7 +4,7 @@ import PostgresNIO
 
 /// The notification backfill's request and where its pages stopped (the one row of
 /// `apple_notification_backfill`), so that a stopped backfill resumes with the same dates and
-/// Apple's pagination token.
+/// Apple's pagination token; and a request Apple refused, which is never resumed.
 public struct NotificationBackfillState: Sendable {
     public let database: Database
 
@@ -19,6 +19,8 @@ public struct NotificationBackfillState: Sendable {
         /// The next page's token of a backfill that stopped before its end.
         public var paginationToken: String?
         public var finished: Bool
+        /// Apple refused the request: the next backfill asks afresh instead of resuming it.
+        public var abandoned = false
         /// The signed date of the last notification the ledger recorded, if any.
         public var lastNotification: Date?
         /// When the ledger recorded its first event, if any.
@@ -28,14 +30,16 @@ public struct NotificationBackfillState: Sendable {
     public func read() async throws -> Stored {
         let rows = try await database.query(
             """
-            SELECT start_date, end_date, pagination_token, finished_at IS NOT NULL,
+            SELECT start_date, end_date, pagination_token, finished_at IS NOT NULL, abandoned_at IS NOT NULL,
                    (SELECT (data->>'signedDate')::timestamptz FROM events WHERE type = 'notification-received'
                      ORDER BY global_position DESC LIMIT 1),
                    (SELECT recorded_at FROM events ORDER BY global_position LIMIT 1)
               FROM apple_notification_backfill
             """)
-        for try await (start, end, token, finished, last, first) in rows.decode((Date?, Date?, String?, Bool, Date?, Date?).self) {
-            return Stored(startDate: start, endDate: end, paginationToken: token, finished: finished, lastNotification: last, firstEvent: first)
+        for try await (start, end, token, finished, abandoned, last, first) in rows.decode((Date?, Date?, String?, Bool, Bool, Date?, Date?).self) {
+            return Stored(
+                startDate: start, endDate: end, paginationToken: token, finished: finished, abandoned: abandoned, lastNotification: last,
+                firstEvent: first)
         }
         return Stored(finished: false)
     }
@@ -47,7 +51,18 @@ public struct NotificationBackfillState: Sendable {
             """
             UPDATE apple_notification_backfill
                SET start_date = \(startDate), end_date = \(endDate), pagination_token = \(paginationToken),
-                   finished_at = CASE WHEN \(paginationToken == nil) THEN NULL ELSE finished_at END
+                   finished_at = CASE WHEN \(paginationToken == nil) THEN NULL ELSE finished_at END,
+                   abandoned_at = NULL, abandoned_because = NULL
+            """)
+    }
+
+    /// Records that Apple refused the request (`because`: its error): it is kept for support but
+    /// never resumed, and its token is dropped.
+    public func abandon(because reason: String) async throws {
+        try await database.query(
+            """
+            UPDATE apple_notification_backfill
+               SET pagination_token = NULL, finished_at = NULL, abandoned_at = now(), abandoned_because = \(reason)
             """)
     }
 

@@ -1,3 +1,4 @@
+import AppleReceipts
 import ArgumentParser
 import Foundation
 import LedgerCore
@@ -13,9 +14,9 @@ struct Backfill: AsyncParsableCommand {
 
     struct Notifications: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Apply Apple's notification history (at most 180 days back) from the last notification recorded, or --since; a stopped backfill resumes.")
+            abstract: "Apply Apple's notification history (at most 180 days back in production, 30 in the sandbox) from the last notification recorded, or --since; a stopped backfill resumes.")
         @OptionGroup var options: ConfigurationOptions
-        @Option(help: "Start here instead (ISO 8601, such as 2026-11-01T00:00:00Z); Apple keeps 180 days") var since: String?
+        @Option(help: "Start here instead (ISO 8601, such as 2026-11-01T00:00:00Z); Apple keeps 180 days (30 in the sandbox)") var since: String?
 
         func run() async throws {
             let start = try since.map { text in
@@ -25,13 +26,20 @@ struct Backfill: AsyncParsableCommand {
             let metadata = try operatorMetadata("backfill notifications")
             let progress = terminalProgress("notifications").map { report in { @Sendable (seen: Int) in report(seen, seen + 1) } }
             let summary = try await withAppleWork(options) { work in
-                try await work.services.notificationBackfill(api: work.api, verifier: work.verifier)
-                    .run(since: start, metadata: metadata, progress: progress)
+                try await work.services.notificationBackfill(
+                    api: work.api, verifier: work.verifier, environment: AppleEnvironment(name: work.configuration.apple.environment)
+                ).run(since: start, metadata: metadata, progress: progress)
             }
             if summary.busy { throw ValidationError("another server is running the notification backfill; try again later") }
             let dates = [summary.startDate, summary.endDate].map { $0.map { ISO8601DateFormatter().string(from: $0) } ?? "-" }
             print("\(summary.resumed ? "resumed" : "read") Apple's notification history from \(dates[0]) to \(dates[1]): \(summary.pages) pages, \(summary.notifications) notifications")
             print("applied \(summary.applied) new to the ledger; \(summary.repeated) applied before; \(summary.refused) refused by verification")
+            if let reason = summary.restarted {
+                print("Apple refused the stored position (\(reason)): started again from \(dates[0])")
+            }
+            if let refusal = summary.refusal {
+                throw ValidationError("stopped: Apple refused the request (\(refusal)); the next run asks afresh instead of repeating it")
+            }
         }
     }
 

@@ -45,6 +45,84 @@ struct AppStoreServerAPIWritesTests {
         }
     }
 
+    @Test("consumption information: the stand-in refuses what Apple refuses, with Apple's errorCode, and takes what Apple takes")
+    func consumptionRefusals() async throws {
+        try await standIn.run { base in
+            let api = try await client(base)
+            typealias Body = AppStoreServerAPI.ConsumptionInformation
+            let refused: [(Body, Int)] = [
+                (.init(customerConsented: false, deliveryStatus: "DELIVERED", sampleContentProvided: true), 4000035),
+                (.init(customerConsented: true, deliveryStatus: "SHIPPED", sampleContentProvided: true), 4000036),
+                (.init(customerConsented: true, deliveryStatus: "DELIVERED", sampleContentProvided: true, refundPreference: "MAYBE"), 4000044),
+                (.init(customerConsented: true, deliveryStatus: "DELIVERED", sampleContentProvided: true, consumptionPercentage: 100_001), 4000000),
+                (.init(customerConsented: true, deliveryStatus: "DELIVERED", sampleContentProvided: true, consumptionPercentage: -1), 4000000),
+                // A percentage other than 0 when not delivered.
+                (.init(customerConsented: true, deliveryStatus: "UNDELIVERED_OTHER", sampleContentProvided: true, consumptionPercentage: 5_000), 4000000),
+                // GRANT_PRORATED without a share above 0 and below 100%.
+                (.init(customerConsented: true, deliveryStatus: "DELIVERED", sampleContentProvided: true, refundPreference: "GRANT_PRORATED"), 4000000),
+                (.init(customerConsented: true, deliveryStatus: "DELIVERED", sampleContentProvided: true, refundPreference: "GRANT_PRORATED", consumptionPercentage: 0), 4000000),
+                (.init(customerConsented: true, deliveryStatus: "UNDELIVERED_OTHER", sampleContentProvided: true, refundPreference: "GRANT_PRORATED", consumptionPercentage: 0), 4000000),
+            ]
+            for (body, code) in refused {
+                do {
+                    try await api.sendConsumptionInformation("8100010", body)
+                    Issue.record("taken: \(body)")
+                } catch let error as AppStoreServerAPIError {
+                    #expect(error.status == 400 && error.appleErrorCode == code && error.code == "apple-api-refused", "\(body): \(error)")
+                }
+            }
+            #expect(await standIn.writes.isEmpty, "a refused answer is not taken")
+            let taken: [Body] = [
+                .init(customerConsented: true, deliveryStatus: "UNDELIVERED_SERVER_OUTAGE", sampleContentProvided: false, refundPreference: "GRANT_FULL", consumptionPercentage: 0),
+                .init(customerConsented: true, deliveryStatus: "DELIVERED", sampleContentProvided: true, refundPreference: "GRANT_PRORATED", consumptionPercentage: 99_999),
+                .init(customerConsented: true, deliveryStatus: "DELIVERED", sampleContentProvided: false, refundPreference: "DECLINE", consumptionPercentage: 100_000),
+            ]
+            for body in taken { try await api.sendConsumptionInformation("8100011", body) }
+            #expect(await standIn.writes.count == taken.count)
+        }
+    }
+
+    @Test("notification history: the stand-in refuses a start too far back for its environment, after the end, and an expired token, with Apple's errorCode")
+    func notificationHistoryRefusals() async throws {
+        await standIn.setNotifications([
+            .init(revision: "h1", hasMore: true, signedTransactions: []),
+            .init(revision: "h2", hasMore: false, signedTransactions: []),
+        ])
+        let production = AppStoreServerStandIn(bundleID: TestApple.bundleId, environment: "Production")
+        try await standIn.run { base in
+            let api = try await client(base)
+            let now = Date()
+            func refusal(_ start: Date, _ end: Date, _ token: String? = nil) async -> Int? {
+                do {
+                    _ = try await api.notificationHistory(startDate: start, endDate: end, paginationToken: token)
+                    return nil
+                } catch let error as AppStoreServerAPIError {
+                    return error.status == 400 ? error.appleErrorCode : -1
+                } catch {
+                    return -2
+                }
+            }
+            #expect(await refusal(now.addingTimeInterval(-31 * 86_400), now) == 4000012, "the sandbox keeps 30 days")
+            #expect(await refusal(now.addingTimeInterval(-29 * 86_400), now) == nil)
+            #expect(await refusal(now, now.addingTimeInterval(-60)) == 4000013)
+            #expect(await refusal(now.addingTimeInterval(-60), now, "unknown") == 4000014)
+            let first = try await api.notificationHistory(startDate: now.addingTimeInterval(-60), endDate: now)
+            await standIn.expireNotificationTokens()
+            #expect(await refusal(now.addingTimeInterval(-60), now, first.paginationToken) == 4000017)
+            // Handed out again: good again.
+            let again = try await api.notificationHistory(startDate: now.addingTimeInterval(-60), endDate: now)
+            #expect(await refusal(now.addingTimeInterval(-60), now, again.paginationToken) == nil)
+        }
+        try await production.run { base in
+            let api = try await AppStoreServerAPI(settings: production.settings(baseURL: base), logger: AppStoreServerAPITests.logger)
+            let now = Date()
+            _ = try await api.notificationHistory(startDate: now.addingTimeInterval(-179 * 86_400), endDate: now)
+            await #expect(throws: AppStoreServerAPIError.self, "production keeps 180 days") {
+                _ = try await api.notificationHistory(startDate: now.addingTimeInterval(-181 * 86_400), endDate: now)
+            }
+        }
+    }
+
     @Test("finish transaction: an answer slower than the time-out is retried, and a 500 storm ends in a clear error")
     func finish() async throws {
         try await standIn.run { base in

@@ -6,6 +6,7 @@ import LedgerServer
 import LedgerServices
 import LedgerStore
 import LedgerTestSupport
+import Synchronization
 import Testing
 
 @Suite("Backfills from Apple's history: notifications missed, refunds never heard of")
@@ -98,6 +99,104 @@ struct AppleBackfillTests {
             let refunds = try await scalar(db, "SELECT count(*)::int FROM events WHERE stream_id = 'order-n-1' AND type = 'refunded'", as: Int.self)
             #expect(refunds == 1)
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
+        }
+    }
+
+    /// Two pages of history, and a backfill stopped after the first: its next page's token is stored.
+    func stoppedAfterFirstPage(_ base: String, _ db: TestDatabase, first: String) async throws -> NotificationBackfill {
+        await standIn.setNotifications([
+            .init(revision: "\(first)-2", hasMore: true, signedTransactions: [
+                try await apple.notification("CONSUMPTION_REQUEST", transaction: TestApple.transaction("\(first)1"))]),
+            .init(revision: "\(first)-3", hasMore: false, signedTransactions: [
+                try await apple.notification("CONSUMPTION_REQUEST", transaction: TestApple.transaction("\(first)2"))]),
+        ])
+        var backfill = try backfill(base, db)
+        backfill.maximumPages = 1
+        let stopped = try await backfill.run()
+        #expect(!stopped.finished && stopped.notifications == 1, "\(stopped)")
+        backfill.maximumPages = 100
+        return backfill
+    }
+
+    func storedToken(_ db: TestDatabase) async throws -> String? {
+        try await scalar(db, "SELECT pagination_token FROM apple_notification_backfill", as: String?.self) ?? nil
+    }
+
+    @Test("the backfill knows the environment of the API client: Apple's hosts by name, any other host by the configured environment")
+    func backfillEnvironment() {
+        #expect(NotificationBackfill.environment(baseURL: "https://api.storekit-sandbox.apple.com", configured: .production) == .sandbox)
+        #expect(NotificationBackfill.environment(baseURL: "https://api.storekit-sandbox.itunes.apple.com/", configured: nil) == .sandbox)
+        #expect(NotificationBackfill.environment(baseURL: "https://api.storekit.apple.com", configured: .sandbox) == .production)
+        #expect(NotificationBackfill.environment(baseURL: "https://api.storekit.itunes.apple.com", configured: nil) == .production)
+        #expect(NotificationBackfill.environment(baseURL: "http://127.0.0.1:8080", configured: .production) == .production)
+        #expect(NotificationBackfill.environment(baseURL: "http://127.0.0.1:8080", configured: nil) == .sandbox)
+        #expect(NotificationBackfill.keeps(.sandbox) == 30 * 86_400 && NotificationBackfill.keeps(.production) == 180 * 86_400)
+    }
+
+    @Test("a sandbox backfill never asks Apple for more than 30 days back: not from --since, not from a stored position older than that")
+    func sandboxBackfillWindow() async throws {
+        try await withBackfillApplication { _, db, base in
+            await standIn.setNotifications([.init(revision: "w-1", hasMore: false, signedTransactions: [
+                try await apple.notification("CONSUMPTION_REQUEST", transaction: TestApple.transaction("8510001"))])])
+            let backfill = try backfill(base, db)
+            let limit = Date(timeIntervalSinceNow: -30 * 86_400)
+            let fromSince = try await backfill.run(since: Date(timeIntervalSinceNow: -90 * 86_400))
+            #expect(fromSince.finished && fromSince.notifications == 1 && fromSince.restarted == nil && fromSince.refusal == nil, "\(fromSince)")
+            #expect((fromSince.startDate ?? .distantPast) > limit, "\(fromSince)")
+            // A position stored while Apple kept more (or by a production client) is not resumed past the sandbox's 30 days.
+            try await db.client.query("""
+                UPDATE apple_notification_backfill SET start_date = now() - interval '40 days', end_date = now() - interval '39 days',
+                       pagination_token = 'w-1', finished_at = NULL
+                """, logger: TestServer.logger)
+            let stale = try await backfill.run()
+            #expect(stale.finished && !stale.resumed && stale.refusal == nil, "\(stale)")
+            let asked = await standIn.notificationRequests
+            #expect(asked.count == 2 && asked.allSatisfy { ($0.startDate ?? .distantPast) > limit && $0.paginationToken == nil }, "\(asked)")
+        }
+    }
+
+    @Test("a stored position whose token expired: the run starts again once from the start Apple allows, finishes, and says why")
+    func backfillRestartsOnExpiredToken() async throws {
+        try await withBackfillApplication { _, db, base in
+            var backfill = try await stoppedAfterFirstPage(base, db, first: "852000")
+            #expect(try await storedToken(db) == "852000-2")
+            await standIn.expireNotificationTokens()
+            let reasons = Reasons()
+            backfill.restarted = { reason in reasons.add(reason) }
+            let summary = try await backfill.run()
+            #expect(summary.restarted == "PaginationTokenExpired" && summary.finished && summary.refusal == nil, "\(summary)")
+            #expect(summary.notifications == 2 && summary.repeated == 1 && summary.applied == 1, "read from the first page again: \(summary)")
+            #expect(reasons.all == ["PaginationTokenExpired"])
+            let asked = await standIn.notificationRequests.suffix(3).map(\.paginationToken)
+            #expect(asked == ["852000-2", nil, "852000-2"], "the expired token once, then from the start: \(asked)")
+            #expect(try await scalar(db, "SELECT finished_at IS NOT NULL FROM apple_notification_backfill", as: Bool.self) == true)
+        }
+    }
+
+    @Test("Apple's refusal stops a backfill run and says so; the next run does not repeat the refused request; a restart refused again stops too")
+    func backfillRefusalIsNotRepeated() async throws {
+        try await withBackfillApplication { _, db, base in
+            let backfill = try await stoppedAfterFirstPage(base, db, first: "853000")
+            // Apple refuses the stored request for a reason a restart would not mend.
+            await standIn.queue([.refused(status: 400, errorCode: 4000002)])
+            let refused = try await backfill.run()
+            #expect(refused.appleErrorCode == 4000002 && refused.refusal != nil && !refused.finished && refused.restarted == nil, "\(refused)")
+            #expect(try await storedToken(db) == nil)
+            #expect(try await scalar(db, "SELECT abandoned_because FROM apple_notification_backfill", as: String.self)?.contains("4000002") == true)
+            let before = await standIn.notificationRequests.count
+            let next = try await backfill.run()
+            #expect(next.finished && !next.resumed && next.refusal == nil, "\(next)")
+            let asked = await standIn.notificationRequests.dropFirst(before).map(\.paginationToken)
+            #expect(asked == [nil, "853000-2"], "the next run asks afresh from the first page, not with the refused token: \(asked)")
+
+            // Stopped again with a token; Apple refuses it as expired, then refuses the restart too: one restart, then the run stops.
+            var again = try await stoppedAfterFirstPage(base, db, first: "854000")
+            again.maximumPages = 100
+            await standIn.queue([.refused(status: 400, errorCode: 4000017), .refused(status: 400, errorCode: 4000012)])
+            let twice = try await again.run()
+            #expect(twice.restarted == "PaginationTokenExpired" && twice.appleErrorCode == 4000012 && !twice.finished, "\(twice)")
+            let last = try await again.run()
+            #expect(last.finished && last.refusal == nil && !last.resumed, "\(last)")
         }
     }
 
@@ -221,4 +320,11 @@ struct AppleBackfillTests {
             #expect(after.accounts == 3 && after.failed == 0, "the next pass reads them all: \(after)")
         }
     }
+}
+
+/// The reasons a backfill restarted, as its callback tells them.
+final class Reasons: Sendable {
+    private let reasons = Mutex<[String]>([])
+    func add(_ reason: String) { reasons.withLock { $0.append(reason) } }
+    var all: [String] { reasons.withLock { $0 } }
 }

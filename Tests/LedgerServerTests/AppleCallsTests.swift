@@ -151,8 +151,9 @@ struct AppleCallsTests {
                 #expect(body["sampleContentProvided"] as? Bool == true && body["refundPreference"] as? String == "DECLINE")
             }
             #expect(bodies["8200002"]?["deliveryStatus"] as? String == "UNDELIVERED_OTHER")
+            // Apple requires sampleContentProvided: the documented default, false, for a product the catalog does not describe.
             let uncatalogued = bodies["8200003"] ?? [:]
-            #expect(uncatalogued["sampleContentProvided"] == nil && uncatalogued["refundPreference"] == nil && uncatalogued.count == 3, "\(uncatalogued)")
+            #expect(uncatalogued["sampleContentProvided"] as? Bool == false && uncatalogued["refundPreference"] == nil && uncatalogued.count == 4, "\(uncatalogued)")
             #expect(bodies["8200004"]?["deliveryStatus"] as? String == "UNDELIVERED_OTHER")
 
             // Recorded where the request was, after it: on the order's stream, or the pooled transaction's.
@@ -179,6 +180,80 @@ struct AppleCallsTests {
             let totals = report["totals"] as? [String: Any] ?? [:]
             #expect(totals["consumptionAnswered"] as? Int == requests.count, "\(totals)")
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
+        }
+    }
+
+    @Test("consumption answers Apple takes: sampleContentProvided always sent, GRANT_PRORATED only with a share consumed, else the preference it comes to, recorded with why")
+    func consumptionAnswersAppleTakes() async throws {
+        try await withCallsApplication { http, db, base in
+            try await http.send(.put, "/v1/products/gems.prorated", json: ["sampleContentProvided": true, "refundPreference": "GRANT_PRORATED"])
+            // The catalog says nothing of a sample: the default (false) is sent, and the answer says it was defaulted.
+            try await http.send(.put, "/v1/products/gems.unsaid", json: ["refundPreference": "DECLINE"])
+            // (delivered consumptionPercentage or nil when not delivered, failed reason) -> (refundPreference, consumptionPercentage, preferenceAdjusted)
+            let cases: [(id: String, product: String, consumed: Int??, failed: String?, preference: String?, percentage: Int?, adjusted: String?)] = [
+                ("8250001", "gems.prorated", .some(40_000), nil, "GRANT_PRORATED", 40_000, nil),
+                ("8250002", "gems.prorated", .some(0), nil, "GRANT_FULL", 0, "nothing-consumed"),
+                ("8250003", "gems.prorated", .some(100_000), nil, "DECLINE", 100_000, "fully-consumed"),
+                ("8250004", "gems.prorated", .some(nil), nil, nil, nil, "no-consumption-percentage"),
+                ("8250005", "gems.prorated", nil, "server-outage", "GRANT_FULL", 0, "not-delivered"),
+                ("8250006", "gems.prorated", nil, nil, "GRANT_FULL", 0, "not-delivered"),
+                ("8250007", "gems.unsaid", .some(10_000), nil, "DECLINE", 10_000, nil),
+            ]
+            for item in cases {
+                let transaction = try await verifiedOrder(http, "p-\(item.id)", item.id, product: item.product)
+                if let consumed = item.consumed {
+                    let data: [String: Any] = consumed.map { ["consumptionPercentage": $0] } ?? [:]
+                    try await http.send(.post, "/v1/orders/p-\(item.id)/events", json: ["type": "delivered", "data": data])
+                }
+                if let reason = item.failed {
+                    try await http.send(.post, "/v1/orders/p-\(item.id)/events", json: ["type": "failed", "data": ["reason": reason]])
+                }
+                _ = try await notify(http, try await apple.notification("CONSUMPTION_REQUEST", transaction: transaction, consumptionRequestReason: "UNINTENDED_PURCHASE"))
+            }
+            let summary = try await drain(appleCalls(standIn, base, db, switches: .init(consumption: true)), db)
+            #expect(summary.calls == ["consumption sent": cases.count], "every answer taken by a stand-in that refuses what Apple refuses: \(summary)")
+            let bodies = await consumptionBodies()
+            for item in cases {
+                let body = bodies[item.id] ?? [:]
+                #expect(body["customerConsented"] as? Bool == true && body["sampleContentProvided"] as? Bool == (item.product == "gems.prorated"), "\(item.id): \(body)")
+                #expect(body["refundPreference"] as? String == item.preference && body["consumptionPercentage"] as? Int == item.percentage, "\(item.id): \(body)")
+                let (_, order) = try await http.send(.get, "/v1/orders/p-\(item.id)")
+                let answer = (order["events"] as? [[String: Any]])?.last?["data"] as? [String: Any] ?? [:]
+                #expect(answer["outcome"] as? String == "sent" && answer["preferenceAdjusted"] as? String == item.adjusted, "\(item.id): \(answer)")
+                #expect(answer["refundPreference"] as? String == item.preference && answer["consumptionPercentage"] as? Int == item.percentage, "\(item.id): \(answer)")
+                #expect(answer["sampleContentDefaulted"] as? Bool == (item.product == "gems.unsaid" ? true : nil), "\(item.id): \(answer)")
+            }
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
+        }
+    }
+
+    @Test("a refused consumption answer shows Apple's errorCode on the order's stream and in dashboards.apple_calls, beside the calls still to make")
+    func refusalsWhereSupportLooks() async throws {
+        try await withCallsApplication { http, db, base in
+            let calls = appleCalls(standIn, base, db, switches: .init(consumption: true))
+            let refused = try await verifiedOrder(http, "r-refused", "8260001")
+            _ = try await notify(http, try await apple.notification("CONSUMPTION_REQUEST", transaction: refused))
+            await standIn.queue([.refused(status: 400, errorCode: 4000185)])
+            #expect(try await drain(calls, db).calls == ["consumption refused": 1])
+            let (_, order) = try await http.send(.get, "/v1/orders/r-refused")
+            let answer = (order["events"] as? [[String: Any]])?.last?["data"] as? [String: Any] ?? [:]
+            #expect(answer["outcome"] as? String == "refused" && answer["appleErrorCode"] as? Int == 4000185 && answer["error"] as? String == "apple-api-refused", "\(answer)")
+
+            let limited = try await verifiedOrder(http, "r-limited", "8260002")
+            _ = try await notify(http, try await apple.notification("CONSUMPTION_REQUEST", transaction: limited))
+            await standIn.queue([.tooManyRequests(after: .seconds(120))])
+            #expect(try await drain(calls, db).calls == ["consumption retrying": 1])
+
+            let rows = try await db.client.query(
+                "SELECT transaction_id, order_id, attempts, apple_error_code, outcome FROM dashboards.apple_calls ORDER BY transaction_id",
+                logger: TestServer.logger)
+            var seen: [String: (String?, Int, Int?, String?)] = [:]
+            for try await (transaction, order, attempts, code, outcome) in rows.decode((String, String?, Int, Int?, String?).self) {
+                seen[transaction] = (order, attempts, code, outcome)
+            }
+            #expect(seen["8260001"]?.0 == "r-refused" && seen["8260001"]?.2 == 4000185 && seen["8260001"]?.3 == "refused", "\(seen)")
+            #expect(seen["8260002"]?.1 == 1 && seen["8260002"]?.3 == nil, "still to make: \(seen)")
+            #expect(seen.count == 2, "\(seen)")
         }
     }
 

@@ -19,12 +19,19 @@ public struct ConsumptionAnswer: Codable, Sendable, Equatable {
     public var notificationUUID: UUID
     public var transactionId: TransactionID
     public var outcome: Outcome
-    /// The fields sent (or that would have been), as Apple names them.
+    /// The fields sent (or that would have been), as Apple names them. (`sampleContentProvided`
+    /// is absent only from answers recorded before the ledger always sent it.)
     public var deliveryStatus: DeliveryStatus
     public var customerConsented: Bool
     public var sampleContentProvided: Bool?
     public var refundPreference: String?
     public var consumptionPercentage: Int?
+    /// Why the catalog's `GRANT_PRORATED` was not sent as it is (`ConsumptionFields.Adjustment`);
+    /// absent when the catalog's preference was sent unchanged.
+    public var preferenceAdjusted: String?
+    /// True when the catalog had no `sampleContentProvided` for the product and the default
+    /// (`false`) was sent; absent otherwise.
+    public var sampleContentDefaulted: Bool?
     /// Calls made to Apple for it.
     public var attempts: Int
     /// Why it was not sent: the App Store Server API's error code, and Apple's own.
@@ -34,7 +41,8 @@ public struct ConsumptionAnswer: Codable, Sendable, Equatable {
     public init(
         notificationUUID: UUID, transactionId: TransactionID, outcome: Outcome, deliveryStatus: DeliveryStatus,
         customerConsented: Bool, sampleContentProvided: Bool? = nil, refundPreference: String? = nil,
-        consumptionPercentage: Int? = nil, attempts: Int, error: String? = nil, appleErrorCode: Int? = nil
+        consumptionPercentage: Int? = nil, preferenceAdjusted: String? = nil, sampleContentDefaulted: Bool? = nil, attempts: Int,
+        error: String? = nil, appleErrorCode: Int? = nil
     ) {
         self.notificationUUID = notificationUUID
         self.transactionId = transactionId
@@ -44,6 +52,8 @@ public struct ConsumptionAnswer: Codable, Sendable, Equatable {
         self.sampleContentProvided = sampleContentProvided
         self.refundPreference = refundPreference
         self.consumptionPercentage = consumptionPercentage
+        self.preferenceAdjusted = preferenceAdjusted
+        self.sampleContentDefaulted = sampleContentDefaulted
         self.attempts = attempts
         self.error = error
         self.appleErrorCode = appleErrorCode
@@ -77,6 +87,59 @@ public enum DeliveryStatus: String, Codable, Sendable, CaseIterable {
         "server-outage": .serverOutage,
         "delivery-failed": .serverOutage,
     ]
+}
+
+/// What a consumption answer sends, made from the ledger's facts so that Apple takes it
+/// (docs/apple.md, "Consumption answers"): every field Apple requires, and only the combinations
+/// Apple's field rules allow. Apple refuses a `consumptionPercentage` other than 0 with a
+/// `deliveryStatus` other than `DELIVERED`, and `GRANT_PRORATED` without a percentage above 0
+/// and below 100,000; the ledger then sends the preference a prorated refund comes to, or none.
+public struct ConsumptionFields: Sendable, Equatable {
+    public var deliveryStatus: DeliveryStatus
+    public var sampleContentProvided: Bool
+    public var refundPreference: RefundPreference?
+    public var consumptionPercentage: Int?
+    /// Why the catalog's preference was changed; nil when it was sent as it is.
+    public var preferenceAdjusted: Adjustment?
+    /// The catalog had no `sampleContentProvided`: `defaultSampleContentProvided` was sent.
+    public var sampleContentDefaulted: Bool
+
+    /// Why `GRANT_PRORATED` was not sent.
+    public enum Adjustment: String, Codable, Sendable, CaseIterable {
+        /// Not delivered: nothing was consumed, so a prorated refund is a full one (`GRANT_FULL`).
+        case notDelivered = "not-delivered"
+        /// Delivered and 0 consumed: a prorated refund is a full one (`GRANT_FULL`).
+        case nothingConsumed = "nothing-consumed"
+        /// Delivered and all of it consumed: a prorated refund is nothing (`DECLINE`).
+        case fullyConsumed = "fully-consumed"
+        /// Delivered, and the backend gave no `consumptionPercentage`: no share to prorate by, so
+        /// no preference is sent and Apple decides on its own factors.
+        case noConsumptionPercentage = "no-consumption-percentage"
+    }
+
+    /// What is sent when the catalog does not say whether a sample or trial was offered: the
+    /// ledger does not claim one it does not know of.
+    public static let defaultSampleContentProvided = false
+
+    /// The fields for a transaction whose order is in `deliveryStatus`, `consumed` the last
+    /// `delivered` event's `consumptionPercentage`, and the catalog's two values for its product.
+    public init(deliveryStatus: DeliveryStatus, consumed: Int?, sampleContentProvided: Bool?, refundPreference: RefundPreference?) {
+        self.deliveryStatus = deliveryStatus
+        self.sampleContentProvided = sampleContentProvided ?? Self.defaultSampleContentProvided
+        sampleContentDefaulted = sampleContentProvided == nil
+        // Not delivered: 0, as Apple asks; delivered: the backend's figure, when it gave one.
+        consumptionPercentage = deliveryStatus == .delivered ? consumed : 0
+        self.refundPreference = refundPreference
+        preferenceAdjusted = nil
+        guard refundPreference == .grantProrated else { return }
+        switch (deliveryStatus, consumptionPercentage) {
+        case (.delivered, nil): (self.refundPreference, preferenceAdjusted) = (nil, .noConsumptionPercentage)
+        case (.delivered, let share?) where share <= 0: (self.refundPreference, preferenceAdjusted) = (.grantFull, .nothingConsumed)
+        case (.delivered, let share?) where share >= 100_000: (self.refundPreference, preferenceAdjusted) = (.decline, .fullyConsumed)
+        case (.delivered, _): break
+        default: (self.refundPreference, preferenceAdjusted) = (.grantFull, .notDelivered)
+        }
+    }
 }
 
 /// The catalog's refund preference for a product (Send Consumption Information v2's
