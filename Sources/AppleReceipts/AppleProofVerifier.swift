@@ -40,24 +40,34 @@ public struct AppleProofVerifier: Sendable {
     /// `transaction(signed:)` for a purchase to be granted: one Apple has refunded or revoked
     /// (StoreKit hands such transactions to the app too) is refused with `transaction-revoked`.
     public func verifiedPurchase(signed jws: String) async throws(AppleVerificationError) -> AppleTransaction {
-        let (transaction, revoked, _) = try await transactionAndRevocation(signed: jws)
-        if let revoked {
+        let (transaction, revocation) = try await transactionAndRevocation(signed: jws)
+        if let revocation {
             throw AppleVerificationError(
                 code: "transaction-revoked",
-                message: "Apple refunded or revoked transaction \(transaction.transactionId) at \(revoked.ISO8601Format()): it is never granted")
+                message: "Apple refunded or revoked transaction \(transaction.transactionId) at \(revocation.date.ISO8601Format()): it is never granted")
         }
         return transaction
     }
 
-    /// `transaction(signed:)`, with when Apple refunded or revoked it, if it did (Apple's
+    /// `transaction(signed:)`, with how Apple refunded or revoked it, if it did (Apple's
     /// histories list such transactions too).
     public func transactionAndRevocation(
         signed jws: String
-    ) async throws(AppleVerificationError) -> (transaction: AppleTransaction, revoked: Date?, revocationReason: Int?) {
+    ) async throws(AppleVerificationError) -> (transaction: AppleTransaction, revocation: Revocation?) {
         let payload = try await signedData.verify(jws, as: SignedTransactionPayload.self)
         try check(bundleId: payload.bundleId, environment: payload.environment)
-        return (try Self.transaction(payload, sha256: Self.sha256(jws)), payload.revocationDate.map(Date.init(millisecondsSince1970:)),
-                payload.revocationReason)
+        return (try Self.transaction(payload, sha256: Self.sha256(jws)), Self.revocation(payload))
+    }
+
+    /// What a signed transaction says of its refund or revocation: nil when it has no
+    /// `revocationDate`. A `revocationType` the ledger does not know, or a percentage outside
+    /// Apple's 0...100000, is left out: the refund then counts as full.
+    static func revocation(_ payload: SignedTransactionPayload) -> Revocation? {
+        guard let date = payload.revocationDate else { return nil }
+        return Revocation(
+            date: Date(millisecondsSince1970: date), reason: payload.revocationReason,
+            type: payload.revocationType.flatMap(RevocationType.init(rawValue:)),
+            percentage: payload.revocationPercentage.flatMap { (0...100_000).contains($0) ? $0 : nil })
     }
 
     /// The Apple account a signed `AppTransaction` names, verified like a transaction (chain,
@@ -83,21 +93,20 @@ public struct AppleProofVerifier: Sendable {
             throw .malformed("notificationUUID is not a UUID")
         }
         var transaction: AppleTransaction?
-        var revocation: (date: Date, reason: Int?)?
+        var revocation: Revocation?
         try checkApp(of: payload)
         if let data = payload.data {
             if let signedTransaction = data.signedTransactionInfo {
                 let inner = try await signedData.verify(signedTransaction, as: SignedTransactionPayload.self)
                 try check(bundleId: inner.bundleId, environment: inner.environment)
                 transaction = try Self.transaction(inner, sha256: Self.sha256(signedTransaction))
-                if let date = inner.revocationDate { revocation = (Date(millisecondsSince1970: date), inner.revocationReason) }
+                revocation = Self.revocation(inner)
             }
         }
         return VerifiedNotification(
             notificationUUID: uuid, notificationType: payload.notificationType, subtype: payload.subtype,
             signedDate: payload.signedAt, transaction: transaction,
-            revocationDate: revocation?.date, revocationReason: revocation?.reason,
-            consumptionRequestReason: payload.data?.consumptionRequestReason)
+            revocation: revocation, consumptionRequestReason: payload.data?.consumptionRequestReason)
     }
 
     /// The transactions of a legacy app receipt, as Apple's verifyReceipt reports them.
@@ -183,8 +192,8 @@ public struct VerifiedNotification: Sendable, Equatable {
     public var subtype: String?
     public var signedDate: Date
     public var transaction: AppleTransaction?
-    public var revocationDate: Date?
-    public var revocationReason: Int?
+    /// How Apple refunded or revoked the transaction, when it did.
+    public var revocation: Revocation?
     /// Why the customer asked for a refund (`CONSUMPTION_REQUEST` only).
     public var consumptionRequestReason: String?
 }

@@ -35,12 +35,17 @@ public struct SignedTransactionPayload: AppleSignedPayload, Equatable {
     public var currency: String?
     public var revocationDate: Int64?
     public var revocationReason: Int?
+    /// `REFUND_FULL`, `REFUND_PRORATED` or `FAMILY_REVOKE` (Apple's `revocationType`).
+    public var revocationType: String?
+    /// Thousandths of a percent refunded, 0...100000 (Apple's `revocationPercentage`).
+    public var revocationPercentage: Int?
 
     public init(
         transactionId: String, originalTransactionId: String? = nil, bundleId: String, productId: String,
         purchaseDate: Int64, signedDate: Int64, environment: String, quantity: Int? = 1, type: String? = "Consumable",
         appAccountToken: String? = nil, appTransactionId: String? = nil, inAppOwnershipType: String? = "PURCHASED",
-        price: Int64? = nil, currency: String? = nil, revocationDate: Int64? = nil, revocationReason: Int? = nil
+        price: Int64? = nil, currency: String? = nil, revocationDate: Int64? = nil, revocationReason: Int? = nil,
+        revocationType: String? = nil, revocationPercentage: Int? = nil
     ) {
         self.transactionId = transactionId
         self.originalTransactionId = originalTransactionId
@@ -58,6 +63,8 @@ public struct SignedTransactionPayload: AppleSignedPayload, Equatable {
         self.currency = currency
         self.revocationDate = revocationDate
         self.revocationReason = revocationReason
+        self.revocationType = revocationType
+        self.revocationPercentage = revocationPercentage
     }
 }
 

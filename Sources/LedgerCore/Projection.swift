@@ -49,6 +49,12 @@ public enum Projection {
             row.status = status
             row.updatedAt = date
             return row
+        case .familyShareRevoked:
+            // Waiting in the pool: never granted. Held by an order: the order's, untouched.
+            guard var row, row.orderId == nil else { return row }
+            row.status = .refunded
+            row.updatedAt = date
+            return row
         case .matched, .consumptionAnswer:
             // The claim (`receipt-received` on the order) moves the row; this records the pairing.
             return row

@@ -200,8 +200,8 @@ public struct HistorySweep: Sendable {
         for jws in signed {
             summary.transactions += 1
             do {
-                let (transaction, revoked, _) = try await verifier.transactionAndRevocation(signed: jws)
-                if let revoked {
+                let (transaction, revocation) = try await verifier.transactionAndRevocation(signed: jws)
+                if let revoked = revocation?.date {
                     // Never granted from here: a refund reaches the ledger by notification.
                     summary.revoked += 1
                     logger.info("a refunded or revoked transaction in Apple's history was not taken in", metadata: [

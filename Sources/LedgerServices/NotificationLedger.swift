@@ -6,8 +6,10 @@ import LedgerStore
 import Logging
 
 /// Applies App Store Server Notifications: refunds and their reversals change the order, every
-/// other type is recorded on the stream of the order (or pooled transaction) it concerns. The
-/// notification's UUID is the id of the event it appends, so Apple's retries apply it once.
+/// other type is recorded on the stream of the order (or pooled transaction) it concerns; the end
+/// of a family member's shared access is recorded on the transaction's own stream and changes no
+/// order. The notification's UUID is the id of the event it appends, so Apple's retries apply it
+/// once.
 public struct NotificationLedger: Sendable {
     let database: Database
     let writer: LedgerWriter
@@ -27,14 +29,17 @@ public struct NotificationLedger: Sendable {
     public struct Notification: Sendable {
         public var record: NotificationReceived
         public var transaction: AppleTransaction?
-        public var revocationDate: Date?
-        public var revocationReason: Int?
+        /// How Apple refunded or revoked the transaction, as its signed transaction says.
+        public var revocation: Revocation?
+        /// True for a refund the refund catch-up read in Apple's refund history: no notification
+        /// said it, so its `refunded` names none.
+        public var fromRefundHistory: Bool
 
-        public init(record: NotificationReceived, transaction: AppleTransaction?, revocationDate: Date?, revocationReason: Int?) {
+        public init(record: NotificationReceived, transaction: AppleTransaction?, revocation: Revocation?, fromRefundHistory: Bool = false) {
             self.record = record
             self.transaction = transaction
-            self.revocationDate = revocationDate
-            self.revocationReason = revocationReason
+            self.revocation = revocation
+            self.fromRefundHistory = fromRefundHistory
         }
     }
 
@@ -65,22 +70,25 @@ public struct NotificationLedger: Sendable {
             let id = transaction.transactionId
             try await receipts.lockTransaction(id, in: tx)
             var known = try await writer.read(orders: [], transactions: [id], in: tx).transaction(id)
+            let type = record.notificationType
+            let revocation = notification.revocation ?? Revocation(date: record.signedDate)
+            if AppleTransactionRecord.poolStatus(after: type) == .refunded, revocation.endsFamilyShare(of: transaction) {
+                return try await recordFamilyRevocation(
+                    transaction, revocation, notification, known: known, eventID: eventID, metadata: metadata, in: tx)
+            }
             if known == nil {
                 // Unknown to the ledger: tied to its order by appAccountToken, or into the pool.
                 _ = try await receipts.apply(transaction, claim: .init(userId: nil, orderId: nil), metadata: metadata, in: tx)
                 known = try await writer.read(orders: [], transactions: [id], in: tx).transaction(id)
             }
             guard let holder = known else { throw OrderLedgerError.duplicateTransaction(id) }
-            let type = record.notificationType
             if let orderID = holder.orderId {
                 try await writer.lock([orderID.streamID], in: tx)
                 let snapshot = try await writer.read(orders: [orderID], transactions: [], in: tx)
                 if let order = snapshot.order(orderID) {
                     var event = OrderEvent.notificationReceived(record)
                     if AppleTransactionRecord.poolStatus(after: type) == .refunded, OrderTransitions.isAllowed(.refunded, from: order.state) {
-                        event = .refunded(Refunded(
-                            revocationDate: notification.revocationDate ?? record.signedDate,
-                            revocationReason: notification.revocationReason, revocationType: type))
+                        event = .refunded(Refunded(revocation, notificationType: notification.fromRefundHistory ? nil : type))
                     } else if type == "REFUND_REVERSED", OrderTransitions.isAllowed(.refundReversed, from: order.state) {
                         event = .refundReversed
                     }
@@ -104,8 +112,30 @@ extension NotificationLedger {
             subtype: notification.subtype, transactionId: notification.transaction?.transactionId, signedDate: notification.signedDate,
             consumptionRequestReason: notification.consumptionRequestReason)
         return try await apply(
-            .init(record: record, transaction: notification.transaction, revocationDate: notification.revocationDate,
-                  revocationReason: notification.revocationReason),
+            .init(record: record, transaction: notification.transaction, revocation: notification.revocation),
             metadata: metadata)
+    }
+
+    /// Apple ended a family member's shared access: `family-share-revoked` on the transaction's
+    /// own stream, never `refunded` on an order, so no order changes and no money moves. A
+    /// transaction the ledger did not know enters the pool with it and is never granted; it is not
+    /// tied to an order, which a shared purchase never pays.
+    private func recordFamilyRevocation(
+        _ transaction: AppleTransaction, _ revocation: Revocation, _ notification: Notification, known: AppleTransactionRecord?,
+        eventID: EventID, metadata: Data, in tx: DatabaseTransaction
+    ) async throws -> Applied {
+        let record = notification.record
+        let body = FamilyShareRevoked(
+            transactionId: transaction.transactionId, orderId: known?.orderId, inAppOwnershipType: transaction.inAppOwnershipType,
+            revocation: revocation, notificationType: notification.fromRefundHistory ? nil : record.notificationType,
+            notificationUUID: notification.fromRefundHistory ? nil : record.notificationUUID)
+        var events: [NewEvent] = []
+        if known == nil {
+            events += try ReceiptLedger.poolAppend(transaction, userId: nil, claimedOrder: nil, reason: "family-share-revoked", metadata: metadata).events
+        }
+        events.append(try EventCoding.newEvent(TransactionEvent.familyShareRevoked(body), id: eventID, metadata: metadata))
+        let stream = transaction.transactionId.streamID
+        _ = try await writer.append(LedgerWriter.Write(LedgerWriter.Append(events, to: stream)), in: tx)
+        return Applied(appended: true, streamId: stream, type: TransactionEventType.familyShareRevoked.rawValue)
     }
 }

@@ -112,12 +112,12 @@ public struct RefundCatchUp: Sendable {
             let page = try await client.refundHistory(account.transactionId, revision: revision)
             summary.pages += 1
             var held = false
-            var refunds: [(transaction: AppleTransaction, revoked: Date, reason: Int?)] = []
+            var refunds: [(transaction: AppleTransaction, revocation: Revocation)] = []
             for jws in page.signedTransactions {
                 summary.transactions += 1
                 do {
-                    let (transaction, revoked, reason) = try await verifier.transactionAndRevocation(signed: jws)
-                    if let revoked { refunds.append((transaction, revoked, reason)) } else { summary.known += 1 }
+                    let (transaction, revocation) = try await verifier.transactionAndRevocation(signed: jws)
+                    if let revocation { refunds.append((transaction, revocation)) } else { summary.known += 1 }
                 } catch {
                     if error.isRetryable { throw error }
                     held = true
@@ -127,16 +127,16 @@ public struct RefundCatchUp: Sendable {
                 }
             }
             let recorded = try await pool.refundsRecorded(refunds.map(\.transaction.transactionId))
-            for (transaction, revoked, reason) in refunds {
+            for (transaction, revocation) in refunds {
                 guard !recorded.contains(transaction.transactionId) else {
                     summary.known += 1
                     continue
                 }
                 let record = NotificationReceived(
                     notificationUUID: EventID.named("refund-history", transaction.transactionId.rawValue).uuid, notificationType: "REFUND",
-                    subtype: nil, transactionId: transaction.transactionId, signedDate: revoked)
+                    subtype: nil, transactionId: transaction.transactionId, signedDate: revocation.date)
                 let result = try await notifications.apply(
-                    .init(record: record, transaction: transaction, revocationDate: revoked, revocationReason: reason), metadata: metadata)
+                    .init(record: record, transaction: transaction, revocation: revocation, fromRefundHistory: true), metadata: metadata)
                 if result.appended {
                     summary.applied += 1
                 } else {

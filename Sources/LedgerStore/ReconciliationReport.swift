@@ -19,7 +19,12 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         public var failed = 0
         public var failedByReason: [String: Int] = [:]
         public var refunded = 0
-        /// Verified minus refunded, from the orders' prices (price × quantity), as a decimal string.
+        /// What the refunds took back, as a decimal string: of each refunded order's price ×
+        /// quantity, the share Apple refunded (`revocationPercentage` of a `REFUND_PRORATED`; all
+        /// of it for a full refund, or one recorded before the ledger read Apple's type).
+        public var refundedAmount = "0"
+        /// Verified minus what refunds took back, from the orders' prices (price × quantity), as
+        /// a decimal string.
         public var revenue = "0"
         public var pairingsByRule: [String: Int] = [:]
         public var ambiguousPairings = 0
@@ -61,15 +66,26 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
     public static func make(database: Database, from: Date, to: Date) async throws -> ReconciliationReport {
         var rows: [String: Row] = [:]
         var revenue: [String: Decimal] = [:]
+        var refundedAmount: [String: Decimal] = [:]
         func key(_ day: String, _ product: String, _ currency: String?) -> String { "\(day)\u{1F}\(product)\u{1F}\(currency ?? "")" }
 
+        // A refund's amount is its share of the order's (sql/migrations/010_prorated_refunds.sql
+        // states the same rule for dashboards.daily_orders): a prorated refund's percentage (in
+        // thousandths), a family revocation none, any other (a full refund, or one stored when
+        // `revocationType` held the notification's type) all.
         let orderRows = try await database.query(
             """
             SELECT to_char(e.recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), o.product_id, o.currency, e.type,
                    CASE e.type WHEN 'failed' THEN coalesce(e.data->>'reason', '') WHEN 'pairing-undone' THEN coalesce(e.data->>'fromState', '')
                                WHEN 'consumption-answer' THEN coalesce(e.data->>'outcome', '')
                                WHEN 'refunded' THEN CASE WHEN e.metadata ? 'refundCatchUp' THEN 'caught-up' ELSE '' END ELSE '' END,
-                   count(*)::int, coalesce(sum(o.price * o.quantity), 0)::text
+                   count(*)::int,
+                   trim_scale(coalesce(sum(o.price * o.quantity * CASE
+                       WHEN e.type <> 'refunded' THEN 1
+                       WHEN e.data->>'revocationType' = 'REFUND_PRORATED' AND jsonb_typeof(e.data->'revocationPercentage') = 'number'
+                           THEN least(greatest((e.data->>'revocationPercentage')::numeric, 0), 100000) / 100000
+                       WHEN e.data->>'revocationType' = 'FAMILY_REVOKE' THEN 0
+                       ELSE 1 END), 0))::text
             FROM events e JOIN orders o ON o.order_id = substr(e.stream_id, 7)
             WHERE e.stream_id LIKE 'order-%' AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
               AND e.type IN ('created', 'verified', 'delivered', 'finished', 'failed', 'refunded', 'pairing-undone', 'consumption-answer')
@@ -92,6 +108,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
                 row.refunded += count
                 if reason == "caught-up" { row.refundsCaughtUp += count }
                 revenue[k, default: 0] -= Decimal(string: amount) ?? 0
+                refundedAmount[k, default: 0] += Decimal(string: amount) ?? 0
             case "pairing-undone":
                 row.undonePairings += count
                 // A verified order's revenue goes with its pairing (it counts again when paired anew).
@@ -140,10 +157,12 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         var sorted = rows.sorted { $0.key < $1.key }.map { entry -> Row in
             var row = entry.value
             row.revenue = "\(revenue[entry.key] ?? 0)"
+            row.refundedAmount = "\(refundedAmount[entry.key] ?? 0)"
             return row
         }
         var totals = Row(day: "total", productId: "total", currency: nil)
         var totalRevenue: Decimal = 0
+        var totalRefunded: Decimal = 0
         for row in sorted {
             totals.ordersCreated += row.ordersCreated
             totals.verified += row.verified
@@ -161,8 +180,10 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             totals.consumptionTooLate += row.consumptionTooLate
             totals.refundsCaughtUp += row.refundsCaughtUp
             totalRevenue += Decimal(string: row.revenue) ?? 0
+            totalRefunded += Decimal(string: row.refundedAmount) ?? 0
         }
         totals.revenue = "\(totalRevenue)"
+        totals.refundedAmount = "\(totalRefunded)"
         if sorted.isEmpty { sorted = [] }
 
         var pool = Pool()
@@ -186,7 +207,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
 
     /// The report as CSV: one line per row and a totals line; maps as `key=count` lists.
     public var csv: String {
-        var lines = ["day,product_id,currency,orders_created,verified,delivered,finished,failed,failed_by_reason,refunded,revenue,pairings_by_rule,ambiguous_pairings,support_pairings,undone_pairings,consumption_answered,consumption_failed,consumption_too_late,refunds_caught_up"]
+        var lines = ["day,product_id,currency,orders_created,verified,delivered,finished,failed,failed_by_reason,refunded,revenue,pairings_by_rule,ambiguous_pairings,support_pairings,undone_pairings,consumption_answered,consumption_failed,consumption_too_late,refunds_caught_up,refunded_amount"]
         func map(_ values: [String: Int]) -> String { values.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ";") }
         func field(_ text: String) -> String {
             text.contains(where: { $0 == "," || $0 == "\"" || $0 == "\n" }) ? "\"" + text.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : text
@@ -198,7 +219,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             ]
             let pairings: [String] = [map(row.pairingsByRule), String(row.ambiguousPairings), String(row.supportPairings), String(row.undonePairings)]
             let apple: [Int] = [row.consumptionAnswered, row.consumptionFailed, row.consumptionTooLate, row.refundsCaughtUp]
-            lines.append((orders + pairings + apple.map(String.init)).map(field).joined(separator: ","))
+            lines.append((orders + pairings + apple.map(String.init) + [row.refundedAmount]).map(field).joined(separator: ","))
         }
         lines.append("")
         lines.append("unmatched_count,oldest_age_seconds,under_1h,1h_1d,1d_7d,over_7d")

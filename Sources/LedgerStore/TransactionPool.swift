@@ -26,14 +26,17 @@ public struct TransactionPool: Sendable {
     }
 
     /// Which of `transactions` the ledger already has refunded: by their order's state, or their
-    /// pool row's.
+    /// pool row's, or, for a family member's transaction, its stream's `family-share-revoked`
+    /// (which leaves the order that holds it as it was).
     public func refundsRecorded(_ transactions: [TransactionID]) async throws -> Set<TransactionID> {
         guard !transactions.isEmpty else { return [] }
         let rows = try await database.query(
             """
             SELECT t.transaction_id
               FROM apple_transactions t LEFT JOIN orders o ON o.order_id = t.order_id
-             WHERE t.transaction_id = ANY(\(transactions.map(\.rawValue))) AND (o.state = 'refunded' OR t.status = 'refunded')
+             WHERE t.transaction_id = ANY(\(transactions.map(\.rawValue)))
+               AND (o.state = 'refunded' OR t.status = 'refunded'
+                    OR EXISTS (SELECT 1 FROM events e WHERE e.stream_id = 'transaction-' || t.transaction_id AND e.type = 'family-share-revoked'))
             """)
         var recorded: Set<TransactionID> = []
         for try await id in rows.decode(String.self) { recorded.insert(TransactionID(unchecked: id)) }

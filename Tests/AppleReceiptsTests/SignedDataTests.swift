@@ -1,6 +1,7 @@
 import AppleReceipts
 import Foundation
 import JWTKit
+import LedgerCore
 import LedgerTestSupport
 import Testing
 import X509
@@ -45,6 +46,30 @@ struct SignedDataTests {
         #expect(transaction.environment == "Sandbox")
         #expect(transaction.format == .jws)
         #expect(transaction.receiptSha256.count == 64)
+    }
+
+    @Test("Apple's revocationType and revocationPercentage are read from a signed transaction, alone or in a notification")
+    func revocations() async throws {
+        let verifier = try verifier(trusting: apple)
+        var prorated = TestApple.transaction("2000000002")
+        prorated.revocationDate = 1_800_000_000_000
+        prorated.revocationReason = 1
+        prorated.revocationType = "REFUND_PRORATED"
+        prorated.revocationPercentage = 25_000
+        let expected = Revocation(date: Date(timeIntervalSince1970: 1_800_000_000), reason: 1, type: .refundProrated, percentage: 25_000)
+        #expect(try await verifier.transactionAndRevocation(signed: try await apple.sign(prorated)).revocation == expected)
+        #expect(try await verifier.notification(signed: try await apple.notification("REFUND", transaction: prorated)).revocation == expected)
+        var family = TestApple.transaction("2000000003")
+        family.revocationDate = 1_800_000_000_000
+        family.revocationType = "FAMILY_REVOKE"
+        family.inAppOwnershipType = "FAMILY_SHARED"
+        #expect(try await verifier.transactionAndRevocation(signed: try await apple.sign(family)).revocation?.type == .familyRevoke)
+        // A type the ledger does not know, or a percentage outside Apple's range, is left out: a full refund.
+        prorated.revocationType = "REFUND_SOMEHOW"
+        prorated.revocationPercentage = 100_001
+        let unknown = try await verifier.transactionAndRevocation(signed: try await apple.sign(prorated)).revocation
+        #expect(unknown?.type == nil && unknown?.percentage == nil && unknown?.date == expected.date)
+        #expect(try await verifier.transactionAndRevocation(signed: try await apple.sign(TestApple.transaction("2000000004"))).revocation == nil)
     }
 
     @Test("the same chain verifies many tokens (cached) and each token's signature is still checked")

@@ -86,4 +86,25 @@ struct ProjectionRulesTests {
         let again = Projection.apply(receipt, to: claimed.order, id: orderID, claimed: claimed.claimed, version: 2, at: at.addingTimeInterval(9))
         #expect(again.order == claimed.order && again.claimed == claimed.claimed)
     }
+
+    @Test("family-share-revoked keeps a pooled transaction from being granted and leaves a claimed one, and its order, as they were")
+    func familyShareRevoked() throws {
+        var shared = pooled.transaction
+        shared.inAppOwnershipType = "FAMILY_SHARED"
+        let revocation = Revocation(date: at, reason: 0, type: .familyRevoke)
+        #expect(revocation.endsFamilyShare(of: pooled.transaction), "FAMILY_REVOKE, whatever the ownership")
+        #expect(Revocation(date: at, type: .refundFull).endsFamilyShare(of: shared), "a family member's transaction, whatever the type")
+        #expect(!Revocation(date: at, type: .refundProrated, percentage: 50_000).endsFamilyShare(of: pooled.transaction))
+        #expect(!Revocation(date: at).endsFamilyShare(of: pooled.transaction))
+
+        let event = TransactionEvent.familyShareRevoked(FamilyShareRevoked(
+            transactionId: transactionID, orderId: nil, inAppOwnershipType: "FAMILY_SHARED", revocation: revocation,
+            notificationType: "REVOKE", notificationUUID: UUID()))
+        let row = Projection.apply(.unmatched(pooled), data: Data(), to: nil, at: at)
+        let revoked = try #require(Projection.apply(event, data: Data(), to: row, at: at.addingTimeInterval(60)))
+        #expect(revoked.status == .refunded && !revoked.isPooled && revoked.updatedAt == at.addingTimeInterval(60))
+
+        let claimed = Projection.apply(.receiptReceived(receipt()), to: order(), id: orderID, claimed: nil, version: 1, at: at).claimed
+        #expect(Projection.apply(event, data: Data(), to: claimed, at: at.addingTimeInterval(60)) == claimed)
+    }
 }

@@ -19,7 +19,10 @@ struct EventCodingTests {
             matchedBy: .appAccountToken, appAccountToken: UUID(), environment: "Sandbox")),
         .verified(Verified(transactionId: TransactionID(unchecked: "2000001"), environment: "Production")),
         .delivered, .finished, .refundReversed,
-        .refunded(Refunded(revocationDate: Date(timeIntervalSince1970: 1_800_000_100), revocationReason: 1, revocationType: "REFUND")),
+        .refunded(Refunded(
+            revocationDate: Date(timeIntervalSince1970: 1_800_000_100), revocationReason: 1, revocationType: .refundProrated,
+            revocationPercentage: 25_000, notificationType: "REFUND")),
+        .refunded(Refunded(revocationDate: Date(timeIntervalSince1970: 1_800_000_100))),
         .failed(Failed(reason: "cancelled", detail: "by the user")),
         .pairingUndone(PairingUndone(transactionId: TransactionID(unchecked: "2000001"), reason: "wrong recipient", fromState: .receiptReceived)),
         .notificationReceived(NotificationReceived(
@@ -72,6 +75,9 @@ struct EventCodingTests {
             (.failed, #"{"reason":""}"#, "reason"),
             (.failed, "[1,2]", "data"),
             (.delivered, "{not json", "data"),
+            (.refunded, #"{"revocationDate":"2026-11-21T10:00:00Z","revocationPercentage":100001}"#, "revocationPercentage"),
+            (.refunded, #"{"revocationDate":"2026-11-21T10:00:00Z","revocationPercentage":-1}"#, "revocationPercentage"),
+            (.refunded, #"{"revocationDate":"2026-11-21T10:00:00Z","revocationType":"HALF","notificationType":"REFUND"}"#, "revocationType"),
         ]
         for (type, json, field) in cases {
             do {
@@ -81,6 +87,26 @@ struct EventCodingTests {
                 #expect(error.field == field, "\(json): \(error)")
             }
         }
+    }
+
+    @Test("a refunded event stored before Apple's revocationType was read: its notification type moves to notificationType")
+    func refundedOfBefore() throws {
+        let stored = #"{"revocationDate":"2026-11-21T10:00:00.000Z","revocationReason":1,"revocationType":"REFUND"}"#
+        let date = try #require(EventCoding.parseDate("2026-11-21T10:00:00Z"))
+        let expected = OrderEvent.refunded(Refunded(revocationDate: date, revocationReason: 1, notificationType: "REFUND"))
+        let stream = OrderID(unchecked: "o-1").streamID
+        // Both readers of the log: Foundation's and the one the rebuild uses.
+        #expect(try EventCoding.body(stream: stream, type: "refunded", data: Data(stored.utf8)) == .order(expected))
+        #expect(try EventCoding.body(stream: stream, type: "refunded", text: stored) == .order(expected))
+        let revoked = #"{"revocationDate":"2026-11-21T10:00:00Z","revocationType":"REVOKE"}"#
+        #expect(try EventCoding.body(stream: stream, type: "refunded", text: revoked) == .order(.refunded(Refunded(revocationDate: date, notificationType: "REVOKE"))))
+        // Written again, it takes the new shape: Apple's type absent (a full refund), the notification's under its own name.
+        let written = try EventCoding.newEvent(expected, id: EventID(), metadata: Data("{}".utf8))
+        #expect(String(decoding: written.data, as: UTF8.self) == #"{"notificationType":"REFUND","revocationDate":"2026-11-21T10:00:00.000Z","revocationReason":1}"#)
+        // Apple's own names read as such.
+        let now = #"{"revocationDate":"2026-11-21T10:00:00Z","revocationType":"REFUND_PRORATED","revocationPercentage":33333,"notificationType":"REFUND"}"#
+        #expect(try decode(.refunded, now) == .refunded(Refunded(
+            revocationDate: date, revocationType: .refundProrated, revocationPercentage: 33_333, notificationType: "REFUND")))
     }
 
     @Test("times: written in UTC with milliseconds, read with or without a fraction, in UTC or with an offset")

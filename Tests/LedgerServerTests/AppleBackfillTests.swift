@@ -237,7 +237,10 @@ struct AppleBackfillTests {
             kept.appTransactionId = "acct-b"
             try await order(http, "r-3", kept)
             _ = try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("REFUND", transaction: refunded(known))], key: .some(nil))
-            await standIn.setRefunds("8700001", [.init(revision: "r1-a", hasMore: false, signedTransactions: [try await apple.sign(refunded(missed))])])
+            missed = refunded(missed)
+            missed.revocationType = "REFUND_PRORATED"
+            missed.revocationPercentage = 40_000
+            await standIn.setRefunds("8700001", [.init(revision: "r1-a", hasMore: false, signedTransactions: [try await apple.sign(missed)])])
             await standIn.setRefunds("8700003", [.init(revision: "r2-a", hasMore: false, signedTransactions: [
                 try await apple.sign(refunded(known)), try forged.sign(refunded(TestApple.transaction("8700004"))),
             ])])
@@ -255,7 +258,9 @@ struct AppleBackfillTests {
             let (_, order) = try await http.send(.get, "/v1/orders/r-1")
             #expect(order["state"] as? String == "refunded")
             let refund = (order["events"] as? [[String: Any]])?.last ?? [:]
-            #expect((refund["data"] as? [String: Any])?["revocationType"] as? String == "REFUND")
+            // Read from Apple's refund history, with Apple's type and percentage: no notification said it.
+            let data = refund["data"] as? [String: Any] ?? [:]
+            #expect(data["notificationType"] == nil && data["revocationType"] as? String == "REFUND_PRORATED" && data["revocationPercentage"] as? Int == 40_000, "\(data)")
             #expect((refund["metadata"] as? [String: Any])?["refundCatchUp"] as? Bool == true)
             #expect(try await scalar(db, "SELECT revision FROM apple_refund_cursors WHERE account_id = 'acct-a'", as: String.self) == "r1-a")
 
@@ -263,7 +268,7 @@ struct AppleBackfillTests {
             let third = try await catchUp.run()
             #expect(third.accounts == 0, "\(third)")
             let events = try await eventCount(db)
-            await standIn.setRefunds("8700001", [.init(revision: "r1-a", hasMore: false, signedTransactions: [try await apple.sign(refunded(missed))])])
+            await standIn.setRefunds("8700001", [.init(revision: "r1-a", hasMore: false, signedTransactions: [try await apple.sign(missed)])])
             try await db.client.query("UPDATE apple_refund_cursors SET revision = NULL", logger: TestServer.logger)
             let everything = try await catchUp.run(all: true)
             #expect(everything.applied == 0, "\(everything)")

@@ -40,7 +40,8 @@ struct NotificationRoutesTests {
             #expect(order["state"] as? String == "refunded")
             let refundEvent = (order["events"] as? [[String: Any]])?.last
             #expect(refundEvent?["eventId"] as? String == uuid.uuidString.lowercased())
-            #expect((refundEvent?["data"] as? [String: Any])?["revocationType"] as? String == "REFUND")
+            #expect((refundEvent?["data"] as? [String: Any])?["notificationType"] as? String == "REFUND")
+            #expect((refundEvent?["data"] as? [String: Any])?["revocationType"] == nil, "Apple's signed transaction said none: a full refund")
 
             let (_, reversed) = try await notify(http, try await apple.notification("REFUND_REVERSED", transaction: transaction))
             #expect(reversed["type"] as? String == "refund-reversed")

@@ -70,4 +70,55 @@ struct ReportRoutesTests {
             #expect(bad == .badRequest && errorOf(error)["field"] as? String == "from")
         }
     }
+
+    @Test("a prorated refund takes back its share, a full one (or one stored before Apple's type was read) the whole: in the report and dashboards.daily_orders")
+    func proratedRefunds() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            func paid(_ id: String, _ tx: String, price: String) async throws -> SignedTransactionPayload {
+                try await http.send(.post, "/v1/orders", json: ["orderId": id, "userId": "u-\(id)", "productId": "gems.100", "price": price, "currency": "USD", "quantity": 2])
+                let transaction = TestApple.transaction(tx)
+                try await http.send(.post, "/v1/receipts", json: ["orderId": id, "signedTransaction": try await apple.sign(transaction)])
+                return transaction
+            }
+            func refund(_ transaction: SignedTransactionPayload, type: String, percentage: Int?) async throws {
+                var refunded = transaction
+                refunded.revocationDate = Date().millisecondsSince1970
+                refunded.revocationType = type
+                refunded.revocationPercentage = percentage
+                let (status, _) = try await http.send(
+                    .post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("REFUND", transaction: refunded)], key: .some(nil))
+                #expect(status == .ok)
+            }
+            try await refund(try await paid("p-prorated", "9100001", price: "4.99"), type: "REFUND_PRORATED", percentage: 25_000)  // 9.98: 2.495 back
+            try await refund(try await paid("p-full", "9100002", price: "0.99"), type: "REFUND_FULL", percentage: 100_000)        // 1.98 back
+            _ = try await paid("p-before", "9100003", price: "0.99")
+            // As the ledger stored refunds before: the notification's type in revocationType; all 1.98 back.
+            try await http.send(.post, "/v1/orders/p-before/events", json: ["type": "refunded", "data": ["revocationDate": "2026-11-21T10:00:00Z", "revocationType": "REFUND"]])
+            _ = try await paid("p-kept", "9100004", price: "0.99")
+
+            let (_, report) = try await http.send(.get, "/v1/reports/reconciliation?from=2000-01-01")
+            let totals = report["totals"] as? [String: Any] ?? [:]
+            #expect(totals["verified"] as? Int == 4 && totals["refunded"] as? Int == 3, "\(totals)")
+            #expect(Decimal(string: totals["refundedAmount"] as? String ?? "") == Decimal(string: "6.455"), "\(totals)")
+            #expect(Decimal(string: totals["revenue"] as? String ?? "") == Decimal(string: "9.465"), "9.98 + 3 × 1.98 - 6.455: \(totals)")
+            let csv = try await http.client.execute(
+                uri: "/v1/reports/reconciliation?from=2000-01-01", method: .get, headers: [.authorization: "Bearer \(http.key)", .accept: "text/csv"])
+            let lines = String(buffer: csv.body).split(separator: "\n")
+            #expect(lines.first?.hasSuffix(",refunds_caught_up,refunded_amount") == true)
+            #expect(lines.first { $0.hasPrefix("total,") }?.hasSuffix(",6.455") == true, "\(lines)")
+
+            // The dashboard, as its reader sees it.
+            let connection = try await db.connect()
+            try await connection.query("SET ROLE ledger_reader", logger: TestServer.logger)
+            let rows = try await connection.query(
+                "SELECT state, sum(amount)::text, sum(refunded_amount)::text FROM dashboards.daily_orders GROUP BY state ORDER BY state", logger: TestServer.logger)
+            var byState: [String: (Decimal?, Decimal?)] = [:]
+            for try await (state, amount, refunded) in rows.decode((String, String, String).self) {
+                byState[state] = (Decimal(string: amount), Decimal(string: refunded))
+            }
+            try await connection.close()
+            #expect(byState["refunded"]?.0 == Decimal(string: "13.94") && byState["refunded"]?.1 == Decimal(string: "6.455"), "\(byState)")
+            #expect(byState["verified"]?.1 == 0, "\(byState)")
+        }
+    }
 }

@@ -83,6 +83,10 @@ public enum OrderEvent: Sendable, Equatable {
             guard body.receiptSha256.count == 64, body.receiptSha256.allSatisfy(\.isHexDigit) else {
                 throw LedgerInputError(field: "receiptSha256", problem: "must be 64 hexadecimal digits")
             }
+        case .refunded(let body):
+            if let percentage = body.revocationPercentage, !(0...100_000).contains(percentage) {
+                throw LedgerInputError(field: "revocationPercentage", problem: "must be from 0 to 100000 (thousandths of a percent)")
+            }
         case .failed(let body):
             guard !body.reason.isEmpty, body.reason.count <= 64 else {
                 throw LedgerInputError(field: "reason", problem: "must have 1 to 64 characters")

@@ -92,15 +92,77 @@ public struct Verified: Codable, Sendable, Equatable {
     }
 }
 
-/// `refunded`: Apple refunded or revoked the transaction.
+/// `refunded`: Apple refunded or revoked the transaction, wholly or in part, as its signed
+/// transaction says (Apple's `revocationType` and `revocationPercentage`).
+///
+/// Events stored before the ledger read Apple's type held the notification's type (`REFUND`,
+/// `REVOKE`) in `revocationType`: such a value is read as `notificationType`, with
+/// `revocationType` absent, which means a full refund.
 public struct Refunded: Codable, Sendable, Equatable {
     public var revocationDate: Date
     public var revocationReason: Int?
-    public var revocationType: String?
-    public init(revocationDate: Date, revocationReason: Int? = nil, revocationType: String? = nil) {
+    /// Apple's `revocationType`; absent: a full refund.
+    public var revocationType: RevocationType?
+    /// Apple's `revocationPercentage`: thousandths of a percent refunded (0...100000), with
+    /// `REFUND_PRORATED`.
+    public var revocationPercentage: Int?
+    /// The notification that said so (`REFUND`, `REVOKE`); absent when the refund catch-up found
+    /// the refund in Apple's refund history, or a client wrote the event without one.
+    public var notificationType: String?
+
+    public init(
+        revocationDate: Date, revocationReason: Int? = nil, revocationType: RevocationType? = nil, revocationPercentage: Int? = nil,
+        notificationType: String? = nil
+    ) {
         self.revocationDate = revocationDate
         self.revocationReason = revocationReason
         self.revocationType = revocationType
+        self.revocationPercentage = revocationPercentage
+        self.notificationType = notificationType
+    }
+
+    /// The event for Apple's `revocation`, said by a notification of `notificationType` (nil: read
+    /// from Apple's refund history).
+    public init(_ revocation: Revocation, notificationType: String?) {
+        self.init(
+            revocationDate: revocation.date, revocationReason: revocation.reason, revocationType: revocation.type,
+            revocationPercentage: revocation.percentage, notificationType: notificationType)
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case revocationDate, revocationReason, revocationType, revocationPercentage, notificationType
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        revocationDate = try container.decode(Date.self, forKey: .revocationDate)
+        revocationReason = try container.decodeIfPresent(Int.self, forKey: .revocationReason)
+        revocationPercentage = try container.decodeIfPresent(Int.self, forKey: .revocationPercentage)
+        notificationType = try container.decodeIfPresent(String.self, forKey: .notificationType)
+        let type = try container.decodeIfPresent(String.self, forKey: .revocationType)
+        switch type.map(RevocationType.init(rawValue:)) {
+        case nil:
+            revocationType = nil
+        case let known??:
+            revocationType = known
+        case .some(nil) where notificationType == nil:
+            // Stored before Apple's type was read: the field held the notification's type.
+            revocationType = nil
+            notificationType = type
+        case .some(nil):
+            throw DecodingError.dataCorruptedError(
+                forKey: .revocationType, in: container,
+                debugDescription: "must be REFUND_FULL, REFUND_PRORATED or FAMILY_REVOKE")
+        }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(revocationDate, forKey: .revocationDate)
+        try container.encodeIfPresent(revocationReason, forKey: .revocationReason)
+        try container.encodeIfPresent(revocationType, forKey: .revocationType)
+        try container.encodeIfPresent(revocationPercentage, forKey: .revocationPercentage)
+        try container.encodeIfPresent(notificationType, forKey: .notificationType)
     }
 }
 

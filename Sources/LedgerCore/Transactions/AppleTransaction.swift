@@ -54,6 +54,8 @@ public enum TransactionEventType: String, Codable, Sendable, CaseIterable {
     case notificationReceived = "notification-received"
     /// The ledger's answer to Apple's `CONSUMPTION_REQUEST` about it while it had no order.
     case consumptionAnswer = "consumption-answer"
+    /// Apple ended a family member's shared access to it: no order changes, no money moves.
+    case familyShareRevoked = "family-share-revoked"
 }
 
 /// One event of a transaction's stream with its typed body.
@@ -62,6 +64,7 @@ public enum TransactionEvent: Sendable, Equatable {
     case matched(TransactionMatched)
     case notificationReceived(NotificationReceived)
     case consumptionAnswer(ConsumptionAnswer)
+    case familyShareRevoked(FamilyShareRevoked)
 
     public var type: TransactionEventType {
         switch self {
@@ -69,6 +72,7 @@ public enum TransactionEvent: Sendable, Equatable {
         case .matched: .matched
         case .notificationReceived: .notificationReceived
         case .consumptionAnswer: .consumptionAnswer
+        case .familyShareRevoked: .familyShareRevoked
         }
     }
 
@@ -79,6 +83,7 @@ public enum TransactionEvent: Sendable, Equatable {
         case .matched: self = .matched(try body.read(TransactionMatched.self))
         case .notificationReceived: self = .notificationReceived(try body.read(NotificationReceived.self))
         case .consumptionAnswer: self = .consumptionAnswer(try body.read(ConsumptionAnswer.self))
+        case .familyShareRevoked: self = .familyShareRevoked(try body.read(FamilyShareRevoked.self))
         }
     }
 }
@@ -91,6 +96,7 @@ extension TransactionEvent: Encodable {
         case .matched(let body): try body.encode(to: encoder)
         case .notificationReceived(let body): try body.encode(to: encoder)
         case .consumptionAnswer(let body): try body.encode(to: encoder)
+        case .familyShareRevoked(let body): try body.encode(to: encoder)
         }
     }
 }
@@ -103,7 +109,8 @@ public struct TransactionUnmatched: Codable, Sendable, Equatable {
     /// The order id the proof named, when it named one that could not take it.
     public var claimedOrderId: OrderID?
     /// Why it could not be tied: `no-order`, `unknown-order`, `user-mismatch`, `order-closed`,
-    /// `product-mismatch`, `notification`, or `undone: <support's reason>`.
+    /// `product-mismatch`, `notification`, `family-share-revoked` (a family member's transaction
+    /// the ledger first heard of when Apple revoked it), or `undone: <support's reason>`.
     public var reason: String
     /// The orders support undid a pairing of it with: the reconciler never pairs it with them again.
     public var undoneOrderIds: [OrderID]?

@@ -1,0 +1,151 @@
+import AppleReceipts
+import Foundation
+import Hummingbird
+import HummingbirdTesting
+import LedgerServer
+import LedgerStore
+import LedgerTestSupport
+import PostgresNIO
+import Testing
+
+@Suite("Refunds and one-time charges as Apple states them, over HTTP")
+struct RefundRoutesTests {
+    let apple: TestApple
+    init() throws { apple = try TestApple() }
+
+    /// Posts a notification with no API key (Apple signs it instead).
+    @discardableResult
+    func notify(_ http: LedgerHTTP, _ signedPayload: String) async throws -> [String: Any] {
+        let (status, answer) = try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": signedPayload], key: .some(nil))
+        #expect(status == .ok, "\(answer)")
+        return answer
+    }
+
+    func revoked(_ transaction: SignedTransactionPayload, type: String?, percentage: Int? = nil, ownership: String = "PURCHASED") -> SignedTransactionPayload {
+        var revoked = transaction
+        revoked.revocationDate = Date().millisecondsSince1970
+        revoked.revocationReason = 1
+        revoked.revocationType = type
+        revoked.revocationPercentage = percentage
+        revoked.inAppOwnershipType = ownership
+        return revoked
+    }
+
+    func events(_ http: LedgerHTTP, _ order: String) async throws -> [[String: Any]] {
+        try await http.send(.get, "/v1/orders/\(order)").1["events"] as? [[String: Any]] ?? []
+    }
+
+    @Test("a refund's event carries Apple's revocationType and revocationPercentage, and the notification's type as notificationType")
+    func proratedRefund() async throws {
+        try await withReceiptsApplication(apple) { http, _ in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-prorated"))
+            let transaction = TestApple.transaction("5000001")
+            try await http.send(.post, "/v1/receipts", json: ["orderId": "o-prorated", "signedTransaction": try await apple.sign(transaction)])
+            try await http.send(.post, "/v1/orders/o-prorated/events", json: ["type": "delivered", "data": [:]])
+            let answer = try await notify(http, try await apple.notification("REFUND", transaction: revoked(transaction, type: "REFUND_PRORATED", percentage: 25_000)))
+            #expect(answer["type"] as? String == "refunded")
+            let refund = try await events(http, "o-prorated").last?["data"] as? [String: Any] ?? [:]
+            #expect(refund["revocationType"] as? String == "REFUND_PRORATED", "\(refund)")
+            #expect(refund["revocationPercentage"] as? Int == 25_000)
+            #expect(refund["notificationType"] as? String == "REFUND")
+            #expect(refund["revocationReason"] as? Int == 1)
+        }
+    }
+
+    @Test("FAMILY_REVOKE, or a revoked FAMILY_SHARED transaction, changes no order and takes no money back: recorded on the transaction's stream")
+    func familyRevocation() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            // The purchaser's own order, and an order a family member's shared transaction was tied to.
+            for id in ["o-buyer", "o-member", "o-open"] { try await http.send(.post, "/v1/orders", json: newOrder(id)) }
+            let bought = TestApple.transaction("5000101")
+            var shared = TestApple.transaction("5000102")
+            shared.inAppOwnershipType = "FAMILY_SHARED"
+            try await http.send(.post, "/v1/receipts", json: ["orderId": "o-buyer", "signedTransaction": try await apple.sign(bought)])
+            try await http.send(.post, "/v1/receipts", json: ["orderId": "o-member", "signedTransaction": try await apple.sign(shared)])
+            try await http.send(.post, "/v1/orders/o-buyer/events", json: ["type": "delivered", "data": [:]])
+            let (_, before) = try await http.send(.get, "/v1/reports/reconciliation")
+
+            let uuid = UUID()
+            let revoke = try await apple.notification("REVOKE", uuid: uuid, transaction: revoked(bought, type: "FAMILY_REVOKE"))
+            let first = try await notify(http, revoke)
+            #expect(first["type"] as? String == "family-share-revoked" && first["streamId"] as? String == "transaction-5000101", "\(first)")
+            let count = try await eventCount(db)
+            #expect(try await notify(http, revoke)["applied"] as? Bool == false)
+            #expect(try await eventCount(db) == count)
+            // A refund of a family member's transaction, whatever its type: nobody paid for it.
+            let member = try await notify(http, try await apple.notification("REFUND", transaction: revoked(shared, type: "REFUND_FULL", ownership: "FAMILY_SHARED")))
+            #expect(member["type"] as? String == "family-share-revoked" && member["streamId"] as? String == "transaction-5000102", "\(member)")
+
+            let (_, buyer) = try await http.send(.get, "/v1/orders/o-buyer")
+            #expect(buyer["state"] as? String == "delivered")
+            let (_, memberOrder) = try await http.send(.get, "/v1/orders/o-member")
+            #expect(memberOrder["state"] as? String == "verified")
+            let recorded = try await scalar(db, "SELECT data::text FROM events WHERE event_id = \(uuid)", as: String.self) ?? ""
+            let body = try JSONSerialization.jsonObject(with: Data(recorded.utf8)) as? [String: Any] ?? [:]
+            #expect(body["orderId"] as? String == "o-buyer" && body["revocationType"] as? String == "FAMILY_REVOKE" && body["notificationType"] as? String == "REVOKE", "\(body)")
+
+            // One the ledger did not know, naming an open order by its token: never tied to it, never granted.
+            let (_, open) = try await http.send(.get, "/v1/orders/o-open")
+            var stranger = TestApple.transaction("5000103", appAccountToken: UUID(uuidString: open["appAccountToken"] as? String ?? ""))
+            stranger.inAppOwnershipType = "FAMILY_SHARED"
+            let unknown = try await notify(http, try await apple.notification("REVOKE", transaction: revoked(stranger, type: "FAMILY_REVOKE", ownership: "FAMILY_SHARED")))
+            #expect(unknown["streamId"] as? String == "transaction-5000103")
+            #expect(try await http.send(.get, "/v1/orders/o-open").1["state"] as? String == "created")
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '5000103'", as: String.self) == "refunded")
+            let (_, late) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-open", "signedTransaction": try await apple.sign(stranger)])
+            #expect(late["outcome"] as? String == "rejected" && late["reason"] as? String == "transaction-refunded", "\(late)")
+
+            let (_, after) = try await http.send(.get, "/v1/reports/reconciliation")
+            let totals = after["totals"] as? [String: Any] ?? [:]
+            #expect(totals["refunded"] as? Int == 0 && totals["refundedAmount"] as? String == "0", "\(totals)")
+            #expect(totals["revenue"] as? String == (before["totals"] as? [String: Any])?["revenue"] as? String)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
+        }
+    }
+
+    @Test("ONE_TIME_CHARGE goes through a client's proof's intake: it pays the order its token names, once, and the client's proof then finds it paid")
+    func oneTimeCharge() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let (_, charged) = try await http.send(.post, "/v1/orders", json: newOrder("o-charged"))
+            let (_, proven) = try await http.send(.post, "/v1/orders", json: newOrder("o-proven"))
+            func token(_ order: [String: Any]) -> UUID? { UUID(uuidString: order["appAccountToken"] as? String ?? "") }
+            let byNotification = TestApple.transaction("5000201", appAccountToken: token(charged))
+            let byClient = TestApple.transaction("5000202", appAccountToken: token(proven))
+
+            let uuid = UUID()
+            let charge = try await apple.notification("ONE_TIME_CHARGE", uuid: uuid, transaction: byNotification)
+            let applied = try await notify(http, charge)
+            #expect(applied["applied"] as? Bool == true && applied["streamId"] as? String == "order-o-charged")
+            let (_, client) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-1", "signedTransaction": try await apple.sign(byClient)])
+            #expect(client["outcome"] as? String == "matched" && client["orderId"] as? String == "o-proven")
+
+            // The same events, with the same fields, as the client's proof appends.
+            let fromNotification = try await events(http, "o-charged")
+            let fromClient = try await events(http, "o-proven")
+            #expect(fromNotification.map { $0["type"] as? String } == ["created", "receipt-received", "verified", "notification-received"])
+            #expect(fromClient.map { $0["type"] as? String } == ["created", "receipt-received", "verified"])
+            for index in 1...2 {
+                let a = fromNotification[index]["data"] as? [String: Any] ?? [:]
+                let b = fromClient[index]["data"] as? [String: Any] ?? [:]
+                #expect(Set(a.keys) == Set(b.keys), "\(a) \(b)")
+                #expect(a["matchedBy"] as? String == b["matchedBy"] as? String)
+                #expect(a["environment"] as? String == b["environment"] as? String)
+            }
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_transactions WHERE status = 'claimed' AND matched_by = 'appAccountToken'", as: Int.self) == 2)
+
+            // Applied twice: nothing more. The client's own proof of it later: the order as it stands.
+            let count = try await eventCount(db)
+            #expect(try await notify(http, charge)["applied"] as? Bool == false)
+            let (_, late) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-1", "signedTransaction": try await apple.sign(byNotification)])
+            #expect(late["outcome"] as? String == "matched" && late["orderId"] as? String == "o-charged" && late["state"] as? String == "verified")
+            #expect(try await eventCount(db) == count)
+
+            // No order names it: the pool.
+            let orphan = try await notify(http, try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("5000203")))
+            #expect(orphan["streamId"] as? String == "transaction-5000203")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions WHERE transaction_id = '5000203'", as: Int.self) == 1)
+            let totals = try await http.send(.get, "/v1/reports/reconciliation").1["totals"] as? [String: Any] ?? [:]
+            #expect(totals["verified"] as? Int == 2 && totals["revenue"] as? String == "1.98", "\(totals)")
+        }
+    }
+}
