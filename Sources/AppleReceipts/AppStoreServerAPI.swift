@@ -27,8 +27,9 @@ public final class AppStoreServerAPI: Sendable {
         public var bundleID: String
         /// Apple's base URL for the environment, or a stand-in's.
         public var baseURL: String
-        /// Whose rate limits apply: Apple's sandbox allows a tenth of production's. Nil: the
-        /// sandbox when `baseURL` is Apple's sandbox host, else production.
+        /// The environment spoken to when `baseURL` is not one of Apple's hosts (a stand-in's or
+        /// a proxy's); Apple's host names its own. Apple's sandbox allows a tenth of production's
+        /// requests and keeps 30 days of notification history, production 180.
         public var environment: AppleEnvironment?
         /// The most requests per second to any one endpoint (each endpoint has its own budget,
         /// Apple's limit for it when that is lower), across every caller of this client.
@@ -65,10 +66,10 @@ public final class AppStoreServerAPI: Sendable {
             self.longestBackoff = longestBackoff
         }
 
-        /// The environment whose limits apply: `environment`, else that of Apple's host in
-        /// `baseURL`, else production's.
+        /// The environment whose limits apply: that of Apple's host in `baseURL`, else
+        /// `environment`, else production's.
         public var rateLimitEnvironment: AppleEnvironment {
-            environment ?? AppStoreServerAPI.environment(ofHost: baseURL) ?? .production
+            AppStoreServerAPI.environment(ofHost: baseURL) ?? environment ?? .production
         }
 
         /// The budgets the client paces each endpoint to.

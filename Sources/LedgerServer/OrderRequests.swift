@@ -91,6 +91,21 @@ struct AppendEvent: Decodable {
         } catch let error as DecodingError {
             throw EventCoding.inputError(error, field: "data", within: CodingKeys.data.stringValue)
         }
+        if case .refunded(let refund) = event { try Self.checkClientRefund(refund) }
+    }
+
+    /// What a client may say of a refund, beyond what a stored event may hold: a family
+    /// revocation never refunds an order's purchase, and a prorated refund needs its share (the
+    /// reports take it back).
+    static func checkClientRefund(_ refund: Refunded) throws(LedgerInputError) {
+        switch refund.revocationType {
+        case .familyRevoke?:
+            throw LedgerInputError(field: "revocationType", problem: "FAMILY_REVOKE ends a family member's shared access, not an order's purchase")
+        case .refundProrated? where refund.revocationPercentage == nil:
+            throw LedgerInputError(field: "revocationPercentage", problem: "is required with REFUND_PRORATED (thousandths of a percent, 0 to 100000)")
+        default:
+            break
+        }
     }
 
     /// Reads an event's body from the request's `data` member.

@@ -115,7 +115,7 @@ public struct NotificationBackfill: Sendable {
                         logger.warning("notification backfill: Apple refused the stored position; starting again without it", metadata: [
                             "backfill.reason": "\(reason)", "backfill.start": "\(request.start)", "apple.error_code": "\(error.appleErrorCode ?? 0)"])
                         restarted?(reason)
-                        request = try await restart(request, after: reason)
+                        request = try await restart(after: reason)
                         continue
                     }
                     summary.refusal = error.description
@@ -148,8 +148,9 @@ public struct NotificationBackfill: Sendable {
 
     static let lease: TimeInterval = 600
 
-    /// The earliest start date Apple takes now, with `margin` to spare.
-    func earliest(margin: TimeInterval = 60) -> Date { Date().addingTimeInterval(-Self.keeps(environment) + margin) }
+    /// The earliest start date Apple takes now, with `margin` to spare (an hour: a run that
+    /// starts at the limit may read pages for a while, each asking with the same start).
+    func earliest(margin: TimeInterval = 3600) -> Date { Date().addingTimeInterval(-Self.keeps(environment) + margin) }
 
     /// The request to run, recorded (the caller holds the lease): a stopped one's, unless
     /// `since` is given, it was abandoned, or it starts further back than Apple keeps now; else a
@@ -174,12 +175,13 @@ public struct NotificationBackfill: Sendable {
         return request
     }
 
-    /// The request after Apple refused `refused`'s position, recorded: from the same start (or
-    /// the earliest Apple takes, if later; a day later than that when Apple said the start was
-    /// too far back, as its reckoning of the limit may differ from ours) to now, without a token.
-    private func restart(_ refused: Request, after reason: String) async throws -> Request {
-        let floor = reason == Self.restartReasons[4000012] ? earliest(margin: 86_400) : earliest()
-        let request = Request(start: max(refused.start, floor), end: Date(), token: nil)
+    /// The request after Apple refused the stored position, recorded: from the earliest date
+    /// Apple takes (a day inside it when Apple said the start was too far back, as its reckoning
+    /// of the limit may differ from ours) to now, without a token. Notifications read again are
+    /// applied once, so starting that far back loses nothing and costs only pages.
+    private func restart(after reason: String) async throws -> Request {
+        let start = reason == Self.restartReasons[4000012] ? earliest(margin: 86_400) : earliest()
+        let request = Request(start: start, end: Date(), token: nil)
         try await state.begin(startDate: request.start, endDate: request.end, paginationToken: nil)
         return request
     }

@@ -169,6 +169,9 @@ struct AppleBackfillTests {
             #expect(reasons.all == ["PaginationTokenExpired"])
             let asked = await standIn.notificationRequests.suffix(3).map(\.paginationToken)
             #expect(asked == ["852000-2", nil, "852000-2"], "the expired token once, then from the start: \(asked)")
+            let starts = await standIn.notificationRequests.suffix(3).compactMap(\.startDate)
+            #expect(starts.count == 3 && starts[1] < starts[0] && starts[1] > Date(timeIntervalSinceNow: -30 * 86_400),
+                    "the restart asks from the earliest date the sandbox allows, not the refused request's: \(starts)")
             #expect(try await scalar(db, "SELECT finished_at IS NOT NULL FROM apple_notification_backfill", as: Bool.self) == true)
         }
     }

@@ -52,6 +52,31 @@ struct RefundRoutesTests {
         }
     }
 
+    @Test("a client's refunded event: FAMILY_REVOKE is no order's refund, and REFUND_PRORATED needs its share; both 400 naming the field")
+    func clientRefundChecks() async throws {
+        try await withReceiptsApplication(apple) { http, _ in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-client-refund"))
+            let transaction = TestApple.transaction("5000009")
+            try await http.send(.post, "/v1/receipts", json: ["orderId": "o-client-refund", "signedTransaction": try await apple.sign(transaction)])
+            let date = "2026-11-26T10:00:00Z"
+            let cases: [([String: Any], String)] = [
+                (["revocationDate": date, "revocationType": "FAMILY_REVOKE"], "revocationType"),
+                (["revocationDate": date, "revocationType": "REFUND_PRORATED"], "revocationPercentage"),
+                (["revocationDate": date, "revocationType": "REFUND_PRORATED", "revocationPercentage": 100_001], "revocationPercentage"),
+            ]
+            for (data, field) in cases {
+                let (status, answer) = try await http.send(.post, "/v1/orders/o-client-refund/events", json: ["type": "refunded", "data": data])
+                let error = answer["error"] as? [String: Any] ?? [:]
+                #expect(status == .badRequest && (error["message"] as? String ?? "").contains(field), "\(data): \(answer)")
+            }
+            #expect(try await http.send(.get, "/v1/orders/o-client-refund").1["state"] as? String == "verified", "no refund was recorded")
+            let (status, _) = try await http.send(.post, "/v1/orders/o-client-refund/events", json: [
+                "type": "refunded", "data": ["revocationDate": date, "revocationType": "REFUND_PRORATED", "revocationPercentage": 40_000],
+            ])
+            #expect(status == .created)
+        }
+    }
+
     @Test("FAMILY_REVOKE, or a revoked FAMILY_SHARED transaction, changes no order and takes no money back: recorded on the transaction's stream")
     func familyRevocation() async throws {
         try await withReceiptsApplication(apple) { http, db in

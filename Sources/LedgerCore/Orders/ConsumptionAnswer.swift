@@ -127,8 +127,8 @@ public struct ConsumptionFields: Sendable, Equatable {
         self.deliveryStatus = deliveryStatus
         self.sampleContentProvided = sampleContentProvided ?? Self.defaultSampleContentProvided
         sampleContentDefaulted = sampleContentProvided == nil
-        // Not delivered: 0, as Apple asks; delivered: the backend's figure, when it gave one.
-        consumptionPercentage = deliveryStatus == .delivered ? consumed : 0
+        // A share only of what was delivered: Apple refuses one with any other status.
+        consumptionPercentage = deliveryStatus == .delivered ? consumed : nil
         self.refundPreference = refundPreference
         preferenceAdjusted = nil
         guard refundPreference == .grantProrated else { return }
