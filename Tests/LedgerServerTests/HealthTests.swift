@@ -16,6 +16,10 @@ func withLiveApplication(
     try await withTestDatabase(migrated: migrated) { db in
         var configuration = LedgerConfiguration()
         configuration.port = 0
+        // No background reconciler pass: its first comes a minute after start, which a test on a
+        // loaded machine can outlast, pairing under a test that counts events. Tests of pairing
+        // call it themselves (or turn it on).
+        configuration.reconcileInterval = 0
         configure(&configuration)
         let key = migrated ? try await APIKeyStore(database: db.database).create(name: "test-admin", scopes: [.admin]) : ""
         let client = PostgresClient(configuration: db.configuration, backgroundLogger: TestServer.clientLogger)
