@@ -87,3 +87,32 @@ public struct TransactionID: ValidatedIdentifier {
     /// The transaction's event stream, once it enters the pool.
     public var streamID: StreamID { StreamID(unchecked: "transaction-" + rawValue) }
 }
+
+/// An app's bundle id, the key of an app: Apple's rule, letters, digits, hyphens and periods only
+/// (up to 128 of them), starting with a letter or digit as a reverse-DNS name does.
+public struct BundleID: ValidatedIdentifier {
+    public static let field = "bundleId"
+    public let rawValue: String
+    public init(unchecked rawValue: String) { self.rawValue = rawValue }
+
+    public init(_ rawValue: String) throws(LedgerInputError) {
+        let value = try Identifier.validate(rawValue, field: Self.field)
+        guard value.utf8.allSatisfy(Self.isAllowed), let first = value.utf8.first, first != UInt8(ascii: "-"), first != UInt8(ascii: ".") else {
+            throw LedgerInputError(
+                field: Self.field, problem: "may hold only letters, digits, hyphens and periods, as Apple's bundle ids do, and starts with a letter or digit")
+        }
+        self.init(unchecked: value)
+    }
+
+    public init(from decoder: any Decoder) throws {
+        try self.init(decoder.singleValueContainer().decode(String.self))
+    }
+
+    private static func isAllowed(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
+             UInt8(ascii: "-"), UInt8(ascii: "."): true
+        default: false
+        }
+    }
+}

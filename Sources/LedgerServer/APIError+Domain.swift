@@ -29,6 +29,12 @@ extension APIError {
             case .invalidBatch:
                 return APIError(.badRequest, code: error.code, message: error.description)
             }
+        case let error as AppCatalogError:
+            let status: HTTPResponse.Status = switch error {
+            case .appExists: .conflict
+            case .unknownApp: .notFound
+            }
+            return APIError(status, code: error.code, message: error.description)
         case let error as OrderLedgerError:
             return APIError(.conflict, code: error.code, message: error.description)
         case let error as SupportMatchError:

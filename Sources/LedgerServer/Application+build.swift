@@ -43,6 +43,7 @@ func buildRouter(
     NotificationsController(notifications: services.notifications, verifier: apple, metrics: metrics).addRoutes(to: router)
     ReconcileController(pass: configuration.reconcilerPass(services)).addRoutes(to: router)
     ProductsController(catalog: services.catalog).addRoutes(to: router)
+    AppsController(catalog: AppCatalog(database: database)).addRoutes(to: router)
     ReportsController(database: database).addRoutes(to: router)
     TransactionsController(pool: services.pool, desk: services.support).addRoutes(to: router)
     AppleAccountsController(links: services.accounts, verifier: apple).addRoutes(to: router)
@@ -120,10 +121,13 @@ public func buildApplication(
     if let calls = appleCallsService(api: appStoreServerAPI, services: services, configuration: configuration, metrics: metrics, logger: logger) {
         application.addServices(calls)
     }
-    if migrate {
-        application.beforeServerStarts {
-            try await migrator.migrate(client)
-        }
+    // The app the LEDGER_APPLE_* settings describe is created or updated once the schema is
+    // current, before the server answers (checked here, so that a bad one stops the start).
+    let configuredApp = try configuration.apple.configuredApp()
+    let apps = AppCatalog(database: database)
+    application.beforeServerStarts {
+        if migrate { try await migrator.migrate(client) }
+        if let configuredApp { try await configuredApp.record(in: apps, logger: logger) }
     }
     return application
 }

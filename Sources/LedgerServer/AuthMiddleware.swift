@@ -57,6 +57,8 @@ struct AuthMiddleware: RouterMiddleware {
             || (segments.count == 4 && segments[1] == "apple-orders" && segments[3] == "lookup") {
             return .admin
         }
+        // The apps, their keys and secrets among them, are the admins' alone.
+        if segments.count >= 2, segments[1] == "apps" { return .admin }
         // The catalog is read by anyone with a key; changed by admins only.
         if segments.count >= 2, segments[1] == "products", method != .get, method != .head { return .admin }
         return method == .get || method == .head ? .read : .append

@@ -1,4 +1,5 @@
 import AppleReceipts
+import LedgerCore
 import LedgerStore
 
 extension LedgerConfiguration.Apple {
@@ -18,6 +19,10 @@ extension LedgerConfiguration.Apple {
                 asksApple ? "the App Store Server API's tokens name the app (bid)" : nil,
             ].compactMap { $0 }
             if !needs.isEmpty { problems.append(.init(Key.appleBundleID, "is missing: " + needs.joined(separator: ", and "))) }
+        }
+        // An app is its bundle id (docs/apps.md): one Apple could not have signed is refused here.
+        if let bundleID, (try? BundleID(bundleID)) == nil {
+            problems.append(.init(Key.appleBundleID, "is \(bundleID); a bundle id holds only letters, digits, hyphens and periods (at most 128), starting with a letter or digit"))
         }
         if verifies, appID == nil, (AppleEnvironment(name: environment) ?? .production) == .production {
             problems.append(.init(

@@ -19,7 +19,8 @@ struct Migrate: AsyncParsableCommand {
 }
 
 /// Opens the configured database (starting the private cluster when no URL is set), applies
-/// pending migrations unless asked not to, runs `body`, and closes everything again.
+/// pending migrations unless asked not to (and then records the configured app), runs `body`,
+/// and closes everything again.
 func withLedgerDatabase<Result: Sendable>(
     _ options: ConfigurationOptions, migrate: Bool = true, _ body: @Sendable (PostgresClient, Logger) async throws -> Result
 ) async throws -> Result {
@@ -29,10 +30,13 @@ func withLedgerDatabase<Result: Sendable>(
     let asked = options.values()[LedgerConfiguration.Key.logLevel] != nil
     quiet.logLevel = asked ? configuration.logLevel : .warning
     let logger = quiet
+    // The app the LEDGER_APPLE_* settings describe, created or updated as `ledger serve` does.
+    let configuredApp = migrate ? try configuration.apple.configuredApp() : nil
     let database = try await OpenedDatabase.open(configuration.database, logger: logger)
     defer { try? database.close(logger: logger) }
     return try await withPostgresClient(database.clientConfiguration, logger: logger) { client in
         if migrate { try await Migrator(logger: logger).migrate(client) }
+        if let configuredApp { try await configuredApp.record(in: AppCatalog(database: Database(client: client, logger: logger)), logger: logger) }
         return try await body(client, logger)
     }
 }
