@@ -19,10 +19,10 @@ extension LedgerConfiguration.Apple {
             ].compactMap { $0 }
             if !needs.isEmpty { problems.append(.init(Key.appleBundleID, "is missing: " + needs.joined(separator: ", and "))) }
         }
-        if verifies, appID == nil, (AppleEnvironment(name: environment) ?? .production) == .production {
+        if verifies, appID == nil, environments.contains(.production) {
             problems.append(.init(
                 Key.appleAppID,
-                "is missing: \(Key.appleRootCertificates) is set and \(Key.appleEnvironment) is Production, where every notification is checked against the app's Apple id"))
+                "is missing: \(Key.appleRootCertificates) is set and \(Key.appleEnvironment) accepts Production, where every notification is checked against the app's Apple id"))
         }
         return problems
     }
