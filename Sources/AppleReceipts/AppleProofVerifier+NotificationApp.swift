@@ -1,8 +1,8 @@
 extension AppleProofVerifier {
     /// Checks a notification against the app, by whichever part names it (Apple's
-    /// SignedDataVerifier.verifyAndDecodeNotification): the bundle id, the environment, and in
-    /// production the app's Apple id. A notification that names no app is refused: there is
-    /// nothing to tell it from another app's.
+    /// SignedDataVerifier.verifyAndDecodeNotification): the bundle id, the environment (one the
+    /// app accepts), and for Production-signed data the app's Apple id. A notification that
+    /// names no app is refused: there is nothing to tell it from another app's.
     func checkApp(of payload: SignedNotificationPayload) throws(AppleVerificationError) {
         guard let named = payload.namedApp else {
             throw AppleVerificationError(
@@ -13,15 +13,15 @@ extension AppleProofVerifier {
             throw AppleVerificationError(
                 code: "wrong-bundle-id", message: "the notification's \(named.part) is for bundle \"\(named.bundleId ?? "")\", not \"\(expected)\"")
         }
-        if app.environment == .production, let expected = app.appAppleId, named.appAppleId != expected {
+        guard app.accepts(named.environment) else {
+            throw AppleVerificationError(
+                code: "wrong-environment",
+                message: "the notification's \(named.part) is from the \(named.environment ?? "unnamed") environment; this ledger accepts \(app.environmentList)")
+        }
+        if app.checksAppAppleId(named.environment), let expected = app.appAppleId, named.appAppleId != expected {
             throw AppleVerificationError(
                 code: "wrong-app-id",
                 message: "the notification's \(named.part) is for app id \(named.appAppleId.map(String.init) ?? "none"), not \(expected)")
-        }
-        guard let environment = named.environment, AppleEnvironment(name: environment) == app.environment else {
-            throw AppleVerificationError(
-                code: "wrong-environment",
-                message: "the notification's \(named.part) is from the \(named.environment ?? "unnamed") environment; this ledger accepts \(app.environment.rawValue)")
         }
     }
 }

@@ -10,15 +10,39 @@ public struct AppleProofVerifier: Sendable {
     /// The app the ledger serves.
     public struct App: Sendable {
         public var bundleId: String?
-        /// Apple's numeric app id; checked on production notifications when set.
+        /// Apple's numeric app id; checked on Production-signed notifications and app
+        /// transactions when set.
         public var appAppleId: Int64?
-        /// The environment signed data must come from.
-        public var environment: AppleEnvironment
+        /// The environments signed data may come from: App Review buys in the sandbox against
+        /// the production build, so an app that ships accepts both, and keeps them apart by the
+        /// `environment` each transaction carries.
+        public var environments: Set<AppleEnvironment>
 
-        public init(bundleId: String?, appAppleId: Int64?, environment: AppleEnvironment) {
+        public init(bundleId: String?, appAppleId: Int64?, environments: Set<AppleEnvironment>) {
             self.bundleId = bundleId
             self.appAppleId = appAppleId
-            self.environment = environment
+            self.environments = environments
+        }
+
+        /// An app that accepts one environment only.
+        public init(bundleId: String?, appAppleId: Int64?, environment: AppleEnvironment) {
+            self.init(bundleId: bundleId, appAppleId: appAppleId, environments: [environment])
+        }
+
+        /// The accepted environments as a setting lists them: `Production,Sandbox`.
+        public var environmentList: String {
+            AppleEnvironment.allCases.filter(environments.contains).map(\.rawValue).joined(separator: ",")
+        }
+
+        /// Whether data signed in `environment` (Apple's name, any case) is accepted.
+        public func accepts(_ environment: String?) -> Bool {
+            environment.flatMap(AppleEnvironment.init(name:)).map(environments.contains) ?? false
+        }
+
+        /// Whether data signed in `environment` must carry the app's Apple id: Production-signed
+        /// data, as Apple's SignedDataVerifier checks it in production.
+        func checksAppAppleId(_ environment: String?) -> Bool {
+            environment.flatMap(AppleEnvironment.init(name:)) == .production
         }
     }
 
@@ -75,7 +99,7 @@ public struct AppleProofVerifier: Sendable {
     public func appTransaction(signed jws: String) async throws(AppleVerificationError) -> AppleAccount {
         let payload = try await signedData.verify(jws, as: SignedAppTransactionPayload.self)
         try check(bundleId: payload.bundleId, environment: payload.receiptType)
-        if app.environment == .production, let expected = app.appAppleId, payload.appAppleId != expected {
+        if app.checksAppAppleId(payload.receiptType), let expected = app.appAppleId, payload.appAppleId != expected {
             throw AppleVerificationError(code: "wrong-app-id", message: "the app transaction is for app id \(payload.appAppleId.map(String.init) ?? "none"), not \(expected)")
         }
         guard let text = payload.appTransactionId, let id = try? AppTransactionID(text) else {
@@ -140,8 +164,9 @@ public struct AppleProofVerifier: Sendable {
         if let expected = app.bundleId, bundleId != expected {
             throw AppleVerificationError(code: "wrong-bundle-id", message: "signed for bundle \"\(bundleId ?? "")\", not \"\(expected)\"")
         }
-        guard AppleEnvironment(name: environment) == app.environment else {
-            throw AppleVerificationError(code: "wrong-environment", message: "signed in the \(environment) environment; this ledger accepts \(app.environment.rawValue)")
+        guard app.accepts(environment) else {
+            throw AppleVerificationError(
+                code: "wrong-environment", message: "signed in the \(environment) environment; this ledger accepts \(app.environmentList)")
         }
     }
 

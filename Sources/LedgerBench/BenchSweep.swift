@@ -37,7 +37,7 @@ struct BenchSweep: AsyncParsableCommand {
             var settings = LedgerConfiguration()
             settings.apple.rootCertificateFiles = [rootFile]
             settings.apple.bundleID = Self.bundleId
-            settings.apple.environment = "Sandbox"
+            settings.apple.environments = [.sandbox]
             settings.recoveryAfter = 0
             let verifier = try settings.apple.verifier(logger: logger)
             let ledgerSettings = settings

@@ -164,7 +164,7 @@ func appleServices(
     var background: [any Service] = []
     if configuration.backfillNotificationsAtStart {
         var configured = services.notificationBackfill(
-            api: api, verifier: verifier, environment: AppleEnvironment(name: configuration.apple.environment))
+            api: api, verifier: verifier, environment: configuration.apple.apiEnvironment)
         configured.restarted = metrics.notificationBackfillRestarted
         let backfill = configured
         background.append(PeriodicService(name: "notification backfill", interval: .seconds(60), logger: logger, firstWait: .seconds(1), repeats: false) {

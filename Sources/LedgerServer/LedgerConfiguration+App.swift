@@ -5,7 +5,7 @@ import Logging
 
 extension LedgerConfiguration.Apple {
     /// The one app the `LEDGER_APPLE_*` settings describe, or nil without a bundle id (the
-    /// quickstart: no app). Its environments are the one the ledger accepts; its API key's
+    /// quickstart: no app). Its environments are those `LEDGER_APPLE_ENVIRONMENT` lists; its API key's
     /// private key is the configured file, kept as a `file:` reference (its absolute path), not
     /// copied into the database.
     public func configuredApp() throws(LedgerConfigurationError) -> ConfiguredApp? {
@@ -20,7 +20,7 @@ extension LedgerConfiguration.Apple {
             key = AppCredentials.APIKey(issuerId: apiIssuerID, keyId: apiKeyID, privateKey: .reference(.file(path)))
         }
         return ConfiguredApp(app: AppCatalog.Configured(
-            bundleId: id, appAppleId: appID, environments: [App.Environment(name: environment) ?? .production],
+            bundleId: id, appAppleId: appID, environments: environments.compactMap { App.Environment(name: $0.rawValue) },
             sharedSecret: sharedSecret, apiKey: key))
     }
 }

@@ -24,10 +24,10 @@ extension LedgerConfiguration.Apple {
         if let bundleID, (try? BundleID(bundleID)) == nil {
             problems.append(.init(Key.appleBundleID, "is \(bundleID); a bundle id holds only letters, digits, hyphens and periods (at most 128), starting with a letter or digit"))
         }
-        if verifies, appID == nil, (AppleEnvironment(name: environment) ?? .production) == .production {
+        if verifies, appID == nil, environments.contains(.production) {
             problems.append(.init(
                 Key.appleAppID,
-                "is missing: \(Key.appleRootCertificates) is set and \(Key.appleEnvironment) is Production, where every notification is checked against the app's Apple id"))
+                "is missing: \(Key.appleRootCertificates) is set and \(Key.appleEnvironment) accepts Production, where every notification is checked against the app's Apple id"))
         }
         return problems
     }

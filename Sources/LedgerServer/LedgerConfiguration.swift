@@ -20,7 +20,9 @@ public struct LedgerConfiguration: Sendable {
         public var rootCertificateFiles: [String] = []
         public var bundleID: String?
         public var appID: Int64?
-        public var environment: String = "Production"
+        /// The environments the app accepts signed data from (`LEDGER_APPLE_ENVIRONMENT`, a
+        /// list): both by default, since App Review buys in the sandbox against production.
+        public var environments: [AppleEnvironment] = [.production, .sandbox]
         public var verifyReceiptURL = "https://buy.itunes.apple.com/verifyReceipt"
         public var verifyReceiptSandboxURL = "https://sandbox.itunes.apple.com/verifyReceipt"
         public var sharedSecret: String?
@@ -29,7 +31,8 @@ public struct LedgerConfiguration: Sendable {
         public var apiIssuerID: String?
         /// The path of the In-App Purchase key's `.p8` PEM file.
         public var apiPrivateKeyFile: String?
-        /// The API's base URL; nil: Apple's, production or sandbox per `environment`.
+        /// The API's base URL; nil: Apple's production host when `environments` has Production,
+        /// else the sandbox's.
         public var apiURL: String?
         public var apiRequestsPerSecond = 10.0
     }
@@ -185,10 +188,9 @@ extension LedgerConfiguration.Apple {
             if let id = Int64(text), id > 0 { appID = id } else { problems.append(.init(Key.appleAppID, "is \(text), not a numeric app id")) }
         }
         if let text = values[Key.appleEnvironment] {
-            if let known = ["Production", "Sandbox"].first(where: { $0.lowercased() == text.lowercased() }) {
-                environment = known
-            } else {
-                problems.append(.init(Key.appleEnvironment, "is \(text); use Production or Sandbox"))
+            switch Self.environments(text) {
+            case .success(let list): environments = list
+            case .failure(let problem): problems.append(problem)
             }
         }
         for (key, assign) in [(Key.verifyReceiptURL, \Self.verifyReceiptURL), (Key.verifyReceiptSandboxURL, \Self.verifyReceiptSandboxURL)] {
@@ -206,6 +208,29 @@ extension LedgerConfiguration.Apple {
         problems += identityProblems().filter { !named.contains($0.setting) }
         return problems
     }
+
+    /// `LEDGER_APPLE_ENVIRONMENT`'s list: `Production`, `Sandbox` or both, comma-separated, in
+    /// any case. Xcode and LocalTesting are refused: their data is signed by Xcode's own
+    /// certificate, which no Apple root vouches for.
+    static func environments(_ text: String) -> Result<[AppleEnvironment], LedgerConfigurationProblem> {
+        let names = text.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+        var list: [AppleEnvironment] = []
+        for name in names {
+            guard let environment = AppleEnvironment(name: name), [.production, .sandbox].contains(environment) else {
+                return .failure(.init(
+                    LedgerConfiguration.Key.appleEnvironment, "is \(text): \(name) is no environment; use Production, Sandbox or Production,Sandbox"))
+            }
+            if !list.contains(environment) { list.append(environment) }
+        }
+        guard !list.isEmpty else {
+            return .failure(.init(LedgerConfiguration.Key.appleEnvironment, "is \(text), which names no environment; use Production, Sandbox or Production,Sandbox"))
+        }
+        return .success(list)
+    }
+
+    /// The environment of Apple's API host these settings ask by default: production when the
+    /// app accepts it, else the sandbox.
+    public var apiEnvironment: AppleEnvironment { environments.contains(.production) ? .production : .sandbox }
 
     /// The App Store Server API's settings: the key's three settings together or not at all.
     private mutating func loadAPI(_ values: [String: String]) -> [LedgerConfigurationProblem] {
@@ -243,8 +268,8 @@ extension LedgerConfiguration.Apple {
         try AppStoreServerAPI.key(pem)
         return AppStoreServerAPI.Settings(
             keyID: keyID, issuerID: issuerID, privateKeyPEM: pem, bundleID: bundleID ?? "",
-            baseURL: apiURL ?? (environment == "Sandbox" ? AppStoreServerAPI.sandboxURL : AppStoreServerAPI.productionURL),
-            environment: AppleEnvironment(name: environment), requestsPerSecond: apiRequestsPerSecond)
+            baseURL: apiURL ?? (apiEnvironment == .sandbox ? AppStoreServerAPI.sandboxURL : AppStoreServerAPI.productionURL),
+            environment: apiEnvironment, requestsPerSecond: apiRequestsPerSecond)
     }
 }
 
@@ -266,7 +291,7 @@ extension LedgerConfiguration.Apple {
         guard problems.isEmpty else { throw LedgerConfigurationError(problems: problems) }
         let roots = try AppleRootCertificates.load(paths: rootCertificateFiles)
         return AppleProofVerifier(
-            app: .init(bundleId: bundleID, appAppleId: appID, environment: AppleEnvironment(name: environment) ?? .production),
+            app: .init(bundleId: bundleID, appAppleId: appID, environments: Set(environments)),
             signedData: SignedDataVerifier(rootCertificates: roots),
             verifyReceipt: VerifyReceiptClient(
                 settings: .init(productionURL: verifyReceiptURL, sandboxURL: verifyReceiptSandboxURL, sharedSecret: sharedSecret),

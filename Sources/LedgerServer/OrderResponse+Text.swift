@@ -24,6 +24,7 @@ extension OrderResponse: ResponseGenerator {
         json += #""appAccountToken":"\#(order.appAccountToken.uuidString.lowercased())","#
         json += #""createdAt":"\#(EventCoding.formatDate(order.createdAt))","#
         json += #""currency":\#(JSONString(order.currency)),"#
+        json += #""environment":\#(JSONString(order.environment)),"#
         if let events {
             json += #""events":["#
             for (index, event) in events.enumerated() {

@@ -41,7 +41,7 @@ struct ReceiptsController {
                 let transaction = try await verifier.verifiedPurchase(signed: jws)
                 let answer = try await receipts.apply(transaction, claim: claim, metadata: metadata)
                 metrics.receiptAnswered(answer.outcome.rawValue)
-                return try Self.response(answer, request, context)
+                return try Self.response(answer, environments: [transaction.transactionId: transaction.environment], request, context)
             } catch let error as AppleVerificationError {
                 return try await refuse(error, format: .jws, proof: jws, claim: claim, transactionId: claimedID, metadata: metadata, request, context)
             }
@@ -56,7 +56,8 @@ struct ReceiptsController {
                             ?? "the receipt holds no transaction")
                 }
                 metrics.receiptAnswered(primary.outcome.rawValue)
-                return try Self.response(primary, transactions: answers.all, request, context)
+                let environments = Dictionary(transactions.map { ($0.transactionId, $0.environment) }) { first, _ in first }
+                return try Self.response(primary, transactions: answers.all, environments: environments, request, context)
             } catch let error as AppleVerificationError {
                 return try await refuse(error, format: .receipt, proof: receipt, claim: claim, transactionId: claimedID, metadata: metadata, request, context)
             }
@@ -131,11 +132,13 @@ struct ReceiptsController {
         let transactionId: TransactionID?
     }
 
-    /// The answer to one transaction: its outcome, the order, and whether the client may finish.
+    /// The answer to one transaction: its outcome, the order, whether the client may finish, and
+    /// the environment Apple signed it in (`Sandbox` for App Review's purchases).
     struct TransactionAnswer: Encodable {
         let answer: ReceiptLedger.Answer
+        let environment: String?
 
-        enum CodingKeys: String, CodingKey { case outcome, transactionId, orderId, state, finishTransaction, reason }
+        enum CodingKeys: String, CodingKey { case outcome, transactionId, orderId, state, finishTransaction, reason, environment }
 
         func encode(to encoder: any Encoder) throws {
             var json = encoder.container(keyedBy: CodingKeys.self)
@@ -145,13 +148,18 @@ struct ReceiptsController {
             try json.encode(answer.state, forKey: .state)
             try json.encode(answer.finishTransaction, forKey: .finishTransaction)
             try json.encodeIfPresent(answer.reason, forKey: .reason)
+            try json.encodeIfPresent(environment, forKey: .environment)
         }
     }
 
     /// The answer's JSON; for a legacy receipt, with each of its transactions' answers.
     static func response(
-        _ answer: ReceiptLedger.Answer, transactions: [ReceiptLedger.Answer]? = nil, _ request: Request, _ context: LedgerRequestContext
+        _ answer: ReceiptLedger.Answer, transactions: [ReceiptLedger.Answer]? = nil, environments: [TransactionID: String],
+        _ request: Request, _ context: LedgerRequestContext
     ) throws -> Response {
+        func transactionAnswer(_ answer: ReceiptLedger.Answer) -> TransactionAnswer {
+            TransactionAnswer(answer: answer, environment: environments[answer.transactionId])
+        }
         struct Body: Encodable {
             let answer: TransactionAnswer
             let transactions: [TransactionAnswer]?
@@ -165,6 +173,6 @@ struct ReceiptsController {
             enum CodingKeys: String, CodingKey { case transactions }
         }
         return try EventCoding.encoder.encode(
-            Body(answer: TransactionAnswer(answer: answer), transactions: transactions?.map(TransactionAnswer.init)), from: request, context: context)
+            Body(answer: transactionAnswer(answer), transactions: transactions?.map(transactionAnswer)), from: request, context: context)
     }
 }

@@ -19,7 +19,7 @@ struct OrderResponse: Encodable, Sendable {
 
     enum CodingKeys: String, CodingKey {
         case orderId, userId, productId, quantity, price, currency, appAccountToken, state, version, transactionId
-        case createdAt, updatedAt, finishTransaction, events
+        case environment, createdAt, updatedAt, finishTransaction, events
     }
 
     func encode(to encoder: any Encoder) throws {
@@ -34,6 +34,7 @@ struct OrderResponse: Encodable, Sendable {
         try json.encode(order.state, forKey: .state)
         try json.encode(order.version, forKey: .version)
         try json.encode(order.transactionId, forKey: .transactionId)
+        try json.encode(order.environment, forKey: .environment)
         try json.encode(order.createdAt, forKey: .createdAt)
         try json.encode(order.updatedAt, forKey: .updatedAt)
         try json.encode(order.state.clientMayFinish, forKey: .finishTransaction)

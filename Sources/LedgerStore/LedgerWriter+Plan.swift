@@ -110,7 +110,8 @@ extension LedgerWriter {
         let read = ReadRows(locking: locking.map(\.rawValue), orderIDs: orderIDs, transactionIDs: transactionIDs)
         for row in try await statement.run(read) {
             let cells = row.makeRandomAccess()
-            if let order = try ProjectionRows.order(cells, at: 0) {
+            if var order = try ProjectionRows.order(cells, at: 0) {
+                order.environment = try cells[ProjectionRows.orderColumnCount + ProjectionRows.transactionColumnCount + 1].decode(String?.self)
                 snapshot.orders[order.orderId] = order
             } else if let transaction = try ProjectionRows.transaction(cells, at: ProjectionRows.orderColumnCount) {
                 snapshot.transactions[transaction.transactionId] = transaction
@@ -122,12 +123,14 @@ extension LedgerWriter {
     }
 
     /// `read_for_write` (`sql/routines/read_for_write.sql`), prepared once per connection, its
-    /// rows as the columns of `ProjectionRows`.
+    /// rows as the columns of `ProjectionRows`, then an order's transaction's environment (so an
+    /// answer about the order shows it; one index lookup, outside the routine).
     struct ReadRows: PostgresPreparedStatement {
         static let name = "ledger_read_for_write"
         static let sql = """
             SELECT \(columns(ProjectionRows.orderColumns, of: "r.o")), \(columns(ProjectionRows.transactionColumns, of: "r.t")),
-                   r.transaction_version
+                   r.transaction_version,
+                   (SELECT x.environment FROM apple_transactions x WHERE x.transaction_id = (r.o).transaction_id)
               FROM read_for_write($1::text[], $2::text[], $3::text[]) AS r
             """
         typealias Row = PostgresRow

@@ -84,7 +84,7 @@ public struct OrderLedger: Sendable {
 
     /// The order as its projection row has it, or nil.
     public func order(_ id: OrderID) async throws -> Order? {
-        let rows = try await database.query("SELECT \(unescaped: ProjectionRows.orderColumns) FROM orders WHERE order_id = \(id.rawValue)")
+        let rows = try await database.query("SELECT \(unescaped: ProjectionRows.orderAnswerColumns) FROM \(unescaped: ProjectionRows.ordersWithEnvironment) WHERE o.order_id = \(id.rawValue)")
         return try ProjectionRows.orders(rows.rows).first
     }
 
@@ -113,12 +113,12 @@ public struct OrderLedger: Sendable {
         let states = states?.map(\.rawValue)
         let rows = try await database.query(
             """
-            SELECT \(unescaped: ProjectionRows.orderColumns) FROM orders
-            WHERE (\(userID?.rawValue)::text IS NULL OR user_id = \(userID?.rawValue))
-              AND (\(productID?.rawValue)::text IS NULL OR product_id = \(productID?.rawValue))
-              AND (\(states)::text[] IS NULL OR state = ANY(\(states)::text[]))
-              AND (\(after?.rawValue)::text IS NULL OR order_id > \(after?.rawValue))
-            ORDER BY order_id LIMIT \(min(max(limit, 1), 1000))
+            SELECT \(unescaped: ProjectionRows.orderAnswerColumns) FROM \(unescaped: ProjectionRows.ordersWithEnvironment)
+            WHERE (\(userID?.rawValue)::text IS NULL OR o.user_id = \(userID?.rawValue))
+              AND (\(productID?.rawValue)::text IS NULL OR o.product_id = \(productID?.rawValue))
+              AND (\(states)::text[] IS NULL OR o.state = ANY(\(states)::text[]))
+              AND (\(after?.rawValue)::text IS NULL OR o.order_id > \(after?.rawValue))
+            ORDER BY o.order_id LIMIT \(min(max(limit, 1), 1000))
             """)
         return try ProjectionRows.orders(rows.rows)
     }

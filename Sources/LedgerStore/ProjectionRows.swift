@@ -10,6 +10,14 @@ enum ProjectionRows {
         """
     static let orderColumnCount = 15
 
+    /// The `orders` columns as the API reads them, each with its Apple transaction's environment
+    /// after them (`Order.environment`); from `ordersWithEnvironment`.
+    static let orderAnswerColumns = """
+        o.order_id, o.user_id, o.product_id, o.quantity, o.price::text, o.currency, o.app_account_token, o.state, o.version,
+        o.transaction_id, o.created_at, o.updated_at, o.queued_at, o.state_before_refund, o.failure_reason, t.environment
+        """
+    static let ordersWithEnvironment = "orders o LEFT JOIN apple_transactions t ON t.transaction_id = o.transaction_id"
+
     static let transactionColumns = """
         transaction_id, order_id, user_id, product_id, purchase_date, environment, status, received_at, updated_at,
         original_transaction_id, app_transaction_id, app_account_token, matched_by, verification::text
@@ -30,16 +38,23 @@ enum ProjectionRows {
             stateBeforeRefund: try cell(13, String?.self).flatMap(OrderState.init(rawValue:)), failureReason: try cell(14, String?.self))
     }
 
-    /// Every order of `rows` (whose columns are `orderColumns`).
+    /// Every order of `rows` (whose columns are `orderAnswerColumns`).
     static func orders(_ rows: some Sequence<PostgresRow>) throws -> [Order] {
-        try rows.compactMap { try order($0.makeRandomAccess(), at: 0) }
+        try rows.compactMap { try answerOrder($0.makeRandomAccess()) }
     }
 
     /// `orders` for rows a query streams.
     static func orders(_ rows: PostgresRowSequence) async throws -> [Order] {
         var orders: [Order] = []
-        for try await row in rows { if let order = try order(row.makeRandomAccess(), at: 0) { orders.append(order) } }
+        for try await row in rows { if let order = try answerOrder(row.makeRandomAccess()) { orders.append(order) } }
         return orders
+    }
+
+    /// The order of a row in `orderAnswerColumns`.
+    private static func answerOrder(_ cells: PostgresRandomAccessRow) throws -> Order? {
+        var order = try order(cells, at: 0)
+        order?.environment = try cells[orderColumnCount].decode(String?.self)
+        return order
     }
 
     /// The transaction in `transactionColumns` from column `offset` on; nil when its id is NULL.

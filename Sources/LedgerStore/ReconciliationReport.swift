@@ -4,14 +4,24 @@ import LedgerJSON
 import Logging
 import PostgresNIO
 
-/// Finance's reconciliation report: per day (UTC), product and currency, what happened to
-/// orders, the revenue it means, how transactions were paired; and the pool as it stands.
+/// Finance's reconciliation report: per day (UTC), product, currency and App Store environment,
+/// what happened to orders, the revenue it means, how transactions were paired; and the pool as
+/// it stands.
+///
+/// An order's environment is its Apple transaction's (`apple_transactions.environment`, as Apple
+/// signed it); after its pairing was undone, its last transaction's; an order that never had one
+/// (not paid yet, or paid by a client's own `verified`) counts as `Production`: it has no Apple
+/// revenue to mislead (the view `order_environments`, sql/migrations/012_environments.sql). Every
+/// row of an order follows that environment as it is now, so a sandbox order's creation,
+/// verification and refunds land in the same `Sandbox` row, and `totals` never holds them.
 public struct ReconciliationReport: Sendable, Codable, Equatable {
-    /// One day, product and currency.
+    /// One day, product, currency and environment.
     public struct Row: Sendable, Codable, Equatable {
         public var day: String
         public var productId: String
         public var currency: String?
+        /// `Production`, or `Sandbox` for App Review's and testers' purchases (kept apart).
+        public var environment: String
         public var ordersCreated = 0
         public var verified = 0
         public var delivered = 0
@@ -40,10 +50,11 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         /// (also counted in `refunded`).
         public var refundsCaughtUp = 0
 
-        init(day: String, productId: String, currency: String?) {
+        init(day: String, productId: String, currency: String?, environment: String) {
             self.day = day
             self.productId = productId
             self.currency = currency
+            self.environment = environment
         }
     }
 
@@ -53,13 +64,17 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         public var oldestAgeSeconds: Double?
         /// By age since received: `under-1h`, `1h-1d`, `1d-7d`, `over-7d`.
         public var byAge: [String: Int] = ["under-1h": 0, "1h-1d": 0, "1d-7d": 0, "over-7d": 0]
+        /// By the environment Apple signed each transaction in.
+        public var byEnvironment: [String: Int] = [:]
     }
 
     public var from: String
     public var to: String
     public var rows: [Row]
-    /// The rows summed (day, product and currency "total").
+    /// The `Production` rows summed (day and product "total"): the revenue.
     public var totals: Row
+    /// The rows of every other environment summed, apart from `totals` (environment `Sandbox`).
+    public var sandboxTotals: Row
     public var unmatched: Pool
 
     /// The report for events recorded from `from` (inclusive) to `to` (exclusive).
@@ -67,7 +82,9 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         var rows: [String: Row] = [:]
         var revenue: [String: Decimal] = [:]
         var refundedAmount: [String: Decimal] = [:]
-        func key(_ day: String, _ product: String, _ currency: String?) -> String { "\(day)\u{1F}\(product)\u{1F}\(currency ?? "")" }
+        func key(_ day: String, _ product: String, _ currency: String?, _ environment: String) -> String {
+            "\(day)\u{1F}\(product)\u{1F}\(currency ?? "")\u{1F}\(environment)"
+        }
 
         // A refund's amount is its share of the order's (sql/migrations/010_prorated_refunds.sql
         // states the same rule for dashboards.daily_orders): a prorated refund's percentage (in
@@ -75,7 +92,8 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         // `revocationType` held the notification's type) all.
         let orderRows = try await database.query(
             """
-            SELECT to_char(e.recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), o.product_id, o.currency, e.type,
+            SELECT to_char(e.recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), o.product_id, o.currency,
+                   oe.environment, e.type,
                    CASE e.type WHEN 'failed' THEN coalesce(e.data->>'reason', '') WHEN 'pairing-undone' THEN coalesce(e.data->>'fromState', '')
                                WHEN 'consumption-answer' THEN coalesce(e.data->>'outcome', '')
                                WHEN 'refunded' THEN CASE WHEN e.metadata ? 'refundCatchUp' THEN 'caught-up' ELSE '' END ELSE '' END,
@@ -87,13 +105,15 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
                        WHEN e.data->>'revocationType' = 'FAMILY_REVOKE' THEN 0
                        ELSE 1 END), 0))::text
             FROM events e JOIN orders o ON o.order_id = substr(e.stream_id, 7)
+            JOIN order_environments oe ON oe.order_id = o.order_id
             WHERE e.stream_id LIKE 'order-%' AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
               AND e.type IN ('created', 'verified', 'delivered', 'finished', 'failed', 'refunded', 'pairing-undone', 'consumption-answer')
-            GROUP BY 1, 2, 3, 4, 5
+            GROUP BY 1, 2, 3, 4, 5, 6
             """)
-        for try await (day, product, currency, type, reason, count, amount) in orderRows.decode((String, String, String?, String, String, Int, String).self) {
-            let k = key(day, product, currency)
-            var row = rows[k] ?? Row(day: day, productId: product, currency: currency)
+        for try await (day, product, currency, environment, type, reason, count, amount)
+            in orderRows.decode((String, String, String?, String, String, String, Int, String).self) {
+            let k = key(day, product, currency, environment)
+            var row = rows[k] ?? Row(day: day, productId: product, currency: currency, environment: environment)
             switch type {
             case "created": row.ordersCreated += count
             case "verified":
@@ -123,30 +143,33 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         // Consumption answers about pooled transactions (no order, so no currency).
         let pooledAnswers = try await database.query(
             """
-            SELECT to_char(e.recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), t.product_id, coalesce(e.data->>'outcome', ''), count(*)::int
+            SELECT to_char(e.recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), t.product_id, coalesce(t.environment, 'Production'),
+                   coalesce(e.data->>'outcome', ''), count(*)::int
             FROM events e JOIN apple_transactions t ON t.transaction_id = substr(e.stream_id, 13)
             WHERE e.stream_id LIKE 'transaction-%' AND e.type = 'consumption-answer' AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
-            GROUP BY 1, 2, 3
+            GROUP BY 1, 2, 3, 4
             """)
-        for try await (day, product, outcome, count) in pooledAnswers.decode((String, String, String, Int).self) {
-            let k = key(day, product, nil)
-            var row = rows[k] ?? Row(day: day, productId: product, currency: nil)
+        for try await (day, product, environment, outcome, count) in pooledAnswers.decode((String, String, String, String, Int).self) {
+            let k = key(day, product, nil, environment)
+            var row = rows[k] ?? Row(day: day, productId: product, currency: nil, environment: environment)
             row.countConsumptionAnswer(outcome, count)
             rows[k] = row
         }
 
         let pairingRows = try await database.query(
             """
-            SELECT to_char(e.recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), o.product_id, o.currency,
+            SELECT to_char(e.recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), o.product_id, o.currency, oe.environment,
                    coalesce(e.data->>'rule', e.data->>'matchedBy'), e.data->>'matchedBy',
                    count(*)::int, count(*) FILTER (WHERE (e.data->>'candidates')::int > 1)::int
             FROM events e JOIN orders o ON o.order_id = e.data->>'orderId'
+            JOIN order_environments oe ON oe.order_id = o.order_id
             WHERE e.type = 'transaction-matched' AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
-            GROUP BY 1, 2, 3, 4, 5
+            GROUP BY 1, 2, 3, 4, 5, 6
             """)
-        for try await (day, product, currency, rule, matchedBy, count, ambiguous) in pairingRows.decode((String, String, String?, String, String, Int, Int).self) {
-            let k = key(day, product, currency)
-            var row = rows[k] ?? Row(day: day, productId: product, currency: currency)
+        for try await (day, product, currency, environment, rule, matchedBy, count, ambiguous)
+            in pairingRows.decode((String, String, String?, String, String, String, Int, Int).self) {
+            let k = key(day, product, currency, environment)
+            var row = rows[k] ?? Row(day: day, productId: product, currency: currency, environment: environment)
             // Support's forced pairings carry their reason in the rule: counted under "support".
             row.pairingsByRule[matchedBy == "support" ? "support" : rule, default: 0] += count
             row.ambiguousPairings += ambiguous
@@ -154,37 +177,15 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             rows[k] = row
         }
 
-        var sorted = rows.sorted { $0.key < $1.key }.map { entry -> Row in
+        let sorted = rows.sorted { $0.key < $1.key }.map { entry -> Row in
             var row = entry.value
             row.revenue = "\(revenue[entry.key] ?? 0)"
             row.refundedAmount = "\(refundedAmount[entry.key] ?? 0)"
             return row
         }
-        var totals = Row(day: "total", productId: "total", currency: nil)
-        var totalRevenue: Decimal = 0
-        var totalRefunded: Decimal = 0
-        for row in sorted {
-            totals.ordersCreated += row.ordersCreated
-            totals.verified += row.verified
-            totals.delivered += row.delivered
-            totals.finished += row.finished
-            totals.failed += row.failed
-            totals.failedByReason.merge(row.failedByReason, uniquingKeysWith: +)
-            totals.refunded += row.refunded
-            totals.pairingsByRule.merge(row.pairingsByRule, uniquingKeysWith: +)
-            totals.ambiguousPairings += row.ambiguousPairings
-            totals.supportPairings += row.supportPairings
-            totals.undonePairings += row.undonePairings
-            totals.consumptionAnswered += row.consumptionAnswered
-            totals.consumptionFailed += row.consumptionFailed
-            totals.consumptionTooLate += row.consumptionTooLate
-            totals.refundsCaughtUp += row.refundsCaughtUp
-            totalRevenue += Decimal(string: row.revenue) ?? 0
-            totalRefunded += Decimal(string: row.refundedAmount) ?? 0
-        }
-        totals.revenue = "\(totalRevenue)"
-        totals.refundedAmount = "\(totalRefunded)"
-        if sorted.isEmpty { sorted = [] }
+        // Production's revenue never holds the sandbox's: each environment sums apart.
+        let totals = Row.sum(sorted.filter { $0.environment == "Production" }, environment: "Production")
+        let sandboxTotals = Row.sum(sorted.filter { $0.environment != "Production" }, environment: "Sandbox")
 
         var pool = Pool()
         let poolRows = try await database.query(
@@ -201,25 +202,30 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             pool.oldestAgeSeconds = oldest
             pool.byAge = ["under-1h": hour, "1h-1d": day, "1d-7d": week, "over-7d": older]
         }
+        let poolEnvironments = try await database.query(
+            "SELECT coalesce(environment, 'Production'), count(*)::int FROM unmatched_transactions GROUP BY 1")
+        for try await (environment, count) in poolEnvironments.decode((String, Int).self) { pool.byEnvironment[environment] = count }
         return ReconciliationReport(
-            from: EventCoding.formatDate(from), to: EventCoding.formatDate(to), rows: sorted, totals: totals, unmatched: pool)
+            from: EventCoding.formatDate(from), to: EventCoding.formatDate(to), rows: sorted, totals: totals, sandboxTotals: sandboxTotals,
+            unmatched: pool)
     }
 
-    /// The report as CSV: one line per row and a totals line; maps as `key=count` lists.
+    /// The report as CSV: one line per row, then production's totals line and the sandbox's;
+    /// maps as `key=count` lists. Columns are only ever added at the end.
     public var csv: String {
-        var lines = ["day,product_id,currency,orders_created,verified,delivered,finished,failed,failed_by_reason,refunded,revenue,pairings_by_rule,ambiguous_pairings,support_pairings,undone_pairings,consumption_answered,consumption_failed,consumption_too_late,refunds_caught_up,refunded_amount"]
+        var lines = ["day,product_id,currency,orders_created,verified,delivered,finished,failed,failed_by_reason,refunded,revenue,pairings_by_rule,ambiguous_pairings,support_pairings,undone_pairings,consumption_answered,consumption_failed,consumption_too_late,refunds_caught_up,refunded_amount,environment"]
         func map(_ values: [String: Int]) -> String { values.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ";") }
         func field(_ text: String) -> String {
             text.contains(where: { $0 == "," || $0 == "\"" || $0 == "\n" }) ? "\"" + text.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : text
         }
-        for row in rows + [totals] {
+        for row in rows + [totals, sandboxTotals] {
             let orders: [String] = [
                 row.day, row.productId, row.currency ?? "", String(row.ordersCreated), String(row.verified), String(row.delivered),
                 String(row.finished), String(row.failed), map(row.failedByReason), String(row.refunded), row.revenue,
             ]
             let pairings: [String] = [map(row.pairingsByRule), String(row.ambiguousPairings), String(row.supportPairings), String(row.undonePairings)]
             let apple: [Int] = [row.consumptionAnswered, row.consumptionFailed, row.consumptionTooLate, row.refundsCaughtUp]
-            lines.append((orders + pairings + apple.map(String.init) + [row.refundedAmount]).map(field).joined(separator: ","))
+            lines.append((orders + pairings + apple.map(String.init) + [row.refundedAmount, row.environment]).map(field).joined(separator: ","))
         }
         lines.append("")
         lines.append("unmatched_count,oldest_age_seconds,under_1h,1h_1d,1d_7d,over_7d")
@@ -233,6 +239,35 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
 }
 
 extension ReconciliationReport.Row {
+    /// `rows` summed into one (day and product "total").
+    static func sum(_ rows: [Self], environment: String) -> Self {
+        var totals = Self(day: "total", productId: "total", currency: nil, environment: environment)
+        var revenue: Decimal = 0
+        var refunded: Decimal = 0
+        for row in rows {
+            totals.ordersCreated += row.ordersCreated
+            totals.verified += row.verified
+            totals.delivered += row.delivered
+            totals.finished += row.finished
+            totals.failed += row.failed
+            totals.failedByReason.merge(row.failedByReason, uniquingKeysWith: +)
+            totals.refunded += row.refunded
+            totals.pairingsByRule.merge(row.pairingsByRule, uniquingKeysWith: +)
+            totals.ambiguousPairings += row.ambiguousPairings
+            totals.supportPairings += row.supportPairings
+            totals.undonePairings += row.undonePairings
+            totals.consumptionAnswered += row.consumptionAnswered
+            totals.consumptionFailed += row.consumptionFailed
+            totals.consumptionTooLate += row.consumptionTooLate
+            totals.refundsCaughtUp += row.refundsCaughtUp
+            revenue += Decimal(string: row.revenue) ?? 0
+            refunded += Decimal(string: row.refundedAmount) ?? 0
+        }
+        totals.revenue = "\(revenue)"
+        totals.refundedAmount = "\(refunded)"
+        return totals
+    }
+
     mutating func countConsumptionAnswer(_ outcome: String, _ count: Int) {
         switch ConsumptionAnswer.Outcome(rawValue: outcome) {
         case .sent: consumptionAnswered += count

@@ -27,7 +27,7 @@ struct Backfill: AsyncParsableCommand {
             let progress = terminalProgress("notifications").map { report in { @Sendable (seen: Int) in report(seen, seen + 1) } }
             let summary = try await withAppleWork(options) { work in
                 try await work.services.notificationBackfill(
-                    api: work.api, verifier: work.verifier, environment: AppleEnvironment(name: work.configuration.apple.environment)
+                    api: work.api, verifier: work.verifier, environment: work.configuration.apple.apiEnvironment
                 ).run(since: start, metadata: metadata, progress: progress)
             }
             if summary.busy { throw ValidationError("another server is running the notification backfill; try again later") }

@@ -21,7 +21,7 @@ struct ConfigurationOptions: ParsableArguments {
     var appleBundleId: String?
     @Option(help: "The app's Apple id, required with root certificates in production (LEDGER_APPLE_APP_ID)")
     var appleAppId: String?
-    @Option(help: "Production or Sandbox (LEDGER_APPLE_ENVIRONMENT)")
+    @Option(help: "The environments accepted: Production,Sandbox (the default), Production or Sandbox (LEDGER_APPLE_ENVIRONMENT)")
     var appleEnvironment: String?
     @Option(help: "verifyReceipt production URL (LEDGER_APPLE_VERIFY_RECEIPT_URL)")
     var appleVerifyReceiptUrl: String?

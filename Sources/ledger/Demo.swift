@@ -66,7 +66,7 @@ struct Demo: AsyncParsableCommand {
         configuration.port = try ProcessRunner.freeLocalPort()
         configuration.apple.rootCertificateFiles = [rootFile]
         configuration.apple.bundleID = Self.bundleId
-        configuration.apple.environment = "Sandbox"
+        configuration.apple.environments = [.sandbox]
         configuration.apple.apiKeyID = AppStoreServerStandIn.keyID
         configuration.apple.apiIssuerID = AppStoreServerStandIn.issuerID
         configuration.apple.apiPrivateKeyFile = keyFile

@@ -5,7 +5,7 @@ import LedgerStore
 
 /// `ledger report --from --to [--format csv|json]`: the reconciliation report on stdout.
 struct Report: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Print the reconciliation report (per day, product and currency; the unmatched pool).")
+    static let configuration = CommandConfiguration(abstract: "Print the reconciliation report (per day, product, currency and environment; the unmatched pool).")
     @OptionGroup var options: ConfigurationOptions
     @Option(help: "First day (2026-11-01) or time; default 30 days ago") var from: String?
     @Option(help: "Last day (included) or time (excluded); default now") var to: String?

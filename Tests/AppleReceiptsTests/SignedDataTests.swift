@@ -170,6 +170,31 @@ struct SignedDataTests {
         #expect(await refusal(token, try verifier(trusting: apple, environment: .production)) == "wrong-environment")
     }
 
+    @Test("an app that accepts both environments verifies each, and checks the app id on Production-signed data only")
+    func bothEnvironments() async throws {
+        var app = AppleProofVerifier.App(bundleId: TestApple.bundleId, appAppleId: 42, environments: [.production, .sandbox])
+        let both = AppleProofVerifier(app: app, signedData: try verifier(trusting: apple).signedData, verifyReceipt: nil)
+        let sandbox = try await both.verifiedPurchase(signed: try await apple.sign(TestApple.transaction("s1", environment: "Sandbox")))
+        let production = try await both.verifiedPurchase(signed: try await apple.sign(TestApple.transaction("p1", environment: "Production")))
+        #expect(sandbox.environment == "Sandbox" && production.environment == "Production")
+        // The test app's id is not 42: a sandbox notification passes (Apple checks the id in
+        // production only), a production one is refused.
+        let sandboxNote = try await apple.notification("REFUND", transaction: TestApple.transaction("s2"), environment: "Sandbox")
+        #expect(try await both.notification(signed: sandboxNote).transaction?.environment == "Sandbox")
+        let productionNote = try await apple.notification("REFUND", transaction: TestApple.transaction("p2", environment: "Production"), environment: "Production")
+        do {
+            _ = try await both.notification(signed: productionNote)
+            Issue.record("a production notification of another app id was taken")
+        } catch {
+            #expect(error.code == "wrong-app-id")
+        }
+        // Xcode's and unknown environments are never accepted; nor the sandbox by a production-only app.
+        #expect(await refusal(try await apple.sign(TestApple.transaction("x1", environment: "Xcode")), both) == "wrong-environment")
+        app.environments = [.production]
+        let productionOnly = AppleProofVerifier(app: app, signedData: both.signedData, verifyReceipt: nil)
+        #expect(await refusal(try await apple.sign(TestApple.transaction("s3", environment: "Sandbox")), productionOnly) == "wrong-environment")
+    }
+
     @Test("malformed base64 or JSON is refused", arguments: [
         "not-a-token", "a.b.c", "!!!.???.***",
         base64URL("{\"alg\":\"ES256\"") + "." + base64URL("{}") + ".sig",

@@ -231,7 +231,7 @@ struct AppRoutesTests {
             // Started again with the same settings: nothing changes.
             try await serve(configuration, on: db, key: admin) { _ in }
             #expect(try await scalar(db, "SELECT updated_at::text FROM apps", as: String.self) == first)
-            configuration.apple.environment = "Sandbox"
+            configuration.apple.environments = [.sandbox]
             configuration.apple.appID = 42
             configuration.apple.sharedSecret = nil
             try await serve(configuration, on: db, key: admin) { http in

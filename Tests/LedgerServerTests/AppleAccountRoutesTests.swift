@@ -272,7 +272,7 @@ struct AppleAccountRoutesTests {
             await standIn.setHistory("acct-z", [.init(revision: "z1", hasMore: false, signedTransactions: [try await apple.sign(TestApple.transaction("7700003"))])])
             var configuration = LedgerConfiguration()
             configuration.apple.bundleID = TestApple.bundleId
-            configuration.apple.environment = "Sandbox"
+            configuration.apple.environments = [.sandbox]
             configuration.recoveryAfter = 0
             let sweep = configuration.historySweep(
                 secondServer(db), api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger),

@@ -278,7 +278,7 @@ struct AppleBackfillTests {
             #expect(try await eventCount(db) == events, "nothing applied twice")
 
             let (_, report) = try await http.send(.get, "/v1/reports/reconciliation")
-            let totals = report["totals"] as? [String: Any] ?? [:]
+            let totals = report["sandboxTotals"] as? [String: Any] ?? [:]
             #expect(totals["refundsCaughtUp"] as? Int == 1 && totals["refunded"] as? Int == 2, "\(totals)")
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
         }

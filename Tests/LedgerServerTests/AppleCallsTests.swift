@@ -14,7 +14,7 @@ func trusting(_ apple: TestApple) -> LedgerConfiguration {
     var configuration = LedgerConfiguration()
     configuration.apple.rootCertificateFiles = [apple.rootFile]
     configuration.apple.bundleID = TestApple.bundleId
-    configuration.apple.environment = "Sandbox"
+    configuration.apple.environments = [.sandbox]
     return configuration
 }
 
@@ -177,7 +177,7 @@ struct AppleCallsTests {
             #expect(later.calls.isEmpty && writesAfter == requests.count)
 
             let (_, report) = try await http.send(.get, "/v1/reports/reconciliation")
-            let totals = report["totals"] as? [String: Any] ?? [:]
+            let totals = report["sandboxTotals"] as? [String: Any] ?? [:]
             #expect(totals["consumptionAnswered"] as? Int == requests.count, "\(totals)")
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
         }
@@ -313,7 +313,7 @@ struct AppleCallsTests {
             #expect(try await scalar(db, "SELECT count(*)::int FROM apple_calls", as: Int.self) == 0)
 
             let (_, json) = try await http.send(.get, "/v1/reports/reconciliation")
-            let totals = json["totals"] as? [String: Any] ?? [:]
+            let totals = json["sandboxTotals"] as? [String: Any] ?? [:]
             #expect(totals["consumptionAnswered"] as? Int == 1 && totals["consumptionFailed"] as? Int == 1 && totals["consumptionTooLate"] as? Int == 1, "\(totals)")
         }
     }

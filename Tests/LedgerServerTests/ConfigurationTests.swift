@@ -14,7 +14,33 @@ struct ConfigurationTests {
         #expect(configuration.database == .privateCluster(dataDirectory: "./.ledger"))
         #expect(configuration.host == "127.0.0.1")
         #expect(configuration.port == 8080)
-        #expect(configuration.apple.environment == "Production")
+        #expect(configuration.apple.environments == [.production, .sandbox], "App Review's sandbox purchases are accepted in production")
+    }
+
+    @Test("LEDGER_APPLE_ENVIRONMENT: a comma-separated list in any case; anything else names the setting")
+    func environmentList() throws {
+        typealias Key = LedgerConfiguration.Key
+        func environments(_ text: String) throws -> [AppleEnvironment] {
+            try LedgerConfiguration.load([Key.appleEnvironment: text]).apple.environments
+        }
+        #expect(try environments("Production") == [.production])
+        #expect(try environments("sandbox") == [.sandbox])
+        #expect(try environments("PRODUCTION, Sandbox") == [.production, .sandbox])
+        #expect(try environments("Sandbox,Production,sandbox") == [.sandbox, .production])
+        for bad in ["Staging", "Production,Xcode", "LocalTesting", ",", "Production;Sandbox"] {
+            do {
+                _ = try LedgerConfiguration.load([Key.appleEnvironment: bad])
+                Issue.record("\(bad) was accepted")
+            } catch {
+                #expect(error.problems.map(\.setting) == [Key.appleEnvironment], "\(bad): \(error)")
+                #expect(error.description.contains("Production,Sandbox"), "\(error)")
+            }
+        }
+        // The verifier takes the list; the API's host is production's when the list has it.
+        let both = try LedgerConfiguration.load([Key.appleEnvironment: "sandbox,production"])
+        #expect(try both.apple.verifier(logger: TestServer.logger).app.environments == [.production, .sandbox])
+        #expect(both.apple.apiEnvironment == .production)
+        #expect(try LedgerConfiguration.load([Key.appleEnvironment: "Sandbox"]).apple.apiEnvironment == .sandbox)
     }
 
     @Test("Apple roots: a missing file is a configuration error; a file without a certificate stops the application from being built")
@@ -147,6 +173,9 @@ extension ConfigurationTests {
         // Enough: the sandbox with a bundle id; production with both.
         #expect(refusal([Key.appleRootCertificates: apple.rootFile, Key.appleEnvironment: "Sandbox", Key.appleBundleID: TestApple.bundleId]) == nil)
         #expect(refusal([Key.appleRootCertificates: apple.rootFile, Key.appleBundleID: TestApple.bundleId, Key.appleAppID: "1234567890"]) == nil)
+        // A list that has Production needs the app id too; one without it does not.
+        let both = try #require(refusal([Key.appleRootCertificates: apple.rootFile, Key.appleBundleID: TestApple.bundleId, Key.appleEnvironment: "Sandbox,Production"]))
+        #expect(both.problems.map(\.setting) == [Key.appleAppID])
         // No Apple settings at all (the quickstart): nothing required.
         #expect(refusal([:]) == nil)
         // Settings made in code are held to the same rule when the verifier is built.

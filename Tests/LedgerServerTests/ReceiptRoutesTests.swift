@@ -9,7 +9,8 @@ import LedgerTestSupport
 import PostgresNIO
 import Testing
 
-/// A live ledger that trusts `apple`'s root, for the test app in the sandbox.
+/// A live ledger that trusts `apple`'s root, for the test app in the sandbox (`configure` may
+/// set other environments, and then the app id production needs).
 func withReceiptsApplication(
     _ apple: TestApple, production: String? = nil, sandbox: String? = nil,
     configure: @Sendable @escaping (inout LedgerConfiguration) -> Void = { _ in },
@@ -18,10 +19,10 @@ func withReceiptsApplication(
     try await withLiveApplication(configure: { configuration in
         // The reconciler pairs what it finds at once (tests of the settle window set their own).
         configuration.reconciler.settle = 0
+        configuration.apple.environments = [.sandbox]
         configure(&configuration)
         configuration.apple.rootCertificateFiles = [apple.rootFile]
         configuration.apple.bundleID = TestApple.bundleId
-        configuration.apple.environment = "Sandbox"
         if let production { configuration.apple.verifyReceiptURL = production }
         if let sandbox { configuration.apple.verifyReceiptSandboxURL = sandbox }
     }, test)

@@ -252,7 +252,7 @@ extension ReconcileRoutesTests {
 
             // The report counts the undo, and the revenue counts the purchase once.
             let (_, report) = try await http.send(.get, "/v1/reports/reconciliation?from=2000-01-01")
-            let totals = report["totals"] as? [String: Any] ?? [:]
+            let totals = report["sandboxTotals"] as? [String: Any] ?? [:]
             #expect(totals["undonePairings"] as? Int == 1 && totals["verified"] as? Int == 2 && totals["revenue"] as? String == "0.99")
             // A rebuild folds undo-A's stream before undo-B's, and still leaves the transaction with undo-A.
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])

@@ -121,9 +121,9 @@ struct RefundRoutesTests {
             #expect(late["outcome"] as? String == "rejected" && late["reason"] as? String == "transaction-refunded", "\(late)")
 
             let (_, after) = try await http.send(.get, "/v1/reports/reconciliation")
-            let totals = after["totals"] as? [String: Any] ?? [:]
+            let totals = after["sandboxTotals"] as? [String: Any] ?? [:]
             #expect(totals["refunded"] as? Int == 0 && totals["refundedAmount"] as? String == "0", "\(totals)")
-            #expect(totals["revenue"] as? String == (before["totals"] as? [String: Any])?["revenue"] as? String)
+            #expect(totals["revenue"] as? String == (before["sandboxTotals"] as? [String: Any])?["revenue"] as? String)
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
         }
     }
@@ -169,7 +169,7 @@ struct RefundRoutesTests {
             let orphan = try await notify(http, try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("5000203")))
             #expect(orphan["streamId"] as? String == "transaction-5000203")
             #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions WHERE transaction_id = '5000203'", as: Int.self) == 1)
-            let totals = try await http.send(.get, "/v1/reports/reconciliation").1["totals"] as? [String: Any] ?? [:]
+            let totals = try await http.send(.get, "/v1/reports/reconciliation").1["sandboxTotals"] as? [String: Any] ?? [:]
             #expect(totals["verified"] as? Int == 2 && totals["revenue"] as? String == "1.98", "\(totals)")
         }
     }

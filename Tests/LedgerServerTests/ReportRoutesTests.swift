@@ -8,6 +8,12 @@ import LedgerTestSupport
 import PostgresNIO
 import Testing
 
+/// A ledger as it ships: both environments (the default list), with the app id production needs.
+func bothEnvironments(_ configuration: inout LedgerConfiguration) {
+    configuration.apple.environments = [.production, .sandbox]
+    configuration.apple.appID = TestApple.appAppleId
+}
+
 @Suite("The reconciliation report")
 struct ReportRoutesTests {
     let apple: TestApple
@@ -15,12 +21,12 @@ struct ReportRoutesTests {
 
     @Test("the report's totals equal the projections after a mixed workload; CSV on request")
     func sumsMatchProjections() async throws {
-        try await withReceiptsApplication(apple) { http, db in
+        try await withReceiptsApplication(apple, configure: bothEnvironments) { http, db in
             func order(_ id: String, user: String, product: String, price: String, currency: String) async throws {
                 try await http.send(.post, "/v1/orders", json: ["orderId": id, "userId": user, "productId": product, "price": price, "currency": currency, "quantity": 2])
             }
             func receipt(_ tx: String, order: String?, user: String, product: String) async throws {
-                var body: [String: Any] = ["userId": user, "signedTransaction": try await apple.sign(TestApple.transaction(tx, product: product))]
+                var body: [String: Any] = ["userId": user, "signedTransaction": try await apple.sign(TestApple.transaction(tx, product: product, environment: "Production"))]
                 if let order { body["orderId"] = order }
                 try await http.send(.post, "/v1/receipts", json: body)
             }
@@ -35,7 +41,7 @@ struct ReportRoutesTests {
             try await http.send(.post, "/v1/orders/r-usd-0/events", json: ["type": "delivered", "data": [:]])
             try await http.send(.post, "/v1/orders/r-usd-0/events", json: ["type": "finished", "data": [:]])
             try await http.send(.post, "/v1/orders/r-usd-3/events", json: ["type": "failed", "data": ["reason": "cancelled"]])
-            try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("REFUND", transaction: TestApple.transaction("9000002"))], key: .some(nil))
+            try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("REFUND", transaction: TestApple.transaction("9000002", environment: "Production"), environment: "Production")], key: .some(nil))
             try await http.send(.post, "/v1/reconcile")
             try await order("r-usd-9", user: "ru-5", product: "gems.100", price: "0.99", currency: "USD")
             try await http.send(.post, "/v1/transactions/9000004/match", json: ["orderId": "r-usd-9", "force": true, "reason": "ticket 7"])
@@ -73,10 +79,10 @@ struct ReportRoutesTests {
 
     @Test("a prorated refund takes back its share, a full one (or one stored before Apple's type was read) the whole: in the report and dashboards.daily_orders")
     func proratedRefunds() async throws {
-        try await withReceiptsApplication(apple) { http, db in
+        try await withReceiptsApplication(apple, configure: bothEnvironments) { http, db in
             func paid(_ id: String, _ tx: String, price: String) async throws -> SignedTransactionPayload {
                 try await http.send(.post, "/v1/orders", json: ["orderId": id, "userId": "u-\(id)", "productId": "gems.100", "price": price, "currency": "USD", "quantity": 2])
-                let transaction = TestApple.transaction(tx)
+                let transaction = TestApple.transaction(tx, environment: "Production")
                 try await http.send(.post, "/v1/receipts", json: ["orderId": id, "signedTransaction": try await apple.sign(transaction)])
                 return transaction
             }
@@ -86,7 +92,7 @@ struct ReportRoutesTests {
                 refunded.revocationType = type
                 refunded.revocationPercentage = percentage
                 let (status, _) = try await http.send(
-                    .post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("REFUND", transaction: refunded)], key: .some(nil))
+                    .post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("REFUND", transaction: refunded, environment: "Production")], key: .some(nil))
                 #expect(status == .ok)
             }
             try await refund(try await paid("p-prorated", "9100001", price: "4.99"), type: "REFUND_PRORATED", percentage: 25_000)  // 9.98: 2.495 back
@@ -104,8 +110,8 @@ struct ReportRoutesTests {
             let csv = try await http.client.execute(
                 uri: "/v1/reports/reconciliation?from=2000-01-01", method: .get, headers: [.authorization: "Bearer \(http.key)", .accept: "text/csv"])
             let lines = String(buffer: csv.body).split(separator: "\n")
-            #expect(lines.first?.hasSuffix(",refunds_caught_up,refunded_amount") == true)
-            #expect(lines.first { $0.hasPrefix("total,") }?.hasSuffix(",6.455") == true, "\(lines)")
+            #expect(lines.first?.hasSuffix(",refunds_caught_up,refunded_amount,environment") == true)
+            #expect(lines.first { $0.hasPrefix("total,") }?.hasSuffix(",6.455,Production") == true, "\(lines)")
 
             // The dashboard, as its reader sees it.
             let connection = try await db.connect()

@@ -20,11 +20,15 @@ public struct Order: Sendable, Equatable, Codable {
     /// The state a refund interrupted, restored by `refund-reversed`.
     public var stateBeforeRefund: OrderState?
     public var failureReason: String?
+    /// The App Store environment of the order's Apple transaction (`Production`, `Sandbox`), nil
+    /// while it has none. Not a column of the `orders` projection: reads take it from the
+    /// transaction's row (`apple_transactions.environment`), which the log projects already.
+    public var environment: String?
 
     public init(
         orderId: OrderID, userId: UserID, productId: ProductID, quantity: Int, price: String?, currency: String?,
         appAccountToken: UUID, state: OrderState, version: Int64, transactionId: TransactionID?, createdAt: Date,
-        updatedAt: Date, queuedAt: Date?, stateBeforeRefund: OrderState?, failureReason: String?
+        updatedAt: Date, queuedAt: Date?, stateBeforeRefund: OrderState?, failureReason: String?, environment: String? = nil
     ) {
         self.orderId = orderId
         self.userId = userId
@@ -41,6 +45,7 @@ public struct Order: Sendable, Equatable, Codable {
         self.queuedAt = queuedAt
         self.stateBeforeRefund = stateBeforeRefund
         self.failureReason = failureReason
+        self.environment = environment
     }
 }
 
@@ -72,8 +77,11 @@ extension Order {
         case .receiptReceived(let body):
             next.state = .receiptReceived
             next.transactionId = body.transactionId
-        case .verified:
+            next.environment = body.environment
+        case .verified(let body):
             next.state = .verified
+            // Only a transaction's environment: a client's own `verified` without one names none.
+            if next.transactionId != nil, let environment = body.environment { next.environment = environment }
         case .delivered:
             next.state = .delivered
         case .finished:
@@ -93,6 +101,7 @@ extension Order {
             // Back to where it stood before the receipt.
             next.state = next.queuedAt == nil ? .created : .paymentAdded
             next.transactionId = nil
+            next.environment = nil
         }
         return next
     }

@@ -1,0 +1,151 @@
+import AppleReceipts
+import Foundation
+import Hummingbird
+import HummingbirdTesting
+import LedgerServer
+import LedgerStore
+import LedgerTestSupport
+import PostgresNIO
+import Testing
+
+/// App Review buys in the sandbox against the production build, which talks to the production
+/// ledger: a ledger that accepts both environments (the default) grants that purchase, shows its
+/// environment everywhere, and keeps it out of production's revenue.
+@Suite("Both environments: App Review's sandbox purchase in a production ledger")
+struct SandboxPurchaseTests {
+    let apple: TestApple
+    init() throws { apple = try TestApple() }
+
+    @Test("a Sandbox-signed purchase is granted; the answer, the order, the feed and the dashboards say Sandbox; the report keeps it apart")
+    func sandboxPurchaseGranted() async throws {
+        try await withReceiptsApplication(apple, configure: bothEnvironments) { http, db in
+            for id in ["review-1", "paid-1"] {
+                try await http.send(.post, "/v1/orders", json: ["orderId": id, "userId": "u-\(id)", "productId": "gems.100", "price": "0.99", "currency": "USD"])
+            }
+            let reviewer = try await apple.sign(TestApple.transaction("8800001", environment: "Sandbox"))
+            let (status, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": "review-1", "signedTransaction": reviewer])
+            #expect(status == .ok)
+            #expect(answer["outcome"] as? String == "matched" && answer["state"] as? String == "verified", "\(answer)")
+            #expect(answer["environment"] as? String == "Sandbox")
+            let customer = try await apple.sign(TestApple.transaction("8800002", environment: "Production"))
+            let (_, paid) = try await http.send(.post, "/v1/receipts", json: ["orderId": "paid-1", "signedTransaction": customer])
+            #expect(paid["outcome"] as? String == "matched" && paid["environment"] as? String == "Production", "\(paid)")
+
+            // The order: read, listed, and answered after a client's event (the write path).
+            let (_, order) = try await http.send(.get, "/v1/orders/review-1")
+            #expect(order["state"] as? String == "verified" && order["environment"] as? String == "Sandbox", "\(order)")
+            #expect(try await http.send(.get, "/v1/orders/paid-1").1["environment"] as? String == "Production")
+            let (_, delivered) = try await http.send(.post, "/v1/orders/review-1/events", json: ["type": "delivered", "data": [:]])
+            #expect(delivered["state"] as? String == "delivered" && delivered["environment"] as? String == "Sandbox", "\(delivered)")
+            let (_, list) = try await http.send(.get, "/v1/orders?userId=u-review-1")
+            #expect((list["orders"] as? [[String: Any]])?.first?["environment"] as? String == "Sandbox", "\(list)")
+
+            // The feed: the verified event names the environment Apple signed in. (Polled: other
+            // tests' open transactions on the shared cluster may hold the gap-safe feed back.)
+            var verified: [[String: Any]] = []
+            for _ in 0..<2400 where verified.count < 2 {
+                let (_, feed) = try await http.send(.get, "/v1/events?limit=1000")
+                verified = (feed["events"] as? [[String: Any]] ?? []).filter { $0["type"] as? String == "verified" }
+                if verified.count < 2 { try await Task.sleep(for: .milliseconds(50)) }
+            }
+            let environments = verified.map { ($0["streamId"] as? String ?? "", ($0["data"] as? [String: Any])?["environment"] as? String ?? "") }
+            #expect(Dictionary(uniqueKeysWithValues: environments) == ["order-review-1": "Sandbox", "order-paid-1": "Production"], "\(verified)")
+
+            // Apple refunds the reviewer's purchase in the sandbox: taken, and the sandbox's refund.
+            var refunded = TestApple.transaction("8800001", environment: "Sandbox")
+            refunded.revocationDate = Date().millisecondsSince1970
+            refunded.revocationType = "REFUND_FULL"
+            let (refundStatus, _) = try await http.send(
+                .post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("REFUND", transaction: refunded, environment: "Sandbox")],
+                key: .some(nil))
+            #expect(refundStatus == .ok)
+            #expect(try await http.send(.get, "/v1/orders/review-1").1["state"] as? String == "refunded")
+            // A sandbox orphan in the pool.
+            try await http.send(.post, "/v1/receipts", json: ["userId": "u-nobody", "signedTransaction": try await apple.sign(TestApple.transaction("8800003", environment: "Sandbox"))])
+
+            // The report: the sandbox in rows of its own, never in production's totals.
+            let (_, report) = try await http.send(.get, "/v1/reports/reconciliation?from=2000-01-01")
+            let rows = report["rows"] as? [[String: Any]] ?? []
+            let sandboxRows = rows.filter { $0["environment"] as? String == "Sandbox" }
+            let productionRows = rows.filter { $0["environment"] as? String == "Production" }
+            #expect(sandboxRows.count == 1 && productionRows.count == 1, "\(rows)")
+            #expect(sandboxRows.first?["verified"] as? Int == 1 && sandboxRows.first?["refunded"] as? Int == 1, "\(sandboxRows)")
+            let totals = report["totals"] as? [String: Any] ?? [:]
+            let sandbox = report["sandboxTotals"] as? [String: Any] ?? [:]
+            #expect(totals["environment"] as? String == "Production" && totals["ordersCreated"] as? Int == 1, "\(totals)")
+            #expect(totals["verified"] as? Int == 1 && totals["refunded"] as? Int == 0 && totals["revenue"] as? String == "0.99", "\(totals)")
+            #expect(sandbox["environment"] as? String == "Sandbox" && sandbox["ordersCreated"] as? Int == 1, "\(sandbox)")
+            #expect(sandbox["verified"] as? Int == 1 && sandbox["refundedAmount"] as? String == "0.99" && sandbox["revenue"] as? String == "0", "\(sandbox)")
+            #expect((report["unmatched"] as? [String: Any])?["byEnvironment"] as? [String: Int] == ["Sandbox": 1], "\(report)")
+            let csv = try await http.client.execute(
+                uri: "/v1/reports/reconciliation?from=2000-01-01", method: .get, headers: [.authorization: "Bearer \(http.key)", .accept: "text/csv"])
+            let lines = String(buffer: csv.body).split(separator: "\n")
+            #expect(lines.filter { $0.hasPrefix("total,total,") }.map { $0.split(separator: ",").last ?? "" } == ["Production", "Sandbox"], "\(lines)")
+
+            // The dashboards, as their reader sees them.
+            let connection = try await db.connect()
+            try await connection.query("SET ROLE ledger_reader", logger: TestServer.logger)
+            var orders: [String: String] = [:]
+            for try await (id, environment) in try await connection.query(
+                "SELECT order_id, environment FROM dashboards.orders", logger: TestServer.logger).decode((String, String).self) {
+                orders[id] = environment
+            }
+            var daily: [String: (Int, String?)] = [:]
+            for try await (environment, count, refunded) in try await connection.query(
+                "SELECT environment, sum(orders)::int, sum(refunded_amount)::text FROM dashboards.daily_orders GROUP BY environment",
+                logger: TestServer.logger).decode((String, Int, String?).self) {
+                daily[environment] = (count, refunded)
+            }
+            let pooled = try await connection.query(
+                "SELECT environment FROM dashboards.unmatched_transactions", logger: TestServer.logger).decode(String.self)
+            var pool: [String] = []
+            for try await environment in pooled { pool.append(environment) }
+            try await connection.close()
+            #expect(orders == ["review-1": "Sandbox", "paid-1": "Production"])
+            #expect(daily["Sandbox"]?.0 == 1 && daily["Sandbox"]?.1.flatMap { Decimal(string: $0) } == Decimal(string: "0.99"), "\(daily)")
+            #expect(daily["Production"]?.0 == 1 && daily["Production"]?.1.flatMap { Decimal(string: $0) } == 0, "\(daily)")
+            #expect(pool == ["Sandbox"])
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
+        }
+    }
+
+    @Test("set to Production alone, the ledger refuses the same purchase as wrong-environment, and the order stays created")
+    func productionOnlyRefuses() async throws {
+        try await withReceiptsApplication(apple, configure: { configuration in
+            configuration.apple.environments = [.production]
+            configuration.apple.appID = TestApple.appAppleId
+        }) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("review-2"))
+            let reviewer = try await apple.sign(TestApple.transaction("8800011", environment: "Sandbox"))
+            let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": "review-2", "signedTransaction": reviewer])
+            #expect(answer["outcome"] as? String == "rejected" && answer["reason"] as? String == "wrong-environment", "\(answer)")
+            #expect(answer["finishTransaction"] as? Bool == true)
+            #expect((answer["message"] as? String ?? "").contains("accepts Production"), "\(answer)")
+            let (_, order) = try await http.send(.get, "/v1/orders/review-2")
+            #expect(order["state"] as? String == "created" && order["environment"] is NSNull, "\(order)")
+            let note = try await apple.notification("REFUND", transaction: TestApple.transaction("8800012"), environment: "Sandbox")
+            let (status, refusal) = try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": note], key: .some(nil))
+            #expect(status == .badRequest && errorOf(refusal)["code"] as? String == "wrong-environment", "\(refusal)")
+        }
+    }
+
+    @Test("a legacy receipt keeps Apple's 21007 routing: production first, then the sandbox, and the transaction is the sandbox's")
+    func legacySandboxReceipt() async throws {
+        let purchase = Date().millisecondsSince1970 - 60_000
+        let standIn = VerifyReceiptStandIn(answers: [
+            "production:REVIEW": .json(#"{"status": 21007}"#),
+            "sandbox:REVIEW": VerifyReceiptStandIn.valid(environment: "Sandbox", transactions: [("8800021", "gems.100", purchase)]),
+        ])
+        try await standIn.run { production, sandbox in
+            try await withReceiptsApplication(apple, production: production, sandbox: sandbox, configure: bothEnvironments) { http, db in
+                try await http.send(.post, "/v1/orders", json: newOrder("review-3"))
+                let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": "review-3", "receiptData": "REVIEW"])
+                #expect(answer["outcome"] as? String == "matched" && answer["environment"] as? String == "Sandbox", "\(answer)")
+                #expect(try await http.send(.get, "/v1/orders/review-3").1["environment"] as? String == "Sandbox")
+                #expect(try await scalar(db, "SELECT environment FROM apple_transactions WHERE transaction_id = '8800021'", as: String.self) == "Sandbox")
+            }
+        }
+        #expect(await standIn.calls("production:REVIEW") == 1)
+        #expect(await standIn.calls("sandbox:REVIEW") == 1)
+    }
+}
