@@ -221,7 +221,7 @@ struct AppRoutesTests {
                 let apps = answer["apps"] as? [[String: Any]] ?? []
                 #expect(apps.count == 1)
                 #expect(apps.first?["bundleId"] as? String == "com.example.configured" && apps.first?["appAppleId"] as? Int == 1_234_567_890)
-                #expect(apps.first?["environments"] as? [String] == ["Production"], "the one environment the settings accept")
+                #expect(apps.first?["environments"] as? [String] == ["Production", "Sandbox"], "the environments the settings accept (both by default)")
                 #expect(apps.first?["hasSharedSecret"] as? Bool == true)
                 let key = apps.first?["apiKey"] as? [String: Any]
                 #expect(key?["keyId"] as? String == AppStoreServerStandIn.keyID && key?["privateKeySource"] as? String == "file:\(keyFile)",
