@@ -163,8 +163,8 @@ func appleServices(
 ) -> [any Service] {
     var background: [any Service] = []
     if configuration.backfillNotificationsAtStart {
-        var configured = services.notificationBackfill(
-            api: api, verifier: verifier, environment: configuration.apple.apiEnvironment)
+        // Its environment is the API client's (the configuration put it in `api`'s settings).
+        var configured = services.notificationBackfill(api: api, verifier: verifier)
         configured.restarted = metrics.notificationBackfillRestarted
         let backfill = configured
         background.append(PeriodicService(name: "notification backfill", interval: .seconds(60), logger: logger, firstWait: .seconds(1), repeats: false) {

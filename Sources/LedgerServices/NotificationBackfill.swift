@@ -30,7 +30,7 @@ public struct NotificationBackfill: Sendable {
     public var overlap: TimeInterval = 3600
     public var maximumPages = 10_000
 
-    /// `environment`: nil takes the one of the API client's base URL (`environment(baseURL:configured:)`).
+    /// `environment`: nil takes the API client's (`environment(baseURL:configured:)` with its settings' `environment`).
     public init(
         api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, notifications: NotificationLedger, state: NotificationBackfillState,
         leases: Leases, logger: Logger, environment: AppleEnvironment? = nil

@@ -68,8 +68,8 @@ public struct ServiceAssembly: Sendable {
             leases: leases, logger: logger)
     }
 
-    /// A notification backfill asking Apple through `api`, in `environment` (nil: the one of
-    /// `api`'s base URL; see `NotificationBackfill.environment(baseURL:configured:)`).
+    /// A notification backfill asking Apple through `api`, in `environment` (nil: `api`'s, by its
+    /// base URL, else its settings' `environment`; see `NotificationBackfill.environment(baseURL:configured:)`).
     public func notificationBackfill(
         api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, environment: AppleEnvironment? = nil
     ) -> NotificationBackfill {

@@ -26,9 +26,8 @@ struct Backfill: AsyncParsableCommand {
             let metadata = try operatorMetadata("backfill notifications")
             let progress = terminalProgress("notifications").map { report in { @Sendable (seen: Int) in report(seen, seen + 1) } }
             let summary = try await withAppleWork(options) { work in
-                try await work.services.notificationBackfill(
-                    api: work.api, verifier: work.verifier, environment: work.configuration.apple.apiEnvironment
-                ).run(since: start, metadata: metadata, progress: progress)
+                try await work.services.notificationBackfill(api: work.api, verifier: work.verifier)
+                    .run(since: start, metadata: metadata, progress: progress)
             }
             if summary.busy { throw ValidationError("another server is running the notification backfill; try again later") }
             let dates = [summary.startDate, summary.endDate].map { $0.map { ISO8601DateFormatter().string(from: $0) } ?? "-" }
