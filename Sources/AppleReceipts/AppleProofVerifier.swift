@@ -5,10 +5,11 @@ import Foundation
 import LedgerCore
 
 /// Turns a client's or Apple's proof into verified `AppleTransaction`s: the signature or Apple's
-/// answer first, then the app's own checks (bundle id, app id, environment).
+/// answer first, then the app's own checks (bundle id, app id, environment). With `apps`, the app
+/// is the one the ledger holds for the bundle id Apple signed; without, the one `app` describes.
 public struct AppleProofVerifier: Sendable {
-    /// The app the ledger serves.
-    public struct App: Sendable {
+    /// An app whose proofs are checked.
+    public struct App: Sendable, Equatable {
         public var bundleId: String?
         /// Apple's numeric app id; checked on Production-signed notifications and app
         /// transactions when set.
@@ -46,7 +47,10 @@ public struct AppleProofVerifier: Sendable {
         }
     }
 
+    /// The one app checked against when there is no `apps`.
     public let app: App
+    /// The apps the ledger holds, each proof checked against the one its signed bundle id names.
+    public private(set) var apps: (any AppleAppDirectory)?
     public let signedData: SignedDataVerifier
     public let verifyReceipt: VerifyReceiptClient?
 
@@ -54,6 +58,28 @@ public struct AppleProofVerifier: Sendable {
         self.app = app
         self.signedData = signedData
         self.verifyReceipt = verifyReceipt
+    }
+
+    /// This verifier, checking each proof against the app of `apps` its bundle id names
+    /// (`unknown-app` when there is none) instead of `app`.
+    public func choosingApps(from apps: any AppleAppDirectory) -> AppleProofVerifier {
+        var chosen = self
+        chosen.apps = apps
+        return chosen
+    }
+
+    /// The app a proof signed for `bundleId` is checked against: with `apps`, the one held for
+    /// it (`unknown-app` otherwise; Production-signed data of one without its Apple id waits
+    /// for it, `app-apple-id-missing`); else `app`, which `check` compares.
+    func heldApp(for bundleId: String?, environment: String?, part: String = "signed") async throws(AppleVerificationError) -> App {
+        guard let apps else { return app }
+        guard let bundleId, var held = try await apps.app(bundleId: bundleId) else { throw .unknownApp(bundleId, part: part) }
+        // Found whatever the case; Apple's spelling is the one compared.
+        held.bundleId = bundleId
+        if held.accepts(environment), held.checksAppAppleId(environment), held.appAppleId == nil {
+            throw .appAppleIdMissing(bundleId)
+        }
+        return held
     }
 
     /// A StoreKit 2 signed transaction, verified and checked against the app.
@@ -79,7 +105,8 @@ public struct AppleProofVerifier: Sendable {
         signed jws: String
     ) async throws(AppleVerificationError) -> (transaction: AppleTransaction, revocation: Revocation?) {
         let payload = try await signedData.verify(jws, as: SignedTransactionPayload.self)
-        try check(bundleId: payload.bundleId, environment: payload.environment)
+        let app = try await heldApp(for: payload.bundleId, environment: payload.environment)
+        try check(bundleId: payload.bundleId, environment: payload.environment, app: app)
         return (try Self.transaction(payload, sha256: Self.sha256(jws)), Self.revocation(payload))
     }
 
@@ -98,7 +125,8 @@ public struct AppleProofVerifier: Sendable {
     /// signature, bundle id, environment, and app id in production when configured).
     public func appTransaction(signed jws: String) async throws(AppleVerificationError) -> AppleAccount {
         let payload = try await signedData.verify(jws, as: SignedAppTransactionPayload.self)
-        try check(bundleId: payload.bundleId, environment: payload.receiptType)
+        let app = try await heldApp(for: payload.bundleId, environment: payload.receiptType)
+        try check(bundleId: payload.bundleId, environment: payload.receiptType, app: app)
         if app.checksAppAppleId(payload.receiptType), let expected = app.appAppleId, payload.appAppleId != expected {
             throw AppleVerificationError(code: "wrong-app-id", message: "the app transaction is for app id \(payload.appAppleId.map(String.init) ?? "none"), not \(expected)")
         }
@@ -110,19 +138,22 @@ public struct AppleProofVerifier: Sendable {
             originalPurchaseDate: payload.originalPurchaseDate.map(Date.init(millisecondsSince1970:)))
     }
 
-    /// A verified App Store Server Notification V2 and the transaction it carries.
-    public func notification(signed signedPayload: String) async throws(AppleVerificationError) -> VerifiedNotification {
+    /// A verified App Store Server Notification V2 and the transaction it carries. `onlyFor`:
+    /// the app the notification must name (the per-app URL's), `wrong-bundle-id` otherwise.
+    public func notification(
+        signed signedPayload: String, onlyFor expected: String? = nil
+    ) async throws(AppleVerificationError) -> VerifiedNotification {
         let payload = try await signedData.verify(signedPayload, as: SignedNotificationPayload.self)
         guard let uuid = UUID(uuidString: payload.notificationUUID) else {
             throw .malformed("notificationUUID is not a UUID")
         }
         var transaction: AppleTransaction?
         var revocation: Revocation?
-        try checkApp(of: payload)
+        let app = try await checkApp(of: payload, onlyFor: expected)
         if let data = payload.data {
             if let signedTransaction = data.signedTransactionInfo {
                 let inner = try await signedData.verify(signedTransaction, as: SignedTransactionPayload.self)
-                try check(bundleId: inner.bundleId, environment: inner.environment)
+                try check(bundleId: inner.bundleId, environment: inner.environment, app: app)
                 transaction = try Self.transaction(inner, sha256: Self.sha256(signedTransaction))
                 revocation = Self.revocation(inner)
             }
@@ -138,9 +169,14 @@ public struct AppleProofVerifier: Sendable {
         guard let verifyReceipt else {
             throw AppleVerificationError(code: "verification-unavailable", message: "legacy receipts need LEDGER_APPLE_VERIFY_RECEIPT_URL", isRetryable: true)
         }
-        let response = try await verifyReceipt.verify(receiptData: receiptData)
+        let response: VerifyReceiptResponse
+        if let apps {
+            response = try await Self.askedWithItsSecret(receiptData, verifyReceipt, apps)
+        } else {
+            response = try await verifyReceipt.verify(receiptData: receiptData)
+        }
         let bundleId = response.receipt?.bundleId ?? ""
-        if let expected = app.bundleId, bundleId != expected {
+        if apps == nil, let expected = app.bundleId, bundleId != expected {
             throw AppleVerificationError(code: "wrong-bundle-id", message: "the receipt is for bundle \"\(bundleId)\", not \"\(expected)\"")
         }
         let sha = Self.sha256(receiptData)
@@ -160,7 +196,29 @@ public struct AppleProofVerifier: Sendable {
         }
     }
 
-    private func check(bundleId: String?, environment: String) throws(AppleVerificationError) {
+    /// A legacy receipt asked of verifyReceipt with its app's shared secret. Which app it is for
+    /// is known from Apple's answer only: the first ask sends the ledger's one shared secret
+    /// (none when its apps hold several, or none), and when the app Apple's answer names holds
+    /// another (or none), the receipt is asked again with that one, so that Apple's answer is the
+    /// one made with the receipt's own secret. A ledger of one app asks once, as before.
+    static func askedWithItsSecret(
+        _ receiptData: String, _ client: VerifyReceiptClient, _ apps: any AppleAppDirectory
+    ) async throws(AppleVerificationError) -> VerifyReceiptResponse {
+        let secrets = try await apps.sharedSecrets()
+        let sent = secrets.count == 1 ? secrets.values.first : nil
+        let response = try await client.verify(receiptData: receiptData, sharedSecret: sent)
+        let bundleId = response.receipt?.bundleId ?? ""
+        guard try await apps.app(bundleId: bundleId) != nil else { throw .unknownApp(bundleId, part: "the receipt is") }
+        let own = secrets[bundleId.lowercased()]
+        guard own != sent else { return response }
+        let again = try await client.verify(receiptData: receiptData, sharedSecret: own)
+        guard (again.receipt?.bundleId ?? "").lowercased() == bundleId.lowercased() else {
+            throw AppleVerificationError(code: "apple-answer-malformed", message: "verifyReceipt named another bundle when asked again", isRetryable: true)
+        }
+        return again
+    }
+
+    private func check(bundleId: String?, environment: String, app: App) throws(AppleVerificationError) {
         if let expected = app.bundleId, bundleId != expected {
             throw AppleVerificationError(code: "wrong-bundle-id", message: "signed for bundle \"\(bundleId ?? "")\", not \"\(expected)\"")
         }

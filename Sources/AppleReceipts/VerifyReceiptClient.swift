@@ -39,10 +39,15 @@ public struct VerifyReceiptClient: Sendable {
 
     /// Apple's answer for a receipt once it is valid (status 0 or 21006).
     public func verify(receiptData: String) async throws(AppleVerificationError) -> VerifyReceiptResponse {
+        try await verify(receiptData: receiptData, sharedSecret: settings.sharedSecret)
+    }
+
+    /// `verify(receiptData:)` with `sharedSecret` as the password (nil: none) instead of the settings'.
+    public func verify(receiptData: String, sharedSecret: String?) async throws(AppleVerificationError) -> VerifyReceiptResponse {
         var url = settings.productionURL
         // At most one hop each way: production → sandbox (21007) or sandbox → production (21008).
         for _ in 0..<2 {
-            let response = try await post(receiptData, to: url)
+            let response = try await post(receiptData, to: url, sharedSecret: sharedSecret)
             switch VerifyReceiptStatus.meaning(of: response.status) {
             case .valid: return response
             case .useSandbox: url = settings.sandboxURL
@@ -56,9 +61,9 @@ public struct VerifyReceiptClient: Sendable {
         throw AppleVerificationError(code: "apple-environment-loop", message: "verifyReceipt sent the receipt back and forth between production and sandbox", isRetryable: true)
     }
 
-    private func post(_ receiptData: String, to url: String) async throws(AppleVerificationError) -> VerifyReceiptResponse {
+    private func post(_ receiptData: String, to url: String, sharedSecret: String?) async throws(AppleVerificationError) -> VerifyReceiptResponse {
         var body: [String: String] = ["receipt-data": receiptData]
-        if let secret = settings.sharedSecret { body["password"] = secret }
+        if let secret = sharedSecret { body["password"] = secret }
         do {
             var request = HTTPClientRequest(url: url)
             request.method = .POST

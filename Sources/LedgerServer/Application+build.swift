@@ -27,7 +27,7 @@ public func buildRouter(
 /// already counts; `appStoreServerAPI`: the one client of the API they share (nil: no key).
 func buildRouter(
     services: ServiceAssembly, migrator: Migrator, apple: AppleProofVerifier, appStoreServerAPI: LazyAppStoreServerAPI?,
-    configuration: LedgerConfiguration, health: DatabaseHealth?, metrics: LedgerMetrics
+    configuration: LedgerConfiguration, health: DatabaseHealth?, metrics: LedgerMetrics, apps: AppDirectory? = nil
 ) -> Router<LedgerRequestContext> {
     let database = services.database
     let router = Router(context: LedgerRequestContext.self)
@@ -43,7 +43,7 @@ func buildRouter(
     NotificationsController(notifications: services.notifications, verifier: apple, metrics: metrics).addRoutes(to: router)
     ReconcileController(pass: configuration.reconcilerPass(services)).addRoutes(to: router)
     ProductsController(catalog: services.catalog).addRoutes(to: router)
-    AppsController(catalog: AppCatalog(database: database)).addRoutes(to: router)
+    AppsController(catalog: AppCatalog(database: database), changed: { apps?.invalidate() }).addRoutes(to: router)
     ReportsController(database: database).addRoutes(to: router)
     TransactionsController(pool: services.pool, desk: services.support).addRoutes(to: router)
     AppleAccountsController(links: services.accounts, verifier: apple).addRoutes(to: router)
@@ -80,13 +80,15 @@ public func buildApplication(
     } else {
         logger.notice("App Store Server API off: set LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID and LEDGER_APPLE_API_PRIVATE_KEY to turn it on")
     }
-    let verifier = try configuration.apple.verifier(logger: logger)
+    // Each proof is checked against the app the ledger holds for the bundle id Apple signed.
+    let appDirectory = AppDirectory(catalog: AppCatalog(database: database), maximumAge: .seconds(configuration.appsMaximumAge), logger: logger)
+    let verifier = try configuration.apple.verifier(logger: logger).choosingApps(from: appDirectory)
     // One assembly (one writer) for every route and service, so that their events share transactions.
     let services = ServiceAssembly(database: database)
     var application = Application(
         router: buildRouter(
             services: services, migrator: migrator, apple: verifier,
-            appStoreServerAPI: appStoreServerAPI, configuration: configuration, health: health, metrics: metrics),
+            appStoreServerAPI: appStoreServerAPI, configuration: configuration, health: health, metrics: metrics, apps: appDirectory),
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "order-ledger"),
         services: [client, health],
         logger: logger

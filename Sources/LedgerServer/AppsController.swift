@@ -9,6 +9,8 @@ import LedgerStore
 /// are shown as `hasSharedSecret` and `hasApiKey`, the key by its ids and where it is kept.
 struct AppsController {
     let catalog: AppCatalog
+    /// Told after each change, so that this server's verifier reads the apps again at once.
+    var changed: @Sendable () -> Void = {}
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
         router.get("/v1/apps") { _, _ in
@@ -17,7 +19,9 @@ struct AppsController {
         router.post("/v1/apps") { request, context in
             let body = try await request.decode(as: AppRequest.self, context: context)
             guard let id = body.bundleId else { throw LedgerInputError(field: "bundleId", problem: "is missing") }
-            return Answer(.created, AppResponse(try await catalog.add(id, body.changes)))
+            let app = try await catalog.add(id, body.changes)
+            changed()
+            return Answer(.created, AppResponse(app))
         }
         router.patch("/v1/apps/:bundleId") { request, context in
             let id = try BundleID(pathParameter(context, "bundleId"))
@@ -25,7 +29,9 @@ struct AppsController {
             if body.bundleId != nil {
                 throw LedgerInputError(field: "bundleId", problem: "cannot be changed: an app is its bundle id (add the other one as an app of its own)")
             }
-            return Answer(AppResponse(try await catalog.change(id, body.changes)))
+            let app = try await catalog.change(id, body.changes)
+            changed()
+            return Answer(AppResponse(app))
         }
     }
 }

@@ -52,7 +52,8 @@ struct AuthMiddleware: RouterMiddleware {
     static func requiredScope(_ method: HTTPRequest.Method, _ path: String) -> APIScope? {
         let segments = path.split(separator: "/", omittingEmptySubsequences: true)
         guard segments.first == "v1" else { return nil }
-        if segments.count == 3 && segments[1] == "notifications" && segments[2] == "apple" { return nil }  // Apple signs these instead
+        // Apple signs these instead (the one URL of every app, and each app's own).
+        if (3...4).contains(segments.count) && segments[1] == "notifications" && segments[2] == "apple" { return nil }
         if (segments.count == 2 && ["reconcile", "recover"].contains(segments[1])) || (segments.count == 4 && segments[1] == "transactions" && ["match", "unmatch"].contains(segments[3]))
             || (segments.count == 4 && segments[1] == "apple-orders" && segments[3] == "lookup") {
             return .admin

@@ -67,6 +67,7 @@ public struct LedgerConfiguration: Sendable {
         public static let finishAfterDelivery = "LEDGER_APPLE_FINISH_AFTER_DELIVERY"
         public static let setTokenAfterPairing = "LEDGER_APPLE_SET_TOKEN_AFTER_PAIRING"
         public static let refundLookback = "LEDGER_REFUND_LOOKBACK"
+        public static let appsMaximumAge = "LEDGER_APPS_MAX_AGE"
 
         public static let all = [
             databaseURL, dataDirectory, host, port, logLevel, appleRootCertificates, appleBundleID, appleAppID,
@@ -74,6 +75,7 @@ public struct LedgerConfiguration: Sendable {
             appleAPIKeyID, appleAPIIssuerID, appleAPIPrivateKey, appleAPIURL, appleAPIRate,
             reconcileInterval, reconcileClockSkew, reconcileMaximumAge, reconcileSettle, reconcileRecoveryOrders,
             recoveryAfter, recoveryInterval, consumptionConsent, finishAfterDelivery, setTokenAfterPairing, refundLookback,
+            appsMaximumAge,
         ]
     }
 
@@ -103,6 +105,10 @@ public struct LedgerConfiguration: Sendable {
     public var refundCatchUpInterval = 3600
     /// Whether `ledger serve` backfills the notifications Apple sent while it was away, at start.
     public var backfillNotificationsAtStart = true
+    /// Seconds the verifier of proofs uses its copy of the apps before it reads them again
+    /// (changes made through another server or `ledger apps set`; this server's own changes and
+    /// an app not found are read at once).
+    public var appsMaximumAge = 10
 
     public init() {}
 
@@ -140,6 +146,7 @@ public struct LedgerConfiguration: Sendable {
             (Key.reconcileSettle, 0, { (c: inout LedgerConfiguration, v: Int) in c.reconciler.settle = TimeInterval(v) }),
             (Key.recoveryAfter, 0, { (c: inout LedgerConfiguration, v: Int) in c.recoveryAfter = v }),
             (Key.recoveryInterval, 0, { (c: inout LedgerConfiguration, v: Int) in c.recoveryInterval = v }),
+            (Key.appsMaximumAge, 0, { (c: inout LedgerConfiguration, v: Int) in c.appsMaximumAge = v }),
         ] as [(String, Int, (inout LedgerConfiguration, Int) -> Void)] {
             guard let text = values[key] else { continue }
             if let seconds = Int(text), seconds >= minimum {

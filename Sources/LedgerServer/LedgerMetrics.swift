@@ -65,6 +65,12 @@ final class LedgerMetrics: Sendable {
         counter("ledger_receipts", help: "Proofs of purchase answered, by outcome", label: "outcome", outcome).increment()
     }
 
+    /// Proofs refused because the ledger holds no app of the bundle Apple signed (nothing of
+    /// them is stored), by `proof`: `transaction`, `receipt`, `notification`.
+    func unknownApp(_ proof: String) {
+        counter("ledger_apple_unknown_app", help: "Proofs refused for an app the ledger does not hold, by kind", label: "proof", proof).increment()
+    }
+
     func notificationAnswered(_ result: String) {
         counter("ledger_apple_notifications", help: "App Store Server Notifications, by result", label: "result", result).increment()
     }

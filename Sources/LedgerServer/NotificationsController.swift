@@ -6,8 +6,12 @@ import LedgerJSON
 import LedgerServices
 import LedgerStore
 
-/// `POST /v1/notifications/apple`: App Store Server Notifications V2. No API key: Apple signs
-/// the payload. 200 only once the notification is committed; Apple retries anything else.
+/// `POST /v1/notifications/apple`: App Store Server Notifications V2 of every app the ledger
+/// holds (the signed payload names its app), and `POST /v1/notifications/apple/{bundleId}`, for
+/// Apple's per-app URL setting, which takes that app's only. No API key: Apple signs the payload.
+/// 200 only once the notification is committed; Apple retries anything else (in production, five
+/// more times over three days), so a refusal the operator can mend (an app not added yet) is
+/// taken on a retry once it is.
 struct NotificationsController {
     let notifications: NotificationLedger
     let verifier: AppleProofVerifier
@@ -15,6 +19,25 @@ struct NotificationsController {
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
         router.post("/v1/notifications/apple") { request, context in try await receive(request, context) }
+        router.post("/v1/notifications/apple/:bundleId") { request, context in
+            let bundleId = try BundleID(pathParameter(context, "bundleId")).rawValue
+            // The path's app first: a URL of no app the ledger holds takes nothing.
+            let held: Bool
+            if let apps = verifier.apps {
+                do { held = try await apps.app(bundleId: bundleId) != nil } catch let error as AppleVerificationError {
+                    throw APIError(.serviceUnavailable, code: error.code, message: error.message, headers: [.retryAfter: "60"])
+                }
+            } else {
+                held = verifier.app.bundleId?.lowercased() == bundleId.lowercased()
+            }
+            guard held else {
+                metrics.notificationAnswered("rejected")
+                metrics.unknownApp("notification")
+                context.logger.warning("notification refused: unknown-app", metadata: ["app.bundle_id": "\(bundleId)"])
+                throw APIError(.notFound, code: "unknown-app", message: "the ledger holds no app \(bundleId) (ledger apps add, or POST /v1/apps)")
+            }
+            return try await receive(request, context, onlyFor: bundleId)
+        }
     }
 
     /// The body Apple posts.
@@ -30,13 +53,18 @@ struct NotificationsController {
         let type: String
     }
 
-    func receive(_ request: Request, _ context: LedgerRequestContext) async throws -> Answer<Applied> {
+    func receive(_ request: Request, _ context: LedgerRequestContext, onlyFor: String? = nil) async throws -> Answer<Applied> {
         let body = try await request.decode(as: Body.self, context: context)
         let notification: VerifiedNotification
         do {
-            notification = try await verifier.notification(signed: body.signedPayload)
+            notification = try await verifier.notification(signed: body.signedPayload, onlyFor: onlyFor)
         } catch {
             metrics.notificationAnswered("rejected")
+            if error.code == "unknown-app" {
+                // Nothing stored; a 400, so that Apple retries: the app may be added meanwhile.
+                metrics.unknownApp("notification")
+                context.logger.warning("notification refused: unknown-app", metadata: ["error.message": "\(error.message)"])
+            }
             if error.isRetryable {
                 throw APIError(.serviceUnavailable, code: error.code, message: error.message, headers: [.retryAfter: "60"])
             }

@@ -97,7 +97,10 @@ struct ReceiptsController {
     }
 
     /// A proof that did not verify: `retry-later` when it may yet (Apple unavailable, no roots
-    /// configured), else `rejected`, recorded for audit. No order changes either way.
+    /// configured), else `rejected`, recorded for audit. No order changes either way. A proof of
+    /// an app the ledger does not hold (`unknown-app`) is not recorded (the ledger keeps nothing
+    /// of other apps), only logged and counted, and the client keeps its transaction: the money
+    /// was taken, and the app may yet be added.
     private func refuse(
         _ error: AppleVerificationError, format: ReceiptFormat, proof: String, claim: ReceiptLedger.Claim,
         transactionId: TransactionID?, metadata: Data, _ request: Request, _ context: LedgerRequestContext
@@ -106,13 +109,20 @@ struct ReceiptsController {
         let refusal = Refusal(
             outcome: outcome, reason: error.code, message: error.message,
             // A proof the receipt does not contain may appear once the client refreshes its receipt.
-            finishTransaction: !error.isRetryable && error.code != "transaction-not-in-receipt",
+            finishTransaction: !error.isRetryable && error.code != "transaction-not-in-receipt" && error.code != "unknown-app",
             appleStatus: error.appleStatus, orderId: claim.orderId, transactionId: transactionId)
         metrics.receiptAnswered(outcome.rawValue)
         if error.isRetryable {
             var response = try EventCoding.encoder.encode(refusal, from: request, context: context)
             response.headers[.retryAfter] = "60"
             return response
+        }
+        if error.code == "unknown-app" {
+            metrics.unknownApp(format == .jws ? "transaction" : "receipt")
+            context.logger.warning("proof refused: unknown-app", metadata: [
+                "proof.format": "\(format.rawValue)", "proof.sha256": "\(AppleProofVerifier.sha256(proof))", "error.message": "\(error.message)",
+            ])
+            return try EventCoding.encoder.encode(refusal, from: request, context: context)
         }
         try await receipts.recordRejection(
             .init(reason: error.code, message: error.message, format: format, receiptSha256: AppleProofVerifier.sha256(proof),

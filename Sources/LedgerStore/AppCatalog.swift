@@ -95,6 +95,15 @@ public struct AppCatalog: Sendable {
         return nil
     }
 
+    /// The legacy shared secrets the apps hold, by bundle id: with `list()`, what the verifier
+    /// of proofs keeps in memory (LedgerServices' `AppDirectory`).
+    public func sharedSecrets() async throws -> [BundleID: String] {
+        let rows = try await database.query("SELECT bundle_id, shared_secret FROM app_credentials WHERE shared_secret IS NOT NULL")
+        var secrets: [BundleID: String] = [:]
+        for try await (id, secret) in rows.decode((String, String).self) { secrets[BundleID(unchecked: id)] = secret }
+        return secrets
+    }
+
     /// The app that the `LEDGER_APPLE_*` settings describe, as they describe it (nil: not given).
     public struct Configured: Sendable, Equatable {
         public var bundleId: BundleID

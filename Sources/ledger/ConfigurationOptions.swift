@@ -61,6 +61,8 @@ struct ConfigurationOptions: ParsableArguments {
     var appleSetTokenAfterPairing: String?
     @Option(help: "Days back whose granted transactions' accounts the refund catch-up reads (LEDGER_REFUND_LOOKBACK, default 90)")
     var refundLookback: String?
+    @Option(help: "Seconds the verifier of proofs keeps its copy of the apps before reading them again (LEDGER_APPS_MAX_AGE, default 10)")
+    var appsMaxAge: String?
 
     /// The environment with the flags given on the command line laid over it.
     func values(environment: [String: String] = ProcessInfo.processInfo.environment) -> [String: String] {
@@ -79,6 +81,7 @@ struct ConfigurationOptions: ParsableArguments {
             (Key.recoveryAfter, recoveryAfter), (Key.recoveryInterval, recoveryInterval),
             (Key.consumptionConsent, appleConsumptionConsent), (Key.finishAfterDelivery, appleFinishAfterDelivery),
             (Key.setTokenAfterPairing, appleSetTokenAfterPairing), (Key.refundLookback, refundLookback),
+            (Key.appsMaximumAge, appsMaxAge),
         ]
         for (key, value) in flags { if let value { values[key] = value } }
         return values

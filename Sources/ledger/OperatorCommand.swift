@@ -48,8 +48,11 @@ func withAppleWork<Result: Sendable>(
     let configuration = try LedgerConfiguration.load(options.values())
     let settings = try configuration.requiredAppStoreServerAPI()
     return try await withLedgerDatabase(options) { client, logger in
-        try await body(AppleWork(
+        let database = Database(client: client, logger: logger)
+        // What Apple signs is checked against the app the ledger holds for its bundle id.
+        let apps = AppDirectory(catalog: AppCatalog(database: database), maximumAge: .seconds(configuration.appsMaximumAge), logger: logger)
+        return try await body(AppleWork(
             configuration: configuration, api: LazyAppStoreServerAPI(settings: settings, logger: logger),
-            verifier: try configuration.apple.verifier(logger: logger), services: ServiceAssembly(database: Database(client: client, logger: logger))))
+            verifier: try configuration.apple.verifier(logger: logger).choosingApps(from: apps), services: ServiceAssembly(database: database)))
     }
 }

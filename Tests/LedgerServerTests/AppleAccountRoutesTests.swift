@@ -53,7 +53,8 @@ struct AppleAccountRoutesTests {
             let (forgedStatus, forgedError) = try await link(http, "u-a", try forged.sign(TestApple.appTransaction("acct-2")))
             #expect(forgedStatus == .unprocessableContent && errorOf(forgedError)["code"] as? String == "invalid-certificate-chain")
             let (bundleStatus, bundleError) = try await link(http, "u-a", try await apple.sign(TestApple.appTransaction("acct-2", bundleId: "com.other")))
-            #expect(bundleStatus == .unprocessableContent && errorOf(bundleError)["code"] as? String == "wrong-bundle-id")
+            // An app the ledger does not hold (issue #39: proofs pick their app by what Apple signed).
+            #expect(bundleStatus == .unprocessableContent && errorOf(bundleError)["code"] as? String == "unknown-app")
             let (envStatus, envError) = try await link(http, "u-a", try await apple.sign(TestApple.appTransaction("acct-2", environment: "Production")))
             #expect(envStatus == .unprocessableContent && errorOf(envError)["code"] as? String == "wrong-environment")
             let (noIDStatus, _) = try await link(http, "u-a", try await apple.sign(TestApple.appTransaction(nil)))

@@ -31,17 +31,18 @@ struct NotificationAppCheckTests {
     func everyPart() async throws {
         let other = "com.example.another-app"
         try await withReceiptsApplication(apple) { http, db in
+            // A bundle the ledger does not hold is `unknown-app`, by whichever part names it.
             let refusals: [(String, String, (inout Payload) -> Void)] = [
-                ("RENEWAL_EXTENSION", "wrong-bundle-id", { $0.summary = .init(bundleId: other, appAppleId: TestApple.appAppleId, environment: "Sandbox") }),
+                ("RENEWAL_EXTENSION", "unknown-app", { $0.summary = .init(bundleId: other, appAppleId: TestApple.appAppleId, environment: "Sandbox") }),
                 ("RENEWAL_EXTENSION", "wrong-environment", { $0.summary = .init(bundleId: TestApple.bundleId, appAppleId: TestApple.appAppleId, environment: "Production") }),
-                ("EXTERNAL_PURCHASE_TOKEN", "wrong-bundle-id", {
+                ("EXTERNAL_PURCHASE_TOKEN", "unknown-app", {
                     $0.externalPurchaseToken = .init(externalPurchaseId: "SANDBOX_1", bundleId: other, appAppleId: TestApple.appAppleId)
                 }),
                 // No SANDBOX prefix: a production token, which a sandbox ledger refuses.
                 ("EXTERNAL_PURCHASE_TOKEN", "wrong-environment", {
                     $0.externalPurchaseToken = .init(externalPurchaseId: "0001", bundleId: TestApple.bundleId, appAppleId: TestApple.appAppleId)
                 }),
-                ("RESCIND_CONSENT", "wrong-bundle-id", { $0.appData = .init(bundleId: other, appAppleId: TestApple.appAppleId, environment: "Sandbox") }),
+                ("RESCIND_CONSENT", "unknown-app", { $0.appData = .init(bundleId: other, appAppleId: TestApple.appAppleId, environment: "Sandbox") }),
                 ("TEST", "notification-without-app", { _ in }),
                 // `data` without an environment is no longer let through unchecked.
                 ("TEST", "wrong-environment", { $0.data = .init(bundleId: TestApple.bundleId, environment: nil, signedTransactionInfo: nil) }),
