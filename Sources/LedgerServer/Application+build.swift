@@ -81,7 +81,9 @@ public func buildApplication(
         logger.notice("App Store Server API off: set LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID and LEDGER_APPLE_API_PRIVATE_KEY to turn it on")
     }
     // Each proof is checked against the app the ledger holds for the bundle id Apple signed.
-    let appDirectory = AppDirectory(catalog: AppCatalog(database: database), maximumAge: .seconds(configuration.appsMaximumAge), logger: logger)
+    // Read once the configured app is recorded (below): background work may verify before.
+    let appDirectory = AppDirectory(
+        catalog: AppCatalog(database: database), maximumAge: .seconds(configuration.appsMaximumAge), logger: logger, open: false)
     let verifier = try configuration.apple.verifier(logger: logger).choosingApps(from: appDirectory)
     // One assembly (one writer) for every route and service, so that their events share transactions.
     let services = ServiceAssembly(database: database)
@@ -128,6 +130,7 @@ public func buildApplication(
     let configuredApp = try configuration.apple.configuredApp()
     let apps = AppCatalog(database: database)
     application.beforeServerStarts {
+        defer { appDirectory.open() }
         if migrate { try await migrator.migrate(client) }
         if let configuredApp { try await configuredApp.record(in: apps, logger: logger) }
     }

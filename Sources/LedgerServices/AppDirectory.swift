@@ -32,11 +32,37 @@ public final class AppDirectory: AppleAppDirectory {
     let maximumAge: Duration
     let logger: Logger
     private let state = Mutex(State())
+    /// Whether the apps may be read yet, and the readings waiting until they may.
+    private let gate: Mutex<(open: Bool, waiting: [CheckedContinuation<Void, Never>])>
 
-    public init(catalog: AppCatalog, maximumAge: Duration = .seconds(10), logger: Logger) {
+    /// `open`: false when the apps are not all recorded yet (`ledger serve` records the
+    /// configured app before it answers, while its background work may already verify): no
+    /// reading is made until `open()`.
+    public init(catalog: AppCatalog, maximumAge: Duration = .seconds(10), logger: Logger, open: Bool = true) {
         self.catalog = catalog
         self.maximumAge = maximumAge
         self.logger = logger
+        gate = Mutex((open, []))
+    }
+
+    /// The apps may be read from now on.
+    public func open() {
+        let waiting = gate.withLock { gate in
+            gate.open = true
+            defer { gate.waiting = [] }
+            return gate.waiting
+        }
+        for reading in waiting { reading.resume() }
+    }
+
+    private func opened() async {
+        await withCheckedContinuation { (reading: CheckedContinuation<Void, Never>) in
+            let open = gate.withLock { gate in
+                if !gate.open { gate.waiting.append(reading) }
+                return gate.open
+            }
+            if open { reading.resume() }
+        }
     }
 
     /// This server changed an app: the next lookup reads them again.
@@ -78,7 +104,10 @@ public final class AppDirectory: AppleAppDirectory {
             state.started += 1
             let started = state.started
             let reader = self.catalog
-            let task = Task { try await Self.read(reader, number: started) }
+            let task = Task {
+                await self.opened()
+                return try await Self.read(reader, number: started)
+            }
             state.reading = (started, task)
             return .wait(task)
         }
