@@ -10,8 +10,8 @@ import LedgerStore
 /// holds (the signed payload names its app), and `POST /v1/notifications/apple/{bundleId}`, for
 /// Apple's per-app URL setting, which takes that app's only. No API key: Apple signs the payload.
 /// 200 only once the notification is committed; Apple retries anything else (in production, five
-/// more times over three days), so a refusal the operator can mend (an app not added yet) is
-/// taken on a retry once it is.
+/// more times, 1, 12, 24, 48 and 72 hours apart), so a refusal the operator can mend (an app not
+/// added yet) is taken on a retry once it is.
 struct NotificationsController {
     let notifications: NotificationLedger
     let verifier: AppleProofVerifier
