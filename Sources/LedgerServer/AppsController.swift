@@ -9,6 +9,8 @@ import LedgerStore
 /// are shown as `hasSharedSecret` and `hasApiKey`, the key by its ids and where it is kept.
 struct AppsController {
     let catalog: AppCatalog
+    /// The apps new orders are checked against, told when they change.
+    let directory: OrderApps
     /// Told after each change, so that this server's verifier reads the apps again at once.
     var changed: @Sendable () -> Void = {}
 
@@ -19,9 +21,8 @@ struct AppsController {
         router.post("/v1/apps") { request, context in
             let body = try await request.decode(as: AppRequest.self, context: context)
             guard let id = body.bundleId else { throw LedgerInputError(field: "bundleId", problem: "is missing") }
-            let app = try await catalog.add(id, body.changes)
-            changed()
-            return Answer(.created, AppResponse(app))
+            defer { directory.forget(); changed() }
+            return Answer(.created, AppResponse(try await catalog.add(id, body.changes)))
         }
         router.patch("/v1/apps/:bundleId") { request, context in
             let id = try BundleID(pathParameter(context, "bundleId"))
@@ -29,9 +30,8 @@ struct AppsController {
             if body.bundleId != nil {
                 throw LedgerInputError(field: "bundleId", problem: "cannot be changed: an app is its bundle id (add the other one as an app of its own)")
             }
-            let app = try await catalog.change(id, body.changes)
-            changed()
-            return Answer(AppResponse(app))
+            defer { directory.forget(); changed() }
+            return Answer(AppResponse(try await catalog.change(id, body.changes)))
         }
     }
 }
