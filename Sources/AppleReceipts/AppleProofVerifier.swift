@@ -73,9 +73,9 @@ public struct AppleProofVerifier: Sendable {
     /// for it, `app-apple-id-missing`); else `app`, which `check` compares.
     func heldApp(for bundleId: String?, environment: String?, part: String = "signed") async throws(AppleVerificationError) -> App {
         guard let apps else { return app }
-        guard let bundleId, var held = try await apps.app(bundleId: bundleId) else { throw .unknownApp(bundleId, part: part) }
-        // Found whatever the case; Apple's spelling is the one compared.
-        held.bundleId = bundleId
+        // Found whatever the case, and kept in the ledger's spelling: what the proof yields
+        // names its app as the apps table does, which the database compares exactly.
+        guard let bundleId, let held = try await apps.app(bundleId: bundleId) else { throw .unknownApp(bundleId, part: part) }
         if held.accepts(environment), held.checksAppAppleId(environment), held.appAppleId == nil {
             throw .appAppleIdMissing(bundleId)
         }
@@ -107,7 +107,7 @@ public struct AppleProofVerifier: Sendable {
         let payload = try await signedData.verify(jws, as: SignedTransactionPayload.self)
         let app = try await heldApp(for: payload.bundleId, environment: payload.environment)
         try check(bundleId: payload.bundleId, environment: payload.environment, app: app)
-        return (try Self.transaction(payload, sha256: Self.sha256(jws)), Self.revocation(payload))
+        return (try Self.transaction(payload, sha256: Self.sha256(jws), app: app), Self.revocation(payload))
     }
 
     /// What a signed transaction says of its refund or revocation: nil when it has no
@@ -134,7 +134,7 @@ public struct AppleProofVerifier: Sendable {
             throw .malformed("the app transaction has no appTransactionId of 1 to 128 characters (StoreKit gives one from iOS 18.4)")
         }
         return AppleAccount(
-            appTransactionId: id, environment: payload.receiptType, bundleId: payload.bundleId,
+            appTransactionId: id, environment: payload.receiptType, bundleId: app.bundleId ?? payload.bundleId,
             originalPurchaseDate: payload.originalPurchaseDate.map(Date.init(millisecondsSince1970:)))
     }
 
@@ -154,7 +154,7 @@ public struct AppleProofVerifier: Sendable {
             if let signedTransaction = data.signedTransactionInfo {
                 let inner = try await signedData.verify(signedTransaction, as: SignedTransactionPayload.self)
                 try check(bundleId: inner.bundleId, environment: inner.environment, app: app)
-                transaction = try Self.transaction(inner, sha256: Self.sha256(signedTransaction))
+                transaction = try Self.transaction(inner, sha256: Self.sha256(signedTransaction), app: app)
                 revocation = Self.revocation(inner)
             }
         }
@@ -175,7 +175,8 @@ public struct AppleProofVerifier: Sendable {
         } else {
             response = try await verifyReceipt.verify(receiptData: receiptData)
         }
-        let bundleId = response.receipt?.bundleId ?? ""
+        var bundleId = response.receipt?.bundleId ?? ""
+        if let apps, let held = try await apps.app(bundleId: bundleId)?.bundleId { bundleId = held }
         if apps == nil, let expected = app.bundleId, bundleId != expected {
             throw AppleVerificationError(code: "wrong-bundle-id", message: "the receipt is for bundle \"\(bundleId)\", not \"\(expected)\"")
         }
@@ -219,7 +220,7 @@ public struct AppleProofVerifier: Sendable {
     }
 
     private func check(bundleId: String?, environment: String, app: App) throws(AppleVerificationError) {
-        if let expected = app.bundleId, bundleId != expected {
+        if let expected = app.bundleId, bundleId?.lowercased() != expected.lowercased() {
             throw AppleVerificationError(code: "wrong-bundle-id", message: "signed for bundle \"\(bundleId ?? "")\", not \"\(expected)\"")
         }
         guard app.accepts(environment) else {
@@ -228,14 +229,16 @@ public struct AppleProofVerifier: Sendable {
         }
     }
 
-    static func transaction(_ payload: SignedTransactionPayload, sha256: String) throws(AppleVerificationError) -> AppleTransaction {
+    static func transaction(
+        _ payload: SignedTransactionPayload, sha256: String, app: App? = nil
+    ) throws(AppleVerificationError) -> AppleTransaction {
         guard let id = try? TransactionID(payload.transactionId), let product = try? ProductID(payload.productId) else {
             throw .malformed("the transaction's transactionId or productId is empty or longer than 128 characters")
         }
         return AppleTransaction(
             transactionId: id, originalTransactionId: payload.originalTransactionId, productId: product,
             purchaseDate: Date(millisecondsSince1970: payload.purchaseDate), environment: payload.environment,
-            bundleId: payload.bundleId, quantity: payload.quantity ?? 1,
+            bundleId: app?.bundleId ?? payload.bundleId, quantity: payload.quantity ?? 1,
             appAccountToken: payload.appAccountToken.flatMap(UUID.init(uuidString:)), appTransactionId: payload.appTransactionId,
             inAppOwnershipType: payload.inAppOwnershipType, price: payload.price.map(Self.decimal(milliUnits:)),
             currency: payload.currency, format: .jws, receiptSha256: sha256)

@@ -45,6 +45,11 @@ struct ProofAppTests {
             data: .init(bundleId: bundleId, environment: environment, signedTransactionInfo: signedTransaction)))
     }
 
+    /// A new order of `app` (a ledger of two apps needs it named).
+    func order(_ id: String, user: String = "u-1", app: String) -> [String: Any] {
+        newOrder(id, user: user).merging(["bundleId": app]) { _, named in named }
+    }
+
     func metric(_ http: LedgerHTTP, _ line: String) async throws -> Bool {
         let text = String(buffer: try await http.client.execute(uri: "/metrics", method: .get).body)
         return text.split(separator: "\n").contains { $0.hasPrefix(line) }
@@ -57,14 +62,25 @@ struct ProofAppTests {
             let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-b", "signedTransaction": jws])
             #expect(pooled["outcome"] as? String == "unmatched" && pooled["reason"] as? String == "no-order", "\(pooled)")
             #expect(try await scalar(db, "SELECT user_id FROM unmatched_transactions WHERE transaction_id = '7100001'", as: String.self) == "u-b")
-            try await http.send(.post, "/v1/orders", json: newOrder("o-b", user: "u-b"))
+            try await http.send(.post, "/v1/orders", json: order("o-b", user: "u-b", app: Self.second))
             let (_, matched) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-b", "orderId": "o-b", "signedTransaction": jws])
             #expect(matched["outcome"] as? String == "matched" && matched["orderId"] as? String == "o-b", "\(matched)")
 
-            try await http.send(.post, "/v1/orders", json: newOrder("o-a"))
+            try await http.send(.post, "/v1/orders", json: order("o-a", app: TestApple.bundleId))
             let first = try await apple.sign(TestApple.transaction("7100002"))
             let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-1", "orderId": "o-a", "signedTransaction": first])
             #expect(answer["outcome"] as? String == "matched", "\(answer)")
+        }
+    }
+
+    @Test("a transaction signed in another case than the app was added pays that app's order, recorded in the ledger's spelling")
+    func bundleCase() async throws {
+        try await withTwoApps { http, db in
+            try await http.send(.post, "/v1/orders", json: order("o-case", user: "u-c", app: Self.second))
+            let jws = try await apple.sign(TestApple.transaction("7100009", bundleId: Self.second.uppercased()))
+            let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-c", "orderId": "o-case", "signedTransaction": jws])
+            #expect(answer["outcome"] as? String == "matched", "\(answer)")
+            #expect(try await scalar(db, "SELECT bundle_id FROM apple_transactions WHERE transaction_id = '7100009'", as: String.self) == Self.second)
         }
     }
 
@@ -73,7 +89,7 @@ struct ProofAppTests {
         try await withTwoApps { http, db in
             let before = try await eventCount(db)
             let jws = try await apple.sign(TestApple.transaction("7200001", bundleId: "com.example.not-held"))
-            try await http.send(.post, "/v1/orders", json: newOrder("o-u"))
+            try await http.send(.post, "/v1/orders", json: order("o-u", app: TestApple.bundleId))
             let (status, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-u", "signedTransaction": jws])
             #expect(status == .ok)
             #expect(answer["outcome"] as? String == "rejected" && answer["reason"] as? String == "unknown-app", "\(answer)")
