@@ -50,6 +50,8 @@ public struct HistorySweep: Sendable {
         public var accounts = 0
         /// Accounts another server was sweeping at the time: left to it.
         public var busy = 0
+        /// Accounts of an app without an App Store Server API key: left until it has one.
+        public var skipped = 0
         /// Accounts whose history could not be read (Apple refused or failed); their cursor
         /// stays where the last page read left it.
         public var failed = 0
@@ -78,6 +80,7 @@ public struct HistorySweep: Sendable {
         mutating func add(_ other: Summary) {
             accounts += other.accounts
             busy += other.busy
+            skipped += other.skipped
             failed += other.failed
             pages += other.pages
             transactions += other.transactions
@@ -142,11 +145,20 @@ public struct HistorySweep: Sendable {
     func sweep(_ account: Account, metadata: Data) async -> Summary {
         var summary = Summary()
         do {
+            // The account's app's key, at its environment's host; an app without a key is skipped.
+            let client: AppStoreServerAPI
+            do {
+                client = try await api.client(for: account.bundleId, environment: AppleEnvironment(stored: account.environment))
+            } catch let error as AppStoreServerAPIError where error.code == "apple-api-no-key" {
+                summary.skipped = 1
+                return summary
+            }
             let swept: Void? = try await leases.withLease("history-sweep/" + account.id, for: Self.lease) { lease in
                 let cursor = try await cursors.open(
-                    account.id, user: account.user, startDate: account.oldestOpenOrder.addingTimeInterval(-clockSkew))
+                    account.id, user: account.user, startDate: account.oldestOpenOrder.addingTimeInterval(-clockSkew),
+                    bundleId: account.bundleId, environment: account.environment)
                 do {
-                    try await read(account, from: cursor, under: lease, metadata: metadata, into: &summary)
+                    try await read(account, with: client, from: cursor, under: lease, metadata: metadata, into: &summary)
                 } catch {
                     summary = failed(account, error, summary)
                 }
@@ -165,9 +177,9 @@ public struct HistorySweep: Sendable {
     /// Reads the account's pages from `cursor` and takes their transactions in, renewing `lease`
     /// at each page.
     private func read(
-        _ account: Account, from cursor: HistoryCursors.Cursor, under lease: Lease, metadata: Data, into summary: inout Summary
+        _ account: Account, with client: AppStoreServerAPI, from cursor: HistoryCursors.Cursor, under lease: Lease, metadata: Data,
+        into summary: inout Summary
     ) async throws {
-        let client = try await api.client()
         var revision = cursor.revision
         // Once a page held an entry that did not verify, the stored cursor stays before it, so
         // that the next sweep reads it again (what this one took in is then known).
