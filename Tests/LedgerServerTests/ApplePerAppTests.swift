@@ -94,6 +94,26 @@ struct ApplePerAppTests {
                     #expect(refused == (0, 0))
                     #expect(try await scalar(db, "SELECT count(*)::int FROM apple_calls", as: Int.self) == 0, "no call left")
 
+                    // A sweep of the user's accounts (an order is open) and the refund catch-up: each account at its host.
+                    try await http.send(.post, "/v1/orders", json: newOrder("env-open"))
+                    for (standIn, id) in [(production, "8900001"), (sandbox, "8900002")] {
+                        await standIn.setHistory("app-tx-\(id)", [.init(revision: "h-\(id)", hasMore: false, signedTransactions: [])])
+                        await standIn.setRefunds(id, [.init(revision: "r-\(id)", hasMore: false, signedTransactions: [])])
+                    }
+                    var sweeping = configuration
+                    sweeping.recoveryAfter = 0
+                    let sweep = try await sweeping.historySweep(
+                        secondServer(db), api: clients(configuration, db), verifier: configuration.apple.verifier(logger: TestServer.logger)
+                    ).run(user: UserID("u-1"))
+                    #expect(sweep.accounts == 2 && sweep.failed == 0 && sweep.skipped == 0, "\(sweep)")
+                    let refunds = try await configuration.refundCatchUp(
+                        secondServer(db), api: clients(configuration, db), verifier: configuration.apple.verifier(logger: TestServer.logger)
+                    ).run(all: true)
+                    #expect(refunds.accounts == 2 && refunds.failed == 0, "\(refunds)")
+                    #expect(try await scalar(db, """
+                        SELECT string_agg(account_id || ' ' || environment, ',' ORDER BY account_id) FROM apple_history_cursors
+                        """, as: String.self) == "app-tx-8900001 Production,app-tx-8900002 Sandbox")
+
                     // The notification backfill: one per environment the app accepts, each at its host, each with its position.
                     let backfills = try await secondServer(db).notificationBackfills(api: clients(configuration, db), verifier: try configuration.apple.verifier(logger: TestServer.logger))
                     #expect(backfills.map(\.environment) == [.production, .sandbox])
