@@ -116,8 +116,10 @@ public func buildApplication(
             _ = try await sweep.run()
         })
     }
+    let started = StartSignal()
     for service in appleServices(
-        api: appStoreServerAPI, verifier: verifier, services: services, configuration: configuration, metrics: metrics, logger: logger
+        api: appStoreServerAPI, verifier: verifier, services: services, configuration: configuration, metrics: metrics, started: started,
+        logger: logger
     ) {
         application.addServices(service)
     }
@@ -131,6 +133,7 @@ public func buildApplication(
     application.beforeServerStarts {
         if migrate { try await migrator.migrate(client) }
         if let configuredApp { try await configuredApp.record(in: apps, logger: logger) }
+        started.open()
     }
     return application
 }
@@ -160,10 +163,10 @@ func appleCallsService(
 }
 
 /// The background work that asks Apple besides the sweeps and the calls: the notification
-/// backfill at start, and the refund catch-up.
+/// backfill at start (once `started` says the apps are recorded), and the refund catch-up.
 func appleServices(
     api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, services: ServiceAssembly, configuration: LedgerConfiguration,
-    metrics: LedgerMetrics, logger: Logger
+    metrics: LedgerMetrics, started: StartSignal, logger: Logger
 ) -> [any Service] {
     var background: [any Service] = []
     if configuration.backfillNotificationsAtStart {
@@ -171,6 +174,7 @@ func appleServices(
         // failure leaves the others to run; the pass then fails, and is run again a minute later
         // (each backfill resumes where it stopped).
         background.append(PeriodicService(name: "notification backfill", interval: .seconds(60), logger: logger, firstWait: .seconds(1), repeats: false) {
+            try await started.wait()
             var failure: (any Error)?
             for var backfill in try await services.notificationBackfills(api: api, verifier: verifier) {
                 backfill.restarted = metrics.notificationBackfillRestarted

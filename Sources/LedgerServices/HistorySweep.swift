@@ -105,21 +105,32 @@ public struct HistorySweep: Sendable {
         var summary = Summary()
         var done = 0
         progress?(0, accounts.count)
-        await withTaskGroup(of: Summary.self) { group in
+        await withTaskGroup(of: (Summary, String).self) { group in
             var next = accounts.makeIterator()
+            // Apps whose key Apple refused or that Apple asked to pause: their other accounts wait
+            // for the next sweep; the other apps' go on.
+            var stoppedApps = Set<String>()
+            var stopped = false
             func startNext() -> Bool {
-                guard let account = next.next() else { return false }
-                group.addTask { await sweep(account, metadata: metadata) }
-                return true
+                while let account = next.next() {
+                    if stoppedApps.contains(Self.appKey(account.bundleId)) { continue }
+                    group.addTask { (await sweep(account, metadata: metadata), Self.appKey(account.bundleId)) }
+                    return true
+                }
+                return false
             }
             for _ in 0..<max(1, accountsAtOnce) { guard startNext() else { break } }
-            while let swept = await group.next() {
+            while let result = await group.next() {
+                let (swept, app) = result
                 summary.add(swept)
                 done += 1
                 progress?(done, accounts.count)
-                // Apple refused the key or asked for a long pause, verification cannot run, or the
-                // server is stopping: no point starting another account now.
-                if summary.stoppedBy == nil, !Task.isCancelled { _ = startNext() }
+                if let code = swept.stoppedBy {
+                    if Self.endsApp(code) { stoppedApps.insert(app) } else { stopped = true }
+                }
+                // Verification cannot run, or the server is stopping: no point starting another
+                // account now.
+                if !stopped, !Task.isCancelled { _ = startNext() }
             }
         }
         summary.seconds = (ContinuousClock.now - started).inSeconds
@@ -265,8 +276,18 @@ extension HistorySweep {
     /// Apple's rate limit beyond what the client waits, no roots to verify with, cancelled): a
     /// run that reads account after account stops there instead of asking Apple again.
     static func endsRun(_ code: String) -> Bool {
-        ["apple-api-unauthorized", "apple-api-rate-limited", "apple-api-key-invalid", "cancelled", "verification-unavailable"].contains(code)
+        endsApp(code) || ["cancelled", "verification-unavailable"].contains(code)
     }
+
+    /// Whether a failure with this code is its app's alone (its key refused or unreadable, its
+    /// rate limit beyond what the client waits: Apple counts per app): that app's other accounts
+    /// wait, the other apps' go on.
+    static func endsApp(_ code: String) -> Bool {
+        ["apple-api-unauthorized", "apple-api-rate-limited", "apple-api-key-invalid", "app-key-unavailable"].contains(code)
+    }
+
+    /// An account's app, as runs tell apps apart (nil: the first app).
+    static func appKey(_ app: BundleID?) -> String { app?.rawValue.lowercased() ?? "" }
 
     /// Why work that asks Apple failed, as a stable code: the App Store Server API's,
     /// verification's, `cancelled`, or `internal-error`.

@@ -69,11 +69,19 @@ public struct RefundCatchUp: Sendable {
         let metadata = (try? JSONSerialization.data(withJSONObject: marked)) ?? metadata
         var summary = Summary()
         progress?(0, accounts.count)
+        // Apps whose key Apple refused or that Apple asked to pause: their other accounts wait
+        // for the next run; the other apps' go on.
+        var stoppedApps = Set<String>()
         for (done, account) in accounts.enumerated() {
             try Task.checkCancellation()
+            let app = HistorySweep.appKey(account.bundleId)
+            if stoppedApps.contains(app) { continue }
+            let before = summary.failures
             await catchUp(account, metadata: metadata, into: &summary)
             progress?(done + 1, accounts.count)
-            if summary.failures.keys.contains(where: HistorySweep.endsRun) { break }
+            let failedNow = summary.failures.filter { before[$0.key] != $0.value }.keys
+            if failedNow.contains(where: { HistorySweep.endsRun($0) && !HistorySweep.endsApp($0) }) { break }
+            if failedNow.contains(where: HistorySweep.endsApp) { stoppedApps.insert(app) }
         }
         if summary.applied > 0 || summary.failed > 0 {
             logger.info("refund catch-up", metadata: [
