@@ -28,10 +28,10 @@ public struct AppCatalog: Sendable {
         return try await Self.decode(rows).first
     }
 
-    /// The ledger's first app (the first added), which rows written before they knew their app
-    /// belong to; nil while it holds none.
+    /// The ledger's first app (`ledger_first_app`: the first it ever held), which rows written
+    /// before they knew their app belong to; nil while it holds none.
     public func firstApp() async throws -> BundleID? {
-        let rows = try await database.query("SELECT bundle_id FROM apps ORDER BY created_at, bundle_id LIMIT 1")
+        let rows = try await database.query("SELECT bundle_id FROM ledger_first_app")
         for try await id in rows.decode(String.self) { return BundleID(unchecked: id) }
         return nil
     }

@@ -64,14 +64,14 @@ public struct AppleCallQueue: Sendable {
                 SELECT 'consumption:' || (r.data->>'notificationUUID'), 'consumption', r.data->>'transactionId', r.stream_id,
                        CASE WHEN r.stream_id LIKE 'order-%' THEN substr(r.stream_id, 7) END,
                        (r.data->>'notificationUUID')::uuid, (r.data->>'signedDate')::timestamptz + interval '12 hours',
-                       NULL::text, t.environment
+                       t.bundle_id, t.environment
                   FROM read r LEFT JOIN apple_transactions t ON t.transaction_id = r.data->>'transactionId'
                  WHERE \(switches.consumption) AND r.type = 'notification-received'
                    AND r.data->>'notificationType' = 'CONSUMPTION_REQUEST' AND r.data->>'transactionId' IS NOT NULL
                 ON CONFLICT (call_id) DO NOTHING RETURNING 1),
             finish AS (
                 INSERT INTO apple_calls (call_id, kind, transaction_id, stream_id, order_id, bundle_id, environment)
-                SELECT 'finish:' || o.transaction_id, 'finish', o.transaction_id, r.stream_id, o.order_id, NULL::text, t.environment
+                SELECT 'finish:' || o.transaction_id, 'finish', o.transaction_id, r.stream_id, o.order_id, coalesce(t.bundle_id, o.bundle_id), t.environment
                   FROM read r JOIN orders o ON o.order_id = substr(r.stream_id, 7)
                   LEFT JOIN apple_transactions t ON t.transaction_id = o.transaction_id
                  WHERE \(switches.finishAfterDelivery) AND r.type = 'delivered' AND r.stream_id LIKE 'order-%'
@@ -80,7 +80,7 @@ public struct AppleCallQueue: Sendable {
             token AS (
                 INSERT INTO apple_calls (call_id, kind, transaction_id, stream_id, order_id, bundle_id, environment)
                 SELECT 'set-token:' || (r.data->>'transactionId') || ':' || r.global_position, 'set-token', r.data->>'transactionId', r.stream_id,
-                       substr(r.stream_id, 7), NULL::text, coalesce(t.environment, r.data->>'environment')
+                       substr(r.stream_id, 7), coalesce(t.bundle_id, r.data->>'bundleId'), coalesce(t.environment, r.data->>'environment')
                   FROM read r LEFT JOIN apple_transactions t ON t.transaction_id = r.data->>'transactionId'
                  WHERE \(switches.setTokenAfterPairing) AND r.type = 'receipt-received' AND r.stream_id LIKE 'order-%'
                    AND r.data->>'matchedBy' IN ('reconciler', 'support')
@@ -252,6 +252,7 @@ public struct AppleCallQueue: Sendable {
               LEFT JOIN apple_transactions t ON t.transaction_id = x.transaction_id
               LEFT JOIN orders o ON o.order_id = t.order_id
               LEFT JOIN products p ON p.product_id = coalesce(o.product_id, t.product_id)
+                                  AND p.bundle_id IS NOT DISTINCT FROM coalesce(o.bundle_id, t.bundle_id)
               LEFT JOIN LATERAL (
                   SELECT e.stream_id, (e.data->>'consumptionPercentage')::int AS percentage FROM events e
                    WHERE e.stream_id = 'order-' || o.order_id AND e.type = 'delivered'

@@ -20,7 +20,7 @@ public struct HistoryCursors: Sendable {
         public let user: UserID
         /// The user's oldest open order.
         public let oldestOpenOrder: Date
-        /// The account's app (nil: the ledger's first app) and environment (`Production`,
+        /// The account's app (its user's orders'; nil: a ledger without apps) and environment (`Production`,
         /// `Sandbox`; nil: unknown), whose key and host its history is asked with.
         public var bundleId: BundleID? = nil
         public var environment: String? = nil
@@ -33,28 +33,31 @@ public struct HistoryCursors: Sendable {
         let rows = try await database.query(
             """
             WITH due AS (
-                SELECT user_id, min(created_at) AS oldest FROM orders
+                SELECT bundle_id, user_id, min(created_at) AS oldest FROM orders
                  WHERE state IN ('created', 'payment-added') AND created_at <= now() - make_interval(secs => \(openFor))
                    AND (\(user?.rawValue)::text IS NULL OR user_id = \(user?.rawValue)::text)
-                 GROUP BY user_id),
+                 GROUP BY bundle_id, user_id),
             accounts AS (
                 SELECT substr(e.stream_id, length('apple-account-') + 1) AS account_id, d.user_id, d.oldest, 0 AS strength,
-                       e.data->>'bundleId' AS bundle_id, e.data->>'environment' AS environment
+                       d.bundle_id, e.data->>'environment' AS environment
                   FROM due d JOIN events e ON e.type = 'account-linked' AND e.data->>'userId' = d.user_id
+                 WHERE d.bundle_id IS NULL OR lower(e.data->>'bundleId') = lower(d.bundle_id)
                 UNION ALL
-                SELECT t.app_transaction_id, d.user_id, d.oldest, 1, NULL::text, t.environment
-                  FROM due d JOIN orders o ON o.user_id = d.user_id JOIN apple_transactions t ON t.order_id = o.order_id
+                SELECT t.app_transaction_id, d.user_id, d.oldest, 1, d.bundle_id, t.environment
+                  FROM due d JOIN orders o ON o.user_id = d.user_id AND o.bundle_id IS NOT DISTINCT FROM d.bundle_id
+                  JOIN apple_transactions t ON t.order_id = o.order_id
                  WHERE t.app_transaction_id IS NOT NULL
                 UNION ALL
-                SELECT t.app_transaction_id, d.user_id, d.oldest, 1, NULL::text, t.environment
-                  FROM due d JOIN apple_transactions t ON t.user_id = d.user_id AND t.order_id IS NULL
+                SELECT t.app_transaction_id, d.user_id, d.oldest, 1, d.bundle_id, t.environment
+                  FROM due d JOIN apple_transactions t ON t.user_id = d.user_id AND t.order_id IS NULL AND t.bundle_id IS NOT DISTINCT FROM d.bundle_id
                  WHERE t.app_transaction_id IS NOT NULL),
             fallback AS (
-                SELECT DISTINCT ON (d.user_id) t.transaction_id AS account_id, d.user_id, d.oldest, 2 AS strength,
-                       NULL::text AS bundle_id, t.environment
-                  FROM due d JOIN orders o ON o.user_id = d.user_id JOIN apple_transactions t ON t.order_id = o.order_id
-                 WHERE NOT EXISTS (SELECT FROM accounts a WHERE a.user_id = d.user_id)
-                 ORDER BY d.user_id, t.purchase_date)
+                SELECT DISTINCT ON (d.bundle_id, d.user_id) t.transaction_id AS account_id, d.user_id, d.oldest, 2 AS strength,
+                       d.bundle_id, t.environment
+                  FROM due d JOIN orders o ON o.user_id = d.user_id AND o.bundle_id IS NOT DISTINCT FROM d.bundle_id
+                  JOIN apple_transactions t ON t.order_id = o.order_id
+                 WHERE NOT EXISTS (SELECT FROM accounts a WHERE a.user_id = d.user_id AND a.bundle_id IS NOT DISTINCT FROM d.bundle_id)
+                 ORDER BY d.bundle_id, d.user_id, t.purchase_date)
             SELECT DISTINCT ON (account_id) account_id, user_id, oldest, bundle_id, environment
               FROM (SELECT * FROM accounts UNION ALL SELECT * FROM fallback) a
              ORDER BY account_id, strength, oldest

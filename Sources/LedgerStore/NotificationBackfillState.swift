@@ -39,7 +39,7 @@ public struct NotificationBackfillState: Sendable {
     }
 
     /// The stored request (the row made on first use). The last notification is the last of
-    /// this environment's: one about a transaction of it, or about none.
+    /// this app's and environment's: one about a transaction of them, or about none.
     public func read() async throws -> Stored {
         try await database.query(
             """
@@ -52,7 +52,10 @@ public struct NotificationBackfillState: Sendable {
                    (SELECT (e.data->>'signedDate')::timestamptz FROM events e
                      WHERE e.type = 'notification-received'
                        AND NOT EXISTS (SELECT FROM apple_transactions t
-                                        WHERE t.transaction_id = e.data->>'transactionId' AND t.environment IS DISTINCT FROM \(environment))
+                                        WHERE t.transaction_id = e.data->>'transactionId'
+                                          AND (t.environment IS DISTINCT FROM \(environment)
+                                               OR lower(t.bundle_id) IS DISTINCT FROM
+                                                  lower(coalesce(\(bundleId?.rawValue)::text, (SELECT f.bundle_id FROM ledger_first_app f)))))
                      ORDER BY e.global_position DESC LIMIT 1),
                    (SELECT recorded_at FROM events ORDER BY global_position LIMIT 1)
               FROM apple_notification_backfill

@@ -31,7 +31,7 @@ public struct RefundCursors: Sendable {
             SELECT a.account_id, a.transaction_id, a.bundle_id, a.environment FROM (
                 SELECT DISTINCT ON (account_id) account_id, transaction_id, bundle_id, environment FROM (
                     SELECT coalesce(t.app_transaction_id, t.original_transaction_id, t.transaction_id) AS account_id,
-                           t.transaction_id, t.purchase_date, NULL::text AS bundle_id, t.environment
+                           t.transaction_id, t.purchase_date, t.bundle_id, t.environment
                       FROM apple_transactions t JOIN orders o ON o.order_id = t.order_id
                      WHERE o.state IN ('verified', 'delivered', 'finished')
                        AND t.purchase_date >= now() - make_interval(days => \(lookbackDays)::int)) granted

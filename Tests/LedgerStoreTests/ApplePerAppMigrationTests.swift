@@ -19,8 +19,8 @@ struct ApplePerAppMigrationTests {
             let before = Migrator(migrations: Migrator.bundled.filter { $0.name < "014" }, routines: Migrator.bundledRoutines, logger: TestServer.logger)
             try await before.migrate(db.client)
             for statement in [
-                "INSERT INTO apps (bundle_id, environments, created_at) VALUES ('com.example.second', ARRAY['Production'], now())",
                 "INSERT INTO apps (bundle_id, environments, created_at) VALUES ('com.example.first', ARRAY['Sandbox'], now() - interval '1 day')",
+                "INSERT INTO apps (bundle_id, environments, created_at) VALUES ('com.example.second', ARRAY['Production'], now())",
                 """
                 INSERT INTO apple_transactions (transaction_id, product_id, purchase_date, environment, status, received_at, updated_at, app_transaction_id)
                 VALUES ('7100001', 'gems.100', now(), 'Sandbox', 'unmatched', now(), now(), 'acct-1')
