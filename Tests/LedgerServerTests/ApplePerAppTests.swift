@@ -165,6 +165,42 @@ struct ApplePerAppTests {
         }
     }
 
+    @Test("a call about app B's transaction goes with B's key and bundle id, one about A's with A's")
+    func callsGoWithTheTransactionsApp() async throws {
+        let standInA = AppStoreServerStandIn(bundleID: TestApple.bundleId)
+        let standInB = AppStoreServerStandIn(bundleID: Self.gameB)
+        try await AppStoreServerStandIn.run([standInA, standInB]) { base in
+            try await withServer(key: standInA, production: base, sandbox: nil) { http, db, configuration in
+                try await addGameB(http, key: standInB)
+                try await http.send(.post, "/v1/orders", json: newOrder("app-a").merging(["bundleId": TestApple.bundleId]) { $1 })
+                let signed = try await apple.sign(TestApple.transaction("8910001", environment: "Sandbox"))
+                try await http.send(.post, "/v1/receipts", json: ["orderId": "app-a", "signedTransaction": signed])
+                // B's purchase, taken in as a verified transaction of B (proofs of B verify once the verifier reads the apps).
+                let (created, order) = try await http.send(.post, "/v1/orders", json: newOrder("app-b").merging(["bundleId": Self.gameB]) { $1 })
+                #expect(created == .created && order["bundleId"] as? String == Self.gameB, "\(order)")
+                let purchase = AppleTransaction(
+                    transactionId: TransactionID(unchecked: "8910002"), originalTransactionId: "8910002", productId: ProductID(unchecked: "gems.100"),
+                    purchaseDate: Date(timeIntervalSinceNow: -60), environment: "Sandbox", bundleId: Self.gameB, format: .jws, receiptSha256: sha)
+                let taken = try await secondServer(db).receipts.apply(
+                    purchase, claim: .init(userId: UserID("u-1"), orderId: OrderID("app-b"), poolUserId: nil), metadata: Data("{}".utf8))
+                #expect(taken.outcome == .matched, "\(taken)")
+                for id in ["app-a", "app-b"] { try await http.send(.post, "/v1/orders/\(id)/events", json: ["type": "delivered", "data": [:]]) }
+
+                var settings = LedgerConfiguration()
+                settings.appleCalls = .init(finishAfterDelivery: true)
+                let summary = try await drain(settings.appleCalls(secondServer(db), api: clients(configuration, db)), db)
+                #expect(summary.calls["finish sent"] == 2, "\(summary)")
+                let atA = await standInA.writes.map(\.path)
+                let atB = await standInB.writes.map(\.path)
+                #expect(atA == ["/inApps/v1/transactions/8910001/finish"] && atB == ["/inApps/v1/transactions/8910002/finish"], "\(atA) \(atB)")
+                let refused = (await standInA.refusedTokens, await standInB.refusedTokens)
+                #expect(refused == (0, 0))
+                #expect(try await scalar(db, "SELECT string_agg(DISTINCT bundle_id, ',') FROM apple_transactions", as: String.self)
+                    == "\(Self.gameB),\(TestApple.bundleId)")
+            }
+        }
+    }
+
     @Test("an app without a key is skipped with a log line and a metric, while another app's work goes on")
     func appWithoutKeySkipped() async throws {
         let standInB = AppStoreServerStandIn(bundleID: Self.gameB)
