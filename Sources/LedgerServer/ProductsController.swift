@@ -24,9 +24,17 @@ struct ProductsController {
                 }
                 return preference
             }
+            // Product ids are per app: the entry is the named app's (as the ledger spells it), else the first app's.
+            var app: BundleID?
+            if let named = body.bundleId {
+                guard let found = try await AppCatalog(database: catalog.database).app(named) else {
+                    throw APIError(.badRequest, code: "unknown-app", message: "the ledger holds no app \(named)")
+                }
+                app = found.bundleId
+            }
             return Answer(ProductResponse(try await catalog.set(
                 id, status: status, price: body.price, currency: body.currency, sampleContentProvided: body.sampleContentProvided,
-                refundPreference: preference)))
+                refundPreference: preference, bundleId: app)))
         }
     }
 
@@ -37,6 +45,7 @@ struct ProductsController {
         let currency: String?
         let sampleContentProvided: Bool?
         let refundPreference: String?
+        let bundleId: BundleID?
     }
 
     struct ProductResponse: Encodable, Sendable {
@@ -44,7 +53,7 @@ struct ProductsController {
 
         init(_ product: ProductCatalog.Product) { self.product = product }
 
-        enum CodingKeys: String, CodingKey { case productId, status, price, currency, sampleContentProvided, refundPreference, updatedAt }
+        enum CodingKeys: String, CodingKey { case productId, status, price, currency, sampleContentProvided, refundPreference, updatedAt, bundleId }
 
         func encode(to encoder: any Encoder) throws {
             var json = encoder.container(keyedBy: CodingKeys.self)
@@ -55,6 +64,7 @@ struct ProductsController {
             try json.encodeIfPresent(product.sampleContentProvided, forKey: .sampleContentProvided)
             try json.encodeIfPresent(product.refundPreference?.rawValue, forKey: .refundPreference)
             try json.encode(product.updatedAt, forKey: .updatedAt)
+            try json.encode(product.bundleId, forKey: .bundleId)
         }
     }
 }
