@@ -63,12 +63,21 @@ public final class AppStoreServerStandIn: Sendable {
     public let environment: String
     let state = State()
 
-    public init(bundleID: String, environment: String = "Sandbox") {
-        let key = P256.Signing.PrivateKey()
+    public convenience init(bundleID: String, environment: String = "Sandbox") {
+        self.init(bundleID: bundleID, environment: environment, key: P256.Signing.PrivateKey())
+    }
+
+    private init(bundleID: String, environment: String, key: P256.Signing.PrivateKey) {
         privateKeyPEM = key.pemRepresentation
         publicKey = key.publicKey
         self.bundleID = bundleID
         self.environment = environment
+    }
+
+    /// The same app with the same key in `environment`: Apple's other host, which takes the
+    /// app's key too, with a history of its own.
+    public func twin(in environment: String) throws -> AppStoreServerStandIn {
+        AppStoreServerStandIn(bundleID: bundleID, environment: environment, key: try P256.Signing.PrivateKey(pemRepresentation: privateKeyPEM))
     }
 
     /// How far back Get Notification History goes in `environment`.
@@ -117,6 +126,11 @@ public final class AppStoreServerStandIn: Sendable {
         public var body: String
     }
     public func setOrder(_ orderID: String, _ signedTransactions: [String]) async { await state.setOrder(orderID, signedTransactions) }
+    /// The transaction ids this app's environment holds: once set, a write about any other
+    /// (finish, consumption, token) is refused as Apple refuses it, 404 `4040010`
+    /// (TransactionIdNotFound): a sandbox transaction is unknown to production's host, and the
+    /// other way round.
+    public func setTransactions(_ ids: [String]) async { await state.setTransactions(ids) }
     public func queue(_ faults: [Fault]) async { await state.queue(faults) }
     /// How many requests wait on a `held` fault.
     public var holding: Int { get async { await state.held.count } }
@@ -144,6 +158,7 @@ public final class AppStoreServerStandIn: Sendable {
         var expiredNotificationTokens = Set<String>()
         var notificationRequests: [NotificationRequest] = []
         var tokenRefusals: [String: Int] = [:]
+        var transactions: Set<String>?
         var writes: [Write] = []
         var held: [CheckedContinuation<Void, Never>] = []
 
@@ -155,6 +170,8 @@ public final class AppStoreServerStandIn: Sendable {
         func setRefunds(_ id: String, _ pages: [Page]) { refunds[id] = pages }
         func setNotifications(_ pages: [Page]) { notifications = pages }
         func refuseToken(_ id: String, _ code: Int) { tokenRefusals[id] = code }
+        func setTransactions(_ ids: [String]) { transactions = Set(ids) }
+        func knows(_ id: String) -> Bool { transactions?.contains(id) ?? true }
         func wrote(_ write: Write) { writes.append(write) }
         func refund(_ id: String, revision: String?) -> Page? { Self.page(refunds[id], after: revision) }
         func notificationPage(after token: String?) -> Page? {
@@ -212,30 +229,46 @@ public final class AppStoreServerStandIn: Sendable {
 
     /// Runs the stand-in for the duration of `body`, which gets its base URL.
     public func run<T: Sendable>(_ body: @Sendable (_ baseURL: String) async throws -> T) async throws -> T {
+        try await Self.run([self], body)
+    }
+
+    /// Runs several apps' stand-ins of one environment on one base URL, as Apple's one host
+    /// serves every app: each request goes to the stand-in of the app its token's `bid` names,
+    /// which checks the token with that app's key (a token for an app none serves is refused by
+    /// the first, as Apple refuses it). Two environments are two runs, at two base URLs.
+    public static func run<T: Sendable>(_ standIns: [AppStoreServerStandIn], _ body: @Sendable (_ baseURL: String) async throws -> T) async throws -> T {
+        precondition(!standIns.isEmpty, "a stand-in serves at least one app")
+        @Sendable func serving(_ request: Request) -> AppStoreServerStandIn {
+            let bid = Self.bundleID(inTokenOf: request)
+            return standIns.first { $0.bundleID == bid } ?? standIns[0]
+        }
         let router = Router()
         router.get("/inApps/v2/history/:id") { request, context -> Response in
-            try await self.answer(request) {
+            let standIn = serving(request)
+            return try await standIn.answer(request) {
                 let query = Dictionary(request.uri.queryParameters.map { (String($0.key), String($0.value)) }, uniquingKeysWith: { a, _ in a })
-                guard let page = await self.state.history(context.parameters.get("id") ?? "", query: query) else {
+                guard let page = await standIn.state.history(context.parameters.get("id") ?? "", query: query) else {
                     return (404, #"{"errorCode": 4040010, "errorMessage": "Transaction id not found."}"#)
                 }
                 let body: [String: Any] = [
-                    "revision": page.revision, "hasMore": page.hasMore, "bundleId": self.bundleID, "environment": "Sandbox",
+                    "revision": page.revision, "hasMore": page.hasMore, "bundleId": standIn.bundleID, "environment": standIn.environment,
                     "signedTransactions": page.signedTransactions,
                 ]
                 return (200, String(decoding: try JSONSerialization.data(withJSONObject: body), as: UTF8.self))
             }
         }
         router.get("/inApps/v1/lookup/:orderId") { request, context -> Response in
-            try await self.answer(request) {
-                guard let signed = await self.state.order(context.parameters.get("orderId") ?? "") else { return (200, #"{"status": 1}"#) }
+            let standIn = serving(request)
+            return try await standIn.answer(request) {
+                guard let signed = await standIn.state.order(context.parameters.get("orderId") ?? "") else { return (200, #"{"status": 1}"#) }
                 let body: [String: Any] = ["status": 0, "signedTransactions": signed]
                 return (200, String(decoding: try JSONSerialization.data(withJSONObject: body), as: UTF8.self))
             }
         }
         router.get("/inApps/v2/refund/lookup/:id") { request, context -> Response in
-            try await self.answer(request) {
-                guard let page = await self.state.refund(context.parameters.get("id") ?? "", revision: request.uri.queryParameters["revision"].map(String.init)) else {
+            let standIn = serving(request)
+            return try await standIn.answer(request) {
+                guard let page = await standIn.state.refund(context.parameters.get("id") ?? "", revision: request.uri.queryParameters["revision"].map(String.init)) else {
                     return (404, #"{"errorCode": 4040010, "errorMessage": "Transaction id not found."}"#)
                 }
                 let body: [String: Any] = ["revision": page.revision, "hasMore": page.hasMore, "signedTransactions": page.signedTransactions]
@@ -244,11 +277,12 @@ public final class AppStoreServerStandIn: Sendable {
         }
         router.post("/inApps/v1/notifications/history") { request, _ -> Response in
             var request = request
+            let standIn = serving(request)
             let token = request.uri.queryParameters["paginationToken"].map(String.init)
             let body = try await request.collectBody(upTo: 1 << 20)
-            return try await self.answer(request) {
-                if let refusal = await self.refusal(ofNotificationHistory: body, token: token) { return refusal }
-                guard let page = await self.state.notificationPage(after: token) else {
+            return try await standIn.answer(request) {
+                if let refusal = await standIn.refusal(ofNotificationHistory: body, token: token) { return refusal }
+                guard let page = await standIn.state.notificationPage(after: token) else {
                     return Self.refusal(4000014, "Invalid pagination token.")
                 }
                 let body: [String: Any] = [
@@ -259,28 +293,43 @@ public final class AppStoreServerStandIn: Sendable {
             }
         }
         router.put("/inApps/v2/transactions/consumption/:id") { request, _ -> Response in
-            try await self.recordWrite(request, status: 202, check: Self.refusal(ofConsumption:))
+            try await serving(request).recordWrite(request, status: 202, check: Self.refusal(ofConsumption:))
         }
         router.post("/inApps/v1/transactions/:id/finish") { request, _ -> Response in
-            try await self.recordWrite(request, status: 200)
+            try await serving(request).recordWrite(request, status: 200)
         }
         router.put("/inApps/v1/transactions/:id/appAccountToken") { request, context -> Response in
-            if let code = await self.state.tokenRefusals[context.parameters.get("id") ?? ""] {
-                return try await self.answer(request) { (400, #"{"errorCode": \#(code), "errorMessage": "Refused."}"#) }
+            let standIn = serving(request)
+            if let code = await standIn.state.tokenRefusals[context.parameters.get("id") ?? ""] {
+                return try await standIn.answer(request) { (400, #"{"errorCode": \#(code), "errorMessage": "Refused."}"#) }
             }
-            return try await self.recordWrite(request, status: 200)
+            return try await standIn.recordWrite(request, status: 200)
         }
         return try await serveStandIn(router) { bound in
             // Requests still held when `body` ends, however it ends, are let go: the server stops.
             do {
                 let result = try await body("http://127.0.0.1:\(bound)")
-                await self.state.release()
+                for standIn in standIns { await standIn.state.release() }
                 return result
             } catch {
-                await self.state.release()
+                for standIn in standIns { await standIn.state.release() }
                 throw error
             }
         }
+    }
+
+    /// The `bid` claim of the request's bearer token, read without checking it (the stand-in it
+    /// picks checks it).
+    static func bundleID(inTokenOf request: Request) -> String? {
+        let authorization = request.headers[.authorization] ?? ""
+        guard authorization.hasPrefix("Bearer ") else { return nil }
+        let parts = authorization.dropFirst(7).split(separator: ".")
+        guard parts.count == 3 else { return nil }
+        var payload = parts[1].replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        payload += String(repeating: "=", count: (4 - payload.count % 4) % 4)
+        guard let data = Data(base64Encoded: payload),
+              let claims = try? JSONSerialization.jsonObject(with: data) as? [String: Any] else { return nil }
+        return claims["bid"] as? String
     }
 
     /// A write Apple takes: recorded (once it passes the token, the faults and `check`, which
@@ -291,7 +340,13 @@ public final class AppStoreServerStandIn: Sendable {
         var request = request
         let buffer = try await request.collectBody(upTo: 1 << 20)
         let body = String(buffer: buffer)
+        // The transaction id: the path's segment after `transactions/` (and `consumption/`).
+        let segments = request.uri.path.split(separator: "/").map(String.init)
+        let id = segments.last == "finish" || segments.last == "appAccountToken" ? segments.dropLast().last ?? "" : segments.last ?? ""
         return try await answer(request) {
+            guard await self.state.knows(id.removingPercentEncoding ?? id) else {
+                return (404, #"{"errorCode": 4040010, "errorMessage": "Transaction id not found."}"#)
+            }
             if let refusal = check(buffer) { return refusal }
             await self.state.wrote(Write(method: request.method.rawValue, path: request.uri.path, body: body))
             return (status, "")

@@ -13,8 +13,8 @@ extension APIError {
         return APIError(status, code: error.code, message: error.description)
     }
 
-    /// The answer of a route that asks Apple when no In-App Purchase key is configured.
+    /// The answer of a route that asks Apple when no app has an In-App Purchase key.
     static let appleAPINotConfigured = APIError(
         .serviceUnavailable, code: "apple-api-not-configured",
-        message: "the App Store Server API is not configured (LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID, LEDGER_APPLE_API_PRIVATE_KEY)")
+        message: "the App Store Server API is not configured: no app has a key (LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID, LEDGER_APPLE_API_PRIVATE_KEY, or `ledger apps set` with the key)")
 }

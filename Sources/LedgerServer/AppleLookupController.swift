@@ -3,15 +3,19 @@ import Foundation
 import Hummingbird
 import LedgerCore
 import LedgerServices
+import LedgerStore
 import Logging
 
-/// `POST /v1/apple-orders/{appleOrderId}/lookup` (admin): support's lookup of the order id on a
-/// customer's Apple receipt e-mail. Apple's Look Up Order ID names the purchases; each signed
-/// transaction is checked as a client's proof is and taken through the same intake (tied by its
-/// `appAccountToken`, else into the pool with the user given), and the answer says what became
-/// of each.
+/// `POST /v1/apple-orders/{appleOrderId}/lookup?bundleId=` (admin): support's lookup of the order
+/// id on a customer's Apple receipt e-mail. Apple's Look Up Order ID names the purchases; each
+/// signed transaction is checked as a client's proof is and taken through the same intake (tied
+/// by its `appAccountToken`, else into the pool with the user given), and the answer says what
+/// became of each. Apple answers per app, with the app's key: `bundleId` names it, required once
+/// the ledger holds several apps.
 struct AppleLookupController {
-    let lookup: AppleOrderLookup?
+    let lookup: AppleOrderLookup
+    let api: LazyAppStoreServerAPI
+    let apps: AppCatalog
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
         router.post("/v1/apple-orders/:appleOrderId/lookup") { request, context in try await look(request, context) }
@@ -22,11 +26,33 @@ struct AppleLookupController {
         guard !orderID.isEmpty, orderID.count <= 64, orderID.unicodeScalars.allSatisfy({ $0.isASCII && $0.properties.isAlphabetic || ("0"..."9").contains($0) })
         else { throw LedgerInputError(field: "appleOrderId", problem: "must be the letters and digits of an Apple order id, such as MQ1N2CD3EF") }
         let userID = try await OptionalUserBody.user(of: request, context)
-        guard let lookup else { throw APIError.appleAPINotConfigured }
+        let app = try await Self.app(request.uri.queryParameters["bundleId"].map(String.init), in: apps)
+        guard try await api.anyKey() else { throw APIError.appleAPINotConfigured }
         do {
-            return Answer(try await lookup.look(up: orderID, user: userID, metadata: context.eventMetadata))
+            return Answer(try await lookup.look(up: orderID, user: userID, app: app, metadata: context.eventMetadata))
         } catch let error as AppStoreServerAPIError {
+            if error.code == "apple-api-no-key" {
+                throw APIError(.serviceUnavailable, code: "apple-api-not-configured", message: error.description)
+            }
             throw APIError.from(error)
         }
+    }
+
+    /// The app a request that asks Apple names (`bundleId`, any case): optional while the ledger
+    /// holds at most one app (nil: that one), required once it holds several (400
+    /// `bundle-id-required`); an app it does not hold is 400 `unknown-app`.
+    static func app(_ given: String?, in apps: AppCatalog) async throws -> BundleID? {
+        guard let given else {
+            let held = try await apps.list()
+            guard held.count <= 1 else {
+                throw APIError(.badRequest, code: "bundle-id-required", message: "the ledger holds \(held.count) apps: name one with bundleId (\(held.map(\.bundleId.rawValue).joined(separator: ", ")))")
+            }
+            return held.first?.bundleId
+        }
+        let id = try BundleID(given)
+        guard let app = try await apps.app(id) else {
+            throw APIError(.badRequest, code: "unknown-app", message: "the ledger holds no app \(given)")
+        }
+        return app.bundleId
     }
 }

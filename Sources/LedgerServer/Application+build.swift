@@ -18,15 +18,17 @@ public func buildRouter(
     let database = database.observingAppends(metrics.eventsAppended)
     return buildRouter(
         services: ServiceAssembly(database: database), migrator: migrator, apple: apple,
-        appStoreServerAPI: (try? configuration.apple.appStoreServerAPI()).flatMap { $0 }.map { LazyAppStoreServerAPI(settings: $0, logger: database.logger) },
+        appStoreServerAPI: LazyAppStoreServerAPI(
+            catalog: AppCatalog(database: database), hosts: configuration.apple.appStoreServerAPIHosts(), logger: database.logger,
+            skipped: metrics.appleAppSkipped),
         configuration: configuration, health: health, metrics: metrics)
 }
 
 /// The router. `services`: the one assembly every route and service of this server shares (one
 /// writer, so that their events share transactions), on a database whose appends `metrics`
-/// already counts; `appStoreServerAPI`: the one client of the API they share (nil: no key).
+/// already counts; `appStoreServerAPI`: the apps' clients of the API they share.
 func buildRouter(
-    services: ServiceAssembly, migrator: Migrator, apple: AppleProofVerifier, appStoreServerAPI: LazyAppStoreServerAPI?,
+    services: ServiceAssembly, migrator: Migrator, apple: AppleProofVerifier, appStoreServerAPI: LazyAppStoreServerAPI,
     configuration: LedgerConfiguration, health: DatabaseHealth?, metrics: LedgerMetrics, apps: AppDirectory? = nil
 ) -> Router<LedgerRequestContext> {
     let database = services.database
@@ -47,8 +49,11 @@ func buildRouter(
     ReportsController(database: database).addRoutes(to: router)
     TransactionsController(pool: services.pool, desk: services.support).addRoutes(to: router)
     AppleAccountsController(links: services.accounts, verifier: apple).addRoutes(to: router)
-    AppleLookupController(lookup: appStoreServerAPI.map { services.orderLookup(api: $0, verifier: apple) }).addRoutes(to: router)
-    RecoverController(sweep: appStoreServerAPI.map { configuration.historySweep(services, api: $0, verifier: apple) }).addRoutes(to: router)
+    AppleLookupController(
+        lookup: services.orderLookup(api: appStoreServerAPI, verifier: apple), api: appStoreServerAPI, apps: AppCatalog(database: database)
+    ).addRoutes(to: router)
+    RecoverController(sweep: configuration.historySweep(services, api: appStoreServerAPI, verifier: apple), api: appStoreServerAPI)
+        .addRoutes(to: router)
     router.get("/metrics") { _, _ in
         Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
                  body: .init(byteBuffer: ByteBuffer(string: metrics.registry.emitToString())))
@@ -71,15 +76,15 @@ public func buildApplication(
     let database = Database(client: client, logger: logger, writerExecutor: writerExecutor).observingAppends(metrics.eventsAppended)
     let migrator = Migrator(logger: logger)
     let health = DatabaseHealth(probing: probing, logger: logger)
-    // Said once: whether the features that ask Apple's App Store Server API are on.
+    // The configured app's key is checked now (a bad one stops the start); every app's key is
+    // read from the apps' catalog where it is used, so a key set later is taken without a restart.
     let apiSettings = try configuration.apple.appStoreServerAPI()
-    let appStoreServerAPI = apiSettings.map { LazyAppStoreServerAPI(settings: $0, logger: logger) }
-    if let api = apiSettings {
-        logger.notice("App Store Server API on", metadata: [
-            "apple.api_url": "\(api.baseURL)", "apple.api_rate": "\(api.requestsPerSecond)", "apple.api_limits": "\(api.rateLimitEnvironment.rawValue)"])
-    } else {
-        logger.notice("App Store Server API off: set LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID and LEDGER_APPLE_API_PRIVATE_KEY to turn it on")
-    }
+    let hosts = configuration.apple.appStoreServerAPIHosts()
+    let appStoreServerAPI = LazyAppStoreServerAPI(
+        catalog: AppCatalog(database: database), hosts: hosts, logger: logger, skipped: metrics.appleAppSkipped)
+    logger.notice("App Store Server API: each app's key, by the environment of the transaction at its host", metadata: [
+        "apple.api_url": "\(hosts.productionURL)", "apple.api_sandbox_url": "\(hosts.sandboxURL)",
+        "apple.api_rate": "\(configuration.apple.apiRequestsPerSecond)", "apple.configured_key": "\(apiSettings != nil)"])
     // Each proof is checked against the app the ledger holds for the bundle id Apple signed.
     // Read once the configured app is recorded (below): background work may verify before.
     let appDirectory = AppDirectory(
@@ -107,20 +112,20 @@ public func buildApplication(
             }
         })
     }
-    if let appStoreServerAPI, configuration.recoveryInterval > 0 {
+    if configuration.recoveryInterval > 0 {
         let sweep = configuration.historySweep(services, api: appStoreServerAPI, verifier: verifier)
         application.addServices(PeriodicService(name: "history sweep", interval: .seconds(configuration.recoveryInterval), logger: logger) {
+            // No app has a key: nothing to ask Apple.
+            guard try await appStoreServerAPI.anyKey() else { return }
             _ = try await sweep.run()
         })
     }
-    if let appStoreServerAPI {
-        for service in appleServices(
-            api: appStoreServerAPI, verifier: verifier, services: services, configuration: configuration, metrics: metrics, logger: logger
-        ) {
-            application.addServices(service)
-        }
-    } else if configuration.appleCalls.any {
-        logger.warning("LEDGER_APPLE_CONSUMPTION_CONSENT, LEDGER_APPLE_FINISH_AFTER_DELIVERY and LEDGER_APPLE_SET_TOKEN_AFTER_PAIRING need the App Store Server API key: no calls to Apple are made")
+    let started = StartSignal()
+    for service in appleServices(
+        api: appStoreServerAPI, verifier: verifier, services: services, configuration: configuration, metrics: metrics, started: started,
+        logger: logger
+    ) {
+        application.addServices(service)
     }
     if let calls = appleCallsService(api: appStoreServerAPI, services: services, configuration: configuration, metrics: metrics, logger: logger) {
         application.addServices(calls)
@@ -133,19 +138,21 @@ public func buildApplication(
         defer { appDirectory.open() }
         if migrate { try await migrator.migrate(client) }
         if let configuredApp { try await configuredApp.record(in: apps, logger: logger) }
+        started.open()
     }
     return application
 }
 
 /// The calls to Apple that events call for, made every `appleCallsInterval` seconds. With no
-/// switch on, or no key, none is made, but the feed still moves past what it reads, so that a
-/// switch turned on later applies from then on, not to every event since.
+/// switch on, none is made, but the feed still moves past what it reads, so that a switch turned
+/// on later applies from then on, not to every event since. A call of an app without a key waits
+/// for one (`AppleCalls.make`).
 func appleCallsService(
-    api: LazyAppStoreServerAPI?, services: ServiceAssembly, configuration: LedgerConfiguration, metrics: LedgerMetrics, logger: Logger
+    api: LazyAppStoreServerAPI, services: ServiceAssembly, configuration: LedgerConfiguration, metrics: LedgerMetrics, logger: Logger
 ) -> (any Service)? {
     guard configuration.appleCallsInterval > 0 else { return nil }
     let interval = Duration.seconds(configuration.appleCallsInterval)
-    guard let api, configuration.appleCalls.any else {
+    guard configuration.appleCalls.any else {
         let queue = services.callQueue
         return PeriodicService(name: "calls to Apple", interval: interval, logger: logger) {
             _ = try await queue.catchUp(.init())
@@ -161,19 +168,33 @@ func appleCallsService(
 }
 
 /// The background work that asks Apple besides the sweeps and the calls: the notification
-/// backfill at start, and the refund catch-up.
+/// backfill at start (once `started` says the apps are recorded), and the refund catch-up.
 func appleServices(
     api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, services: ServiceAssembly, configuration: LedgerConfiguration,
-    metrics: LedgerMetrics, logger: Logger
+    metrics: LedgerMetrics, started: StartSignal, logger: Logger
 ) -> [any Service] {
     var background: [any Service] = []
     if configuration.backfillNotificationsAtStart {
-        // Its environment is the API client's (the configuration put it in `api`'s settings).
-        var configured = services.notificationBackfill(api: api, verifier: verifier)
-        configured.restarted = metrics.notificationBackfillRestarted
-        let backfill = configured
+        // One per app with a key and environment it accepts, each from its own position. One's
+        // failure leaves the others to run; the pass then fails, and is run again a minute later
+        // (each backfill resumes where it stopped).
         background.append(PeriodicService(name: "notification backfill", interval: .seconds(60), logger: logger, firstWait: .seconds(1), repeats: false) {
-            _ = try await backfill.run()
+            try await started.wait()
+            var failure: (any Error)?
+            for var backfill in try await services.notificationBackfills(api: api, verifier: verifier) {
+                backfill.restarted = metrics.notificationBackfillRestarted
+                do {
+                    _ = try await backfill.run()
+                } catch is CancellationError {
+                    throw CancellationError()
+                } catch {
+                    logger.warning("a notification backfill failed; it is tried again a minute later", metadata: [
+                        "app.bundle_id": "\(backfill.app?.rawValue ?? "")", "apple.environment": "\(backfill.environment.rawValue)",
+                        "error": "\(String(describing: error))"])
+                    failure = failure ?? error
+                }
+            }
+            if let failure { throw failure }
         })
     }
     if configuration.refundCatchUpInterval > 0 {
@@ -181,6 +202,7 @@ func appleServices(
         background.append(PeriodicService(
             name: "refund catch-up", interval: .seconds(configuration.refundCatchUpInterval), logger: logger, firstWait: .seconds(60)
         ) {
+            guard try await api.anyKey() else { return }
             _ = try await catchUp.run()
         })
     }

@@ -31,9 +31,12 @@ public struct LedgerConfiguration: Sendable {
         public var apiIssuerID: String?
         /// The path of the In-App Purchase key's `.p8` PEM file.
         public var apiPrivateKeyFile: String?
-        /// The API's base URL; nil: Apple's production host when `environments` has Production,
-        /// else the sandbox's.
+        /// The base URL calls about Production transactions go to (a stand-in's, a proxy's);
+        /// nil: Apple's production host. Alone, it serves the sandbox's calls too.
         public var apiURL: String?
+        /// The base URL calls about Sandbox transactions go to; nil: `apiURL` when that is set,
+        /// else Apple's sandbox host.
+        public var apiSandboxURL: String?
         public var apiRequestsPerSecond = 10.0
     }
 
@@ -55,6 +58,7 @@ public struct LedgerConfiguration: Sendable {
         public static let appleAPIIssuerID = "LEDGER_APPLE_API_ISSUER_ID"
         public static let appleAPIPrivateKey = "LEDGER_APPLE_API_PRIVATE_KEY"
         public static let appleAPIURL = "LEDGER_APPLE_API_URL"
+        public static let appleAPISandboxURL = "LEDGER_APPLE_API_SANDBOX_URL"
         public static let appleAPIRate = "LEDGER_APPLE_API_RATE"
         public static let reconcileInterval = "LEDGER_RECONCILE_INTERVAL"
         public static let reconcileClockSkew = "LEDGER_RECONCILE_CLOCK_SKEW"
@@ -72,7 +76,7 @@ public struct LedgerConfiguration: Sendable {
         public static let all = [
             databaseURL, dataDirectory, host, port, logLevel, appleRootCertificates, appleBundleID, appleAppID,
             appleEnvironment, verifyReceiptURL, verifyReceiptSandboxURL, appleSharedSecret,
-            appleAPIKeyID, appleAPIIssuerID, appleAPIPrivateKey, appleAPIURL, appleAPIRate,
+            appleAPIKeyID, appleAPIIssuerID, appleAPIPrivateKey, appleAPIURL, appleAPISandboxURL, appleAPIRate,
             reconcileInterval, reconcileClockSkew, reconcileMaximumAge, reconcileSettle, reconcileRecoveryOrders,
             recoveryAfter, recoveryInterval, consumptionConsent, finishAfterDelivery, setTokenAfterPairing, refundLookback,
             appsMaximumAge,
@@ -252,11 +256,12 @@ extension LedgerConfiguration.Apple {
         if let file = apiPrivateKeyFile, !FileManager.default.isReadableFile(atPath: file) {
             problems.append(.init(Key.appleAPIPrivateKey, "names \(file), which is missing or unreadable"))
         }
-        if let text = values[Key.appleAPIURL] {
+        for (key, assign) in [(Key.appleAPIURL, \Self.apiURL), (Key.appleAPISandboxURL, \Self.apiSandboxURL)] {
+            guard let text = values[key] else { continue }
             if let url = URL(string: text), ["http", "https"].contains(url.scheme ?? ""), url.host != nil {
-                apiURL = text
+                self[keyPath: assign] = text
             } else {
-                problems.append(.init(Key.appleAPIURL, "is \(text), not an http(s) URL"))
+                problems.append(.init(key, "is \(text), not an http(s) URL"))
             }
         }
         if let text = values[Key.appleAPIRate] {
@@ -267,8 +272,19 @@ extension LedgerConfiguration.Apple {
         return problems
     }
 
-    /// The App Store Server API settings, or nil when no key is configured (the features that
-    /// ask Apple are then off). Throws when the key file cannot be read or holds no P-256 key.
+    /// The hosts every app's App Store Server API clients ask (by the environment of the
+    /// transaction a call concerns) and the settings they share: `apiURL` for Production (and
+    /// for the sandbox too when `apiSandboxURL` is not set), else Apple's hosts.
+    public func appStoreServerAPIHosts() -> LazyAppStoreServerAPI.Hosts {
+        LazyAppStoreServerAPI.Hosts(
+            productionURL: apiURL ?? AppStoreServerAPI.productionURL, sandboxURL: apiSandboxURL ?? apiURL ?? AppStoreServerAPI.sandboxURL,
+            template: AppStoreServerAPI.Settings(
+                keyID: "", issuerID: "", privateKeyPEM: "", bundleID: "", baseURL: "", requestsPerSecond: apiRequestsPerSecond))
+    }
+
+    /// The configured app's App Store Server API settings, or nil when no key is configured
+    /// (then the keys are the apps' own: `ledger apps set`). Throws when the key file cannot be
+    /// read or holds no P-256 key.
     public func appStoreServerAPI() throws -> AppStoreServerAPI.Settings? {
         guard let keyID = apiKeyID, let issuerID = apiIssuerID, let file = apiPrivateKeyFile else { return nil }
         let pem = try String(contentsOfFile: file, encoding: .utf8)

@@ -1,4 +1,5 @@
 import Hummingbird
+import LedgerCore
 import Prometheus
 import Synchronization
 
@@ -87,6 +88,12 @@ final class LedgerMetrics: Sendable {
     @Sendable func notificationBackfillRestarted(_ reason: String) {
         counter("ledger_notification_backfill_restarts", help: "Notification backfills started again after Apple refused their position, by reason",
                 label: "reason", reason).increment()
+    }
+
+    /// Work that asks Apple skipped because its app has no App Store Server API key, by app.
+    @Sendable func appleAppSkipped(_ app: BundleID) {
+        counter("ledger_apple_apps_skipped", help: "Work that asks Apple skipped for want of the app's App Store Server API key, by app",
+                label: "app", app.rawValue).increment()
     }
 
     /// Consumption requests waiting for an answer, and the least time left to send one (Apple

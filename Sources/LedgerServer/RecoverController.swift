@@ -2,9 +2,11 @@ import Hummingbird
 import LedgerServices
 
 /// `POST /v1/recover` (admin) `{userId?}`: one history sweep, of every due account or of one
-/// user's, answered with its counts.
+/// user's, each with its app's key (accounts of an app without one are skipped), answered with
+/// its counts; 503 while no app has a key.
 struct RecoverController {
-    let sweep: HistorySweep?
+    let sweep: HistorySweep
+    let api: LazyAppStoreServerAPI
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
         router.post("/v1/recover") { request, context in try await recover(request, context) }
@@ -12,7 +14,7 @@ struct RecoverController {
 
     func recover(_ request: Request, _ context: LedgerRequestContext) async throws -> Answer<HistorySweep.Summary> {
         let user = try await OptionalUserBody.user(of: request, context)
-        guard let sweep else { throw APIError.appleAPINotConfigured }
+        guard try await api.anyKey() else { throw APIError.appleAPINotConfigured }
         return Answer(try await sweep.run(user: user, metadata: context.eventMetadata))
     }
 }

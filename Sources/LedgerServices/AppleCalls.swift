@@ -32,7 +32,8 @@ public struct AppleCalls: Sendable {
     }
 
     /// What a pass did: calls queued from the log, and the calls made by `<kind> <outcome>`
-    /// (`sent`, `refused`, `too-late`, `retrying`, `given-up`, `dropped`).
+    /// (`sent`, `refused`, `too-late`, `retrying`, `given-up`, `dropped`; `skipped`: its app has
+    /// no key, tried again later).
     public struct Summary: Sendable, Equatable {
         public var queued = 0
         public var calls: [String: Int] = [:]
@@ -46,9 +47,8 @@ public struct AppleCalls: Sendable {
         while !Task.isCancelled {
             let calls = try await queue.claim(batch: batch, lease: lease)
             if calls.isEmpty { break }
-            let client = try await api.client()
             for call in calls {
-                let outcome = try await make(call, with: client, metadata: metadata)
+                let outcome = try await make(call, metadata: metadata)
                 summary.calls["\(call.kind.rawValue) \(outcome)", default: 0] += 1
             }
             if calls.count < batch { break }
@@ -56,7 +56,40 @@ public struct AppleCalls: Sendable {
         return summary
     }
 
-    /// Makes one call and settles or reschedules it; answers its outcome.
+    /// Makes one call with the key of the transaction's app, at its environment's host, and
+    /// settles or reschedules it; answers its outcome. An app without a key (or whose key cannot
+    /// be read) has its calls tried again later, as when Apple refuses a key: the operator may
+    /// give it one.
+    func make(_ call: AppleCallQueue.Call, metadata: Data) async throws -> String {
+        let client: AppStoreServerAPI
+        do {
+            client = try await api.client(for: call.bundleId, environment: AppleEnvironment(stored: call.environment))
+        } catch let error as AppStoreServerAPIError {
+            if call.kind == .consumption, let deadline = call.deadline, retryDate(call, error) >= deadline {
+                return try await make(call, failing: error, metadata: metadata)
+            }
+            try await queue.retry(call, at: retryDate(call, error), error: error.description, appleErrorCode: nil)
+            return "skipped"
+        }
+        return try await make(call, with: client, metadata: metadata)
+    }
+
+    /// A consumption request that can no longer be answered in time, for want of a client.
+    private func make(_ call: AppleCallQueue.Call, failing error: AppStoreServerAPIError, metadata: Data) async throws -> String {
+        let fields = try await queue.consumptionFacts(call.transactionId).fields
+        let answer = ConsumptionAnswer(
+            notificationUUID: call.notificationUUID ?? UUID(), transactionId: call.transactionId, outcome: .tooLate,
+            deliveryStatus: fields.deliveryStatus, customerConsented: true, sampleContentProvided: fields.sampleContentProvided,
+            refundPreference: fields.refundPreference?.rawValue, consumptionPercentage: fields.consumptionPercentage,
+            preferenceAdjusted: fields.preferenceAdjusted?.rawValue, sampleContentDefaulted: fields.sampleContentDefaulted ? true : nil,
+            attempts: call.attempts - 1, error: error.code, appleErrorCode: nil)
+        try await queue.settle(call, answer: answer, metadata: metadata)
+        logger.warning("a consumption request was not answered", metadata: [
+            "apple.transaction": "\(call.transactionId)", "outcome": "too-late", "error": "\(error.code)"])
+        return ConsumptionAnswer.Outcome.tooLate.rawValue
+    }
+
+    /// Makes one call with `client` and settles or reschedules it; answers its outcome.
     func make(_ call: AppleCallQueue.Call, with client: AppStoreServerAPI, metadata: Data) async throws -> String {
         switch call.kind {
         case .consumption: try await answer(call, with: client, metadata: metadata)

@@ -33,9 +33,12 @@ public struct AppleOrderLookup: Sendable {
         }
     }
 
-    /// Throws `AppStoreServerAPIError` when Apple cannot be asked or refuses.
-    public func look(up orderID: String, user: UserID?, metadata: Data) async throws -> Found {
-        let signed = try await api.client().lookUpOrder(orderID)
+    /// Asks with `app`'s key (nil: the ledger's first app) at its production host (the
+    /// sandbox's for an app that accepts only the sandbox): order ids are on the receipt e-mails
+    /// of real purchases. Throws `AppStoreServerAPIError` when Apple cannot be asked or refuses
+    /// (`apple-api-no-key` for an app without a key).
+    public func look(up orderID: String, user: UserID?, app: BundleID? = nil, metadata: Data) async throws -> Found {
+        let signed = try await api.client(for: app).lookUpOrder(orderID)
         var entries: [Found.Entry] = []
         for jws in signed {
             do {

@@ -50,6 +50,8 @@ public struct HistorySweep: Sendable {
         public var accounts = 0
         /// Accounts another server was sweeping at the time: left to it.
         public var busy = 0
+        /// Accounts of an app without an App Store Server API key: left until it has one.
+        public var skipped = 0
         /// Accounts whose history could not be read (Apple refused or failed); their cursor
         /// stays where the last page read left it.
         public var failed = 0
@@ -78,6 +80,7 @@ public struct HistorySweep: Sendable {
         mutating func add(_ other: Summary) {
             accounts += other.accounts
             busy += other.busy
+            skipped += other.skipped
             failed += other.failed
             pages += other.pages
             transactions += other.transactions
@@ -102,21 +105,32 @@ public struct HistorySweep: Sendable {
         var summary = Summary()
         var done = 0
         progress?(0, accounts.count)
-        await withTaskGroup(of: Summary.self) { group in
+        await withTaskGroup(of: (Summary, String).self) { group in
             var next = accounts.makeIterator()
+            // Apps whose key Apple refused or that Apple asked to pause: their other accounts wait
+            // for the next sweep; the other apps' go on.
+            var stoppedApps = Set<String>()
+            var stopped = false
             func startNext() -> Bool {
-                guard let account = next.next() else { return false }
-                group.addTask { await sweep(account, metadata: metadata) }
-                return true
+                while let account = next.next() {
+                    if stoppedApps.contains(Self.appKey(account.bundleId)) { continue }
+                    group.addTask { (await sweep(account, metadata: metadata), Self.appKey(account.bundleId)) }
+                    return true
+                }
+                return false
             }
             for _ in 0..<max(1, accountsAtOnce) { guard startNext() else { break } }
-            while let swept = await group.next() {
+            while let result = await group.next() {
+                let (swept, app) = result
                 summary.add(swept)
                 done += 1
                 progress?(done, accounts.count)
-                // Apple refused the key or asked for a long pause, verification cannot run, or the
-                // server is stopping: no point starting another account now.
-                if summary.stoppedBy == nil, !Task.isCancelled { _ = startNext() }
+                if let code = swept.stoppedBy {
+                    if Self.endsApp(code) { stoppedApps.insert(app) } else { stopped = true }
+                }
+                // Verification cannot run, or the server is stopping: no point starting another
+                // account now.
+                if !stopped, !Task.isCancelled { _ = startNext() }
             }
         }
         summary.seconds = (ContinuousClock.now - started).inSeconds
@@ -142,11 +156,20 @@ public struct HistorySweep: Sendable {
     func sweep(_ account: Account, metadata: Data) async -> Summary {
         var summary = Summary()
         do {
+            // The account's app's key, at its environment's host; an app without a key is skipped.
+            let client: AppStoreServerAPI
+            do {
+                client = try await api.client(for: account.bundleId, environment: AppleEnvironment(stored: account.environment))
+            } catch let error as AppStoreServerAPIError where error.code == "apple-api-no-key" {
+                summary.skipped = 1
+                return summary
+            }
             let swept: Void? = try await leases.withLease("history-sweep/" + account.id, for: Self.lease) { lease in
                 let cursor = try await cursors.open(
-                    account.id, user: account.user, startDate: account.oldestOpenOrder.addingTimeInterval(-clockSkew))
+                    account.id, user: account.user, startDate: account.oldestOpenOrder.addingTimeInterval(-clockSkew),
+                    bundleId: account.bundleId, environment: account.environment)
                 do {
-                    try await read(account, from: cursor, under: lease, metadata: metadata, into: &summary)
+                    try await read(account, with: client, from: cursor, under: lease, metadata: metadata, into: &summary)
                 } catch {
                     summary = failed(account, error, summary)
                 }
@@ -165,9 +188,9 @@ public struct HistorySweep: Sendable {
     /// Reads the account's pages from `cursor` and takes their transactions in, renewing `lease`
     /// at each page.
     private func read(
-        _ account: Account, from cursor: HistoryCursors.Cursor, under lease: Lease, metadata: Data, into summary: inout Summary
+        _ account: Account, with client: AppStoreServerAPI, from cursor: HistoryCursors.Cursor, under lease: Lease, metadata: Data,
+        into summary: inout Summary
     ) async throws {
-        let client = try await api.client()
         var revision = cursor.revision
         // Once a page held an entry that did not verify, the stored cursor stays before it, so
         // that the next sweep reads it again (what this one took in is then known).
@@ -253,8 +276,18 @@ extension HistorySweep {
     /// Apple's rate limit beyond what the client waits, no roots to verify with, cancelled): a
     /// run that reads account after account stops there instead of asking Apple again.
     static func endsRun(_ code: String) -> Bool {
-        ["apple-api-unauthorized", "apple-api-rate-limited", "apple-api-key-invalid", "cancelled", "verification-unavailable"].contains(code)
+        endsApp(code) || ["cancelled", "verification-unavailable"].contains(code)
     }
+
+    /// Whether a failure with this code is its app's alone (its key refused or unreadable, its
+    /// rate limit beyond what the client waits: Apple counts per app): that app's other accounts
+    /// wait, the other apps' go on.
+    static func endsApp(_ code: String) -> Bool {
+        ["apple-api-unauthorized", "apple-api-rate-limited", "apple-api-key-invalid", "app-key-unavailable"].contains(code)
+    }
+
+    /// An account's app, as runs tell apps apart (nil: the first app).
+    static func appKey(_ app: BundleID?) -> String { app?.rawValue.lowercased() ?? "" }
 
     /// Why work that asks Apple failed, as a stable code: the App Store Server API's,
     /// verification's, `cancelled`, or `internal-error`.

@@ -12,9 +12,13 @@ import Logging
 /// client's environment. When Apple refuses the stored position (start date too far back, token
 /// invalid or expired) it starts again once, without the token, from a date Apple allows; any other
 /// refusal stops the run, and its request is abandoned so that no later run repeats it. One
-/// server at a time runs it (under its lease).
+/// server at a time runs it (under its lease). A backfill is one app's in one environment, with
+/// its key at that environment's host (Apple's history is per app and environment), and keeps
+/// its own request and position.
 public struct NotificationBackfill: Sendable {
     let api: LazyAppStoreServerAPI
+    /// The app whose history this reads (nil: the ledger's first app).
+    public let app: BundleID?
     let verifier: AppleProofVerifier
     let notifications: NotificationLedger
     let state: NotificationBackfillState
@@ -30,16 +34,20 @@ public struct NotificationBackfill: Sendable {
     public var overlap: TimeInterval = 3600
     public var maximumPages = 10_000
 
-    /// `environment`: nil takes the API client's (`environment(baseURL:configured:)` with its settings' `environment`).
+    /// `app`'s backfill (nil: the API client's one app when it is made from settings, else the
+    /// ledger's first app) in `environment` (nil: the API client's, `environment(baseURL:configured:)`
+    /// with its settings' `environment`). `state` is re-keyed to the app and environment.
     public init(
         api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, notifications: NotificationLedger, state: NotificationBackfillState,
-        leases: Leases, logger: Logger, environment: AppleEnvironment? = nil
+        leases: Leases, logger: Logger, app: BundleID? = nil, environment: AppleEnvironment? = nil
     ) {
-        self.environment = Self.environment(baseURL: api.settings.baseURL, configured: environment ?? api.settings.environment)
+        let environment = Self.environment(baseURL: api.settings?.baseURL ?? "", configured: environment ?? api.settings?.environment)
+        self.environment = environment
+        self.app = app ?? api.settings.map { BundleID(unchecked: $0.bundleID) }
         self.api = api
         self.verifier = verifier
         self.notifications = notifications
-        self.state = state
+        self.state = NotificationBackfillState(database: state.database, bundleId: self.app, environment: environment.rawValue)
         self.leases = leases
         self.logger = logger
     }
@@ -102,7 +110,7 @@ public struct NotificationBackfill: Sendable {
         progress: (@Sendable (Int) -> Void)? = nil
     ) async throws -> Summary {
         var summary = Summary()
-        let ran: Void? = try await leases.withLease("notification-backfill", for: Self.lease) { lease in
+        let ran: Void? = try await leases.withLease(leaseName, for: Self.lease) { lease in
             var request = try await begin(since: since)
             while true {
                 (summary.startDate, summary.endDate, summary.resumed) = (request.start, request.end, request.token != nil)
@@ -148,6 +156,9 @@ public struct NotificationBackfill: Sendable {
 
     static let lease: TimeInterval = 600
 
+    /// One server at a time runs an app's backfill in an environment.
+    var leaseName: String { "notification-backfill/\(app?.rawValue.lowercased() ?? "")/\(environment.rawValue)" }
+
     /// The earliest start date Apple takes now, with `margin` to spare (an hour: a run that
     /// starts at the limit may read pages for a while, each asking with the same start).
     func earliest(margin: TimeInterval = 3600) -> Date { Date().addingTimeInterval(-Self.keeps(environment) + margin) }
@@ -191,7 +202,7 @@ public struct NotificationBackfill: Sendable {
     private func read(
         _ request: Request, under lease: Lease, metadata: Data, into summary: inout Summary, progress: (@Sendable (Int) -> Void)?
     ) async throws {
-        let client = try await api.client()
+        let client = try await api.client(for: app, environment: environment)
         var token = request.token
         for _ in 0..<maximumPages {
             let page = try await client.notificationHistory(startDate: request.start, endDate: request.end, paginationToken: token)

@@ -40,6 +40,8 @@ public struct RefundCatchUp: Sendable {
         public var accounts = 0
         /// Accounts another server was reading: left to it.
         public var busy = 0
+        /// Accounts of an app without an App Store Server API key: left until it has one.
+        public var skipped = 0
         /// Accounts whose history could not be read; their cursor stays where it was.
         public var failed = 0
         public var pages = 0
@@ -67,11 +69,19 @@ public struct RefundCatchUp: Sendable {
         let metadata = (try? JSONSerialization.data(withJSONObject: marked)) ?? metadata
         var summary = Summary()
         progress?(0, accounts.count)
+        // Apps whose key Apple refused or that Apple asked to pause: their other accounts wait
+        // for the next run; the other apps' go on.
+        var stoppedApps = Set<String>()
         for (done, account) in accounts.enumerated() {
             try Task.checkCancellation()
+            let app = HistorySweep.appKey(account.bundleId)
+            if stoppedApps.contains(app) { continue }
+            let before = summary.failures
             await catchUp(account, metadata: metadata, into: &summary)
             progress?(done + 1, accounts.count)
-            if summary.failures.keys.contains(where: HistorySweep.endsRun) { break }
+            let failedNow = summary.failures.filter { before[$0.key] != $0.value }.keys
+            if failedNow.contains(where: { HistorySweep.endsRun($0) && !HistorySweep.endsApp($0) }) { break }
+            if failedNow.contains(where: HistorySweep.endsApp) { stoppedApps.insert(app) }
         }
         if summary.applied > 0 || summary.failed > 0 {
             logger.info("refund catch-up", metadata: [
@@ -86,8 +96,17 @@ public struct RefundCatchUp: Sendable {
 
     private func catchUp(_ account: Account, metadata: Data, into summary: inout Summary) async {
         do {
+            // The account's app's key, at its environment's host; an app without a key is skipped.
+            let client: AppStoreServerAPI
+            do {
+                client = try await api.client(for: account.bundleId, environment: AppleEnvironment(stored: account.environment))
+            } catch let error as AppStoreServerAPIError where error.code == "apple-api-no-key" {
+                summary.skipped += 1
+                return
+            }
             let read: Void? = try await leases.withLease("refund-catch-up/" + account.key, for: Self.lease) { lease in
-                try await self.read(account, from: try await cursors.revision(of: account.key), under: lease, metadata: metadata, into: &summary)
+                let start = try await cursors.revision(of: account.key, bundleId: account.bundleId, environment: account.environment)
+                try await self.read(account, with: client, from: start, under: lease, metadata: metadata, into: &summary)
             }
             guard read != nil else {
                 summary.busy += 1
@@ -105,8 +124,9 @@ public struct RefundCatchUp: Sendable {
 
     /// Reads the account's pages from `start`, applies the refunds the ledger has not recorded,
     /// and renews `lease` at each page; stops when it lost the lease.
-    private func read(_ account: Account, from start: String?, under lease: Lease, metadata: Data, into summary: inout Summary) async throws {
-        let client = try await api.client()
+    private func read(
+        _ account: Account, with client: AppStoreServerAPI, from start: String?, under lease: Lease, metadata: Data, into summary: inout Summary
+    ) async throws {
         var revision = start
         for _ in 0..<maximumPages {
             let page = try await client.refundHistory(account.transactionId, revision: revision)

@@ -68,14 +68,23 @@ public struct ServiceAssembly: Sendable {
             leases: leases, logger: logger)
     }
 
-    /// A notification backfill asking Apple through `api`, in `environment` (nil: `api`'s, by its
-    /// base URL, else its settings' `environment`; see `NotificationBackfill.environment(baseURL:configured:)`).
+    /// A notification backfill of `app` (nil: `api`'s one app, else the ledger's first) asking
+    /// Apple through `api`, in `environment` (nil: `api`'s, by its base URL, else its settings'
+    /// `environment`; see `NotificationBackfill.environment(baseURL:configured:)`).
     public func notificationBackfill(
-        api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, environment: AppleEnvironment? = nil
+        api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, app: BundleID? = nil, environment: AppleEnvironment? = nil
     ) -> NotificationBackfill {
         NotificationBackfill(
             api: api, verifier: verifier, notifications: notifications, state: NotificationBackfillState(database: database),
-            leases: leases, logger: logger, environment: environment)
+            leases: leases, logger: logger, app: app, environment: environment)
+    }
+
+    /// A notification backfill for each app with a key, in each environment it accepts (apps
+    /// without a key are skipped).
+    public func notificationBackfills(api: LazyAppStoreServerAPI, verifier: AppleProofVerifier) async throws -> [NotificationBackfill] {
+        try await api.apps().flatMap { app in
+            app.environments.map { notificationBackfill(api: api, verifier: verifier, app: app.bundleId, environment: $0) }
+        }
     }
 
     /// The calls to Apple the log calls for under `switches`, made through `api`.

@@ -28,6 +28,14 @@ public struct AppCatalog: Sendable {
         return try await Self.decode(rows).first
     }
 
+    /// The ledger's first app (`ledger_first_app`: the first it ever held), which rows written
+    /// before they knew their app belong to; nil while it holds none.
+    public func firstApp() async throws -> BundleID? {
+        let rows = try await database.query("SELECT bundle_id FROM ledger_first_app")
+        for try await id in rows.decode(String.self) { return BundleID(unchecked: id) }
+        return nil
+    }
+
     /// Adds an app: `changes` over the defaults (both environments, nothing else). Throws
     /// `AppCatalogError.appExists` when the ledger holds it already, in any case.
     public func add(_ id: BundleID, _ changes: AppChanges) async throws -> App {

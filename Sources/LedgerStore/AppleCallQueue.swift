@@ -60,25 +60,28 @@ public struct AppleCallQueue: Sendable {
                  WHERE \(switches.any) AND global_position > (SELECT read_to FROM feed) AND global_position <= (SELECT upto FROM span)
                    AND type IN ('notification-received', 'delivered', 'receipt-received')),
             consumption AS (
-                INSERT INTO apple_calls (call_id, kind, transaction_id, stream_id, order_id, notification_uuid, deadline)
+                INSERT INTO apple_calls (call_id, kind, transaction_id, stream_id, order_id, notification_uuid, deadline, bundle_id, environment)
                 SELECT 'consumption:' || (r.data->>'notificationUUID'), 'consumption', r.data->>'transactionId', r.stream_id,
                        CASE WHEN r.stream_id LIKE 'order-%' THEN substr(r.stream_id, 7) END,
-                       (r.data->>'notificationUUID')::uuid, (r.data->>'signedDate')::timestamptz + interval '12 hours'
-                  FROM read r
+                       (r.data->>'notificationUUID')::uuid, (r.data->>'signedDate')::timestamptz + interval '12 hours',
+                       t.bundle_id, t.environment
+                  FROM read r LEFT JOIN apple_transactions t ON t.transaction_id = r.data->>'transactionId'
                  WHERE \(switches.consumption) AND r.type = 'notification-received'
                    AND r.data->>'notificationType' = 'CONSUMPTION_REQUEST' AND r.data->>'transactionId' IS NOT NULL
                 ON CONFLICT (call_id) DO NOTHING RETURNING 1),
             finish AS (
-                INSERT INTO apple_calls (call_id, kind, transaction_id, stream_id, order_id)
-                SELECT 'finish:' || o.transaction_id, 'finish', o.transaction_id, r.stream_id, o.order_id
+                INSERT INTO apple_calls (call_id, kind, transaction_id, stream_id, order_id, bundle_id, environment)
+                SELECT 'finish:' || o.transaction_id, 'finish', o.transaction_id, r.stream_id, o.order_id, coalesce(t.bundle_id, o.bundle_id), t.environment
                   FROM read r JOIN orders o ON o.order_id = substr(r.stream_id, 7)
+                  LEFT JOIN apple_transactions t ON t.transaction_id = o.transaction_id
                  WHERE \(switches.finishAfterDelivery) AND r.type = 'delivered' AND r.stream_id LIKE 'order-%'
                    AND o.transaction_id IS NOT NULL
                 ON CONFLICT (call_id) DO NOTHING RETURNING 1),
             token AS (
-                INSERT INTO apple_calls (call_id, kind, transaction_id, stream_id, order_id)
-                SELECT 'set-token:' || (r.data->>'transactionId') || ':' || r.global_position, 'set-token', r.data->>'transactionId', r.stream_id, substr(r.stream_id, 7)
-                  FROM read r
+                INSERT INTO apple_calls (call_id, kind, transaction_id, stream_id, order_id, bundle_id, environment)
+                SELECT 'set-token:' || (r.data->>'transactionId') || ':' || r.global_position, 'set-token', r.data->>'transactionId', r.stream_id,
+                       substr(r.stream_id, 7), coalesce(t.bundle_id, r.data->>'bundleId'), coalesce(t.environment, r.data->>'environment')
+                  FROM read r LEFT JOIN apple_transactions t ON t.transaction_id = r.data->>'transactionId'
                  WHERE \(switches.setTokenAfterPairing) AND r.type = 'receipt-received' AND r.stream_id LIKE 'order-%'
                    AND r.data->>'matchedBy' IN ('reconciler', 'support')
                 ON CONFLICT (call_id) DO NOTHING RETURNING 1),
@@ -128,6 +131,10 @@ public struct AppleCallQueue: Sendable {
         public var orderId: OrderID?
         public var notificationUUID: UUID?
         public var deadline: Date?
+        /// The transaction's app (nil: the ledger's first app) and environment (`Production`,
+        /// `Sandbox`), whose key and host the call goes with.
+        public var bundleId: BundleID? = nil
+        public var environment: String? = nil
         /// This one included.
         public var attempts: Int
         /// This server's lease on it: no other server makes the call while it holds it.
@@ -156,16 +163,16 @@ public struct AppleCallQueue: Sendable {
             """
             UPDATE apple_calls SET attempts = attempts + 1
              WHERE 'apple-call/' || call_id = ANY(\(leases.map(\.name)))
-            RETURNING call_id, kind, transaction_id, stream_id, order_id, notification_uuid, deadline, attempts
+            RETURNING call_id, kind, transaction_id, stream_id, order_id, notification_uuid, deadline, attempts, bundle_id, environment
             """)
         var calls: [Call] = []
-        for try await (id, kind, transaction, stream, order, notification, deadline, attempts)
-            in rows.decode((String, String, String, String, String?, UUID?, Date?, Int).self) {
+        for try await (id, kind, transaction, stream, order, notification, deadline, attempts, bundle, environment)
+            in rows.decode((String, String, String, String, String?, UUID?, Date?, Int, String?, String?).self) {
             guard let lease = held[Self.leaseName(id)], let kind = Call.Kind(rawValue: kind) else { continue }
             calls.append(Call(
                 id: id, kind: kind, transactionId: TransactionID(unchecked: transaction), streamId: StreamID(unchecked: stream),
-                orderId: order.map(OrderID.init(unchecked:)), notificationUUID: notification, deadline: deadline, attempts: attempts,
-                lease: lease))
+                orderId: order.map(OrderID.init(unchecked:)), notificationUUID: notification, deadline: deadline,
+                bundleId: bundle.map(BundleID.init(unchecked:)), environment: environment, attempts: attempts, lease: lease))
         }
         // A call settled by another server meanwhile, or of a kind this build does not make.
         let taken = Set(calls.map(\.lease.name))

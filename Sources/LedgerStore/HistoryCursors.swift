@@ -20,6 +20,10 @@ public struct HistoryCursors: Sendable {
         public let user: UserID
         /// The user's oldest open order.
         public let oldestOpenOrder: Date
+        /// The account's app (its user's orders'; nil: a ledger without apps) and environment (`Production`,
+        /// `Sandbox`; nil: unknown), whose key and host its history is asked with.
+        public var bundleId: BundleID? = nil
+        public var environment: String? = nil
     }
 
     /// The accounts of users with an open order older than `openFor` seconds (of `user` alone,
@@ -29,33 +33,40 @@ public struct HistoryCursors: Sendable {
         let rows = try await database.query(
             """
             WITH due AS (
-                SELECT user_id, min(created_at) AS oldest FROM orders
+                SELECT bundle_id, user_id, min(created_at) AS oldest FROM orders
                  WHERE state IN ('created', 'payment-added') AND created_at <= now() - make_interval(secs => \(openFor))
                    AND (\(user?.rawValue)::text IS NULL OR user_id = \(user?.rawValue)::text)
-                 GROUP BY user_id),
+                 GROUP BY bundle_id, user_id),
             accounts AS (
-                SELECT substr(e.stream_id, length('apple-account-') + 1) AS account_id, d.user_id, d.oldest, 0 AS strength
+                SELECT substr(e.stream_id, length('apple-account-') + 1) AS account_id, d.user_id, d.oldest, 0 AS strength,
+                       d.bundle_id, e.data->>'environment' AS environment
                   FROM due d JOIN events e ON e.type = 'account-linked' AND e.data->>'userId' = d.user_id
+                 WHERE d.bundle_id IS NULL OR lower(e.data->>'bundleId') = lower(d.bundle_id)
                 UNION ALL
-                SELECT t.app_transaction_id, d.user_id, d.oldest, 1
-                  FROM due d JOIN orders o ON o.user_id = d.user_id JOIN apple_transactions t ON t.order_id = o.order_id
+                SELECT t.app_transaction_id, d.user_id, d.oldest, 1, d.bundle_id, t.environment
+                  FROM due d JOIN orders o ON o.user_id = d.user_id AND o.bundle_id IS NOT DISTINCT FROM d.bundle_id
+                  JOIN apple_transactions t ON t.order_id = o.order_id
                  WHERE t.app_transaction_id IS NOT NULL
                 UNION ALL
-                SELECT t.app_transaction_id, d.user_id, d.oldest, 1
-                  FROM due d JOIN apple_transactions t ON t.user_id = d.user_id AND t.order_id IS NULL
+                SELECT t.app_transaction_id, d.user_id, d.oldest, 1, d.bundle_id, t.environment
+                  FROM due d JOIN apple_transactions t ON t.user_id = d.user_id AND t.order_id IS NULL AND t.bundle_id IS NOT DISTINCT FROM d.bundle_id
                  WHERE t.app_transaction_id IS NOT NULL),
             fallback AS (
-                SELECT DISTINCT ON (d.user_id) t.transaction_id AS account_id, d.user_id, d.oldest, 2 AS strength
-                  FROM due d JOIN orders o ON o.user_id = d.user_id JOIN apple_transactions t ON t.order_id = o.order_id
-                 WHERE NOT EXISTS (SELECT FROM accounts a WHERE a.user_id = d.user_id)
-                 ORDER BY d.user_id, t.purchase_date)
-            SELECT DISTINCT ON (account_id) account_id, user_id, oldest
+                SELECT DISTINCT ON (d.bundle_id, d.user_id) t.transaction_id AS account_id, d.user_id, d.oldest, 2 AS strength,
+                       d.bundle_id, t.environment
+                  FROM due d JOIN orders o ON o.user_id = d.user_id AND o.bundle_id IS NOT DISTINCT FROM d.bundle_id
+                  JOIN apple_transactions t ON t.order_id = o.order_id
+                 WHERE NOT EXISTS (SELECT FROM accounts a WHERE a.user_id = d.user_id AND a.bundle_id IS NOT DISTINCT FROM d.bundle_id)
+                 ORDER BY d.bundle_id, d.user_id, t.purchase_date)
+            SELECT DISTINCT ON (account_id) account_id, user_id, oldest, bundle_id, environment
               FROM (SELECT * FROM accounts UNION ALL SELECT * FROM fallback) a
              ORDER BY account_id, strength, oldest
             """)
         var accounts: [DueAccount] = []
-        for try await (id, user, oldest) in rows.decode((String, String, Date).self) {
-            accounts.append(DueAccount(id: id, user: UserID(unchecked: user), oldestOpenOrder: oldest))
+        for try await (id, user, oldest, bundle, environment) in rows.decode((String, String, Date, String?, String?).self) {
+            accounts.append(DueAccount(
+                id: id, user: UserID(unchecked: user), oldestOpenOrder: oldest, bundleId: bundle.map(BundleID.init(unchecked:)),
+                environment: environment))
         }
         return accounts
     }
@@ -67,12 +78,17 @@ public struct HistoryCursors: Sendable {
         public let startDate: Date
     }
 
-    /// The account's cursor, made on its first sweep with `startDate` (kept from then on).
-    public func open(_ account: String, user: UserID, startDate: Date) async throws -> Cursor {
+    /// The account's cursor, made on its first sweep with `startDate` (kept from then on), and
+    /// its app and environment.
+    public func open(
+        _ account: String, user: UserID, startDate: Date, bundleId: BundleID? = nil, environment: String? = nil
+    ) async throws -> Cursor {
         let rows = try await database.query(
             """
-            INSERT INTO apple_history_cursors AS c (account_id, user_id, start_date) VALUES (\(account), \(user.rawValue), \(startDate))
-            ON CONFLICT (account_id) DO UPDATE SET start_date = coalesce(c.start_date, EXCLUDED.start_date)
+            INSERT INTO apple_history_cursors AS c (account_id, user_id, start_date, bundle_id, environment)
+            VALUES (\(account), \(user.rawValue), \(startDate), \(bundleId?.rawValue), \(environment))
+            ON CONFLICT (account_id) DO UPDATE SET start_date = coalesce(c.start_date, EXCLUDED.start_date),
+                bundle_id = coalesce(EXCLUDED.bundle_id, c.bundle_id), environment = coalesce(EXCLUDED.environment, c.environment)
             RETURNING revision, start_date
             """)
         for try await (revision, start) in rows.decode((String?, Date).self) { return Cursor(revision: revision, startDate: start) }

@@ -1,16 +1,27 @@
 import Foundation
+import LedgerCore
 import Logging
 import PostgresNIO
 
-/// The notification backfill's request and where its pages stopped (the one row of
-/// `apple_notification_backfill`), so that a stopped backfill resumes with the same dates and
-/// Apple's pagination token; and a request Apple refused, which is never resumed.
+/// The notification backfill's request and where its pages stopped, for one app and
+/// environment (its row of `apple_notification_backfill`), so that a stopped backfill resumes
+/// with the same dates and Apple's pagination token; and a request Apple refused, which is never
+/// resumed.
 public struct NotificationBackfillState: Sendable {
     public let database: Database
+    /// The app (nil: the ledger's first app, as rows written before apps are) and environment
+    /// (`Production` or `Sandbox`) whose backfill this is.
+    public let bundleId: BundleID?
+    public let environment: String
 
-    public init(database: Database) {
+    public init(database: Database, bundleId: BundleID? = nil, environment: String = "Production") {
         self.database = database
+        self.bundleId = bundleId
+        self.environment = environment
     }
+
+    /// The row's key, as the unique index `apple_notification_backfill_app` has it.
+    private var app: String { bundleId?.rawValue.lowercased() ?? "" }
 
     /// What is stored, with what the next backfill's start is reckoned from.
     public struct Stored: Sendable, Equatable {
@@ -27,14 +38,28 @@ public struct NotificationBackfillState: Sendable {
         public var firstEvent: Date?
     }
 
+    /// The stored request (the row made on first use). The last notification is the last of
+    /// this app's and environment's: one about a transaction of them, or about none.
     public func read() async throws -> Stored {
+        try await database.query(
+            """
+            INSERT INTO apple_notification_backfill (bundle_id, environment) VALUES (\(bundleId?.rawValue), \(environment))
+            ON CONFLICT ((coalesce(lower(bundle_id), '')), environment) DO NOTHING
+            """)
         let rows = try await database.query(
             """
             SELECT start_date, end_date, pagination_token, finished_at IS NOT NULL, abandoned_at IS NOT NULL,
-                   (SELECT (data->>'signedDate')::timestamptz FROM events WHERE type = 'notification-received'
-                     ORDER BY global_position DESC LIMIT 1),
+                   (SELECT (e.data->>'signedDate')::timestamptz FROM events e
+                     WHERE e.type = 'notification-received'
+                       AND NOT EXISTS (SELECT FROM apple_transactions t
+                                        WHERE t.transaction_id = e.data->>'transactionId'
+                                          AND (t.environment IS DISTINCT FROM \(environment)
+                                               OR lower(t.bundle_id) IS DISTINCT FROM
+                                                  lower(coalesce(\(bundleId?.rawValue)::text, (SELECT f.bundle_id FROM ledger_first_app f)))))
+                     ORDER BY e.global_position DESC LIMIT 1),
                    (SELECT recorded_at FROM events ORDER BY global_position LIMIT 1)
               FROM apple_notification_backfill
+             WHERE coalesce(lower(bundle_id), '') = \(app) AND environment = \(environment)
             """)
         for try await (start, end, token, finished, abandoned, last, first) in rows.decode((Date?, Date?, String?, Bool, Bool, Date?, Date?).self) {
             return Stored(
@@ -53,6 +78,7 @@ public struct NotificationBackfillState: Sendable {
                SET start_date = \(startDate), end_date = \(endDate), pagination_token = \(paginationToken),
                    finished_at = CASE WHEN \(paginationToken == nil) THEN NULL ELSE finished_at END,
                    abandoned_at = NULL, abandoned_because = NULL
+             WHERE coalesce(lower(bundle_id), '') = \(app) AND environment = \(environment)
             """)
     }
 
@@ -63,6 +89,7 @@ public struct NotificationBackfillState: Sendable {
             """
             UPDATE apple_notification_backfill
                SET pagination_token = NULL, finished_at = NULL, abandoned_at = now(), abandoned_because = \(reason)
+             WHERE coalesce(lower(bundle_id), '') = \(app) AND environment = \(environment)
             """)
     }
 
@@ -73,6 +100,7 @@ public struct NotificationBackfillState: Sendable {
             UPDATE apple_notification_backfill
                SET pagination_token = CASE WHEN \(done) THEN NULL ELSE \(paginationToken) END,
                    finished_at = CASE WHEN \(done) THEN now() END
+             WHERE coalesce(lower(bundle_id), '') = \(app) AND environment = \(environment)
             """)
     }
 }

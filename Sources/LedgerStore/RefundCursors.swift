@@ -17,6 +17,10 @@ public struct RefundCursors: Sendable {
     public struct DueAccount: Sendable, Equatable {
         public let key: String
         public let transactionId: String
+        /// Its app (nil: the ledger's first app) and environment (`Production`, `Sandbox`), whose
+        /// key and host its refund history is asked with.
+        public var bundleId: BundleID? = nil
+        public var environment: String? = nil
     }
 
     /// The accounts with transactions granted in the last `lookbackDays` whose refund history was
@@ -24,10 +28,10 @@ public struct RefundCursors: Sendable {
     public func dueAccounts(lookbackDays: Int, recheckAfter: TimeInterval, all: Bool) async throws -> [DueAccount] {
         let rows = try await database.query(
             """
-            SELECT a.account_id, a.transaction_id FROM (
-                SELECT DISTINCT ON (account_id) account_id, transaction_id FROM (
+            SELECT a.account_id, a.transaction_id, a.bundle_id, a.environment FROM (
+                SELECT DISTINCT ON (account_id) account_id, transaction_id, bundle_id, environment FROM (
                     SELECT coalesce(t.app_transaction_id, t.original_transaction_id, t.transaction_id) AS account_id,
-                           t.transaction_id, t.purchase_date
+                           t.transaction_id, t.purchase_date, t.bundle_id, t.environment
                       FROM apple_transactions t JOIN orders o ON o.order_id = t.order_id
                      WHERE o.state IN ('verified', 'delivered', 'finished')
                        AND t.purchase_date >= now() - make_interval(days => \(lookbackDays)::int)) granted
@@ -37,17 +41,20 @@ public struct RefundCursors: Sendable {
              ORDER BY a.account_id
             """)
         var accounts: [DueAccount] = []
-        for try await (key, transaction) in rows.decode((String, String).self) { accounts.append(DueAccount(key: key, transactionId: transaction)) }
+        for try await (key, transaction, bundle, environment) in rows.decode((String, String, String?, String?).self) {
+            accounts.append(DueAccount(key: key, transactionId: transaction, bundleId: bundle.map(BundleID.init(unchecked:)), environment: environment))
+        }
         return accounts
     }
 
     /// The revision the account's next read starts from (nil: its first read), its cursor made
-    /// on first use.
-    public func revision(of account: String) async throws -> String? {
+    /// on first use (with its app and environment).
+    public func revision(of account: String, bundleId: BundleID? = nil, environment: String? = nil) async throws -> String? {
         let rows = try await database.query(
             """
-            INSERT INTO apple_refund_cursors AS c (account_id) VALUES (\(account))
-            ON CONFLICT (account_id) DO UPDATE SET account_id = c.account_id
+            INSERT INTO apple_refund_cursors AS c (account_id, bundle_id, environment) VALUES (\(account), \(bundleId?.rawValue), \(environment))
+            ON CONFLICT (account_id) DO UPDATE SET bundle_id = coalesce(EXCLUDED.bundle_id, c.bundle_id),
+                environment = coalesce(EXCLUDED.environment, c.environment)
             RETURNING revision
             """)
         for try await revision in rows.decode(String?.self) { return revision }

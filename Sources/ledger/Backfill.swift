@@ -3,6 +3,7 @@ import ArgumentParser
 import Foundation
 import LedgerCore
 import LedgerServer
+import LedgerServices
 import LedgerStore
 
 /// `ledger backfill notifications|refunds`: what Apple said while the ledger was not listening
@@ -25,19 +26,34 @@ struct Backfill: AsyncParsableCommand {
             }
             let metadata = try operatorMetadata("backfill notifications")
             let progress = terminalProgress("notifications").map { report in { @Sendable (seen: Int) in report(seen, seen + 1) } }
-            let summary = try await withAppleWork(options) { work in
-                try await work.services.notificationBackfill(api: work.api, verifier: work.verifier)
-                    .run(since: start, metadata: metadata, progress: progress)
+            // One backfill per app with a key and environment it accepts, each from its own position.
+            let summaries = try await withAppleWork(options) { work in
+                var summaries: [(String, NotificationBackfill.Summary)] = []
+                for backfill in try await work.services.notificationBackfills(api: work.api, verifier: work.verifier) {
+                    let name = "\(backfill.app?.rawValue ?? "the first app") (\(backfill.environment.rawValue))"
+                    summaries.append((name, try await backfill.run(since: start, metadata: metadata, progress: progress)))
+                }
+                return summaries
             }
-            if summary.busy { throw ValidationError("another server is running the notification backfill; try again later") }
-            let dates = [summary.startDate, summary.endDate].map { $0.map { ISO8601DateFormatter().string(from: $0) } ?? "-" }
-            print("\(summary.resumed ? "resumed" : "read") Apple's notification history from \(dates[0]) to \(dates[1]): \(summary.pages) pages, \(summary.notifications) notifications")
-            print("applied \(summary.applied) new to the ledger; \(summary.repeated) applied before; \(summary.refused) refused by verification")
-            if let reason = summary.restarted {
-                print("Apple refused the stored position (\(reason)): started again from \(dates[0])")
+            var refusals: [String] = []
+            for (name, summary) in summaries {
+                if summary.busy {
+                    print("\(name): another server is running its notification backfill; try again later")
+                    continue
+                }
+                let dates = [summary.startDate, summary.endDate].map { $0.map { ISO8601DateFormatter().string(from: $0) } ?? "-" }
+                print("\(name): \(summary.resumed ? "resumed" : "read") Apple's notification history from \(dates[0]) to \(dates[1]): \(summary.pages) pages, \(summary.notifications) notifications")
+                print("applied \(summary.applied) new to the ledger; \(summary.repeated) applied before; \(summary.refused) refused by verification")
+                if let reason = summary.restarted {
+                    print("Apple refused the stored position (\(reason)): started again from \(dates[0])")
+                }
+                if let refusal = summary.refusal { refusals.append("\(name): Apple refused the request (\(refusal))") }
             }
-            if let refusal = summary.refusal {
-                throw ValidationError("stopped: Apple refused the request (\(refusal)); the next run asks afresh instead of repeating it")
+            if summaries.contains(where: { $0.1.busy }) && summaries.allSatisfy({ $0.1.busy }) {
+                throw ValidationError("another server is running the notification backfill; try again later")
+            }
+            if !refusals.isEmpty {
+                throw ValidationError("stopped: \(refusals.joined(separator: "; ")); the next run asks afresh instead of repeating it")
             }
         }
     }

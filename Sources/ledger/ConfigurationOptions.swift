@@ -35,8 +35,10 @@ struct ConfigurationOptions: ParsableArguments {
     var appleApiIssuerId: String?
     @Option(help: "App Store Server API: path of the key's .p8 PEM file (LEDGER_APPLE_API_PRIVATE_KEY)")
     var appleApiPrivateKey: String?
-    @Option(help: "App Store Server API base URL (LEDGER_APPLE_API_URL, default Apple's for the environment)")
+    @Option(help: "App Store Server API base URL for Production transactions, and for Sandbox ones too unless the next is set (LEDGER_APPLE_API_URL, default Apple's production host)")
     var appleApiUrl: String?
+    @Option(help: "App Store Server API base URL for Sandbox transactions (LEDGER_APPLE_API_SANDBOX_URL, default LEDGER_APPLE_API_URL when set, else Apple's sandbox host)")
+    var appleApiSandboxUrl: String?
     @Option(help: "App Store Server API: at most this many requests per second to any one endpoint, each also within Apple's limit for it (LEDGER_APPLE_API_RATE, default 10)")
     var appleApiRate: String?
     @Option(help: "Seconds between background reconciler passes in serve, 0: none (LEDGER_RECONCILE_INTERVAL, default 60)")
@@ -74,7 +76,8 @@ struct ConfigurationOptions: ParsableArguments {
             (Key.appleAppID, appleAppId), (Key.appleEnvironment, appleEnvironment),
             (Key.verifyReceiptURL, appleVerifyReceiptUrl), (Key.verifyReceiptSandboxURL, appleVerifyReceiptSandboxUrl),
             (Key.appleSharedSecret, appleSharedSecret), (Key.appleAPIKeyID, appleApiKeyId), (Key.appleAPIIssuerID, appleApiIssuerId),
-            (Key.appleAPIPrivateKey, appleApiPrivateKey), (Key.appleAPIURL, appleApiUrl), (Key.appleAPIRate, appleApiRate),
+            (Key.appleAPIPrivateKey, appleApiPrivateKey), (Key.appleAPIURL, appleApiUrl), (Key.appleAPISandboxURL, appleApiSandboxUrl),
+            (Key.appleAPIRate, appleApiRate),
             (Key.reconcileInterval, reconcileInterval),
             (Key.reconcileClockSkew, reconcileClockSkew), (Key.reconcileMaximumAge, reconcileMaxAge),
             (Key.reconcileSettle, reconcileSettle), (Key.reconcileRecoveryOrders, reconcileRecoveryOrders),

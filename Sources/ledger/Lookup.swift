@@ -13,14 +13,25 @@ struct Lookup: AsyncParsableCommand {
     @OptionGroup var options: ConfigurationOptions
     @Argument(help: "The order id on Apple's receipt e-mail, such as MQ1N2CD3EF") var appleOrderId: String
     @Option(help: "The user whose purchases they are (for those no order's token claims)") var user: String?
+    @Option(help: "The app whose order it is (required once the ledger holds several apps)") var bundleId: String?
 
     func run() async throws {
         let userID = try user.map { try UserID($0) }
         let metadata = try operatorMetadata("lookup")
         let found = try await withAppleWork(options) { work in
+            let apps = try await AppCatalog(database: work.services.database).list()
+            var app: BundleID?
+            if let bundleId {
+                guard let held = apps.first(where: { $0.bundleId.rawValue.lowercased() == bundleId.lowercased() }) else {
+                    throw CommandFailure("unknown-app: the ledger holds no app \(bundleId)")
+                }
+                app = held.bundleId
+            } else if apps.count > 1 {
+                throw CommandFailure("bundle-id-required: the ledger holds \(apps.count) apps; name one with --bundle-id")
+            }
             do {
                 return try await work.services.orderLookup(api: work.api, verifier: work.verifier)
-                    .look(up: appleOrderId, user: userID, metadata: metadata)
+                    .look(up: appleOrderId, user: userID, app: app, metadata: metadata)
             } catch let error as AppStoreServerAPIError {
                 throw CommandFailure("\(error.code): \(error.description)")
             }

@@ -31,8 +31,8 @@ extension LedgerConfiguration {
     }
 }
 
-/// What a command that asks Apple works with: its configuration, the App Store Server API
-/// client, the verifier, and the ledger's services on its database.
+/// What a command that asks Apple works with: its configuration, the apps' App Store Server API
+/// clients, the verifier, and the ledger's services on its database.
 struct AppleWork: Sendable {
     let configuration: LedgerConfiguration
     let api: LazyAppStoreServerAPI
@@ -40,19 +40,25 @@ struct AppleWork: Sendable {
     let services: ServiceAssembly
 }
 
-/// Runs `body` for a command that cannot run without the App Store Server API key (checked
-/// before the database is opened).
+/// Runs `body` for a command that cannot run without an App Store Server API key: each app's
+/// own, read from the apps' catalog (the configured app's recorded first); refused when no app
+/// has one.
 func withAppleWork<Result: Sendable>(
     _ options: ConfigurationOptions, _ body: @Sendable (AppleWork) async throws -> Result
 ) async throws -> Result {
     let configuration = try LedgerConfiguration.load(options.values())
-    let settings = try configuration.requiredAppStoreServerAPI()
+    // A configured key that cannot be read stops the command before the database is opened.
+    _ = try configuration.apple.appStoreServerAPI()
     return try await withLedgerDatabase(options) { client, logger in
         let database = Database(client: client, logger: logger)
+        let api = LazyAppStoreServerAPI(catalog: AppCatalog(database: database), hosts: configuration.apple.appStoreServerAPIHosts(), logger: logger)
+        guard try await api.anyKey() else {
+            throw ValidationError("the App Store Server API is not configured: set LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID and LEDGER_APPLE_API_PRIVATE_KEY, or give an app its key with `ledger apps set`")
+        }
         // What Apple signs is checked against the app the ledger holds for its bundle id.
         let apps = AppDirectory(catalog: AppCatalog(database: database), maximumAge: .seconds(configuration.appsMaximumAge), logger: logger)
         return try await body(AppleWork(
-            configuration: configuration, api: LazyAppStoreServerAPI(settings: settings, logger: logger),
-            verifier: try configuration.apple.verifier(logger: logger).choosingApps(from: apps), services: ServiceAssembly(database: database)))
+            configuration: configuration, api: api, verifier: try configuration.apple.verifier(logger: logger).choosingApps(from: apps),
+            services: ServiceAssembly(database: database)))
     }
 }

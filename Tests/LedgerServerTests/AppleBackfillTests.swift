@@ -75,7 +75,7 @@ struct AppleBackfillTests {
             backfill.maximumPages = 1
             let stopped = try await backfill.run()
             #expect(!stopped.finished && stopped.applied == 1 && stopped.repeated == 1, "\(stopped)")
-            #expect(try await scalar(db, "SELECT pagination_token FROM apple_notification_backfill WHERE NOT EXISTS (SELECT FROM leases WHERE name = 'notification-backfill')", as: String.self) == "page-2")
+            #expect(try await scalar(db, "SELECT pagination_token FROM apple_notification_backfill WHERE NOT EXISTS (SELECT FROM leases WHERE name LIKE 'notification-backfill/%')", as: String.self) == "page-2")
             let (_, afterFirst) = try await http.send(.get, "/v1/orders/n-1")
             #expect(afterFirst["state"] as? String == "refunded", "the first page was applied")
             // Then Apple rate-limits (honoured), and fails the page more often than the client retries: the token stays.
@@ -84,7 +84,7 @@ struct AppleBackfillTests {
             let started = ContinuousClock.now
             await #expect(throws: AppStoreServerAPIError.self) { try await backfill.run() }
             #expect(ContinuousClock.now - started >= .seconds(1), "Retry-After honoured")
-            #expect(try await scalar(db, "SELECT pagination_token FROM apple_notification_backfill WHERE NOT EXISTS (SELECT FROM leases WHERE name = 'notification-backfill')", as: String.self) == "page-2")
+            #expect(try await scalar(db, "SELECT pagination_token FROM apple_notification_backfill WHERE NOT EXISTS (SELECT FROM leases WHERE name LIKE 'notification-backfill/%')", as: String.self) == "page-2")
 
             let resumed = try await backfill.run()
             #expect(resumed.resumed && resumed.pages == 1 && resumed.notifications == 2 && resumed.applied == 1 && resumed.refused == 1, "\(resumed)")
