@@ -34,6 +34,7 @@ public enum LedgerSchema {
         Migration(name: "010_prorated_refunds.sql", sql: String(decoding: PackageResources._10_prorated_refunds_sql, as: UTF8.self)),
         Migration(name: "011_apps.sql", sql: String(decoding: PackageResources._11_apps_sql, as: UTF8.self)),
         Migration(name: "012_environments.sql", sql: String(decoding: PackageResources._12_environments_sql, as: UTF8.self)),
+        Migration(name: "015_key_apps.sql", sql: String(decoding: PackageResources._15_key_apps_sql, as: UTF8.self)),
     ]
 
     /// `sql/routines`: applied after the migrations, and again when a database has an earlier
