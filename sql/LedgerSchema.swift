@@ -34,6 +34,7 @@ public enum LedgerSchema {
         Migration(name: "010_prorated_refunds.sql", sql: String(decoding: PackageResources._10_prorated_refunds_sql, as: UTF8.self)),
         Migration(name: "011_apps.sql", sql: String(decoding: PackageResources._11_apps_sql, as: UTF8.self)),
         Migration(name: "012_environments.sql", sql: String(decoding: PackageResources._12_environments_sql, as: UTF8.self)),
+        Migration(name: "013_app_columns.sql", sql: String(decoding: PackageResources._13_app_columns_sql, as: UTF8.self)),
         Migration(name: "015_key_apps.sql", sql: String(decoding: PackageResources._15_key_apps_sql, as: UTF8.self)),
     ]
 
@@ -43,7 +44,10 @@ public enum LedgerSchema {
     public static let routines: [Migration] = [
         Migration(
             name: "append_events.sql", sql: String(decoding: PackageResources.append_events_sql, as: UTF8.self),
-            versions: ["32a6d7ebb207ec785d60d5f93dd6dd7f69dd3d3323cf587590b268389f687dd4"]),
+            versions: [
+                "32a6d7ebb207ec785d60d5f93dd6dd7f69dd3d3323cf587590b268389f687dd4",
+                "6ca96bfc4fe05c3aba65f5a58eb6e2ad27cac7365a5a33022faffd76ed1c7a02",
+            ]),
         Migration(
             name: "read_for_write.sql", sql: String(decoding: PackageResources.read_for_write_sql, as: UTF8.self),
             versions: ["749544a6ace030bf754785b0c0d63ba9a9989eda015b2e718d4889d0f99dafcf"]),

@@ -35,6 +35,24 @@ public enum Projection {
         }
     }
 
+    /// The app of a row whose events name none (written before the ledger knew apps, or while it
+    /// held none): the ledger's first app (`firstApp`, nil while it holds none). The append routine
+    /// gives a new row without an app the same, and a ledger's first app takes the rows it finds.
+    public static func inFirstApp(_ order: Order, _ firstApp: BundleID?) -> Order {
+        guard order.bundleId == nil, let firstApp else { return order }
+        var order = order
+        order.bundleId = firstApp
+        return order
+    }
+
+    /// `inFirstApp` for a transaction's row.
+    public static func inFirstApp(_ row: AppleTransactionRecord, _ firstApp: BundleID?) -> AppleTransactionRecord {
+        guard row.bundleId == nil, let firstApp else { return row }
+        var row = row
+        row.bundleId = firstApp
+        return row
+    }
+
     /// What event `event` of a transaction's stream (recorded at `date`, `data` its body as
     /// stored) makes of the transaction's row.
     public static func apply(_ event: TransactionEvent, data: Data, to row: AppleTransactionRecord?, at date: Date) -> AppleTransactionRecord? {

@@ -36,7 +36,11 @@ extension APIError {
             }
             return APIError(status, code: error.code, message: error.description)
         case let error as OrderLedgerError:
-            return APIError(.conflict, code: error.code, message: error.description)
+            let status: HTTPResponse.Status = switch error {
+            case .bundleIDRequired, .unknownApp: .badRequest
+            default: .conflict
+            }
+            return APIError(status, code: error.code, message: error.description)
         case let error as SupportMatchError:
             let status: HTTPResponse.Status = switch error {
             case .transactionNotFound: .notFound

@@ -43,7 +43,7 @@ func buildRouter(
     NotificationsController(notifications: services.notifications, verifier: apple, metrics: metrics).addRoutes(to: router)
     ReconcileController(pass: configuration.reconcilerPass(services)).addRoutes(to: router)
     ProductsController(catalog: services.catalog).addRoutes(to: router)
-    AppsController(catalog: AppCatalog(database: database)).addRoutes(to: router)
+    AppsController(catalog: AppCatalog(database: database), directory: services.orders.apps).addRoutes(to: router)
     ReportsController(database: database).addRoutes(to: router)
     TransactionsController(pool: services.pool, desk: services.support).addRoutes(to: router)
     AppleAccountsController(links: services.accounts, verifier: apple).addRoutes(to: router)

@@ -9,6 +9,8 @@ import LedgerStore
 /// are shown as `hasSharedSecret` and `hasApiKey`, the key by its ids and where it is kept.
 struct AppsController {
     let catalog: AppCatalog
+    /// The apps new orders are checked against, told when they change.
+    let directory: AppDirectory
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
         // A key limited to apps sees those alone; changing apps needs a key of every app (AuthMiddleware).
@@ -18,6 +20,7 @@ struct AppsController {
         router.post("/v1/apps") { request, context in
             let body = try await request.decode(as: AppRequest.self, context: context)
             guard let id = body.bundleId else { throw LedgerInputError(field: "bundleId", problem: "is missing") }
+            defer { directory.forget() }
             return Answer(.created, AppResponse(try await catalog.add(id, body.changes)))
         }
         router.patch("/v1/apps/:bundleId") { request, context in
@@ -26,6 +29,7 @@ struct AppsController {
             if body.bundleId != nil {
                 throw LedgerInputError(field: "bundleId", problem: "cannot be changed: an app is its bundle id (add the other one as an app of its own)")
             }
+            defer { directory.forget() }
             return Answer(AppResponse(try await catalog.change(id, body.changes)))
         }
     }

@@ -13,7 +13,7 @@ struct CreateOrder: Decodable {
     let tokenGiven: Bool
 
     enum CodingKeys: String, CodingKey {
-        case orderId, userId, productId, quantity, price, currency, appAccountToken
+        case orderId, userId, productId, quantity, price, currency, appAccountToken, bundleId
     }
 
     init(from decoder: any Decoder) throws {
@@ -25,7 +25,7 @@ struct CreateOrder: Decodable {
             userId: try body.decode(UserID.self, forKey: .userId), productId: try body.decode(ProductID.self, forKey: .productId),
             quantity: Int(try body.decodeInteger(forKey: .quantity) ?? 1),
             price: try body.decodeIfPresent(String.self, forKey: .price), currency: try body.decodeIfPresent(String.self, forKey: .currency),
-            appAccountToken: token ?? UUID())
+            appAccountToken: token ?? UUID(), bundleId: try body.decodeIfPresent(BundleID.self, forKey: .bundleId))
         try OrderEvent.created(created).validate()
     }
 }

@@ -22,6 +22,7 @@ extension OrderResponse: ResponseGenerator {
         var json = "{"
         json.reserveCapacity(400)
         json += #""appAccountToken":"\#(order.appAccountToken.uuidString.lowercased())","#
+        json += #""bundleId":\#(JSONString(order.bundleId?.rawValue)),"#
         json += #""createdAt":"\#(EventCoding.formatDate(order.createdAt))","#
         json += #""currency":\#(JSONString(order.currency)),"#
         json += #""environment":\#(JSONString(order.environment)),"#

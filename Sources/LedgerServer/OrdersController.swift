@@ -57,7 +57,8 @@ struct OrdersController {
             return [state]
         }
         let limit = try Self.limit(query["limit"], default: 100, maximum: 1000)
-        let orders = try await ledger.orders(userID: user, productID: product, states: states, after: after, limit: limit)
+        let bundle = try query["bundleId"].map { try BundleID(String($0)) }
+        let orders = try await ledger.orders(userID: user, productID: product, states: states, after: after, limit: limit, bundleID: bundle)
         return Page(name: "orders", items: orders.map { OrderResponse($0) }, next: orders.count == limit ? orders.last?.orderId.rawValue : nil)
     }
 

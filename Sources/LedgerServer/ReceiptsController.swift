@@ -43,7 +43,9 @@ struct ReceiptsController {
                 try context.requireReach(bundleId: transaction.bundleId)
                 let answer = try await receipts.apply(transaction, claim: claim, metadata: metadata)
                 metrics.receiptAnswered(answer.outcome.rawValue)
-                return try Self.response(answer, environments: [transaction.transactionId: transaction.environment], request, context)
+                return try Self.response(
+                    answer, environments: [transaction.transactionId: transaction.environment],
+                    bundles: [transaction.transactionId: transaction.bundleId], request, context)
             } catch let error as AppleVerificationError {
                 return try await refuse(error, format: .jws, proof: jws, claim: claim, transactionId: claimedID, metadata: metadata, request, context)
             }
@@ -60,7 +62,8 @@ struct ReceiptsController {
                 }
                 metrics.receiptAnswered(primary.outcome.rawValue)
                 let environments = Dictionary(transactions.map { ($0.transactionId, $0.environment) }) { first, _ in first }
-                return try Self.response(primary, transactions: answers.all, environments: environments, request, context)
+                let bundles = Dictionary(transactions.map { ($0.transactionId, $0.bundleId) }) { first, _ in first }
+                return try Self.response(primary, transactions: answers.all, environments: environments, bundles: bundles, request, context)
             } catch let error as AppleVerificationError {
                 return try await refuse(error, format: .receipt, proof: receipt, claim: claim, transactionId: claimedID, metadata: metadata, request, context)
             }
@@ -140,8 +143,10 @@ struct ReceiptsController {
     struct TransactionAnswer: Encodable {
         let answer: ReceiptLedger.Answer
         let environment: String?
+        /// The app Apple signed the transaction for.
+        var bundleId: String? = nil
 
-        enum CodingKeys: String, CodingKey { case outcome, transactionId, orderId, state, finishTransaction, reason, environment }
+        enum CodingKeys: String, CodingKey { case outcome, transactionId, orderId, state, finishTransaction, reason, environment, bundleId }
 
         func encode(to encoder: any Encoder) throws {
             var json = encoder.container(keyedBy: CodingKeys.self)
@@ -152,16 +157,17 @@ struct ReceiptsController {
             try json.encode(answer.finishTransaction, forKey: .finishTransaction)
             try json.encodeIfPresent(answer.reason, forKey: .reason)
             try json.encodeIfPresent(environment, forKey: .environment)
+            try json.encodeIfPresent(bundleId, forKey: .bundleId)
         }
     }
 
     /// The answer's JSON; for a legacy receipt, with each of its transactions' answers.
     static func response(
         _ answer: ReceiptLedger.Answer, transactions: [ReceiptLedger.Answer]? = nil, environments: [TransactionID: String],
-        _ request: Request, _ context: LedgerRequestContext
+        bundles: [TransactionID: String] = [:], _ request: Request, _ context: LedgerRequestContext
     ) throws -> Response {
         func transactionAnswer(_ answer: ReceiptLedger.Answer) -> TransactionAnswer {
-            TransactionAnswer(answer: answer, environment: environments[answer.transactionId])
+            TransactionAnswer(answer: answer, environment: environments[answer.transactionId], bundleId: bundles[answer.transactionId])
         }
         struct Body: Encodable {
             let answer: TransactionAnswer

@@ -18,7 +18,7 @@ struct OrderResponse: Encodable, Sendable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case orderId, userId, productId, quantity, price, currency, appAccountToken, state, version, transactionId
+        case orderId, userId, productId, quantity, price, currency, appAccountToken, bundleId, state, version, transactionId
         case environment, createdAt, updatedAt, finishTransaction, events
     }
 
@@ -31,6 +31,7 @@ struct OrderResponse: Encodable, Sendable {
         try json.encode(order.price, forKey: .price)
         try json.encode(order.currency, forKey: .currency)
         try json.encode(order.appAccountToken.uuidString.lowercased(), forKey: .appAccountToken)
+        try json.encode(order.bundleId, forKey: .bundleId)
         try json.encode(order.state, forKey: .state)
         try json.encode(order.version, forKey: .version)
         try json.encode(order.transactionId, forKey: .transactionId)

@@ -26,7 +26,9 @@ struct TransactionsController {
         let from = try query["from"].map { try Self.date(String($0), field: "from") }
         let to = try query["to"].map { try Self.date(String($0), field: "to") }
         let limit = try OrdersController.limit(query["limit"], default: 100, maximum: 1000)
-        let found = try await pool.unmatched(userId: user, productId: product, from: from, to: to, transactionId: transaction, after: after, limit: limit)
+        let bundle = try query["bundleId"].map { try BundleID(String($0)) }
+        let found = try await pool.unmatched(
+            userId: user, productId: product, from: from, to: to, transactionId: transaction, after: after, limit: limit, bundleId: bundle)
         return Answer(Page(name: "transactions", items: found.map(Pooled.init), next: found.count == limit ? found.last?.transactionId.rawValue : nil))
     }
 
@@ -37,7 +39,7 @@ struct TransactionsController {
         init(_ pooled: TransactionPool.PooledTransaction) { self.pooled = pooled }
 
         enum CodingKeys: String, CodingKey {
-            case transactionId, userId, productId, purchaseDate, environment, appAccountToken, receivedAt, verification
+            case transactionId, userId, productId, purchaseDate, environment, appAccountToken, receivedAt, verification, bundleId
         }
 
         func encode(to encoder: any Encoder) throws {
@@ -50,6 +52,7 @@ struct TransactionsController {
             try json.encode(pooled.appAccountToken?.uuidString.lowercased(), forKey: .appAccountToken)
             try json.encode(pooled.receivedAt, forKey: .receivedAt)
             try json.encode(pooled.verification.map { JSONValue(json: $0) }, forKey: .verification)
+            try json.encode(pooled.bundleId, forKey: .bundleId)
         }
     }
 

@@ -82,7 +82,9 @@ public struct ReceiptLedger: Sendable {
         }
         let (product, user) = (transaction.productId, claim.userId)
         var write = try Self.matchWrite(transaction, to: named.0, by: named.1, pairing: nil, metadata: metadata)
-        write.condition = { order in order.isOpen && order.productId == product && (user == nil || user == order.userId) }
+        write.condition = { order in
+            order.isOpen && order.productId == product && (user == nil || user == order.userId) && Self.sameApp(order, transaction)
+        }
         do {
             let written = try await writer.append(write)
             // A replay (the same proof raced itself): the locked path answers from what is stored.
@@ -104,8 +106,13 @@ public struct ReceiptLedger: Sendable {
 
     func apply(_ transaction: AppleTransaction, claim: Claim, metadata: Data, in tx: DatabaseTransaction) async throws -> Answer {
         let id = transaction.transactionId
-        let (snapshot, candidate, matchedBy, noOrderReason) = try await lookUp(transaction, claim: claim, in: tx)
+        var (snapshot, candidate, matchedBy, noOrderReason) = try await lookUp(transaction, claim: claim, in: tx)
         let holder = snapshot.transaction(id)
+        if let order = candidate, !Self.sameApp(order, transaction) {
+            // An order of another app never takes it (issue 39, app-mismatch): the order is left as
+            // it is, and the transaction waits in its own app's pool for an order of that app.
+            (candidate, matchedBy, noOrderReason) = (nil, nil, "app-mismatch")
+        }
 
         if let holder, let holderOrder = holder.orderId {
             // Already granted: to this order (a re-sent proof), or to another one.
@@ -188,7 +195,8 @@ public struct ReceiptLedger: Sendable {
             transactionId: id, productId: transaction.productId, purchaseDate: transaction.purchaseDate,
             receiptSha256: transaction.receiptSha256, format: transaction.format, matchedBy: matchedBy,
             originalTransactionId: transaction.originalTransactionId, appTransactionId: transaction.appTransactionId,
-            appAccountToken: transaction.appAccountToken, environment: transaction.environment))
+            appAccountToken: transaction.appAccountToken, environment: transaction.environment,
+            bundleId: BundleID(unchecked: transaction.bundleId)))
         let verified = OrderEvent.verified(Verified(transactionId: id, environment: transaction.environment))
         return [(received, EventID.named("receipt-received", order.rawValue, id.rawValue)),
                 (verified, EventID.named("verified", order.rawValue, id.rawValue))]
@@ -216,6 +224,12 @@ public struct ReceiptLedger: Sendable {
         let body = TransactionUnmatched(transaction: transaction, userId: userId, claimedOrderId: claimedOrder, reason: reason)
         let event = try EventCoding.newEvent(.unmatched(body), id: EventID.named("unmatched", transaction.transactionId.rawValue), metadata: metadata)
         return LedgerWriter.Append([event], to: transaction.transactionId.streamID)
+    }
+
+    /// Whether `order` may take `transaction`: the same app (an order of a ledger that held no app
+    /// when it was created belongs to none, and takes what it is proven).
+    static func sameApp(_ order: Order, _ transaction: AppleTransaction) -> Bool {
+        order.bundleId.map { $0.rawValue == transaction.bundleId } ?? true
     }
 
     /// Locks the transaction (every writer of it queues here: receipts, notifications, the

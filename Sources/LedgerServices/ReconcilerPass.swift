@@ -150,7 +150,7 @@ public struct ReconcilerPass: Sendable {
         guard recoveryOrders, !orphansLeft.isEmpty else { return summary }
         let active = try await catalog.activePrices()
         for orphan in orphansLeft {
-            guard let product = active[orphan.productId] else {
+            guard let product = active[ProductCatalog.AppProduct(orphan.bundleId, orphan.productId)] else {
                 summary.notRecovered += 1
                 continue
             }
@@ -210,7 +210,7 @@ public struct ReconcilerPass: Sendable {
                   let transaction = try pooled.verifiedTransaction(), snapshot.order(id) == nil else { return false }
             let created = OrderEvent.created(OrderCreated(
                 userId: orphan.userId, productId: orphan.productId, quantity: max(1, min(transaction.quantity, 100)),
-                price: price.0, currency: price.1))
+                price: price.0, currency: price.1, bundleId: pooled.bundleId))
             let events = [(created, EventID.named("recovery-order", orphan.transactionId.rawValue))]
                 + ReceiptLedger.matchEvents(transaction, order: id, by: .reconciler)
             let write = LedgerWriter.Write(

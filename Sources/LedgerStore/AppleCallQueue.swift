@@ -245,6 +245,7 @@ public struct AppleCallQueue: Sendable {
               LEFT JOIN apple_transactions t ON t.transaction_id = x.transaction_id
               LEFT JOIN orders o ON o.order_id = t.order_id
               LEFT JOIN products p ON p.product_id = coalesce(o.product_id, t.product_id)
+                                  AND p.bundle_id IS NOT DISTINCT FROM coalesce(o.bundle_id, t.bundle_id)
               LEFT JOIN LATERAL (
                   SELECT e.stream_id, (e.data->>'consumptionPercentage')::int AS percentage FROM events e
                    WHERE e.stream_id = 'order-' || o.order_id AND e.type = 'delivered'

@@ -120,9 +120,9 @@ extension LedgerWriter {
         let values: [any PostgresDynamicTypeEncodable] = [
             units, streams, expected, ids, types, data, metadata, claims,
             o.writes, o.isNew, o.ids, o.users, o.products, o.quantities, o.prices, o.currencies, o.tokens, o.states,
-            o.versions, o.transactions, o.created, o.updated, o.queued, o.beforeRefund, o.failures,
+            o.versions, o.transactions, o.created, o.updated, o.queued, o.beforeRefund, o.failures, o.bundles,
             t.writes, t.isNew, t.ids, t.orders, t.users, t.products, t.purchased, t.environments, t.statuses, t.received,
-            t.updated, t.originals, t.apps, t.tokens, t.matchedBy, t.verifications,
+            t.updated, t.originals, t.apps, t.tokens, t.matchedBy, t.verifications, t.bundles,
             now.microseconds, commit,
         ]
         var binds = PostgresBindings(capacity: values.count)
@@ -223,6 +223,7 @@ extension LedgerWriter {
     /// the unique key a racing writer took.
     static func refusal(_ error: any Error, of write: Write) -> any Error {
         guard let error = error as? PSQLError, let state = error.sqlState else { return error }
+        if let refusal = appRefusal(error, of: write) { return refusal }
         if state == .invalidTextRepresentation || state == .untranslatableCharacter {
             return AppendError.invalidBatch("data and metadata must be JSON that PostgreSQL can store (no \\u0000): \(error.serverMessage ?? state.raw)")
         }
@@ -263,10 +264,10 @@ struct AppendEventsCall: PostgresPreparedStatement {
             $7::text[]::jsonb[], $8::text[],
             $9::integer[], $10::boolean[], $11::text[], $12::text[], $13::text[], $14::integer[], $15::text[], $16::text[],
             $17::uuid[], $18::text[], $19::bigint[], $20::text[], $21::bigint[], $22::bigint[], $23::bigint[], $24::text[],
-            $25::text[],
-            $26::integer[], $27::boolean[], $28::text[], $29::text[], $30::text[], $31::text[], $32::bigint[], $33::text[],
-            $34::text[], $35::bigint[], $36::bigint[], $37::text[], $38::text[], $39::uuid[], $40::text[], $41::text[],
-            $42::bigint, $43::boolean, NULL, NULL, NULL, NULL)
+            $25::text[], $26::text[],
+            $27::integer[], $28::boolean[], $29::text[], $30::text[], $31::text[], $32::text[], $33::bigint[], $34::text[],
+            $35::text[], $36::bigint[], $37::bigint[], $38::text[], $39::text[], $40::uuid[], $41::text[], $42::text[],
+            $43::text[], $44::bigint, $45::boolean, NULL, NULL, NULL, NULL)
         """
     typealias Row = ([String], [String], [Int64], [Int64])
 
@@ -274,4 +275,22 @@ struct AppendEventsCall: PostgresPreparedStatement {
 
     func makeBindings() -> PostgresBindings { bindings }
     func decodeRow(_ row: PostgresRow) throws -> Row { try row.decode(Row.self) }
+}
+
+extension LedgerWriter {
+    /// The refusal `append_events` raised for an app (its app checks, issue 39), if `error` is one.
+    static func appRefusal(_ error: PSQLError, of write: Write) -> OrderLedgerError? {
+        let detail = error.serverInfo?[.detail] ?? ""
+        let bundle = write.appends.lazy.flatMap(\.events).compactMap { event -> BundleID? in
+            if case .order(.created(let body)) = event.body { return body.bundleId }
+            return nil
+        }.first
+        switch error.sqlState?.raw {
+        case "LE391": return .bundleIDRequired
+        case "LE392": return .unknownApp(bundle ?? BundleID(unchecked: detail))
+        case "LE393": return .appRetired(bundle ?? BundleID(unchecked: detail))
+        case "LE394": return .appMismatch(TransactionID(unchecked: detail))
+        default: return nil
+        }
+    }
 }

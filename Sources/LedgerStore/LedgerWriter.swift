@@ -138,7 +138,13 @@ public final class LedgerWriter: Sendable {
         // Whether the caller's transaction commits is not known here: the groups read these orders again.
         remembered.forget(writes.flatMap(\.orderIDs))
         let connection = transaction.connection
-        let results = try await Self.write(writes, on: connection, commit: false, database: database, knowing: snapshot)
+        let results: [Result<Written, any Error>]
+        do {
+            results = try await Self.write(writes, on: connection, commit: false, database: database, knowing: snapshot)
+        } catch let error as PSQLError {
+            // The routine's app checks refuse by raising, which ends the caller's transaction too.
+            throw writes.lazy.compactMap { Self.appRefusal(error, of: $0) }.first ?? error
+        }
         for case .success(let written) in results { database.appended(written.appendedTypes, on: connection) }
         return results
     }

@@ -9,11 +9,14 @@ import PostgresNIO
 public struct OrderLedger: Sendable {
     public let writer: LedgerWriter
     public let store: EventStore
+    /// The app a new order belongs to.
+    public let apps: AppDirectory
     public var database: Database { writer.database }
 
     public init(writer: LedgerWriter) {
         self.writer = writer
         self.store = EventStore(database: writer.database)
+        self.apps = AppDirectory(catalog: AppCatalog(database: writer.database))
     }
 
     /// What an append did to an order.
@@ -25,8 +28,11 @@ public struct OrderLedger: Sendable {
         public var events: [RecordedEvent]? = nil
     }
 
-    /// Creates the order, or answers the existing one when the same order is created again.
+    /// Creates the order, or answers the existing one when the same order is created again. Its
+    /// app is the one `body` names, or the ledger's only one (`AppDirectory`), recorded in the event.
     public func create(_ id: OrderID, _ body: OrderCreated, tokenGiven: Bool, metadata: Data) async throws -> Outcome {
+        var body = body
+        body.bundleId = try await apps.app(of: body.bundleId)
         let event = try EventCoding.newEvent(.created(body), id: EventID(), metadata: metadata)
         do {
             let appended = try await writer.append([event], to: id.streamID)
@@ -43,6 +49,7 @@ public struct OrderLedger: Sendable {
         let same = existing.userId == body.userId && existing.productId == body.productId && existing.quantity == body.quantity
             && Self.sameDecimal(existing.price, body.price) && existing.currency == body.currency
             && (!tokenGiven || existing.appAccountToken == body.appAccountToken)
+            && (body.bundleId == nil || existing.bundleId == body.bundleId)
         guard same else { throw OrderDecisionError.orderExists(existing.orderId) }
         return Outcome(order: existing, appended: false)
     }
@@ -109,12 +116,16 @@ public struct OrderLedger: Sendable {
 
     /// Orders filtered by user, product and state, after the order id `after` (for paging), in
     /// order id order.
-    public func orders(userID: UserID?, productID: ProductID?, states: [OrderState]?, after: OrderID?, limit: Int) async throws -> [Order] {
+    /// `bundleID`: only that app's (user and product ids are per app).
+    public func orders(
+        userID: UserID?, productID: ProductID?, states: [OrderState]?, after: OrderID?, limit: Int, bundleID: BundleID? = nil
+    ) async throws -> [Order] {
         let states = states?.map(\.rawValue)
         let rows = try await database.query(
             """
             SELECT \(unescaped: ProjectionRows.orderAnswerColumns) FROM \(unescaped: ProjectionRows.ordersWithEnvironment)
-            WHERE (\(userID?.rawValue)::text IS NULL OR o.user_id = \(userID?.rawValue))
+            WHERE (\(bundleID?.rawValue)::text IS NULL OR o.bundle_id = \(bundleID?.rawValue))
+              AND (\(userID?.rawValue)::text IS NULL OR o.user_id = \(userID?.rawValue))
               AND (\(productID?.rawValue)::text IS NULL OR o.product_id = \(productID?.rawValue))
               AND (\(states)::text[] IS NULL OR o.state = ANY(\(states)::text[]))
               AND (\(after?.rawValue)::text IS NULL OR o.order_id > \(after?.rawValue))
@@ -130,11 +141,23 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
     case duplicateTransaction(TransactionID)
     /// Another order already uses this appAccountToken.
     case appAccountTokenTaken(UUID)
+    /// An order that names no app, in a ledger that holds several.
+    case bundleIDRequired
+    /// An order of an app the ledger does not hold.
+    case unknownApp(BundleID)
+    /// An order of an app that is retired.
+    case appRetired(BundleID)
+    /// The Apple transaction belongs to another app than the order (issue 39).
+    case appMismatch(TransactionID)
 
     public var code: String {
         switch self {
         case .duplicateTransaction: "duplicate-transaction"
         case .appAccountTokenTaken: "app-account-token-taken"
+        case .bundleIDRequired: "bundle-id-required"
+        case .unknownApp: "unknown-app"
+        case .appRetired: "app-retired"
+        case .appMismatch: "app-mismatch"
         }
     }
 
@@ -142,6 +165,10 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
         switch self {
         case .duplicateTransaction(let id): "Apple transaction \(id) already belongs to another order"
         case .appAccountTokenTaken(let token): "appAccountToken \(token.uuidString.lowercased()) already belongs to another order"
+        case .bundleIDRequired: "bundleId is required: the ledger holds several apps"
+        case .unknownApp(let id): "the ledger holds no app \(id)"
+        case .appRetired(let id): "app \(id) is retired: it takes no new orders"
+        case .appMismatch(let id): "Apple transaction \(id) belongs to another app than the order"
         }
     }
 }

@@ -25,13 +25,16 @@ public struct ProductCatalog: Sendable {
         /// Consumption answers: the refund the operator would like Apple to grant (absent: not sent).
         public var refundPreference: RefundPreference?
         public var updatedAt: Date
+        /// The app that sells it (product ids are per app); nil only in a ledger that holds no app.
+        public var bundleId: BundleID? = nil
     }
 
-    /// Creates or replaces a product's entry.
+    /// Creates or replaces a product's entry in app `bundleId` (nil: the ledger's first app, or
+    /// none while it holds no app).
     @discardableResult
     public func set(
         _ id: ProductID, status: Status, price: String?, currency: String?, sampleContentProvided: Bool? = nil,
-        refundPreference: RefundPreference? = nil
+        refundPreference: RefundPreference? = nil, bundleId: BundleID? = nil
     ) async throws -> Product {
         if let price, !OrderEvent.isValidPrice(price) {
             throw LedgerInputError(field: "price", problem: "must be a decimal string such as \"0.99\"")
@@ -41,9 +44,10 @@ public struct ProductCatalog: Sendable {
         }
         let rows = try await database.query(
             """
-            INSERT INTO products (product_id, status, price, currency, sample_content_provided, refund_preference, updated_at)
-            VALUES (\(id.rawValue), \(status.rawValue), \(price)::numeric, \(currency), \(sampleContentProvided), \(refundPreference?.rawValue), now())
-            ON CONFLICT (product_id) DO UPDATE SET status = EXCLUDED.status, price = EXCLUDED.price,
+            INSERT INTO products (product_id, status, price, currency, sample_content_provided, refund_preference, updated_at, bundle_id)
+            VALUES (\(id.rawValue), \(status.rawValue), \(price)::numeric, \(currency), \(sampleContentProvided), \(refundPreference?.rawValue), now(),
+                    coalesce(\(bundleId?.rawValue)::text, (SELECT f.bundle_id FROM ledger_first_app f)))
+            ON CONFLICT ((coalesce(bundle_id, '')), product_id) DO UPDATE SET status = EXCLUDED.status, price = EXCLUDED.price,
                 currency = EXCLUDED.currency, sample_content_provided = EXCLUDED.sample_content_provided,
                 refund_preference = EXCLUDED.refund_preference, updated_at = EXCLUDED.updated_at
             RETURNING \(unescaped: Self.columns)
@@ -54,30 +58,41 @@ public struct ProductCatalog: Sendable {
 
     public func list() async throws -> [Product] {
         let rows = try await database.query(
-            "SELECT \(unescaped: Self.columns) FROM products ORDER BY product_id")
+            "SELECT \(unescaped: Self.columns) FROM products ORDER BY bundle_id, product_id")
         return try await Self.decode(rows)
+    }
+
+    /// A product of one app (product ids are per app).
+    public struct AppProduct: Hashable, Sendable {
+        public let bundleId: BundleID?
+        public let productId: ProductID
+        public init(_ bundleId: BundleID?, _ productId: ProductID) {
+            self.bundleId = bundleId
+            self.productId = productId
+        }
     }
 
     /// The active products and their prices (price, currency): what the reconciler may create a
     /// recovery order for.
-    public func activePrices() async throws -> [ProductID: (price: String?, currency: String?)] {
+    public func activePrices() async throws -> [AppProduct: (price: String?, currency: String?)] {
         let rows = try await database.query(
-            "SELECT product_id, price::text, currency FROM products WHERE status = 'active'")
-        var products: [ProductID: (price: String?, currency: String?)] = [:]
-        for try await (id, price, currency) in rows.decode((String, String?, String?).self) {
-            products[ProductID(unchecked: id)] = (price, currency)
+            "SELECT bundle_id, product_id, price::text, currency FROM products WHERE status = 'active'")
+        var products: [AppProduct: (price: String?, currency: String?)] = [:]
+        for try await (bundle, id, price, currency) in rows.decode((String?, String, String?, String?).self) {
+            products[AppProduct(bundle.map(BundleID.init(unchecked:)), ProductID(unchecked: id))] = (price, currency)
         }
         return products
     }
 
-    static let columns = "product_id, status, price::text, currency, sample_content_provided, refund_preference, updated_at"
+    static let columns = "product_id, status, price::text, currency, sample_content_provided, refund_preference, updated_at, bundle_id"
 
     static func decode(_ rows: some AsyncSequence<PostgresRow, any Error>) async throws -> [Product] {
         var products: [Product] = []
-        for try await (id, status, price, currency, sample, preference, updated) in rows.decode((String, String, String?, String?, Bool?, String?, Date).self) {
+        for try await (id, status, price, currency, sample, preference, updated, bundle) in rows.decode((String, String, String?, String?, Bool?, String?, Date, String?).self) {
             products.append(Product(productId: ProductID(unchecked: id), status: Status(rawValue: status) ?? .active,
                                     price: price, currency: currency, sampleContentProvided: sample,
-                                    refundPreference: preference.flatMap(RefundPreference.init), updatedAt: updated))
+                                    refundPreference: preference.flatMap(RefundPreference.init), updatedAt: updated,
+                                    bundleId: bundle.map(BundleID.init(unchecked:))))
         }
         return products
     }

@@ -97,8 +97,12 @@ extension ProjectionRebuilder {
         private var copy = BinaryCopyRows()
         private(set) var orders = 0
         let writer: PostgresCopyFromWriter
+        let firstApp: BundleID?
 
-        init(writer: PostgresCopyFromWriter) { self.writer = writer }
+        init(writer: PostgresCopyFromWriter, firstApp: BundleID?) {
+            self.writer = writer
+            self.firstApp = firstApp
+        }
 
         func fold(_ batch: [Row], _ bodies: [EventBody?]) async throws {
             for index in batch.indices {
@@ -114,7 +118,7 @@ extension ProjectionRebuilder {
         }
 
         private func write(_ order: Order) {
-            copy.append(order)
+            copy.append(Projection.inFirstApp(order, firstApp))
             orders += 1
         }
     }
@@ -140,6 +144,7 @@ extension BinaryCopyRows {
         timestamp(order.queuedAt)
         text(order.stateBeforeRefund?.rawValue)
         text(order.failureReason)
+        text(order.bundleId?.rawValue)
     }
 
     /// An `apple_transactions` row, in `ProjectionRebuilder.transactionColumns`' order.
@@ -159,5 +164,6 @@ extension BinaryCopyRows {
         uuid(transaction.appAccountToken)
         text(transaction.matchedBy?.rawValue)
         jsonb(transaction.verification.map { String(decoding: $0, as: UTF8.self) })
+        text(transaction.bundleId?.rawValue)
     }
 }

@@ -101,11 +101,12 @@ public struct ProjectionRebuilder: Sendable {
         // Counting the log costs a scan of it: only for someone watching.
         let total = progress == nil ? 0 : try await count(on: connection)
         let snapshot = try await exportSnapshot(of: connection)
+        let firstApp = try await firstApp(on: connection)
         let recreate = try await dropKeysAndIndexes(schema: schema, on: connection)
         let started = ContinuousClock.now
         var read = 0
         let state = try await connection.copyBinary(schema: schema, table: "orders", columns: Self.orderColumns, logger: logger) { writer in
-            let state = FoldState(writer: writer)
+            let state = FoldState(writer: writer, firstApp: firstApp)
             // Each batch's task decodes its bodies while the batch before it is folded, then
             // folds its own once that task is done; this task meanwhile reads the next batch.
             var folding: Task<Void, any Error> = Task {}
@@ -159,7 +160,7 @@ public struct ProjectionRebuilder: Sendable {
         try await connection.copyBinary(schema: schema, table: "apple_transactions", columns: Self.transactionColumns, logger: logger) { writer in
             var copy = BinaryCopyRows()
             for transaction in transactions {
-                copy.append(transaction)
+                copy.append(Projection.inFirstApp(transaction, firstApp))
                 try await copy.flushIfFull(to: writer)
             }
             try await copy.finish(to: writer)
@@ -176,6 +177,13 @@ public struct ProjectionRebuilder: Sendable {
             "rebuild.transactions_seconds": "\(Self.seconds(written - folded))",
             "rebuild.indexes": "\(recreate.count)", "rebuild.index_seconds": "\(Self.seconds(ContinuousClock.now - written))"])
         return read
+    }
+
+    /// The ledger's first app (`Projection.inFirstApp`), nil while it holds none.
+    private func firstApp(on connection: PostgresConnection) async throws -> BundleID? {
+        let rows = try await connection.guardedQuery("SELECT bundle_id FROM ledger_first_app", logger: database.logger)
+        for try await id in rows.decode(String.self) { return BundleID(unchecked: id) }
+        return nil
     }
 
     static func seconds(_ duration: Duration) -> String { String(format: "%.2f", duration.inSeconds) }
@@ -228,11 +236,12 @@ public struct ProjectionRebuilder: Sendable {
 
     static let orderColumns = [
         "order_id", "user_id", "product_id", "quantity", "price", "currency", "app_account_token", "state", "version",
-        "transaction_id", "created_at", "updated_at", "queued_at", "state_before_refund", "failure_reason",
+        "transaction_id", "created_at", "updated_at", "queued_at", "state_before_refund", "failure_reason", "bundle_id",
     ]
     static let transactionColumns = [
         "transaction_id", "order_id", "user_id", "product_id", "purchase_date", "environment", "status", "received_at",
         "updated_at", "original_transaction_id", "app_transaction_id", "app_account_token", "matched_by", "verification",
+        "bundle_id",
     ]
 }
 

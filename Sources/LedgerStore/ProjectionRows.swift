@@ -6,23 +6,24 @@ import PostgresNIO
 enum ProjectionRows {
     static let orderColumns = """
         order_id, user_id, product_id, quantity, price::text, currency, app_account_token, state, version,
-        transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason
+        transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason, bundle_id
         """
-    static let orderColumnCount = 15
+    static let orderColumnCount = 16
 
     /// The `orders` columns as the API reads them, each with its Apple transaction's environment
     /// after them (`Order.environment`); from `ordersWithEnvironment`.
     static let orderAnswerColumns = """
         o.order_id, o.user_id, o.product_id, o.quantity, o.price::text, o.currency, o.app_account_token, o.state, o.version,
-        o.transaction_id, o.created_at, o.updated_at, o.queued_at, o.state_before_refund, o.failure_reason, t.environment
+        o.transaction_id, o.created_at, o.updated_at, o.queued_at, o.state_before_refund, o.failure_reason, o.bundle_id,
+        t.environment
         """
     static let ordersWithEnvironment = "orders o LEFT JOIN apple_transactions t ON t.transaction_id = o.transaction_id"
 
     static let transactionColumns = """
         transaction_id, order_id, user_id, product_id, purchase_date, environment, status, received_at, updated_at,
-        original_transaction_id, app_transaction_id, app_account_token, matched_by, verification::text
+        original_transaction_id, app_transaction_id, app_account_token, matched_by, verification::text, bundle_id
         """
-    static let transactionColumnCount = 14
+    static let transactionColumnCount = 15
 
     /// The order in `orderColumns` from column `offset` on; nil when its id is NULL.
     static func order(_ row: PostgresRandomAccessRow, at offset: Int) throws -> Order? {
@@ -35,7 +36,8 @@ enum ProjectionRows {
             state: OrderState(rawValue: try cell(7, String.self)) ?? .created, version: try cell(8, Int64.self),
             transactionId: try cell(9, String?.self).map(TransactionID.init(unchecked:)), createdAt: try cell(10, Date.self),
             updatedAt: try cell(11, Date.self), queuedAt: try cell(12, Date?.self),
-            stateBeforeRefund: try cell(13, String?.self).flatMap(OrderState.init(rawValue:)), failureReason: try cell(14, String?.self))
+            stateBeforeRefund: try cell(13, String?.self).flatMap(OrderState.init(rawValue:)), failureReason: try cell(14, String?.self),
+            bundleId: try cell(15, String?.self).map(BundleID.init(unchecked:)))
     }
 
     /// Every order of `rows` (whose columns are `orderAnswerColumns`).
@@ -69,7 +71,8 @@ enum ProjectionRows {
             receivedAt: try cell(7, Date.self), updatedAt: try cell(8, Date.self), originalTransactionId: try cell(9, String?.self),
             appTransactionId: try cell(10, String?.self), appAccountToken: try cell(11, UUID?.self),
             matchedBy: try cell(12, String?.self).flatMap(MatchedBy.init(rawValue:)),
-            verification: try cell(13, String?.self).map { Data($0.utf8) })
+            verification: try cell(13, String?.self).map { Data($0.utf8) },
+            bundleId: try cell(14, String?.self).map(BundleID.init(unchecked:)))
     }
 
     /// The `orders` rows of a call, one array per column as `append_events` takes them: '' for
@@ -79,6 +82,7 @@ enum ProjectionRows {
         var quantities: [Int32] = [], prices: [String] = [], currencies: [String] = [], tokens: [UUID] = []
         var states: [String] = [], versions: [Int64] = [], transactions: [String] = [], created: [Int64] = []
         var updated: [Int64] = [], queued: [Int64] = [], beforeRefund: [String] = [], failures: [String] = []
+        var bundles: [String] = []
 
         mutating func append(_ order: Order, write: Int, isNew new: Bool) {
             writes.append(Int32(write))
@@ -98,6 +102,7 @@ enum ProjectionRows {
             queued.append(order.queuedAt.map(PostgresTime.microseconds) ?? PostgresTime.absent)
             beforeRefund.append(order.stateBeforeRefund?.rawValue ?? "")
             failures.append(order.failureReason ?? "")
+            bundles.append(order.bundleId?.rawValue ?? "")
         }
     }
 
@@ -106,7 +111,7 @@ enum ProjectionRows {
         var writes: [Int32] = [], isNew: [Bool] = [], ids: [String] = [], orders: [String] = [], users: [String] = []
         var products: [String] = [], purchased: [Int64] = [], environments: [String] = [], statuses: [String] = []
         var received: [Int64] = [], updated: [Int64] = [], originals: [String] = [], apps: [String] = []
-        var tokens: [UUID] = [], matchedBy: [String] = [], verifications: [String] = []
+        var tokens: [UUID] = [], matchedBy: [String] = [], verifications: [String] = [], bundles: [String] = []
 
         mutating func append(_ row: AppleTransactionRecord, write: Int, isNew new: Bool) {
             writes.append(Int32(write))
@@ -125,6 +130,7 @@ enum ProjectionRows {
             tokens.append(row.appAccountToken ?? UUID(uuid: (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)))
             matchedBy.append(row.matchedBy?.rawValue ?? "")
             verifications.append(row.verification.map { String(decoding: $0, as: UTF8.self) } ?? "")
+            bundles.append(row.bundleId?.rawValue ?? "")
         }
     }
 }

@@ -50,11 +50,16 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         /// (also counted in `refunded`).
         public var refundsCaughtUp = 0
 
-        init(day: String, productId: String, currency: String?, environment: String) {
+        /// The app of the row's orders and transactions (product ids are per app); absent in a
+        /// ledger that holds no app, and in the totals.
+        public var bundleId: String?
+
+        init(day: String, productId: String, currency: String?, environment: String, bundleId: String? = nil) {
             self.day = day
             self.productId = productId
             self.currency = currency
             self.environment = environment
+            self.bundleId = bundleId
         }
     }
 
@@ -82,8 +87,8 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         var rows: [String: Row] = [:]
         var revenue: [String: Decimal] = [:]
         var refundedAmount: [String: Decimal] = [:]
-        func key(_ day: String, _ product: String, _ currency: String?, _ environment: String) -> String {
-            "\(day)\u{1F}\(product)\u{1F}\(currency ?? "")\u{1F}\(environment)"
+        func key(_ day: String, _ product: String, _ currency: String?, _ environment: String, _ bundle: String?) -> String {
+            "\(day)\u{1F}\(bundle ?? "")\u{1F}\(product)\u{1F}\(currency ?? "")\u{1F}\(environment)"
         }
 
         // A refund's amount is its share of the order's (sql/migrations/010_prorated_refunds.sql
@@ -103,17 +108,18 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
                        WHEN e.data->>'revocationType' = 'REFUND_PRORATED' AND jsonb_typeof(e.data->'revocationPercentage') = 'number'
                            THEN least(greatest((e.data->>'revocationPercentage')::numeric, 0), 100000) / 100000
                        WHEN e.data->>'revocationType' = 'FAMILY_REVOKE' THEN 0
-                       ELSE 1 END), 0))::text
+                       ELSE 1 END), 0))::text,
+                   o.bundle_id
             FROM events e JOIN orders o ON o.order_id = substr(e.stream_id, 7)
             JOIN order_environments oe ON oe.order_id = o.order_id
             WHERE e.stream_id LIKE 'order-%' AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
               AND e.type IN ('created', 'verified', 'delivered', 'finished', 'failed', 'refunded', 'pairing-undone', 'consumption-answer')
-            GROUP BY 1, 2, 3, 4, 5, 6
+            GROUP BY 1, 2, 3, 4, 5, 6, o.bundle_id
             """)
-        for try await (day, product, currency, environment, type, reason, count, amount)
-            in orderRows.decode((String, String, String?, String, String, String, Int, String).self) {
-            let k = key(day, product, currency, environment)
-            var row = rows[k] ?? Row(day: day, productId: product, currency: currency, environment: environment)
+        for try await (day, product, currency, environment, type, reason, count, amount, bundle)
+            in orderRows.decode((String, String, String?, String, String, String, Int, String, String?).self) {
+            let k = key(day, product, currency, environment, bundle)
+            var row = rows[k] ?? Row(day: day, productId: product, currency: currency, environment: environment, bundleId: bundle)
             switch type {
             case "created": row.ordersCreated += count
             case "verified":
@@ -144,14 +150,14 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         let pooledAnswers = try await database.query(
             """
             SELECT to_char(e.recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), t.product_id, coalesce(t.environment, 'Production'),
-                   coalesce(e.data->>'outcome', ''), count(*)::int
+                   coalesce(e.data->>'outcome', ''), count(*)::int, t.bundle_id
             FROM events e JOIN apple_transactions t ON t.transaction_id = substr(e.stream_id, 13)
             WHERE e.stream_id LIKE 'transaction-%' AND e.type = 'consumption-answer' AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
-            GROUP BY 1, 2, 3, 4
+            GROUP BY 1, 2, 3, 4, t.bundle_id
             """)
-        for try await (day, product, environment, outcome, count) in pooledAnswers.decode((String, String, String, String, Int).self) {
-            let k = key(day, product, nil, environment)
-            var row = rows[k] ?? Row(day: day, productId: product, currency: nil, environment: environment)
+        for try await (day, product, environment, outcome, count, bundle) in pooledAnswers.decode((String, String, String, String, Int, String?).self) {
+            let k = key(day, product, nil, environment, bundle)
+            var row = rows[k] ?? Row(day: day, productId: product, currency: nil, environment: environment, bundleId: bundle)
             row.countConsumptionAnswer(outcome, count)
             rows[k] = row
         }
@@ -160,16 +166,16 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             """
             SELECT to_char(e.recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), o.product_id, o.currency, oe.environment,
                    coalesce(e.data->>'rule', e.data->>'matchedBy'), e.data->>'matchedBy',
-                   count(*)::int, count(*) FILTER (WHERE (e.data->>'candidates')::int > 1)::int
+                   count(*)::int, count(*) FILTER (WHERE (e.data->>'candidates')::int > 1)::int, o.bundle_id
             FROM events e JOIN orders o ON o.order_id = e.data->>'orderId'
             JOIN order_environments oe ON oe.order_id = o.order_id
             WHERE e.type = 'transaction-matched' AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
-            GROUP BY 1, 2, 3, 4, 5, 6
+            GROUP BY 1, 2, 3, 4, 5, 6, o.bundle_id
             """)
-        for try await (day, product, currency, environment, rule, matchedBy, count, ambiguous)
-            in pairingRows.decode((String, String, String?, String, String, String, Int, Int).self) {
-            let k = key(day, product, currency, environment)
-            var row = rows[k] ?? Row(day: day, productId: product, currency: currency, environment: environment)
+        for try await (day, product, currency, environment, rule, matchedBy, count, ambiguous, bundle)
+            in pairingRows.decode((String, String, String?, String, String, String, Int, Int, String?).self) {
+            let k = key(day, product, currency, environment, bundle)
+            var row = rows[k] ?? Row(day: day, productId: product, currency: currency, environment: environment, bundleId: bundle)
             // Support's forced pairings carry their reason in the rule: counted under "support".
             row.pairingsByRule[matchedBy == "support" ? "support" : rule, default: 0] += count
             row.ambiguousPairings += ambiguous
@@ -213,7 +219,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
     /// The report as CSV: one line per row, then production's totals line and the sandbox's;
     /// maps as `key=count` lists. Columns are only ever added at the end.
     public var csv: String {
-        var lines = ["day,product_id,currency,orders_created,verified,delivered,finished,failed,failed_by_reason,refunded,revenue,pairings_by_rule,ambiguous_pairings,support_pairings,undone_pairings,consumption_answered,consumption_failed,consumption_too_late,refunds_caught_up,refunded_amount,environment"]
+        var lines = ["day,product_id,currency,orders_created,verified,delivered,finished,failed,failed_by_reason,refunded,revenue,pairings_by_rule,ambiguous_pairings,support_pairings,undone_pairings,consumption_answered,consumption_failed,consumption_too_late,refunds_caught_up,refunded_amount,environment,bundle_id"]
         func map(_ values: [String: Int]) -> String { values.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ";") }
         func field(_ text: String) -> String {
             text.contains(where: { $0 == "," || $0 == "\"" || $0 == "\n" }) ? "\"" + text.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : text
@@ -225,7 +231,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             ]
             let pairings: [String] = [map(row.pairingsByRule), String(row.ambiguousPairings), String(row.supportPairings), String(row.undonePairings)]
             let apple: [Int] = [row.consumptionAnswered, row.consumptionFailed, row.consumptionTooLate, row.refundsCaughtUp]
-            lines.append((orders + pairings + apple.map(String.init) + [row.refundedAmount, row.environment]).map(field).joined(separator: ","))
+            lines.append((orders + pairings + apple.map(String.init) + [row.refundedAmount, row.environment, row.bundleId ?? ""]).map(field).joined(separator: ","))
         }
         lines.append("")
         lines.append("unmatched_count,oldest_age_seconds,under_1h,1h_1d,1d_7d,over_7d")

@@ -54,18 +54,24 @@ public struct TransactionPool: Sendable {
         public let receivedAt: Date
         /// The `transaction-unmatched` body: the verified transaction and why no order took it.
         public let verification: Data?
+        /// The app Apple signed it for.
+        public var bundleId: BundleID? = nil
     }
 
     /// The pool filtered by user, product, purchase time (`from` inclusive, `to` exclusive) and
     /// transaction id, in transaction id order, after the transaction id `after` (for paging).
+    /// `bundleId`: only that app's (user and product ids are per app).
     public func unmatched(
-        userId: UserID?, productId: ProductID?, from: Date?, to: Date?, transactionId: TransactionID?, after: TransactionID?, limit: Int
+        userId: UserID?, productId: ProductID?, from: Date?, to: Date?, transactionId: TransactionID?, after: TransactionID?, limit: Int,
+        bundleId: BundleID? = nil
     ) async throws -> [PooledTransaction] {
         let rows = try await database.query(
             """
-            SELECT transaction_id, user_id, product_id, purchase_date, environment, app_account_token, received_at, verification::text
+            SELECT transaction_id, user_id, product_id, purchase_date, environment, app_account_token, received_at, verification::text,
+                   bundle_id
             FROM unmatched_transactions
-            WHERE (\(userId?.rawValue)::text IS NULL OR user_id = \(userId?.rawValue))
+            WHERE (\(bundleId?.rawValue)::text IS NULL OR bundle_id = \(bundleId?.rawValue))
+              AND (\(userId?.rawValue)::text IS NULL OR user_id = \(userId?.rawValue))
               AND (\(productId?.rawValue)::text IS NULL OR product_id = \(productId?.rawValue))
               AND (\(from)::timestamptz IS NULL OR purchase_date >= \(from))
               AND (\(to)::timestamptz IS NULL OR purchase_date < \(to))
@@ -74,12 +80,12 @@ public struct TransactionPool: Sendable {
             ORDER BY transaction_id LIMIT \(min(max(limit, 1), 1000))
             """)
         var found: [PooledTransaction] = []
-        for try await (id, user, product, purchase, environment, token, received, verification)
-            in rows.decode((String, String?, String, Date, String?, UUID?, Date, String?).self) {
+        for try await (id, user, product, purchase, environment, token, received, verification, bundle)
+            in rows.decode((String, String?, String, Date, String?, UUID?, Date, String?, String?).self) {
             found.append(PooledTransaction(
                 transactionId: TransactionID(unchecked: id), userId: user.map(UserID.init(unchecked:)), productId: ProductID(unchecked: product),
                 purchaseDate: purchase, environment: environment, appAccountToken: token, receivedAt: received,
-                verification: verification.map { Data($0.utf8) }))
+                verification: verification.map { Data($0.utf8) }, bundleId: bundle.map(BundleID.init(unchecked:))))
         }
         return found
     }
@@ -112,15 +118,16 @@ extension TransactionPool {
             """
             SELECT transaction_id, resolved_user_id, product_id, purchase_date, user_id IS NULL,
                    coalesce(bool_or(received_at > now() - make_interval(secs => \(settle)))
-                       OVER (PARTITION BY resolved_user_id, product_id), false),
+                       OVER (PARTITION BY bundle_id, resolved_user_id, product_id), false),
                    CASE WHEN jsonb_typeof(undone_order_ids) = 'array'
-                        THEN ARRAY(SELECT jsonb_array_elements_text(undone_order_ids)) ELSE '{}' END
+                        THEN ARRAY(SELECT jsonb_array_elements_text(undone_order_ids)) ELSE '{}' END,
+                   bundle_id
             FROM pool_with_users
             ORDER BY resolved_user_id
             """)
         var view = ReconcilerView()
-        for try await (id, user, product, purchase, withoutOwnUser, settling, undone)
-            in rows.decode((String, String?, String, Date, Bool, Bool, [String]).self) {
+        for try await (id, user, product, purchase, withoutOwnUser, settling, undone, bundle)
+            in rows.decode((String, String?, String, Date, Bool, Bool, [String], String?).self) {
             guard let user else {
                 view.unknownUser += 1
                 continue
@@ -131,7 +138,7 @@ extension TransactionPool {
             view.entries[userID, default: []].append(PoolEntry(
                 orphan: .init(
                     transactionId: TransactionID(unchecked: id), userId: userID, productId: ProductID(unchecked: product),
-                    purchaseDate: purchase, undoneOrders: undone.map(OrderID.init(unchecked:))),
+                    purchaseDate: purchase, undoneOrders: undone.map(OrderID.init(unchecked:)), bundleId: bundle.map(BundleID.init(unchecked:))),
                 settling: settling))
         }
         return view
@@ -159,15 +166,15 @@ extension TransactionPool {
     public func openOrders(of users: [UserID], in transaction: DatabaseTransaction) async throws -> [Reconciler.OpenOrder] {
         let rows = try await transaction.connection.guardedQuery(
             """
-            SELECT order_id, user_id, product_id, created_at, queued_at FROM orders
+            SELECT order_id, user_id, product_id, created_at, queued_at, bundle_id FROM orders
             WHERE user_id = ANY(\(users.map(\.rawValue))::text[]) AND state IN ('created', 'payment-added') AND transaction_id IS NULL
             """,
             logger: database.logger)
         var orders: [Reconciler.OpenOrder] = []
-        for try await (id, user, product, created, queued) in rows.decode((String, String, String, Date, Date?).self) {
+        for try await (id, user, product, created, queued, bundle) in rows.decode((String, String, String, Date, Date?, String?).self) {
             orders.append(.init(
                 orderId: OrderID(unchecked: id), userId: UserID(unchecked: user), productId: ProductID(unchecked: product),
-                createdAt: created, queuedAt: queued))
+                createdAt: created, queuedAt: queued, bundleId: bundle.map(BundleID.init(unchecked:))))
         }
         return orders
     }

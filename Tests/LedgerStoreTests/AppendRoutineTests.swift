@@ -28,9 +28,9 @@ struct AppendRoutineTests {
                 \(writes.map(\.id)), \(writes.map { _ in "t" }), \(writes.map(\.data))::jsonb[], \(writes.map { _ in "{}" })::jsonb[],
                 \(writes.map { _ in "" }),
                 \(noInts), \(noBools), \(none), \(none), \(none), \(noInts), \(none), \(none), \(noUUIDs), \(none), \(noLongs), \(none),
-                \(noLongs), \(noLongs), \(noLongs), \(none), \(none),
+                \(noLongs), \(noLongs), \(noLongs), \(none), \(none), \(none),
                 \(noInts), \(noBools), \(none), \(none), \(none), \(none), \(noLongs), \(none), \(none), \(noLongs), \(noLongs), \(none),
-                \(none), \(noUUIDs), \(none), \(none),
+                \(none), \(noUUIDs), \(none), \(none), \(none),
                 \(Int64(0)), \(session == nil), NULL, NULL, NULL, NULL)
             """
         let rows = if let session {

@@ -53,18 +53,24 @@ LANGUAGE sql STABLE AS $fn$
     SELECT (pg_snapshot_xmin(pg_current_snapshot())::text::bigint << 12) - 1
 $fn$;
 
+-- Its form before each order and transaction row carried its app (013_app_columns.sql).
+DROP PROCEDURE IF EXISTS append_events(integer[], text[], bigint[], uuid[], text[], jsonb[], jsonb[], text[],
+    integer[], boolean[], text[], text[], text[], integer[], text[], text[], uuid[], text[], bigint[], text[], bigint[],
+    bigint[], bigint[], text[], text[], integer[], boolean[], text[], text[], text[], text[], bigint[], text[], text[],
+    bigint[], bigint[], text[], text[], uuid[], text[], text[], bigint, boolean, text[], text[], bigint[], bigint[]);
+
 CREATE OR REPLACE PROCEDURE append_events(
     p_units integer[], p_streams text[], p_expected bigint[],
     p_event_ids uuid[], p_types text[], p_data jsonb[], p_metadata jsonb[], p_claims text[],
     p_order_writes integer[], p_order_new boolean[], p_order_ids text[], p_order_users text[], p_order_products text[],
     p_order_quantities integer[], p_order_prices text[], p_order_currencies text[], p_order_tokens uuid[],
     p_order_states text[], p_order_versions bigint[], p_order_transactions text[], p_order_created bigint[],
-    p_order_updated bigint[], p_order_queued bigint[], p_order_before_refund text[], p_order_failures text[],
+    p_order_updated bigint[], p_order_queued bigint[], p_order_before_refund text[], p_order_failures text[], p_order_bundles text[],
     p_transaction_writes integer[], p_transaction_new boolean[], p_transaction_ids text[], p_transaction_orders text[],
     p_transaction_users text[], p_transaction_products text[], p_transaction_purchased bigint[],
     p_transaction_environments text[], p_transaction_statuses text[], p_transaction_received bigint[],
     p_transaction_updated bigint[], p_transaction_originals text[], p_transaction_apps text[], p_transaction_tokens uuid[],
-    p_transaction_matched_by text[], p_transaction_verifications text[],
+    p_transaction_matched_by text[], p_transaction_verifications text[], p_transaction_bundles text[],
     p_recorded_at bigint, p_commit boolean,
     INOUT r_status text[] DEFAULT NULL, INOUT r_detail text[] DEFAULT NULL,
     INOUT r_versions bigint[] DEFAULT NULL, INOUT r_positions bigint[] DEFAULT NULL)
@@ -75,6 +81,9 @@ DECLARE
     -- among them) - 1.
     v_first bigint;
     v_taken boolean := false;
+    -- What the app checks at the end refuse, and why.
+    v_refused text;
+    v_code text;
 BEGIN
     -- A procedure that may COMMIT cannot carry SET clauses. Every statement here is an index
     -- lookup: a plan cached while the log was small must not scan it whole once it is large. And
@@ -143,18 +152,19 @@ BEGIN
                        nullif(x.currency, '') AS currency, x.app_account_token, x.state, x.version,
                        nullif(x.transaction_id, '') AS transaction_id, ledger_time(x.created_at) AS created_at,
                        ledger_time(x.updated_at) AS updated_at, ledger_time(nullif(x.queued_at, -9223372036854775808)) AS queued_at,
-                       nullif(x.state_before_refund, '') AS state_before_refund, nullif(x.failure_reason, '') AS failure_reason
+                       nullif(x.state_before_refund, '') AS state_before_refund, nullif(x.failure_reason, '') AS failure_reason,
+                       coalesce(nullif(x.bundle_id, ''), (SELECT f.bundle_id FROM ledger_first_app f WHERE f.only_row)) AS bundle_id
                   FROM unnest(p_order_new, p_order_ids, p_order_users, p_order_products, p_order_quantities,
                               p_order_prices, p_order_currencies, p_order_tokens, p_order_states, p_order_versions,
                               p_order_transactions, p_order_created, p_order_updated, p_order_queued, p_order_before_refund,
-                              p_order_failures)
+                              p_order_failures, p_order_bundles)
                        AS x(is_new, order_id, user_id, product_id, quantity, price, currency, app_account_token, state, version,
-                            transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason)
+                            transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason, bundle_id)
             ), new_orders AS (
                 INSERT INTO orders (order_id, user_id, product_id, quantity, price, currency, app_account_token, state, version,
-                                    transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason)
+                                    transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason, bundle_id)
                 SELECT x.order_id, x.user_id, x.product_id, x.quantity, x.price, x.currency, x.app_account_token, x.state, x.version,
-                       x.transaction_id, x.created_at, x.updated_at, x.queued_at, x.state_before_refund, x.failure_reason
+                       x.transaction_id, x.created_at, x.updated_at, x.queued_at, x.state_before_refund, x.failure_reason, x.bundle_id
                   FROM order_rows x
                  WHERE x.is_new
             )
@@ -175,19 +185,22 @@ BEGIN
                        nullif(x.original_transaction_id, '') AS original_transaction_id,
                        nullif(x.app_transaction_id, '') AS app_transaction_id,
                        nullif(x.app_account_token, '00000000-0000-0000-0000-000000000000') AS app_account_token,
-                       nullif(x.matched_by, '') AS matched_by, nullif(x.verification, '')::jsonb AS verification
+                       nullif(x.matched_by, '') AS matched_by, nullif(x.verification, '')::jsonb AS verification,
+                       coalesce(nullif(x.bundle_id, ''), (SELECT f.bundle_id FROM ledger_first_app f WHERE f.only_row)) AS bundle_id
                   FROM unnest(p_transaction_new, p_transaction_ids, p_transaction_orders, p_transaction_users,
                               p_transaction_products, p_transaction_purchased, p_transaction_environments, p_transaction_statuses,
                               p_transaction_received, p_transaction_updated, p_transaction_originals, p_transaction_apps,
-                              p_transaction_tokens, p_transaction_matched_by, p_transaction_verifications)
+                              p_transaction_tokens, p_transaction_matched_by, p_transaction_verifications, p_transaction_bundles)
                        AS x(is_new, transaction_id, order_id, user_id, product_id, purchase_date, environment, status, received_at,
-                            updated_at, original_transaction_id, app_transaction_id, app_account_token, matched_by, verification)
+                            updated_at, original_transaction_id, app_transaction_id, app_account_token, matched_by, verification,
+                            bundle_id)
             ), new_transactions AS (
                 INSERT INTO apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date, environment, status,
                                                 received_at, updated_at, original_transaction_id, app_transaction_id, app_account_token,
-                                                matched_by, verification)
+                                                matched_by, verification, bundle_id)
                 SELECT x.transaction_id, x.order_id, x.user_id, x.product_id, x.purchase_date, x.environment, x.status, x.received_at,
-                       x.updated_at, x.original_transaction_id, x.app_transaction_id, x.app_account_token, x.matched_by, x.verification
+                       x.updated_at, x.original_transaction_id, x.app_transaction_id, x.app_account_token, x.matched_by, x.verification,
+                       x.bundle_id
                   FROM transaction_rows x
                  WHERE x.is_new
             )
@@ -195,7 +208,8 @@ BEGIN
                SET order_id = x.order_id, user_id = x.user_id, product_id = x.product_id, purchase_date = x.purchase_date,
                    environment = x.environment, status = x.status, received_at = x.received_at, updated_at = x.updated_at,
                    original_transaction_id = x.original_transaction_id, app_transaction_id = x.app_transaction_id,
-                   app_account_token = x.app_account_token, matched_by = x.matched_by, verification = x.verification
+                   app_account_token = x.app_account_token, matched_by = x.matched_by, verification = x.verification,
+                   bundle_id = x.bundle_id
               FROM transaction_rows x
              WHERE t.transaction_id = x.transaction_id AND NOT x.is_new;
         END IF;
@@ -262,19 +276,20 @@ BEGIN
                    nullif(x.currency, '') AS currency, x.app_account_token, x.state, x.version,
                    nullif(x.transaction_id, '') AS transaction_id, ledger_time(x.created_at) AS created_at,
                    ledger_time(x.updated_at) AS updated_at, ledger_time(nullif(x.queued_at, -9223372036854775808)) AS queued_at,
-                   nullif(x.state_before_refund, '') AS state_before_refund, nullif(x.failure_reason, '') AS failure_reason
+                   nullif(x.state_before_refund, '') AS state_before_refund, nullif(x.failure_reason, '') AS failure_reason,
+                   coalesce(nullif(x.bundle_id, ''), (SELECT f.bundle_id FROM ledger_first_app f WHERE f.only_row)) AS bundle_id
               FROM unnest(p_order_writes, p_order_new, p_order_ids, p_order_users, p_order_products, p_order_quantities,
                           p_order_prices, p_order_currencies, p_order_tokens, p_order_states, p_order_versions,
                           p_order_transactions, p_order_created, p_order_updated, p_order_queued, p_order_before_refund,
-                          p_order_failures)
+                          p_order_failures, p_order_bundles)
                    AS x(w, is_new, order_id, user_id, product_id, quantity, price, currency, app_account_token, state, version,
-                        transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason)
+                        transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason, bundle_id)
               JOIN verdicts v ON v.unit = x.w AND v.status = 'appended'
         ), new_orders AS (
             INSERT INTO orders (order_id, user_id, product_id, quantity, price, currency, app_account_token, state, version,
-                                transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason)
+                                transaction_id, created_at, updated_at, queued_at, state_before_refund, failure_reason, bundle_id)
             SELECT x.order_id, x.user_id, x.product_id, x.quantity, x.price, x.currency, x.app_account_token, x.state, x.version,
-                   x.transaction_id, x.created_at, x.updated_at, x.queued_at, x.state_before_refund, x.failure_reason
+                   x.transaction_id, x.created_at, x.updated_at, x.queued_at, x.state_before_refund, x.failure_reason, x.bundle_id
               FROM order_rows x
              WHERE x.is_new
         ), changed_orders AS (
@@ -292,20 +307,23 @@ BEGIN
                    nullif(x.original_transaction_id, '') AS original_transaction_id,
                    nullif(x.app_transaction_id, '') AS app_transaction_id,
                    nullif(x.app_account_token, '00000000-0000-0000-0000-000000000000') AS app_account_token,
-                   nullif(x.matched_by, '') AS matched_by, nullif(x.verification, '')::jsonb AS verification
+                   nullif(x.matched_by, '') AS matched_by, nullif(x.verification, '')::jsonb AS verification,
+                   coalesce(nullif(x.bundle_id, ''), (SELECT f.bundle_id FROM ledger_first_app f WHERE f.only_row)) AS bundle_id
               FROM unnest(p_transaction_writes, p_transaction_new, p_transaction_ids, p_transaction_orders, p_transaction_users,
                           p_transaction_products, p_transaction_purchased, p_transaction_environments, p_transaction_statuses,
                           p_transaction_received, p_transaction_updated, p_transaction_originals, p_transaction_apps,
-                          p_transaction_tokens, p_transaction_matched_by, p_transaction_verifications)
+                          p_transaction_tokens, p_transaction_matched_by, p_transaction_verifications, p_transaction_bundles)
                    AS x(w, is_new, transaction_id, order_id, user_id, product_id, purchase_date, environment, status, received_at,
-                        updated_at, original_transaction_id, app_transaction_id, app_account_token, matched_by, verification)
+                        updated_at, original_transaction_id, app_transaction_id, app_account_token, matched_by, verification,
+                        bundle_id)
               JOIN verdicts v ON v.unit = x.w AND v.status = 'appended'
         ), new_transactions AS (
             INSERT INTO apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date, environment, status,
                                             received_at, updated_at, original_transaction_id, app_transaction_id, app_account_token,
-                                            matched_by, verification)
+                                            matched_by, verification, bundle_id)
             SELECT x.transaction_id, x.order_id, x.user_id, x.product_id, x.purchase_date, x.environment, x.status, x.received_at,
-                   x.updated_at, x.original_transaction_id, x.app_transaction_id, x.app_account_token, x.matched_by, x.verification
+                   x.updated_at, x.original_transaction_id, x.app_transaction_id, x.app_account_token, x.matched_by, x.verification,
+                   x.bundle_id
               FROM transaction_rows x
              WHERE x.is_new
         ), changed_transactions AS (
@@ -313,7 +331,8 @@ BEGIN
                SET order_id = x.order_id, user_id = x.user_id, product_id = x.product_id, purchase_date = x.purchase_date,
                    environment = x.environment, status = x.status, received_at = x.received_at, updated_at = x.updated_at,
                    original_transaction_id = x.original_transaction_id, app_transaction_id = x.app_transaction_id,
-                   app_account_token = x.app_account_token, matched_by = x.matched_by, verification = x.verification
+                   app_account_token = x.app_account_token, matched_by = x.matched_by, verification = x.verification,
+                   bundle_id = x.bundle_id
               FROM transaction_rows x
              WHERE t.transaction_id = x.transaction_id AND NOT x.is_new
         ), answered AS (
@@ -326,6 +345,41 @@ BEGIN
                (SELECT array_agg(a.version ORDER BY a.n) FROM answered a),
                (SELECT array_agg(a.position ORDER BY a.n) FROM answered a)
           INTO r_status, r_detail, r_versions, r_positions;
+    END IF;
+
+    -- The apps of what the call stored (issue 39), checked after the rows are written so one
+    -- statement sees the orders and the transactions the call leaves; only calls that create orders or
+    -- write transaction rows look. A refusal raises, undoing the call: the writer then writes each write
+    -- alone and answers the refused one with the error (LedgerWriter.refusal). A new order names
+    -- an app the ledger holds and has not retired, or names none while the ledger holds at most
+    -- one (the first app's then, by the rule above); a transaction never belongs to an order of
+    -- another app (app-mismatch). Each lookup here and of ledger_first_app above goes by a key:
+    -- a plan that must scan a table costs, with seqscan off, enough to be JIT-compiled at every
+    -- call, which takes seconds.
+    IF true = ANY (p_order_new) THEN
+        SELECT x.order_id, CASE WHEN x.bundle_id = '' THEN 'LE391'
+                                WHEN a.bundle_id IS NULL THEN 'LE392'
+                                ELSE 'LE393' END
+          INTO v_refused, v_code
+          FROM unnest(p_order_writes, p_order_new, p_order_ids, p_order_bundles) AS x(w, is_new, order_id, bundle_id)
+          LEFT JOIN apps a ON a.bundle_id = x.bundle_id
+         WHERE x.is_new AND r_status[x.w] = 'appended'
+           AND CASE WHEN x.bundle_id = '' THEN (SELECT count(*) FROM (SELECT FROM apps a WHERE a.bundle_id > '' LIMIT 2) AS two) > 1 ELSE a.bundle_id IS NULL OR a.retired END
+         LIMIT 1;
+        IF v_refused IS NOT NULL THEN
+            RAISE EXCEPTION 'order % cannot be created in this app', v_refused USING ERRCODE = v_code, DETAIL = v_refused;
+        END IF;
+    END IF;
+    IF cardinality(p_transaction_ids) > 0 THEN
+        SELECT x.transaction_id INTO v_refused
+          FROM unnest(p_transaction_writes, p_transaction_ids, p_transaction_orders, p_transaction_bundles)
+               AS x(w, transaction_id, order_id, bundle_id)
+          JOIN orders o ON o.order_id = x.order_id
+         WHERE x.order_id <> '' AND x.bundle_id <> '' AND r_status[x.w] = 'appended' AND o.bundle_id <> x.bundle_id
+         LIMIT 1;
+        IF v_refused IS NOT NULL THEN
+            RAISE EXCEPTION 'transaction % belongs to another app than its order', v_refused USING ERRCODE = 'LE394', DETAIL = v_refused;
+        END IF;
     END IF;
 
     IF p_commit THEN

@@ -24,11 +24,15 @@ public struct Order: Sendable, Equatable, Codable {
     /// while it has none. Not a column of the `orders` projection: reads take it from the
     /// transaction's row (`apple_transactions.environment`), which the log projects already.
     public var environment: String?
+    /// The app the order belongs to (set when it is created, never changed); nil only in a
+    /// ledger that holds no app.
+    public var bundleId: BundleID?
 
     public init(
         orderId: OrderID, userId: UserID, productId: ProductID, quantity: Int, price: String?, currency: String?,
         appAccountToken: UUID, state: OrderState, version: Int64, transactionId: TransactionID?, createdAt: Date,
-        updatedAt: Date, queuedAt: Date?, stateBeforeRefund: OrderState?, failureReason: String?, environment: String? = nil
+        updatedAt: Date, queuedAt: Date?, stateBeforeRefund: OrderState?, failureReason: String?, environment: String? = nil,
+        bundleId: BundleID? = nil
     ) {
         self.orderId = orderId
         self.userId = userId
@@ -46,6 +50,7 @@ public struct Order: Sendable, Equatable, Codable {
         self.stateBeforeRefund = stateBeforeRefund
         self.failureReason = failureReason
         self.environment = environment
+        self.bundleId = bundleId
     }
 }
 
@@ -63,7 +68,7 @@ extension Order {
                 orderId: orderID, userId: body.userId, productId: body.productId, quantity: body.quantity,
                 price: body.price, currency: body.currency, appAccountToken: body.appAccountToken,
                 state: .created, version: version, transactionId: nil, createdAt: date, updatedAt: date,
-                queuedAt: nil, stateBeforeRefund: nil, failureReason: nil)
+                queuedAt: nil, stateBeforeRefund: nil, failureReason: nil, bundleId: body.bundleId)
         }
         guard var next = order else { return nil }
         next.version = version

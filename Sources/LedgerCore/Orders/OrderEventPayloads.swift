@@ -8,18 +8,25 @@ public struct OrderCreated: Codable, Sendable, Equatable {
     public var price: String?
     public var currency: String?
     public var appAccountToken: UUID
+    /// The app the order belongs to, resolved when it was created; absent in events written
+    /// before the ledger knew apps, or while it held none (the ledger's first app's, then).
+    public var bundleId: BundleID?
 
-    public init(userId: UserID, productId: ProductID, quantity: Int = 1, price: String? = nil, currency: String? = nil, appAccountToken: UUID = UUID()) {
+    public init(
+        userId: UserID, productId: ProductID, quantity: Int = 1, price: String? = nil, currency: String? = nil,
+        appAccountToken: UUID = UUID(), bundleId: BundleID? = nil
+    ) {
         self.userId = userId
         self.productId = productId
         self.quantity = quantity
         self.price = price
         self.currency = currency
         self.appAccountToken = appAccountToken
+        self.bundleId = bundleId
     }
 
     enum CodingKeys: String, CodingKey {
-        case userId, productId, quantity, price, currency, appAccountToken
+        case userId, productId, quantity, price, currency, appAccountToken, bundleId
     }
 
     /// Writes the token in lower case, as the API shows it.
@@ -31,6 +38,7 @@ public struct OrderCreated: Codable, Sendable, Equatable {
         try container.encodeIfPresent(price, forKey: .price)
         try container.encodeIfPresent(currency, forKey: .currency)
         try container.encode(appAccountToken.uuidString.lowercased(), forKey: .appAccountToken)
+        try container.encodeIfPresent(bundleId, forKey: .bundleId)
     }
 }
 
@@ -63,11 +71,14 @@ public struct ReceiptReceived: Codable, Sendable, Equatable {
     public var appTransactionId: String?
     public var appAccountToken: UUID?
     public var environment: String?
+    /// The bundle id Apple signed for the transaction, when the ledger verified it: the app of
+    /// the transaction's row (else its order's), which must be its order's (`app-mismatch`).
+    public var bundleId: BundleID?
 
     public init(
         transactionId: TransactionID, productId: ProductID, purchaseDate: Date, receiptSha256: String, format: ReceiptFormat,
         matchedBy: MatchedBy, originalTransactionId: String? = nil, appTransactionId: String? = nil,
-        appAccountToken: UUID? = nil, environment: String? = nil
+        appAccountToken: UUID? = nil, environment: String? = nil, bundleId: BundleID? = nil
     ) {
         self.transactionId = transactionId
         self.productId = productId
@@ -79,6 +90,7 @@ public struct ReceiptReceived: Codable, Sendable, Equatable {
         self.appTransactionId = appTransactionId
         self.appAccountToken = appAccountToken
         self.environment = environment
+        self.bundleId = bundleId
     }
 }
 

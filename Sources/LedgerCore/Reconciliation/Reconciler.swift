@@ -30,13 +30,19 @@ public enum Reconciler {
         public var purchaseDate: Date
         /// Orders support undid a pairing of it with: never its candidates.
         public var undoneOrders: [OrderID]
+        /// Its app: user and product ids are per app, so only that app's orders are candidates.
+        public var bundleId: BundleID?
 
-        public init(transactionId: TransactionID, userId: UserID, productId: ProductID, purchaseDate: Date, undoneOrders: [OrderID] = []) {
+        public init(
+            transactionId: TransactionID, userId: UserID, productId: ProductID, purchaseDate: Date, undoneOrders: [OrderID] = [],
+            bundleId: BundleID? = nil
+        ) {
             self.transactionId = transactionId
             self.userId = userId
             self.productId = productId
             self.purchaseDate = purchaseDate
             self.undoneOrders = undoneOrders
+            self.bundleId = bundleId
         }
     }
 
@@ -48,13 +54,15 @@ public enum Reconciler {
         public var createdAt: Date
         /// When the client put the payment into the StoreKit queue (`payment-added`).
         public var queuedAt: Date?
+        public var bundleId: BundleID?
 
-        public init(orderId: OrderID, userId: UserID, productId: ProductID, createdAt: Date, queuedAt: Date?) {
+        public init(orderId: OrderID, userId: UserID, productId: ProductID, createdAt: Date, queuedAt: Date?, bundleId: BundleID? = nil) {
             self.orderId = orderId
             self.userId = userId
             self.productId = productId
             self.createdAt = createdAt
             self.queuedAt = queuedAt
+            self.bundleId = bundleId
         }
     }
 
@@ -84,7 +92,7 @@ public enum Reconciler {
         }
     }
 
-    /// Pairs `orphans` with `orders`: never across users or products, never one order twice, and
+    /// Pairs `orphans` with `orders`: never across apps, users or products, never one order twice, and
     /// never crossed: for one user and product, a later purchase never takes an order queued
     /// before the order of an earlier purchase (StoreKit's queue is first in, first out). An
     /// order never queued stands in the queue at its creation time.
@@ -98,11 +106,12 @@ public enum Reconciler {
     /// purchases and queue entries (docs/reconciliation.md). Orphans with no candidate, or left
     /// over, are not in the answer; so are orders support undid a pairing of the orphan with.
     public static func pair(_ orphans: [Orphan], with orders: [OpenOrder], settings: Settings = Settings()) -> [Pairing] {
-        struct Key: Hashable { let user: UserID; let product: ProductID }
-        let orderGroups = Dictionary(grouping: orders) { Key(user: $0.userId, product: $0.productId) }
-        let orphanGroups = Dictionary(grouping: orphans) { Key(user: $0.userId, product: $0.productId) }
+        struct Key: Hashable { let app: BundleID?; let user: UserID; let product: ProductID }
+        let orderGroups = Dictionary(grouping: orders) { Key(app: $0.bundleId, user: $0.userId, product: $0.productId) }
+        let orphanGroups = Dictionary(grouping: orphans) { Key(app: $0.bundleId, user: $0.userId, product: $0.productId) }
         var pairings: [Pairing] = []
-        for key in orphanGroups.keys.sorted(by: { ($0.user.rawValue, $0.product.rawValue) < ($1.user.rawValue, $1.product.rawValue) }) {
+        func order(_ key: Key) -> (String, String, String) { (key.app?.rawValue ?? "", key.user.rawValue, key.product.rawValue) }
+        for key in orphanGroups.keys.sorted(by: { order($0) < order($1) }) {
             guard let open = orderGroups[key] else { continue }
             pairings += align(orphanGroups[key]!, open, settings: settings)
         }

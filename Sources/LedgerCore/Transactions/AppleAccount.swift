@@ -47,12 +47,16 @@ public enum AppleAccountEvents {
         public var userId: UserID
         public var environment: String
         public var originalPurchaseDate: Date?
+        /// The app the account's AppTransaction was signed for (an appTransactionId is one
+        /// account's in one app); absent in links made before the ledger knew apps.
+        public var bundleId: String?
 
         public init(account: AppleAccount, userId: UserID) {
             appTransactionId = account.appTransactionId
             self.userId = userId
             environment = account.environment
             originalPurchaseDate = account.originalPurchaseDate
+            bundleId = account.bundleId
         }
     }
 

@@ -29,11 +29,14 @@ public struct AppleTransactionRecord: Sendable, Equatable {
     public var matchedBy: MatchedBy?
     /// The `transaction-unmatched` body as stored, for a transaction that went through the pool.
     public var verification: Data?
+    /// The app the transaction belongs to: the bundle id Apple signed, or (claimed straight from
+    /// a `receipt-received` that names none) its order's. Nil only in a ledger that holds no app.
+    public var bundleId: BundleID?
 
     public init(
         transactionId: TransactionID, orderId: OrderID?, userId: UserID?, productId: ProductID, purchaseDate: Date,
         environment: String?, status: Status, receivedAt: Date, updatedAt: Date, originalTransactionId: String?,
-        appTransactionId: String?, appAccountToken: UUID?, matchedBy: MatchedBy?, verification: Data?
+        appTransactionId: String?, appAccountToken: UUID?, matchedBy: MatchedBy?, verification: Data?, bundleId: BundleID? = nil
     ) {
         self.transactionId = transactionId
         self.orderId = orderId
@@ -49,6 +52,7 @@ public struct AppleTransactionRecord: Sendable, Equatable {
         self.appAccountToken = appAccountToken
         self.matchedBy = matchedBy
         self.verification = verification
+        self.bundleId = bundleId
     }
 
     /// Waiting in the pool with nothing against it: the only state an order may take it from.
@@ -62,7 +66,7 @@ public struct AppleTransactionRecord: Sendable, Equatable {
             purchaseDate: transaction.purchaseDate, environment: transaction.environment, status: .unmatched, receivedAt: date,
             updatedAt: date, originalTransactionId: transaction.originalTransactionId,
             appTransactionId: transaction.appTransactionId, appAccountToken: transaction.appAccountToken, matchedBy: nil,
-            verification: data)
+            verification: data, bundleId: BundleID(unchecked: transaction.bundleId))
     }
 
     /// The row `receipt-received` makes for the transaction it claims for `order`, when the
@@ -72,7 +76,8 @@ public struct AppleTransactionRecord: Sendable, Equatable {
             transactionId: receipt.transactionId, orderId: order.orderId, userId: order.userId, productId: receipt.productId,
             purchaseDate: receipt.purchaseDate, environment: receipt.environment, status: .claimed, receivedAt: date,
             updatedAt: date, originalTransactionId: receipt.originalTransactionId, appTransactionId: receipt.appTransactionId,
-            appAccountToken: receipt.appAccountToken, matchedBy: receipt.matchedBy, verification: nil)
+            appAccountToken: receipt.appAccountToken, matchedBy: receipt.matchedBy, verification: nil,
+            bundleId: receipt.bundleId ?? order.bundleId)
     }
 
     /// `claim` of a transaction that had waited as `self` in the pool: the order's fields from
@@ -89,6 +94,7 @@ public struct AppleTransactionRecord: Sendable, Equatable {
         row.originalTransactionId = originalTransactionId ?? claim.originalTransactionId
         row.appTransactionId = appTransactionId ?? claim.appTransactionId
         row.appAccountToken = appAccountToken ?? claim.appAccountToken
+        row.bundleId = bundleId ?? claim.bundleId
         return row
     }
 
