@@ -8,8 +8,8 @@ struct ProductsController {
     let catalog: ProductCatalog
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
-        router.get("/v1/products") { _, _ in
-            Answer(["products": try await catalog.list().map(ProductResponse.init)])
+        router.get("/v1/products") { _, context in
+            Answer(["products": try await catalog.list(apps: context.keyApps).map(ProductResponse.init)])
         }
         router.put("/v1/products/:productId") { request, context in
             let id = try ProductID(pathParameter(context, "productId"))
@@ -24,9 +24,20 @@ struct ProductsController {
                 }
                 return preference
             }
+            // Without an app named, the product is the ledger's first app's: a key of one app sets
+            // its own app's, a key of several apps cannot say which (docs/apps.md).
+            var app: BundleID?
+            if let keyApps = context.keyApps {
+                guard keyApps.count == 1 else {
+                    throw APIError(.forbidden, code: "all-apps-key-required",
+                                   message: "a key of several apps cannot say which app's product this is; use a key of one app or of every app",
+                                   details: ["apps": .strings(keyApps.map(\.rawValue))])
+                }
+                app = keyApps[0]
+            }
             return Answer(ProductResponse(try await catalog.set(
                 id, status: status, price: body.price, currency: body.currency, sampleContentProvided: body.sampleContentProvided,
-                refundPreference: preference)))
+                refundPreference: preference, bundleId: app)))
         }
     }
 
