@@ -24,14 +24,20 @@ struct ProductsController {
                 }
                 return preference
             }
-            // Without an app named, the product is the ledger's first app's: a key of one app sets
-            // its own app's, a key of several apps cannot say which (docs/apps.md).
+            // Product ids are per app: the entry is the named app's (as the ledger spells it), else the first app's.
+            // A key limited to apps names one of its apps (403 for another, held or not), or is of one app, which is then named.
             var app: BundleID?
-            if let keyApps = context.keyApps {
+            if let named = body.bundleId {
+                try context.requireReach(bundleId: named.rawValue)
+                guard let found = try await AppCatalog(database: catalog.database).app(named) else {
+                    throw APIError(.badRequest, code: "unknown-app", message: "the ledger holds no app \(named)")
+                }
+                app = found.bundleId
+            } else if let keyApps = context.keyApps {
                 guard keyApps.count == 1 else {
-                    throw APIError(.forbidden, code: "all-apps-key-required",
-                                   message: "a key of several apps cannot say which app's product this is; use a key of one app or of every app",
-                                   details: ["apps": .strings(keyApps.map(\.rawValue))])
+                    throw APIError(.badRequest, code: "bundle-id-required",
+                                   message: "bundleId is missing: the key reaches several apps (\(keyApps.map(\.rawValue).joined(separator: ", "))); name the product's",
+                                   details: ["field": .string("bundleId")])
                 }
                 app = keyApps[0]
             }
@@ -48,6 +54,7 @@ struct ProductsController {
         let currency: String?
         let sampleContentProvided: Bool?
         let refundPreference: String?
+        let bundleId: BundleID?
     }
 
     struct ProductResponse: Encodable, Sendable {
@@ -55,7 +62,7 @@ struct ProductsController {
 
         init(_ product: ProductCatalog.Product) { self.product = product }
 
-        enum CodingKeys: String, CodingKey { case productId, status, price, currency, sampleContentProvided, refundPreference, updatedAt }
+        enum CodingKeys: String, CodingKey { case productId, status, price, currency, sampleContentProvided, refundPreference, updatedAt, bundleId }
 
         func encode(to encoder: any Encoder) throws {
             var json = encoder.container(keyedBy: CodingKeys.self)
@@ -66,6 +73,7 @@ struct ProductsController {
             try json.encodeIfPresent(product.sampleContentProvided, forKey: .sampleContentProvided)
             try json.encodeIfPresent(product.refundPreference?.rawValue, forKey: .refundPreference)
             try json.encode(product.updatedAt, forKey: .updatedAt)
+            try json.encode(product.bundleId, forKey: .bundleId)
         }
     }
 }

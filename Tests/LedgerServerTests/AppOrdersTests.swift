@@ -48,6 +48,16 @@ struct AppOrdersTests {
             let (other, otherOrder) = try await http.send(.post, "/v1/orders", json: newOrder("other-1").merging(["bundleId": "COM.example.OTHER"]) { $1 })
             #expect(other == .created && otherOrder["bundleId"] as? String == "com.example.other", "\(otherOrder)")
 
+            // Product ids are per app: one id, an entry in each app.
+            try await http.send(.put, "/v1/products/gems.100", json: ["price": "0.99", "currency": "USD"])
+            let (put, product) = try await http.send(.put, "/v1/products/gems.100", json: ["price": "1.99", "currency": "EUR", "bundleId": "com.example.other"])
+            #expect(put == .ok && product["bundleId"] as? String == "com.example.other", "\(product)")
+            let (_, catalog) = try await http.send(.get, "/v1/products")
+            let entries = (catalog["products"] as? [[String: Any]] ?? []).map { "\($0["bundleId"] as? String ?? "-"):\($0["price"] as? String ?? "-")" }
+            #expect(entries == ["\(TestApple.bundleId):0.99", "com.example.other:1.99"], "\(catalog)")
+            let (badApp, noApp) = try await http.send(.put, "/v1/products/gems.100", json: ["bundleId": "com.example.none"])
+            #expect(badApp == .badRequest && errorOf(noApp)["code"] as? String == "unknown-app", "\(noApp)")
+
             let (retired, _) = try await http.send(.patch, "/v1/apps/com.example.other", json: ["retired": true])
             #expect(retired == .ok)
             let (conflict, refused) = try await http.send(.post, "/v1/orders", json: newOrder("other-2").merging(["bundleId": "com.example.other"]) { $1 })

@@ -77,6 +77,9 @@ struct KeyAppsRowsTests {
             #expect(try await http.send(.put, "/v1/products/gems.500", json: ["price": "4.99", "currency": "USD"]).0 == .ok)
             let (setByAlpha, alphaProduct) = try await http.send(.put, "/v1/products/gems.100", json: ["price": "0.99", "currency": "USD"], key: .some(alphaSupport))
             #expect(setByAlpha == .ok, "\(alphaProduct)")
+            let (notBeta, notBetaAnswer) = try await http.send(
+                .put, "/v1/products/gems.100", json: ["price": "9.99", "currency": "USD", "bundleId": beta], key: .some(alphaSupport))
+            #expect(notBeta == .forbidden && errorOf(notBetaAnswer)["code"] as? String == "app-not-allowed", "\(notBetaAnswer)")
             let (_, alphaProducts) = try await http.send(.get, "/v1/products", key: .some(alpha))
             #expect((alphaProducts["products"] as? [[String: Any]])?.map { $0["productId"] as? String } == ["gems.100"], "\(alphaProducts)")
             #expect(try await scalar(db, "SELECT bundle_id FROM products WHERE product_id = 'gems.100'", as: String.self) == TwoApps.alpha)
