@@ -39,6 +39,7 @@ struct AppleAccountsController {
             if error.isRetryable { throw APIError(.serviceUnavailable, code: error.code, message: error.message) }
             throw APIError(.unprocessableContent, code: error.code, message: "signedAppTransaction was refused: \(error.message)")
         }
+        try context.requireReach(bundleId: account.bundleId)
         let answer = try await links.link(account, to: user, metadata: context.eventMetadata)
         return Answer(Linked(outcome: answer.outcome, appTransactionId: answer.appTransactionId, userId: answer.userId, ownerUserId: answer.ownerUserId))
     }

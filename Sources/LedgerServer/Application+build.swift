@@ -47,7 +47,7 @@ func buildRouter(
     ProductsController(catalog: services.catalog).addRoutes(to: router)
     AppsController(catalog: AppCatalog(database: database), directory: services.orders.apps, changed: { apps?.invalidate() }).addRoutes(to: router)
     ReportsController(database: database).addRoutes(to: router)
-    TransactionsController(pool: services.pool, desk: services.support).addRoutes(to: router)
+    TransactionsController(pool: services.pool, desk: services.support, orders: services.orders).addRoutes(to: router)
     AppleAccountsController(links: services.accounts, verifier: apple).addRoutes(to: router)
     AppleLookupController(
         lookup: services.orderLookup(api: appStoreServerAPI, verifier: apple), api: appStoreServerAPI, apps: AppCatalog(database: database)
@@ -58,7 +58,7 @@ func buildRouter(
         Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
                  body: .init(byteBuffer: ByteBuffer(string: metrics.registry.emitToString())))
     }
-    EventsController(store: services.events).addRoutes(to: router)
+    EventsController(store: services.events, orders: services.orders).addRoutes(to: router)
     routes.set(router.routes.map { ("\($0.method)", "\($0.path)") })
     return router
 }

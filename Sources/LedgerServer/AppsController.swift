@@ -4,8 +4,8 @@ import Hummingbird
 import LedgerCore
 import LedgerStore
 
-/// The apps the ledger serves (admin scope): `GET /v1/apps`, `POST /v1/apps`,
-/// `PATCH /v1/apps/{bundleId}`. No answer holds a secret: an app's shared secret and private key
+/// The apps the ledger serves (admin scope): `GET /v1/apps` (a key limited to apps lists those),
+/// `POST /v1/apps`, `PATCH /v1/apps/{bundleId}` (a key of every app). No answer holds a secret: an app's shared secret and private key
 /// are shown as `hasSharedSecret` and `hasApiKey`, the key by its ids and where it is kept.
 struct AppsController {
     let catalog: AppCatalog
@@ -15,8 +15,9 @@ struct AppsController {
     var changed: @Sendable () -> Void = {}
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
-        router.get("/v1/apps") { _, _ in
-            Answer(["apps": try await catalog.list().map(AppResponse.init)])
+        // A key limited to apps sees those alone; changing apps needs a key of every app (AuthMiddleware).
+        router.get("/v1/apps") { _, context in
+            Answer(["apps": try await catalog.list(only: context.keyApps).map(AppResponse.init)])
         }
         router.post("/v1/apps") { request, context in
             let body = try await request.decode(as: AppRequest.self, context: context)

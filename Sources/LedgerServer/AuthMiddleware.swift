@@ -2,7 +2,8 @@ import Hummingbird
 import LedgerStore
 
 /// Requires `Authorization: Bearer <key>` on the API routes, with the scope the route needs:
-/// 401 without a key or with an unknown or revoked one, 403 with a key that lacks the scope.
+/// 401 without a key or with an unknown or revoked one, 403 with a key that lacks the scope, and
+/// 403 `all-apps-key-required` with a key limited to apps on a route that reaches every app.
 struct AuthMiddleware: RouterMiddleware {
     typealias Context = LedgerRequestContext
 
@@ -30,8 +31,14 @@ struct AuthMiddleware: RouterMiddleware {
             throw APIError(.forbidden, code: "forbidden", message: "the key \(record.name) lacks the \(scope.rawValue) scope",
                            details: ["requiredScope": .string(scope.rawValue)])
         }
+        if let apps = record.apps, Self.reachesEveryApp(request.method, request.uri.path) {
+            throw APIError(.forbidden, code: "all-apps-key-required",
+                           message: "\(request.method) \(request.uri.path) reaches every app; the key \(record.name) reaches only \(apps.map(\.rawValue).joined(separator: ", "))",
+                           details: ["apps": .strings(apps.map(\.rawValue))])
+        }
         var context = context
         context.apiKeyName = record.name
+        context.keyApps = record.apps
         context.logger[metadataKey: "api.key"] = .string(record.name)
         return try await next(request, context)
     }
@@ -42,6 +49,22 @@ struct AuthMiddleware: RouterMiddleware {
         let blank: (UInt8) -> Bool = { $0 == 0x20 || $0 == 0x09 }
         guard let first = bytes.firstIndex(where: { !blank($0) }), let last = bytes.lastIndex(where: { !blank($0) }) else { return "" }
         return String(Substring(bytes[first...last]))
+    }
+
+    /// Whether a route reaches every app, and so needs a key of every app: the global feed (its
+    /// events carry no app to filter on), changes to the apps, and admin's work on every app
+    /// (a reconciler pass, a history sweep, an Apple order-id lookup, none of them per app yet).
+    /// Decided on the path as `requiredScope` is.
+    static func reachesEveryApp(_ method: HTTPRequest.Method, _ path: String) -> Bool {
+        let segments = path.split(separator: "/", omittingEmptySubsequences: true)
+        guard segments.first == "v1", segments.count >= 2 else { return false }
+        switch segments[1] {
+        case "events": return segments.count == 2
+        case "apps": return method != .get && method != .head
+        case "reconcile", "recover": return segments.count == 2
+        case "apple-orders": return segments.count == 4 && segments[3] == "lookup"
+        default: return false
+        }
     }
 
     /// The scope a route needs, or nil for routes open to all (health, metrics).

@@ -6,6 +6,7 @@ import LedgerStore
 /// The log's read routes: the gap-safe global feed and one stream.
 struct EventsController {
     let store: EventStore
+    let orders: OrderLedger
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
         router.get("/v1/events") { request, _ in try await feed(request) }
@@ -34,6 +35,19 @@ struct EventsController {
         let query = request.uri.queryParameters
         let from = try Self.position(query["from"], field: "from")
         let limit = try OrdersController.limit(query["limit"], default: 1000, maximum: 10_000)
+        if let keyApps = context.keyApps {
+            // A key limited to apps reads its apps' orders' streams; another app's is answered as
+            // a stream with no events, as any stream that does not exist. The other streams (the
+            // pool's, rejected proofs', Apple accounts', calls to Apple) need a key of every app.
+            guard let orderID = stream.orderID else {
+                throw APIError(.forbidden, code: "all-apps-key-required",
+                               message: "only a key of every app reads the stream \(stream); the key \(context.apiKeyName ?? "") reads its apps' order streams alone",
+                               details: ["apps": .strings(keyApps.map(\.rawValue))])
+            }
+            guard let order = try await orders.order(orderID), context.reaches(order.bundleId) else {
+                return Answer(Stream(streamId: stream, events: []))
+            }
+        }
         let events = try await store.readStream(stream, from: from, limit: limit)
         return Answer(Stream(streamId: stream, events: events.map { EventResponse($0) }))
     }

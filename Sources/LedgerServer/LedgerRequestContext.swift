@@ -13,6 +13,9 @@ public struct LedgerRequestContext: RequestContext {
     public var requestID: String
     /// The name of the API key the request came with, once authenticated.
     public var apiKeyName: String?
+    /// The apps the request's key may reach, as the apps table spells them; nil: every app (a key
+    /// of every app, or a route that needs no key).
+    public var keyApps: [BundleID]?
 
     public init(source: ApplicationRequestContextSource) {
         coreContext = .init(source: source)

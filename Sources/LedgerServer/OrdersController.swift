@@ -12,13 +12,22 @@ struct OrdersController {
         router.post("/v1/orders") { request, context in try await create(request, context) }
         router.post("/v1/orders/:orderId/events") { request, context in try await appendEvent(request, context) }
         router.get("/v1/orders/:orderId") { _, context in try await read(context) }
-        router.get("/v1/orders") { request, _ in try await search(request) }
+        router.get("/v1/orders") { request, context in try await search(request, context) }
     }
 
     /// `POST /v1/orders`: 201 with the new order, 200 with the same order created before.
     func create(_ request: Request, _ context: LedgerRequestContext) async throws -> EditedResponse<OrderResponse> {
         let body = try await request.decode(as: CreateOrder.self, context: context)
-        let outcome = try await ledger.create(body.orderId, body.created, tokenGiven: body.tokenGiven, metadata: context.eventMetadata)
+        var created = body.created
+        if let keyApps = context.keyApps {
+            // A key limited to apps creates orders of its apps (403 for another, known or not);
+            // a key of one app names it for the caller.
+            if let app = created.bundleId { try context.requireReach(bundleId: app.rawValue) } else if keyApps.count == 1 { created.bundleId = keyApps[0] }
+        }
+        let outcome = try await ledger.create(body.orderId, created, tokenGiven: body.tokenGiven, metadata: context.eventMetadata)
+        // Order ids are the ledger's: another app's order with this id makes it taken, and its
+        // order is not shown.
+        guard context.reaches(outcome.order.bundleId) else { throw OrderDecisionError.orderExists(body.orderId) }
         var events = outcome.events
         if events == nil { events = try await self.events.readStream(body.orderId.streamID) }
         return EditedResponse(status: outcome.appended ? .created : .ok, response: OrderResponse(outcome.order, events: events))
@@ -28,6 +37,11 @@ struct OrdersController {
     func appendEvent(_ request: Request, _ context: LedgerRequestContext) async throws -> EditedResponse<OrderResponse> {
         let id = try orderID(context)
         let (body, data) = try AppendEvent.read(try await LedgerRequestDecoder.body(of: request, context: context))
+        // Another app's order is answered as one that does not exist (an order's app never
+        // changes, so the read before the append decides). Keys of every app skip the read.
+        if context.keyApps != nil, try await !context.reaches(ledger.order(id)?.bundleId) {
+            throw OrderDecisionError.noSuchOrder
+        }
         let outcome = try await ledger.append(
             id, event: body.event, eventID: body.eventId ?? EventID(), expected: body.expectedVersion, data: data,
             metadata: context.eventMetadata)
@@ -37,14 +51,15 @@ struct OrdersController {
     /// `GET /v1/orders/{orderId}`: the order and its whole history.
     func read(_ context: LedgerRequestContext) async throws -> OrderResponse {
         let id = try orderID(context)
-        guard let order = try await ledger.order(id) else {
+        // Another app's order is answered as one that does not exist.
+        guard let order = try await ledger.order(id), context.reaches(order.bundleId) else {
             throw APIError(.notFound, code: "order-not-found", message: "order \(id) does not exist")
         }
         return OrderResponse(order, events: try await events.readStream(id.streamID))
     }
 
     /// `GET /v1/orders?userId=&productId=&state=&after=&limit=`; `state=open`: not finished, failed or refunded.
-    func search(_ request: Request) async throws -> Page<OrderResponse> {
+    func search(_ request: Request, _ context: LedgerRequestContext) async throws -> Page<OrderResponse> {
         let query = request.uri.queryParameters
         let user = try query["userId"].map { try UserID(String($0)) }
         let product = try query["productId"].map { try ProductID(String($0)) }
@@ -58,7 +73,8 @@ struct OrdersController {
         }
         let limit = try Self.limit(query["limit"], default: 100, maximum: 1000)
         let bundle = try query["bundleId"].map { try BundleID(String($0)) }
-        let orders = try await ledger.orders(userID: user, productID: product, states: states, after: after, limit: limit, bundleID: bundle)
+        let orders = try await ledger.orders(userID: user, productID: product, states: states, after: after, limit: limit, bundleID: bundle,
+                                              apps: context.keyApps)
         return Page(name: "orders", items: orders.map { OrderResponse($0) }, next: orders.count == limit ? orders.last?.orderId.rawValue : nil)
     }
 

@@ -8,8 +8,8 @@ struct ProductsController {
     let catalog: ProductCatalog
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
-        router.get("/v1/products") { _, _ in
-            Answer(["products": try await catalog.list().map(ProductResponse.init)])
+        router.get("/v1/products") { _, context in
+            Answer(["products": try await catalog.list(apps: context.keyApps).map(ProductResponse.init)])
         }
         router.put("/v1/products/:productId") { request, context in
             let id = try ProductID(pathParameter(context, "productId"))
@@ -25,12 +25,21 @@ struct ProductsController {
                 return preference
             }
             // Product ids are per app: the entry is the named app's (as the ledger spells it), else the first app's.
+            // A key limited to apps names one of its apps (403 for another, held or not), or is of one app, which is then named.
             var app: BundleID?
             if let named = body.bundleId {
+                try context.requireReach(bundleId: named.rawValue)
                 guard let found = try await AppCatalog(database: catalog.database).app(named) else {
                     throw APIError(.badRequest, code: "unknown-app", message: "the ledger holds no app \(named)")
                 }
                 app = found.bundleId
+            } else if let keyApps = context.keyApps {
+                guard keyApps.count == 1 else {
+                    throw APIError(.badRequest, code: "bundle-id-required",
+                                   message: "bundleId is missing: the key reaches several apps (\(keyApps.map(\.rawValue).joined(separator: ", "))); name the product's",
+                                   details: ["field": .string("bundleId")])
+                }
+                app = keyApps[0]
             }
             return Answer(ProductResponse(try await catalog.set(
                 id, status: status, price: body.price, currency: body.currency, sampleContentProvided: body.sampleContentProvided,

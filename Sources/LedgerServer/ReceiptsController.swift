@@ -39,6 +39,8 @@ struct ReceiptsController {
         case (let jws?, nil):
             do {
                 let transaction = try await verifier.verifiedPurchase(signed: jws)
+                // A key limited to apps sends proofs of its apps alone; nothing else is stored.
+                try context.requireReach(bundleId: transaction.bundleId)
                 let answer = try await receipts.apply(transaction, claim: claim, metadata: metadata)
                 metrics.receiptAnswered(answer.outcome.rawValue)
                 return try Self.response(
@@ -50,6 +52,7 @@ struct ReceiptsController {
         case (nil, let receipt?):
             do {
                 let transactions = try await verifier.transactions(receipt: receipt)
+                for transaction in transactions { try context.requireReach(bundleId: transaction.bundleId) }
                 let answers = try await applyReceipt(transactions, claim: claim, claimedID: claimedID, metadata: metadata)
                 guard let primary = answers.primary else {
                     throw AppleVerificationError(

@@ -12,7 +12,7 @@ struct ReportsController {
         router.get("/v1/reports/reconciliation") { request, context in
             let query = request.uri.queryParameters
             let (from, to) = try ReportPeriod.parse(from: query["from"].map(String.init), to: query["to"].map(String.init))
-            let report = try await ReconciliationReport.make(database: database, from: from, to: to)
+            let report = try await ReconciliationReport.make(database: database, from: from, to: to, apps: context.keyApps)
             if (request.headers[.accept] ?? "").contains("text/csv") {
                 return Response(status: .ok, headers: [.contentType: "text/csv; charset=utf-8"], body: .init(byteBuffer: ByteBuffer(string: report.csv)))
             }

@@ -10,14 +10,15 @@ import LedgerStore
 struct TransactionsController {
     let pool: TransactionPool
     let desk: SupportDesk
+    let orders: OrderLedger
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
-        router.get("/v1/transactions/unmatched") { request, _ in try await search(request) }
+        router.get("/v1/transactions/unmatched") { request, context in try await search(request, context) }
         router.post("/v1/transactions/:transactionId/match") { request, context in try await match(request, context) }
         router.post("/v1/transactions/:transactionId/unmatch") { request, context in try await unmatch(request, context) }
     }
 
-    func search(_ request: Request) async throws -> Answer<Page<Pooled>> {
+    func search(_ request: Request, _ context: LedgerRequestContext) async throws -> Answer<Page<Pooled>> {
         let query = request.uri.queryParameters
         let user = try query["userId"].map { try UserID(String($0)) }
         let product = try query["productId"].map { try ProductID(String($0)) }
@@ -28,7 +29,8 @@ struct TransactionsController {
         let limit = try OrdersController.limit(query["limit"], default: 100, maximum: 1000)
         let bundle = try query["bundleId"].map { try BundleID(String($0)) }
         let found = try await pool.unmatched(
-            userId: user, productId: product, from: from, to: to, transactionId: transaction, after: after, limit: limit, bundleId: bundle)
+            userId: user, productId: product, from: from, to: to, transactionId: transaction, after: after, limit: limit, bundleId: bundle,
+            apps: context.keyApps)
         return Answer(Page(name: "transactions", items: found.map(Pooled.init), next: found.count == limit ? found.last?.transactionId.rawValue : nil))
     }
 
@@ -66,6 +68,11 @@ struct TransactionsController {
     func match(_ request: Request, _ context: LedgerRequestContext) async throws -> OrderResponse {
         let id = try TransactionID(pathParameter(context, "transactionId"))
         let body = try await request.decode(as: Match.self, context: context)
+        // Another app's transaction or order is answered as one that does not exist.
+        if context.keyApps != nil {
+            guard try await reaches(id, context) else { throw SupportMatchError.transactionNotFound(id) }
+            guard try await context.reaches(orders.order(body.orderId)?.bundleId) else { throw OrderDecisionError.noSuchOrder }
+        }
         let matched = try await desk.match(id, to: body.orderId, force: body.force ?? false, reason: body.reason, metadata: context.eventMetadata)
         return OrderResponse(matched)
     }
@@ -78,7 +85,14 @@ struct TransactionsController {
     func unmatch(_ request: Request, _ context: LedgerRequestContext) async throws -> OrderResponse {
         let id = try TransactionID(pathParameter(context, "transactionId"))
         let body = try await request.decode(as: Unmatch.self, context: context)
+        if context.keyApps != nil, try await !reaches(id, context) { throw SupportUnmatchError.transactionNotFound(id) }
         return OrderResponse(try await desk.unmatch(id, reason: body.reason, metadata: context.eventMetadata))
+    }
+
+    /// Whether the key reaches the app of the transaction `id` (false when the ledger has none).
+    func reaches(_ id: TransactionID, _ context: LedgerRequestContext) async throws -> Bool {
+        guard let app = try await pool.apps(of: [id])[id] else { return false }
+        return context.reaches(app)
     }
 
     static func date(_ text: String, field: String) throws(LedgerInputError) -> Date {

@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import LedgerCore
 import Logging
 import PostgresNIO
 
@@ -12,8 +13,19 @@ public enum APIScope: String, Sendable, CaseIterable, Codable {
 public struct APIKey: Sendable, Equatable {
     public let name: String
     public let scopes: Set<APIScope>
+    /// The apps the key may reach, as the apps table spells them; nil: every app, those added
+    /// later too.
+    public let apps: [BundleID]?
     public let createdAt: Date
     public let revokedAt: Date?
+
+    public init(name: String, scopes: Set<APIScope>, apps: [BundleID]? = nil, createdAt: Date, revokedAt: Date? = nil) {
+        self.name = name
+        self.scopes = scopes
+        self.apps = apps
+        self.createdAt = createdAt
+        self.revokedAt = revokedAt
+    }
 
     /// `admin` includes the other scopes.
     public func allows(_ scope: APIScope) -> Bool {
@@ -29,32 +41,57 @@ public struct APIKeyStore: Sendable {
         self.database = database
     }
 
-    /// Creates a key and returns it: the only time it is ever shown.
-    public func create(name: String, scopes: Set<APIScope>) async throws -> String {
+    /// Creates a key and returns it: the only time it is ever shown. `apps`: the apps it may
+    /// reach, each one the ledger holds (in any case); nil: every app, those added later too.
+    public func create(name: String, scopes: Set<APIScope>, apps: [BundleID]? = nil) async throws -> String {
         guard !name.isEmpty, name.count <= 128 else { throw APIKeyError.invalidName }
         guard !scopes.isEmpty else { throw APIKeyError.noScopes }
+        var stored: [String]?
+        if let apps { stored = try await self.stored(apps) }
         var generator = SystemRandomNumberGenerator()
         let key = "ol_" + Self.hex((0..<32).map { _ in UInt8.random(in: 0...255, using: &generator) })
         let names = scopes.map(\.rawValue).sorted()
         do {
-            try await database.query(
-                "INSERT INTO api_keys (name, key_hash, scopes) VALUES (\(name), \(Self.hash(key)), \(names))")
+            // A key of every app leaves `apps` out (null), as keys were written before migration 015.
+            let insert: PostgresQuery = if let stored {
+                "INSERT INTO api_keys (name, key_hash, scopes, apps) VALUES (\(name), \(Self.hash(key)), \(names), \(stored))"
+            } else {
+                "INSERT INTO api_keys (name, key_hash, scopes) VALUES (\(name), \(Self.hash(key)), \(names))"
+            }
+            try await database.query(insert)
         } catch let error as PSQLError where error.sqlState == .uniqueViolation {
             throw APIKeyError.nameTaken(name)
         }
         return key
     }
 
+    /// The apps as the apps table spells them (apps are never deleted, so they stay apps); throws
+    /// `unknownApps` naming those the ledger does not hold, and `noApps` for an empty list.
+    func stored(_ apps: [BundleID]) async throws -> [String] {
+        guard !apps.isEmpty else { throw APIKeyError.noApps }
+        let rows = try await database.query(
+            """
+            SELECT w.name, a.bundle_id FROM unnest(\(apps.map(\.rawValue))::text[]) WITH ORDINALITY AS w (name, n)
+              LEFT JOIN apps a ON lower(a.bundle_id) = lower(w.name) ORDER BY w.n
+            """)
+        var found: [String] = [], unknown: [String] = []
+        for try await (name, stored) in rows.decode((String, String?).self) {
+            if let stored { if !found.contains(stored) { found.append(stored) } } else { unknown.append(name) }
+        }
+        guard unknown.isEmpty else { throw APIKeyError.unknownApps(unknown) }
+        return found
+    }
+
     /// The key's record when it exists and is not revoked.
     public func find(key: String) async throws -> APIKey? {
         let rows = try await database.query(
-            "SELECT name, scopes, created_at, revoked_at FROM api_keys WHERE key_hash = \(Self.hash(key)) AND revoked_at IS NULL")
+            "SELECT name, scopes, apps, created_at, revoked_at FROM api_keys WHERE key_hash = \(Self.hash(key)) AND revoked_at IS NULL")
         return try await Self.decode(rows).first
     }
 
     public func list() async throws -> [APIKey] {
         let rows = try await database.query(
-            "SELECT name, scopes, created_at, revoked_at FROM api_keys ORDER BY name")
+            "SELECT name, scopes, apps, created_at, revoked_at FROM api_keys ORDER BY name")
         return try await Self.decode(rows)
     }
 
@@ -84,8 +121,10 @@ public struct APIKeyStore: Sendable {
 
     static func decode(_ rows: some AsyncSequence<PostgresRow, any Error>) async throws -> [APIKey] {
         var keys: [APIKey] = []
-        for try await (name, scopes, created, revoked) in rows.decode((String, [String], Date, Date?).self) {
-            keys.append(APIKey(name: name, scopes: Set(scopes.compactMap(APIScope.init(rawValue:))), createdAt: created, revokedAt: revoked))
+        for try await (name, scopes, apps, created, revoked) in rows.decode((String, [String], [String]?, Date, Date?).self) {
+            keys.append(APIKey(
+                name: name, scopes: Set(scopes.compactMap(APIScope.init(rawValue:))), apps: apps.map { $0.map(BundleID.init(unchecked:)) },
+                createdAt: created, revokedAt: revoked))
         }
         return keys
     }
@@ -93,13 +132,16 @@ public struct APIKeyStore: Sendable {
 
 /// Why a key could not be created.
 public enum APIKeyError: Error, Sendable, Equatable, CustomStringConvertible {
-    case invalidName, noScopes, nameTaken(String)
+    case invalidName, noScopes, nameTaken(String), noApps, unknownApps([String])
 
     public var description: String {
         switch self {
         case .invalidName: "a key name has 1 to 128 characters"
         case .noScopes: "a key needs at least one scope: append, read or admin"
         case .nameTaken(let name): "a key named \(name) exists already"
+        case .noApps: "a key limited to apps names at least one (leave the apps out for a key of every app)"
+        case .unknownApps(let names):
+            "the ledger holds no app \(names.joined(separator: ", ")) (see ledger apps list; add it with ledger apps add)"
         }
     }
 }

@@ -14,10 +14,14 @@ public struct AppCatalog: Sendable {
         self.database = database
     }
 
-    /// Every app, in bundle-id order.
-    public func list() async throws -> [App] {
+    /// Every app, in bundle-id order; with `only`, those of its apps alone (an API key's apps, as
+    /// the table spells them).
+    public func list(only: [BundleID]? = nil) async throws -> [App] {
         let rows = try await database.query(
-            "SELECT \(unescaped: Self.columns) FROM \(unescaped: Self.joined) ORDER BY a.bundle_id")
+            """
+            SELECT \(unescaped: Self.columns) FROM \(unescaped: Self.joined)
+             WHERE \(only == nil) OR a.bundle_id = ANY(\(only?.map(\.rawValue) ?? [])) ORDER BY a.bundle_id
+            """)
         return try await Self.decode(rows)
     }
 

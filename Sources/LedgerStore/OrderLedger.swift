@@ -116,11 +116,13 @@ public struct OrderLedger: Sendable {
 
     /// Orders filtered by user, product and state, after the order id `after` (for paging), in
     /// order id order.
-    /// `bundleID`: only that app's (user and product ids are per app).
+    /// `bundleID`: only that app's (user and product ids are per app); `apps` (an API key's): those of these apps alone.
     public func orders(
-        userID: UserID?, productID: ProductID?, states: [OrderState]?, after: OrderID?, limit: Int, bundleID: BundleID? = nil
+        userID: UserID?, productID: ProductID?, states: [OrderState]?, after: OrderID?, limit: Int, bundleID: BundleID? = nil,
+        apps: [BundleID]? = nil
     ) async throws -> [Order] {
         let states = states?.map(\.rawValue)
+        let apps = apps?.map(\.rawValue)
         let rows = try await database.query(
             """
             SELECT \(unescaped: ProjectionRows.orderAnswerColumns) FROM \(unescaped: ProjectionRows.ordersWithEnvironment)
@@ -129,6 +131,7 @@ public struct OrderLedger: Sendable {
               AND (\(productID?.rawValue)::text IS NULL OR o.product_id = \(productID?.rawValue))
               AND (\(states)::text[] IS NULL OR o.state = ANY(\(states)::text[]))
               AND (\(after?.rawValue)::text IS NULL OR o.order_id > \(after?.rawValue))
+              AND (\(apps)::text[] IS NULL OR o.bundle_id = ANY(\(apps)::text[]))
             ORDER BY o.order_id LIMIT \(min(max(limit, 1), 1000))
             """)
         return try ProjectionRows.orders(rows.rows)

@@ -56,9 +56,14 @@ public struct ProductCatalog: Sendable {
         return product
     }
 
-    public func list() async throws -> [Product] {
+    /// Every product; with `apps` (an API key's), those of these apps alone.
+    public func list(apps: [BundleID]? = nil) async throws -> [Product] {
+        let apps = apps?.map(\.rawValue)
         let rows = try await database.query(
-            "SELECT \(unescaped: Self.columns) FROM products ORDER BY bundle_id, product_id")
+            """
+            SELECT \(unescaped: Self.columns) FROM products
+             WHERE \(apps)::text[] IS NULL OR bundle_id = ANY(\(apps)::text[]) ORDER BY bundle_id, product_id
+            """)
         return try await Self.decode(rows)
     }
 

@@ -83,7 +83,9 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
     public var unmatched: Pool
 
     /// The report for events recorded from `from` (inclusive) to `to` (exclusive).
-    public static func make(database: Database, from: Date, to: Date) async throws -> ReconciliationReport {
+    /// `apps` (an API key's): the rows and the pool of these apps alone; nil: every app's.
+    public static func make(database: Database, from: Date, to: Date, apps: [BundleID]? = nil) async throws -> ReconciliationReport {
+        let apps = apps?.map(\.rawValue)
         var rows: [String: Row] = [:]
         var revenue: [String: Decimal] = [:]
         var refundedAmount: [String: Decimal] = [:]
@@ -114,6 +116,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             JOIN order_environments oe ON oe.order_id = o.order_id
             WHERE e.stream_id LIKE 'order-%' AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
               AND e.type IN ('created', 'verified', 'delivered', 'finished', 'failed', 'refunded', 'pairing-undone', 'consumption-answer')
+              AND (\(apps)::text[] IS NULL OR o.bundle_id = ANY(\(apps)::text[]))
             GROUP BY 1, 2, 3, 4, 5, 6, o.bundle_id
             """)
         for try await (day, product, currency, environment, type, reason, count, amount, bundle)
@@ -153,6 +156,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
                    coalesce(e.data->>'outcome', ''), count(*)::int, t.bundle_id
             FROM events e JOIN apple_transactions t ON t.transaction_id = substr(e.stream_id, 13)
             WHERE e.stream_id LIKE 'transaction-%' AND e.type = 'consumption-answer' AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
+              AND (\(apps)::text[] IS NULL OR t.bundle_id = ANY(\(apps)::text[]))
             GROUP BY 1, 2, 3, 4, t.bundle_id
             """)
         for try await (day, product, environment, outcome, count, bundle) in pooledAnswers.decode((String, String, String, String, Int, String?).self) {
@@ -170,6 +174,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             FROM events e JOIN orders o ON o.order_id = e.data->>'orderId'
             JOIN order_environments oe ON oe.order_id = o.order_id
             WHERE e.type = 'transaction-matched' AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
+              AND (\(apps)::text[] IS NULL OR o.bundle_id = ANY(\(apps)::text[]))
             GROUP BY 1, 2, 3, 4, 5, 6, o.bundle_id
             """)
         for try await (day, product, currency, environment, rule, matchedBy, count, ambiguous, bundle)
@@ -202,6 +207,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
                    count(*) FILTER (WHERE now() - received_at >= interval '1 day' AND now() - received_at < interval '7 days')::int,
                    count(*) FILTER (WHERE now() - received_at >= interval '7 days')::int
             FROM unmatched_transactions
+            WHERE \(apps)::text[] IS NULL OR bundle_id = ANY(\(apps)::text[])
             """)
         for try await (count, oldest, hour, day, week, older) in poolRows.decode((Int, Double?, Int, Int, Int, Int).self) {
             pool.count = count
@@ -209,7 +215,10 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             pool.byAge = ["under-1h": hour, "1h-1d": day, "1d-7d": week, "over-7d": older]
         }
         let poolEnvironments = try await database.query(
-            "SELECT coalesce(environment, 'Production'), count(*)::int FROM unmatched_transactions GROUP BY 1")
+            """
+            SELECT coalesce(environment, 'Production'), count(*)::int FROM unmatched_transactions
+             WHERE \(apps)::text[] IS NULL OR bundle_id = ANY(\(apps)::text[]) GROUP BY 1
+            """)
         for try await (environment, count) in poolEnvironments.decode((String, Int).self) { pool.byEnvironment[environment] = count }
         return ReconciliationReport(
             from: EventCoding.formatDate(from), to: EventCoding.formatDate(to), rows: sorted, totals: totals, sandboxTotals: sandboxTotals,

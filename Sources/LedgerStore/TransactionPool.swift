@@ -25,6 +25,18 @@ public struct TransactionPool: Sendable {
         return holders
     }
 
+    /// The app of each of `ids` the ledger has (nil: a transaction of no app), for a key limited
+    /// to apps.
+    public func apps(of ids: [TransactionID]) async throws -> [TransactionID: BundleID?] {
+        let rows = try await database.query(
+            "SELECT transaction_id, bundle_id FROM apple_transactions WHERE transaction_id = ANY(\(ids.map(\.rawValue)))")
+        var apps: [TransactionID: BundleID?] = [:]
+        for try await (id, app) in rows.decode((String, String?).self) {
+            apps.updateValue(app.map(BundleID.init(unchecked:)), forKey: TransactionID(unchecked: id))
+        }
+        return apps
+    }
+
     /// Which of `transactions` the ledger already has refunded: by their order's state, or their
     /// pool row's, or, for a family member's transaction, its stream's `family-share-revoked`
     /// (which leaves the order that holds it as it was).
@@ -60,11 +72,13 @@ public struct TransactionPool: Sendable {
 
     /// The pool filtered by user, product, purchase time (`from` inclusive, `to` exclusive) and
     /// transaction id, in transaction id order, after the transaction id `after` (for paging).
-    /// `bundleId`: only that app's (user and product ids are per app).
+    /// `bundleId`: only that app's (user and product ids are per app); `apps` (an API key's): those
+    /// of these apps alone.
     public func unmatched(
         userId: UserID?, productId: ProductID?, from: Date?, to: Date?, transactionId: TransactionID?, after: TransactionID?, limit: Int,
-        bundleId: BundleID? = nil
+        bundleId: BundleID? = nil, apps: [BundleID]? = nil
     ) async throws -> [PooledTransaction] {
+        let apps = apps?.map(\.rawValue)
         let rows = try await database.query(
             """
             SELECT transaction_id, user_id, product_id, purchase_date, environment, app_account_token, received_at, verification::text,
@@ -77,6 +91,7 @@ public struct TransactionPool: Sendable {
               AND (\(to)::timestamptz IS NULL OR purchase_date < \(to))
               AND (\(transactionId?.rawValue)::text IS NULL OR transaction_id = \(transactionId?.rawValue))
               AND (\(after?.rawValue)::text IS NULL OR transaction_id > \(after?.rawValue))
+              AND (\(apps)::text[] IS NULL OR bundle_id = ANY(\(apps)::text[]))
             ORDER BY transaction_id LIMIT \(min(max(limit, 1), 1000))
             """)
         var found: [PooledTransaction] = []

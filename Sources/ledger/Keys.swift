@@ -12,7 +12,8 @@ struct Keys: AsyncParsableCommand {
         subcommands: [Create.self, List.self, Revoke.self]
     )
 
-    /// `ledger keys create --name N --scopes append,read,admin`: prints the key alone on stdout.
+    /// `ledger keys create --name N --scopes append,read,admin [--apps A,B]`: prints the key alone
+    /// on stdout.
     struct Create: AsyncParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Create a key and print it (only its hash is stored).")
 
@@ -21,6 +22,8 @@ struct Keys: AsyncParsableCommand {
         var name: String
         @Option(help: "Comma-separated scopes: append, read, admin (admin includes the others)")
         var scopes: String
+        @Option(help: "Comma-separated bundle ids of the apps the key may reach (default: every app, those added later too)")
+        var apps: String?
 
         func run() async throws {
             var parsed = Set<APIScope>()
@@ -30,18 +33,29 @@ struct Keys: AsyncParsableCommand {
                 }
                 parsed.insert(scope)
             }
+            let apps = try self.apps.map { list in
+                let names = list.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+                guard !names.isEmpty else { throw ValidationError("--apps names no app; leave it out for a key of every app") }
+                return try names.map { name in
+                    do { return try BundleID(name) } catch { throw ValidationError("--apps: \(name) is not a bundle id: \(error)") }
+                }
+            }
             let name = self.name
             let scopes = parsed
-            let key = try await withLedgerDatabase(options) { client, logger in
-                try await APIKeyStore(database: Database(client: client, logger: logger)).create(name: name, scopes: scopes)
+            do {
+                let key = try await withLedgerDatabase(options) { client, logger in
+                    try await APIKeyStore(database: Database(client: client, logger: logger)).create(name: name, scopes: scopes, apps: apps)
+                }
+                print(key)
+            } catch let error as APIKeyError {
+                throw CommandFailure(error.description)
             }
-            print(key)
         }
     }
 
     /// `ledger keys list`.
     struct List: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "List the keys (names and scopes, never the keys).")
+        static let configuration = CommandConfiguration(abstract: "List the keys (names, scopes and apps, never the keys).")
 
         @OptionGroup var options: ConfigurationOptions
 
@@ -52,7 +66,8 @@ struct Keys: AsyncParsableCommand {
             for key in keys {
                 let scopes = key.scopes.map(\.rawValue).sorted().joined(separator: ",")
                 let state = key.revokedAt.map { "revoked \(EventCoding.formatDate($0))" } ?? "active"
-                print("\(key.name)\t\(scopes)\tcreated \(EventCoding.formatDate(key.createdAt))\t\(state)")
+                let apps = key.apps.map { "apps " + $0.map(\.rawValue).joined(separator: ",") } ?? "every app"
+                print("\(key.name)\t\(scopes)\t\(apps)\tcreated \(EventCoding.formatDate(key.createdAt))\t\(state)")
             }
         }
     }

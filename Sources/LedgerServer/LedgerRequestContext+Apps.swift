@@ -1,0 +1,27 @@
+import Hummingbird
+import LedgerCore
+
+/// What the request's key may reach (issue 39, "Keys are scoped to apps"; docs/apps.md).
+extension LedgerRequestContext {
+    /// Whether the key reaches rows of `app`: a key of every app reaches every row, those of no
+    /// app too; a key limited to apps reaches only its apps' rows (a row of no app is none of them).
+    func reaches(_ app: BundleID?) -> Bool {
+        guard let keyApps else { return true }
+        guard let app else { return false }
+        return keyApps.contains(app)
+    }
+
+    /// Refuses, with 403 `app-not-allowed`, what names an app the key does not reach: an order to
+    /// create for it, a proof Apple signed for it. Nothing is hidden here, as the caller named the
+    /// app (or sent what names it); an unknown app is answered the same way, so the answer says
+    /// nothing of which apps the ledger holds.
+    func requireReach(bundleId: String) throws {
+        guard let keyApps else { return }
+        // Apple holds bundle ids case-insensitive, and so does the apps table.
+        let folded = bundleId.lowercased()
+        guard !keyApps.contains(where: { $0.rawValue.lowercased() == folded }) else { return }
+        throw APIError(.forbidden, code: "app-not-allowed",
+                       message: "the key \(apiKeyName ?? "") does not reach the app \(bundleId); it reaches \(keyApps.map(\.rawValue).joined(separator: ", "))",
+                       details: ["bundleId": .string(bundleId), "apps": .strings(keyApps.map(\.rawValue))])
+    }
+}
