@@ -23,8 +23,17 @@ struct BenchReceipts: AsyncParsableCommand {
     var concurrency = 32
     @Option(help: "Receipts posted before the clock starts (connections and plans warm up), not counted")
     var warmup = 1_000
+    @Option(help: "Apps the receipts are spread over, in turn (each its own bundle id, orders and transactions)")
+    var apps = 1
 
     static let bundleId = "com.example.ledger-bench"
+
+    /// The bundle id of app `index` of the run: the first is the one the server's settings name.
+    static func bundleId(_ index: Int) -> String { index == 0 ? bundleId : "\(bundleId)-\(index + 1)" }
+
+    func validate() throws {
+        guard (1...16).contains(apps) else { throw ValidationError("--apps must be from 1 to 16") }
+    }
 
     func run() async throws {
         let logger = benchLogger
@@ -37,6 +46,14 @@ struct BenchReceipts: AsyncParsableCommand {
             let (key, bodies) = try await withPostgresClient(benchConfiguration, logger: logger) { client in
                 let database = Database(client: client, logger: logger)
                 let key = try await APIKeyStore(database: database).create(name: "bench", scopes: [.admin])
+                // Every app is held before the orders are made (the server's settings describe
+                // the first, as a ledger of one app is run).
+                if apps > 1 {
+                    let catalog = AppCatalog(database: database)
+                    for index in 0..<apps {
+                        _ = try await catalog.add(try BundleID(Self.bundleId(index)), AppChanges(environments: [.sandbox]))
+                    }
+                }
                 return (key, try await prepare(chain: chain, run: String(run), total: receipts + warmup, ledger: OrderLedger(writer: LedgerWriter(database: database))))
             }
 
@@ -47,7 +64,7 @@ struct BenchReceipts: AsyncParsableCommand {
                 try await drive(client, base: base, key: key, bodies: bodies)
             }
             let (summary, outcomes) = measured
-            print("Signed-transaction receipts over HTTP (\(concurrency) keep-alive clients, \(receipts) receipts after \(warmup) for warm-up, each verified and applied to its own order)")
+            print("Signed-transaction receipts over HTTP (\(concurrency) keep-alive clients, \(receipts) receipts after \(warmup) for warm-up, each verified and applied to its own order; \(apps) app\(apps == 1 ? "" : "s"), in turn)")
             printTableHeader(["clients", "receipts/s", "p50 ms", "p99 ms", "outcomes", "server peak RSS MB"], leftAligned: [4])
             let outcomeText = outcomes.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", ")
             printTableRow(["\(concurrency)"] + summary.cells + [outcomeText, format(Double(peakRSS) / 1024, decimals: 1)])
@@ -66,7 +83,7 @@ struct BenchReceipts: AsyncParsableCommand {
     /// One open order per receipt and the request body proving its purchase, signed beforehand
     /// so the measurement holds the server's work only.
     func prepare(chain: ThrowawaySigningChain, run: String, total: Int, ledger: OrderLedger) async throws -> [String] {
-        let concurrency = concurrency
+        let (concurrency, apps) = (concurrency, apps)
         return try await withThrowingTaskGroup(of: [String].self) { group in
             for worker in 0..<concurrency {
                 group.addTask {
@@ -74,12 +91,16 @@ struct BenchReceipts: AsyncParsableCommand {
                     for index in stride(from: worker, to: total, by: concurrency) {
                         let orderID = "bench-\(run)-\(index)"
                         let user = try UserID("user-\(index % 500)")
+                        let app = Self.bundleId(index % apps)
                         _ = try await ledger.create(
-                            try OrderID(orderID), OrderCreated(userId: user, productId: try ProductID("gems.100"), price: "0.99", currency: "USD"),
+                            try OrderID(orderID),
+                            OrderCreated(
+                                userId: user, productId: try ProductID("gems.100"), price: "0.99", currency: "USD",
+                                bundleId: apps > 1 ? try BundleID(app) : nil),
                             tokenGiven: false, metadata: Data("{}".utf8))
                         let now = Date()
                         let payload = SignedTransactionPayload(
-                            transactionId: "\(run)\(index)", originalTransactionId: "\(run)\(index)", bundleId: Self.bundleId,
+                            transactionId: "\(run)\(index)", originalTransactionId: "\(run)\(index)", bundleId: app,
                             productId: "gems.100", purchaseDate: now.millisecondsSince1970, signedDate: now.millisecondsSince1970,
                             environment: "Sandbox", price: 990, currency: "USD")
                         let jws = try chain.sign(payload)

@@ -274,12 +274,23 @@ extension LedgerConfiguration.Apple {
 
     /// The hosts every app's App Store Server API clients ask (by the environment of the
     /// transaction a call concerns) and the settings they share: `apiURL` for Production (and
-    /// for the sandbox too when `apiSandboxURL` is not set), else Apple's hosts.
+    /// for the sandbox too when `apiSandboxURL` is not set), else Apple's hosts. An `apiURL`
+    /// naming one of Apple's own hosts overrides nothing: a ledger that named Apple's production
+    /// host still sends the calls about Sandbox transactions (App Review's) to the sandbox's.
     public func appStoreServerAPIHosts() -> LazyAppStoreServerAPI.Hosts {
-        LazyAppStoreServerAPI.Hosts(
-            productionURL: apiURL ?? AppStoreServerAPI.productionURL, sandboxURL: apiSandboxURL ?? apiURL ?? AppStoreServerAPI.sandboxURL,
+        let apple = [AppStoreServerAPI.productionURL, AppStoreServerAPI.sandboxURL].map(Self.hostForm)
+        let custom = apiURL.flatMap { apple.contains(Self.hostForm($0)) ? nil : $0 }
+        return LazyAppStoreServerAPI.Hosts(
+            productionURL: custom ?? AppStoreServerAPI.productionURL, sandboxURL: apiSandboxURL ?? custom ?? AppStoreServerAPI.sandboxURL,
             template: AppStoreServerAPI.Settings(
                 keyID: "", issuerID: "", privateKeyPEM: "", bundleID: "", baseURL: "", requestsPerSecond: apiRequestsPerSecond))
+    }
+
+    /// A URL as compared with Apple's hosts: lower case, without a trailing slash.
+    static func hostForm(_ url: String) -> String {
+        var form = url.lowercased()
+        while form.hasSuffix("/") { form.removeLast() }
+        return form
     }
 
     /// The configured app's App Store Server API settings, or nil when no key is configured

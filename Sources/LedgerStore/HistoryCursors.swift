@@ -41,7 +41,9 @@ public struct HistoryCursors: Sendable {
                 SELECT substr(e.stream_id, length('apple-account-') + 1) AS account_id, d.user_id, d.oldest, 0 AS strength,
                        d.bundle_id, e.data->>'environment' AS environment
                   FROM due d JOIN events e ON e.type = 'account-linked' AND e.data->>'userId' = d.user_id
-                 WHERE d.bundle_id IS NULL OR lower(e.data->>'bundleId') = lower(d.bundle_id)
+                 -- A link made before links named their app is the ledger's first app's.
+                 WHERE d.bundle_id IS NULL
+                    OR lower(coalesce(e.data->>'bundleId', (SELECT f.bundle_id FROM ledger_first_app f))) = lower(d.bundle_id)
                 UNION ALL
                 SELECT t.app_transaction_id, d.user_id, d.oldest, 1, d.bundle_id, t.environment
                   FROM due d JOIN orders o ON o.user_id = d.user_id AND o.bundle_id IS NOT DISTINCT FROM d.bundle_id

@@ -32,7 +32,14 @@ public struct OrderLedger: Sendable {
     /// app is the one `body` names, or the ledger's only one (`OrderApps`), recorded in the event.
     public func create(_ id: OrderID, _ body: OrderCreated, tokenGiven: Bool, metadata: Data) async throws -> Outcome {
         var body = body
-        body.bundleId = try await apps.app(of: body.bundleId)
+        do {
+            body.bundleId = try await apps.app(of: body.bundleId)
+        } catch {
+            // A retry of a create that succeeded answers its order, even after its app was
+            // retired or a second app made `bundleId` required.
+            guard let existing = try await order(id) else { throw error }
+            return try sameOrder(existing, body, tokenGiven: tokenGiven)
+        }
         let event = try EventCoding.newEvent(.created(body), id: EventID(), metadata: metadata)
         do {
             let appended = try await writer.append([event], to: id.streamID)

@@ -62,6 +62,12 @@ struct AppOrdersTests {
             #expect(retired == .ok)
             let (conflict, refused) = try await http.send(.post, "/v1/orders", json: newOrder("other-2").merging(["bundleId": "com.example.other"]) { $1 })
             #expect(conflict == .conflict && errorOf(refused)["code"] as? String == "app-retired", "\(refused)")
+            // Retries of creates that succeeded still answer their orders: after the app was
+            // retired, and without `bundleId` once a second app made it required.
+            let (again, retry) = try await http.send(.post, "/v1/orders", json: newOrder("other-1").merging(["bundleId": "com.example.other"]) { $1 })
+            #expect(again == .ok && retry["orderId"] as? String == "other-1", "\(retry)")
+            let (againOne, retryOne) = try await http.send(.post, "/v1/orders", json: newOrder("one-app"))
+            #expect(againOne == .ok && retryOne["bundleId"] as? String == TestApple.bundleId, "\(retryOne)")
 
             // Lists and event answers show it too; user ids are per app: the search takes the app.
             let (_, list) = try await http.send(.get, "/v1/orders?userId=u-1&bundleId=com.example.other")

@@ -65,6 +65,24 @@ struct ApplePerAppTests {
         #expect(status == .created || status == .ok, "\(answer)")
     }
 
+    @Test("the hosts: LEDGER_APPLE_API_URL overrides both environments, the sandbox URL the sandbox's; Apple's own production host overrides nothing")
+    func hosts() {
+        var apple = LedgerConfiguration().apple
+        #expect(apple.appStoreServerAPIHosts().productionURL == AppStoreServerAPI.productionURL)
+        #expect(apple.appStoreServerAPIHosts().sandboxURL == AppStoreServerAPI.sandboxURL)
+        apple.apiURL = "http://127.0.0.1:9000"
+        #expect(apple.appStoreServerAPIHosts().productionURL == "http://127.0.0.1:9000")
+        #expect(apple.appStoreServerAPIHosts().sandboxURL == "http://127.0.0.1:9000")
+        apple.apiSandboxURL = "http://127.0.0.1:9001"
+        #expect(apple.appStoreServerAPIHosts().sandboxURL == "http://127.0.0.1:9001")
+        // Named Apple's production host (as a ledger of production once did): App Review's
+        // Sandbox transactions are still asked about at the sandbox's host.
+        apple.apiSandboxURL = nil
+        apple.apiURL = AppStoreServerAPI.productionURL + "/"
+        #expect(apple.appStoreServerAPIHosts().productionURL == AppStoreServerAPI.productionURL)
+        #expect(apple.appStoreServerAPIHosts().sandboxURL == AppStoreServerAPI.sandboxURL)
+    }
+
     @Test("calls about a Sandbox transaction go to the sandbox host, about a Production one to production's; each environment has its own backfill")
     func callsGoToTheTransactionsEnvironment() async throws {
         let production = AppStoreServerStandIn(bundleID: TestApple.bundleId, environment: "Production")

@@ -26,6 +26,7 @@ struct AppUpgradeTests {
             ("order-legacy-2", 2, "verified", #"{"transactionId": "7002", "environment": "Production"}"#),
             ("transaction-7001", 0, "transaction-unmatched", pooled),
             ("apple-account-app-7001", 0, "account-linked", #"{"appTransactionId": "app-7001", "userId": "u-2", "environment": "Production"}"#),
+            ("apple-account-app-7003", 0, "account-linked", #"{"appTransactionId": "app-7003", "userId": "u-1", "environment": "Production"}"#),
         ]
         try await db.client.withTransaction(logger: TestServer.logger) { connection in
             for (index, event) in events.enumerated() {
@@ -75,6 +76,9 @@ struct AppUpgradeTests {
         #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         let order = try await OrderLedger(writer: db.writer).order(OrderID("legacy-2"))
         #expect(order?.bundleId?.rawValue == app && order?.state == .verified)
+        // A link made before links named their app is swept for its user's open order of the app.
+        let due = try await HistoryCursors(database: db.database).dueAccounts(user: UserID("u-1"), openFor: 0)
+        #expect(due.contains { $0.id == "app-7003" && $0.bundleId?.rawValue == app }, "\(due.map(\.id))")
     }
 
     @Test("a database of 012 whose app was configured at start upgrades with every row that app's; verify is clean, and the ledger writes on")

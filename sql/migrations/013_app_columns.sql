@@ -29,13 +29,15 @@ UPDATE apple_transactions
    SET bundle_id = coalesce(verification -> 'transaction' ->> 'bundleId', (SELECT f.bundle_id FROM ledger_first_app f));
 UPDATE products SET bundle_id = (SELECT f.bundle_id FROM ledger_first_app f);
 
--- The app leads the keys: the search route and the reconciler ask for one app's user and product.
--- NULL (a ledger without apps) is found by `bundle_id IS NULL` through the same index. The
--- orders index holds only columns no order event changes, so updates stay HOT.
+-- The app joins the keys after the user and product: the search route and the reconciler ask for
+-- one app's user and product, and the reconciler's batches and the history sweep for users
+-- alone, which a key led by the app would make a full scan. NULL (a ledger without apps) is
+-- found by `bundle_id IS NULL` through the same index. The orders index holds only columns no
+-- order event changes, so updates stay HOT.
 DROP INDEX orders_user_product;
-CREATE INDEX orders_user_product ON orders (bundle_id, user_id, product_id, created_at);
+CREATE INDEX orders_user_product ON orders (user_id, product_id, bundle_id, created_at);
 DROP INDEX apple_transactions_pool;
-CREATE INDEX apple_transactions_pool ON apple_transactions (bundle_id, user_id, product_id, purchase_date) WHERE order_id IS NULL;
+CREATE INDEX apple_transactions_pool ON apple_transactions (user_id, product_id, bundle_id, purchase_date) WHERE order_id IS NULL;
 
 -- Product ids are per app.
 ALTER TABLE products DROP CONSTRAINT products_pkey;

@@ -27,12 +27,16 @@ UPDATE apple_history_cursors c
                        WHERE (t.app_transaction_id = c.account_id OR t.transaction_id = c.account_id)
                          AND t.environment IN ('Production', 'Sandbox')
                        ORDER BY t.purchase_date LIMIT 1);
+-- A refund cursor's account is an expression no index holds: the transactions are read once,
+-- each account's earliest kept, and joined (a subquery per cursor would read them all per cursor).
+UPDATE apple_refund_cursors SET bundle_id = (SELECT bundle_id FROM ledger_first_app);
 UPDATE apple_refund_cursors c
-   SET bundle_id = (SELECT bundle_id FROM ledger_first_app),
-       environment = (SELECT t.environment FROM apple_transactions t
-                       WHERE coalesce(t.app_transaction_id, t.original_transaction_id, t.transaction_id) = c.account_id
-                         AND t.environment IN ('Production', 'Sandbox')
-                       ORDER BY t.purchase_date LIMIT 1);
+   SET environment = f.environment
+  FROM (SELECT DISTINCT ON (1) coalesce(t.app_transaction_id, t.original_transaction_id, t.transaction_id) AS account_id, t.environment
+          FROM apple_transactions t
+         WHERE t.environment IN ('Production', 'Sandbox')
+         ORDER BY 1, t.purchase_date) f
+ WHERE f.account_id = c.account_id;
 UPDATE apple_calls c
    SET bundle_id = (SELECT bundle_id FROM ledger_first_app),
        environment = (SELECT t.environment FROM apple_transactions t
