@@ -15,10 +15,13 @@ import PrivatePostgres
 import ServiceLifecycle
 
 /// `ledger demo`: the whole ledger in one command, on a private database of its own. Starts the
-/// service in-process, trusting a signing chain made for this run only and asking a stand-in App
-/// Store Server API of its own, plays users and StoreKit-like clients over HTTP (lost order ids,
-/// several open orders, re-uploads, replayed events, a retired product, a client deleted before
-/// it uploads), runs the reconciler and a history sweep, and prints what happened and the report.
+/// service in-process, trusting a signing chain made for this run only and asking stand-in App
+/// Store Server APIs of its own (Apple's production and sandbox hosts), and plays two apps over
+/// HTTP: the configured one (both environments; users and StoreKit-like clients with lost order
+/// ids, several open orders, re-uploads, replayed events, a retired product, a client deleted
+/// before it uploads, and App Review's Sandbox purchase, granted and kept out of revenue) and a
+/// second one added with `POST /v1/apps` and its own key. Runs the reconciler and a history
+/// sweep, and prints what happened per app and the report.
 struct Demo: AsyncParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Run a self-contained simulation against an in-process ledger and print the reconciliation report.")
 
@@ -29,6 +32,10 @@ struct Demo: AsyncParsableCommand {
     @Flag(help: "Keep the database running after the demo until Enter is pressed (to explore it with psql)") var explore = false
 
     static let bundleId = "com.example.ledger-demo"
+    static let appAppleId: Int64 = 1_000_000_001
+    /// The second app, added over HTTP while the ledger runs.
+    static let secondBundleId = "com.example.ledger-demo.puzzle"
+    static let secondAppAppleId: Int64 = 1_000_000_002
     static let database = "ledger_demo"
 
     func run() async throws {
@@ -55,8 +62,11 @@ struct Demo: AsyncParsableCommand {
         try chain.rootPEM().write(toFile: rootFile, atomically: true, encoding: .utf8)
         defer { try? FileManager.default.removeItem(atPath: rootFile) }
 
-        // The throwaway App Store Server API, which knows every Apple account's purchases.
-        let standIn = AppStoreServerStandIn(bundleID: Self.bundleId)
+        // The throwaway App Store Server API, which knows every Apple account's purchases: a
+        // production host and a sandbox host, each serving both apps (each with its own key).
+        let standIn = AppStoreServerStandIn(bundleID: Self.bundleId, environment: "Production")
+        let second = AppStoreServerStandIn(bundleID: Self.secondBundleId, environment: "Production")
+        let sandboxes = [try standIn.twin(in: "Sandbox"), try second.twin(in: "Sandbox")]
         let keyFile = FileManager.default.temporaryDirectory.appendingPathComponent("ledger-demo-key-\(getpid()).p8").path
         try standIn.privateKeyPEM.write(toFile: keyFile, atomically: true, encoding: .utf8)
         defer { try? FileManager.default.removeItem(atPath: keyFile) }
@@ -66,7 +76,9 @@ struct Demo: AsyncParsableCommand {
         configuration.port = try ProcessRunner.freeLocalPort()
         configuration.apple.rootCertificateFiles = [rootFile]
         configuration.apple.bundleID = Self.bundleId
-        configuration.apple.environments = [.sandbox]
+        // Production and Sandbox, as a shipped app's ledger: App Review buys in the sandbox.
+        configuration.apple.appID = Self.appAppleId
+        configuration.apple.environments = [.production, .sandbox]
         configuration.apple.apiKeyID = AppStoreServerStandIn.keyID
         configuration.apple.apiIssuerID = AppStoreServerStandIn.issuerID
         configuration.apple.apiPrivateKeyFile = keyFile
@@ -84,11 +96,15 @@ struct Demo: AsyncParsableCommand {
         configuration.refundCatchUpInterval = 0
         let settings = configuration
         let (seed, users, lostRate, database, probe) = (seed, users, lostRate, demoDatabase, demoProbe)
-        try await standIn.run { apiURL in
-            var configuration = settings
-            configuration.apple.apiURL = apiURL
-            try await Self.serveAndPlay(
-                configuration, database: database, probing: probe, chain: chain, standIn: standIn, seed: seed, users: users, lostRate: lostRate, logger: logger)
+        try await AppStoreServerStandIn.run([standIn, second]) { productionURL in
+            try await AppStoreServerStandIn.run(sandboxes) { sandboxURL in
+                var configuration = settings
+                configuration.apple.apiURL = productionURL
+                configuration.apple.apiSandboxURL = sandboxURL
+                try await Self.serveAndPlay(
+                    configuration, database: database, probing: probe, chain: chain, standIn: standIn, second: second,
+                    sandboxes: sandboxes, seed: seed, users: users, lostRate: lostRate, logger: logger)
+            }
         }
         let psql = opened.privateCluster.map { _ in PrivateCluster(directory: dataDir).psqlCommand(database: Self.database) } ?? "psql"
         if explore {
@@ -104,8 +120,8 @@ extension Demo {
     /// Serves the ledger in-process on `configuration` while the story plays against it.
     static func serveAndPlay(
         _ configuration: LedgerConfiguration, database demoDatabase: PostgresClient.Configuration,
-        probing: PostgresConnection.Configuration, chain: ThrowawaySigningChain,
-        standIn: AppStoreServerStandIn, seed: UInt64, users: Int, lostRate: Double, logger: Logger
+        probing: PostgresConnection.Configuration, chain: ThrowawaySigningChain, standIn: AppStoreServerStandIn,
+        second: AppStoreServerStandIn, sandboxes: [AppStoreServerStandIn], seed: UInt64, users: Int, lostRate: Double, logger: Logger
     ) async throws {
         let client = PostgresClient(configuration: demoDatabase, backgroundLogger: logger)
         let application = try buildApplication(configuration: configuration, client: client, probing: probing, logger: logger)
@@ -120,14 +136,34 @@ extension Demo {
             let key = try await withPostgresClient(demoDatabase, logger: logger) { client in
                 try await APIKeyStore(database: Database(client: client, logger: logger)).create(name: "demo", scopes: [.admin])
             }
-            var story = DemoStory(http: http, base: base, key: key, chain: chain, standIn: standIn, seed: seed, lostRate: lostRate)
+            var story = DemoStory(
+                http: http, base: base, key: key, chain: chain, standIn: standIn, second: second, seed: seed, lostRate: lostRate)
+            try await story.addSecondApp()
             try await story.play(users: users)
+            try await story.playAppReview()
             try await story.answerConsumptionRequest()
             try await story.prepareMissedNotification()
-            let backfill = ServiceAssembly(database: Database(client: client, logger: logger)).notificationBackfill(
-                api: LazyAppStoreServerAPI(settings: try configuration.requiredAppStoreServerAPI(), logger: logger),
-                verifier: try configuration.apple.verifier(logger: logger))
-            story.backfill = try await backfill.run(since: Date(timeIntervalSinceNow: -3600))
+            // Every app's backfill in every environment it accepts, each with its app's key.
+            let database = Database(client: client, logger: logger)
+            let apps = AppDirectory(catalog: AppCatalog(database: database), maximumAge: .seconds(configuration.appsMaximumAge), logger: logger)
+            let backfills = try await ServiceAssembly(database: database).notificationBackfills(
+                api: LazyAppStoreServerAPI(catalog: AppCatalog(database: database), hosts: configuration.apple.appStoreServerAPIHosts(), logger: logger),
+                verifier: try configuration.apple.verifier(logger: logger).choosingApps(from: apps))
+            var backfilled = NotificationBackfill.Summary()
+            for backfill in backfills {
+                let summary = try await backfill.run(since: Date(timeIntervalSinceNow: -3600))
+                backfilled.notifications += summary.notifications
+                backfilled.applied += summary.applied
+                backfilled.repeated += summary.repeated
+            }
+            story.backfill = backfilled
+            story.report = try await story.requestJSON("GET", "/v1/reports/reconciliation")
+            var secondKey = (asked: 0, refused: 0)
+            for host in [second, sandboxes[1]] {
+                secondKey.asked += await host.requests
+                secondKey.refused += await host.refusedTokens
+            }
+            story.secondAppCalls = secondKey
             print(story.summary)
             let csv = try await story.request("GET", "/v1/reports/reconciliation", accept: "text/csv")
             print("\nReconciliation report (CSV):\n\(csv)")
@@ -160,10 +196,14 @@ struct DemoStory {
     let base: String
     let key: String
     let chain: ThrowawaySigningChain
+    /// The configured app's production host, and the second app's.
     let standIn: AppStoreServerStandIn
+    let second: AppStoreServerStandIn
     var random: DemoRandom
     let lostRate: Double
-    var counts: [String: Int] = [:]
+    /// What happened, per app (the app `app` names while it plays).
+    var counts: [String: [String: Int]] = [:]
+    var app = Demo.bundleId
     var reconcile: [String: Any] = [:]
     var recovery: [String: Any] = [:]
     /// Delivered purchases: one gets a consumption request, one a refund the ledger misses.
@@ -174,13 +214,24 @@ struct DemoStory {
     var missedRefundOrder: String?
     /// Each Apple account's purchases, as Apple's transaction history lists them.
     var histories: [String: [String]] = [:]
+    var secondHistories: [String: [String]] = [:]
+    /// App Review's purchase: its transaction, its order, and the order's answer after delivery.
+    var review: (transactionId: String, orderId: String, order: [String: Any])?
+    /// The reconciliation report (JSON) at the end.
+    var report: [String: Any] = [:]
+    /// Requests the second app's hosts took, and how many of their tokens they refused.
+    var secondAppCalls = (asked: 0, refused: 0)
 
-    init(http: HTTPClient, base: String, key: String, chain: ThrowawaySigningChain, standIn: AppStoreServerStandIn, seed: UInt64, lostRate: Double) {
+    init(
+        http: HTTPClient, base: String, key: String, chain: ThrowawaySigningChain, standIn: AppStoreServerStandIn,
+        second: AppStoreServerStandIn, seed: UInt64, lostRate: Double
+    ) {
         self.http = http
         self.base = base
         self.key = key
         self.chain = chain
         self.standIn = standIn
+        self.second = second
         self.random = DemoRandom(seed: seed)
         self.lostRate = lostRate
     }
@@ -193,12 +244,31 @@ struct DemoStory {
         let jws: String
         let lost: Bool
         let payload: SignedTransactionPayload
+        var app = Demo.bundleId
+    }
+
+    /// Adds the second app over HTTP, as an operator would (`POST /v1/apps`): both environments,
+    /// its Apple id, and its own App Store Server API key (tokens with its bundle id as `bid`).
+    mutating func addSecondApp() async throws {
+        let body: [String: Any] = [
+            "bundleId": Demo.secondBundleId, "appAppleId": Demo.secondAppAppleId, "environments": ["Production", "Sandbox"],
+            "apiKey": ["issuerId": AppStoreServerStandIn.issuerID, "keyId": AppStoreServerStandIn.keyID, "privateKey": second.privateKeyPEM],
+        ]
+        let added = try await requestJSON("POST", "/v1/apps", body: String(decoding: try JSONSerialization.data(withJSONObject: body), as: UTF8.self))
+        guard added["bundleId"] as? String == Demo.secondBundleId else { throw CommandFailure("POST /v1/apps did not add the second app: \(added)") }
+        count("added over POST /v1/apps with its own API key", in: Demo.secondBundleId)
+    }
+
+    /// `POST /v1/orders` of `app`: with two apps in the ledger, every order names its app.
+    func orderBody(_ orderId: String, _ user: String, _ product: String, _ price: String, app: String = Demo.bundleId) -> String {
+        #"{"orderId":"\#(orderId)","userId":"\#(user)","productId":"\#(product)","price":"\#(price)","currency":"USD","bundleId":"\#(app)"}"#
     }
 
     mutating func play(users: Int) async throws {
-        _ = try await request("PUT", "/v1/products/gems.100", body: #"{"price":"0.99","currency":"USD"}"#)
-        _ = try await request("PUT", "/v1/products/gems.500", body: #"{"price":"4.99","currency":"USD"}"#)
-        _ = try await request("PUT", "/v1/products/gems.legacy", body: #"{"status":"retired","price":"1.99","currency":"USD"}"#)
+        _ = try await request("PUT", "/v1/products/gems.100", body: #"{"price":"0.99","currency":"USD","bundleId":"\#(Demo.bundleId)"}"#)
+        _ = try await request("PUT", "/v1/products/gems.500", body: #"{"price":"4.99","currency":"USD","bundleId":"\#(Demo.bundleId)"}"#)
+        _ = try await request("PUT", "/v1/products/gems.legacy", body: #"{"status":"retired","price":"1.99","currency":"USD","bundleId":"\#(Demo.bundleId)"}"#)
+        _ = try await request("PUT", "/v1/products/hints.10", body: #"{"price":"1.99","currency":"USD","bundleId":"\#(Demo.secondBundleId)"}"#)
         var pending: [Pending] = []
         var transactionNumber = 0
         for userIndex in 0..<users {
@@ -212,7 +282,7 @@ struct DemoStory {
                 let price = product == "gems.500" ? "4.99" : product == "gems.legacy" ? "1.99" : "0.99"
                 var token: String?
                 if !legacy {
-                    let created = try await requestJSON("POST", "/v1/orders", body: #"{"orderId":"\#(orderId)","userId":"\#(user)","productId":"\#(product)","price":"\#(price)","currency":"USD"}"#)
+                    let created = try await requestJSON("POST", "/v1/orders", body: orderBody(orderId, user, product, price))
                     token = created["appAccountToken"] as? String
                     count("orders created")
                     let queuedAt = Date()
@@ -224,7 +294,7 @@ struct DemoStory {
                     }
                     if random.chance(0.25) {
                         // An abandoned second order for the same product: the reconciler must choose.
-                        _ = try await request("POST", "/v1/orders", body: #"{"orderId":"\#(orderId)-abandoned","userId":"\#(user)","productId":"\#(product)","price":"\#(price)","currency":"USD"}"#)
+                        _ = try await request("POST", "/v1/orders", body: orderBody("\(orderId)-abandoned", user, product, price))
                         count("orders abandoned")
                     }
                 }
@@ -234,7 +304,7 @@ struct DemoStory {
                 let purchaseDate = Date().addingTimeInterval(1)
                 let payload = SignedTransactionPayload(
                     transactionId: transactionId, originalTransactionId: transactionId, bundleId: Demo.bundleId, productId: product,
-                    purchaseDate: purchaseDate.millisecondsSince1970, signedDate: Date().millisecondsSince1970, environment: "Sandbox",
+                    purchaseDate: purchaseDate.millisecondsSince1970, signedDate: Date().millisecondsSince1970, environment: "Production",
                     appAccountToken: lost ? nil : token, appTransactionId: account, price: product == "gems.500" ? 4990 : 990, currency: "USD")
                 let jws = try chain.sign(payload)
                 histories[account, default: []].append(jws)
@@ -242,31 +312,34 @@ struct DemoStory {
                 if lost { count("order ids lost by StoreKit") }
             }
         }
+        pending += try await playSecondApp(users: max(2, users / 4))
         // A client pays and is deleted before it uploads: only Apple knows of the purchase.
         let deletedUser = "demo-user-deleted"
         let deletedAccount = try await logIn(deletedUser, account: "demo-account-deleted")
         let deletedOrder = "\(deletedUser)-order-0"
-        let created = try await requestJSON("POST", "/v1/orders", body: #"{"orderId":"\#(deletedOrder)","userId":"\#(deletedUser)","productId":"gems.500","price":"4.99","currency":"USD"}"#)
+        let created = try await requestJSON("POST", "/v1/orders", body: orderBody(deletedOrder, deletedUser, "gems.500", "4.99"))
         count("orders created")
         let paid = SignedTransactionPayload(
             transactionId: String(900_000_000 + Int(random.seed % 1000)), bundleId: Demo.bundleId, productId: "gems.500",
-            purchaseDate: Date().millisecondsSince1970, signedDate: Date().millisecondsSince1970, environment: "Sandbox",
+            purchaseDate: Date().millisecondsSince1970, signedDate: Date().millisecondsSince1970, environment: "Production",
             appAccountToken: created["appAccountToken"] as? String, appTransactionId: deletedAccount, price: 4990, currency: "USD")
         histories[deletedAccount, default: []].append(try chain.sign(paid))
         count("clients deleted before uploading")
         // First launch: every client uploads what it holds; matched purchases are delivered.
         var still: [Pending] = []
         for item in pending {
+            app = item.app
             let answer = try await upload(item)
             count("first upload: \(answer["outcome"] as? String ?? "?")")
             if try await deliverIfMatched(answer) {
-                if answer["state"] as? String == "verified" { delivered.append(item) }
+                if answer["state"] as? String == "verified", item.app == Demo.bundleId { delivered.append(item) }
                 continue
             }
             still.append(item)
         }
         // A client that re-posts on every launch: the same proof, the same answer, nothing appended.
         for item in pending.prefix(5) {
+            app = item.app
             _ = try await upload(item)
             count("re-uploads of finished purchases")
         }
@@ -277,11 +350,12 @@ struct DemoStory {
             guard (pool["transactions"] as? [Any])?.isEmpty == true else { continue }
             let undone = try await requestJSON(
                 "POST", "/v1/transactions/\(item.transactionId)/unmatch", body: #"{"reason":"paired with the wrong character"}"#)
-            if undone["orderId"] != nil { count("pairings undone by support") }
+            if undone["orderId"] != nil { count("pairings undone by support", in: item.app) }
             break
         }
         // Next launch: the clients still holding transactions upload again; paired ones now match.
         for item in still {
+            app = item.app
             let answer = try await upload(item)
             count("second upload: \(answer["outcome"] as? String ?? "?")")
             _ = try await deliverIfMatched(answer)
@@ -291,6 +365,10 @@ struct DemoStory {
         for (account, signed) in histories {
             await standIn.setHistory(account, [.init(revision: "\(account)-1", hasMore: false, signedTransactions: signed)])
         }
+        for (account, signed) in secondHistories {
+            await second.setHistory(account, [.init(revision: "\(account)-1", hasMore: false, signedTransactions: signed)])
+        }
+        app = Demo.bundleId
         recovery = try await requestJSON("POST", "/v1/recover", body: "{}")
         let recovered = try await requestJSON("GET", "/v1/orders/\(deletedOrder)")
         if recovered["state"] as? String == "verified" {
@@ -299,12 +377,65 @@ struct DemoStory {
         }
     }
 
+    /// The second app's customers: each logs in and buys hints once or twice, Production-signed;
+    /// some order ids are lost, for the reconciler to pair within this app. Returns the
+    /// purchases their clients hold, to upload with the first app's.
+    mutating func playSecondApp(users: Int) async throws -> [Pending] {
+        app = Demo.secondBundleId
+        defer { app = Demo.bundleId }
+        var pending: [Pending] = []
+        var transactionNumber = 0
+        for userIndex in 0..<users {
+            let user = "puzzle-user-\(userIndex)"
+            let account = try await logIn(user, account: "puzzle-account-\(userIndex)", app: Demo.secondBundleId, appAppleId: Demo.secondAppAppleId)
+            for purchase in 0..<random.int(1...2) {
+                let orderId = "\(user)-order-\(purchase)"
+                let created = try await requestJSON("POST", "/v1/orders", body: orderBody(orderId, user, "hints.10", "1.99", app: Demo.secondBundleId))
+                count("orders created")
+                transactionNumber += 1
+                let transactionId = String(200_000_000 + Int(random.seed % 1000) * 100_000 + transactionNumber)
+                let lost = random.chance(lostRate)
+                let payload = SignedTransactionPayload(
+                    transactionId: transactionId, originalTransactionId: transactionId, bundleId: Demo.secondBundleId, productId: "hints.10",
+                    purchaseDate: Date().addingTimeInterval(1).millisecondsSince1970, signedDate: Date().millisecondsSince1970,
+                    environment: "Production", appAccountToken: lost ? nil : created["appAccountToken"] as? String, appTransactionId: account,
+                    price: 1990, currency: "USD")
+                let jws = try chain.sign(payload)
+                secondHistories[account, default: []].append(jws)
+                pending.append(Pending(
+                    transactionId: transactionId, orderId: orderId, user: user, jws: jws, lost: lost, payload: payload, app: Demo.secondBundleId))
+                if lost { count("order ids lost by StoreKit") }
+            }
+        }
+        return pending
+    }
+
+    /// App Review buys in the sandbox against the production build, which talks to this
+    /// (production) ledger: the reviewer's Sandbox-signed purchase is granted like any other,
+    /// and the reports keep it out of revenue (`sandboxTotals`, never `totals`).
+    mutating func playAppReview() async throws {
+        app = Demo.bundleId
+        let (user, orderId) = ("app-reviewer", "app-review-order-0")
+        let created = try await requestJSON("POST", "/v1/orders", body: orderBody(orderId, user, "gems.500", "4.99"))
+        count("orders created")
+        let transactionId = String(300_000_000 + Int(random.seed % 1000))
+        let payload = SignedTransactionPayload(
+            transactionId: transactionId, originalTransactionId: transactionId, bundleId: Demo.bundleId, productId: "gems.500",
+            purchaseDate: Date().millisecondsSince1970, signedDate: Date().millisecondsSince1970, environment: "Sandbox",
+            appAccountToken: created["appAccountToken"] as? String, price: 4990, currency: "USD")
+        let item = Pending(transactionId: transactionId, orderId: orderId, user: user, jws: try chain.sign(payload), lost: false, payload: payload)
+        let answer = try await upload(item)
+        count("App Review's Sandbox purchase: \(answer["outcome"] as? String ?? "?") \(answer["state"] as? String ?? "?")")
+        _ = try await deliverIfMatched(answer)
+        review = (transactionId, orderId, try await requestJSON("GET", "/v1/orders/\(orderId)"))
+    }
+
     /// A customer asks Apple to refund a delivered purchase: Apple's CONSUMPTION_REQUEST arrives,
     /// and the ledger answers it from what it knows (within a few seconds here).
     mutating func answerConsumptionRequest() async throws {
         guard let item = delivered.first else { return }
-        _ = try await request("PUT", "/v1/products/gems.100", body: #"{"price":"0.99","currency":"USD","sampleContentProvided":false,"refundPreference":"DECLINE"}"#)
-        _ = try await request("PUT", "/v1/products/gems.500", body: #"{"price":"4.99","currency":"USD","sampleContentProvided":false,"refundPreference":"DECLINE"}"#)
+        _ = try await request("PUT", "/v1/products/gems.100", body: #"{"price":"0.99","currency":"USD","sampleContentProvided":false,"refundPreference":"DECLINE","bundleId":"\#(Demo.bundleId)"}"#)
+        _ = try await request("PUT", "/v1/products/gems.500", body: #"{"price":"4.99","currency":"USD","sampleContentProvided":false,"refundPreference":"DECLINE","bundleId":"\#(Demo.bundleId)"}"#)
         let notification = try signedNotification("CONSUMPTION_REQUEST", transaction: item.jws, reason: "UNINTENDED_PURCHASE")
         _ = try await requestJSON("POST", "/v1/notifications/apple", body: #"{"signedPayload":"\#(notification)"}"#)
         for _ in 0..<100 {
@@ -341,13 +472,16 @@ struct DemoStory {
         let uuid = EventID.named("demo-notification", type, transaction).uuid.uuidString.lowercased()
         return try chain.sign(SignedNotificationPayload(
             notificationType: type, notificationUUID: uuid, signedDate: Date().millisecondsSince1970,
-            data: .init(bundleId: Demo.bundleId, environment: "Sandbox", signedTransactionInfo: transaction, consumptionRequestReason: reason)))
+            data: .init(
+                bundleId: Demo.bundleId, appAppleId: Demo.appAppleId, environment: "Production", signedTransactionInfo: transaction,
+                consumptionRequestReason: reason)))
     }
 
     /// At login the app sends the signed AppTransaction naming the user's Apple account.
-    mutating func logIn(_ user: String, account: String) async throws -> String {
+    mutating func logIn(_ user: String, account: String, app: String = Demo.bundleId, appAppleId: Int64 = Demo.appAppleId) async throws -> String {
         let signed = try chain.sign(SignedAppTransactionPayload(
-            appTransactionId: account, bundleId: Demo.bundleId, receiptType: "Sandbox", receiptCreationDate: Date().millisecondsSince1970))
+            appTransactionId: account, bundleId: app, receiptType: "Production", receiptCreationDate: Date().millisecondsSince1970,
+            appAppleId: appAppleId))
         let linked = try await requestJSON("POST", "/v1/users/\(user)/app-transaction", body: #"{"signedAppTransaction":"\#(signed)"}"#)
         count("Apple accounts linked at login: \(linked["outcome"] as? String ?? "?")")
         return account
@@ -369,11 +503,31 @@ struct DemoStory {
         return true
     }
 
-    mutating func count(_ what: String) { counts[what, default: 0] += 1 }
+    /// Counts `what` for `app` (nil: the app now playing).
+    mutating func count(_ what: String, in app: String? = nil) { counts[app ?? self.app, default: [:]][what, default: 0] += 1 }
 
     var summary: String {
-        var lines = ["Demo: what the simulated clients did and saw"]
-        for (what, n) in counts.sorted(by: { $0.key < $1.key }) { lines.append("  \(what): \(n)") }
+        var lines = ["Demo: what the simulated clients did and saw, per app"]
+        let rows = report["rows"] as? [[String: Any]] ?? []
+        func revenue(_ app: String, _ environment: String) -> Decimal {
+            rows.filter { $0["bundleId"] as? String == app && $0["environment"] as? String == environment }
+                .reduce(Decimal(0)) { $0 + (Decimal(string: $1["revenue"] as? String ?? "0") ?? 0) }
+        }
+        let apps = [
+            (Demo.bundleId, "the LEDGER_APPLE_* settings' app: Production and Sandbox, app id \(Demo.appAppleId)"),
+            (Demo.secondBundleId, "added over HTTP: Production and Sandbox, app id \(Demo.secondAppAppleId), its own API key"),
+        ]
+        for (app, what) in apps {
+            lines.append("App \(app) (\(what))")
+            for (what, n) in (counts[app] ?? [:]).sorted(by: { $0.key < $1.key }) { lines.append("  \(what): \(n)") }
+            lines.append("  revenue (Production, in totals): \(revenue(app, "Production")) USD; Sandbox (sandboxTotals, not revenue): \(revenue(app, "Sandbox")) USD")
+        }
+        lines.append("  App Store Server API requests with its own key: \(secondAppCalls.asked), \(secondAppCalls.refused) refused")
+        if let review {
+            let totals = report["totals"] as? [String: Any] ?? [:]
+            let sandbox = report["sandboxTotals"] as? [String: Any] ?? [:]
+            lines.append("App Review: the reviewer's Sandbox purchase \(review.transactionId) (order \(review.orderId) of \(Demo.bundleId)) was granted: order \(review.order["state"] as? String ?? "?"), environment \(review.order["environment"] as? String ?? "?"); not in revenue: totals (Production) revenue \(totals["revenue"] as? String ?? "?") USD, sandboxTotals revenue \(sandbox["revenue"] as? String ?? "?") USD")
+        }
         let rules = (reconcile["byRule"] as? [String: Int] ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
         lines.append("Reconciler: paired \(reconcile["paired"] as? Int ?? 0) of \(reconcile["considered"] as? Int ?? 0) orphans (\(rules.isEmpty ? "none" : rules)), \(reconcile["ambiguous"] as? Int ?? 0) ambiguous, \(reconcile["unknownUser"] as? Int ?? 0) without a user")
         let found = (recovery["ingested"] as? [String: Int] ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")

@@ -146,7 +146,7 @@ struct BackfillCommandTests {
 /// `ledger demo`, as a newcomer runs it: its own private cluster, its own Apple stand-ins.
 @Suite("ledger demo")
 struct DemoCommandTests {
-    @Test("plays its story to the end: lost order ids paired, an undo, and a deleted client's purchase found by a history sweep")
+    @Test("plays its story to the end: two apps, lost order ids paired, an undo, a deleted client's purchase found by a history sweep, App Review's sandbox purchase kept out of revenue")
     func playsTheStory() async throws {
         // A folder the postgres account can enter (the checkout may be under a private folder).
         let work = URL(fileURLWithPath: "/var/tmp/ledger-demo-test-\(UUID().uuidString.prefix(8))")
@@ -162,6 +162,29 @@ struct DemoCommandTests {
         #expect(output.contains("Consumption answer (order demo-user-0-order-0): sent, deliveryStatus DELIVERED"), "\(output)")
         #expect(output.contains("Notification backfill: 2 in Apple's history, 1 new to the ledger, 1 applied before"), "\(output)")
         #expect(output.contains("Reconciliation report (CSV):"), "\(output)")
+
+        // Two apps: the second, added over HTTP, sold and asked Apple with its own key.
+        #expect(output.contains("App com.example.ledger-demo (") && output.contains("App com.example.ledger-demo.puzzle ("), "\(output)")
+        #expect(output.contains("added over POST /v1/apps with its own API key: 1"), "\(output)")
+        #expect(output.contains("App Store Server API requests with its own key: ") && output.contains(", 0 refused"), "\(output)")
+        #expect(output.contains("App Review's Sandbox purchase: matched verified: 1"), "\(output)")
+        #expect(output.contains("App Review: the reviewer's Sandbox purchase") && output.contains("order finished, environment Sandbox"), "\(output)")
+        // The report (CSV): every app's production rows, and the reviewer's purchase in the
+        // sandbox's totals alone, never in production's.
+        let csv = output.components(separatedBy: "Reconciliation report (CSV):\n").last ?? ""
+        let rows = csv.split(separator: "\n", omittingEmptySubsequences: false).dropFirst().prefix { !$0.isEmpty }
+            .map { $0.split(separator: ",", omittingEmptySubsequences: false).map(String.init) }.filter { $0.count == 22 }
+        let (day, verified, revenue, environment, bundle) = (0, 4, 10, 20, 21)
+        let production = rows.filter { $0[day] != "total" && $0[environment] == "Production" }
+        let sandbox = rows.filter { $0[day] != "total" && $0[environment] == "Sandbox" }
+        #expect(Set(production.map { $0[bundle] }) == ["com.example.ledger-demo", "com.example.ledger-demo.puzzle"], "\(csv)")
+        #expect(sandbox.map { [$0[bundle], $0[verified], $0[revenue]] } == [["com.example.ledger-demo", "1", "4.99"]], "\(csv)")
+        let totals = rows.first { $0[day] == "total" && $0[environment] == "Production" }
+        let sandboxTotals = rows.first { $0[day] == "total" && $0[environment] == "Sandbox" }
+        let productionRevenue = production.reduce(Decimal(0)) { $0 + (Decimal(string: $1[revenue]) ?? 0) }
+        #expect(totals.flatMap { Decimal(string: $0[revenue]) } == productionRevenue, "\(csv)")
+        #expect(totals?[verified] == String(production.reduce(0) { $0 + (Int($1[verified]) ?? 0) }), "\(csv)")
+        #expect(sandboxTotals.map { [$0[verified], $0[revenue]] } == ["1", "4.99"], "\(csv)")
     }
 }
 
