@@ -21,16 +21,6 @@ func operatorMetadata(_ command: String) throws -> Data {
     return try JSONSerialization.data(withJSONObject: ["appendedBy": who])
 }
 
-extension LedgerConfiguration {
-    /// The App Store Server API's settings, for a command that cannot run without them.
-    func requiredAppStoreServerAPI() throws -> AppStoreServerAPI.Settings {
-        guard let settings = try apple.appStoreServerAPI() else {
-            throw ValidationError("the App Store Server API is not configured: set LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID and LEDGER_APPLE_API_PRIVATE_KEY")
-        }
-        return settings
-    }
-}
-
 /// What a command that asks Apple works with: its configuration, the apps' App Store Server API
 /// clients, the verifier, and the ledger's services on its database.
 struct AppleWork: Sendable {

@@ -17,6 +17,7 @@ struct Products: AsyncParsableCommand {
         @Option(help: "ISO 4217 currency, such as USD") var currency: String?
         @Option(help: "Consumption answers: true when the app offers a free sample or trial of it") var sampleContentProvided: Bool?
         @Option(help: "Consumption answers: DECLINE, GRANT_FULL or GRANT_PRORATED") var refundPreference: String?
+        @Option(help: "The app the product belongs to (product ids are per app; default: the ledger's first app)") var bundleId: String?
 
         func run() async throws {
             guard let status = ProductCatalog.Status(rawValue: status) else { throw CommandFailure("--status must be active or retired") }
@@ -27,10 +28,11 @@ struct Products: AsyncParsableCommand {
                 return preference
             }
             let id = try ProductID(product)
+            let app = try bundleId.map { try BundleID($0) }
             let saved = try await withLedgerDatabase(options) { client, logger in
                 try await ProductCatalog(database: Database(client: client, logger: logger)).set(
                     id, status: status, price: price, currency: currency, sampleContentProvided: sampleContentProvided,
-                    refundPreference: preference)
+                    refundPreference: preference, bundleId: app)
             }
             print("\(saved.productId)\t\(saved.status.rawValue)\t\(saved.price ?? "-")\t\(saved.currency ?? "-")")
         }

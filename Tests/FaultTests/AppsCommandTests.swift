@@ -51,6 +51,13 @@ struct AppsCommandTests {
             #expect(listed == 0, "\(list)")
             #expect(list.contains("com.example.cli\t") && list.contains("com.example.configured\tno app-apple-id\tSandbox\tno api-key"), "\(list)")
 
+            // Product ids are per app: `--bundle-id` sets the named app's (else the first app's).
+            let (set, setOutput) = try await ledger(["products", "set", "--product", "gems.100", "--price", "1.99", "--currency", "USD", "--bundle-id", "com.example.configured"])
+            #expect(set == 0, "\(setOutput)")
+            #expect(try await scalarText(db, "SELECT bundle_id FROM products WHERE product_id = 'gems.100'") == "com.example.configured")
+            let (unknownApp, unknownOutput) = try await ledger(["products", "set", "--product", "gems.100", "--bundle-id", "com.example.none"])
+            #expect(unknownApp != 0 && unknownOutput.contains("com.example.none"), "\(unknownOutput)")
+
             for (arguments, named) in [
                 (["apps", "add", "--bundle-id", "com.example.cli"], "holds the app com.example.cli already"),
                 (["apps", "add", "--bundle-id", "com example"], "--bundle-id"),
