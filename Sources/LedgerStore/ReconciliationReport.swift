@@ -106,11 +106,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
                                WHEN 'refunded' THEN CASE WHEN e.metadata ? 'refundCatchUp' THEN 'caught-up' ELSE '' END ELSE '' END,
                    count(*)::int,
                    trim_scale(coalesce(sum(o.price * o.quantity * CASE
-                       WHEN e.type <> 'refunded' THEN 1
-                       WHEN e.data->>'revocationType' = 'REFUND_PRORATED' AND jsonb_typeof(e.data->'revocationPercentage') = 'number'
-                           THEN least(greatest((e.data->>'revocationPercentage')::numeric, 0), 100000) / 100000
-                       WHEN e.data->>'revocationType' = 'FAMILY_REVOKE' THEN 0
-                       ELSE 1 END), 0))::text,
+                       WHEN e.type <> 'refunded' THEN 1 ELSE refund_share(e.data) END), 0))::text,
                    o.bundle_id
             FROM events e JOIN orders o ON o.order_id = substr(e.stream_id, 7)
             JOIN order_environments oe ON oe.order_id = o.order_id

@@ -106,6 +106,20 @@ CREATE OR REPLACE VIEW dashboards.unmatched_transactions AS
      WHERE order_id IS NULL AND status = 'unmatched'
      ORDER BY received_at;
 
+-- The share of an order's amount a `refunded` event (its body) gives back: a prorated refund's
+-- percentage (Apple's thousandths of a percent, held to 0...100000; a full refund without one),
+-- nothing for a family member's revoked access, else all. One statement of the rule for
+-- dashboards.daily_orders and LedgerStore's ReconciliationReport.
+CREATE FUNCTION refund_share(refund jsonb) RETURNS numeric LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE refund->>'revocationType'
+                WHEN 'REFUND_PRORATED' THEN
+                    CASE WHEN jsonb_typeof(refund->'revocationPercentage') = 'number'
+                         THEN least(greatest((refund->>'revocationPercentage')::numeric, 0), 100000) / 100000
+                         ELSE 1 END
+                WHEN 'FAMILY_REVOKE' THEN 0
+                ELSE 1 END
+$$;
+
 -- 012's view, one row per app too.
 CREATE OR REPLACE VIEW dashboards.daily_orders AS
     SELECT (o.created_at AT TIME ZONE 'UTC')::date AS day, o.product_id, o.state, count(*) AS orders,
@@ -115,13 +129,7 @@ CREATE OR REPLACE VIEW dashboards.daily_orders AS
       FROM public.orders o
       JOIN public.order_environments oe ON oe.order_id = o.order_id
       LEFT JOIN LATERAL (
-            SELECT CASE e.data->>'revocationType'
-                        WHEN 'REFUND_PRORATED' THEN
-                            CASE WHEN jsonb_typeof(e.data->'revocationPercentage') = 'number'
-                                 THEN least(greatest((e.data->>'revocationPercentage')::numeric, 0), 100000) / 100000
-                                 ELSE 1 END
-                        WHEN 'FAMILY_REVOKE' THEN 0
-                        ELSE 1 END AS share
+            SELECT public.refund_share(e.data) AS share
               FROM public.events e
              WHERE o.state = 'refunded' AND e.stream_id = 'order-' || o.order_id AND e.type = 'refunded'
              ORDER BY e.stream_version DESC
