@@ -241,7 +241,9 @@ public struct AppleProofVerifier: Sendable {
             bundleId: app?.bundleId ?? payload.bundleId, quantity: payload.quantity ?? 1,
             appAccountToken: payload.appAccountToken.flatMap(UUID.init(uuidString:)), appTransactionId: payload.appTransactionId,
             inAppOwnershipType: payload.inAppOwnershipType, price: payload.price.map(Self.decimal(milliUnits:)),
-            currency: payload.currency, format: .jws, receiptSha256: sha256)
+            currency: payload.currency, format: .jws, receiptSha256: sha256, type: payload.type,
+            expiresDate: payload.expiresDate.map(Date.init(millisecondsSince1970:)), webOrderLineItemId: payload.webOrderLineItemId,
+            transactionReason: payload.transactionReason, subscriptionGroupIdentifier: payload.subscriptionGroupIdentifier)
     }
 
     /// Apple's milli-units as a decimal string: 990 → "0.99".
@@ -282,4 +284,6 @@ public struct VerifiedNotification: Sendable, Equatable {
     public var revocation: Revocation?
     /// Why the customer asked for a refund (`CONSUMPTION_REQUEST` only).
     public var consumptionRequestReason: String?
+    /// The subscription's renewal info (`signedRenewalInfo`), verified like the transaction.
+    public var renewalInfo: RenewalInfo? = nil
 }

@@ -39,13 +39,20 @@ public struct SignedTransactionPayload: AppleSignedPayload, Equatable {
     public var revocationType: String?
     /// Thousandths of a percent refunded, 0...100000 (Apple's `revocationPercentage`).
     public var revocationPercentage: Int?
+    /// Auto-renewable subscriptions: the end of the period, ms since 1970 (Apple's `expiresDate`).
+    public var expiresDate: Int64?
+    public var webOrderLineItemId: String?
+    /// `PURCHASE` or `RENEWAL`.
+    public var transactionReason: String?
+    public var subscriptionGroupIdentifier: String?
 
     public init(
         transactionId: String, originalTransactionId: String? = nil, bundleId: String, productId: String,
         purchaseDate: Int64, signedDate: Int64, environment: String, quantity: Int? = 1, type: String? = "Consumable",
         appAccountToken: String? = nil, appTransactionId: String? = nil, inAppOwnershipType: String? = "PURCHASED",
         price: Int64? = nil, currency: String? = nil, revocationDate: Int64? = nil, revocationReason: Int? = nil,
-        revocationType: String? = nil, revocationPercentage: Int? = nil
+        revocationType: String? = nil, revocationPercentage: Int? = nil, expiresDate: Int64? = nil,
+        webOrderLineItemId: String? = nil, transactionReason: String? = nil, subscriptionGroupIdentifier: String? = nil
     ) {
         self.transactionId = transactionId
         self.originalTransactionId = originalTransactionId
@@ -65,6 +72,10 @@ public struct SignedTransactionPayload: AppleSignedPayload, Equatable {
         self.revocationReason = revocationReason
         self.revocationType = revocationType
         self.revocationPercentage = revocationPercentage
+        self.expiresDate = expiresDate
+        self.webOrderLineItemId = webOrderLineItemId
+        self.transactionReason = transactionReason
+        self.subscriptionGroupIdentifier = subscriptionGroupIdentifier
     }
 }
 

@@ -6,6 +6,8 @@ import Foundation
 public enum EventBody: Sendable, Equatable {
     case order(OrderEvent)
     case transaction(TransactionEvent)
+    /// A subscription's event (issue 40), read by the `subscriptions` projection alone.
+    case subscription(SubscriptionEvent)
     /// Read by no projection: an audit record, a notification kept on a stream of its own.
     case opaque(type: String)
 
@@ -14,6 +16,7 @@ public enum EventBody: Sendable, Equatable {
         switch self {
         case .order(let event): event.type.rawValue
         case .transaction(let event): event.type.rawValue
+        case .subscription(let event): event.type.rawValue
         case .opaque(let type): type
         }
     }

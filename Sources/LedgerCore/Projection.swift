@@ -63,7 +63,9 @@ public enum Projection {
             guard let row, row.orderId != nil else { return pooled }
             return pooled.taken(by: row)
         case .notificationReceived(let body):
-            guard var row, row.orderId == nil, let status = AppleTransactionRecord.poolStatus(after: body.notificationType) else { return row }
+            // A renewal or a family member's share is never an order's: a refund of it changes no pool status.
+            guard var row, row.orderId == nil, row.status == .unmatched || row.status == .refunded,
+                  let status = AppleTransactionRecord.poolStatus(after: body.notificationType) else { return row }
             row.status = status
             row.updatedAt = date
             return row

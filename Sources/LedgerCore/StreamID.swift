@@ -17,6 +17,12 @@ extension StreamID {
     public var isOrder: Bool { rawValue.hasPrefix("order-") }
     /// An Apple transaction's stream (`transaction-<transactionId>`).
     public var isTransaction: Bool { rawValue.hasPrefix("transaction-") }
+    /// An auto-renewable subscription's stream (`subscription-<originalTransactionId>`).
+    public var isSubscription: Bool { rawValue.hasPrefix("subscription-") }
+    /// The subscription (its `originalTransactionId`) whose stream this is.
+    public var subscriptionID: String? { isSubscription ? String(rawValue.dropFirst("subscription-".count)) : nil }
+    /// The stream of the subscription whose `originalTransactionId` is `id`.
+    public static func subscription(_ id: String) -> StreamID { StreamID(unchecked: "subscription-" + id) }
     /// The order whose stream this is.
     public var orderID: OrderID? { isOrder ? OrderID(unchecked: String(rawValue.dropFirst("order-".count))) : nil }
     /// The transaction whose stream this is.

@@ -61,6 +61,9 @@ public enum EventCoding {
         if stream.isTransaction, let type = TransactionEventType(rawValue: type) {
             return .transaction(try TransactionEvent(type: type, body: reader))
         }
+        if stream.isSubscription, let type = SubscriptionEventType(rawValue: type) {
+            return .subscription(try SubscriptionEvent(type: type, body: reader))
+        }
         return .opaque(type: type)
     }
 
@@ -84,6 +87,12 @@ public enum EventCoding {
     public static func newEvent(_ event: TransactionEvent, id: EventID, metadata: Data) throws -> NewEvent {
         let data = try encoder.encode(event)
         return NewEvent(id: id, body: .transaction(try TransactionEvent(type: event.type, body: StoredReader(text: String(decoding: data, as: UTF8.self)))), data: data, metadata: metadata)
+    }
+
+    /// `newEvent` for an event of a subscription's stream.
+    public static func newEvent(_ event: SubscriptionEvent, id: EventID, metadata: Data) throws -> NewEvent {
+        let data = try encoder.encode(event)
+        return NewEvent(id: id, body: .subscription(try SubscriptionEvent(type: event.type, body: StoredReader(text: String(decoding: data, as: UTF8.self)))), data: data, metadata: metadata)
     }
 
     /// An event no projection reads (an Apple account's link, a notification kept apart), with

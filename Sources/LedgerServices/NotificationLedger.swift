@@ -34,12 +34,18 @@ public struct NotificationLedger: Sendable {
         /// True for a refund the refund catch-up read in Apple's refund history: no notification
         /// said it, so its `refunded` names none.
         public var fromRefundHistory: Bool
+        /// The subscription's renewal info the notification carried, verified.
+        public var renewalInfo: RenewalInfo?
 
-        public init(record: NotificationReceived, transaction: AppleTransaction?, revocation: Revocation?, fromRefundHistory: Bool = false) {
+        public init(
+            record: NotificationReceived, transaction: AppleTransaction?, revocation: Revocation?, fromRefundHistory: Bool = false,
+            renewalInfo: RenewalInfo? = nil
+        ) {
             self.record = record
             self.transaction = transaction
             self.revocation = revocation
             self.fromRefundHistory = fromRefundHistory
+            self.renewalInfo = renewalInfo
         }
     }
 
@@ -112,7 +118,8 @@ extension NotificationLedger {
             subtype: notification.subtype, transactionId: notification.transaction?.transactionId, signedDate: notification.signedDate,
             consumptionRequestReason: notification.consumptionRequestReason)
         return try await apply(
-            .init(record: record, transaction: notification.transaction, revocation: notification.revocation),
+            .init(record: record, transaction: notification.transaction, revocation: notification.revocation,
+                  renewalInfo: notification.renewalInfo),
             metadata: metadata)
     }
 

@@ -22,6 +22,9 @@ public struct ServiceAssembly: Sendable {
     public let notifications: NotificationLedger
     public let accounts: AppleAccountLinks
     public let support: SupportDesk
+    /// Auto-renewable subscriptions: their projection, and the recording of their streams.
+    public let subscriptionStore: SubscriptionStore
+    public let subscriptions: SubscriptionLedger
     var logger: Logger { database.logger }
 
     /// Everything on `database`, with a writer of its own: events share transactions only with
@@ -45,6 +48,8 @@ public struct ServiceAssembly: Sendable {
         self.notifications = NotificationLedger(database: database, writer: writer, events: events, receipts: receipts)
         self.accounts = AppleAccountLinks(database: database, writer: writer, events: events)
         self.support = SupportDesk(database: database, writer: writer, receipts: receipts)
+        self.subscriptionStore = SubscriptionStore(database: database)
+        self.subscriptions = SubscriptionLedger(writer: writer, events: events, store: subscriptionStore)
     }
 
     /// A reconciler pass with these settings.

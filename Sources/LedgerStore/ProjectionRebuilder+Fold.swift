@@ -78,7 +78,7 @@ extension ProjectionRebuilder {
             case .transaction(let event):
                 let id = TransactionID(unchecked: String(row.stream.dropFirst("transaction-".count)))
                 transactions[id] = Projection.apply(event, data: Data(row.data.utf8), to: transactions[id], at: row.recordedAt)
-            case .opaque, nil:
+            case .subscription, .opaque, nil:
                 return
             }
         }

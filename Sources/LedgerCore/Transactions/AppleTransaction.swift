@@ -21,11 +21,25 @@ public struct AppleTransaction: Codable, Sendable, Equatable {
     public var format: ReceiptFormat
     /// SHA-256 of the proof as it was sent, hex: which upload proved it.
     public var receiptSha256: String
+    /// Apple's product type: `Consumable`, `Non-Consumable`, `Auto-Renewable Subscription` or
+    /// `Non-Renewing Subscription` (absent in legacy receipts, which do not say).
+    public var type: String?
+    /// An auto-renewable subscription's: the end of the period this transaction paid for.
+    public var expiresDate: Date?
+    /// An auto-renewable subscription's: Apple's id of the billing period, the same however the
+    /// transaction reaches the ledger (`webOrderLineItemId`).
+    public var webOrderLineItemId: String?
+    /// `PURCHASE` or `RENEWAL` (Apple's `transactionReason`).
+    public var transactionReason: String?
+    /// The subscription group of an auto-renewable subscription (`subscriptionGroupIdentifier`).
+    public var subscriptionGroupIdentifier: String?
 
     public init(
         transactionId: TransactionID, originalTransactionId: String?, productId: ProductID, purchaseDate: Date,
         environment: String, bundleId: String, quantity: Int = 1, appAccountToken: UUID? = nil, appTransactionId: String? = nil,
-        inAppOwnershipType: String? = nil, price: String? = nil, currency: String? = nil, format: ReceiptFormat, receiptSha256: String
+        inAppOwnershipType: String? = nil, price: String? = nil, currency: String? = nil, format: ReceiptFormat, receiptSha256: String,
+        type: String? = nil, expiresDate: Date? = nil, webOrderLineItemId: String? = nil, transactionReason: String? = nil,
+        subscriptionGroupIdentifier: String? = nil
     ) {
         self.transactionId = transactionId
         self.originalTransactionId = originalTransactionId
@@ -41,6 +55,11 @@ public struct AppleTransaction: Codable, Sendable, Equatable {
         self.currency = currency
         self.format = format
         self.receiptSha256 = receiptSha256
+        self.type = type
+        self.expiresDate = expiresDate
+        self.webOrderLineItemId = webOrderLineItemId
+        self.transactionReason = transactionReason
+        self.subscriptionGroupIdentifier = subscriptionGroupIdentifier
     }
 }
 

@@ -11,6 +11,11 @@ public struct AppleTransactionRecord: Sendable, Equatable {
         case refunded
         /// Tied to its order (`orderId`).
         case claimed
+        /// A later period of an auto-renewable subscription (`subscription-renewal`): recorded on
+        /// its subscription (or waiting for it to arrive), never an order's.
+        case renewal
+        /// A family member's shared access (`family-shared`): an entitlement, never an order's.
+        case shared
     }
 
     public var transactionId: TransactionID
@@ -63,7 +68,7 @@ public struct AppleTransactionRecord: Sendable, Equatable {
         let transaction = body.transaction
         return Self(
             transactionId: transaction.transactionId, orderId: nil, userId: body.userId, productId: transaction.productId,
-            purchaseDate: transaction.purchaseDate, environment: transaction.environment, status: .unmatched, receivedAt: date,
+            purchaseDate: transaction.purchaseDate, environment: transaction.environment, status: poolStatus(reason: body.reason), receivedAt: date,
             updatedAt: date, originalTransactionId: transaction.originalTransactionId,
             appTransactionId: transaction.appTransactionId, appAccountToken: transaction.appAccountToken, matchedBy: nil,
             verification: data, bundleId: BundleID(unchecked: transaction.bundleId))
@@ -96,6 +101,20 @@ public struct AppleTransactionRecord: Sendable, Equatable {
         row.appAccountToken = appAccountToken ?? claim.appAccountToken
         row.bundleId = bundleId ?? claim.bundleId
         return row
+    }
+
+    /// The reasons that put a transaction that never pays an order into the pool, each with its status.
+    public static let subscriptionRenewalReason = "subscription-renewal"
+    public static let familySharedReason = "family-shared"
+
+    /// The status `transaction-unmatched` with `reason` gives: `renewal` and `shared` for what
+    /// never pays an order, else `unmatched`.
+    public static func poolStatus(reason: String) -> Status {
+        switch reason {
+        case subscriptionRenewalReason: .renewal
+        case familySharedReason: .shared
+        default: .unmatched
+        }
     }
 
     /// What a notification does to a transaction waiting in the pool: `REFUND` and `REVOKE`

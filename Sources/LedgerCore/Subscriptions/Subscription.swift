@@ -1,0 +1,190 @@
+import Foundation
+
+/// A subscription as its stream leaves it: a row of the `subscriptions` projection, with its
+/// billed periods (`subscription_periods`). Its status is not stored: `status(at:)` computes it
+/// from these facts and the time asked, so a missed `EXPIRED` never keeps it active past its
+/// expiry and grace.
+public struct Subscription: Sendable, Equatable {
+    public var originalTransactionId: String
+    public var bundleId: BundleID?
+    public var environment: String
+    public var userId: UserID?
+    /// The product of the latest period (an upgrade or crossgrade changes it).
+    public var productId: ProductID
+    public var subscriptionGroup: String?
+    public var familyShared: Bool
+    public var startedAt: Date
+    /// The end of the latest billed period (or as `RENEWAL_EXTENDED` moved it).
+    public var expiresAt: Date?
+    public var autoRenew: Bool?
+    public var autoRenewProductId: String?
+    public var expirationIntent: Int?
+    public var gracePeriodExpiresAt: Date?
+    public var inBillingRetry: Bool
+    /// Apple said `EXPIRED`: no grace or retry keeps it, until a new period arrives.
+    public var expired: Bool
+    /// Refunded or revoked (its latest period), or a family member's share ended.
+    public var revokedAt: Date?
+    public var version: Int64
+    public var updatedAt: Date
+    public var periods: [Period]
+
+    public init(
+        originalTransactionId: String, bundleId: BundleID?, environment: String, userId: UserID?, productId: ProductID,
+        subscriptionGroup: String?, familyShared: Bool, startedAt: Date, expiresAt: Date?, autoRenew: Bool?,
+        autoRenewProductId: String?, expirationIntent: Int?, gracePeriodExpiresAt: Date?, inBillingRetry: Bool, expired: Bool,
+        revokedAt: Date?, version: Int64, updatedAt: Date, periods: [Period]
+    ) {
+        self.originalTransactionId = originalTransactionId
+        self.bundleId = bundleId
+        self.environment = environment
+        self.userId = userId
+        self.productId = productId
+        self.subscriptionGroup = subscriptionGroup
+        self.familyShared = familyShared
+        self.startedAt = startedAt
+        self.expiresAt = expiresAt
+        self.autoRenew = autoRenew
+        self.autoRenewProductId = autoRenewProductId
+        self.expirationIntent = expirationIntent
+        self.gracePeriodExpiresAt = gracePeriodExpiresAt
+        self.inBillingRetry = inBillingRetry
+        self.expired = expired
+        self.revokedAt = revokedAt
+        self.version = version
+        self.updatedAt = updatedAt
+        self.periods = periods
+    }
+
+    /// One billed period.
+    public struct Period: Sendable, Equatable {
+        public var periodKey: String
+        public var transactionId: TransactionID
+        public var kind: SubscriptionPeriodKind
+        public var productId: ProductID
+        public var purchaseDate: Date
+        public var expiresAt: Date?
+        public var price: String?
+        public var currency: String?
+        public var refundedAt: Date?
+        /// Thousandths of a percent refunded (nil with `refundedAt`: all of it).
+        public var refundPercentage: Int?
+
+        public init(
+            periodKey: String, transactionId: TransactionID, kind: SubscriptionPeriodKind, productId: ProductID, purchaseDate: Date,
+            expiresAt: Date?, price: String?, currency: String?, refundedAt: Date? = nil, refundPercentage: Int? = nil
+        ) {
+            self.periodKey = periodKey
+            self.transactionId = transactionId
+            self.kind = kind
+            self.productId = productId
+            self.purchaseDate = purchaseDate
+            self.expiresAt = expiresAt
+            self.price = price
+            self.currency = currency
+            self.refundedAt = refundedAt
+            self.refundPercentage = refundPercentage
+        }
+    }
+
+    /// Where a subscription stands at a time.
+    public enum Status: String, Codable, Sendable, CaseIterable {
+        case active
+        case gracePeriod = "grace-period"
+        case billingRetry = "billing-retry"
+        case expired
+        case revoked
+    }
+
+    /// The status at `now`, from the facts alone.
+    public func status(at now: Date) -> Status {
+        if revokedAt != nil { return .revoked }
+        if let expiresAt, now < expiresAt, !expired { return .active }
+        if !expired, let grace = gracePeriodExpiresAt, now < grace { return .gracePeriod }
+        if !expired, inBillingRetry { return .billingRetry }
+        return .expired
+    }
+
+    /// What `event` (version `version` of the stream, recorded at `date`) makes of the
+    /// subscription (nil: not started). The only statement of these rules: the writer applies them
+    /// to the row it read, `projections rebuild` to the rows it folds. An event before
+    /// `subscription-started` changes nothing.
+    public static func evolve(_ subscription: Subscription?, _ event: SubscriptionEvent, version: Int64, at date: Date) -> Subscription? {
+        if case .started(let body) = event {
+            guard subscription == nil else { return subscription }
+            let t = body.transaction
+            return Subscription(
+                originalTransactionId: body.originalTransactionId, bundleId: BundleID(unchecked: t.bundleId), environment: t.environment,
+                userId: body.userId, productId: t.productId, subscriptionGroup: t.subscriptionGroupIdentifier,
+                familyShared: body.familyShared, startedAt: t.purchaseDate, expiresAt: nil, autoRenew: nil, autoRenewProductId: nil,
+                expirationIntent: nil, gracePeriodExpiresAt: nil, inBillingRetry: false, expired: false, revokedAt: nil,
+                version: version, updatedAt: date, periods: [])
+        }
+        guard var next = subscription else { return nil }
+        next.version = version
+        next.updatedAt = date
+        switch event {
+        case .started:
+            return subscription
+        case .period(let body):
+            let t = body.transaction
+            let key = body.periodKey
+            guard !next.periods.contains(where: { $0.periodKey == key }) else { return next }
+            next.periods.append(Period(
+                periodKey: key, transactionId: t.transactionId, kind: body.kind, productId: t.productId, purchaseDate: t.purchaseDate,
+                expiresAt: t.expiresDate, price: t.price, currency: t.currency))
+            if let end = t.expiresDate, next.expiresAt.map({ end >= $0 }) ?? true {
+                // The latest period: it decides the product, and a paid period ends any retry.
+                next.expiresAt = end
+                next.productId = t.productId
+                next.inBillingRetry = false
+                next.gracePeriodExpiresAt = nil
+                next.expired = false
+                next.revokedAt = nil
+            }
+        case .renewalChanged(let body):
+            if let info = body.renewalInfo {
+                next.autoRenew = info.autoRenew ?? next.autoRenew
+                next.autoRenewProductId = info.autoRenewProductId ?? next.autoRenewProductId
+                next.expirationIntent = info.expirationIntent ?? next.expirationIntent
+                next.gracePeriodExpiresAt = info.gracePeriodExpiresDate
+                next.inBillingRetry = info.isInBillingRetryPeriod ?? next.inBillingRetry
+            }
+            if let end = body.expiresDate, next.expiresAt.map({ end > $0 }) ?? true { next.expiresAt = end }
+            switch body.notification?.notificationType {
+            case "DID_FAIL_TO_RENEW":
+                next.inBillingRetry = true
+            case "GRACE_PERIOD_EXPIRED":
+                next.gracePeriodExpiresAt = nil
+            case "EXPIRED":
+                next.expired = true
+                next.inBillingRetry = false
+                next.gracePeriodExpiresAt = nil
+            case "DID_CHANGE_RENEWAL_STATUS":
+                if body.renewalInfo?.autoRenew == nil, let subtype = body.notification?.subtype {
+                    next.autoRenew = subtype == "AUTO_RENEW_ENABLED" ? true : subtype == "AUTO_RENEW_DISABLED" ? false : next.autoRenew
+                }
+            default:
+                break
+            }
+            switch body.appleStatus {
+            case 2: next.expired = true
+            case 5: next.revokedAt = next.revokedAt ?? date
+            default: break
+            }
+        case .periodRefunded(let body):
+            guard let index = next.periods.firstIndex(where: { $0.periodKey == body.periodKey }) else { return next }
+            next.periods[index].refundedAt = body.revocationDate
+            next.periods[index].refundPercentage = body.revocationType == .refundProrated ? body.revocationPercentage : nil
+            if next.periods[index].expiresAt == next.expiresAt { next.revokedAt = body.revocationDate }
+        case .periodRefundReversed(let body):
+            guard let index = next.periods.firstIndex(where: { $0.periodKey == body.periodKey }) else { return next }
+            next.periods[index].refundedAt = nil
+            next.periods[index].refundPercentage = nil
+            if next.periods[index].expiresAt == next.expiresAt { next.revokedAt = nil }
+        case .familyShareRevoked(let body):
+            next.revokedAt = body.revocationDate
+        }
+        return next
+    }
+}

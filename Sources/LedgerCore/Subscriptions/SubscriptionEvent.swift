@@ -1,0 +1,212 @@
+import Foundation
+
+/// The event types of a subscription's stream (`subscription-<originalTransactionId>`).
+public enum SubscriptionEventType: String, Codable, Sendable, CaseIterable {
+    /// The subscription became known: the purchase that started it arrived.
+    case started = "subscription-started"
+    /// One billed period (its `webOrderLineItemId`): the start, a renewal, a billing recovery, a
+    /// restore, an upgrade or crossgrade, a resubscribe, an offer.
+    case period = "subscription-period"
+    /// What Apple said of the subscription's renewal: a lifecycle notification, or a status read
+    /// from Apple's Get All Subscription Statuses.
+    case renewalChanged = "subscription-renewal-changed"
+    /// Apple refunded or revoked one period.
+    case periodRefunded = "subscription-period-refunded"
+    /// Apple reversed the refund of one period.
+    case periodRefundReversed = "subscription-period-refund-reversed"
+    /// A family member's shared access to the subscription ended (`FAMILY_REVOKE`).
+    case familyShareRevoked = "subscription-family-share-revoked"
+}
+
+/// One event of a subscription's stream with its typed body.
+public enum SubscriptionEvent: Sendable, Equatable {
+    case started(SubscriptionStarted)
+    case period(SubscriptionPeriodRecorded)
+    case renewalChanged(SubscriptionRenewalChanged)
+    case periodRefunded(SubscriptionPeriodRefunded)
+    case periodRefundReversed(SubscriptionPeriodRefundReversed)
+    case familyShareRevoked(SubscriptionFamilyShareRevoked)
+
+    public var type: SubscriptionEventType {
+        switch self {
+        case .started: .started
+        case .period: .period
+        case .renewalChanged: .renewalChanged
+        case .periodRefunded: .periodRefunded
+        case .periodRefundReversed: .periodRefundReversed
+        case .familyShareRevoked: .familyShareRevoked
+        }
+    }
+
+    /// The event of `type` whose body `body` reads.
+    public init(type: SubscriptionEventType, body: some EventBodyReader) throws {
+        switch type {
+        case .started: self = .started(try body.read(SubscriptionStarted.self))
+        case .period: self = .period(try body.read(SubscriptionPeriodRecorded.self))
+        case .renewalChanged: self = .renewalChanged(try body.read(SubscriptionRenewalChanged.self))
+        case .periodRefunded: self = .periodRefunded(try body.read(SubscriptionPeriodRefunded.self))
+        case .periodRefundReversed: self = .periodRefundReversed(try body.read(SubscriptionPeriodRefundReversed.self))
+        case .familyShareRevoked: self = .familyShareRevoked(try body.read(SubscriptionFamilyShareRevoked.self))
+        }
+    }
+}
+
+extension SubscriptionEvent: Encodable {
+    /// The body alone (the type is stored beside it).
+    public func encode(to encoder: any Encoder) throws {
+        switch self {
+        case .started(let body): try body.encode(to: encoder)
+        case .period(let body): try body.encode(to: encoder)
+        case .renewalChanged(let body): try body.encode(to: encoder)
+        case .periodRefunded(let body): try body.encode(to: encoder)
+        case .periodRefundReversed(let body): try body.encode(to: encoder)
+        case .familyShareRevoked(let body): try body.encode(to: encoder)
+        }
+    }
+}
+
+/// `subscription-started`: the transaction that started it (the one whose `transactionId` is the
+/// subscription's `originalTransactionId`), or for a family member's subscription the member's
+/// first shared transaction, and whose subscription it is.
+public struct SubscriptionStarted: Codable, Sendable, Equatable {
+    public var originalTransactionId: String
+    public var transaction: AppleTransaction
+    /// The customer: the claiming user, the order's, or the Apple account's linked user.
+    public var userId: UserID?
+    /// A family member's access to another's subscription: never revenue, never an order's.
+    public var familyShared: Bool
+
+    public init(originalTransactionId: String, transaction: AppleTransaction, userId: UserID?, familyShared: Bool) {
+        self.originalTransactionId = originalTransactionId
+        self.transaction = transaction
+        self.userId = userId
+        self.familyShared = familyShared
+    }
+}
+
+/// How a period was billed, as the reports count it.
+public enum SubscriptionPeriodKind: String, Codable, Sendable, CaseIterable {
+    /// The first period: the purchase that started the subscription (its order's revenue).
+    case start = "subscription-start"
+    /// Every later period.
+    case renewal = "subscription-renewal"
+}
+
+/// `subscription-period`: one billed period, recorded once per `webOrderLineItemId` (its event id
+/// is named after it) however it arrives: a client's upload, a notification, a history sweep.
+public struct SubscriptionPeriodRecorded: Codable, Sendable, Equatable {
+    public var transaction: AppleTransaction
+    public var kind: SubscriptionPeriodKind
+
+    public init(transaction: AppleTransaction, kind: SubscriptionPeriodKind) {
+        self.transaction = transaction
+        self.kind = kind
+    }
+
+    /// The period's key: Apple's `webOrderLineItemId`, else the transaction's id.
+    public var periodKey: String { transaction.webOrderLineItemId ?? transaction.transactionId.rawValue }
+}
+
+/// What Apple's signed renewal info (`JWSRenewalInfoDecodedPayload`) says, the fields the ledger
+/// keeps.
+public struct RenewalInfo: Codable, Sendable, Equatable {
+    /// `autoRenewStatus`: true when the subscription renews at the end of its period.
+    public var autoRenew: Bool?
+    public var autoRenewProductId: String?
+    public var productId: String?
+    /// `expirationIntent`: why it expired (1 cancelled, 2 billing error, 3 price increase refused,
+    /// 4 product not for sale, 5 other).
+    public var expirationIntent: Int?
+    public var gracePeriodExpiresDate: Date?
+    public var isInBillingRetryPeriod: Bool?
+    public var priceIncreaseStatus: Int?
+    public var renewalDate: Date?
+    public var signedDate: Date?
+
+    public init(
+        autoRenew: Bool? = nil, autoRenewProductId: String? = nil, productId: String? = nil, expirationIntent: Int? = nil,
+        gracePeriodExpiresDate: Date? = nil, isInBillingRetryPeriod: Bool? = nil, priceIncreaseStatus: Int? = nil,
+        renewalDate: Date? = nil, signedDate: Date? = nil
+    ) {
+        self.autoRenew = autoRenew
+        self.autoRenewProductId = autoRenewProductId
+        self.productId = productId
+        self.expirationIntent = expirationIntent
+        self.gracePeriodExpiresDate = gracePeriodExpiresDate
+        self.isInBillingRetryPeriod = isInBillingRetryPeriod
+        self.priceIncreaseStatus = priceIncreaseStatus
+        self.renewalDate = renewalDate
+        self.signedDate = signedDate
+    }
+}
+
+/// `subscription-renewal-changed`: a lifecycle notification about the subscription
+/// (`DID_CHANGE_RENEWAL_STATUS`, `DID_FAIL_TO_RENEW`, `EXPIRED`, …; its UUID is the event's id, so
+/// it is applied once), or Apple's status read by a catch-up (no notification).
+public struct SubscriptionRenewalChanged: Codable, Sendable, Equatable {
+    /// The notification, absent for a status read from Apple.
+    public var notification: NotificationReceived?
+    /// Apple's `status` from Get All Subscription Statuses (1 active … 5 revoked), for a status read.
+    public var appleStatus: Int?
+    /// The signed renewal info it carried, verified.
+    public var renewalInfo: RenewalInfo?
+    /// The period's end as the signed transaction now says (`RENEWAL_EXTENDED` moves it).
+    public var expiresDate: Date?
+
+    public init(notification: NotificationReceived?, appleStatus: Int? = nil, renewalInfo: RenewalInfo?, expiresDate: Date?) {
+        self.notification = notification
+        self.appleStatus = appleStatus
+        self.renewalInfo = renewalInfo
+        self.expiresDate = expiresDate
+    }
+}
+
+/// `subscription-period-refunded`: Apple refunded or revoked one period (`REFUND`, `REVOKE`, or
+/// the refund catch-up); only that period's money goes back.
+public struct SubscriptionPeriodRefunded: Codable, Sendable, Equatable {
+    public var transactionId: TransactionID
+    public var periodKey: String
+    public var revocationDate: Date
+    public var revocationReason: Int?
+    public var revocationType: RevocationType?
+    public var revocationPercentage: Int?
+    public var notificationType: String?
+    public var notificationUUID: UUID?
+
+    public init(transactionId: TransactionID, periodKey: String, revocation: Revocation, notificationType: String?, notificationUUID: UUID?) {
+        self.transactionId = transactionId
+        self.periodKey = periodKey
+        self.revocationDate = revocation.date
+        self.revocationReason = revocation.reason
+        self.revocationType = revocation.type
+        self.revocationPercentage = revocation.percentage
+        self.notificationType = notificationType
+        self.notificationUUID = notificationUUID
+    }
+}
+
+/// `subscription-period-refund-reversed`: Apple reversed a period's refund (`REFUND_REVERSED`).
+public struct SubscriptionPeriodRefundReversed: Codable, Sendable, Equatable {
+    public var transactionId: TransactionID
+    public var periodKey: String
+    public var notificationUUID: UUID?
+
+    public init(transactionId: TransactionID, periodKey: String, notificationUUID: UUID?) {
+        self.transactionId = transactionId
+        self.periodKey = periodKey
+        self.notificationUUID = notificationUUID
+    }
+}
+
+/// `subscription-family-share-revoked`: the family member's access ended; nobody is refunded.
+public struct SubscriptionFamilyShareRevoked: Codable, Sendable, Equatable {
+    public var transactionId: TransactionID
+    public var revocationDate: Date
+    public var notificationUUID: UUID?
+
+    public init(transactionId: TransactionID, revocationDate: Date, notificationUUID: UUID?) {
+        self.transactionId = transactionId
+        self.revocationDate = revocationDate
+        self.notificationUUID = notificationUUID
+    }
+}

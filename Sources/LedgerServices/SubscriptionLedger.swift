@@ -1,0 +1,71 @@
+import Foundation
+import LedgerCore
+import LedgerJSON
+import LedgerStore
+
+/// Records what the ledger learns of an auto-renewable subscription on its stream
+/// (`subscription-<originalTransactionId>`) and keeps its projection row in step, in the caller's
+/// transaction, under the stream's lock. Each event has a named id (a period's is named after its
+/// `webOrderLineItemId`, a notification's is its UUID), so what arrives twice is recorded once.
+public struct SubscriptionLedger: Sendable {
+    let writer: LedgerWriter
+    let events: EventStore
+    let store: SubscriptionStore
+
+    public init(writer: LedgerWriter, events: EventStore, store: SubscriptionStore) {
+        self.writer = writer
+        self.events = events
+        self.store = store
+    }
+
+    /// What a call recorded.
+    public struct Recorded: Sendable {
+        /// The subscription as the events leave it (nil: not started yet, so nothing was recorded).
+        public var subscription: Subscription?
+        /// The events appended (those stored before are skipped).
+        public var appended: [SubscriptionEventType]
+    }
+
+    /// The id of the period event for `transaction` on subscription `id`: one per billing period.
+    public static func periodEventID(_ id: String, _ transaction: AppleTransaction) -> EventID {
+        EventID.named("subscription-period", id, transaction.webOrderLineItemId ?? transaction.transactionId.rawValue)
+    }
+
+    /// The id of `subscription-started` on subscription `id`.
+    public static func startedEventID(_ id: String) -> EventID {
+        EventID.named("subscription-started", id)
+    }
+
+    /// Appends those of `events` not stored yet to subscription `id`'s stream, and writes its row.
+    /// Events before the subscription has started (no `subscription-started` in the stream or in
+    /// `events`) are not recorded: the caller keeps the transaction waiting instead.
+    public func record(
+        _ new: [(SubscriptionEvent, EventID)], on id: String, metadata: Data, in tx: DatabaseTransaction
+    ) async throws -> Recorded {
+        let stream = StreamID.subscription(id)
+        try await writer.lock([stream], in: tx)
+        let before = try await store.subscription(id, in: tx)
+        var started = before != nil
+        var chosen: [(SubscriptionEvent, EventID)] = []
+        for (event, eventID) in new {
+            if chosen.contains(where: { $0.1 == eventID }) { continue }
+            if try await events.event(eventID, in: tx) != nil { continue }
+            if !started, event.type != .started { continue }
+            started = true
+            chosen.append((event, eventID))
+        }
+        guard !chosen.isEmpty else { return Recorded(subscription: before, appended: []) }
+        let appends = try chosen.map { try EventCoding.newEvent($0.0, id: $0.1, metadata: metadata) }
+        let expected: ExpectedVersion = before.map { .exact($0.version) } ?? .noStream
+        let written = try await writer.append(LedgerWriter.Write(LedgerWriter.Append(appends, to: stream, expected: expected)), in: tx)
+        // Folded as the log recorded the events (their versions and time), as a rebuild folds them.
+        var row = before
+        for (event, stored) in zip(chosen.map(\.0), written.appends[0].events) {
+            row = Subscription.evolve(row, event, version: stored.streamVersion, at: stored.recordedAt)
+        }
+        guard let row else { return Recorded(subscription: before, appended: []) }
+        try await store.write(row, since: before, in: tx)
+        let types = chosen.map(\.0.type)
+        return Recorded(subscription: row, appended: types)
+    }
+}
