@@ -35,6 +35,8 @@ public struct ServiceAssembly: Sendable {
         let orders = OrderLedger(writer: writer)
         let leases = Leases(database: database)
         let receipts = ReceiptLedger(database: database, writer: writer, orders: orders)
+        let subscriptionStore = SubscriptionStore(database: database)
+        let subscriptions = SubscriptionLedger(writer: writer, events: events, store: subscriptionStore)
         self.database = database
         self.writer = writer
         self.events = events
@@ -45,11 +47,12 @@ public struct ServiceAssembly: Sendable {
         self.leases = leases
         self.callQueue = AppleCallQueue(orders: orders, leases: leases)
         self.receipts = receipts
-        self.notifications = NotificationLedger(database: database, writer: writer, events: events, receipts: receipts)
+        self.notifications = NotificationLedger(
+            database: database, writer: writer, events: events, receipts: receipts, subscriptions: subscriptions)
         self.accounts = AppleAccountLinks(database: database, writer: writer, events: events)
         self.support = SupportDesk(database: database, writer: writer, receipts: receipts)
-        self.subscriptionStore = SubscriptionStore(database: database)
-        self.subscriptions = SubscriptionLedger(writer: writer, events: events, store: subscriptionStore)
+        self.subscriptionStore = subscriptionStore
+        self.subscriptions = subscriptions
     }
 
     /// A reconciler pass with these settings.
