@@ -48,7 +48,8 @@ public struct ServiceAssembly: Sendable {
         self.leases = leases
         self.callQueue = AppleCallQueue(orders: orders, leases: leases)
         self.receipts = receipts
-        self.notifications = NotificationLedger(database: database, writer: writer, events: events, receipts: receipts)
+        self.notifications = NotificationLedger(
+            database: database, writer: writer, events: events, receipts: receipts, subscriptions: subscriptions)
         self.accounts = AppleAccountLinks(database: database, writer: writer, events: events)
         self.support = SupportDesk(database: database, writer: writer, receipts: receipts)
         self.subscriptionStore = subscriptionStore
