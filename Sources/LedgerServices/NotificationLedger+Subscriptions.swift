@@ -13,9 +13,9 @@ extension NotificationLedger {
         "GRACE_PERIOD_EXPIRED", "EXPIRED", "RENEWAL_EXTENDED", "PRICE_INCREASE",
     ]
 
-    /// What `transaction` is to the ledger. The catalog is not read here yet: Apple's signed
-    /// `type` decides, which every notification's transaction carries.
-    func role(of transaction: AppleTransaction) throws(LedgerInputError) -> TransactionRole {
+    /// What `transaction` is to the ledger, in the caller's transaction. The catalog is not read
+    /// here yet: Apple's signed `type` decides, which every notification's transaction carries.
+    func role(of transaction: AppleTransaction, in tx: DatabaseTransaction) async throws -> TransactionRole {
         try TransactionRole.of(transaction, catalogType: nil)
     }
 

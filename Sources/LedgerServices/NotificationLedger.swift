@@ -82,7 +82,7 @@ public struct NotificationLedger: Sendable {
             var known = try await writer.read(orders: [], transactions: [id], in: tx).transaction(id)
             let type = record.notificationType
             let revocation = notification.revocation ?? Revocation(date: record.signedDate)
-            let role = try self.role(of: transaction)
+            let role = try await self.role(of: transaction, in: tx)
             if AppleTransactionRecord.poolStatus(after: type) == .refunded, revocation.endsFamilyShare(of: transaction) {
                 if let applied = try await revokeSharedSubscription(
                     notification, transaction, role: role, revocation: revocation, eventID: eventID, metadata: metadata, in: tx) {
