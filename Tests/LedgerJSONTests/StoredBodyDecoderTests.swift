@@ -62,6 +62,7 @@ struct StoredBodyDecoderTests {
         switch body {
         case .order(let event): String(decoding: try EventCoding.encoder.encode(event), as: UTF8.self)
         case .transaction(let event): String(decoding: try EventCoding.encoder.encode(event), as: UTF8.self)
+        case .subscription(let event): String(decoding: try EventCoding.encoder.encode(event), as: UTF8.self)
         case .opaque: "{}"
         }
     }
