@@ -62,6 +62,7 @@ public final class AppStoreServerStandIn: Sendable {
     /// notification history, `Production` 180.
     public let environment: String
     let state = State()
+    let subscriptionBook = SubscriptionStatusBook()
 
     public convenience init(bundleID: String, environment: String = "Sandbox") {
         self.init(bundleID: bundleID, environment: environment, key: P256.Signing.PrivateKey())
@@ -275,6 +276,7 @@ public final class AppStoreServerStandIn: Sendable {
                 return (200, String(decoding: try JSONSerialization.data(withJSONObject: body), as: UTF8.self))
             }
         }
+        addSubscriptionRoutes(to: router, serving: serving)
         router.post("/inApps/v1/notifications/history") { request, _ -> Response in
             var request = request
             let standIn = serving(request)
@@ -354,7 +356,7 @@ public final class AppStoreServerStandIn: Sendable {
     }
 
     /// The token checked, the next fault played, else `route`'s status and JSON.
-    private func answer(_ request: Request, _ route: () async throws -> (Int, String)) async throws -> Response {
+    func answer(_ request: Request, _ route: () async throws -> (Int, String)) async throws -> Response {
         let authorization = request.headers[.authorization] ?? ""
         let token = authorization.hasPrefix("Bearer ") ? String(authorization.dropFirst(7)) : nil
         let fault = await state.arrived(token: token)

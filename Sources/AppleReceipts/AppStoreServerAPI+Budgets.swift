@@ -5,12 +5,13 @@ extension AppStoreServerAPI {
     /// endpoint, so each has a budget of its own.
     public enum Endpoint: String, CaseIterable, Sendable {
         case transactionHistory, lookUpOrder, consumption, notificationHistory, refundHistory, finishTransaction, setAppAccountToken
+        case subscriptionStatuses
 
         /// Apple's documented production limit in requests per second (enforced per hour, per
         /// app), from "Identifying rate limits"; the sandbox allows a tenth.
         public var productionLimit: Double {
             switch self {
-            case .transactionHistory, .consumption, .notificationHistory, .finishTransaction: 50
+            case .transactionHistory, .consumption, .notificationHistory, .finishTransaction, .subscriptionStatuses: 50
             case .setAppAccountToken: 20
             case .lookUpOrder, .refundHistory: 10
             }
@@ -27,6 +28,8 @@ extension AppStoreServerAPI {
                 else if path.hasPrefix("/inApps/v2/refund/lookup/") || path.hasPrefix("/inApps/v1/refund/lookup/") { .refundHistory }
                 else if path.hasSuffix("/appAccountToken") { .setAppAccountToken }
                 else if path.hasSuffix("/finish") { .finishTransaction }
+                // Extend a Subscription Renewal Date shares the prefix, not the budget.
+                else if path.hasPrefix("/inApps/v1/subscriptions/"), !path.hasPrefix("/inApps/v1/subscriptions/extend/") { .subscriptionStatuses }
                 else { .lookUpOrder }
         }
     }

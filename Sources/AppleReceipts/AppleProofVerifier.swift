@@ -214,11 +214,20 @@ public struct AppleProofVerifier: Sendable {
                   let millis = item.purchaseDateMs.flatMap(Int64.init) else {
                 throw AppleVerificationError(code: "apple-answer-malformed", message: "a transaction in verifyReceipt's answer lacks an id, product or purchase date", isRetryable: true)
             }
+            // A legacy receipt names no product type: the catalog decides whether it is a subscription's.
+            var expires: Date?
+            if let text = item.expiresDateMs {
+                guard let expiresMillis = Int64(text) else {
+                    throw AppleVerificationError(code: "apple-answer-malformed", message: "expires_date_ms of transaction \(id) in verifyReceipt's answer is not a number", isRetryable: true)
+                }
+                expires = Date(millisecondsSince1970: expiresMillis)
+            }
             return AppleTransaction(
                 transactionId: id, originalTransactionId: item.originalTransactionId, productId: product,
                 purchaseDate: Date(millisecondsSince1970: millis), environment: environment, bundleId: bundleId,
                 quantity: item.quantity.flatMap(Int.init) ?? 1, appAccountToken: item.appAccountToken.flatMap(UUID.init(uuidString:)),
-                inAppOwnershipType: item.inAppOwnershipType, format: .receipt, receiptSha256: sha)
+                inAppOwnershipType: item.inAppOwnershipType, format: .receipt, receiptSha256: sha, expiresDate: expires,
+                webOrderLineItemId: item.webOrderLineItemId, subscriptionGroupIdentifier: item.subscriptionGroupIdentifier)
         }
     }
 

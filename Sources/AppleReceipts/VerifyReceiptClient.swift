@@ -113,10 +113,16 @@ public struct VerifyReceiptResponse: Decodable, Sendable {
         public var quantity: String?
         public var inAppOwnershipType: String?
         public var appAccountToken: String?
+        /// Auto-renewable subscriptions: the end of the period, and the period's id.
+        public var expiresDateMs: String?
+        public var webOrderLineItemId: String?
+        public var subscriptionGroupIdentifier: String?
         enum CodingKeys: String, CodingKey {
             case transactionId = "transaction_id", originalTransactionId = "original_transaction_id"
             case productId = "product_id", purchaseDateMs = "purchase_date_ms", quantity
             case inAppOwnershipType = "in_app_ownership_type", appAccountToken = "app_account_token"
+            case expiresDateMs = "expires_date_ms", webOrderLineItemId = "web_order_line_item_id"
+            case subscriptionGroupIdentifier = "subscription_group_identifier"
         }
     }
 

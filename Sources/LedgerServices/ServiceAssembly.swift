@@ -77,6 +77,12 @@ public struct ServiceAssembly: Sendable {
             leases: leases, logger: logger)
     }
 
+    /// The catch-up of single subscriptions from Apple, asking through `api`.
+    public func subscriptionCatchUp(api: LazyAppStoreServerAPI, verifier: AppleProofVerifier) -> SubscriptionCatchUp {
+        SubscriptionCatchUp(
+            api: api, verifier: verifier, database: database, receipts: receipts, pool: pool, subscriptions: subscriptions, logger: logger)
+    }
+
     /// A notification backfill of `app` (nil: `api`'s one app, else the ledger's first) asking
     /// Apple through `api`, in `environment` (nil: `api`'s, by its base URL, else its settings'
     /// `environment`; see `NotificationBackfill.environment(baseURL:configured:)`).

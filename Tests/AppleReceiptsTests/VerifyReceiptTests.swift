@@ -1,5 +1,6 @@
 import AppleReceipts
 import Foundation
+import LedgerCore
 import LedgerTestSupport
 import Logging
 import NIOCore
@@ -37,6 +38,46 @@ struct VerifyReceiptTests {
         #expect(transactions.allSatisfy { $0.format == .receipt && $0.environment == "Production" })
         #expect(await standIn.calls("sandbox:R1") == 0)
         #expect(await standIn.calls("password:s3cret") == 1)
+    }
+
+    @Test("a subscription's transactions carry their period's end, its id and the group; a legacy receipt names no type")
+    func subscriptionFields() async throws {
+        let standIn = VerifyReceiptStandIn(answers: [
+            "production:S1": .json("""
+                {"status": 0, "environment": "Production", "receipt": {"bundle_id": "\(TestApple.bundleId)", "in_app": []},
+                 "latest_receipt_info": [
+                   {"transaction_id": "510", "original_transaction_id": "510", "product_id": "pro.monthly",
+                    "purchase_date_ms": "\(Self.purchase)", "expires_date_ms": "\(Self.purchase + 2_592_000_000)",
+                    "web_order_line_item_id": "9001", "subscription_group_identifier": "20500001"},
+                   {"transaction_id": "511", "original_transaction_id": "510", "product_id": "pro.monthly",
+                    "purchase_date_ms": "\(Self.purchase + 2_592_000_000)", "expires_date_ms": "\(Self.purchase + 5_184_000_000)",
+                    "web_order_line_item_id": "9002", "subscription_group_identifier": "20500001"},
+                   {"transaction_id": "512", "product_id": "gems.100", "purchase_date_ms": "\(Self.purchase + 1)"}]}
+                """),
+            "production:S2": .json("""
+                {"status": 0, "environment": "Production", "receipt": {"bundle_id": "\(TestApple.bundleId)",
+                 "in_app": [{"transaction_id": "520", "product_id": "pro.monthly", "purchase_date_ms": "\(Self.purchase)",
+                             "expires_date_ms": "soon"}]}}
+                """),
+        ])
+        try await standIn.run { production, sandbox in
+            let transactions = try await legacyVerifier(production, sandbox).transactions(receipt: "S1")
+            #expect(transactions.map(\.transactionId.rawValue) == ["510", "512", "511"])
+            let renewal = try #require(transactions.last)
+            #expect(renewal.originalTransactionId == "510" && renewal.webOrderLineItemId == "9002")
+            #expect(renewal.expiresDate == Date(millisecondsSince1970: Self.purchase + 5_184_000_000))
+            #expect(renewal.subscriptionGroupIdentifier == "20500001" && renewal.type == nil)
+            #expect(transactions[1].expiresDate == nil && transactions[1].webOrderLineItemId == nil)
+            // The catalog decides: a monthly subscription's renewal, never an order's purchase.
+            #expect(try TransactionRole.of(renewal, catalogType: .autoRenewable) == .subscriptionPeriod(originalTransactionId: "510"))
+            #expect(try TransactionRole.of(transactions[0], catalogType: .autoRenewable) == .subscriptionStart(originalTransactionId: "510"))
+            do {
+                _ = try await legacyVerifier(production, sandbox).transactions(receipt: "S2")
+                Issue.record("an expires_date_ms that is no number was taken")
+            } catch let error as AppleVerificationError {
+                #expect(error.code == "apple-answer-malformed")
+            }
+        }
     }
 
     @Test("21007 from production: asked again in the sandbox, which answers 0")

@@ -1,0 +1,177 @@
+import AppleReceipts
+import Foundation
+import LedgerCore
+import LedgerStore
+import Logging
+
+/// The catch-up of one auto-renewable subscription from Apple (`GET
+/// /v1/subscriptions/{originalTransactionId}?refresh=true`): what the ledger missed of it (a
+/// notification lost, a renewal no client uploaded) is asked of Apple and recorded once. Its
+/// transactions come from Apple's transaction history of its `originalTransactionId` and go
+/// through `ReceiptLedger.apply`, as a client's proof does (so a known one is skipped, and each
+/// period is recorded once); Apple's status of it and its renewal info (Get All Subscription
+/// Statuses) become one `subscription-renewal-changed` (no notification) when they change what
+/// the ledger holds, with an event id named by the subscription and the renewal info's
+/// `signedDate`, under the subscription's lock. No database transaction stays open while Apple
+/// answers.
+public struct SubscriptionCatchUp: Sendable {
+    let api: LazyAppStoreServerAPI
+    let verifier: AppleProofVerifier
+    let database: Database
+    let receipts: ReceiptLedger
+    let pool: TransactionPool
+    let subscriptions: SubscriptionLedger
+    let logger: Logger
+    /// Pages of the customer's history read at most (Apple's pages hold 20 transactions).
+    public var maximumPages = 100
+
+    public init(
+        api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, database: Database, receipts: ReceiptLedger, pool: TransactionPool,
+        subscriptions: SubscriptionLedger, logger: Logger
+    ) {
+        self.api = api
+        self.verifier = verifier
+        self.database = database
+        self.receipts = receipts
+        self.pool = pool
+        self.subscriptions = subscriptions
+        self.logger = logger
+    }
+
+    /// What a refresh did.
+    public struct Summary: Codable, Sendable, Equatable {
+        /// What became of Apple's status: `recorded`, `unchanged` (the ledger held it already),
+        /// `subscription-unknown` (no purchase started the subscription in the ledger, so there is
+        /// nothing to record it on), `no-status` (Apple's answer holds none for it).
+        public enum Status: String, Codable, Sendable {
+            case recorded, unchanged
+            case subscriptionUnknown = "subscription-unknown"
+            case noStatus = "no-status"
+        }
+
+        /// The subscription's transactions in Apple's history.
+        public var transactions = 0
+        /// Of those, transactions the ledger held already.
+        public var known = 0
+        /// The others, by `ReceiptLedger`'s outcome.
+        public var ingested: [String: Int] = [:]
+        /// Refunded or revoked ones: never taken in here (a refund reaches the ledger by
+        /// notification or the refund catch-up).
+        public var revoked = 0
+        /// Signed transactions that failed verification: logged, not taken in.
+        public var refused = 0
+        /// Apple's status: 1 active, 2 expired, 3 billing retry, 4 grace period, 5 revoked.
+        public var appleStatus: Int?
+        public var status: Status = .noStatus
+        public init() {}
+    }
+
+    /// Asks Apple about subscription `originalTransactionId` of `bundleId` (nil: the ledger's
+    /// first app) in `environment` (nil: production's when the app accepts it) and records what
+    /// the ledger missed. Apple's refusals and failures are thrown (`AppStoreServerAPIError`:
+    /// `apple-api-not-found` for an id Apple does not know), and so is an answer whose signed parts
+    /// do not verify (`AppleVerificationError`); what was recorded before stays recorded.
+    public func refresh(
+        originalTransactionId id: String, bundleId: BundleID?, environment: AppleEnvironment?,
+        metadata: Data = Data(#"{"appendedBy":"subscription-catch-up"}"#.utf8)
+    ) async throws -> Summary {
+        let client = try await api.client(for: bundleId, environment: environment)
+        var summary = Summary()
+        let known = try await subscriptions.store.subscription(id)
+        let transactions = try await history(of: id, from: client, into: &summary)
+        try await takeIn(transactions, user: known?.userId, metadata: metadata, into: &summary)
+        let statuses = try await verifier.subscriptionStatuses(try await client.subscriptionStatuses(id))
+        guard let status = statuses.first(where: { $0.originalTransactionId == id }) else { return summary }
+        summary.appleStatus = status.status
+        summary.status = try await record(status, on: id, metadata: metadata)
+        if summary.status != .unchanged {
+            logger.info("subscription caught up from Apple", metadata: [
+                "subscription.id": "\(id)", "subscription.apple_status": "\(status.status.map(String.init) ?? "none")",
+                "subscription.outcome": "\(summary.status.rawValue)", "subscription.ingested": "\(summary.ingested.values.reduce(0, +))"])
+        }
+        return summary
+    }
+
+    /// The subscription's transactions in Apple's history of the customer, verified, oldest first
+    /// (the purchase that started it before its renewals). Apple's history holds every purchase
+    /// of the customer: the others are not this catch-up's.
+    private func history(of id: String, from client: AppStoreServerAPI, into summary: inout Summary) async throws -> [AppleTransaction] {
+        var transactions: [AppleTransaction] = []
+        var revision: String?
+        for _ in 0..<maximumPages {
+            let page = try await client.transactionHistory(id, revision: revision)
+            for jws in page.signedTransactions {
+                do {
+                    let (transaction, revocation) = try await verifier.transactionAndRevocation(signed: jws)
+                    guard transaction.originalTransactionId == id else { continue }
+                    summary.transactions += 1
+                    if revocation != nil {
+                        summary.revoked += 1
+                        continue
+                    }
+                    transactions.append(transaction)
+                } catch {
+                    if error.isRetryable { throw error }
+                    summary.refused += 1
+                    logger.warning("a signed transaction in Apple's transaction history was refused", metadata: [
+                        "subscription.id": "\(id)", "error": "\(error.code)", "error.message": "\(error.message)"])
+                }
+            }
+            revision = page.revision
+            if !page.hasMore { break }
+        }
+        return transactions.sorted { ($0.purchaseDate, $0.transactionId.rawValue) < ($1.purchaseDate, $1.transactionId.rawValue) }
+    }
+
+    /// Takes the transactions the ledger does not hold through the intake of a client's proof,
+    /// one after the other (a renewal finds its subscription started by the purchase before it).
+    /// One no order takes waits in the pool for the subscription's user, when the ledger knows it.
+    private func takeIn(_ transactions: [AppleTransaction], user: UserID?, metadata: Data, into summary: inout Summary) async throws {
+        let held = try await pool.holders(of: transactions.map(\.transactionId))
+        let claim = ReceiptLedger.Claim(userId: nil, orderId: nil, poolUserId: user)
+        for transaction in transactions {
+            guard held.index(forKey: transaction.transactionId) == nil else {
+                summary.known += 1
+                continue
+            }
+            let answer = try await receipts.apply(transaction, claim: claim, metadata: metadata)
+            summary.ingested[answer.outcome.rawValue, default: 0] += 1
+        }
+    }
+
+    /// Apple's status of the subscription as `subscription-renewal-changed`, when it changes what
+    /// the ledger holds: decided and written under the subscription's lock, so two refreshes at
+    /// once record it once.
+    private func record(_ status: VerifiedSubscriptionStatus, on id: String, metadata: Data) async throws -> Summary.Status {
+        let body = SubscriptionRenewalChanged(
+            notification: nil, appleStatus: status.status, renewalInfo: status.renewalInfo?.info, expiresDate: status.transaction?.expiresDate)
+        let event = SubscriptionEvent.renewalChanged(body)
+        return try await database.transaction { tx -> Summary.Status in
+            try await subscriptions.writer.lock([StreamID.subscription(id)], in: tx)
+            guard let held = try await subscriptions.store.subscription(id, in: tx) else { return .subscriptionUnknown }
+            guard let next = Subscription.evolve(held, event, version: held.version + 1, at: Date()), Self.changes(held, into: next) else {
+                return .unchanged
+            }
+            let recorded = try await subscriptions.record([(event, Self.statusEventID(id, status))], on: id, metadata: metadata, in: tx)
+            return recorded.appended.isEmpty ? .unchanged : .recorded
+        }
+    }
+
+    /// Whether `next` differs from `held` in anything but the version and the time of the change.
+    static func changes(_ held: Subscription, into next: Subscription) -> Bool {
+        var next = next
+        (next.version, next.updatedAt) = (held.version, held.updatedAt)
+        return next != held
+    }
+
+    /// The id of the `subscription-renewal-changed` a catch-up records: named by the subscription
+    /// and the renewal info's `signedDate` (or, without renewal info, Apple's status and the
+    /// period's end), so the same answer of Apple's is recorded once.
+    public static func statusEventID(_ id: String, _ status: VerifiedSubscriptionStatus) -> EventID {
+        if let signed = status.renewalInfo?.info.signedDate {
+            return EventID.named("subscription-status", id, String(signed.millisecondsSince1970))
+        }
+        return EventID.named(
+            "subscription-status", id, String(status.status ?? 0), status.transaction?.expiresDate.map { String($0.millisecondsSince1970) } ?? "")
+    }
+}
