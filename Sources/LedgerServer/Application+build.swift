@@ -49,7 +49,7 @@ func buildRouter(
     ProductsController(catalog: services.catalog).addRoutes(to: router)
     SubscriptionsController(
         store: services.subscriptionStore, entitlements: EntitlementStore(database: database), apps: services.orders.apps,
-        catalog: AppCatalog(database: database), refresh: subscriptionRefresh
+        catalog: AppCatalog(database: database), refresh: subscriptionRefresh ?? subscriptionCatchUp(services, appStoreServerAPI, apple)
     ).addRoutes(to: router)
     AppsController(catalog: AppCatalog(database: database), directory: services.orders.apps, changed: { apps?.invalidate() }).addRoutes(to: router)
     ReportsController(database: database).addRoutes(to: router)
@@ -213,4 +213,14 @@ func appleServices(
         })
     }
     return background
+}
+
+/// The refresh `GET /v1/subscriptions/{id}?refresh=true` runs: the subscription catch-up, asking
+/// Apple with the app's key in the subscription's environment.
+func subscriptionCatchUp(_ services: ServiceAssembly, _ api: LazyAppStoreServerAPI, _ apple: AppleProofVerifier) -> SubscriptionRefresh {
+    let catchUp = services.subscriptionCatchUp(api: api, verifier: apple)
+    return { id, bundleId, environment in
+        _ = try await catchUp.refresh(
+            originalTransactionId: id, bundleId: bundleId, environment: environment.flatMap(AppleEnvironment.init(name:)))
+    }
 }

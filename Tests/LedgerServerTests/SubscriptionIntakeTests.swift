@@ -180,7 +180,8 @@ struct SubscriptionIntakeTests {
             // The start arrives by notification (no order names it: it waits in the pool, as a purchase does).
             let start = Self.subscription("8200001")
             let (_, applied) = try await notify(http, try await apple.notification("SUBSCRIBED", subtype: "INITIAL_BUY", transaction: start))
-            #expect(applied["streamId"] as? String == "transaction-8200001", "\(applied)")
+            // The start is a subscription's: the notification is recorded on the subscription it started.
+            #expect(applied["streamId"] as? String == "subscription-8200001", "\(applied)")
             #expect(try await periods(db, "8200001") == 2)
             // Its user: none came with the start, the renewal's client named one.
             #expect(try await scalar(db, "SELECT user_id FROM subscriptions WHERE original_transaction_id = '8200001'", as: String.self) == "u-3")
