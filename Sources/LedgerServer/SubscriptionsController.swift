@@ -19,8 +19,8 @@ struct SubscriptionsController {
     /// The apps the ledger holds: a copy, for a request that names none; the catalog, for one that names one.
     let apps: OrderApps
     let catalog: AppCatalog
-    /// Nil on a server that cannot ask Apple about subscriptions: `refresh=true` is then a 503.
-    let refresh: SubscriptionRefresh?
+    /// The catch-up `refresh=true` runs (a server without a key for Apple's API answers 503).
+    let refresh: SubscriptionRefresh
 
     /// The statuses that entitle the user now: a paid period, or its grace period. Billing retry
     /// past the grace period does not: Apple says service may stop once a failed renewal has no
@@ -80,9 +80,6 @@ struct SubscriptionsController {
             throw Self.notFound(id)
         }
         guard context.reaches(origin.bundleId) else { throw Self.notFound(id) }
-        guard let refresh else {
-            throw APIError(.serviceUnavailable, code: "subscription-refresh-unavailable", message: "this server does not ask Apple about subscriptions")
-        }
         do {
             try await refresh(id, origin.bundleId, origin.environment)
         } catch let error as AppStoreServerAPIError {
