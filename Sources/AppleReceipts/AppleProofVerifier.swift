@@ -149,6 +149,7 @@ public struct AppleProofVerifier: Sendable {
         }
         var transaction: AppleTransaction?
         var revocation: Revocation?
+        var renewalInfo: RenewalInfo?
         let app = try await checkApp(of: payload, onlyFor: expected)
         if let data = payload.data {
             if let signedTransaction = data.signedTransactionInfo {
@@ -157,11 +158,35 @@ public struct AppleProofVerifier: Sendable {
                 transaction = try Self.transaction(inner, sha256: Self.sha256(signedTransaction), app: app)
                 revocation = Self.revocation(inner)
             }
+            if let signedRenewalInfo = data.signedRenewalInfo {
+                renewalInfo = try await notificationRenewalInfo(signedRenewalInfo, about: transaction, app: app)
+            }
         }
         return VerifiedNotification(
             notificationUUID: uuid, notificationType: payload.notificationType, subtype: payload.subtype,
             signedDate: payload.signedAt, transaction: transaction,
-            revocation: revocation, consumptionRequestReason: payload.data?.consumptionRequestReason)
+            revocation: revocation, consumptionRequestReason: payload.data?.consumptionRequestReason, renewalInfo: renewalInfo)
+    }
+
+    /// A notification's `signedRenewalInfo`, verified as the transaction beside it is: the
+    /// subscription it names must be that transaction's, in its environment. Renewal info with no
+    /// transaction names a subscription nothing else in the notification vouches for.
+    private func notificationRenewalInfo(
+        _ jws: String, about transaction: AppleTransaction?, app: App
+    ) async throws(AppleVerificationError) -> RenewalInfo {
+        guard let transaction else {
+            throw AppleVerificationError(
+                code: "renewal-info-without-transaction",
+                message: "the notification carries signedRenewalInfo without signedTransactionInfo: no transaction ties it to a subscription")
+        }
+        let subscription = transaction.originalTransactionId ?? transaction.transactionId.rawValue
+        let verified = try await renewalInfo(signed: jws, app: app, originalTransactionId: subscription)
+        guard verified.environment.lowercased() == transaction.environment.lowercased() else {
+            throw AppleVerificationError(
+                code: "renewal-info-mismatch",
+                message: "the renewal info is from the \(verified.environment) environment, the transaction beside it from \(transaction.environment)")
+        }
+        return verified.info
     }
 
     /// The transactions of a legacy app receipt, as Apple's verifyReceipt reports them.

@@ -26,10 +26,12 @@ public func buildRouter(
 
 /// The router. `services`: the one assembly every route and service of this server shares (one
 /// writer, so that their events share transactions), on a database whose appends `metrics`
-/// already counts; `appStoreServerAPI`: the apps' clients of the API they share.
+/// already counts; `appStoreServerAPI`: the apps' clients of the API they share;
+/// `subscriptionRefresh`: the catch-up `GET /v1/subscriptions/{id}?refresh=true` asks Apple with.
 func buildRouter(
     services: ServiceAssembly, migrator: Migrator, apple: AppleProofVerifier, appStoreServerAPI: LazyAppStoreServerAPI,
-    configuration: LedgerConfiguration, health: DatabaseHealth?, metrics: LedgerMetrics, apps: AppDirectory? = nil
+    configuration: LedgerConfiguration, health: DatabaseHealth?, metrics: LedgerMetrics, apps: AppDirectory? = nil,
+    subscriptionRefresh: SubscriptionRefresh? = nil
 ) -> Router<LedgerRequestContext> {
     let database = services.database
     let router = Router(context: LedgerRequestContext.self)
@@ -45,6 +47,10 @@ func buildRouter(
     NotificationsController(notifications: services.notifications, verifier: apple, metrics: metrics).addRoutes(to: router)
     ReconcileController(pass: configuration.reconcilerPass(services)).addRoutes(to: router)
     ProductsController(catalog: services.catalog).addRoutes(to: router)
+    SubscriptionsController(
+        store: services.subscriptionStore, entitlements: EntitlementStore(database: database), apps: services.orders.apps,
+        catalog: AppCatalog(database: database), refresh: subscriptionRefresh
+    ).addRoutes(to: router)
     AppsController(catalog: AppCatalog(database: database), directory: services.orders.apps, changed: { apps?.invalidate() }).addRoutes(to: router)
     ReportsController(database: database).addRoutes(to: router)
     TransactionsController(pool: services.pool, desk: services.support, orders: services.orders).addRoutes(to: router)

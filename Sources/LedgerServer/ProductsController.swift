@@ -3,7 +3,8 @@ import Hummingbird
 import LedgerCore
 import LedgerStore
 
-/// The product catalog: `GET /v1/products` (read), `PUT /v1/products/{productId}` (admin).
+/// The product catalog: `GET /v1/products` (read), `PUT /v1/products/{productId}` (admin), each
+/// product with its type (and an auto-renewable one's subscription group) where the catalog says it.
 struct ProductsController {
     let catalog: ProductCatalog
 
@@ -24,6 +25,12 @@ struct ProductsController {
                 }
                 return preference
             }
+            let type = try body.type.map { text in
+                guard let type = ProductType(rawValue: text) else {
+                    throw LedgerInputError(field: "type", problem: "must be \(ProductType.allCases.map(\.rawValue).joined(separator: ", ")) or null")
+                }
+                return type
+            }
             // Product ids are per app: the entry is the named app's (as the ledger spells it), else the first app's.
             // A key limited to apps names one of its apps (403 for another, held or not), or is of one app, which is then named.
             var app: BundleID?
@@ -43,7 +50,7 @@ struct ProductsController {
             }
             return Answer(ProductResponse(try await catalog.set(
                 id, status: status, price: body.price, currency: body.currency, sampleContentProvided: body.sampleContentProvided,
-                refundPreference: preference, bundleId: app)))
+                refundPreference: preference, bundleId: app, type: type, subscriptionGroup: body.subscriptionGroup)))
         }
     }
 
@@ -55,6 +62,8 @@ struct ProductsController {
         let sampleContentProvided: Bool?
         let refundPreference: String?
         let bundleId: BundleID?
+        let type: String?
+        let subscriptionGroup: String?
     }
 
     struct ProductResponse: Encodable, Sendable {
@@ -62,7 +71,9 @@ struct ProductsController {
 
         init(_ product: ProductCatalog.Product) { self.product = product }
 
-        enum CodingKeys: String, CodingKey { case productId, status, price, currency, sampleContentProvided, refundPreference, updatedAt, bundleId }
+        enum CodingKeys: String, CodingKey {
+            case productId, status, price, currency, sampleContentProvided, refundPreference, updatedAt, bundleId, type, subscriptionGroup
+        }
 
         func encode(to encoder: any Encoder) throws {
             var json = encoder.container(keyedBy: CodingKeys.self)
@@ -74,6 +85,8 @@ struct ProductsController {
             try json.encodeIfPresent(product.refundPreference?.rawValue, forKey: .refundPreference)
             try json.encode(product.updatedAt, forKey: .updatedAt)
             try json.encode(product.bundleId, forKey: .bundleId)
+            try json.encode(product.type, forKey: .type)
+            try json.encode(product.subscriptionGroup, forKey: .subscriptionGroup)
         }
     }
 }

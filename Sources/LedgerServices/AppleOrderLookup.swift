@@ -52,6 +52,11 @@ public struct AppleOrderLookup: Sendable {
                 logger.warning(
                     "a signed transaction from Look Up Order ID was refused", metadata: ["apple.order": "\(orderID)", "error": "\(error.code)"])
                 entries.append(.init(transactionId: nil, outcome: ReceiptOutcome.rejected.rawValue, orderId: nil, state: nil, reason: error.code))
+            } catch let error as LedgerInputError {
+                // A subscription's transaction the catalog or its group refuses: nothing of it is recorded.
+                logger.warning(
+                    "a signed transaction from Look Up Order ID was refused", metadata: ["apple.order": "\(orderID)", "error": "\(error)"])
+                entries.append(.init(transactionId: nil, outcome: ReceiptOutcome.rejected.rawValue, orderId: nil, state: nil, reason: error.code))
             }
         }
         return Found(appleOrderId: orderID, transactions: entries)

@@ -247,14 +247,27 @@ public struct HistorySweep: Sendable {
         // The purchase's own token decides its order (another user's, it may be); the account's
         // user is whom one no order takes is pooled for.
         let claim = ReceiptLedger.Claim(userId: nil, orderId: nil, poolUserId: account.user)
-        let outcomes = try await withThrowingTaskGroup(of: ReceiptOutcome.self) { group in
+        let outcomes = try await withThrowingTaskGroup(of: ReceiptOutcome?.self) { group in
             for transaction in new {
-                group.addTask { try await receipts.apply(transaction, claim: claim, metadata: metadata).outcome }
+                group.addTask {
+                    do {
+                        return try await receipts.apply(transaction, claim: claim, metadata: metadata).outcome
+                    } catch let error as LedgerInputError {
+                        // A subscription's transaction the catalog or its group refuses (issue 40):
+                        // nothing of it is recorded, and the cursor waits until the catalog is mended.
+                        logger.warning("a transaction in Apple's transaction history was refused", metadata: [
+                            "apple.account": "\(account.id)", "apple.transaction": "\(transaction.transactionId)",
+                            "error": "\(error.code)", "error.message": "\(error)"])
+                        return nil
+                    }
+                }
             }
-            return try await group.reduce(into: [ReceiptOutcome]()) { $0.append($1) }
+            return try await group.reduce(into: [ReceiptOutcome?]()) { $0.append($1) }
         }
-        for outcome in outcomes { summary.ingested[outcome.rawValue, default: 0] += 1 }
-        return (outcomes.count, refused)
+        let taken = outcomes.compactMap { $0 }
+        for outcome in taken { summary.ingested[outcome.rawValue, default: 0] += 1 }
+        summary.refused += outcomes.count - taken.count
+        return (taken.count, refused || taken.count < outcomes.count)
     }
 
     /// The account's failure, counted by code: Apple's, verification's, or `internal-error`.

@@ -219,7 +219,14 @@ public struct NotificationBackfill: Sendable {
                         "error": "\(error.code)", "error.message": "\(error.message)"])
                     continue
                 }
-                if try await notifications.apply(notification, metadata: metadata).appended { summary.applied += 1 } else { summary.repeated += 1 }
+                do {
+                    if try await notifications.apply(notification, metadata: metadata).appended { summary.applied += 1 } else { summary.repeated += 1 }
+                } catch let error as LedgerInputError {
+                    // A subscription transaction the intake refuses (issue 40): nothing of it is recorded.
+                    summary.refused += 1
+                    logger.warning("a notification in Apple's notification history was refused", metadata: [
+                        "error": "\(error.code)", "error.message": "\(error)"])
+                }
             }
             progress?(summary.notifications)
             let done = !page.hasMore || page.paginationToken == nil

@@ -8,8 +8,9 @@ import Logging
 /// Applies App Store Server Notifications: refunds and their reversals change the order, every
 /// other type is recorded on the stream of the order (or pooled transaction) it concerns; the end
 /// of a family member's shared access is recorded on the transaction's own stream and changes no
-/// order. The notification's UUID is the id of the event it appends, so Apple's retries apply it
-/// once.
+/// order. A notification about an auto-renewable subscription's transaction is recorded on the
+/// subscription (`NotificationLedger+Subscriptions`). The notification's UUID is the id of the
+/// event it appends, so Apple's retries apply it once.
 public struct NotificationLedger: Sendable {
     let database: Database
     let writer: LedgerWriter
@@ -17,12 +18,15 @@ public struct NotificationLedger: Sendable {
     /// The intake of a client's proof: a notification about a transaction the ledger does not
     /// know takes it in as one, without an order.
     let receipts: ReceiptLedger
+    /// Where a subscription's lifecycle is recorded.
+    let subscriptions: SubscriptionLedger
 
-    public init(database: Database, writer: LedgerWriter, events: EventStore, receipts: ReceiptLedger) {
+    public init(database: Database, writer: LedgerWriter, events: EventStore, receipts: ReceiptLedger, subscriptions: SubscriptionLedger) {
         self.database = database
         self.writer = writer
         self.events = events
         self.receipts = receipts
+        self.subscriptions = subscriptions
     }
 
     /// A verified notification and the transaction it carries.
@@ -78,7 +82,12 @@ public struct NotificationLedger: Sendable {
             var known = try await writer.read(orders: [], transactions: [id], in: tx).transaction(id)
             let type = record.notificationType
             let revocation = notification.revocation ?? Revocation(date: record.signedDate)
+            let role = try self.role(of: transaction)
             if AppleTransactionRecord.poolStatus(after: type) == .refunded, revocation.endsFamilyShare(of: transaction) {
+                if let applied = try await revokeSharedSubscription(
+                    notification, transaction, role: role, revocation: revocation, eventID: eventID, metadata: metadata, in: tx) {
+                    return applied
+                }
                 return try await recordFamilyRevocation(
                     transaction, revocation, notification, known: known, eventID: eventID, metadata: metadata, in: tx)
             }
@@ -88,6 +97,10 @@ public struct NotificationLedger: Sendable {
                 known = try await writer.read(orders: [], transactions: [id], in: tx).transaction(id)
             }
             guard let holder = known else { throw OrderLedgerError.duplicateTransaction(id) }
+            if let applied = try await recordOnSubscription(
+                notification, transaction, role: role, revocation: revocation, eventID: eventID, metadata: metadata, in: tx) {
+                return applied
+            }
             if let orderID = holder.orderId {
                 try await writer.lock([orderID.streamID], in: tx)
                 let snapshot = try await writer.read(orders: [orderID], transactions: [], in: tx)

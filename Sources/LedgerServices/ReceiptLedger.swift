@@ -12,11 +12,17 @@ public struct ReceiptLedger: Sendable {
     let database: Database
     let writer: LedgerWriter
     let orders: OrderLedger
+    /// The catalog's product types, which decide a transaction's role before any order is looked at.
+    let catalog: ProductCatalog
+    /// Where subscription starts, renewals and family members' shared subscriptions are recorded.
+    let subscriptions: SubscriptionLedger
 
-    public init(database: Database, writer: LedgerWriter, orders: OrderLedger) {
+    public init(database: Database, writer: LedgerWriter, orders: OrderLedger, catalog: ProductCatalog, subscriptions: SubscriptionLedger) {
         self.database = database
         self.writer = writer
         self.orders = orders
+        self.catalog = catalog
+        self.subscriptions = subscriptions
     }
 
     /// Who sent the proof and which order it names.
@@ -47,19 +53,25 @@ public struct ReceiptLedger: Sendable {
         public var reason: String?
     }
 
-    /// Applies `transaction`, proven by the client or by Apple, for `claim`.
+    /// Applies `transaction`, proven by the client or by Apple, for `claim`. Its role
+    /// (`TransactionRole`) is decided first: a subscription transaction without what a
+    /// subscription needs, or a renewal outside its subscription's group, is refused with
+    /// `LedgerInputError` and nothing is recorded.
     public func apply(_ transaction: AppleTransaction, claim: Claim, metadata: Data) async throws -> Answer {
-        if let answer = try await applyCommonCase(transaction, claim: claim, metadata: metadata) { return answer }
+        let typing = try await catalog.typing(of: transaction.productId, bundleId: transaction.bundleId)
+        let role = try TransactionRole.of(transaction, catalogType: typing?.type)
+        // Only a plain purchase takes the group commit: the others record more than an order's events.
+        if role == .purchase, let answer = try await applyCommonCase(transaction, claim: claim, metadata: metadata) { return answer }
         do {
             return try await database.transaction { tx in
-                try await apply(transaction, claim: claim, metadata: metadata, in: tx)
+                try await apply(transaction, as: role, typing: typing, claim: claim, metadata: metadata, in: tx)
             }
         } catch let error where Self.lostRace(error) {
             // Another writer (a backend's own receipt-received naming this transaction, a
             // reconciler's pairing) was first, or PostgreSQL broke a deadlock here. Again, from
             // the start: the holder is now visible.
             return try await database.transaction { tx in
-                try await apply(transaction, claim: claim, metadata: metadata, in: tx)
+                try await apply(transaction, as: role, typing: typing, claim: claim, metadata: metadata, in: tx)
             }
         }
     }
@@ -104,10 +116,22 @@ public struct ReceiptLedger: Sendable {
         }
     }
 
+    /// `apply(_:claim:metadata:)` in the caller's transaction (a notification's), its role decided here.
     func apply(_ transaction: AppleTransaction, claim: Claim, metadata: Data, in tx: DatabaseTransaction) async throws -> Answer {
+        let typing = try await catalog.typing(of: transaction.productId, bundleId: transaction.bundleId, in: tx)
+        let role = try TransactionRole.of(transaction, catalogType: typing?.type)
+        return try await apply(transaction, as: role, typing: typing, claim: claim, metadata: metadata, in: tx)
+    }
+
+    /// A purchase that pays an order (`TransactionRole.paysOrder`), in the caller's transaction.
+    func applyPurchase(_ transaction: AppleTransaction, claim: Claim, metadata: Data, in tx: DatabaseTransaction) async throws -> Answer {
         let id = transaction.transactionId
         var (snapshot, candidate, matchedBy, noOrderReason) = try await lookUp(transaction, claim: claim, in: tx)
         let holder = snapshot.transaction(id)
+        if let holder, let never = Self.neverAnOrders(holder) {
+            // Recorded before as a renewal or a family member's share (the catalog said so then).
+            return Answer(outcome: .recorded, transactionId: id, orderId: candidate?.orderId, state: candidate?.state, finishTransaction: true, reason: never)
+        }
         if let order = candidate, !Self.sameApp(order, transaction) {
             // An order of another app never takes it (issue 39, app-mismatch): the order is left as
             // it is, and the transaction waits in its own app's pool for an order of that app.
@@ -236,7 +260,7 @@ public struct ReceiptLedger: Sendable {
     /// reconciler, support) and answers what the ledger knows of it with the order the proof names
     /// by the strongest evidence: the order id it carries, then its appAccountToken; never an
     /// order of another user than the proof's. The order found is locked too.
-    private func lookUp(
+    func lookUp(
         _ transaction: AppleTransaction, claim: Claim, in tx: DatabaseTransaction
     ) async throws -> (LedgerWriter.Snapshot, Order?, MatchedBy?, String) {
         let id = transaction.transactionId
@@ -269,6 +293,9 @@ public struct ReceiptLedger: Sendable {
 /// The answer to one proof, as `POST /v1/receipts` says it.
 public enum ReceiptOutcome: String, Codable, Sendable {
     case matched, unmatched, duplicate, rejected
+    /// A transaction that never pays an order (a subscription's renewal, a family member's
+    /// share), recorded where it belongs; `reason` says which.
+    case recorded
     case retryLater = "retry-later"
 }
 

@@ -34,22 +34,26 @@ public struct ServiceAssembly: Sendable {
         let events = EventStore(database: database)
         let orders = OrderLedger(writer: writer)
         let leases = Leases(database: database)
-        let receipts = ReceiptLedger(database: database, writer: writer, orders: orders)
+        let catalog = ProductCatalog(database: database)
+        let subscriptionStore = SubscriptionStore(database: database)
+        let subscriptions = SubscriptionLedger(writer: writer, events: events, store: subscriptionStore)
+        let receipts = ReceiptLedger(database: database, writer: writer, orders: orders, catalog: catalog, subscriptions: subscriptions)
         self.database = database
         self.writer = writer
         self.events = events
         self.orders = orders
         self.pool = TransactionPool(database: database)
-        self.catalog = ProductCatalog(database: database)
+        self.catalog = catalog
         self.keys = APIKeyStore(database: database)
         self.leases = leases
         self.callQueue = AppleCallQueue(orders: orders, leases: leases)
         self.receipts = receipts
-        self.notifications = NotificationLedger(database: database, writer: writer, events: events, receipts: receipts)
+        self.notifications = NotificationLedger(
+            database: database, writer: writer, events: events, receipts: receipts, subscriptions: subscriptions)
         self.accounts = AppleAccountLinks(database: database, writer: writer, events: events)
         self.support = SupportDesk(database: database, writer: writer, receipts: receipts)
-        self.subscriptionStore = SubscriptionStore(database: database)
-        self.subscriptions = SubscriptionLedger(writer: writer, events: events, store: subscriptionStore)
+        self.subscriptionStore = subscriptionStore
+        self.subscriptions = subscriptions
     }
 
     /// A reconciler pass with these settings.

@@ -58,9 +58,12 @@ public struct SubscriptionLedger: Sendable {
         let appends = try chosen.map { try EventCoding.newEvent($0.0, id: $0.1, metadata: metadata) }
         let expected: ExpectedVersion = before.map { .exact($0.version) } ?? .noStream
         let written = try await writer.append(LedgerWriter.Write(LedgerWriter.Append(appends, to: stream, expected: expected)), in: tx)
-        // Folded as the log recorded the events (their versions and time), as a rebuild folds them.
+        // Folded as the log recorded the events (their bodies as stored, their versions and time),
+        // as a rebuild folds them: a body read back can differ from the one given (times are
+        // stored to the millisecond).
         var row = before
-        for (event, stored) in zip(chosen.map(\.0), written.appends[0].events) {
+        for (new, stored) in zip(appends, written.appends[0].events) {
+            guard case .subscription(let event) = new.body else { continue }
             row = Subscription.evolve(row, event, version: stored.streamVersion, at: stored.recordedAt)
         }
         guard let row else { return Recorded(subscription: before, appended: []) }

@@ -48,6 +48,17 @@ struct BinaryCopyRows {
     mutating func int32(_ value: Int32) { field { $0.writeInteger(value) } }
     mutating func int64(_ value: Int64) { field { $0.writeInteger(value) } }
 
+    /// An `integer` column's value that may be absent.
+    mutating func integer(_ value: Int?) {
+        guard let value else { return null() }
+        int32(Int32(clamping: value))
+    }
+
+    mutating func bool(_ value: Bool?) {
+        guard let value else { return null() }
+        field { $0.writeInteger(UInt8(value ? 1 : 0)) }
+    }
+
     mutating func timestamp(_ value: Date?) {
         guard let value else { return null() }
         field { $0.writeInteger(PostgresTime.microseconds(value)) }

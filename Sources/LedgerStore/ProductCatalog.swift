@@ -27,14 +27,18 @@ public struct ProductCatalog: Sendable {
         public var updatedAt: Date
         /// The app that sells it (product ids are per app); nil only in a ledger that holds no app.
         public var bundleId: BundleID? = nil
+        /// What kind of product it is (nil: the catalog is silent, and Apple's signed `type` decides).
+        public var type: ProductType? = nil
+        /// An auto-renewable subscription's group (Apple's `subscriptionGroupIdentifier`).
+        public var subscriptionGroup: String? = nil
     }
 
     /// Creates or replaces a product's entry in app `bundleId` (nil: the ledger's first app, or
-    /// none while it holds no app).
+    /// none while it holds no app). Only an auto-renewable product has a `subscriptionGroup`.
     @discardableResult
     public func set(
         _ id: ProductID, status: Status, price: String?, currency: String?, sampleContentProvided: Bool? = nil,
-        refundPreference: RefundPreference? = nil, bundleId: BundleID? = nil
+        refundPreference: RefundPreference? = nil, bundleId: BundleID? = nil, type: ProductType? = nil, subscriptionGroup: String? = nil
     ) async throws -> Product {
         if let price, !OrderEvent.isValidPrice(price) {
             throw LedgerInputError(field: "price", problem: "must be a decimal string such as \"0.99\"")
@@ -42,14 +46,23 @@ public struct ProductCatalog: Sendable {
         if let currency, !OrderEvent.isValidCurrency(currency) {
             throw LedgerInputError(field: "currency", problem: "must be an ISO 4217 code such as \"USD\"")
         }
+        if let subscriptionGroup {
+            // A renewal is checked against its subscription's group; no other type is sold in one.
+            guard type == .autoRenewable else {
+                throw LedgerInputError(field: "subscriptionGroup", problem: "is only for an auto-renewable product (type auto-renewable)")
+            }
+            _ = try Identifier.validate(subscriptionGroup, field: "subscriptionGroup")
+        }
         let rows = try await database.query(
             """
-            INSERT INTO products (product_id, status, price, currency, sample_content_provided, refund_preference, updated_at, bundle_id)
+            INSERT INTO products (product_id, status, price, currency, sample_content_provided, refund_preference, updated_at, bundle_id,
+                                  type, subscription_group)
             VALUES (\(id.rawValue), \(status.rawValue), \(price)::numeric, \(currency), \(sampleContentProvided), \(refundPreference?.rawValue), now(),
-                    coalesce(\(bundleId?.rawValue)::text, (SELECT f.bundle_id FROM ledger_first_app f)))
+                    coalesce(\(bundleId?.rawValue)::text, (SELECT f.bundle_id FROM ledger_first_app f)), \(type?.rawValue), \(subscriptionGroup))
             ON CONFLICT ((coalesce(bundle_id, '')), product_id) DO UPDATE SET status = EXCLUDED.status, price = EXCLUDED.price,
                 currency = EXCLUDED.currency, sample_content_provided = EXCLUDED.sample_content_provided,
-                refund_preference = EXCLUDED.refund_preference, updated_at = EXCLUDED.updated_at
+                refund_preference = EXCLUDED.refund_preference, updated_at = EXCLUDED.updated_at, type = EXCLUDED.type,
+                subscription_group = EXCLUDED.subscription_group
             RETURNING \(unescaped: Self.columns)
             """)
         guard let product = try await Self.decode(rows).first else { throw OrderDecisionError.noSuchOrder }
@@ -89,15 +102,19 @@ public struct ProductCatalog: Sendable {
         return products
     }
 
-    static let columns = "product_id, status, price::text, currency, sample_content_provided, refund_preference, updated_at, bundle_id"
+    static let columns = """
+        product_id, status, price::text, currency, sample_content_provided, refund_preference, updated_at, bundle_id, type, subscription_group
+        """
 
     static func decode(_ rows: some AsyncSequence<PostgresRow, any Error>) async throws -> [Product] {
         var products: [Product] = []
-        for try await (id, status, price, currency, sample, preference, updated, bundle) in rows.decode((String, String, String?, String?, Bool?, String?, Date, String?).self) {
+        for try await (id, status, price, currency, sample, preference, updated, bundle, type, group)
+            in rows.decode((String, String, String?, String?, Bool?, String?, Date, String?, String?, String?).self) {
             products.append(Product(productId: ProductID(unchecked: id), status: Status(rawValue: status) ?? .active,
                                     price: price, currency: currency, sampleContentProvided: sample,
                                     refundPreference: preference.flatMap(RefundPreference.init), updatedAt: updated,
-                                    bundleId: bundle.map(BundleID.init(unchecked:))))
+                                    bundleId: bundle.map(BundleID.init(unchecked:)), type: type.flatMap(ProductType.init(rawValue:)),
+                                    subscriptionGroup: group))
         }
         return products
     }

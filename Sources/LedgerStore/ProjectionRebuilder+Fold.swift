@@ -6,7 +6,7 @@ import PostgresNIO
 /// The rebuild's fold: the rows it reads, their decoded bodies, the projections folded from them
 /// (by `Projection`, as the writer computes them), and the rows it writes.
 extension ProjectionRebuilder {
-    /// One event of an order or transaction stream, as the rebuild reads it.
+    /// One event of an order, transaction or subscription stream, as the rebuild reads it.
     struct Row: Sendable {
         let stream: String
         let version: Int64
@@ -44,6 +44,8 @@ extension ProjectionRebuilder {
         private var stream: String?
         private var order: Order?
         private(set) var transactions: [TransactionID: AppleTransactionRecord] = [:]
+        /// Every subscription's row, by its originalTransactionId (written at the end too).
+        private(set) var subscriptions: [String: Subscription] = [:]
         /// A claim an order stream's receipt took over while folding it, held until that stream
         /// undoes its own pairing. Streams are folded one after another, not in time: when support
         /// undid a pairing and the transaction went to a second order, the second order's stream
@@ -78,7 +80,10 @@ extension ProjectionRebuilder {
             case .transaction(let event):
                 let id = TransactionID(unchecked: String(row.stream.dropFirst("transaction-".count)))
                 transactions[id] = Projection.apply(event, data: Data(row.data.utf8), to: transactions[id], at: row.recordedAt)
-            case .subscription, .opaque, nil:
+            case .subscription(let event):
+                guard let id = StreamID(unchecked: row.stream).subscriptionID else { return }
+                subscriptions[id] = Subscription.evolve(subscriptions[id], event, version: row.version, at: row.recordedAt)
+            case .opaque, nil:
                 return
             }
         }

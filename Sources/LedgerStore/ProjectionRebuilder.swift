@@ -20,7 +20,10 @@ public struct ProjectionRebuilder: Sendable {
     }
 
     /// The projection tables, in the order they are compared.
-    static let tables = ["orders", "apple_transactions"]
+    static let tables = ["orders", "apple_transactions", "subscriptions", "subscription_periods"]
+    /// Those whose keys and indexes are dropped while they are filled and built once at the end
+    /// (the subscriptions' are kept: a foreign key needs theirs, and they are far fewer rows).
+    static let bulkTables = ["orders", "apple_transactions"]
     static let scratchSchema = "ledger_projection_verify"
 
     /// Empties the projections and fills them again from the log, in one transaction.
@@ -28,7 +31,7 @@ public struct ProjectionRebuilder: Sendable {
     public func rebuild() async throws -> Int {
         try await inRebuildTransaction { connection, reader in
             // The TRUNCATE holds appends to orders until COMMIT.
-            try await connection.guardedQuery("TRUNCATE orders, apple_transactions", logger: database.logger)
+            try await connection.guardedQuery("TRUNCATE orders, apple_transactions, subscriptions, subscription_periods", logger: database.logger)
             return try await fill(schema: "public", on: connection, reader: reader)
         }
     }
@@ -87,7 +90,7 @@ public struct ProjectionRebuilder: Sendable {
         }
     }
 
-    /// Folds every order and transaction stream, each in version order, into `schema`'s tables.
+    /// Folds every order, transaction and subscription stream, each in version order, into `schema`'s tables.
     ///
     /// The tables' keys and indexes are dropped first and built once at the end: one sort per
     /// index instead of a million random inserts into each (a duplicate that a unique index
@@ -129,7 +132,7 @@ public struct ProjectionRebuilder: Sendable {
                 let rows = try await reader.guardedQuery(
                     """
                     SELECT stream_id, stream_version, type, data::text, recorded_at FROM events
-                    WHERE stream_id LIKE 'order-%' OR stream_id LIKE 'transaction-%'
+                    WHERE stream_id LIKE 'order-%' OR stream_id LIKE 'transaction-%' OR stream_id LIKE 'subscription-%'
                     ORDER BY stream_id, stream_version
                     """,
                     logger: logger)
@@ -165,6 +168,7 @@ public struct ProjectionRebuilder: Sendable {
             }
             try await copy.finish(to: writer)
         }
+        try await writeSubscriptions(state.fold.subscriptions.values, schema: schema, on: connection)
         let written = ContinuousClock.now
         // Bigger sorts for the index builds, for this transaction only.
         try await connection.guardedQuery("SET LOCAL maintenance_work_mem = '256MB'", logger: logger)
@@ -173,6 +177,7 @@ public struct ProjectionRebuilder: Sendable {
         }
         logger.info("projections rebuilt", metadata: [
             "rebuild.events": "\(read)", "rebuild.orders": "\(state.orders)", "rebuild.transactions": "\(transactions.count)",
+            "rebuild.subscriptions": "\(state.fold.subscriptions.count)",
             "rebuild.fold_seconds": "\(Self.seconds(folded - started))",
             "rebuild.transactions_seconds": "\(Self.seconds(written - folded))",
             "rebuild.indexes": "\(recreate.count)", "rebuild.index_seconds": "\(Self.seconds(ContinuousClock.now - written))"])
@@ -189,7 +194,7 @@ public struct ProjectionRebuilder: Sendable {
     static func seconds(_ duration: Duration) -> String { String(format: "%.2f", duration.inSeconds) }
 
     private func count(on connection: PostgresConnection) async throws -> Int {
-        let rows = try await connection.guardedQuery("SELECT count(*) FROM events WHERE stream_id LIKE 'order-%' OR stream_id LIKE 'transaction-%'", logger: database.logger)
+        let rows = try await connection.guardedQuery("SELECT count(*) FROM events WHERE stream_id LIKE 'order-%' OR stream_id LIKE 'transaction-%' OR stream_id LIKE 'subscription-%'", logger: database.logger)
         for try await count in rows.decode(Int.self) { return count }
         return 0
     }
@@ -213,12 +218,12 @@ public struct ProjectionRebuilder: Sendable {
             SELECT format('ALTER TABLE %I.%I DROP CONSTRAINT %I', n.nspname, t.relname, c.conname),
                    format('ALTER TABLE %I.%I ADD CONSTRAINT %I %s', n.nspname, t.relname, c.conname, pg_get_constraintdef(c.oid))
             FROM pg_constraint c JOIN pg_class t ON t.oid = c.conrelid JOIN pg_namespace n ON n.oid = t.relnamespace
-            WHERE n.nspname = \(schema) AND t.relname = ANY(\(Self.tables)) AND c.contype IN ('p', 'u', 'x')
+            WHERE n.nspname = \(schema) AND t.relname = ANY(\(Self.bulkTables)) AND c.contype IN ('p', 'u', 'x')
             UNION ALL
             SELECT format('DROP INDEX %I.%I', n.nspname, i.relname), pg_get_indexdef(x.indexrelid)
             FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid
                  JOIN pg_namespace n ON n.oid = t.relnamespace
-            WHERE n.nspname = \(schema) AND t.relname = ANY(\(Self.tables))
+            WHERE n.nspname = \(schema) AND t.relname = ANY(\(Self.bulkTables))
               AND NOT EXISTS (SELECT FROM pg_constraint c WHERE c.conindid = x.indexrelid AND c.conrelid = x.indrelid)
             """,
             logger: database.logger)

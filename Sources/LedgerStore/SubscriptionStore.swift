@@ -47,15 +47,17 @@ public struct SubscriptionStore: Sendable {
     /// new or changed since `before`, in the caller's transaction.
     public func write(_ subscription: Subscription, since before: Subscription?, in transaction: DatabaseTransaction) async throws {
         let s = subscription
+        // Times rounded as the rebuild's COPY stores them (`PostgresTime.Bound`), so that a rebuilt row equals this one.
+        let t = PostgresTime.bound
         try await transaction.connection.guardedQuery(
             """
             INSERT INTO subscriptions (original_transaction_id, bundle_id, environment, user_id, product_id, subscription_group,
                                        family_shared, started_at, expires_at, auto_renew, auto_renew_product_id, expiration_intent,
                                        grace_period_expires_at, in_billing_retry, expired, revoked_at, version, updated_at)
             VALUES (\(s.originalTransactionId), \(s.bundleId?.rawValue), \(s.environment), \(s.userId?.rawValue), \(s.productId.rawValue),
-                    \(s.subscriptionGroup), \(s.familyShared), \(s.startedAt), \(s.expiresAt), \(s.autoRenew), \(s.autoRenewProductId),
-                    \(s.expirationIntent), \(s.gracePeriodExpiresAt), \(s.inBillingRetry), \(s.expired), \(s.revokedAt), \(s.version),
-                    \(s.updatedAt))
+                    \(s.subscriptionGroup), \(s.familyShared), \(t(s.startedAt)), \(t(s.expiresAt)), \(s.autoRenew), \(s.autoRenewProductId),
+                    \(s.expirationIntent), \(t(s.gracePeriodExpiresAt)), \(s.inBillingRetry), \(s.expired), \(t(s.revokedAt)), \(s.version),
+                    \(t(s.updatedAt)))
             ON CONFLICT (original_transaction_id) DO UPDATE SET
                 bundle_id = EXCLUDED.bundle_id, environment = EXCLUDED.environment, user_id = EXCLUDED.user_id,
                 product_id = EXCLUDED.product_id, subscription_group = EXCLUDED.subscription_group,
@@ -72,7 +74,7 @@ public struct SubscriptionStore: Sendable {
                 INSERT INTO subscription_periods (original_transaction_id, period_key, transaction_id, kind, product_id, purchase_date,
                                                   expires_at, price, currency, refunded_at, refund_percentage)
                 VALUES (\(s.originalTransactionId), \(p.periodKey), \(p.transactionId.rawValue), \(p.kind.rawValue), \(p.productId.rawValue),
-                        \(p.purchaseDate), \(p.expiresAt), \(p.price)::numeric, \(p.currency), \(p.refundedAt), \(p.refundPercentage))
+                        \(t(p.purchaseDate)), \(t(p.expiresAt)), \(p.price)::numeric, \(p.currency), \(t(p.refundedAt)), \(p.refundPercentage))
                 ON CONFLICT (original_transaction_id, period_key) DO UPDATE SET
                     refunded_at = EXCLUDED.refunded_at, refund_percentage = EXCLUDED.refund_percentage
                 """, logger: database.logger)

@@ -6,7 +6,7 @@ import LedgerStore
 
 /// `ledger products set|list`: the product catalog.
 struct Products: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Manage the product catalog (active or retired products, prices).", subcommands: [Set.self, List.self])
+    static let configuration = CommandConfiguration(abstract: "Manage the product catalog (active or retired products, prices, types).", subcommands: [Set.self, List.self])
 
     struct Set: AsyncParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Create or change a product's entry.")
@@ -18,6 +18,8 @@ struct Products: AsyncParsableCommand {
         @Option(help: "Consumption answers: true when the app offers a free sample or trial of it") var sampleContentProvided: Bool?
         @Option(help: "Consumption answers: DECLINE, GRANT_FULL or GRANT_PRORATED") var refundPreference: String?
         @Option(help: "The app the product belongs to (product ids are per app; default: the ledger's first app)") var bundleId: String?
+        @Option(help: "consumable, non-consumable, auto-renewable or non-renewing (default: none; Apple's signed type decides)") var type: String?
+        @Option(help: "An auto-renewable product's subscription group (Apple's subscriptionGroupIdentifier)") var subscriptionGroup: String?
 
         func run() async throws {
             guard let status = ProductCatalog.Status(rawValue: status) else { throw CommandFailure("--status must be active or retired") }
@@ -27,14 +29,28 @@ struct Products: AsyncParsableCommand {
                 }
                 return preference
             }
+            let productType = try type.map { text in
+                guard let productType = ProductType(rawValue: text) else {
+                    throw CommandFailure("--type must be \(ProductType.allCases.map(\.rawValue).joined(separator: ", "))")
+                }
+                return productType
+            }
             let id = try ProductID(product)
             let app = try bundleId.map { try BundleID($0) }
             let saved = try await withLedgerDatabase(options) { client, logger in
                 try await ProductCatalog(database: Database(client: client, logger: logger)).set(
                     id, status: status, price: price, currency: currency, sampleContentProvided: sampleContentProvided,
-                    refundPreference: preference, bundleId: app)
+                    refundPreference: preference, bundleId: app, type: productType, subscriptionGroup: subscriptionGroup)
             }
-            print("\(saved.productId)\t\(saved.status.rawValue)\t\(saved.price ?? "-")\t\(saved.currency ?? "-")")
+            print(Self.line(saved))
+        }
+
+        /// A product as the commands print it: id, status, price, currency, then its type and group where the catalog says them.
+        static func line(_ product: ProductCatalog.Product) -> String {
+            var fields = [product.productId.rawValue, product.status.rawValue, product.price ?? "-", product.currency ?? "-"]
+            if let type = product.type { fields.append(type.rawValue) }
+            if let group = product.subscriptionGroup { fields.append(group) }
+            return fields.joined(separator: "\t")
         }
     }
 
@@ -46,9 +62,7 @@ struct Products: AsyncParsableCommand {
             let products = try await withLedgerDatabase(options) { client, logger in
                 try await ProductCatalog(database: Database(client: client, logger: logger)).list()
             }
-            for product in products {
-                print("\(product.productId)\t\(product.status.rawValue)\t\(product.price ?? "-")\t\(product.currency ?? "-")")
-            }
+            for product in products { print(Set.line(product)) }
         }
     }
 }

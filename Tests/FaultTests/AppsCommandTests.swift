@@ -57,6 +57,14 @@ struct AppsCommandTests {
             #expect(try await scalarText(db, "SELECT bundle_id FROM products WHERE product_id = 'gems.100'") == "com.example.configured")
             let (unknownApp, unknownOutput) = try await ledger(["products", "set", "--product", "gems.100", "--bundle-id", "com.example.none"])
             #expect(unknownApp != 0 && unknownOutput.contains("com.example.none"), "\(unknownOutput)")
+            // Product types (issue 40): a subscription group only for an auto-renewable product.
+            let (typed, typedOutput) = try await ledger(["products", "set", "--product", "pro.monthly", "--type", "auto-renewable", "--subscription-group", "21000001"])
+            #expect(typed == 0 && typedOutput.contains("pro.monthly\tactive\t-\t-\tauto-renewable\t21000001"), "\(typedOutput)")
+            let (badType, badTypeOutput) = try await ledger(["products", "set", "--product", "pro.monthly", "--type", "subscription"])
+            #expect(badType != 0 && badTypeOutput.contains("--type"), "\(badTypeOutput)")
+            let (badGroup, badGroupOutput) = try await ledger(["products", "set", "--product", "lifetime", "--type", "non-consumable", "--subscription-group", "21000001"])
+            #expect(badGroup != 0 && badGroupOutput.contains("subscriptionGroup"), "\(badGroupOutput)")
+            #expect(try await scalarText(db, "SELECT type || ' ' || subscription_group FROM products WHERE product_id = 'pro.monthly'") == "auto-renewable 21000001")
 
             for (arguments, named) in [
                 (["apps", "add", "--bundle-id", "com.example.cli"], "holds the app com.example.cli already"),

@@ -49,6 +49,17 @@ public final class TestApple: Sendable {
             originalPurchaseDate: Date(timeIntervalSinceNow: -86_400 * 30).millisecondsSince1970)
     }
 
+    /// A subscription's renewal info payload (Apple's JWSRenewalInfoDecodedPayload), renewing
+    /// `product` by default; override what a test is about, then `sign` it.
+    public static func renewalInfo(
+        _ originalTransactionId: String, product: String = "pro.monthly", environment: String = "Sandbox", autoRenew: Bool = true,
+        signedDate: Date = Date()
+    ) -> SignedRenewalInfoPayload {
+        SignedRenewalInfoPayload(
+            originalTransactionId: originalTransactionId, autoRenewProductId: product, productId: product, autoRenewStatus: autoRenew ? 1 : 0,
+            environment: environment, signedDate: signedDate.millisecondsSince1970)
+    }
+
     public func sign(_ payload: some Encodable) async throws -> String {
         try chain.sign(payload)
     }
@@ -56,14 +67,16 @@ public final class TestApple: Sendable {
     /// A signed notification about `transaction` (signed too, as Apple nests it).
     public func notification(
         _ type: String, subtype: String? = nil, uuid: UUID = UUID(), transaction: SignedTransactionPayload?,
-        environment: String = "Sandbox", signedDate: Date = Date(), consumptionRequestReason: String? = nil
+        environment: String = "Sandbox", signedDate: Date = Date(), consumptionRequestReason: String? = nil,
+        renewalInfo: SignedRenewalInfoPayload? = nil
     ) async throws -> String {
         let signedTransaction: String? = if let transaction { try await sign(transaction) } else { nil }
+        let signedRenewalInfo: String? = if let renewalInfo { try await sign(renewalInfo) } else { nil }
         let payload = SignedNotificationPayload(
             notificationType: type, subtype: subtype, notificationUUID: uuid.uuidString.lowercased(),
             signedDate: signedDate.millisecondsSince1970,
             data: .init(bundleId: Self.bundleId, appAppleId: Self.appAppleId, environment: environment, signedTransactionInfo: signedTransaction,
-                        consumptionRequestReason: consumptionRequestReason))
+                        signedRenewalInfo: signedRenewalInfo, consumptionRequestReason: consumptionRequestReason))
         return try await sign(payload)
     }
 }

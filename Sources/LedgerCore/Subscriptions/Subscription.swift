@@ -96,12 +96,17 @@ public struct Subscription: Sendable, Equatable {
         case revoked
     }
 
-    /// The status at `now`, from the facts alone.
+    /// How long Apple keeps retrying a renewal that failed to bill: 60 days after the period's
+    /// end (or until the customer fixes the billing or cancels), then `EXPIRED` (`BILLING_RETRY`).
+    public static let billingRetryLimit: TimeInterval = 60 * 86_400
+
+    /// The status at `now`, from the facts alone. A retry Apple never said ended (its `EXPIRED`
+    /// lost) ends with Apple's 60 days.
     public func status(at now: Date) -> Status {
         if revokedAt != nil { return .revoked }
         if let expiresAt, now < expiresAt, !expired { return .active }
         if !expired, let grace = gracePeriodExpiresAt, now < grace { return .gracePeriod }
-        if !expired, inBillingRetry { return .billingRetry }
+        if !expired, inBillingRetry, let expiresAt, now < expiresAt.addingTimeInterval(Self.billingRetryLimit) { return .billingRetry }
         return .expired
     }
 
@@ -143,6 +148,20 @@ public struct Subscription: Sendable, Equatable {
                 next.revokedAt = nil
             }
         case .renewalChanged(let body):
+            if let end = body.expiresDate, let known = next.expiresAt, end < known {
+                // About an earlier period than the latest one recorded (Apple's notifications may
+                // arrive out of order): what it says of renewal is older than what that period
+                // brought, so it changes nothing but the version.
+                return next
+            }
+            if let end = body.expiresDate, next.expiresAt.map({ end > $0 }) ?? true {
+                // A later end (a renewal whose period is not recorded, RENEWAL_EXTENDED): service
+                // goes on, as a new period's would.
+                next.expiresAt = end
+                next.inBillingRetry = false
+                next.gracePeriodExpiresAt = nil
+                next.expired = false
+            }
             if let info = body.renewalInfo {
                 next.autoRenew = info.autoRenew ?? next.autoRenew
                 next.autoRenewProductId = info.autoRenewProductId ?? next.autoRenewProductId
@@ -150,7 +169,6 @@ public struct Subscription: Sendable, Equatable {
                 next.gracePeriodExpiresAt = info.gracePeriodExpiresDate
                 next.inBillingRetry = info.isInBillingRetryPeriod ?? next.inBillingRetry
             }
-            if let end = body.expiresDate, next.expiresAt.map({ end > $0 }) ?? true { next.expiresAt = end }
             switch body.notification?.notificationType {
             case "DID_FAIL_TO_RENEW":
                 next.inBillingRetry = true
@@ -176,15 +194,24 @@ public struct Subscription: Sendable, Equatable {
             guard let index = next.periods.firstIndex(where: { $0.periodKey == body.periodKey }) else { return next }
             next.periods[index].refundedAt = body.revocationDate
             next.periods[index].refundPercentage = body.revocationType == .refundProrated ? body.revocationPercentage : nil
-            if next.periods[index].expiresAt == next.expiresAt { next.revokedAt = body.revocationDate }
+            // Refunding the period that pays for now ends the service; an earlier one's refund
+            // takes that period's money back only.
+            if next.isLatest(index) { next.revokedAt = body.revocationDate }
         case .periodRefundReversed(let body):
             guard let index = next.periods.firstIndex(where: { $0.periodKey == body.periodKey }) else { return next }
             next.periods[index].refundedAt = nil
             next.periods[index].refundPercentage = nil
-            if next.periods[index].expiresAt == next.expiresAt { next.revokedAt = nil }
+            if next.isLatest(index) { next.revokedAt = nil }
         case .familyShareRevoked(let body):
             next.revokedAt = body.revocationDate
         }
         return next
+    }
+
+    /// Whether period `index` is the one that ends last (the one paying for the subscription's
+    /// current term, even when `RENEWAL_EXTENDED` moved its end past the period's own).
+    func isLatest(_ index: Int) -> Bool {
+        guard let end = periods[index].expiresAt else { return false }
+        return !periods.contains { ($0.expiresAt ?? .distantPast) > end }
     }
 }

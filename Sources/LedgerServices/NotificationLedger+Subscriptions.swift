@@ -1,0 +1,86 @@
+import Foundation
+import LedgerCore
+import LedgerStore
+
+/// The lifecycle of an auto-renewable subscription from Apple's notifications (issue 40): what a
+/// notification about a subscription's transaction records on the subscription's stream, in the
+/// transaction `apply` holds, with the notification's UUID as the event's id.
+extension NotificationLedger {
+    /// The notification types that say something of a subscription's renewal; each becomes
+    /// `subscription-renewal-changed` on the subscription, with the renewal info Apple signed.
+    public static let lifecycleTypes: Set<String> = [
+        "SUBSCRIBED", "DID_RENEW", "OFFER_REDEEMED", "DID_CHANGE_RENEWAL_STATUS", "DID_CHANGE_RENEWAL_PREF", "DID_FAIL_TO_RENEW",
+        "GRACE_PERIOD_EXPIRED", "EXPIRED", "RENEWAL_EXTENDED", "PRICE_INCREASE",
+    ]
+
+    /// What `transaction` is to the ledger. The catalog is not read here yet: Apple's signed
+    /// `type` decides, which every notification's transaction carries.
+    func role(of transaction: AppleTransaction) throws(LedgerInputError) -> TransactionRole {
+        try TransactionRole.of(transaction, catalogType: nil)
+    }
+
+    /// Records what the notification says on the subscription of its transaction (`role`), which
+    /// the ledger holds (`holder`): the transaction's period (once per billing period, as every
+    /// way in records it), then
+    /// - a lifecycle type (`lifecycleTypes`): `subscription-renewal-changed`;
+    /// - `REFUND` or `REVOKE`: `subscription-period-refunded` of that period alone;
+    /// - `REFUND_REVERSED`: `subscription-period-refund-reversed`.
+    /// Nil when the rest of `apply` goes on as before: the transaction is no subscription's, the
+    /// subscription is not known yet (the notification is then recorded on the transaction's or
+    /// order's stream as before, and the catch-up fills the subscription in), the type says
+    /// nothing of it, or the transaction started the subscription and also paid an order, whose
+    /// refund (or its reversal) follows under the notification's UUID.
+    func recordOnSubscription(
+        _ notification: Notification, _ transaction: AppleTransaction, role: TransactionRole, revocation: Revocation,
+        eventID: EventID, metadata: Data, in tx: DatabaseTransaction
+    ) async throws -> Applied? {
+        guard let id = role.subscription else { return nil }
+        let record = notification.record
+        let type = record.notificationType
+        let uuid = notification.fromRefundHistory ? nil : record.notificationUUID
+        let periodKey = transaction.webOrderLineItemId ?? transaction.transactionId.rawValue
+        let event: SubscriptionEvent
+        if AppleTransactionRecord.poolStatus(after: type) == .refunded {
+            event = .periodRefunded(SubscriptionPeriodRefunded(
+                transactionId: transaction.transactionId, periodKey: periodKey, revocation: revocation,
+                notificationType: notification.fromRefundHistory ? nil : type, notificationUUID: uuid))
+        } else if type == "REFUND_REVERSED" {
+            event = .periodRefundReversed(SubscriptionPeriodRefundReversed(
+                transactionId: transaction.transactionId, periodKey: periodKey, notificationUUID: uuid))
+        } else if Self.lifecycleTypes.contains(type) {
+            event = .renewalChanged(SubscriptionRenewalChanged(
+                notification: record, renewalInfo: notification.renewalInfo, expiresDate: transaction.expiresDate))
+        } else {
+            return nil
+        }
+        // The refund of the start (or its reversal) is its order's too, whose event takes the
+        // notification's UUID: the subscription's is named after it.
+        let orderToo = role.paysOrder && event.type != .renewalChanged
+        let ownID = orderToo ? EventID.named("subscription-notification", id, eventID.uuid.uuidString.lowercased()) : eventID
+        let kind: SubscriptionPeriodKind = transaction.transactionId.rawValue == id ? .start : .renewal
+        let period = SubscriptionEvent.period(SubscriptionPeriodRecorded(transaction: transaction, kind: kind))
+        let recorded = try await subscriptions.record(
+            [(period, SubscriptionLedger.periodEventID(id, transaction)), (event, ownID)], on: id, metadata: metadata, in: tx)
+        guard recorded.subscription != nil, !orderToo else { return nil }
+        return Applied(appended: true, streamId: .subscription(id), type: event.type.rawValue)
+    }
+
+    /// A family member's shared subscription ended (`REVOKE`, `FAMILY_REVOKE`):
+    /// `subscription-family-share-revoked` on the member's subscription, which ends the member's
+    /// access alone; the purchaser's subscription and order are untouched. Nil when the
+    /// transaction is no shared subscription's, or the ledger does not know the member's
+    /// subscription: `family-share-revoked` on the transaction's stream then, as for a shared
+    /// non-consumable.
+    func revokeSharedSubscription(
+        _ notification: Notification, _ transaction: AppleTransaction, role: TransactionRole, revocation: Revocation,
+        eventID: EventID, metadata: Data, in tx: DatabaseTransaction
+    ) async throws -> Applied? {
+        guard case .familyShared(let shared) = role, let id = shared else { return nil }
+        let event = SubscriptionEvent.familyShareRevoked(SubscriptionFamilyShareRevoked(
+            transactionId: transaction.transactionId, revocationDate: revocation.date,
+            notificationUUID: notification.fromRefundHistory ? nil : notification.record.notificationUUID))
+        let recorded = try await subscriptions.record([(event, eventID)], on: id, metadata: metadata, in: tx)
+        guard recorded.subscription != nil else { return nil }
+        return Applied(appended: true, streamId: .subscription(id), type: event.type.rawValue)
+    }
+}

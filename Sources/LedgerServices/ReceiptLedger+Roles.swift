@@ -1,0 +1,164 @@
+import Foundation
+import LedgerCore
+import LedgerJSON
+import LedgerStore
+
+/// The intake by role (issue 40): only a purchase of its own pays an order. A subscription's start
+/// pays its order and starts the subscription's stream; a later period of it is recorded on the
+/// subscription (or waits for its start), and a family member's share is an entitlement. Neither
+/// of these is ever an order's: they are kept with a status the pool and every pairing skip
+/// (`renewal`, `shared`), and an order the proof names is left as it is.
+extension ReceiptLedger {
+    /// Applies `transaction` as `role` in the caller's transaction. `typing`: what the catalog
+    /// says of its product.
+    func apply(
+        _ transaction: AppleTransaction, as role: TransactionRole, typing: ProductCatalog.Typing?, claim: Claim, metadata: Data,
+        in tx: DatabaseTransaction
+    ) async throws -> Answer {
+        switch role {
+        case .purchase:
+            return try await applyPurchase(transaction, claim: claim, metadata: metadata, in: tx)
+        case .subscriptionStart(let id):
+            let answer = try await applyPurchase(transaction, claim: claim, metadata: metadata, in: tx)
+            // Refunded before any order took it: never granted, and no subscription of it is kept.
+            if answer.outcome != .rejected {
+                try await recordStart(transaction, of: id, typing: typing, metadata: metadata, in: tx)
+            }
+            return answer
+        case .subscriptionPeriod(let id):
+            return try await applyRenewal(transaction, of: id, typing: typing, claim: claim, metadata: metadata, in: tx)
+        case .familyShared(let id):
+            return try await applyShared(transaction, subscription: id, claim: claim, metadata: metadata, in: tx)
+        }
+    }
+
+    /// The reason a row the ledger holds is never an order's (`renewal`, `shared`), else nil.
+    static func neverAnOrders(_ row: AppleTransactionRecord) -> String? {
+        guard row.orderId == nil else { return nil }
+        switch row.status {
+        case .renewal: return AppleTransactionRecord.subscriptionRenewalReason
+        case .shared: return AppleTransactionRecord.familySharedReason
+        case .unmatched, .refunded, .claimed: return nil
+        }
+    }
+
+    /// `subscription-started` and the start's period on subscription `id`, with every renewal of
+    /// it that waited for the start (their periods, once each), under the subscription's lock. The
+    /// subscription's user is the one the transaction is now held for (its order's, else the
+    /// pool's), else the one a waiting renewal came with.
+    private func recordStart(
+        _ transaction: AppleTransaction, of id: String, typing: ProductCatalog.Typing?, metadata: Data, in tx: DatabaseTransaction
+    ) async throws {
+        let holder = try await writer.read(orders: [], transactions: [transaction.transactionId], in: tx).transaction(transaction.transactionId)
+        // Locked before the waiting renewals are read: a renewal arriving meanwhile either
+        // committed before (and is read here) or finds the subscription started once this commits.
+        try await writer.lock([StreamID.subscription(id)], in: tx)
+        let group = typing?.subscriptionGroup ?? transaction.subscriptionGroupIdentifier
+        var renewals: [TransactionUnmatched] = []
+        for waiting in try await subscriptions.store.renewals(of: id, in: tx) where waiting.transaction.transactionId != transaction.transactionId {
+            // One of another group is not this subscription's: it keeps waiting (and support sees it).
+            if let group, let other = try await self.group(of: waiting.transaction, in: tx), other != group { continue }
+            renewals.append(waiting)
+        }
+        let user = holder?.userId ?? renewals.lazy.compactMap(\.userId).first
+        let started = SubscriptionStarted(originalTransactionId: id, transaction: transaction, userId: user, familyShared: false)
+        var events: [(SubscriptionEvent, EventID)] = [
+            (.started(started), SubscriptionLedger.startedEventID(id)),
+            (.period(SubscriptionPeriodRecorded(transaction: transaction, kind: .start)), SubscriptionLedger.periodEventID(id, transaction)),
+        ]
+        for waiting in renewals {
+            let renewal = waiting.transaction
+            events.append((.period(SubscriptionPeriodRecorded(transaction: renewal, kind: .renewal)), SubscriptionLedger.periodEventID(id, renewal)))
+        }
+        _ = try await subscriptions.record(events, on: id, metadata: metadata, in: tx)
+    }
+
+    /// A later transaction of subscription `id`: kept as a renewal (never pooled for an order) and
+    /// recorded as a period of the subscription once it is known; until then it waits, and the
+    /// start ties it. The order the proof names (by id or appAccountToken) is left as it is.
+    private func applyRenewal(
+        _ transaction: AppleTransaction, of id: String, typing: ProductCatalog.Typing?, claim: Claim, metadata: Data,
+        in tx: DatabaseTransaction
+    ) async throws -> Answer {
+        let (snapshot, named, _, _) = try await lookUp(transaction, claim: claim, in: tx)
+        let holder = snapshot.transaction(transaction.transactionId)
+        if let refused = Self.refusedAsRefunded(holder, transaction, named) { return refused }
+        try await writer.lock([StreamID.subscription(id)], in: tx)
+        let subscription = try await subscriptions.store.subscription(id, in: tx)
+        if let subscription { try await checkGroup(transaction, typing: typing, of: subscription, in: tx) }
+        if holder == nil {
+            let pooled = try Self.poolAppend(
+                transaction, userId: claim.userId ?? subscription?.userId ?? claim.poolUserId, claimedOrder: claim.orderId,
+                reason: AppleTransactionRecord.subscriptionRenewalReason, metadata: metadata)
+            _ = try await writer.append(LedgerWriter.Write(pooled), in: tx, knowing: snapshot)
+        }
+        let period = SubscriptionEvent.period(SubscriptionPeriodRecorded(transaction: transaction, kind: .renewal))
+        _ = try await subscriptions.record([(period, SubscriptionLedger.periodEventID(id, transaction))], on: id, metadata: metadata, in: tx)
+        var order = named ?? holder?.orderId.flatMap { snapshot.order($0) }
+        if order == nil, holder?.orderId == nil {
+            // The order that bought the subscription, for the client to show.
+            let start = TransactionID(unchecked: id)
+            if let owner = try await writer.read(orders: [], transactions: [start], in: tx).transaction(start)?.orderId {
+                order = try await writer.read(orders: [owner], transactions: [], in: tx).order(owner)
+            }
+        }
+        return Answer(outcome: .recorded, transactionId: transaction.transactionId, orderId: order?.orderId ?? holder?.orderId,
+                      state: order?.state, finishTransaction: true, reason: AppleTransactionRecord.subscriptionRenewalReason)
+    }
+
+    /// A family member's shared access (`FAMILY_SHARED`): kept as `shared` for the member as
+    /// claimed, never an order's nor paired; of an auto-renewable product, also the member's own
+    /// subscription (`subscription`, the member's originalTransactionId), started by the first
+    /// shared transaction the ledger meets, with its periods. The order the proof names is left as it is.
+    private func applyShared(
+        _ transaction: AppleTransaction, subscription id: String?, claim: Claim, metadata: Data, in tx: DatabaseTransaction
+    ) async throws -> Answer {
+        let (snapshot, named, _, _) = try await lookUp(transaction, claim: claim, in: tx)
+        let holder = snapshot.transaction(transaction.transactionId)
+        if let refused = Self.refusedAsRefunded(holder, transaction, named) { return refused }
+        let member = claim.userId ?? holder?.userId ?? claim.poolUserId
+        if holder == nil {
+            let pooled = try Self.poolAppend(
+                transaction, userId: member, claimedOrder: claim.orderId, reason: AppleTransactionRecord.familySharedReason, metadata: metadata)
+            _ = try await writer.append(LedgerWriter.Write(pooled), in: tx, knowing: snapshot)
+        }
+        if let id {
+            let started = SubscriptionStarted(originalTransactionId: id, transaction: transaction, userId: member, familyShared: true)
+            let kind: SubscriptionPeriodKind = transaction.transactionId.rawValue == id ? .start : .renewal
+            _ = try await subscriptions.record([
+                (.started(started), SubscriptionLedger.startedEventID(id)),
+                (.period(SubscriptionPeriodRecorded(transaction: transaction, kind: kind)), SubscriptionLedger.periodEventID(id, transaction)),
+            ], on: id, metadata: metadata, in: tx)
+        }
+        let order = named ?? holder?.orderId.flatMap { snapshot.order($0) }
+        return Answer(outcome: .recorded, transactionId: transaction.transactionId, orderId: order?.orderId ?? holder?.orderId,
+                      state: order?.state, finishTransaction: true, reason: AppleTransactionRecord.familySharedReason)
+    }
+
+    /// A transaction Apple refunded or revoked before the ledger recorded it otherwise: never
+    /// granted, as a purchase's (`rejected`, `transaction-refunded`).
+    private static func refusedAsRefunded(_ holder: AppleTransactionRecord?, _ transaction: AppleTransaction, _ named: Order?) -> Answer? {
+        guard let holder, holder.orderId == nil, holder.status == .refunded else { return nil }
+        return Answer(outcome: .rejected, transactionId: transaction.transactionId, orderId: named?.orderId, state: named?.state,
+                      finishTransaction: true, reason: "transaction-\(holder.status.rawValue)")
+    }
+
+    /// Refuses a renewal whose product is in another subscription group than its subscription's
+    /// (by the catalog, else as Apple signed them): it is not that subscription's.
+    private func checkGroup(
+        _ transaction: AppleTransaction, typing: ProductCatalog.Typing?, of subscription: Subscription, in tx: DatabaseTransaction
+    ) async throws {
+        guard let renewalGroup = typing?.subscriptionGroup ?? transaction.subscriptionGroupIdentifier else { return }
+        let known = try await catalog.typing(of: subscription.productId, bundleId: transaction.bundleId, in: tx)?.subscriptionGroup
+        guard let group = known ?? subscription.subscriptionGroup, group != renewalGroup else { return }
+        throw LedgerInputError(
+            field: "productId",
+            problem: "\(transaction.productId) is in subscription group \(renewalGroup), not in group \(group) of subscription \(subscription.originalTransactionId)")
+    }
+
+    /// The subscription group of `transaction`'s product: the catalog's, else as Apple signed it.
+    private func group(of transaction: AppleTransaction, in tx: DatabaseTransaction) async throws -> String? {
+        try await catalog.typing(of: transaction.productId, bundleId: transaction.bundleId, in: tx)?.subscriptionGroup
+            ?? transaction.subscriptionGroupIdentifier
+    }
+}

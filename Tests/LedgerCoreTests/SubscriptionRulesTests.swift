@@ -1,0 +1,128 @@
+import Foundation
+import LedgerCore
+import Testing
+
+@Suite("A subscription's rules: Subscription.evolve and status(at:)")
+struct SubscriptionRulesTests {
+    let start = Date(timeIntervalSince1970: 1_800_000_000)
+    let month: TimeInterval = 30 * 86_400
+    let otid = "7000001"
+
+    /// The transaction of period `n` (0: the purchase that started it), a month each.
+    func transaction(_ n: Int, expires: Date? = nil) -> AppleTransaction {
+        AppleTransaction(
+            transactionId: TransactionID(unchecked: n == 0 ? otid : "\(otid)-\(n)"), originalTransactionId: otid,
+            productId: ProductID(unchecked: "pro.monthly"), purchaseDate: start.addingTimeInterval(Double(n) * month),
+            environment: "Sandbox", bundleId: "com.example", price: "4.99", currency: "USD", format: .jws,
+            receiptSha256: String(repeating: "a", count: 64), type: "Auto-Renewable Subscription",
+            expiresDate: expires ?? start.addingTimeInterval(Double(n + 1) * month), webOrderLineItemId: "w-\(n)",
+            transactionReason: n == 0 ? "PURCHASE" : "RENEWAL", subscriptionGroupIdentifier: "g-1")
+    }
+
+    func notified(_ type: String, _ subtype: String? = nil, period: Int, info: RenewalInfo? = nil, expires: Date? = nil) -> SubscriptionEvent {
+        .renewalChanged(SubscriptionRenewalChanged(
+            notification: NotificationReceived(
+                notificationUUID: UUID(), notificationType: type, subtype: subtype, transactionId: transaction(period).transactionId,
+                signedDate: start),
+            renewalInfo: info, expiresDate: expires ?? transaction(period).expiresDate))
+    }
+
+    func refund(_ period: Int) -> SubscriptionEvent {
+        .periodRefunded(SubscriptionPeriodRefunded(
+            transactionId: transaction(period).transactionId, periodKey: "w-\(period)", revocation: Revocation(date: start.addingTimeInterval(2 * month)),
+            notificationType: "REFUND", notificationUUID: UUID()))
+    }
+
+    /// The subscription the events leave, folded as the log would.
+    func fold(_ events: [SubscriptionEvent]) -> Subscription? {
+        var state: Subscription?
+        for (index, event) in events.enumerated() {
+            state = Subscription.evolve(state, event, version: Int64(index), at: start.addingTimeInterval(Double(index)))
+        }
+        return state
+    }
+
+    var started: [SubscriptionEvent] {
+        [.started(SubscriptionStarted(originalTransactionId: otid, transaction: transaction(0), userId: UserID(unchecked: "u-1"), familyShared: false)),
+         .period(SubscriptionPeriodRecorded(transaction: transaction(0), kind: .start))]
+    }
+
+    func renewal(_ n: Int) -> SubscriptionEvent { .period(SubscriptionPeriodRecorded(transaction: transaction(n), kind: .renewal)) }
+
+    @Test("a billing retry whose EXPIRED never arrives ends 60 days after the period's end")
+    func billingRetryEnds() throws {
+        let failed = try #require(fold(started + [notified("DID_FAIL_TO_RENEW", period: 0, info: RenewalInfo(autoRenew: true, isInBillingRetryPeriod: true))]))
+        let end = try #require(failed.expiresAt)
+        #expect(failed.status(at: end.addingTimeInterval(-1)) == .active)
+        #expect(failed.status(at: end.addingTimeInterval(59 * 86_400)) == .billingRetry)
+        #expect(failed.status(at: end.addingTimeInterval(60 * 86_400)) == .expired)
+    }
+
+    @Test("a failure in the grace period, its end, then the recovery: grace-period, billing-retry, active")
+    func graceThenRecovery() throws {
+        let end = transaction(0).expiresDate!
+        let grace = end.addingTimeInterval(16 * 86_400)
+        let inGrace = try #require(fold(started + [notified(
+            "DID_FAIL_TO_RENEW", "GRACE_PERIOD", period: 0, info: RenewalInfo(autoRenew: true, gracePeriodExpiresDate: grace, isInBillingRetryPeriod: true))]))
+        #expect(inGrace.status(at: end.addingTimeInterval(86_400)) == .gracePeriod)
+        let graceOver = try #require(fold(started + [
+            notified("DID_FAIL_TO_RENEW", "GRACE_PERIOD", period: 0, info: RenewalInfo(gracePeriodExpiresDate: grace, isInBillingRetryPeriod: true)),
+            notified("GRACE_PERIOD_EXPIRED", period: 0, info: RenewalInfo(isInBillingRetryPeriod: true)),
+        ]))
+        #expect(graceOver.status(at: end.addingTimeInterval(86_400)) == .billingRetry)
+        let recovered = try #require(fold(started + [
+            notified("DID_FAIL_TO_RENEW", "GRACE_PERIOD", period: 0, info: RenewalInfo(gracePeriodExpiresDate: grace, isInBillingRetryPeriod: true)),
+            renewal(1), notified("DID_RENEW", "BILLING_RECOVERY", period: 1, info: RenewalInfo(autoRenew: true, isInBillingRetryPeriod: false)),
+        ]))
+        #expect(recovered.status(at: end.addingTimeInterval(86_400)) == .active)
+        #expect(recovered.periods.count == 2 && recovered.gracePeriodExpiresAt == nil && !recovered.inBillingRetry)
+    }
+
+    @Test("a notification about an earlier period, arriving after a later period, changes nothing")
+    func staleNotification() throws {
+        let renewed = try #require(fold(started + [renewal(1)]))
+        let late = try #require(fold(started + [renewal(1), notified("EXPIRED", "VOLUNTARY", period: 0, info: RenewalInfo(autoRenew: false, expirationIntent: 1))]))
+        #expect(late.status(at: start.addingTimeInterval(1.5 * month)) == .active)
+        #expect(late.expired == false && late.autoRenew == renewed.autoRenew && late.expirationIntent == nil)
+        let failedLate = try #require(fold(started + [renewal(1), notified("DID_FAIL_TO_RENEW", period: 0, info: RenewalInfo(isInBillingRetryPeriod: true))]))
+        #expect(failedLate.inBillingRetry == false)
+    }
+
+    @Test("EXPIRED ends the subscription at once; a resubscription whose period the ledger lacks brings it back")
+    func expiredThenResubscribed() throws {
+        let expired = try #require(fold(started + [notified("EXPIRED", "VOLUNTARY", period: 0, info: RenewalInfo(autoRenew: false, expirationIntent: 1))]))
+        #expect(expired.status(at: start.addingTimeInterval(0.5 * month)) == .expired && expired.expirationIntent == 1)
+        let back = try #require(fold(started + [
+            notified("EXPIRED", "VOLUNTARY", period: 0, info: RenewalInfo(autoRenew: false, expirationIntent: 1)),
+            notified("SUBSCRIBED", "RESUBSCRIBE", period: 3, info: RenewalInfo(autoRenew: true)),
+        ]))
+        #expect(back.status(at: start.addingTimeInterval(3.5 * month)) == .active && back.autoRenew == true)
+    }
+
+    @Test("a refund of one period takes back that period only; the latest one's ends the service, even past its own end")
+    func periodRefunds() throws {
+        let earlier = try #require(fold(started + [renewal(1), refund(0)]))
+        #expect(earlier.periods.map { $0.refundedAt != nil } == [true, false])
+        #expect(earlier.status(at: start.addingTimeInterval(1.5 * month)) == .active)
+        let extended = start.addingTimeInterval(2.5 * month)
+        let latest = try #require(fold(started + [renewal(1), notified("RENEWAL_EXTENDED", period: 1, expires: extended), refund(1)]))
+        #expect(latest.expiresAt == extended)
+        #expect(latest.status(at: start.addingTimeInterval(1.5 * month)) == .revoked)
+        let reversed = try #require(fold(started + [
+            renewal(1), notified("RENEWAL_EXTENDED", period: 1, expires: extended), refund(1),
+            .periodRefundReversed(SubscriptionPeriodRefundReversed(transactionId: transaction(1).transactionId, periodKey: "w-1", notificationUUID: nil)),
+        ]))
+        #expect(reversed.status(at: start.addingTimeInterval(1.5 * month)) == .active && reversed.periods[1].refundedAt == nil)
+    }
+
+    @Test("auto-renew follows DID_CHANGE_RENEWAL_STATUS, from the renewal info or else the subtype")
+    func autoRenewStatus() throws {
+        let off = try #require(fold(started + [notified("DID_CHANGE_RENEWAL_STATUS", "AUTO_RENEW_DISABLED", period: 0)]))
+        #expect(off.autoRenew == false && off.status(at: start) == .active)
+        let on = try #require(fold(started + [
+            notified("DID_CHANGE_RENEWAL_STATUS", "AUTO_RENEW_DISABLED", period: 0),
+            notified("DID_CHANGE_RENEWAL_STATUS", "AUTO_RENEW_ENABLED", period: 0, info: RenewalInfo(autoRenew: true, autoRenewProductId: "pro.monthly")),
+        ]))
+        #expect(on.autoRenew == true && on.autoRenewProductId == "pro.monthly")
+    }
+}
