@@ -87,7 +87,8 @@ extension DemoStory {
         _ = try await requestJSON("POST", "/v1/reconcile", body: "{}")
         let open = try await requestJSON("GET", "/v1/orders/\(abandoned)")
         count("subscription's abandoned order of the same product, after the renewals and a reconciler pass: \(open["state"] as? String ?? "?")")
-        let listed = try await requestJSON("GET", "/v1/users/\(user)/subscriptions")
+        // User ids are per app: the ledger holds two, so the app is named.
+        let listed = try await requestJSON("GET", "/v1/users/\(user)/subscriptions?bundleId=\(Demo.bundleId)")
         let subscription = (listed["subscriptions"] as? [[String: Any]])?.first { $0["originalTransactionId"] as? String == original }
         subscriptionSummary = [
             "Subscription \(original) (\(user), \(product), order \(orderId)): bought, renewed twice (the second a billing recovery within its grace period), the first renewal refunded",
