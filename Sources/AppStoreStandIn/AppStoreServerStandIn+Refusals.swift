@@ -28,6 +28,9 @@ extension AppStoreServerStandIn {
         /// Apple's error name in the message.
         public static let consumptionPercentageOutOfRange = 4000000
         public static let undeliveredConsumptionPercentageNonZero = 4000000
+        /// ConsumptionPercentageAutoRenewableSubscriptionError: documented by Apple without a code,
+        /// answered as the two above.
+        public static let consumptionPercentageAutoRenewableSubscription = 4000000
     }
 
     static let deliveryStatuses: Set<String> = [
@@ -44,8 +47,9 @@ extension AppStoreServerStandIn {
     /// Apple's refusal of a Send Consumption Information (v2) body, or nil when Apple takes it:
     /// the three required fields, the enumerations, the percentage's range, and the combinations
     /// Apple's field rules forbid (a percentage other than 0 when not delivered; `GRANT_PRORATED`
-    /// without a percentage above 0 and below 100,000).
-    @Sendable static func refusal(ofConsumption body: ByteBuffer) -> (Int, String)? {
+    /// without a percentage above 0 and below 100,000, any percentage for an auto-renewable
+    /// subscription's transaction, whose share Apple computes itself).
+    @Sendable static func refusal(ofConsumption body: ByteBuffer, autoRenewable: Bool = false) -> (Int, String)? {
         guard let fields = try? JSONDecoder().decode([String: JSONField].self, from: body) else {
             return refusal(AppleErrorCode.generalBadRequest, "Malformed request.")
         }
@@ -71,12 +75,17 @@ extension AppStoreServerStandIn {
         default:
             return refusal(AppleErrorCode.consumptionPercentageOutOfRange, "ConsumptionPercentageOutOfRangeError: the consumption percentage is outside the valid range.")
         }
+        if autoRenewable, percentage != nil {
+            return refusal(
+                AppleErrorCode.consumptionPercentageAutoRenewableSubscription,
+                "ConsumptionPercentageAutoRenewableSubscriptionError: the consumption percentage field is unsupported for auto-renewable subscription transactions.")
+        }
         if delivery != "DELIVERED", let percentage, percentage != 0 {
             return refusal(
                 AppleErrorCode.undeliveredConsumptionPercentageNonZero,
                 "UndeliveredConsumptionPercentageNonZeroError: the consumption percentage must be zero for the provided delivery status.")
         }
-        if preference == "GRANT_PRORATED", !(percentage.map { $0 > 0 && $0 < 100_000 } ?? false) {
+        if preference == "GRANT_PRORATED", !autoRenewable, !(percentage.map { $0 > 0 && $0 < 100_000 } ?? false) {
             return refusal(
                 AppleErrorCode.consumptionPercentageOutOfRange,
                 "ConsumptionPercentageOutOfRangeError: GRANT_PRORATED needs a consumption percentage greater than 0 and less than 100000.")

@@ -132,6 +132,9 @@ public final class AppStoreServerStandIn: Sendable {
     /// (TransactionIdNotFound): a sandbox transaction is unknown to production's host, and the
     /// other way round.
     public func setTransactions(_ ids: [String]) async { await state.setTransactions(ids) }
+    /// Transactions of auto-renewable subscriptions: a consumption answer about one with a
+    /// `consumptionPercentage` is refused, as Apple refuses it.
+    public func setAutoRenewable(_ ids: [String]) async { await state.setAutoRenewable(ids) }
     public func queue(_ faults: [Fault]) async { await state.queue(faults) }
     /// How many requests wait on a `held` fault.
     public var holding: Int { get async { await state.held.count } }
@@ -160,6 +163,7 @@ public final class AppStoreServerStandIn: Sendable {
         var notificationRequests: [NotificationRequest] = []
         var tokenRefusals: [String: Int] = [:]
         var transactions: Set<String>?
+        var autoRenewable = Set<String>()
         var writes: [Write] = []
         var held: [CheckedContinuation<Void, Never>] = []
 
@@ -172,6 +176,7 @@ public final class AppStoreServerStandIn: Sendable {
         func setNotifications(_ pages: [Page]) { notifications = pages }
         func refuseToken(_ id: String, _ code: Int) { tokenRefusals[id] = code }
         func setTransactions(_ ids: [String]) { transactions = Set(ids) }
+        func setAutoRenewable(_ ids: [String]) { autoRenewable.formUnion(ids) }
         func knows(_ id: String) -> Bool { transactions?.contains(id) ?? true }
         func wrote(_ write: Write) { writes.append(write) }
         func refund(_ id: String, revision: String?) -> Page? { Self.page(refunds[id], after: revision) }
@@ -294,8 +299,10 @@ public final class AppStoreServerStandIn: Sendable {
                 return (200, String(decoding: try JSONSerialization.data(withJSONObject: body), as: UTF8.self))
             }
         }
-        router.put("/inApps/v2/transactions/consumption/:id") { request, _ -> Response in
-            try await serving(request).recordWrite(request, status: 202, check: Self.refusal(ofConsumption:))
+        router.put("/inApps/v2/transactions/consumption/:id") { request, context -> Response in
+            let standIn = serving(request)
+            let autoRenewable = await standIn.state.autoRenewable.contains(context.parameters.get("id") ?? "")
+            return try await standIn.recordWrite(request, status: 202, check: { Self.refusal(ofConsumption: $0, autoRenewable: autoRenewable) })
         }
         router.post("/inApps/v1/transactions/:id/finish") { request, _ -> Response in
             try await serving(request).recordWrite(request, status: 200)

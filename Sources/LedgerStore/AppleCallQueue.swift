@@ -234,23 +234,33 @@ public struct AppleCallQueue: Sendable {
         public var consumptionPercentage: Int?
         public var sampleContentProvided: Bool?
         public var refundPreference: RefundPreference?
+        /// The transaction is an auto-renewable subscription's (a period of a subscription the
+        /// ledger knows, a product the catalog or Apple's signed `type` says is one): no
+        /// percentage is sent for it.
+        public var autoRenewable = false
 
         public var deliveryStatus: DeliveryStatus { .of(state: state, delivered: delivered, failureReason: failureReason) }
         /// What the answer sends: Apple's required fields, in combinations Apple takes.
         public var fields: ConsumptionFields {
             ConsumptionFields(
                 deliveryStatus: deliveryStatus, consumed: consumptionPercentage, sampleContentProvided: sampleContentProvided,
-                refundPreference: refundPreference)
+                refundPreference: refundPreference, autoRenewable: autoRenewable)
         }
     }
 
+    /// A subscription's renewal pays no order: its facts are those of the order its subscription's
+    /// start paid (delivered once that order was).
     public func consumptionFacts(_ transaction: TransactionID) async throws -> ConsumptionFacts {
         let rows = try await database.query(
             """
-            SELECT o.state, o.failure_reason, d.percentage, d.stream_id IS NOT NULL, p.sample_content_provided, p.refund_preference
+            SELECT o.state, o.failure_reason, d.percentage, d.stream_id IS NOT NULL, p.sample_content_provided, p.refund_preference,
+                   sp.transaction_id IS NOT NULL OR coalesce(p.type = 'auto-renewable', false)
+                       OR coalesce(t.verification->'transaction'->>'type' = 'Auto-Renewable Subscription', false)
               FROM (SELECT \(transaction.rawValue)::text AS transaction_id) x
               LEFT JOIN apple_transactions t ON t.transaction_id = x.transaction_id
-              LEFT JOIN orders o ON o.order_id = t.order_id
+              LEFT JOIN subscription_periods sp ON sp.transaction_id = x.transaction_id
+              LEFT JOIN orders o ON o.order_id = coalesce(t.order_id,
+                  (SELECT s.order_id FROM apple_transactions s WHERE s.transaction_id = sp.original_transaction_id))
               LEFT JOIN products p ON p.product_id = coalesce(o.product_id, t.product_id)
                                   AND p.bundle_id IS NOT DISTINCT FROM coalesce(o.bundle_id, t.bundle_id)
               LEFT JOIN LATERAL (
@@ -258,11 +268,11 @@ public struct AppleCallQueue: Sendable {
                    WHERE e.stream_id = 'order-' || o.order_id AND e.type = 'delivered'
                    ORDER BY e.stream_version DESC LIMIT 1) d ON true
             """)
-        for try await (state, reason, percentage, delivered, sample, preference)
-            in rows.decode((String?, String?, Int?, Bool, Bool?, String?).self) {
+        for try await (state, reason, percentage, delivered, sample, preference, autoRenewable)
+            in rows.decode((String?, String?, Int?, Bool, Bool?, String?, Bool).self) {
             return ConsumptionFacts(
                 state: state.flatMap(OrderState.init), delivered: delivered, failureReason: reason, consumptionPercentage: percentage,
-                sampleContentProvided: sample, refundPreference: preference.flatMap(RefundPreference.init))
+                sampleContentProvided: sample, refundPreference: preference.flatMap(RefundPreference.init), autoRenewable: autoRenewable)
         }
         return ConsumptionFacts(state: nil, delivered: false)
     }

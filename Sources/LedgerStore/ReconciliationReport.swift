@@ -14,27 +14,44 @@ import PostgresNIO
 /// revenue to mislead (the view `order_environments`, sql/migrations/012_environments.sql). Every
 /// row of an order follows that environment as it is now, so a sandbox order's creation,
 /// verification and refunds land in the same `Sandbox` row, and `totals` never holds them.
+///
+/// Every billed period of an auto-renewable subscription counts once, in a row of its `kind`: the
+/// first is its order's (the order its start transaction verified: that order's rows are
+/// `subscription-start`), each later one a `subscription-renewal` row of its own, dated by its
+/// purchase date, with Apple's price; a refund of one period takes back that period's share only.
+/// A family member's shared subscription is never revenue (docs/reconciliation.md, "Subscriptions").
 public struct ReconciliationReport: Sendable, Codable, Equatable {
-    /// One day, product, currency and environment.
+    /// One day, product, currency, environment and kind.
     public struct Row: Sendable, Codable, Equatable {
         public var day: String
         public var productId: String
         public var currency: String?
         /// `Production`, or `Sandbox` for App Review's and testers' purchases (kept apart).
         public var environment: String
+        /// What was billed: `purchase` (orders), `subscription-start` (orders paid by the
+        /// transaction that started a subscription), `subscription-renewal` (a subscription's
+        /// later periods, which pay no order); `total` in the totals.
+        public var kind = Kind.purchase
+        /// Billed periods of a subscription that began in the day (purchase date, UTC): in a
+        /// `subscription-start` row the subscriptions started (their money is their orders'
+        /// `verified`, on the day each was verified), in a `subscription-renewal` row the renewals,
+        /// whose prices are its revenue.
+        public var periods = 0
         public var ordersCreated = 0
         public var verified = 0
         public var delivered = 0
         public var finished = 0
         public var failed = 0
         public var failedByReason: [String: Int] = [:]
+        /// Orders refunded; in a `subscription-renewal` row, periods refunded (each alone).
         public var refunded = 0
         /// What the refunds took back, as a decimal string: of each refunded order's price ×
         /// quantity, the share Apple refunded (`revocationPercentage` of a `REFUND_PRORATED`; all
         /// of it for a full refund, or one recorded before the ledger read Apple's type).
         public var refundedAmount = "0"
         /// Verified minus what refunds took back, from the orders' prices (price × quantity), as
-        /// a decimal string.
+        /// a decimal string; in a `subscription-renewal` row, the periods' prices (Apple's)
+        /// minus what their refunds took back.
         public var revenue = "0"
         public var pairingsByRule: [String: Int] = [:]
         public var ambiguousPairings = 0
@@ -54,12 +71,21 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         /// ledger that holds no app, and in the totals.
         public var bundleId: String?
 
-        init(day: String, productId: String, currency: String?, environment: String, bundleId: String? = nil) {
+        init(day: String, productId: String, currency: String?, environment: String, bundleId: String? = nil, kind: Kind = .purchase) {
             self.day = day
             self.productId = productId
             self.currency = currency
             self.environment = environment
             self.bundleId = bundleId
+            self.kind = kind
+        }
+
+        /// What a row's money was billed as.
+        public enum Kind: String, Sendable, Codable, Equatable {
+            case purchase
+            case subscriptionStart = "subscription-start"
+            case subscriptionRenewal = "subscription-renewal"
+            case total
         }
     }
 
@@ -89,8 +115,11 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         var rows: [String: Row] = [:]
         var revenue: [String: Decimal] = [:]
         var refundedAmount: [String: Decimal] = [:]
-        func key(_ day: String, _ product: String, _ currency: String?, _ environment: String, _ bundle: String?) -> String {
-            "\(day)\u{1F}\(bundle ?? "")\u{1F}\(product)\u{1F}\(currency ?? "")\u{1F}\(environment)"
+        func key(_ day: String, _ product: String, _ currency: String?, _ environment: String, _ bundle: String?, _ kind: Row.Kind = .purchase) -> String {
+            "\(day)\u{1F}\(bundle ?? "")\u{1F}\(product)\u{1F}\(currency ?? "")\u{1F}\(environment)\u{1F}\(kind.rawValue)"
+        }
+        func existing(_ k: String, _ day: String, _ product: String, _ currency: String?, _ environment: String, _ bundle: String?, _ kind: String) -> Row {
+            rows[k] ?? Row(day: day, productId: product, currency: currency, environment: environment, bundleId: bundle, kind: Row.Kind(rawValue: kind) ?? .purchase)
         }
 
         // A refund's amount is its share of the order's (sql/migrations/010_prorated_refunds.sql
@@ -107,18 +136,19 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
                    count(*)::int,
                    trim_scale(coalesce(sum(o.price * o.quantity * CASE
                        WHEN e.type <> 'refunded' THEN 1 ELSE refund_share(e.data) END), 0))::text,
-                   o.bundle_id
+                   o.bundle_id, coalesce(k.kind, 'purchase')
             FROM events e JOIN orders o ON o.order_id = substr(e.stream_id, 7)
             JOIN order_environments oe ON oe.order_id = o.order_id
+            LEFT JOIN subscription_periods k ON k.transaction_id = o.transaction_id
             WHERE e.stream_id LIKE 'order-%' AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
               AND e.type IN ('created', 'verified', 'delivered', 'finished', 'failed', 'refunded', 'pairing-undone', 'consumption-answer')
               AND (\(apps)::text[] IS NULL OR o.bundle_id = ANY(\(apps)::text[]))
-            GROUP BY 1, 2, 3, 4, 5, 6, o.bundle_id
+            GROUP BY 1, 2, 3, 4, 5, 6, o.bundle_id, k.kind
             """)
-        for try await (day, product, currency, environment, type, reason, count, amount, bundle)
-            in orderRows.decode((String, String, String?, String, String, String, Int, String, String?).self) {
-            let k = key(day, product, currency, environment, bundle)
-            var row = rows[k] ?? Row(day: day, productId: product, currency: currency, environment: environment, bundleId: bundle)
+        for try await (day, product, currency, environment, type, reason, count, amount, bundle, kind)
+            in orderRows.decode((String, String, String?, String, String, String, Int, String, String?, String).self) {
+            let k = key(day, product, currency, environment, bundle, Row.Kind(rawValue: kind) ?? .purchase)
+            var row = existing(k, day, product, currency, environment, bundle, kind)
             switch type {
             case "created": row.ordersCreated += count
             case "verified":
@@ -149,15 +179,17 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         let pooledAnswers = try await database.query(
             """
             SELECT to_char(e.recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), t.product_id, coalesce(t.environment, 'Production'),
-                   coalesce(e.data->>'outcome', ''), count(*)::int, t.bundle_id
+                   coalesce(e.data->>'outcome', ''), count(*)::int, t.bundle_id, coalesce(k.kind, 'purchase')
             FROM events e JOIN apple_transactions t ON t.transaction_id = substr(e.stream_id, 13)
+            LEFT JOIN subscription_periods k ON k.transaction_id = t.transaction_id
             WHERE e.stream_id LIKE 'transaction-%' AND e.type = 'consumption-answer' AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
               AND (\(apps)::text[] IS NULL OR t.bundle_id = ANY(\(apps)::text[]))
-            GROUP BY 1, 2, 3, 4, t.bundle_id
+            GROUP BY 1, 2, 3, 4, t.bundle_id, k.kind
             """)
-        for try await (day, product, environment, outcome, count, bundle) in pooledAnswers.decode((String, String, String, String, Int, String?).self) {
-            let k = key(day, product, nil, environment, bundle)
-            var row = rows[k] ?? Row(day: day, productId: product, currency: nil, environment: environment, bundleId: bundle)
+        for try await (day, product, environment, outcome, count, bundle, kind)
+            in pooledAnswers.decode((String, String, String, String, Int, String?, String).self) {
+            let k = key(day, product, nil, environment, bundle, Row.Kind(rawValue: kind) ?? .purchase)
+            var row = existing(k, day, product, nil, environment, bundle, kind)
             row.countConsumptionAnswer(outcome, count)
             rows[k] = row
         }
@@ -166,22 +198,36 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             """
             SELECT to_char(e.recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), o.product_id, o.currency, oe.environment,
                    coalesce(e.data->>'rule', e.data->>'matchedBy'), e.data->>'matchedBy',
-                   count(*)::int, count(*) FILTER (WHERE (e.data->>'candidates')::int > 1)::int, o.bundle_id
+                   count(*)::int, count(*) FILTER (WHERE (e.data->>'candidates')::int > 1)::int, o.bundle_id, coalesce(k.kind, 'purchase')
             FROM events e JOIN orders o ON o.order_id = e.data->>'orderId'
             JOIN order_environments oe ON oe.order_id = o.order_id
+            LEFT JOIN subscription_periods k ON k.transaction_id = o.transaction_id
             WHERE e.type = 'transaction-matched' AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
               AND (\(apps)::text[] IS NULL OR o.bundle_id = ANY(\(apps)::text[]))
-            GROUP BY 1, 2, 3, 4, 5, 6, o.bundle_id
+            GROUP BY 1, 2, 3, 4, 5, 6, o.bundle_id, k.kind
             """)
-        for try await (day, product, currency, environment, rule, matchedBy, count, ambiguous, bundle)
-            in pairingRows.decode((String, String, String?, String, String, String, Int, Int, String?).self) {
-            let k = key(day, product, currency, environment, bundle)
-            var row = rows[k] ?? Row(day: day, productId: product, currency: currency, environment: environment, bundleId: bundle)
+        for try await (day, product, currency, environment, rule, matchedBy, count, ambiguous, bundle, kind)
+            in pairingRows.decode((String, String, String?, String, String, String, Int, Int, String?, String).self) {
+            let k = key(day, product, currency, environment, bundle, Row.Kind(rawValue: kind) ?? .purchase)
+            var row = existing(k, day, product, currency, environment, bundle, kind)
             // Support's forced pairings carry their reason in the rule: counted under "support".
             row.pairingsByRule[matchedBy == "support" ? "support" : rule, default: 0] += count
             row.ambiguousPairings += ambiguous
             if matchedBy == "support" { row.supportPairings += count }
             rows[k] = row
+        }
+
+        // Subscriptions' periods: a start period's money is its order's (above), a renewal's its own.
+        for count in try await periodCounts(database: database, from: from, to: to, apps: apps) {
+            let k = key(count.day, count.productId, count.currency, count.environment, count.bundleId, count.kind)
+            var changed = existing(k, count.day, count.productId, count.currency, count.environment, count.bundleId, count.kind.rawValue)
+            changed.periods += count.billed
+            if count.kind == .subscriptionRenewal {
+                changed.refunded += count.refunded
+                revenue[k, default: 0] += count.amount - count.refundedAmount
+                refundedAmount[k, default: 0] += count.refundedAmount
+            }
+            rows[k] = changed
         }
 
         let sorted = rows.sorted { $0.key < $1.key }.map { entry -> Row in
@@ -224,7 +270,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
     /// The report as CSV: one line per row, then production's totals line and the sandbox's;
     /// maps as `key=count` lists. Columns are only ever added at the end.
     public var csv: String {
-        var lines = ["day,product_id,currency,orders_created,verified,delivered,finished,failed,failed_by_reason,refunded,revenue,pairings_by_rule,ambiguous_pairings,support_pairings,undone_pairings,consumption_answered,consumption_failed,consumption_too_late,refunds_caught_up,refunded_amount,environment,bundle_id"]
+        var lines = ["day,product_id,currency,orders_created,verified,delivered,finished,failed,failed_by_reason,refunded,revenue,pairings_by_rule,ambiguous_pairings,support_pairings,undone_pairings,consumption_answered,consumption_failed,consumption_too_late,refunds_caught_up,refunded_amount,environment,bundle_id,kind,periods"]
         func map(_ values: [String: Int]) -> String { values.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ";") }
         func field(_ text: String) -> String {
             text.contains(where: { $0 == "," || $0 == "\"" || $0 == "\n" }) ? "\"" + text.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : text
@@ -236,7 +282,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             ]
             let pairings: [String] = [map(row.pairingsByRule), String(row.ambiguousPairings), String(row.supportPairings), String(row.undonePairings)]
             let apple: [Int] = [row.consumptionAnswered, row.consumptionFailed, row.consumptionTooLate, row.refundsCaughtUp]
-            lines.append((orders + pairings + apple.map(String.init) + [row.refundedAmount, row.environment, row.bundleId ?? ""]).map(field).joined(separator: ","))
+            lines.append((orders + pairings + apple.map(String.init) + [row.refundedAmount, row.environment, row.bundleId ?? "", row.kind.rawValue, String(row.periods)]).map(field).joined(separator: ","))
         }
         lines.append("")
         lines.append("unmatched_count,oldest_age_seconds,under_1h,1h_1d,1d_7d,over_7d")
@@ -252,7 +298,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
 extension ReconciliationReport.Row {
     /// `rows` summed into one (day and product "total").
     static func sum(_ rows: [Self], environment: String) -> Self {
-        var totals = Self(day: "total", productId: "total", currency: nil, environment: environment)
+        var totals = Self(day: "total", productId: "total", currency: nil, environment: environment, kind: .total)
         var revenue: Decimal = 0
         var refunded: Decimal = 0
         for row in rows {
@@ -271,6 +317,7 @@ extension ReconciliationReport.Row {
             totals.consumptionFailed += row.consumptionFailed
             totals.consumptionTooLate += row.consumptionTooLate
             totals.refundsCaughtUp += row.refundsCaughtUp
+            totals.periods += row.periods
             revenue += Decimal(string: row.revenue) ?? 0
             refunded += Decimal(string: row.refundedAmount) ?? 0
         }

@@ -141,6 +141,7 @@ extension Demo {
             try await story.addSecondApp()
             try await story.play(users: users)
             try await story.playAppReview()
+            try await story.playSubscription()
             try await story.answerConsumptionRequest()
             try await story.prepareMissedNotification()
             // Every app's backfill in every environment it accepts, each with its app's key.
@@ -221,6 +222,8 @@ struct DemoStory {
     var report: [String: Any] = [:]
     /// Requests the second app's hosts took, and how many of their tokens they refused.
     var secondAppCalls = (asked: 0, refused: 0)
+    /// The subscriber's story, as the summary prints it.
+    var subscriptionSummary: [String] = []
 
     init(
         http: HTTPClient, base: String, key: String, chain: ThrowawaySigningChain, standIn: AppStoreServerStandIn,
@@ -528,6 +531,7 @@ struct DemoStory {
             let sandbox = report["sandboxTotals"] as? [String: Any] ?? [:]
             lines.append("App Review: the reviewer's Sandbox purchase \(review.transactionId) (order \(review.orderId) of \(Demo.bundleId)) was granted: order \(review.order["state"] as? String ?? "?"), environment \(review.order["environment"] as? String ?? "?"); not in revenue: totals (Production) revenue \(totals["revenue"] as? String ?? "?") USD, sandboxTotals revenue \(sandbox["revenue"] as? String ?? "?") USD")
         }
+        lines += subscriptionSummary
         let rules = (reconcile["byRule"] as? [String: Int] ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
         lines.append("Reconciler: paired \(reconcile["paired"] as? Int ?? 0) of \(reconcile["considered"] as? Int ?? 0) orphans (\(rules.isEmpty ? "none" : rules)), \(reconcile["ambiguous"] as? Int ?? 0) ambiguous, \(reconcile["unknownUser"] as? Int ?? 0) without a user")
         let found = (recovery["ingested"] as? [String: Int] ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")

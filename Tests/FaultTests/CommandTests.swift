@@ -162,6 +162,17 @@ struct DemoCommandTests {
         #expect(output.contains("Consumption answer (order demo-user-0-order-0): sent, deliveryStatus DELIVERED"), "\(output)")
         #expect(output.contains("Notification backfill: 2 in Apple's history, 1 new to the ledger, 1 applied before"), "\(output)")
         #expect(output.contains("Reconciliation report (CSV):"), "\(output)")
+        // The subscriber (issue 40): bought through an order, renewed twice through notifications
+        // (the second a billing recovery in its grace period), one period refunded, and an order of
+        // the same product abandoned at payment that stays open.
+        #expect(output.contains("subscription bought: matched verified"), "\(output)")
+        #expect(output.contains("subscription notifications: DID_RENEW: applied: 1"), "\(output)")
+        #expect(output.contains("subscription notifications: DID_FAIL_TO_RENEW GRACE_PERIOD: applied: 1"), "\(output)")
+        #expect(output.contains("subscription notifications: DID_RENEW BILLING_RECOVERY: applied: 1"), "\(output)")
+        #expect(output.contains("subscription notifications: REFUND: applied: 1"), "\(output)")
+        #expect(output.contains("after the renewals and a reconciler pass: payment-added: 1"), "\(output)")
+        #expect(output.contains("  status active, expires "), "\(output)")
+        #expect(output.contains(",subscription-renewal,1\n"), "a renewal's row in the report: \(output)")
 
         // Two apps: the second, added over HTTP, sold and asked Apple with its own key.
         #expect(output.contains("App com.example.ledger-demo (") && output.contains("App com.example.ledger-demo.puzzle ("), "\(output)")
@@ -173,7 +184,7 @@ struct DemoCommandTests {
         // sandbox's totals alone, never in production's.
         let csv = output.components(separatedBy: "Reconciliation report (CSV):\n").last ?? ""
         let rows = csv.split(separator: "\n", omittingEmptySubsequences: false).dropFirst().prefix { !$0.isEmpty }
-            .map { $0.split(separator: ",", omittingEmptySubsequences: false).map(String.init) }.filter { $0.count == 22 }
+            .map { $0.split(separator: ",", omittingEmptySubsequences: false).map(String.init) }.filter { $0.count == 24 }
         let (day, verified, revenue, environment, bundle) = (0, 4, 10, 20, 21)
         let production = rows.filter { $0[day] != "total" && $0[environment] == "Production" }
         let sandbox = rows.filter { $0[day] != "total" && $0[environment] == "Sandbox" }

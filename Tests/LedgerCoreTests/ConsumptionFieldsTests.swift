@@ -27,6 +27,15 @@ struct ConsumptionFieldsTests {
         }
     }
 
+    @Test("an auto-renewable subscription's transaction: never a consumptionPercentage (Apple refuses it), GRANT_PRORATED as it is")
+    func autoRenewable() {
+        for (status, consumed) in [(DeliveryStatus.delivered, Int?.some(40_000)), (.delivered, 0), (.delivered, nil), (.other, nil)] {
+            let fields = ConsumptionFields(
+                deliveryStatus: status, consumed: consumed, sampleContentProvided: true, refundPreference: .grantProrated, autoRenewable: true)
+            #expect(fields.consumptionPercentage == nil && fields.refundPreference == .grantProrated && fields.preferenceAdjusted == nil, "\(fields)")
+        }
+    }
+
     @Test("other preferences are sent as the catalog says; sampleContentProvided is always sent, false when the catalog does not say")
     func catalogValues() {
         for preference in [RefundPreference.decline, .grantFull, nil] {

@@ -123,15 +123,21 @@ public struct ConsumptionFields: Sendable, Equatable {
 
     /// The fields for a transaction whose order is in `deliveryStatus`, `consumed` the last
     /// `delivered` event's `consumptionPercentage`, and the catalog's two values for its product.
-    public init(deliveryStatus: DeliveryStatus, consumed: Int?, sampleContentProvided: Bool?, refundPreference: RefundPreference?) {
+    /// An auto-renewable subscription's transaction (`autoRenewable`) sends no percentage: Apple
+    /// refuses one for them (ConsumptionPercentageAutoRenewableSubscriptionError) and computes the
+    /// share of a prorated refund itself, so `GRANT_PRORATED` is sent as it is.
+    public init(
+        deliveryStatus: DeliveryStatus, consumed: Int?, sampleContentProvided: Bool?, refundPreference: RefundPreference?,
+        autoRenewable: Bool = false
+    ) {
         self.deliveryStatus = deliveryStatus
         self.sampleContentProvided = sampleContentProvided ?? Self.defaultSampleContentProvided
         sampleContentDefaulted = sampleContentProvided == nil
         // A share only of what was delivered: Apple refuses one with any other status.
-        consumptionPercentage = deliveryStatus == .delivered ? consumed : nil
+        consumptionPercentage = deliveryStatus == .delivered && !autoRenewable ? consumed : nil
         self.refundPreference = refundPreference
         preferenceAdjusted = nil
-        guard refundPreference == .grantProrated else { return }
+        guard refundPreference == .grantProrated, !autoRenewable else { return }
         switch (deliveryStatus, consumptionPercentage) {
         case (.delivered, nil): (self.refundPreference, preferenceAdjusted) = (nil, .noConsumptionPercentage)
         case (.delivered, let share?) where share <= 0: (self.refundPreference, preferenceAdjusted) = (.grantFull, .nothingConsumed)

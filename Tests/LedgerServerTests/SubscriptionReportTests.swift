@@ -1,0 +1,184 @@
+import AppleReceipts
+import Foundation
+import LedgerCore
+import LedgerJSON
+import LedgerServer
+import LedgerServices
+import LedgerStore
+import LedgerTestSupport
+import PostgresNIO
+import Testing
+
+/// A subscription's transactions as verification gives them, and their recording as the intake
+/// and the notifications record them (named ids: what they recorded already is skipped).
+struct SubscriptionFixture {
+    static let day: TimeInterval = 86_400
+    static let start = Date(timeIntervalSince1970: 1_765_360_800)  // 2025-12-10T10:00:00Z
+
+    /// The signed transaction of period `index` (0: the start) of subscription `original`.
+    static func signed(
+        _ original: String, period index: Int, product: String = "pro.monthly", price: Int64 = 9_990, currency: String = "USD",
+        environment: String = "Production", familyShared: Bool = false
+    ) -> SignedTransactionPayload {
+        let id = index == 0 ? original : "\(original)-r\(index)"
+        var payload = TestApple.transaction(
+            id, product: product, environment: environment, purchaseDate: start.addingTimeInterval(Double(index) * 31 * day))
+        payload.originalTransactionId = original
+        payload.type = "Auto-Renewable Subscription"
+        payload.expiresDate = start.addingTimeInterval(Double(index + 1) * 31 * day).millisecondsSince1970
+        payload.webOrderLineItemId = "\(original)-line-\(index)"
+        payload.transactionReason = index == 0 ? "PURCHASE" : "RENEWAL"
+        payload.subscriptionGroupIdentifier = "group-1"
+        payload.price = price
+        payload.currency = currency
+        if familyShared { payload.inAppOwnershipType = "FAMILY_SHARED" }
+        return payload
+    }
+
+    /// `payload` as the verifier hands it over.
+    static func transaction(_ payload: SignedTransactionPayload) -> AppleTransaction {
+        AppleTransaction(
+            transactionId: TransactionID(unchecked: payload.transactionId), originalTransactionId: payload.originalTransactionId,
+            productId: ProductID(unchecked: payload.productId), purchaseDate: Date(millisecondsSince1970: payload.purchaseDate),
+            environment: payload.environment, bundleId: payload.bundleId, inAppOwnershipType: payload.inAppOwnershipType,
+            price: payload.price.map { "\(Decimal($0) / 1000)" }, currency: payload.currency, format: .jws,
+            receiptSha256: String(repeating: "cd", count: 32), type: payload.type,
+            expiresDate: payload.expiresDate.map(Date.init(millisecondsSince1970:)), webOrderLineItemId: payload.webOrderLineItemId,
+            transactionReason: payload.transactionReason, subscriptionGroupIdentifier: payload.subscriptionGroupIdentifier)
+    }
+
+    /// Records subscription `original`'s start and the periods `payloads` (the first the start).
+    static func record(_ services: ServiceAssembly, _ payloads: [SignedTransactionPayload], user: String, familyShared: Bool = false) async throws {
+        let original = payloads[0].originalTransactionId ?? payloads[0].transactionId
+        var events: [(SubscriptionEvent, EventID)] = [(
+            .started(SubscriptionStarted(
+                originalTransactionId: original, transaction: transaction(payloads[0]), userId: UserID(unchecked: user), familyShared: familyShared)),
+            SubscriptionLedger.startedEventID(original))]
+        for (index, payload) in payloads.enumerated() {
+            let t = transaction(payload)
+            events.append((.period(SubscriptionPeriodRecorded(transaction: t, kind: index == 0 ? .start : .renewal)), SubscriptionLedger.periodEventID(original, t)))
+        }
+        try await services.database.transaction { tx in
+            _ = try await services.subscriptions.record(events, on: original, metadata: Data("{}".utf8), in: tx)
+        }
+    }
+
+    /// Records Apple's refund of one period (`percentage`: a prorated one's share, in thousandths).
+    static func refund(_ services: ServiceAssembly, _ payload: SignedTransactionPayload, percentage: Int? = nil) async throws {
+        let original = payload.originalTransactionId ?? payload.transactionId
+        let t = transaction(payload)
+        let refunded = SubscriptionPeriodRefunded(
+            transactionId: t.transactionId, periodKey: payload.webOrderLineItemId ?? payload.transactionId,
+            revocation: Revocation(date: Date(), reason: 0, type: percentage == nil ? .refundFull : .refundProrated, percentage: percentage),
+            notificationType: "REFUND", notificationUUID: UUID())
+        try await services.database.transaction { tx in
+            _ = try await services.subscriptions.record(
+                [(.periodRefunded(refunded), EventID(UUID()))], on: original, metadata: Data("{}".utf8), in: tx)
+        }
+    }
+}
+
+@Suite("Billed periods in the reconciliation report and dashboards.daily_orders")
+struct SubscriptionReportTests {
+    let apple: TestApple
+    init() throws { apple = try TestApple() }
+
+    @Test("a monthly subscription's periods count in their day, currency and kind; a refund takes back its period only; the start counts once; family-shared never; the sandbox apart")
+    func billedPeriods() async throws {
+        try await withReceiptsApplication(apple, configure: bothEnvironments) { http, db in
+            let services = secondServer(db)
+            // Bought through an order: the start transaction verifies it.
+            func bought(_ order: String, _ original: String, price: String, appleprice: Int64) async throws -> [SignedTransactionPayload] {
+                try await http.send(.post, "/v1/orders", json: ["orderId": order, "userId": "su-\(order)", "productId": "pro.monthly", "price": price, "currency": "USD"])
+                let periods = (0..<3).map { SubscriptionFixture.signed(original, period: $0, price: appleprice) }
+                let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": order, "signedTransaction": try await apple.sign(periods[0])])
+                #expect(answer["orderId"] as? String == order && answer["state"] as? String == "verified", "\(answer)")
+                return periods
+            }
+            // Three periods: the start (kept), a renewal refunded in full, one refunded 25 %.
+            let monthly = try await bought("sub-1", "9300001", price: "9.99", appleprice: 9_990)
+            try await SubscriptionFixture.record(services, monthly, user: "su-sub-1")
+            try await SubscriptionFixture.refund(services, monthly[1])
+            try await SubscriptionFixture.refund(services, monthly[2], percentage: 25_000)
+            // A second one whose start is refunded: by the order's refund, and on its subscription too.
+            let refundedStart = try await bought("sub-2", "9300002", price: "4.99", appleprice: 4_990)
+            try await SubscriptionFixture.record(services, [refundedStart[0]], user: "su-sub-2")
+            var revoked = refundedStart[0]
+            revoked.revocationDate = Date().millisecondsSince1970
+            revoked.revocationType = "REFUND_FULL"
+            let (refundStatus, _) = try await http.send(
+                .post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("REFUND", transaction: revoked, environment: "Production")], key: .some(nil))
+            #expect(refundStatus == .ok)
+            try await SubscriptionFixture.refund(services, refundedStart[0])
+            // A family member's shared subscription: never revenue.
+            let shared = (0..<2).map { SubscriptionFixture.signed("9300100", period: $0, product: "pro.yearly", familyShared: true) }
+            try await SubscriptionFixture.record(services, shared, user: "su-member", familyShared: true)
+            // A sandbox subscription (App Review's): its periods count apart.
+            let sandbox = (0..<2).map { SubscriptionFixture.signed("9300200", period: $0, environment: "Sandbox") }
+            try await SubscriptionFixture.record(services, sandbox, user: "su-review")
+
+            let (status, report) = try await http.send(.get, "/v1/reports/reconciliation?from=2000-01-01")
+            #expect(status == .ok)
+            let rows = report["rows"] as? [[String: Any]] ?? []
+            func kindRows(_ kind: String, _ environment: String = "Production") -> [[String: Any]] {
+                rows.filter { $0["kind"] as? String == kind && $0["environment"] as? String == environment }
+            }
+            func decimal(_ value: Any?) -> Decimal? { Decimal(string: value as? String ?? "") }
+            #expect(!rows.contains { $0["productId"] as? String == "pro.yearly" }, "family-shared is never revenue: \(rows)")
+            #expect(kindRows("purchase").isEmpty, "\(rows)")
+
+            // The start: its orders' money, on the day they were verified (today), refunded once.
+            let today = String(EventCoding.formatDate(Date()).prefix(10))
+            let startOrders = kindRows("subscription-start").filter { $0["day"] as? String == today }
+            #expect(startOrders.count == 1, "\(rows)")
+            #expect(startOrders.first?["verified"] as? Int == 2 && startOrders.first?["refunded"] as? Int == 1, "\(startOrders)")
+            #expect(decimal(startOrders.first?["revenue"]) == Decimal(string: "9.99") && decimal(startOrders.first?["refundedAmount"]) == Decimal(string: "4.99"))
+            let started = kindRows("subscription-start").filter { $0["day"] as? String == "2025-12-10" }
+            #expect(started.count == 1 && started.first?["periods"] as? Int == 2 && decimal(started.first?["revenue"]) == 0, "\(started)")
+
+            // The renewals: each billed in its day and currency; their refunds on the day they were recorded.
+            let renewals = kindRows("subscription-renewal")
+            #expect(renewals.count == 3, "\(renewals)")
+            for day in ["2026-01-10", "2026-02-10"] {
+                let row = renewals.first { $0["day"] as? String == day }
+                #expect(row?["periods"] as? Int == 1 && row?["currency"] as? String == "USD" && decimal(row?["revenue"]) == Decimal(string: "9.99"), "\(day): \(renewals)")
+            }
+            let refunds = renewals.first { $0["day"] as? String == today }
+            #expect(refunds?["refunded"] as? Int == 2 && refunds?["periods"] as? Int == 0, "\(renewals)")
+            #expect(decimal(refunds?["refundedAmount"]) == Decimal(string: "12.4875") && decimal(refunds?["revenue"]) == Decimal(string: "-12.4875"), "9.99 + a quarter of 9.99")
+
+            let totals = report["totals"] as? [String: Any] ?? [:]
+            #expect(totals["kind"] as? String == "total" && totals["periods"] as? Int == 4 && totals["verified"] as? Int == 2 && totals["refunded"] as? Int == 3, "\(totals)")
+            #expect(decimal(totals["revenue"]) == Decimal(string: "17.4825"), "9.99 + 4.99 - 4.99 + 2 × 9.99 - 12.4875: \(totals)")
+            let sandboxTotals = report["sandboxTotals"] as? [String: Any] ?? [:]
+            #expect(sandboxTotals["periods"] as? Int == 2 && decimal(sandboxTotals["revenue"]) == Decimal(string: "9.99"), "\(sandboxTotals)")
+            #expect(kindRows("subscription-renewal", "Sandbox").first?["day"] as? String == "2026-01-10")
+
+            let csv = try await http.client.execute(
+                uri: "/v1/reports/reconciliation?from=2000-01-01", method: .get, headers: [.authorization: "Bearer \(http.key)", .accept: "text/csv"])
+            let lines = String(buffer: csv.body).split(separator: "\n")
+            #expect(lines.first?.hasSuffix(",environment,bundle_id,kind,periods") == true)
+            #expect(lines.contains { $0.hasPrefix("2026-01-10,pro.monthly,USD,") && $0.hasSuffix(",subscription-renewal,1") }, "\(lines)")
+
+            // The finance view, as its reader sees it.
+            let connection = try await db.connect()
+            try await connection.query("SET ROLE ledger_reader", logger: TestServer.logger)
+            let viewRows = try await connection.query(
+                """
+                SELECT kind, state, environment, sum(orders)::int, sum(amount)::text, sum(refunded_amount)::text FROM dashboards.daily_orders
+                 GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+                """, logger: TestServer.logger)
+            var view: [String: (Int, Decimal?, Decimal?)] = [:]
+            for try await (kind, state, environment, count, amount, refunded) in viewRows.decode((String, String, String, Int, String, String).self) {
+                view["\(kind) \(state) \(environment)"] = (count, Decimal(string: amount), Decimal(string: refunded))
+            }
+            try await connection.close()
+            #expect(view.count == 4, "\(view)")
+            #expect(view["subscription-start verified Production"].map { $0.0 == 1 && $0.1 == Decimal(string: "9.99") } == true, "\(view)")
+            #expect(view["subscription-start refunded Production"].map { $0.0 == 1 && $0.2 == Decimal(string: "4.99") } == true, "\(view)")
+            #expect(view["subscription-renewal refunded Production"].map { $0.0 == 2 && $0.1 == Decimal(string: "19.98") && $0.2 == Decimal(string: "12.4875") } == true, "\(view)")
+            #expect(view["subscription-renewal billed Sandbox"].map { $0.0 == 1 && $0.1 == Decimal(string: "9.99") } == true, "\(view)")
+            #expect(view["subscription-start billed Sandbox"] == nil && view.keys.allSatisfy { !$0.hasPrefix("purchase") })
+        }
+    }
+}
