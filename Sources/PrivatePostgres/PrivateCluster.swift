@@ -146,8 +146,9 @@ public struct PrivateCluster: Sendable {
     }
 
     /// Connections the cluster takes. The tests' (not durable) cluster serves every suite's
-    /// connection pools at once, and refused connections ("too many clients") at 300.
-    var maximumConnections: Int { durable ? 300 : 600 }
+    /// connection pools at once, and refused connections ("too many clients") at 300, and again
+    /// at 600 once the subscriptions suites came (85 suites).
+    var maximumConnections: Int { durable ? 300 : 1200 }
 
     private func writeSettings(account: SystemAccount) throws {
         try FileManager.default.createDirectory(atPath: socketDirectory, withIntermediateDirectories: true)
