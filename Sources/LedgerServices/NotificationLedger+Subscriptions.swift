@@ -13,10 +13,10 @@ extension NotificationLedger {
         "GRACE_PERIOD_EXPIRED", "EXPIRED", "RENEWAL_EXTENDED", "PRICE_INCREASE",
     ]
 
-    /// What `transaction` is to the ledger, in the caller's transaction. The catalog is not read
-    /// here yet: Apple's signed `type` decides, which every notification's transaction carries.
+    /// What `transaction` is to the ledger, in the caller's transaction, by the intake's rule (the
+    /// catalog's type first), so a notification and an upload of one transaction agree.
     func role(of transaction: AppleTransaction, in tx: DatabaseTransaction) async throws -> TransactionRole {
-        try TransactionRole.of(transaction, catalogType: nil)
+        try await receipts.role(of: transaction, in: tx).0
     }
 
     /// Records what the notification says on the subscription of its transaction (`role`), which

@@ -118,9 +118,15 @@ public struct ReceiptLedger: Sendable {
 
     /// `apply(_:claim:metadata:)` in the caller's transaction (a notification's), its role decided here.
     func apply(_ transaction: AppleTransaction, claim: Claim, metadata: Data, in tx: DatabaseTransaction) async throws -> Answer {
-        let typing = try await catalog.typing(of: transaction.productId, bundleId: transaction.bundleId, in: tx)
-        let role = try TransactionRole.of(transaction, catalogType: typing?.type)
+        let (role, typing) = try await role(of: transaction, in: tx)
         return try await apply(transaction, as: role, typing: typing, claim: claim, metadata: metadata, in: tx)
+    }
+
+    /// What `transaction` is to the ledger (the catalog's type first, else Apple's signed one), in
+    /// the caller's transaction: the one rule every way in (uploads, notifications) decides by.
+    func role(of transaction: AppleTransaction, in tx: DatabaseTransaction) async throws -> (TransactionRole, ProductCatalog.Typing?) {
+        let typing = try await catalog.typing(of: transaction.productId, bundleId: transaction.bundleId, in: tx)
+        return (try TransactionRole.of(transaction, catalogType: typing?.type), typing)
     }
 
     /// A purchase that pays an order (`TransactionRole.paysOrder`), in the caller's transaction.
