@@ -20,6 +20,8 @@ public struct NotificationLedger: Sendable {
     let receipts: ReceiptLedger
     /// Where a subscription's lifecycle is recorded.
     let subscriptions: SubscriptionLedger
+    /// Where renewal notifications' common case waits for its group (`NotificationLedger+Renewals`).
+    let renewalGroups: RenewalGroups
 
     public init(database: Database, writer: LedgerWriter, events: EventStore, receipts: ReceiptLedger, subscriptions: SubscriptionLedger) {
         self.database = database
@@ -27,6 +29,8 @@ public struct NotificationLedger: Sendable {
         self.events = events
         self.receipts = receipts
         self.subscriptions = subscriptions
+        self.renewalGroups = Self.renewalGroups(
+            database: database, writer: writer, events: events, store: subscriptions.store, catalog: receipts.catalog)
     }
 
     /// A verified notification and the transaction it carries.
@@ -64,7 +68,8 @@ public struct NotificationLedger: Sendable {
     }
 
     public func apply(_ notification: Notification, metadata: Data) async throws -> Applied {
-        try await database.transaction { tx in
+        if let applied = try await applyInGroup(notification, metadata: metadata) { return applied }
+        return try await database.transaction { tx in
             let eventID = EventID(notification.record.notificationUUID)
             if let stored = try await events.event(eventID, in: tx) {
                 return Applied(appended: false, streamId: stored.streamID, type: stored.type)

@@ -83,34 +83,46 @@ public struct Database: Sendable {
     public func transaction<Result: Sendable>(
         _ body: (DatabaseTransaction) async throws -> Result
     ) async throws -> Result {
-        try await withConnection { connection in
-            let transaction = DatabaseTransaction(connection)
-            _ = try await Self.first(try await connection.atomicallyGuardedQuery("BEGIN", logger: logger).get())
-            let pending = appendObserver == nil ? nil : PendingAppends(connection)
-            // Whatever ends the transaction ends the list (after COMMIT, `close` has taken it).
-            defer { _ = pending?.close() }
-            let result: Result
-            do {
-                if let pending {
-                    result = try await Self.$pendingAppends.withValue(pending) { try await body(transaction) }
-                } else {
-                    result = try await body(transaction)
-                }
-            } catch {
-                // On a connection the server dropped, a ROLLBACK can wait forever (it is queued on
-                // a connection that is closing); PostgreSQL rolls the transaction back anyway.
-                if !connection.isClosed, !isConnectionFailure(error) {
-                    _ = try? await connection.guardedQuery("ROLLBACK", logger: logger)
-                }
-                throw error
+        try await withConnection { connection in try await transaction(on: connection, body) }
+    }
+
+    /// `transaction(_:)` on the connection the current group-commit writer holds
+    /// (`holdingConnection`), else on a leased one: for a writer's batches, which then wait for no lease.
+    public func heldTransaction<Result: Sendable>(
+        _ body: (DatabaseTransaction) async throws -> Result
+    ) async throws -> Result {
+        try await withHeldConnection { connection in try await transaction(on: connection, body) }
+    }
+
+    private func transaction<Result: Sendable>(
+        on connection: PostgresConnection, _ body: (DatabaseTransaction) async throws -> Result
+    ) async throws -> Result {
+        let transaction = DatabaseTransaction(connection)
+        _ = try await Self.first(try await connection.atomicallyGuardedQuery("BEGIN", logger: logger).get())
+        let pending = appendObserver == nil ? nil : PendingAppends(connection)
+        // Whatever ends the transaction ends the list (after COMMIT, `close` has taken it).
+        defer { _ = pending?.close() }
+        let result: Result
+        do {
+            if let pending {
+                result = try await Self.$pendingAppends.withValue(pending) { try await body(transaction) }
+            } else {
+                result = try await body(transaction)
             }
-            try await connection.guardedQuery("COMMIT", logger: logger)
-            if let pending, let appendObserver {
-                let types = pending.close()
-                if !types.isEmpty { appendObserver(types) }
+        } catch {
+            // On a connection the server dropped, a ROLLBACK can wait forever (it is queued on
+            // a connection that is closing); PostgreSQL rolls the transaction back anyway.
+            if !connection.isClosed, !isConnectionFailure(error) {
+                _ = try? await connection.guardedQuery("ROLLBACK", logger: logger)
             }
-            return result
+            throw error
         }
+        try await connection.guardedQuery("COMMIT", logger: logger)
+        if let pending, let appendObserver {
+            let types = pending.close()
+            if !types.isEmpty { appendObserver(types) }
+        }
+        return result
     }
 
     /// Runs one statement on a pooled connection and answers all its rows. Use this, not

@@ -42,6 +42,16 @@ public struct EventStore: Sendable {
         return try await Self.decode(rows).first
     }
 
+    /// Which of `ids` the log holds, as the caller's transaction sees it: one round trip for many.
+    public func storedIDs(_ ids: [EventID], in transaction: DatabaseTransaction) async throws -> Set<EventID> {
+        guard !ids.isEmpty else { return [] }
+        let rows = try await transaction.connection.guardedQuery(
+            "SELECT event_id FROM events WHERE event_id = ANY(\(ids.map(\.uuid)))", logger: database.logger)
+        var stored: Set<EventID> = []
+        for try await id in rows.decode(UUID.self) { stored.insert(EventID(id)) }
+        return stored
+    }
+
     /// The first event of `stream`, if it has one, as the caller's transaction sees the log.
     public func firstEvent(of stream: StreamID, in transaction: DatabaseTransaction) async throws -> RecordedEvent? {
         let rows = try await transaction.connection.guardedQuery(

@@ -6,18 +6,18 @@ import Synchronization
 ///
 /// No background task: the caller that finds a writer slot free writes everything pending, then
 /// keeps writing what arrived meanwhile; the others wait for their answer.
-final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
+public final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
     /// One piece of work waiting for its answer.
-    struct Pending: Sendable {
-        let work: Work
-        let continuation: Waiter
+    public struct Pending: Sendable {
+        public let work: Work
+        public let continuation: Waiter
     }
 
     /// A caller's wait, resumed once: by its batch's answer, or with `CancellationError` when the
     /// caller is cancelled first (a request answered 503 while the database is away). The
     /// batch's answer for it is then dropped; a write that commits after all is safe, since
     /// clients retry with the same ids.
-    final class Waiter: Sendable {
+    public final class Waiter: Sendable {
         private enum State {
             case starting
             case waiting(CheckedContinuation<Answer, any Error>)
@@ -37,7 +37,7 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
             return waiting
         }
 
-        func resume(with result: Result<Answer, any Error>) {
+        public func resume(with result: Result<Answer, any Error>) {
             let continuation: CheckedContinuation<Answer, any Error>? = state.withLock { state in
                 defer { state = .done }
                 guard case .waiting(let continuation) = state else { return nil }
@@ -48,19 +48,21 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
     }
 
     /// How much batching has happened (for tests and the benchmark).
-    struct Statistics: Sendable, Equatable {
-        var batches = 0
-        var items = 0
+    public struct Statistics: Sendable, Equatable {
+        public var batches = 0
+        public var items = 0
+        /// Work waiting for a batch now.
+        public var waiting = 0
     }
 
     /// Which of the pending work (oldest first) the next batch takes, as indices in increasing
     /// order; at least the first. What it leaves waits for a later batch, in order.
-    typealias Select = @Sendable ([Work]) -> [Int]
+    public typealias Select = @Sendable ([Work]) -> [Int]
     /// Writes one batch and resumes every continuation in it.
-    typealias Execute = @Sendable ([Pending]) async -> Void
+    public typealias Execute = @Sendable ([Pending]) async -> Void
     /// Runs a writer's batches (`body`, until none is pending) inside a resource held for all of
     /// them (a leased connection); answers false when it could not run `body` at all.
-    typealias Session = @Sendable (_ body: @Sendable () async -> Void) async -> Bool
+    public typealias Session = @Sendable (_ body: @Sendable () async -> Void) async -> Bool
 
     private struct State: ~Copyable {
         var pending: [Pending] = []
@@ -82,19 +84,25 @@ final class GroupCommit<Work: Sendable, Answer: Sendable>: Sendable {
     /// Where the writer task runs (nil: the global executor).
     private let executor: (any TaskExecutor)?
 
-    init(executor: (any TaskExecutor)? = nil, session: Session? = nil, select: @escaping Select, execute: @escaping Execute) {
+    public init(executor: (any TaskExecutor)? = nil, session: Session? = nil, select: @escaping Select, execute: @escaping Execute) {
         self.executor = executor
         self.session = session
         self.select = select
         self.execute = execute
     }
 
-    var statistics: Statistics { state.withLock { $0.statistics } }
+    public var statistics: Statistics {
+        state.withLock { state in
+            var statistics = state.statistics
+            statistics.waiting = state.pending.count
+            return statistics
+        }
+    }
 
     /// Waits for `work` to be written in some batch and answers what that batch said of it.
     /// Cancelled, it throws `CancellationError` at once, and its work is dropped if no batch has
     /// taken it yet.
-    func submit(_ work: Work) async throws -> Answer {
+    public func submit(_ work: Work) async throws -> Answer {
         let waiter = Waiter()
         return try await withTaskCancellationHandler {
             try await enqueue(work, waiter)

@@ -9,7 +9,7 @@ extension Database {
 
     /// Runs `body` (a writer's batches until none is pending) with one connection leased for it.
     /// Answers false when no connection could be leased: `body` did not run.
-    func holdingConnection(_ body: @Sendable () async -> Void) async -> Bool {
+    public func holdingConnection(_ body: @Sendable () async -> Void) async -> Bool {
         do {
             // Only the lease can throw: `body` cannot.
             try await withConnection { connection in await Self.$heldConnection.withValue(connection) { await body() } }

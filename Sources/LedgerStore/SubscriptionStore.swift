@@ -25,6 +25,29 @@ public struct SubscriptionStore: Sendable {
         return subscription
     }
 
+    /// The subscriptions of `ids` the ledger holds, as the caller's transaction sees them (the
+    /// caller holds their streams' locks), each with those of its periods whose key is the one
+    /// given beside its id (the one a renewal would add): two round trips for many.
+    public func subscriptions(_ ids: [String], periodKeys: [String], in transaction: DatabaseTransaction) async throws -> [String: Subscription] {
+        guard !ids.isEmpty else { return [:] }
+        let rows = try await transaction.connection.guardedQuery(
+            "SELECT \(unescaped: Self.columns) FROM subscriptions WHERE original_transaction_id = ANY(\(ids))", logger: database.logger)
+        var found: [String: Subscription] = [:]
+        for subscription in try await Self.decode(rows) { found[subscription.originalTransactionId] = subscription }
+        guard !found.isEmpty else { return found }
+        let periods = try await transaction.connection.guardedQuery(
+            """
+            SELECT p.original_transaction_id, \(unescaped: Self.periodColumns) FROM subscription_periods p
+              JOIN unnest(\(ids)::text[], \(periodKeys)::text[]) AS k(wanted_id, wanted_key)
+                ON p.original_transaction_id = k.wanted_id AND p.period_key = k.wanted_key
+            """, logger: database.logger)
+        for try await row in periods {
+            let r = row.makeRandomAccess()
+            found[try r[0].decode(String.self)]?.periods.append(try Self.period(r, at: 1))
+        }
+        return found
+    }
+
     /// The subscription `id` with its periods, outside any transaction.
     public func subscription(_ id: String) async throws -> Subscription? {
         try await database.transaction { tx in try await subscription(id, in: tx) }
@@ -46,18 +69,43 @@ public struct SubscriptionStore: Sendable {
     /// Writes `subscription` (as `Subscription.evolve` left it) and those of its periods that are
     /// new or changed since `before`, in the caller's transaction.
     public func write(_ subscription: Subscription, since before: Subscription?, in transaction: DatabaseTransaction) async throws {
-        let s = subscription
-        // Times rounded as the rebuild's COPY stores them (`PostgresTime.Bound`), so that a rebuilt row equals this one.
-        let t = PostgresTime.bound
-        try await transaction.connection.guardedQuery(
+        try await write([(subscription, before)], in: transaction)
+    }
+
+    /// `write(_:since:in:)` for several subscriptions (none twice), in two statements.
+    public func write(_ rows: [(subscription: Subscription, before: Subscription?)], in transaction: DatabaseTransaction) async throws {
+        var subscriptions = Values()
+        var periods = Values()
+        for (s, before) in rows {
+            // Times rounded as the rebuild's COPY stores them (`PostgresTime.Bound`), so that a rebuilt row equals this one.
+            let t = PostgresTime.bound
+            try subscriptions.row([
+                subscriptions.cell(s.originalTransactionId), subscriptions.cell(s.bundleId?.rawValue), subscriptions.cell(s.environment),
+                subscriptions.cell(s.userId?.rawValue), subscriptions.cell(s.productId.rawValue), subscriptions.cell(s.subscriptionGroup),
+                subscriptions.cell(s.familyShared), subscriptions.cell(t(s.startedAt)), subscriptions.cell(t(s.expiresAt)),
+                subscriptions.cell(s.autoRenew), subscriptions.cell(s.autoRenewProductId), subscriptions.cell(s.expirationIntent),
+                subscriptions.cell(t(s.gracePeriodExpiresAt)), subscriptions.cell(s.inBillingRetry), subscriptions.cell(s.expired),
+                subscriptions.cell(t(s.revokedAt)), subscriptions.cell(s.version), subscriptions.cell(t(s.updatedAt)),
+            ])
+            let known = before?.periods ?? []
+            for p in s.periods where !known.contains(p) {
+                try periods.row([
+                    periods.cell(s.originalTransactionId), periods.cell(p.periodKey), periods.cell(p.transactionId.rawValue),
+                    periods.cell(p.kind.rawValue), periods.cell(p.productId.rawValue), periods.cell(t(p.purchaseDate)),
+                    periods.cell(t(p.expiresAt)), periods.cell(p.price) + "::numeric", periods.cell(p.currency), periods.cell(t(p.refundedAt)),
+                    periods.cell(p.refundPercentage),
+                ])
+            }
+        }
+        guard !subscriptions.rows.isEmpty else { return }
+        try await transaction.connection.guardedQuery(subscriptions.query(
             """
             INSERT INTO subscriptions (original_transaction_id, bundle_id, environment, user_id, product_id, subscription_group,
                                        family_shared, started_at, expires_at, auto_renew, auto_renew_product_id, expiration_intent,
                                        grace_period_expires_at, in_billing_retry, expired, revoked_at, version, updated_at)
-            VALUES (\(s.originalTransactionId), \(s.bundleId?.rawValue), \(s.environment), \(s.userId?.rawValue), \(s.productId.rawValue),
-                    \(s.subscriptionGroup), \(s.familyShared), \(t(s.startedAt)), \(t(s.expiresAt)), \(s.autoRenew), \(s.autoRenewProductId),
-                    \(s.expirationIntent), \(t(s.gracePeriodExpiresAt)), \(s.inBillingRetry), \(s.expired), \(t(s.revokedAt)), \(s.version),
-                    \(t(s.updatedAt)))
+            VALUES
+            """,
+            then: """
             ON CONFLICT (original_transaction_id) DO UPDATE SET
                 bundle_id = EXCLUDED.bundle_id, environment = EXCLUDED.environment, user_id = EXCLUDED.user_id,
                 product_id = EXCLUDED.product_id, subscription_group = EXCLUDED.subscription_group,
@@ -66,18 +114,37 @@ public struct SubscriptionStore: Sendable {
                 expiration_intent = EXCLUDED.expiration_intent, grace_period_expires_at = EXCLUDED.grace_period_expires_at,
                 in_billing_retry = EXCLUDED.in_billing_retry, expired = EXCLUDED.expired, revoked_at = EXCLUDED.revoked_at,
                 version = EXCLUDED.version, updated_at = EXCLUDED.updated_at
-            """, logger: database.logger)
-        let known = before?.periods ?? []
-        for p in s.periods where !known.contains(p) {
-            try await transaction.connection.guardedQuery(
-                """
-                INSERT INTO subscription_periods (original_transaction_id, period_key, transaction_id, kind, product_id, purchase_date,
-                                                  expires_at, price, currency, refunded_at, refund_percentage)
-                VALUES (\(s.originalTransactionId), \(p.periodKey), \(p.transactionId.rawValue), \(p.kind.rawValue), \(p.productId.rawValue),
-                        \(t(p.purchaseDate)), \(t(p.expiresAt)), \(p.price)::numeric, \(p.currency), \(t(p.refundedAt)), \(p.refundPercentage))
-                ON CONFLICT (original_transaction_id, period_key) DO UPDATE SET
-                    refunded_at = EXCLUDED.refunded_at, refund_percentage = EXCLUDED.refund_percentage
-                """, logger: database.logger)
+            """), logger: database.logger)
+        guard !periods.rows.isEmpty else { return }
+        try await transaction.connection.guardedQuery(periods.query(
+            """
+            INSERT INTO subscription_periods (original_transaction_id, period_key, transaction_id, kind, product_id, purchase_date,
+                                              expires_at, price, currency, refunded_at, refund_percentage)
+            VALUES
+            """,
+            then: """
+            ON CONFLICT (original_transaction_id, period_key) DO UPDATE SET
+                refunded_at = EXCLUDED.refunded_at, refund_percentage = EXCLUDED.refund_percentage
+            """), logger: database.logger)
+    }
+
+    /// The rows of a multi-row `INSERT … VALUES`, each value bound (a NULL takes its column's type).
+    private struct Values {
+        var binds = PostgresBindings()
+        var rows: [String] = []
+
+        /// `value` bound: its placeholder.
+        mutating func cell<Value: PostgresThrowingDynamicTypeEncodable>(_ value: Value?) throws -> String {
+            try binds.append(value)
+            return "$\(binds.count)"
+        }
+
+        mutating func row(_ cells: [String]) {
+            rows.append("(" + cells.joined(separator: ", ") + ")")
+        }
+
+        func query(_ head: String, then tail: String) -> PostgresQuery {
+            PostgresQuery(unsafeSQL: head + " " + rows.joined(separator: ", ") + "\n" + tail, binds: binds)
         }
     }
 
@@ -109,13 +176,17 @@ public struct SubscriptionStore: Sendable {
 
     static func decodePeriods(_ rows: some AsyncSequence<PostgresRow, any Error>) async throws -> [Subscription.Period] {
         var periods: [Subscription.Period] = []
-        for try await (key, id, kind, product, purchased, expires, price, currency, refunded, percentage)
-            in rows.decode((String, String, String, String, Date, Date?, String?, String?, Date?, Int?).self) {
-            periods.append(Subscription.Period(
-                periodKey: key, transactionId: TransactionID(unchecked: id), kind: SubscriptionPeriodKind(rawValue: kind) ?? .renewal,
-                productId: ProductID(unchecked: product), purchaseDate: purchased, expiresAt: expires, price: price, currency: currency,
-                refundedAt: refunded, refundPercentage: percentage))
-        }
+        for try await row in rows { periods.append(try period(row.makeRandomAccess(), at: 0)) }
         return periods
+    }
+
+    /// The period in `periodColumns` from column `at` on.
+    static func period(_ r: PostgresRandomAccessRow, at: Int) throws -> Subscription.Period {
+        Subscription.Period(
+            periodKey: try r[at].decode(String.self), transactionId: TransactionID(unchecked: try r[at + 1].decode(String.self)),
+            kind: SubscriptionPeriodKind(rawValue: try r[at + 2].decode(String.self)) ?? .renewal,
+            productId: ProductID(unchecked: try r[at + 3].decode(String.self)), purchaseDate: try r[at + 4].decode(Date.self),
+            expiresAt: try r[at + 5].decode(Date?.self), price: try r[at + 6].decode(String?.self), currency: try r[at + 7].decode(String?.self),
+            refundedAt: try r[at + 8].decode(Date?.self), refundPercentage: try r[at + 9].decode(Int?.self))
     }
 }

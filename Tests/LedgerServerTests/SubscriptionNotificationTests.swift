@@ -342,6 +342,63 @@ struct SubscriptionNotificationTests {
         }
     }
 
+    @Test("renewals of many subscriptions at once, each notification sent twice and each renewal uploaded meanwhile, are one period each; the rebuild agrees")
+    func renewalsAtOnce() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let now = Date()
+            let ids = (11...22).map { "7100\($0)" }
+            var notifications: [String] = []
+            var uploads: [(user: String, signed: String)] = []
+            for id in ids {
+                let start = Self.period(id, 0, purchased: now.addingTimeInterval(-31 * Self.day), expires: now.addingTimeInterval(-Self.day))
+                try await Self.started(db, start, user: "u-\(id)")
+                let renewal = Self.period(id, 1, purchased: now.addingTimeInterval(-Self.day), expires: now.addingTimeInterval(29 * Self.day))
+                notifications.append(try await apple.notification("DID_RENEW", transaction: renewal, renewalInfo: TestApple.renewalInfo(id)))
+                uploads.append(("u-\(id)", try await apple.sign(renewal)))
+            }
+            // And one about a subscription the ledger does not know, which waits on its transaction's stream.
+            let stranger = Self.period("7199999", 1, purchased: now, expires: now.addingTimeInterval(30 * Self.day))
+            notifications.append(try await apple.notification("DID_RENEW", transaction: stranger, renewalInfo: TestApple.renewalInfo("7199999")))
+
+            let answers = try await withThrowingTaskGroup(of: (index: Int, status: HTTPResponse.Status, applied: Bool?, stream: String?).self) { group in
+                for (index, signed) in notifications.enumerated() {
+                    for _ in 0..<2 {
+                        group.addTask {
+                            let (status, answer) = try await notify(http, signed)
+                            return (index, status, answer["applied"] as? Bool, answer["streamId"] as? String)
+                        }
+                    }
+                }
+                for (user, signed) in uploads {
+                    group.addTask {
+                        let (status, answer) = try await http.send(.post, "/v1/receipts", json: ["userId": user, "signedTransaction": signed])
+                        return (-1, status, nil, answer["outcome"] as? String)
+                    }
+                }
+                return try await group.reduce(into: []) { $0.append($1) }
+            }
+            #expect(answers.count == notifications.count * 2 + uploads.count)
+            #expect(answers.allSatisfy { $0.status == .ok })
+            for index in notifications.indices {
+                let mine = answers.filter { $0.index == index }
+                #expect(mine.compactMap(\.applied).sorted { !$0 && $1 } == [false, true], "notification \(index) applied once")
+                let stream = index < ids.count ? "subscription-\(ids[index])" : "transaction-71999991"
+                #expect(mine.allSatisfy { $0.stream == stream })
+            }
+            #expect(answers.filter { $0.index == -1 }.map(\.stream) == Array(repeating: "recorded", count: uploads.count))
+
+            for id in ids {
+                let s = try await subscription(db, id)
+                #expect(s.periods.map(\.kind) == [.start, .renewal] && s.status(at: now) == .active, "\(id)")
+                let types = try await scalar(
+                    db, "SELECT string_agg(type, ',' ORDER BY stream_version) FROM events WHERE stream_id = \("subscription-\(id)")", as: String.self)
+                #expect(types == "subscription-started,subscription-period,subscription-period,subscription-renewal-changed", "\(id)")
+            }
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_transactions WHERE status = 'renewal'", as: Int.self) == ids.count + 1)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("renewal info about another subscription, or with no transaction, is a 400 that records nothing")
     func badRenewalInfo() async throws {
         try await withReceiptsApplication(apple) { http, db in
