@@ -40,6 +40,7 @@ public enum LedgerSchema {
         Migration(name: "016_subscriptions.sql", sql: String(decoding: PackageResources._16_subscriptions_sql, as: UTF8.self)),
         Migration(name: "019_billing_retry_limit.sql", sql: String(decoding: PackageResources._19_billing_retry_limit_sql, as: UTF8.self)),
         Migration(name: "021_billed_periods.sql", sql: String(decoding: PackageResources._21_billed_periods_sql, as: UTF8.self)),
+        Migration(name: "022_pool_skips_untyped_renewals.sql", sql: String(decoding: PackageResources._22_pool_skips_untyped_renewals_sql, as: UTF8.self)),
     ]
 
     /// `sql/routines`: applied after the migrations, and again when a database has an earlier

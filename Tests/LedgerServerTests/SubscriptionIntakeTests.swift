@@ -2,6 +2,8 @@ import AppStoreStandIn
 import AppleReceipts
 import Foundation
 import HTTPTypes
+import LedgerCore
+import LedgerJSON
 import LedgerServer
 import LedgerStore
 import LedgerTestSupport
@@ -160,6 +162,39 @@ struct SubscriptionIntakeTests {
             #expect(try await rowStatus(db, "8100011") == "shared")
             let differences = try await ProjectionRebuilder(database: db.database).verify()
             #expect(differences == [], "promise 9: \(differences)")
+        }
+    }
+
+    @Test("a renewal or a family share pooled before the ledger knew subscriptions (unmatched, no Apple type) is never paired; a purchase pooled then still is")
+    func pooledBeforeSubscriptions() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.put, "/v1/products/pro.old", json: ["type": "auto-renewable", "subscriptionGroup": "g-old", "price": "4.99", "currency": "USD"])
+            try await queue(http, "o-old", user: "u-5", product: "pro.old")
+            try await queue(http, "o-family", user: "u-5", product: "lifetime.old")
+            try await queue(http, "o-gem", user: "u-5", product: "gem.old")
+            // As the intake pooled them before issue 40: `transaction-unmatched`, no type, reason no-order.
+            func pooled(_ id: String, original: String, product: String, ownership: String = "PURCHASED") async throws {
+                let transaction = AppleTransaction(
+                    transactionId: TransactionID(unchecked: id), originalTransactionId: original, productId: ProductID(unchecked: product),
+                    purchaseDate: Date().addingTimeInterval(-60), environment: "Sandbox", bundleId: TestApple.bundleId,
+                    inAppOwnershipType: ownership, price: "4.99", currency: "USD", format: .jws, receiptSha256: String(repeating: "0", count: 64))
+                let body = TransactionUnmatched(transaction: transaction, userId: UserID(unchecked: "u-5"), claimedOrderId: nil, reason: "no-order")
+                let event = try EventCoding.newEvent(.unmatched(body), id: EventID(UUID()), metadata: Data("{}".utf8))
+                _ = try await db.writer.append([event], to: transaction.transactionId.streamID)
+            }
+            try await pooled("8400002", original: "8400001", product: "pro.old")
+            try await pooled("8400010", original: "8400010", product: "lifetime.old", ownership: "FAMILY_SHARED")
+            try await pooled("8400020", original: "8400020", product: "gem.old")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_transactions WHERE status = 'unmatched'", as: Int.self) == 3)
+
+            let (_, pass) = try await http.send(.post, "/v1/reconcile", raw: "")
+            #expect(pass["paired"] as? Int == 1, "\(pass)")
+            #expect(try await state(http, "o-gem") == "verified", "a purchase pooled then is paired as before")
+            #expect(try await state(http, "o-old") == "payment-added", "a later period of an auto-renewable product pays no order")
+            #expect(try await state(http, "o-family") == "payment-added", "a family member's share pays no order")
+            #expect(try await rowStatus(db, "8400002") == "unmatched")
+            #expect(try await rowStatus(db, "8400010") == "unmatched")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM dashboards.unmatched_transactions", as: Int.self) == 2, "support still sees both")
         }
     }
 
