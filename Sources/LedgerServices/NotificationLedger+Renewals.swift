@@ -161,10 +161,10 @@ extension NotificationLedger {
         return answers
     }
 
-    /// The locked path's group check, when it needs no read: the renewal's product is the
-    /// subscription's, or names no group, or the same group as the subscription holds.
+    /// The locked path's group check (`ReceiptLedger.checkGroup`) when it needs no read: the
+    /// renewal names no group, or is of the subscription's own product, whose group `typing` gives.
     private static func sameGroup(_ transaction: AppleTransaction, typing: ProductCatalog.Typing?, as subscription: Subscription) -> Bool {
-        guard let renewalGroup = typing?.subscriptionGroup ?? transaction.subscriptionGroupIdentifier else { return true }
+        guard let renewalGroup = ReceiptLedger.group(of: transaction, typing: typing) else { return true }
         // Another product's group is the catalog's to say: the locked path reads it.
         guard subscription.productId == transaction.productId else { return false }
         guard let group = typing?.subscriptionGroup ?? subscription.subscriptionGroup else { return true }

@@ -53,7 +53,7 @@ extension ReceiptLedger {
         // Locked before the waiting renewals are read: a renewal arriving meanwhile either
         // committed before (and is read here) or finds the subscription started once this commits.
         try await writer.lock([StreamID.subscription(id)], in: tx)
-        let group = typing?.subscriptionGroup ?? transaction.subscriptionGroupIdentifier
+        let group = Self.group(of: transaction, typing: typing)
         var renewals: [TransactionUnmatched] = []
         for waiting in try await subscriptions.store.renewals(of: id, in: tx) where waiting.transaction.transactionId != transaction.transactionId {
             // One of another group is not this subscription's: it keeps waiting (and support sees it).
@@ -148,7 +148,7 @@ extension ReceiptLedger {
     private func checkGroup(
         _ transaction: AppleTransaction, typing: ProductCatalog.Typing?, of subscription: Subscription, in tx: DatabaseTransaction
     ) async throws {
-        guard let renewalGroup = typing?.subscriptionGroup ?? transaction.subscriptionGroupIdentifier else { return }
+        guard let renewalGroup = Self.group(of: transaction, typing: typing) else { return }
         let known = try await catalog.typing(of: subscription.productId, bundleId: transaction.bundleId, in: tx)?.subscriptionGroup
         guard let group = known ?? subscription.subscriptionGroup, group != renewalGroup else { return }
         throw LedgerInputError(
@@ -156,9 +156,13 @@ extension ReceiptLedger {
             problem: "\(transaction.productId) is in subscription group \(renewalGroup), not in group \(group) of subscription \(subscription.originalTransactionId)")
     }
 
+    /// The subscription group of `transaction`'s product: the catalog's (`typing`), else as Apple signed it.
+    static func group(of transaction: AppleTransaction, typing: ProductCatalog.Typing?) -> String? {
+        typing?.subscriptionGroup ?? transaction.subscriptionGroupIdentifier
+    }
+
     /// The subscription group of `transaction`'s product: the catalog's, else as Apple signed it.
     private func group(of transaction: AppleTransaction, in tx: DatabaseTransaction) async throws -> String? {
-        try await catalog.typing(of: transaction.productId, bundleId: transaction.bundleId, in: tx)?.subscriptionGroup
-            ?? transaction.subscriptionGroupIdentifier
+        Self.group(of: transaction, typing: try await catalog.typing(of: transaction.productId, bundleId: transaction.bundleId, in: tx))
     }
 }

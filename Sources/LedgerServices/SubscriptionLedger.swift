@@ -46,10 +46,11 @@ public struct SubscriptionLedger: Sendable {
         try await writer.lock([stream], in: tx)
         let before = try await store.subscription(id, in: tx)
         var started = before != nil
+        let stored = try await events.storedIDs(new.map(\.1), in: tx)
         var chosen: [(SubscriptionEvent, EventID)] = []
         for (event, eventID) in new {
             if chosen.contains(where: { $0.1 == eventID }) { continue }
-            if try await events.event(eventID, in: tx) != nil { continue }
+            if stored.contains(eventID) { continue }
             if !started, event.type != .started { continue }
             started = true
             chosen.append((event, eventID))
