@@ -31,7 +31,7 @@ extension ReconciliationReport {
         func add(_ day: String, _ product: String, _ currency: String?, _ environment: String, _ bundle: String?, _ kind: String,
                  _ change: (inout PeriodCount) -> Void) {
             let kind = Row.Kind(rawValue: kind) ?? .subscriptionRenewal
-            let k = "\(day)\u{1F}\(bundle ?? "")\u{1F}\(product)\u{1F}\(currency ?? "")\u{1F}\(environment)\u{1F}\(kind.rawValue)"
+            let k = rowKey(day, product, currency, environment, bundle, kind)
             var count = counts[k] ?? PeriodCount(day: day, productId: product, currency: currency, environment: environment, bundleId: bundle, kind: kind)
             change(&count)
             counts[k] = count

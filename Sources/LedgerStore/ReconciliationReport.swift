@@ -21,6 +21,12 @@ import PostgresNIO
 /// purchase date, with Apple's price; a refund of one period takes back that period's share only.
 /// A family member's shared subscription is never revenue (docs/reconciliation.md, "Subscriptions").
 public struct ReconciliationReport: Sendable, Codable, Equatable {
+    /// The key a row is kept under while a report is made (and sorted by): its day, app, product,
+    /// currency, environment and kind.
+    static func rowKey(_ day: String, _ product: String, _ currency: String?, _ environment: String, _ bundle: String?, _ kind: Row.Kind) -> String {
+        "\(day)\u{1F}\(bundle ?? "")\u{1F}\(product)\u{1F}\(currency ?? "")\u{1F}\(environment)\u{1F}\(kind.rawValue)"
+    }
+
     /// One day, product, currency, environment and kind.
     public struct Row: Sendable, Codable, Equatable {
         public var day: String
@@ -115,11 +121,12 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         var rows: [String: Row] = [:]
         var revenue: [String: Decimal] = [:]
         var refundedAmount: [String: Decimal] = [:]
-        func key(_ day: String, _ product: String, _ currency: String?, _ environment: String, _ bundle: String?, _ kind: Row.Kind = .purchase) -> String {
-            "\(day)\u{1F}\(bundle ?? "")\u{1F}\(product)\u{1F}\(currency ?? "")\u{1F}\(environment)\u{1F}\(kind.rawValue)"
-        }
-        func existing(_ k: String, _ day: String, _ product: String, _ currency: String?, _ environment: String, _ bundle: String?, _ kind: String) -> Row {
-            rows[k] ?? Row(day: day, productId: product, currency: currency, environment: environment, bundleId: bundle, kind: Row.Kind(rawValue: kind) ?? .purchase)
+        /// The row of these parts so far (a new one if none), and the key it is kept under.
+        func existing(
+            _ day: String, _ product: String, _ currency: String?, _ environment: String, _ bundle: String?, _ kind: Row.Kind
+        ) -> (key: String, row: Row) {
+            let k = Self.rowKey(day, product, currency, environment, bundle, kind)
+            return (k, rows[k] ?? Row(day: day, productId: product, currency: currency, environment: environment, bundleId: bundle, kind: kind))
         }
 
         // A refund's amount is its share of the order's (sql/migrations/010_prorated_refunds.sql
@@ -147,8 +154,8 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             """)
         for try await (day, product, currency, environment, type, reason, count, amount, bundle, kind)
             in orderRows.decode((String, String, String?, String, String, String, Int, String, String?, String).self) {
-            let k = key(day, product, currency, environment, bundle, Row.Kind(rawValue: kind) ?? .purchase)
-            var row = existing(k, day, product, currency, environment, bundle, kind)
+            let (k, found) = existing(day, product, currency, environment, bundle, Row.Kind(rawValue: kind) ?? .purchase)
+            var row = found
             switch type {
             case "created": row.ordersCreated += count
             case "verified":
@@ -188,8 +195,8 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             """)
         for try await (day, product, environment, outcome, count, bundle, kind)
             in pooledAnswers.decode((String, String, String, String, Int, String?, String).self) {
-            let k = key(day, product, nil, environment, bundle, Row.Kind(rawValue: kind) ?? .purchase)
-            var row = existing(k, day, product, nil, environment, bundle, kind)
+            let (k, found) = existing(day, product, nil, environment, bundle, Row.Kind(rawValue: kind) ?? .purchase)
+            var row = found
             row.countConsumptionAnswer(outcome, count)
             rows[k] = row
         }
@@ -208,8 +215,8 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             """)
         for try await (day, product, currency, environment, rule, matchedBy, count, ambiguous, bundle, kind)
             in pairingRows.decode((String, String, String?, String, String, String, Int, Int, String?, String).self) {
-            let k = key(day, product, currency, environment, bundle, Row.Kind(rawValue: kind) ?? .purchase)
-            var row = existing(k, day, product, currency, environment, bundle, kind)
+            let (k, found) = existing(day, product, currency, environment, bundle, Row.Kind(rawValue: kind) ?? .purchase)
+            var row = found
             // Support's forced pairings carry their reason in the rule: counted under "support".
             row.pairingsByRule[matchedBy == "support" ? "support" : rule, default: 0] += count
             row.ambiguousPairings += ambiguous
@@ -219,8 +226,8 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
 
         // Subscriptions' periods: a start period's money is its order's (above), a renewal's its own.
         for count in try await periodCounts(database: database, from: from, to: to, apps: apps) {
-            let k = key(count.day, count.productId, count.currency, count.environment, count.bundleId, count.kind)
-            var changed = existing(k, count.day, count.productId, count.currency, count.environment, count.bundleId, count.kind.rawValue)
+            let (k, found) = existing(count.day, count.productId, count.currency, count.environment, count.bundleId, count.kind)
+            var changed = found
             changed.periods += count.billed
             if count.kind == .subscriptionRenewal {
                 changed.refunded += count.refunded
