@@ -81,7 +81,7 @@ public func buildApplication(
     let metrics = LedgerMetrics()
     let database = Database(client: client, logger: logger, writerExecutor: writerExecutor).observingAppends(metrics.eventsAppended)
     let migrator = Migrator(logger: logger)
-    let health = DatabaseHealth(probing: probing, logger: logger)
+    let health = DatabaseHealth(probing: probing, answers: database.answers, logger: logger)
     // The configured app's key is checked now (a bad one stops the start); every app's key is
     // read from the apps' catalog where it is used, so a key set later is taken without a restart.
     let apiSettings = try configuration.apple.appStoreServerAPI()

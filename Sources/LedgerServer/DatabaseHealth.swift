@@ -12,7 +12,8 @@ import Synchronization
 /// the database is down or a probe went unanswered, and at once when the probe's connection
 /// closes or a request meets a connection failure). Down: a refused connection, or PostgreSQL
 /// saying it shuts down, at once; or `missesBeforeDown` probes in a row unanswered within
-/// `timeout` each. A slow database is not a down one: one or two late answers change nothing.
+/// `timeout` each. A slow database is not a down one: one or two late answers change nothing, and
+/// a probe is no miss when PostgreSQL answered the pool's work while it waited (`answers`).
 public final class DatabaseHealth: Service, Sendable {
     private struct State {
         /// False until a probe has decided (readiness then probes itself).
@@ -20,6 +21,8 @@ public final class DatabaseHealth: Service, Sendable {
         var downSince: ContinuousClock.Instant?
         /// Probes unanswered in a row.
         var misses = 0
+        /// A probe went unanswered while the pool's work was answered, and that was logged.
+        var slowTold = false
         /// Requests in progress: each one's cancel, called when the database goes down.
         var inFlight: [Int: @Sendable () -> Void] = [:]
         var nextRequest = 0
@@ -27,6 +30,8 @@ public final class DatabaseHealth: Service, Sendable {
 
     private let state = Mutex(State())
     private let probe: DatabaseProbe
+    /// PostgreSQL's answers to the ledger's pool (nil: the probe alone decides).
+    private let answers: DatabaseAnswers?
     private let wakeup: Wakeup
     let logger: Logger
     let interval: Duration
@@ -34,13 +39,14 @@ public final class DatabaseHealth: Service, Sendable {
     let missesBeforeDown: Int
 
     /// Health of the server `configuration` reaches (the pool's server, credentials and TLS: the
-    /// probe opens a connection of its own there).
+    /// probe opens a connection of its own there), whose pool counts its `answers`.
     public init(
-        probing configuration: PostgresConnection.Configuration, logger: Logger, interval: Duration = .seconds(1),
-        timeout: Duration = .seconds(2), missesBeforeDown: Int = 3
+        probing configuration: PostgresConnection.Configuration, answers: DatabaseAnswers? = nil, logger: Logger,
+        interval: Duration = .seconds(1), timeout: Duration = .seconds(2), missesBeforeDown: Int = 3
     ) {
         let wakeup = Wakeup()
         self.wakeup = wakeup
+        self.answers = answers
         self.probe = DatabaseProbe(configuration, logger: logger, onClose: { wakeup.signal() })
         self.logger = logger
         self.interval = interval
@@ -81,6 +87,7 @@ public final class DatabaseHealth: Service, Sendable {
             defer {
                 state.known = true
                 state.misses = 0
+                state.slowTold = false
                 state.downSince = nil
             }
             return state.downSince
@@ -123,11 +130,23 @@ public final class DatabaseHealth: Service, Sendable {
     /// database is up.
     @discardableResult
     func probeNow() async -> Bool {
+        let answeredBefore = answers?.total
         switch await probe.check(timeout: timeout) {
         case .answered:
             markAvailable()
         case .unreachable(let reason):
             markUnavailable(reason)
+        case .noAnswer where answers?.total != answeredBefore:
+            // PostgreSQL answered the pool meanwhile: it is slow (or the probe's way to it is),
+            // not silent. No miss; told once until a probe is answered again.
+            let told = state.withLock { state in
+                defer { state.slowTold = true }
+                return state.slowTold
+            }
+            if !told {
+                logger.notice("the database did not answer a health probe in time but answered the ledger's work meanwhile: slow, not down",
+                              metadata: ["probe.timeout": "\(timeout)"])
+            }
         case .noAnswer:
             let misses = state.withLock { state in
                 state.misses += 1

@@ -17,11 +17,20 @@ public struct Database: Sendable {
     /// counts them by type for `GET /metrics`); a retry that appended nothing is not told. Set
     /// with `observingAppends`.
     private var appendObserver: (@Sendable (_ types: [String]) -> Void)?
+    /// PostgreSQL's answers to the work on this pool, counted for the health's probe.
+    public let answers = DatabaseAnswers()
 
     public init(client: PostgresClient, logger: Logger, writerExecutor: (any TaskExecutor)? = nil) {
         self.client = client
         self.logger = logger
         self.writerExecutor = writerExecutor
+    }
+
+    /// Counts in `answers` an end of work PostgreSQL answered: a result (`error` nil), or an
+    /// error of its own.
+    func noteAnswer(_ error: (any Error)? = nil) {
+        guard let error else { return answers.note() }
+        if (error as? PSQLError)?.sqlState != nil { answers.note() }
     }
 
     /// This database, its appends told to `observer` instead.
@@ -155,8 +164,11 @@ public struct Database: Sendable {
                         // Cancelled (a request answered 503 while the database is away), a
                         // statement in flight would still wait for PostgreSQL: the connection is
                         // closed, which ends it at once (a transaction open on it rolls back).
-                        return try await withTaskCancellationHandler { try await body(connection) } onCancel: { connection.close() }
+                        let result = try await withTaskCancellationHandler { try await body(connection) } onCancel: { connection.close() }
+                        noteAnswer()
+                        return result
                     } catch {
+                        noteAnswer(error)
                         // The pool learns of a close from the connection's close future (completed
                         // one event-loop turn after the channel went inactive, which `isClosed`
                         // reads); until then, a connection given back is leased again as if open.

@@ -152,14 +152,23 @@ public actor DatabaseProbe {
 
     /// `future`'s result, or nil when it has none by `deadline`. The time-out is kept on the
     /// connection's event loop, where the answer arrives: a busy Swift task pool delays both
-    /// alike, and cannot make an answer that came in time look late.
+    /// alike, and cannot make an answer that came in time look late. Nor can a busy event loop:
+    /// it runs the timers that fell due before it reads its sockets again, so a due time-out
+    /// waits `Self.lastReadGrace` (one more reading turn of the loop) before it counts.
     private func answer<T: Sendable>(_ future: EventLoopFuture<T>, by deadline: NIODeadline) async -> Result<T, any Error>? {
-        let promise = future.eventLoop.makePromise(of: Result<T, any Error>?.self)
-        let timer = future.eventLoop.scheduleTask(deadline: deadline) { promise.succeed(nil) }
+        let loop = future.eventLoop
+        let promise = loop.makePromise(of: Result<T, any Error>?.self)
+        let grace = Self.lastReadGrace
+        let timer = loop.flatScheduleTask(deadline: deadline) {
+            loop.scheduleTask(in: grace) { promise.succeed(nil) }.futureResult
+        }
         future.whenComplete { result in
             timer.cancel()
             promise.succeed(result)
         }
         return try? await promise.futureResult.get()
     }
+
+    /// How long a due time-out waits for the event loop to read what arrived before it.
+    static let lastReadGrace = TimeAmount.milliseconds(20)
 }

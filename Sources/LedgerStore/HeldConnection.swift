@@ -25,9 +25,14 @@ extension Database {
     func withHeldConnection<Result: Sendable>(_ body: (PostgresConnection) async throws -> Result) async throws -> Result {
         if let held = Self.heldConnection, !held.isClosed {
             do {
-                return try await body(held)
+                let result = try await body(held)
+                noteAnswer()
+                return result
             } catch is StaleConnection {
                 logger.debug("the held connection closed; leasing another")
+            } catch {
+                noteAnswer(error)
+                throw error
             }
         }
         return try await withConnection(body)

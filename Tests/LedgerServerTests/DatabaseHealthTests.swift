@@ -1,4 +1,5 @@
 import Foundation
+@testable import LedgerServer
 import LedgerStore
 import LedgerTestSupport
 import PostgresNIO
@@ -56,6 +57,86 @@ struct DatabaseHealthTests {
         }
     }
 }
+
+@Suite("Database health: the pool's answers count")
+struct DatabaseHealthEvidenceTests {
+    @Test("a probe left unanswered while PostgreSQL answers the pool is no miss; with nothing answered it is")
+    func poolAnswersAreEvidence() async throws {
+        try await withTestDatabase { db in
+            // The probe's way to PostgreSQL goes nowhere: a listener that takes connections and
+            // never says a word. PostgreSQL itself answers the pool as usual.
+            let silent = try SilentListener()
+            defer { silent.close() }
+            let probing = PostgresConnection.Configuration(host: "127.0.0.1", port: silent.port, username: "x", password: nil, database: "x", tls: .disable)
+            try await db.database.query("SELECT 1")
+            // One miss would be down: the probe waits (3 s) while the pool's statement is answered.
+            let health = DatabaseHealth(probing: probing, answers: db.database.answers, logger: TestServer.logger,
+                                        timeout: .seconds(3), missesBeforeDown: 1)
+            let probed = Task { await health.probeNow() }
+            try await silent.waitForConnections(1)
+            try await db.database.query("SELECT 1")
+            #expect(await probed.value, "an unanswered probe while the pool was answered marked the database down")
+            #expect(health.isAvailable)
+            // Nothing answered meanwhile: the same silence is a miss, and down.
+            let quiet = DatabaseHealth(probing: probing, answers: db.database.answers, logger: TestServer.logger,
+                                       timeout: .milliseconds(200), missesBeforeDown: 1)
+            #expect(await quiet.probeNow() == false)
+            #expect(!quiet.isAvailable)
+            #expect(silent.connections == 2)
+        }
+    }
+}
+
+/// A TCP listener on 127.0.0.1 that accepts connections, counts them and never answers: a
+/// PostgreSQL that went silent, as a client connecting to it sees it.
+private final class SilentListener: Sendable {
+    let port: Int
+    private let socket: Int32
+    private let accepted = Mutex<[Int32]>([])
+
+    var connections: Int { accepted.withLock { $0.count } }
+
+    init() throws {
+        let socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = 0
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { address in
+                bind(socket, address, length) == 0 && listen(socket, 16) == 0 && getsockname(socket, address, &length) == 0
+            }
+        }
+        guard socket >= 0, bound else { throw SilentListenerError() }
+        self.socket = socket
+        port = Int(UInt16(bigEndian: address.sin_port))
+        Thread.detachNewThread { [self] in
+            while true {
+                let connection = accept(socket, nil, nil)
+                guard connection >= 0 else { return }
+                accepted.withLock { $0.append(connection) }
+            }
+        }
+    }
+
+    /// Until `count` connections were accepted (60 s at most).
+    func waitForConnections(_ count: Int) async throws {
+        let deadline = ContinuousClock.now + .seconds(60)
+        while connections < count {
+            guard ContinuousClock.now < deadline else { throw SilentListenerError() }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+    }
+
+    func close() {
+        shutdown(socket, Int32(SHUT_RDWR))
+        Glibc.close(socket)
+        for connection in accepted.withLock({ $0 }) { Glibc.close(connection) }
+    }
+}
+
+private struct SilentListenerError: Error {}
 
 /// The pid of the backend serving the health probe of the server on `db` (not `other`), once
 /// there is one (60 s at most).
