@@ -17,7 +17,7 @@ public func buildRouter(
     let metrics = LedgerMetrics()
     let database = database.observingAppends(metrics.eventsAppended)
     return buildRouter(
-        services: ServiceAssembly(database: database), migrator: migrator, apple: apple,
+        services: ServiceAssembly(database: database, purchaseAllowance: configuration.reconciler.clockSkew), migrator: migrator, apple: apple,
         appStoreServerAPI: LazyAppStoreServerAPI(
             catalog: AppCatalog(database: database), hosts: configuration.apple.appStoreServerAPIHosts(), logger: database.logger,
             skipped: metrics.appleAppSkipped),
@@ -97,7 +97,7 @@ public func buildApplication(
         catalog: AppCatalog(database: database), maximumAge: .seconds(configuration.appsMaximumAge), logger: logger, open: false)
     let verifier = try configuration.apple.verifier(logger: logger).choosingApps(from: appDirectory)
     // One assembly (one writer) for every route and service, so that their events share transactions.
-    let services = ServiceAssembly(database: database)
+    let services = ServiceAssembly(database: database, purchaseAllowance: configuration.reconciler.clockSkew)
     var application = Application(
         router: buildRouter(
             services: services, migrator: migrator, apple: verifier,

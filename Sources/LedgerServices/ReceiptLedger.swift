@@ -16,13 +16,28 @@ public struct ReceiptLedger: Sendable {
     let catalog: ProductCatalog
     /// Where subscription starts, renewals and family members' shared subscriptions are recorded.
     let subscriptions: SubscriptionLedger
+    /// How much earlier than an order's creation a purchase that pays it may be: the clocks'
+    /// disagreement the reconciler allows (`Reconciler.Settings.clockSkew`). An earlier purchase
+    /// never pays the order by itself (`purchased-before-order`, issue 41).
+    public let purchaseAllowance: TimeInterval
 
-    public init(database: Database, writer: LedgerWriter, orders: OrderLedger, catalog: ProductCatalog, subscriptions: SubscriptionLedger) {
+    public init(
+        database: Database, writer: LedgerWriter, orders: OrderLedger, catalog: ProductCatalog, subscriptions: SubscriptionLedger,
+        purchaseAllowance: TimeInterval = Reconciler.Settings().clockSkew
+    ) {
         self.database = database
         self.writer = writer
         self.orders = orders
         self.catalog = catalog
         self.subscriptions = subscriptions
+        self.purchaseAllowance = purchaseAllowance
+    }
+
+    /// Whether `transaction` was bought before `order` was created, beyond the allowance: then
+    /// it cannot be what paid the order (an old purchase replayed, or granted before by another
+    /// backend), and only support's explicit override ties them.
+    public func purchased(_ transaction: AppleTransaction, before order: Order) -> Bool {
+        transaction.purchaseDate < order.createdAt.addingTimeInterval(-purchaseAllowance)
     }
 
     /// Who sent the proof and which order it names.
@@ -77,8 +92,8 @@ public struct ReceiptLedger: Sendable {
     }
 
     /// The common case, through the writer's group commit rather than a transaction of its own:
-    /// the order its order id (else its appAccountToken) names, open, of the same product and
-    /// of the claiming user, takes the transaction. The writer checks that on the order as its
+    /// the order its order id (else its appAccountToken) names, open, of the same product, app and
+    /// claiming user, and created before the purchase (`purchased(_:before:)`), takes the transaction. The writer checks that on the order as its
     /// group reads it, and the append routine stores the pairing only if, under the locks, the
     /// order is still as read and the transaction unclaimed (taken out of the pool if it waited
     /// there). Nil when the case does not hold, or no longer held when written: the locked path
@@ -94,8 +109,9 @@ public struct ReceiptLedger: Sendable {
         }
         let (product, user) = (transaction.productId, claim.userId)
         var write = try Self.matchWrite(transaction, to: named.0, by: named.1, pairing: nil, metadata: metadata)
-        write.condition = { order in
+        write.condition = { [self] order in
             order.isOpen && order.productId == product && (user == nil || user == order.userId) && Self.sameApp(order, transaction)
+                && !purchased(transaction, before: order)
         }
         do {
             let written = try await writer.append(write)
@@ -171,6 +187,18 @@ public struct ReceiptLedger: Sendable {
             // Left the pool without an order: Apple refunded or revoked it. Never granted.
             return Answer(outcome: .rejected, transactionId: id, orderId: candidate?.orderId, state: candidate?.state,
                           finishTransaction: true, reason: "transaction-\(holder.status.rawValue)")
+        }
+        if let order = candidate, matchedBy != nil, order.isOpen, purchased(transaction, before: order) {
+            // Bought before the order existed (issue 41): it did not pay for it. The order is left
+            // as it is, and the transaction waits in the pool, where the reconciler pairs it only
+            // with an order created before it, or support ties it with an explicit override.
+            if holder == nil {
+                let append = try Self.poolAppend(
+                    transaction, userId: claim.userId ?? order.userId, claimedOrder: claim.orderId, reason: "purchased-before-order", metadata: metadata)
+                _ = try await writer.append(LedgerWriter.Write(append), in: tx, knowing: snapshot)
+            }
+            return Answer(outcome: .unmatched, transactionId: id, orderId: order.orderId, state: order.state, finishTransaction: false,
+                          reason: "purchased-before-order")
         }
         if let order = candidate, let matchedBy, order.isOpen {
             if order.productId != transaction.productId {

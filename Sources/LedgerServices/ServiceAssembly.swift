@@ -1,6 +1,7 @@
 // LedgerServices: the ledger's work with Apple and with the pool; neither HTTP nor SQL.
 
 import AppleReceipts
+import Foundation
 import LedgerCore
 import LedgerStore
 import Logging
@@ -28,8 +29,9 @@ public struct ServiceAssembly: Sendable {
     var logger: Logger { database.logger }
 
     /// Everything on `database`, with a writer of its own: events share transactions only with
-    /// what uses this assembly (a server uses one).
-    public init(database: Database) {
+    /// what uses this assembly (a server uses one). `purchaseAllowance`: how much earlier than its
+    /// order a purchase that pays it may be (the reconciler's clock skew).
+    public init(database: Database, purchaseAllowance: TimeInterval = Reconciler.Settings().clockSkew) {
         let writer = LedgerWriter(database: database)
         let events = EventStore(database: database)
         let orders = OrderLedger(writer: writer)
@@ -37,7 +39,8 @@ public struct ServiceAssembly: Sendable {
         let catalog = ProductCatalog(database: database)
         let subscriptionStore = SubscriptionStore(database: database)
         let subscriptions = SubscriptionLedger(writer: writer, events: events, store: subscriptionStore)
-        let receipts = ReceiptLedger(database: database, writer: writer, orders: orders, catalog: catalog, subscriptions: subscriptions)
+        let receipts = ReceiptLedger(
+            database: database, writer: writer, orders: orders, catalog: catalog, subscriptions: subscriptions, purchaseAllowance: purchaseAllowance)
         self.database = database
         self.writer = writer
         self.events = events

@@ -18,8 +18,9 @@ public struct SupportDesk: Sendable {
     }
 
     /// Pairs a pooled transaction with an open order by hand (`matchedBy: support`). Another
-    /// user's or another product's order is refused unless `force` comes with a `reason`, which
-    /// is recorded with the pairing, as is who did it (the metadata).
+    /// user's or another product's order, or one created after the purchase (beyond the clock
+    /// skew), is refused unless `force` comes with a `reason`, which is recorded with the
+    /// pairing, as is who did it (the metadata).
     public func match(
         _ transactionId: TransactionID, to orderId: OrderID, force: Bool, reason: String?, metadata: Data
     ) async throws -> Order {
@@ -37,6 +38,9 @@ public struct SupportDesk: Sendable {
                 if let user = known.userId, user != order.userId { throw SupportMatchError.userMismatch(transaction: user, order: order.userId) }
                 if transaction.productId != order.productId {
                     throw SupportMatchError.productMismatch(transaction: transaction.productId, order: order.productId)
+                }
+                if receipts.purchased(transaction, before: order) {
+                    throw SupportMatchError.purchasedBeforeOrder(purchased: transaction.purchaseDate, created: order.createdAt)
                 }
             }
             return try await receipts.match(
@@ -143,6 +147,7 @@ public enum SupportMatchError: Error, Sendable, Equatable, CustomStringConvertib
     case orderNotOpen(OrderID, state: OrderState)
     case userMismatch(transaction: UserID, order: UserID)
     case productMismatch(transaction: ProductID, order: ProductID)
+    case purchasedBeforeOrder(purchased: Date, created: Date)
     case reasonRequired
 
     public var code: String {
@@ -152,6 +157,7 @@ public enum SupportMatchError: Error, Sendable, Equatable, CustomStringConvertib
         case .orderNotOpen: "order-not-open"
         case .userMismatch: "user-mismatch"
         case .productMismatch: "product-mismatch"
+        case .purchasedBeforeOrder: "purchased-before-order"
         case .reasonRequired: "reason-required"
         }
     }
@@ -163,6 +169,8 @@ public enum SupportMatchError: Error, Sendable, Equatable, CustomStringConvertib
         case .orderNotOpen(let id, let state): "order \(id) is \(state.rawValue); only created or payment-added orders without a transaction take one"
         case .userMismatch(let transaction, let order): "the transaction is user \(transaction)'s, the order user \(order)'s; send force with a reason to pair them anyway"
         case .productMismatch(let transaction, let order): "the transaction is for \(transaction), the order for \(order); send force with a reason to pair them anyway"
+        case .purchasedBeforeOrder(let purchased, let created):
+            "the transaction was bought at \(EventCoding.formatDate(purchased)), before the order was created at \(EventCoding.formatDate(created)); send force with a reason to pair them anyway"
         case .reasonRequired: "force needs a reason, recorded with the pairing"
         }
     }

@@ -138,6 +138,10 @@ extension Demo {
             }
             var story = DemoStory(
                 http: http, base: base, key: key, chain: chain, standIn: standIn, second: second, seed: seed, lostRate: lostRate)
+            let orders = ServiceAssembly(database: Database(client: client, logger: logger)).orders
+            story.history = { id, order in
+                try await orders.create(id, order, tokenGiven: false, metadata: Data(#"{"actor":"demo: the team's earlier backend"}"#.utf8)).order
+            }
             try await story.addSecondApp()
             try await story.play(users: users)
             try await story.playAppReview()
@@ -224,6 +228,9 @@ struct DemoStory {
     var secondAppCalls = (asked: 0, refused: 0)
     /// The subscriber's story, as the summary prints it.
     var subscriptionSummary: [String] = []
+    /// Records an order of the team's history: one its earlier backend created at `createdAt`,
+    /// before the ledger served the app (the subscriber's, bought months ago).
+    var history: @Sendable (_ id: OrderID, _ order: OrderCreated) async throws -> Order = { _, _ in throw CommandFailure("no history") }
 
     init(
         http: HTTPClient, base: String, key: String, chain: ThrowawaySigningChain, standIn: AppStoreServerStandIn,

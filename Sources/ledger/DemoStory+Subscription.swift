@@ -3,8 +3,8 @@ import Foundation
 import LedgerCore
 import LedgerJSON
 
-/// The demo's subscriber (issue 40): a monthly auto-renewable subscription bought through an
-/// order, renewing twice through Apple's notifications, the second time after a failed renewal
+/// The demo's subscriber (issue 40): a monthly auto-renewable subscription bought 70 days ago
+/// through an order of the team's history (created then by its earlier backend), renewing twice through Apple's notifications, the second time after a failed renewal
 /// that recovers within its grace period; one period refunded; and an order of the same product
 /// the subscriber abandoned at payment, which no renewal may pay.
 extension DemoStory {
@@ -47,11 +47,15 @@ extension DemoStory {
             payload.subscriptionGroupIdentifier = "demo-pro"
             return payload
         }
+        // Its order is history: the team's earlier backend created it then, a minute before the
+        // purchase (a purchase never pays an order created after it).
         let orderId = "\(user)-pro-1"
-        let created = try await requestJSON("POST", "/v1/orders", body: orderBody(orderId, user, product, "9.99"))
-        count("orders created")
+        let created = try await history(OrderID(unchecked: orderId), OrderCreated(
+            userId: UserID(unchecked: user), productId: ProductID(unchecked: product), price: "9.99", currency: "USD",
+            bundleId: BundleID(unchecked: Demo.bundleId), createdAt: started.addingTimeInterval(-60)))
+        count("orders from the team's history")
         var start = period(0, at: started)
-        start.appAccountToken = created["appAccountToken"] as? String
+        start.appAccountToken = created.appAccountToken.uuidString.lowercased()
         let startJWS = try chain.sign(start)
         let bought = try await upload(Pending(transactionId: original, orderId: orderId, user: user, jws: startJWS, lost: false, payload: start))
         count("subscription bought: \(bought["outcome"] as? String ?? "?") \(bought["state"] as? String ?? "?")")

@@ -49,6 +49,6 @@ func withAppleWork<Result: Sendable>(
         let apps = AppDirectory(catalog: AppCatalog(database: database), maximumAge: .seconds(configuration.appsMaximumAge), logger: logger)
         return try await body(AppleWork(
             configuration: configuration, api: api, verifier: try configuration.apple.verifier(logger: logger).choosingApps(from: apps),
-            services: ServiceAssembly(database: database)))
+            services: ServiceAssembly(database: database, purchaseAllowance: configuration.reconciler.clockSkew)))
     }
 }

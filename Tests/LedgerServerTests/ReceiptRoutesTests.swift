@@ -28,6 +28,16 @@ func withReceiptsApplication(
     }, test)
 }
 
+/// For tests whose purchases are dated long before the orders they pay (a subscription bought
+/// months ago, through an order the test can only create now): the purchase-date guard's
+/// allowance, the reconciler's clock skew, a year and more.
+@Sendable func olderPurchases(_ configuration: inout LedgerConfiguration) {
+    configuration.reconciler.clockSkew = olderPurchasesAllowance
+}
+
+/// The allowance `olderPurchases` sets.
+let olderPurchasesAllowance: TimeInterval = 400 * 86_400
+
 /// `withReceiptsApplication` with the App Store Server API at `standIn` (its key in a file for
 /// the run); `test` also gets the stand-in's base URL.
 func withAppleAPIApplication(

@@ -58,7 +58,7 @@ struct ReconcileRoutesTests {
     func resolvesUser() async throws {
         try await withReceiptsApplication(apple) { http, _ in
             try await http.send(.post, "/v1/orders", json: newOrder("o-first", user: "u-7"))
-            try await http.send(.post, "/v1/receipts", json: ["orderId": "o-first", "signedTransaction": try await transaction("5000010", appTransactionId: "acct-7", minutesAgo: 60)])
+            try await http.send(.post, "/v1/receipts", json: ["orderId": "o-first", "signedTransaction": try await transaction("5000010", appTransactionId: "acct-7", minutesAgo: 3)])
             try await http.send(.post, "/v1/orders", json: newOrder("o-second", user: "u-7"))
             let (_, orphan) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": try await transaction("5000011", appTransactionId: "acct-7")])
             #expect(orphan["outcome"] as? String == "unmatched")
@@ -118,7 +118,7 @@ extension ReconcileRoutesTests {
     func resolvesUserThroughOriginalTransaction() async throws {
         try await withReceiptsApplication(apple) { http, _ in
             try await http.send(.post, "/v1/orders", json: newOrder("o-sub-1", user: "u-8"))
-            var first = TestApple.transaction("5000020", purchaseDate: Date(timeIntervalSinceNow: -3600))
+            var first = TestApple.transaction("5000020", purchaseDate: Date(timeIntervalSinceNow: -180))
             first.appTransactionId = nil
             try await http.send(.post, "/v1/receipts", json: ["orderId": "o-sub-1", "signedTransaction": try await apple.sign(first)])
             try await http.send(.post, "/v1/orders", json: newOrder("o-sub-2", user: "u-8"))

@@ -14,7 +14,7 @@ struct SubscriptionConsumptionTests {
 
     @Test("no consumptionPercentage for a subscription's start or renewal (Apple refuses it), GRANT_PRORATED as the catalog says, a renewal delivered as its subscription's order")
     func noPercentageForSubscriptions() async throws {
-        try await withAppleAPIApplication(apple, standIn, configure: { $0.appleCallsInterval = 0 }) { http, db, base in
+        try await withAppleAPIApplication(apple, standIn, configure: { olderPurchases(&$0); $0.appleCallsInterval = 0 }) { http, db, base in
             try await http.send(.put, "/v1/products/pro.monthly", json: ["sampleContentProvided": true, "refundPreference": "GRANT_PRORATED"])
             let periods = (0..<2).map { SubscriptionFixture.signed("9400001", period: $0, environment: "Sandbox") }
             await standIn.setAutoRenewable(periods.map(\.transactionId))

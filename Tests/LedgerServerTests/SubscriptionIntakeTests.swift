@@ -73,6 +73,7 @@ struct SubscriptionIntakeTests {
     @Test("issue 40's story: the renewal (upload, DID_RENEW, sweep) is one period of its subscription; the abandoned order stays payment-added")
     func renewalNeverPaysTheAbandonedOrder() async throws {
         try await withAppleAPIApplication(apple, standIn, configure: { configuration in
+            olderPurchases(&configuration)
             configuration.recoveryAfter = 0
             configuration.recoveryInterval = 0
         }) { http, db, _ in
@@ -128,7 +129,7 @@ struct SubscriptionIntakeTests {
 
     @Test("a family member's FAMILY_SHARED transaction never pays the member's open order, nor is paired with one; a shared subscription is the member's own")
     func familySharedNeverPays() async throws {
-        try await withReceiptsApplication(apple) { http, db in
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
             try await queue(http, "o-member", user: "u-2", product: "lifetime")
             try await queue(http, "o-member-2", user: "u-2", product: "lifetime")
             var shared = TestApple.transaction("8100001", product: "lifetime")
@@ -167,7 +168,7 @@ struct SubscriptionIntakeTests {
 
     @Test("a renewal or a family share pooled before the ledger knew subscriptions (unmatched, no Apple type) is never paired; a purchase pooled then still is")
     func pooledBeforeSubscriptions() async throws {
-        try await withReceiptsApplication(apple) { http, db in
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
             try await http.send(.put, "/v1/products/pro.old", json: ["type": "auto-renewable", "subscriptionGroup": "g-old", "price": "4.99", "currency": "USD"])
             try await queue(http, "o-old", user: "u-5", product: "pro.old")
             try await queue(http, "o-family", user: "u-5", product: "lifetime.old")
@@ -200,7 +201,7 @@ struct SubscriptionIntakeTests {
 
     @Test("a renewal before its start waits as a renewal no order takes; the start ties it, once")
     func renewalWaitsForItsStart() async throws {
-        try await withReceiptsApplication(apple) { http, db in
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
             try await queue(http, "o-waiting", user: "u-3", product: "monthly")
             let renewal = Self.subscription("8200002", original: "8200001", period: 1)
             let (_, early) = try await upload(http, renewal, user: "u-3")
@@ -239,7 +240,7 @@ struct SubscriptionIntakeTests {
 
     @Test("bad subscription transactions are 400s naming the field, in an upload and in a notification, with nothing recorded; the catalog's type decides")
     func badInput() async throws {
-        try await withReceiptsApplication(apple) { http, db in
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
             for product in ["monthly", "yearly", "annual.other", "plain.sub", "gem.sub"] {
                 try await http.send(.put, "/v1/products/\(product)", json: ["price": "4.99", "currency": "USD"])
             }

@@ -218,7 +218,7 @@ struct SubscriptionNotificationTests {
 
     @Test("each lifecycle notification becomes subscription-renewal-changed on its subscription, once", arguments: LifecycleCase.all)
     func lifecycle(_ c: LifecycleCase) async throws {
-        try await withReceiptsApplication(apple) { http, db in
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
             let now = Date()
             let end = now.addingTimeInterval(c.lapsed ? -Self.day : 20 * Self.day)
             let start = try await subscribe(http, db, end: end)
@@ -258,7 +258,7 @@ struct SubscriptionNotificationTests {
 
     @Test("REFUND or REVOKE of a renewal takes back that period only; of the start, its order's refund too; REFUND_REVERSED undoes each")
     func periodRefunds() async throws {
-        try await withReceiptsApplication(apple) { http, db in
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
             let now = Date()
             let end = now.addingTimeInterval(-Self.day)
             let start = try await subscribe(http, db, end: end)
@@ -304,7 +304,7 @@ struct SubscriptionNotificationTests {
 
     @Test("REVOKE with FAMILY_REVOKE ends a family member's shared subscription only; the purchaser's and its order stay")
     func familyRevoke() async throws {
-        try await withReceiptsApplication(apple) { http, db in
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
             let now = Date()
             _ = try await subscribe(http, db, end: now.addingTimeInterval(20 * Self.day))
             let shared = Self.period(
@@ -328,7 +328,7 @@ struct SubscriptionNotificationTests {
 
     @Test("a notification about a subscription the ledger does not know stays on the transaction's stream; no subscription is made up")
     func unknownSubscription() async throws {
-        try await withReceiptsApplication(apple) { http, db in
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
             let now = Date()
             let renewal = Self.period("9000001", 1, purchased: now, expires: now.addingTimeInterval(30 * Self.day))
             for type in ["DID_RENEW", "DID_CHANGE_RENEWAL_STATUS"] {
@@ -344,7 +344,7 @@ struct SubscriptionNotificationTests {
 
     @Test("renewals of many subscriptions at once, each notification sent twice and each renewal uploaded meanwhile, are one period each; the rebuild agrees")
     func renewalsAtOnce() async throws {
-        try await withReceiptsApplication(apple) { http, db in
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
             let now = Date()
             let ids = (11...22).map { "7100\($0)" }
             var notifications: [String] = []
@@ -401,7 +401,7 @@ struct SubscriptionNotificationTests {
 
     @Test("renewal info about another subscription, or with no transaction, is a 400 that records nothing")
     func badRenewalInfo() async throws {
-        try await withReceiptsApplication(apple) { http, db in
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
             let now = Date()
             let start = try await subscribe(http, db, end: now.addingTimeInterval(20 * Self.day))
             let count = try await eventCount(db)
@@ -417,7 +417,7 @@ struct SubscriptionNotificationTests {
 
     @Test("a billing retry Apple never ends is billing-retry for 60 days, in Swift and in subscription_status alike")
     func billingRetryLimit() async throws {
-        try await withReceiptsApplication(apple) { http, db in
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
             let now = Date()
             let start = try await subscribe(http, db, end: now.addingTimeInterval(-Self.day))
             let failed = try await apple.notification(

@@ -85,7 +85,7 @@ struct SubscriptionReportTests {
 
     @Test("a monthly subscription's periods count in their day, currency and kind; a refund takes back its period only; the start counts once; family-shared never; the sandbox apart")
     func billedPeriods() async throws {
-        try await withReceiptsApplication(apple, configure: bothEnvironments) { http, db in
+        try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
             let services = secondServer(db)
             // Bought through an order: the start transaction verifies it.
             func bought(_ order: String, _ original: String, price: String, appleprice: Int64) async throws -> [SignedTransactionPayload] {

@@ -76,7 +76,7 @@ struct SubscriptionCatchUpTests {
     @Test("a refresh takes in the renewal the ledger missed and records Apple's renewal status once; a repeat records nothing")
     func missedRenewalAndStatus() async throws {
         try await withTestDatabase { db in
-            let services = ServiceAssembly(database: db.database)
+            let services = ServiceAssembly(database: db.database, purchaseAllowance: 400 * 86_400)
             let start = period("7200001", number: 1)
             let renewal = period("7200002", number: 2)
             try await boughtThroughOrder(services, start)
@@ -135,7 +135,7 @@ struct SubscriptionCatchUpTests {
     @Test("Apple's status of a subscription the ledger has not started is not recorded: subscription-unknown, nothing half-written")
     func unknownSubscription() async throws {
         try await withTestDatabase { db in
-            let services = ServiceAssembly(database: db.database)
+            let services = ServiceAssembly(database: db.database, purchaseAllowance: 400 * 86_400)
             await standIn.setHistory("7300001", [.init(revision: "r1", hasMore: false, signedTransactions: [])])
             await standIn.setSubscriptionStatuses(
                 for: ["7300001"], try await status("7300001", latest: period("7300001", of: "7300001", number: 1), status: 2,
@@ -152,7 +152,7 @@ struct SubscriptionCatchUpTests {
     @Test("an id Apple does not know, and an answer whose renewal info does not verify, are refused and record nothing")
     func refusals() async throws {
         try await withTestDatabase { db in
-            let services = ServiceAssembly(database: db.database)
+            let services = ServiceAssembly(database: db.database, purchaseAllowance: 400 * 86_400)
             let start = period("7400001", of: "7400001", number: 1)
             try await boughtThroughOrder(services, start)
             let stranger = try TestApple()

@@ -67,7 +67,7 @@ extension Order {
             return Order(
                 orderId: orderID, userId: body.userId, productId: body.productId, quantity: body.quantity,
                 price: body.price, currency: body.currency, appAccountToken: body.appAccountToken,
-                state: .created, version: version, transactionId: nil, createdAt: date, updatedAt: date,
+                state: .created, version: version, transactionId: nil, createdAt: body.createdAt ?? date, updatedAt: date,
                 queuedAt: nil, stateBeforeRefund: nil, failureReason: nil, bundleId: body.bundleId)
         }
         guard var next = order else { return nil }

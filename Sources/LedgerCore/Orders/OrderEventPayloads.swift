@@ -11,10 +11,14 @@ public struct OrderCreated: Codable, Sendable, Equatable {
     /// The app the order belongs to, resolved when it was created; absent in events written
     /// before the ledger knew apps, or while it held none (the ledger's first app's, then).
     public var bundleId: BundleID?
+    /// When the order was created, for an order of a team's history that another backend created
+    /// before the ledger (never a client's to set: the API takes no such member). Absent for an
+    /// order created through the ledger, created when its event was recorded.
+    public var createdAt: Date?
 
     public init(
         userId: UserID, productId: ProductID, quantity: Int = 1, price: String? = nil, currency: String? = nil,
-        appAccountToken: UUID = UUID(), bundleId: BundleID? = nil
+        appAccountToken: UUID = UUID(), bundleId: BundleID? = nil, createdAt: Date? = nil
     ) {
         self.userId = userId
         self.productId = productId
@@ -23,10 +27,11 @@ public struct OrderCreated: Codable, Sendable, Equatable {
         self.currency = currency
         self.appAccountToken = appAccountToken
         self.bundleId = bundleId
+        self.createdAt = createdAt
     }
 
     enum CodingKeys: String, CodingKey {
-        case userId, productId, quantity, price, currency, appAccountToken, bundleId
+        case userId, productId, quantity, price, currency, appAccountToken, bundleId, createdAt
     }
 
     /// Writes the token in lower case, as the API shows it.
@@ -39,6 +44,7 @@ public struct OrderCreated: Codable, Sendable, Equatable {
         try container.encodeIfPresent(currency, forKey: .currency)
         try container.encode(appAccountToken.uuidString.lowercased(), forKey: .appAccountToken)
         try container.encodeIfPresent(bundleId, forKey: .bundleId)
+        try container.encodeIfPresent(createdAt, forKey: .createdAt)
     }
 }
 
