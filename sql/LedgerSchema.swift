@@ -41,6 +41,7 @@ public enum LedgerSchema {
         Migration(name: "019_billing_retry_limit.sql", sql: String(decoding: PackageResources._19_billing_retry_limit_sql, as: UTF8.self)),
         Migration(name: "021_billed_periods.sql", sql: String(decoding: PackageResources._21_billed_periods_sql, as: UTF8.self)),
         Migration(name: "022_pool_skips_untyped_renewals.sql", sql: String(decoding: PackageResources._22_pool_skips_untyped_renewals_sql, as: UTF8.self)),
+        Migration(name: "023_account_conflicts.sql", sql: String(decoding: PackageResources._23_account_conflicts_sql, as: UTF8.self)),
     ]
 
     /// `sql/routines`: applied after the migrations, and again when a database has an earlier
@@ -52,6 +53,7 @@ public enum LedgerSchema {
             versions: [
                 "32a6d7ebb207ec785d60d5f93dd6dd7f69dd3d3323cf587590b268389f687dd4",
                 "6ca96bfc4fe05c3aba65f5a58eb6e2ad27cac7365a5a33022faffd76ed1c7a02",
+                "4f67f9e7c20c4d3874670249315f8a5ac75cfdedd36fe557a2793dd2fd1505d9",
             ]),
         Migration(
             name: "read_for_write.sql", sql: String(decoding: PackageResources.read_for_write_sql, as: UTF8.self),

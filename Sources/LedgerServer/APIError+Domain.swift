@@ -44,7 +44,7 @@ extension APIError {
         case let error as SupportMatchError:
             let status: HTTPResponse.Status = switch error {
             case .transactionNotFound: .notFound
-            case .reasonRequired: .badRequest
+            case .reasonRequired, .conflictReasonRequired: .badRequest
             default: .conflict
             }
             return APIError(status, code: error.code, message: error.description)

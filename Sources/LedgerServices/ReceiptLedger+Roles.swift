@@ -38,7 +38,7 @@ extension ReceiptLedger {
         switch row.status {
         case .renewal: return AppleTransactionRecord.subscriptionRenewalReason
         case .shared: return AppleTransactionRecord.familySharedReason
-        case .unmatched, .refunded, .claimed: return nil
+        case .unmatched, .refunded, .claimed, .conflict: return nil
         }
     }
 
@@ -80,7 +80,7 @@ extension ReceiptLedger {
         _ transaction: AppleTransaction, of id: String, typing: ProductCatalog.Typing?, claim: Claim, metadata: Data,
         in tx: DatabaseTransaction
     ) async throws -> Answer {
-        let (snapshot, named, _, _) = try await lookUp(transaction, claim: claim, in: tx)
+        let (snapshot, named, _, _, _) = try await lookUp(transaction, claim: claim, in: tx)
         let holder = snapshot.transaction(transaction.transactionId)
         if let refused = Self.refusedAsRefunded(holder, transaction, named) { return refused }
         try await writer.lock([StreamID.subscription(id)], in: tx)
@@ -113,7 +113,7 @@ extension ReceiptLedger {
     private func applyShared(
         _ transaction: AppleTransaction, subscription id: String?, claim: Claim, metadata: Data, in tx: DatabaseTransaction
     ) async throws -> Answer {
-        let (snapshot, named, _, _) = try await lookUp(transaction, claim: claim, in: tx)
+        let (snapshot, named, _, _, _) = try await lookUp(transaction, claim: claim, in: tx)
         let holder = snapshot.transaction(transaction.transactionId)
         if let refused = Self.refusedAsRefunded(holder, transaction, named) { return refused }
         let member = claim.userId ?? holder?.userId ?? claim.poolUserId

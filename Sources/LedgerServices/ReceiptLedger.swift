@@ -119,7 +119,8 @@ public struct ReceiptLedger: Sendable {
             guard let after = written.appends.first?.order else { return nil }
             return Answer(outcome: .matched, transactionId: transaction.transactionId, orderId: named.0, state: after.state,
                           finishTransaction: after.state.clientMayFinish, reason: nil)
-        } catch let error where Self.lostRace(error) || error is OrderDecisionError || error is LedgerWriter.WriteConditionFailed {
+        } catch let error where Self.lostRace(error) || error is OrderDecisionError || error is LedgerWriter.WriteConditionFailed
+                    || error as? OrderLedgerError == .accountConflict(transaction.transactionId) {
             return nil
         }
     }
@@ -148,7 +149,7 @@ public struct ReceiptLedger: Sendable {
     /// A purchase that pays an order (`TransactionRole.paysOrder`), in the caller's transaction.
     func applyPurchase(_ transaction: AppleTransaction, claim: Claim, metadata: Data, in tx: DatabaseTransaction) async throws -> Answer {
         let id = transaction.transactionId
-        var (snapshot, candidate, matchedBy, noOrderReason) = try await lookUp(transaction, claim: claim, in: tx)
+        var (snapshot, candidate, matchedBy, noOrderReason, tokenUser) = try await lookUp(transaction, claim: claim, in: tx)
         let holder = snapshot.transaction(id)
         if let holder, let never = Self.neverAnOrders(holder) {
             // Recorded before as a renewal or a family member's share (the catalog said so then).
@@ -183,10 +184,29 @@ public struct ReceiptLedger: Sendable {
                           finishTransaction: ownerMayFinish, reason: "duplicate-transaction")
         }
 
+        if let holder, holder.isHeldForSupport {
+            // Held for support already: only support pairs it.
+            return Answer(outcome: .unmatched, transactionId: id, orderId: candidate?.orderId, state: candidate?.state,
+                          finishTransaction: false, reason: AppleTransactionRecord.accountConflictReason)
+        }
         if let holder, holder.status != .unmatched {
             // Left the pool without an order: Apple refunded or revoked it. Never granted.
             return Answer(outcome: .rejected, transactionId: id, orderId: candidate?.orderId, state: candidate?.state,
                           finishTransaction: true, reason: "transaction-\(holder.status.rawValue)")
+        }
+        // The user a client claims: the one it sent, else the one of the order it named. (An order
+        // found by the token is Apple's word, not a claim: the token decides, as for a sweep.)
+        let claimant = claim.userId ?? (matchedBy == .applicationUsername ? candidate?.userId : nil)
+        if holder == nil, let claimant, let known = try await knownUser(of: transaction, tokenUser: tokenUser, in: tx), known != claimant {
+            // Another user's Apple account or token (issue 41): no automatic path pairs it with the
+            // claimant's order. It waits in the pool with both users, for support to decide.
+            let body = TransactionUnmatched(
+                transaction: transaction, userId: claimant, claimedOrderId: claim.orderId, reason: AppleTransactionRecord.accountConflictReason,
+                knownUserId: known)
+            let event = try EventCoding.newEvent(.unmatched(body), id: EventID.named("unmatched", id.rawValue), metadata: metadata)
+            _ = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: id.streamID)), in: tx, knowing: snapshot)
+            return Answer(outcome: .unmatched, transactionId: id, orderId: candidate?.orderId, state: candidate?.state,
+                          finishTransaction: false, reason: AppleTransactionRecord.accountConflictReason)
         }
         if let order = candidate, matchedBy != nil, order.isOpen, purchased(transaction, before: order) {
             // Bought before the order existed (issue 41): it did not pay for it. The order is left
@@ -296,14 +316,14 @@ public struct ReceiptLedger: Sendable {
     /// order of another user than the proof's. The order found is locked too.
     func lookUp(
         _ transaction: AppleTransaction, claim: Claim, in tx: DatabaseTransaction
-    ) async throws -> (LedgerWriter.Snapshot, Order?, MatchedBy?, String) {
+    ) async throws -> (snapshot: LedgerWriter.Snapshot, order: Order?, by: MatchedBy?, reason: String, tokenUser: UserID?) {
         let id = transaction.transactionId
         let named = claim.orderId.map { [$0] } ?? []
         var snapshot = try await writer.read(locking: [id.streamID] + named.map(\.streamID), orders: named, transactions: [id], in: tx)
         var reason = "no-order"
         if let orderId = claim.orderId {
             if let order = snapshot.order(orderId) {
-                if claim.userId == nil || claim.userId == order.userId { return (snapshot, order, .applicationUsername, "") }
+                if claim.userId == nil || claim.userId == order.userId { return (snapshot, order, .applicationUsername, "", nil) }
                 reason = "user-mismatch"
             } else {
                 reason = "unknown-order"
@@ -311,11 +331,21 @@ public struct ReceiptLedger: Sendable {
         }
         if let token = transaction.appAccountToken, let found = try await orders.orderID(appAccountToken: token, in: tx) {
             snapshot = try await writer.read(locking: [found.streamID], orders: [found], transactions: [id], in: tx)
-            if let order = snapshot.order(found), claim.userId == nil || claim.userId == order.userId {
-                return (snapshot, order, .appAccountToken, "")
+            if let order = snapshot.order(found) {
+                if claim.userId == nil || claim.userId == order.userId { return (snapshot, order, .appAccountToken, "", order.userId) }
+                return (snapshot, nil, nil, reason, order.userId)
             }
         }
-        return (snapshot, nil, nil, reason)
+        return (snapshot, nil, nil, reason, nil)
+    }
+
+    /// The user the ledger knows for `transaction`: the user of the order its appAccountToken
+    /// names (`tokenUser`), else the user of its Apple account (`TransactionPool.accountOwner`).
+    func knownUser(of transaction: AppleTransaction, tokenUser: UserID?, in tx: DatabaseTransaction) async throws -> UserID? {
+        if let tokenUser { return tokenUser }
+        guard let account = transaction.appTransactionId else { return nil }
+        return try await TransactionPool(database: database).accountOwner(
+            appTransactionId: account, bundleId: transaction.bundleId, other: transaction.transactionId, in: tx)
     }
 
     /// Locks Apple transaction `id` in the caller's transaction, as every writer of it does.

@@ -29,13 +29,22 @@ public struct SupportDesk: Sendable {
             try await writer.lock([transactionId.streamID, orderId.streamID], in: tx)
             let snapshot = try await writer.read(orders: [orderId], transactions: [transactionId], in: tx)
             guard let known = snapshot.transaction(transactionId) else { throw SupportMatchError.transactionNotFound(transactionId) }
-            guard known.isPooled, let transaction = try known.verifiedTransaction() else {
+            guard known.isPooled || known.isHeldForSupport, let transaction = try known.verifiedTransaction() else {
                 throw SupportMatchError.notInPool(transactionId, status: known.status.rawValue)
             }
+            // An Apple-account conflict is support's to decide, between the two users, with a reason.
+            let conflict = known.isHeldForSupport ? try Self.conflictUsers(known) : nil
+            if conflict != nil, (reason ?? "").isEmpty { throw SupportMatchError.conflictReasonRequired(transactionId) }
             guard let order = snapshot.order(orderId) else { throw OrderDecisionError.noSuchOrder }
             guard order.isOpen else { throw SupportMatchError.orderNotOpen(orderId, state: order.state) }
             if !force {
-                if let user = known.userId, user != order.userId { throw SupportMatchError.userMismatch(transaction: user, order: order.userId) }
+                if let conflict {
+                    if !conflict.contains(order.userId) {
+                        throw SupportMatchError.userMismatch(transaction: known.userId ?? order.userId, order: order.userId)
+                    }
+                } else if let user = known.userId, user != order.userId {
+                    throw SupportMatchError.userMismatch(transaction: user, order: order.userId)
+                }
                 if transaction.productId != order.productId {
                     throw SupportMatchError.productMismatch(transaction: transaction.productId, order: order.productId)
                 }
@@ -43,11 +52,18 @@ public struct SupportDesk: Sendable {
                     throw SupportMatchError.purchasedBeforeOrder(purchased: transaction.purchaseDate, created: order.createdAt)
                 }
             }
+            let rule = force ? "support-forced: \(reason ?? "")" : conflict != nil ? "support-conflict: \(reason ?? "")" : "support"
             return try await receipts.match(
-                transaction, to: order, by: .support,
-                pairing: .init(candidates: 1, rule: force ? "support-forced: \(reason ?? "")" : "support"),
-                metadata: metadata, in: tx, knowing: snapshot)
+                transaction, to: order, by: .support, pairing: .init(candidates: 1, rule: rule), metadata: metadata, in: tx, knowing: snapshot)
         }
+    }
+
+    /// The two users of a transaction held for an Apple-account conflict: the one its client
+    /// claimed, and the one the ledger knew.
+    static func conflictUsers(_ row: AppleTransactionRecord) throws -> Set<UserID> {
+        guard let verification = row.verification else { return Set([row.userId].compactMap { $0 }) }
+        let pooled = try StoredBodyDecoder.decode(TransactionUnmatched.self, from: String(decoding: verification, as: UTF8.self))
+        return Set([pooled.userId, pooled.knownUserId].compactMap { $0 })
     }
 }
 
@@ -149,6 +165,7 @@ public enum SupportMatchError: Error, Sendable, Equatable, CustomStringConvertib
     case productMismatch(transaction: ProductID, order: ProductID)
     case purchasedBeforeOrder(purchased: Date, created: Date)
     case reasonRequired
+    case conflictReasonRequired(TransactionID)
 
     public var code: String {
         switch self {
@@ -158,7 +175,7 @@ public enum SupportMatchError: Error, Sendable, Equatable, CustomStringConvertib
         case .userMismatch: "user-mismatch"
         case .productMismatch: "product-mismatch"
         case .purchasedBeforeOrder: "purchased-before-order"
-        case .reasonRequired: "reason-required"
+        case .reasonRequired, .conflictReasonRequired: "reason-required"
         }
     }
 
@@ -172,6 +189,8 @@ public enum SupportMatchError: Error, Sendable, Equatable, CustomStringConvertib
         case .purchasedBeforeOrder(let purchased, let created):
             "the transaction was bought at \(EventCoding.formatDate(purchased)), before the order was created at \(EventCoding.formatDate(created)); send force with a reason to pair them anyway"
         case .reasonRequired: "force needs a reason, recorded with the pairing"
+        case .conflictReasonRequired(let id):
+            "Apple transaction \(id) waits for support to choose between two users of its Apple account: send a reason, recorded with the pairing"
         }
     }
 }

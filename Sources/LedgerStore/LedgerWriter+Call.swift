@@ -278,7 +278,8 @@ struct AppendEventsCall: PostgresPreparedStatement {
 }
 
 extension LedgerWriter {
-    /// The refusal `append_events` raised for an app (its app checks, issue 39), if `error` is one.
+    /// The refusal `append_events` raised for an app (its app checks, issue 39) or an Apple
+    /// account known for another user (issue 41), if `error` is one.
     static func appRefusal(_ error: PSQLError, of write: Write) -> OrderLedgerError? {
         let detail = error.serverInfo?[.detail] ?? ""
         let bundle = write.appends.lazy.flatMap(\.events).compactMap { event -> BundleID? in
@@ -290,6 +291,7 @@ extension LedgerWriter {
         case "LE392": return .unknownApp(bundle ?? BundleID(unchecked: detail))
         case "LE393": return .appRetired(bundle ?? BundleID(unchecked: detail))
         case "LE394": return .appMismatch(TransactionID(unchecked: detail))
+        case "LE395": return .accountConflict(TransactionID(unchecked: detail))
         default: return nil
         }
     }

@@ -196,7 +196,11 @@ extension LedgerWriter {
                     let claimed = orderEvent.movedTransaction.flatMap(transaction)
                     if case .receiptReceived(let receipt) = orderEvent {
                         if let known = claimed {
-                            guard known.isPooled else { throw OrderLedgerError.duplicateTransaction(receipt.transactionId) }
+                            // Held for support (an Apple-account conflict): support's pairing alone takes it.
+                            if known.isHeldForSupport, receipt.matchedBy != .support {
+                                throw OrderLedgerError.accountConflict(receipt.transactionId)
+                            }
+                            guard known.isPooled || known.isHeldForSupport else { throw OrderLedgerError.duplicateTransaction(receipt.transactionId) }
                             plan.appends.append(try matched(receipt, order: id, known: known, snapshot, write.pairing, metadata: event.metadata))
                         } else {
                             plan.claim = receipt.transactionId

@@ -159,6 +159,9 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
     case appRetired(BundleID)
     /// The Apple transaction belongs to another app than the order (issue 39).
     case appMismatch(TransactionID)
+    /// The Apple transaction is of an Apple account (or token) the ledger knows for another user
+    /// than the order's, or waits for support to decide between them (issue 41).
+    case accountConflict(TransactionID)
 
     public var code: String {
         switch self {
@@ -168,6 +171,7 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
         case .unknownApp: "unknown-app"
         case .appRetired: "app-retired"
         case .appMismatch: "app-mismatch"
+        case .accountConflict: "account-conflict"
         }
     }
 
@@ -179,6 +183,8 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
         case .unknownApp(let id): "the ledger holds no app \(id)"
         case .appRetired(let id): "app \(id) is retired: it takes no new orders"
         case .appMismatch(let id): "Apple transaction \(id) belongs to another app than the order"
+        case .accountConflict(let id):
+            "Apple transaction \(id) is of an Apple account the ledger knows for another user: support decides (POST /v1/transactions/\(id)/match with a reason)"
         }
     }
 }

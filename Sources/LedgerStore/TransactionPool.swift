@@ -159,6 +159,28 @@ extension TransactionPool {
         return view
     }
 
+    /// The user the ledger knows for Apple account `appTransactionId` of app `bundleId`: the user
+    /// who linked it, else the user of its earliest transaction tied to an order (other than
+    /// `transaction`). Nil when it knows none. The append routine holds the same rule
+    /// (`append_events`, LE395).
+    public func accountOwner(
+        appTransactionId: String, bundleId: String, other transaction: TransactionID, in tx: DatabaseTransaction
+    ) async throws -> UserID? {
+        let rows = try await tx.connection.guardedQuery(
+            """
+            SELECT coalesce(
+                (SELECT e.data->>'userId' FROM events e
+                  WHERE e.stream_id = 'apple-account-' || \(appTransactionId) AND e.stream_version = 0),
+                (SELECT k.user_id FROM apple_transactions k
+                  WHERE k.app_transaction_id = \(appTransactionId) AND k.order_id IS NOT NULL
+                    AND k.transaction_id <> \(transaction.rawValue) AND k.bundle_id IS NOT DISTINCT FROM \(bundleId)
+                  ORDER BY k.purchase_date LIMIT 1))
+            """,
+            logger: database.logger)
+        for try await user in rows.decode(String?.self) { return user.map { UserID(unchecked: $0) } }
+        return nil
+    }
+
     /// The users of `users` the caller's transaction now holds until it ends, as the one
     /// reconciler pairing them; a user another reconciler holds is skipped, not waited for.
     public func claimUsers(_ users: [UserID], in transaction: DatabaseTransaction) async throws -> [UserID] {

@@ -128,18 +128,27 @@ public struct TransactionUnmatched: Codable, Sendable, Equatable {
     /// The order id the proof named, when it named one that could not take it.
     public var claimedOrderId: OrderID?
     /// Why it could not be tied: `no-order`, `unknown-order`, `user-mismatch`, `order-closed`,
-    /// `product-mismatch`, `notification`, `family-share-revoked` (a family member's transaction
-    /// the ledger first heard of when Apple revoked it), or `undone: <support's reason>`.
+    /// `product-mismatch`, `purchased-before-order`, `account-conflict` (held for support, see
+    /// `knownUserId`), `notification`, `family-share-revoked` (a family member's transaction the
+    /// ledger first heard of when Apple revoked it), or `undone: <support's reason>`.
     public var reason: String
     /// The orders support undid a pairing of it with: the reconciler never pairs it with them again.
     public var undoneOrderIds: [OrderID]?
+    /// With `account-conflict`: the user the ledger knows for the transaction's Apple account (its
+    /// link, or an earlier transaction of it tied to that user's order) or for its
+    /// appAccountToken, who is not the claimed `userId`.
+    public var knownUserId: UserID?
 
-    public init(transaction: AppleTransaction, userId: UserID?, claimedOrderId: OrderID?, reason: String, undoneOrderIds: [OrderID]? = nil) {
+    public init(
+        transaction: AppleTransaction, userId: UserID?, claimedOrderId: OrderID?, reason: String, undoneOrderIds: [OrderID]? = nil,
+        knownUserId: UserID? = nil
+    ) {
         self.transaction = transaction
         self.userId = userId
         self.claimedOrderId = claimedOrderId
         self.reason = reason
         self.undoneOrderIds = undoneOrderIds
+        self.knownUserId = knownUserId
     }
 }
 

@@ -16,6 +16,10 @@ public struct AppleTransactionRecord: Sendable, Equatable {
         case renewal
         /// A family member's shared access (`family-shared`): an entitlement, never an order's.
         case shared
+        /// In the pool, held for support (`account-conflict`): the user its client claimed is not
+        /// the user the ledger knows for its Apple account or its token. No automatic path pairs
+        /// it; support does, with a reason.
+        case conflict
     }
 
     public var transactionId: TransactionID
@@ -63,6 +67,9 @@ public struct AppleTransactionRecord: Sendable, Equatable {
     /// Waiting in the pool with nothing against it: the only state an order may take it from.
     public var isPooled: Bool { orderId == nil && status == .unmatched }
 
+    /// Waiting in the pool for support to decide between two users (`conflict`).
+    public var isHeldForSupport: Bool { orderId == nil && status == .conflict }
+
     /// The row `transaction-unmatched` makes (`data`: that event's body as stored).
     static func pooled(_ body: TransactionUnmatched, data: Data, at date: Date) -> Self {
         let transaction = body.transaction
@@ -106,6 +113,7 @@ public struct AppleTransactionRecord: Sendable, Equatable {
     /// The reasons that put a transaction that never pays an order into the pool, each with its status.
     public static let subscriptionRenewalReason = "subscription-renewal"
     public static let familySharedReason = "family-shared"
+    public static let accountConflictReason = "account-conflict"
 
     /// The status `transaction-unmatched` with `reason` gives: `renewal` and `shared` for what
     /// never pays an order, else `unmatched`.
@@ -113,6 +121,7 @@ public struct AppleTransactionRecord: Sendable, Equatable {
         switch reason {
         case subscriptionRenewalReason: .renewal
         case familySharedReason: .shared
+        case accountConflictReason: .conflict
         default: .unmatched
         }
     }

@@ -1,0 +1,113 @@
+import Foundation
+import LedgerTestSupport
+import Testing
+
+/// Issue 41, point 2: a client that claims another user than the one the ledger knows for the
+/// transaction's Apple account (its link, an earlier tie) or its appAccountToken gets no automatic
+/// pairing; the transaction waits for support, with both users, in the conflicts dashboard.
+@Suite("Apple-account conflicts wait for support")
+struct AccountConflictTests {
+    let apple: TestApple
+    init() throws { apple = try TestApple() }
+
+    func signed(_ id: String, account: String?, token: UUID? = nil) async throws -> String {
+        var payload = TestApple.transaction(id, appAccountToken: token)
+        payload.appTransactionId = account
+        return try await apple.sign(payload)
+    }
+
+    func upload(_ http: LedgerHTTP, _ jws: String, user: String?, order: String? = nil) async throws -> [String: Any] {
+        var body: [String: Any] = ["signedTransaction": jws]
+        if let user { body["userId"] = user }
+        if let order { body["orderId"] = order }
+        let (status, answer) = try await http.send(.post, "/v1/receipts", json: body)
+        #expect(status == .ok, "\(answer)")
+        return answer
+    }
+
+    @Test("issue 41's story: Alice's account, uploaded by Bob, pays none of Bob's orders by any path; support decides with a reason")
+    func anotherUsersAccount() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            // Alice's first purchase ties her Apple account to her.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-alice", user: "u-alice"))
+            let first = try await upload(http, try await signed("4200001", account: "acct-alice"), user: "u-alice", order: "o-alice")
+            #expect(first["outcome"] as? String == "matched")
+            // Her second purchase, uploaded by Bob with his user id: held, not pooled under Bob.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-bob", user: "u-bob"))
+            let second = try await signed("4200002", account: "acct-alice")
+            let held = try await upload(http, second, user: "u-bob")
+            #expect(held["outcome"] as? String == "unmatched" && held["reason"] as? String == "account-conflict", "\(held)")
+            #expect(held["finishTransaction"] as? Bool == false)
+            let (_, summary) = try await http.send(.post, "/v1/reconcile")
+            #expect(summary["paired"] as? Int == 0, "\(summary)")
+            // Named with Bob's order id, the same: the order is left as it is.
+            let named = try await upload(http, second, user: "u-bob", order: "o-bob")
+            #expect(named["outcome"] as? String == "unmatched" && named["reason"] as? String == "account-conflict", "\(named)")
+            let (_, bobs) = try await http.send(.get, "/v1/orders/o-bob")
+            #expect(bobs["state"] as? String == "created")
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '4200002'", as: String.self) == "conflict")
+
+            // The accounts' conflicts dashboard shows both users.
+            let rows = try await db.client.query("""
+                SELECT claimed_by, owner_user_id, app_transaction_id, source FROM dashboards.apple_account_conflicts
+                 WHERE transaction_id = '4200002'
+                """, logger: TestServer.logger)
+            var shown: [[String]] = []
+            for try await (claimed, owner, account, source) in rows.decode((String, String, String, String).self) {
+                shown.append([claimed, owner, account, source])
+            }
+            #expect(shown == [["u-bob", "u-alice", "acct-alice", "transaction"]])
+
+            // Support decides, with a reason.
+            let (refused, refusal) = try await http.send(.post, "/v1/transactions/4200002/match", json: ["orderId": "o-bob"])
+            #expect(refused == .badRequest && (refusal["error"] as? [String: Any])?["code"] as? String == "reason-required", "\(refusal)")
+            let reason = "Bob and Alice share one Apple ID; Alice confirmed the purchase was Bob's (ticket 7)"
+            let (status, paired) = try await http.send(.post, "/v1/transactions/4200002/match", json: ["orderId": "o-bob", "reason": reason])
+            #expect(status == .ok && paired["state"] as? String == "verified", "\(paired)")
+            let rule = try await scalar(db, """
+                SELECT data->>'rule' FROM events WHERE stream_id = 'transaction-4200002' AND type = 'transaction-matched'
+                """, as: String.self)
+            #expect(rule == "support-conflict: \(reason)")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM dashboards.apple_account_conflicts WHERE transaction_id = '4200002'", as: Int.self) == 0)
+        }
+    }
+
+    @Test("a linked account's purchase named with another user's order id is held, though it came the fast way; with no claimed user it resolves to its owner")
+    func linkedAccount() async throws {
+        try await withReceiptsApplication(apple) { http, _ in
+            let (linked, _) = try await http.send(.post, "/v1/users/u-carol/app-transaction", json: [
+                "signedAppTransaction": try await apple.sign(TestApple.appTransaction("acct-carol")),
+            ])
+            #expect(linked == .ok)
+            try await http.send(.post, "/v1/orders", json: newOrder("o-dave", user: "u-dave"))
+            let held = try await upload(http, try await signed("4200011", account: "acct-carol"), user: nil, order: "o-dave")
+            #expect(held["outcome"] as? String == "unmatched" && held["reason"] as? String == "account-conflict", "\(held)")
+            let (_, daves) = try await http.send(.get, "/v1/orders/o-dave")
+            #expect(daves["state"] as? String == "created")
+
+            // No user claimed: the account's owner, as before.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-carol", user: "u-carol"))
+            let pooled = try await upload(http, try await signed("4200012", account: "acct-carol"), user: nil)
+            #expect(pooled["outcome"] as? String == "unmatched" && pooled["reason"] as? String == "no-order", "\(pooled)")
+            let (_, summary) = try await http.send(.post, "/v1/reconcile")
+            #expect(summary["paired"] as? Int == 1, "\(summary)")
+            let (_, carols) = try await http.send(.get, "/v1/orders/o-carol")
+            #expect(carols["transactionId"] as? String == "4200012")
+        }
+    }
+
+    @Test("a token that names one user's order, sent by another user, is held for support")
+    func anotherUsersToken() async throws {
+        try await withReceiptsApplication(apple) { http, _ in
+            let (_, created) = try await http.send(.post, "/v1/orders", json: newOrder("o-erin", user: "u-erin"))
+            let token = try #require((created["appAccountToken"] as? String).flatMap(UUID.init(uuidString:)))
+            try await http.send(.post, "/v1/orders", json: newOrder("o-frank", user: "u-frank"))
+            let held = try await upload(http, try await signed("4200021", account: nil, token: token), user: "u-frank")
+            #expect(held["outcome"] as? String == "unmatched" && held["reason"] as? String == "account-conflict", "\(held)")
+            let (_, summary) = try await http.send(.post, "/v1/reconcile")
+            #expect(summary["paired"] as? Int == 0, "\(summary)")
+            let (_, franks) = try await http.send(.get, "/v1/orders/o-frank")
+            #expect(franks["state"] as? String == "created")
+        }
+    }
+}

@@ -1,0 +1,56 @@
+-- Apple-account conflicts held for support (issue 41; docs/apple.md, "The Apple account link").
+-- A transaction whose client claimed another user than the one the ledger knows for its Apple
+-- account (its link, an earlier transaction of it tied to that user's order) or for its
+-- appAccountToken waits in the pool with the status `conflict`: the pool the reconciler and
+-- recovery read takes `unmatched` alone, so no automatic path pairs it; support does, with a reason.
+ALTER TABLE apple_transactions DROP CONSTRAINT apple_transactions_status_check;
+ALTER TABLE apple_transactions ADD CONSTRAINT apple_transactions_status_check
+    CHECK (status IN ('unmatched', 'refunded', 'claimed', 'renewal', 'shared', 'conflict'));
+
+-- The accounts' conflicts: a second user's claim on a linked account (`source` account-link, as
+-- before), and each transaction held for support (`source` transaction: the user its client
+-- claimed, the user the ledger knows, the transaction, while it waits).
+CREATE OR REPLACE VIEW dashboards.apple_account_conflicts AS
+    SELECT recorded_at, data->>'appTransactionId' AS app_transaction_id,
+           data->>'userId' AS claimed_by, data->>'ownerUserId' AS owner_user_id,
+           NULL::text AS transaction_id, 'account-link'::text AS source, NULL::text AS bundle_id
+      FROM public.events
+     WHERE type = 'account-link-conflict'
+    UNION ALL
+    SELECT received_at, app_transaction_id, user_id, verification->>'knownUserId', transaction_id, 'transaction', bundle_id
+      FROM public.apple_transactions
+     WHERE status = 'conflict' AND order_id IS NULL;
+
+-- The reconciler's pool: an earlier transaction held for a conflict lends no user (its user is a
+-- claim in dispute), and a transaction pooled before this migration whose claimed user is not
+-- the one the ledger knows for its Apple account is left out, as the intake now holds one (the
+-- append routine would refuse that pairing: LE395). Otherwise as 022 made it.
+CREATE OR REPLACE VIEW pool_with_users AS
+    SELECT t.transaction_id, t.user_id, t.product_id, t.purchase_date,
+           coalesce(t.user_id,
+                    (SELECT k.user_id FROM apple_transactions k
+                      WHERE k.app_transaction_id = t.app_transaction_id AND k.user_id IS NOT NULL
+                        AND k.bundle_id IS NOT DISTINCT FROM t.bundle_id AND k.status <> 'conflict'
+                      ORDER BY k.purchase_date LIMIT 1),
+                    (SELECT k.user_id FROM apple_transactions k
+                      WHERE k.original_transaction_id = t.original_transaction_id AND k.user_id IS NOT NULL
+                        AND k.bundle_id IS NOT DISTINCT FROM t.bundle_id AND k.status <> 'conflict'
+                      ORDER BY k.purchase_date LIMIT 1),
+                    (SELECT e.data->>'userId' FROM events e
+                      WHERE e.stream_id = 'apple-account-' || t.app_transaction_id AND e.stream_version = 0)) AS resolved_user_id,
+           t.received_at, t.verification -> 'undoneOrderIds' AS undone_order_ids, t.bundle_id
+      FROM apple_transactions t
+     WHERE t.order_id IS NULL AND t.status = 'unmatched'
+       AND coalesce(t.verification -> 'transaction' ->> 'inAppOwnershipType', '') <> 'FAMILY_SHARED'
+       AND NOT (t.transaction_id <> coalesce(t.original_transaction_id, t.transaction_id)
+                AND EXISTS (SELECT 1 FROM products p
+                             WHERE p.product_id = t.product_id AND p.type = 'auto-renewable'
+                               AND coalesce(p.bundle_id, '') IN (coalesce(t.bundle_id, ''), '')))
+       AND (t.user_id IS NULL OR t.app_transaction_id IS NULL
+            OR coalesce((SELECT e.data->>'userId' FROM events e
+                          WHERE e.stream_id = 'apple-account-' || t.app_transaction_id AND e.stream_version = 0),
+                        (SELECT k.user_id FROM apple_transactions k
+                          WHERE k.app_transaction_id = t.app_transaction_id AND k.order_id IS NOT NULL
+                            AND k.bundle_id IS NOT DISTINCT FROM t.bundle_id
+                          ORDER BY k.purchase_date LIMIT 1),
+                        t.user_id) = t.user_id);
