@@ -92,6 +92,10 @@ struct AppendEvent: Decodable {
             throw EventCoding.inputError(error, field: "data", within: CodingKeys.data.stringValue)
         }
         if case .refunded(let refund) = event { try Self.checkClientRefund(refund) }
+        if case .receiptReceived(let receipt) = event, receipt.matchedBy == .support {
+            // Support's hand is the one exemption from the Apple-account rule (issue 41).
+            throw LedgerInputError(field: "data.matchedBy", problem: "support is the ledger's own: support pairs by hand with POST /v1/transactions/{transactionId}/match")
+        }
     }
 
     /// What a client may say of a refund, beyond what a stored event may hold: a family

@@ -21,7 +21,8 @@ extension ReceiptLedger {
         case .subscriptionStart(let id):
             let answer = try await applyPurchase(transaction, claim: claim, metadata: metadata, in: tx)
             // Refunded before any order took it: never granted, and no subscription of it is kept.
-            if answer.outcome != .rejected {
+            // Held for support (an Apple-account conflict): no one's until support decides.
+            if answer.outcome != .rejected, answer.reason != AppleTransactionRecord.accountConflictReason {
                 try await recordStart(transaction, of: id, typing: typing, metadata: metadata, in: tx)
             }
             return answer
@@ -46,7 +47,7 @@ extension ReceiptLedger {
     /// it that waited for the start (their periods, once each), under the subscription's lock. The
     /// subscription's user is the one the transaction is now held for (its order's, else the
     /// pool's), else the one a waiting renewal came with.
-    private func recordStart(
+    func recordStart(
         _ transaction: AppleTransaction, of id: String, typing: ProductCatalog.Typing?, metadata: Data, in tx: DatabaseTransaction
     ) async throws {
         let holder = try await writer.read(orders: [], transactions: [transaction.transactionId], in: tx).transaction(transaction.transactionId)

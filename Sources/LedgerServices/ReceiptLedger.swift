@@ -197,13 +197,16 @@ public struct ReceiptLedger: Sendable {
         // The user a client claims: the one it sent, else the one of the order it named. (An order
         // found by the token is Apple's word, not a claim: the token decides, as for a sweep.)
         let claimant = claim.userId ?? (matchedBy == .applicationUsername ? candidate?.userId : nil)
-        if holder == nil, let claimant, let known = try await knownUser(of: transaction, tokenUser: tokenUser, in: tx), known != claimant {
+        if holder == nil || holder?.isPooled == true, let claimant,
+           let known = try await knownUser(of: transaction, tokenUser: tokenUser, in: tx), known != claimant {
             // Another user's Apple account or token (issue 41): no automatic path pairs it with the
-            // claimant's order. It waits in the pool with both users, for support to decide.
+            // claimant's order. It waits in the pool with both users, for support to decide (one
+            // that waited there already, pooled by a notification or a sweep, is held from now on).
             let body = TransactionUnmatched(
-                transaction: transaction, userId: claimant, claimedOrderId: claim.orderId, reason: AppleTransactionRecord.accountConflictReason,
-                knownUserId: known)
-            let event = try EventCoding.newEvent(.unmatched(body), id: EventID.named("unmatched", id.rawValue), metadata: metadata)
+                transaction: holder.flatMap { try? $0.verifiedTransaction() } ?? transaction, userId: claimant, claimedOrderId: claim.orderId,
+                reason: AppleTransactionRecord.accountConflictReason, knownUserId: known)
+            let eventID = holder == nil ? EventID.named("unmatched", id.rawValue) : EventID.named("account-conflict", id.rawValue, claimant.rawValue)
+            let event = try EventCoding.newEvent(.unmatched(body), id: eventID, metadata: metadata)
             _ = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: id.streamID)), in: tx, knowing: snapshot)
             return Answer(outcome: .unmatched, transactionId: id, orderId: candidate?.orderId, state: candidate?.state,
                           finishTransaction: false, reason: AppleTransactionRecord.accountConflictReason)
@@ -340,9 +343,11 @@ public struct ReceiptLedger: Sendable {
     }
 
     /// The user the ledger knows for `transaction`: the user of the order its appAccountToken
-    /// names (`tokenUser`), else the user of its Apple account (`TransactionPool.accountOwner`).
+    /// names (`tokenUser`, when the lookup found it), else the user of its Apple account
+    /// (`TransactionPool.accountOwner`). The append routine's LE395 asks the same, in that order.
     func knownUser(of transaction: AppleTransaction, tokenUser: UserID?, in tx: DatabaseTransaction) async throws -> UserID? {
         if let tokenUser { return tokenUser }
+        if let token = transaction.appAccountToken, let user = try await orders.userID(appAccountToken: token, in: tx) { return user }
         guard let account = transaction.appTransactionId else { return nil }
         return try await TransactionPool(database: database).accountOwner(
             appTransactionId: account, bundleId: transaction.bundleId, other: transaction.transactionId, in: tx)

@@ -53,8 +53,16 @@ public struct SupportDesk: Sendable {
                 }
             }
             let rule = force ? "support-forced: \(reason ?? "")" : conflict != nil ? "support-conflict: \(reason ?? "")" : "support"
-            return try await receipts.match(
+            let matched = try await receipts.match(
                 transaction, to: order, by: .support, pairing: .init(candidates: 1, rule: rule), metadata: metadata, in: tx, knowing: snapshot)
+            // A subscription's start held for a conflict was no one's: it starts now, as its order's.
+            if conflict != nil {
+                let (role, typing) = try await receipts.role(of: transaction, in: tx)
+                if case .subscriptionStart(let subscription) = role {
+                    try await receipts.recordStart(transaction, of: subscription, typing: typing, metadata: metadata, in: tx)
+                }
+            }
+            return matched
         }
     }
 

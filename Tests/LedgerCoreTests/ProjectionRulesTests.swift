@@ -31,6 +31,19 @@ struct ProjectionRulesTests {
         return Projection.apply(created, to: nil, id: orderID, claimed: nil, version: 0, at: at).order
     }
 
+    @Test("a transaction held for an Apple-account conflict is refunded by Apple's REFUND like one in the pool")
+    func heldTransactionRefunded() throws {
+        var held = pooled
+        held.reason = AppleTransactionRecord.accountConflictReason
+        held.knownUserId = UserID(unchecked: "u-2")
+        let row = try #require(Projection.apply(.unmatched(held), data: Data(), to: nil, at: at))
+        #expect(row.status == .conflict && row.isHeldForSupport && !row.isPooled)
+        let refund = TransactionEvent.notificationReceived(NotificationReceived(
+            notificationUUID: UUID(), notificationType: "REFUND", subtype: nil, transactionId: transactionID, signedDate: at))
+        let refunded = try #require(Projection.apply(refund, data: Data(), to: row, at: at.addingTimeInterval(60)))
+        #expect(refunded.status == .refunded && !refunded.isHeldForSupport)
+    }
+
     @Test("a claim of a pooled transaction gives the same row whether the pool entry or the claim is folded first")
     func poolAndClaimCommute() throws {
         let data = Data(#"{"pooled":true}"#.utf8)

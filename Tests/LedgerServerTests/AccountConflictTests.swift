@@ -96,6 +96,57 @@ struct AccountConflictTests {
         }
     }
 
+    @Test("a token that names one user's order is held when another user's order id comes with it, with or without that user's id")
+    func anotherUsersTokenWithAnOrderID() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let (_, created) = try await http.send(.post, "/v1/orders", json: newOrder("o-ivy", user: "u-ivy"))
+            let token = try #require((created["appAccountToken"] as? String).flatMap(UUID.init(uuidString:)))
+            try await http.send(.post, "/v1/orders", json: newOrder("o-jack", user: "u-jack"))
+            let jws = try await signed("4200031", account: nil, token: token)
+            for user in ["u-jack", nil] as [String?] {
+                let held = try await upload(http, jws, user: user, order: "o-jack")
+                #expect(held["outcome"] as? String == "unmatched" && held["reason"] as? String == "account-conflict", "\(held)")
+            }
+            let (_, jacks) = try await http.send(.get, "/v1/orders/o-jack")
+            #expect(jacks["state"] as? String == "created")
+            // The order the token names takes it, as ever (from support's hand now, or Ivy's own upload).
+            let (_, ivys) = try await http.send(.get, "/v1/orders/o-ivy")
+            #expect(ivys["state"] as? String == "created")
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '4200031'", as: String.self) == "conflict")
+        }
+    }
+
+    @Test("a transaction pooled first with no user, then claimed by another user than its account's, is held from then on; the reconciler pairs neither it nor the account's earlier claims")
+    func pooledFirstThenClaimed() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            // Kate's claim on an account no one is known for yet: pooled under her.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-kate", user: "u-kate", product: "gems.500"))
+            let early = try await upload(http, try await signed("4200041", account: "acct-leo"), user: "u-kate")
+            #expect(early["reason"] as? String == "no-order")
+            // Then Leo links the account, and a purchase of it arrives with no user.
+            let (linked, _) = try await http.send(.post, "/v1/users/u-leo/app-transaction", json: [
+                "signedAppTransaction": try await apple.sign(TestApple.appTransaction("acct-leo")),
+            ])
+            #expect(linked == .ok)
+            let jws = try await signed("4200042", account: "acct-leo")
+            let pooled = try await upload(http, jws, user: nil)
+            #expect(pooled["reason"] as? String == "no-order")
+            // Kate claims it with her order: held, not an error, and not paid.
+            let held = try await upload(http, jws, user: "u-kate", order: "o-kate")
+            #expect(held["outcome"] as? String == "unmatched" && held["reason"] as? String == "account-conflict", "\(held)")
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '4200042'", as: String.self) == "conflict")
+            #expect(try await scalar(db, """
+                SELECT owner_user_id FROM dashboards.apple_account_conflicts WHERE transaction_id = '4200042'
+                """, as: String.self) == "u-leo")
+            // The reconciler runs (and does not fail): Kate's earlier claim on Leo's account is not paired either.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-kate-2", user: "u-kate"))
+            let (status, summary) = try await http.send(.post, "/v1/reconcile")
+            #expect(status == .ok && summary["paired"] as? Int == 0, "\(summary)")
+            let (_, kates) = try await http.send(.get, "/v1/orders/o-kate-2")
+            #expect(kates["state"] as? String == "created")
+        }
+    }
+
     @Test("a token that names one user's order, sent by another user, is held for support")
     func anotherUsersToken() async throws {
         try await withReceiptsApplication(apple) { http, _ in

@@ -22,35 +22,38 @@ CREATE OR REPLACE VIEW dashboards.apple_account_conflicts AS
      WHERE status = 'conflict' AND order_id IS NULL;
 
 -- The reconciler's pool: an earlier transaction held for a conflict lends no user (its user is a
--- claim in dispute), and a transaction pooled before this migration whose claimed user is not
--- the one the ledger knows for its Apple account is left out, as the intake now holds one (the
--- append routine would refuse that pairing: LE395). Otherwise as 022 made it.
+-- claim in dispute), and a transaction whose user (claimed, else resolved) is not the one the
+-- ledger knows for it (the order its token names, else its Apple account's link, else the user
+-- of an earlier transaction of that account tied to an order: the append routine's rule, LE395)
+-- is left out, as the intake now holds such a one for support. Otherwise as 022 made it.
 CREATE OR REPLACE VIEW pool_with_users AS
-    SELECT t.transaction_id, t.user_id, t.product_id, t.purchase_date,
-           coalesce(t.user_id,
-                    (SELECT k.user_id FROM apple_transactions k
-                      WHERE k.app_transaction_id = t.app_transaction_id AND k.user_id IS NOT NULL
-                        AND k.bundle_id IS NOT DISTINCT FROM t.bundle_id AND k.status <> 'conflict'
-                      ORDER BY k.purchase_date LIMIT 1),
-                    (SELECT k.user_id FROM apple_transactions k
-                      WHERE k.original_transaction_id = t.original_transaction_id AND k.user_id IS NOT NULL
-                        AND k.bundle_id IS NOT DISTINCT FROM t.bundle_id AND k.status <> 'conflict'
-                      ORDER BY k.purchase_date LIMIT 1),
-                    (SELECT e.data->>'userId' FROM events e
-                      WHERE e.stream_id = 'apple-account-' || t.app_transaction_id AND e.stream_version = 0)) AS resolved_user_id,
-           t.received_at, t.verification -> 'undoneOrderIds' AS undone_order_ids, t.bundle_id
-      FROM apple_transactions t
-     WHERE t.order_id IS NULL AND t.status = 'unmatched'
-       AND coalesce(t.verification -> 'transaction' ->> 'inAppOwnershipType', '') <> 'FAMILY_SHARED'
-       AND NOT (t.transaction_id <> coalesce(t.original_transaction_id, t.transaction_id)
-                AND EXISTS (SELECT 1 FROM products p
-                             WHERE p.product_id = t.product_id AND p.type = 'auto-renewable'
-                               AND coalesce(p.bundle_id, '') IN (coalesce(t.bundle_id, ''), '')))
-       AND (t.user_id IS NULL OR t.app_transaction_id IS NULL
-            OR coalesce((SELECT e.data->>'userId' FROM events e
-                          WHERE e.stream_id = 'apple-account-' || t.app_transaction_id AND e.stream_version = 0),
-                        (SELECT k.user_id FROM apple_transactions k
-                          WHERE k.app_transaction_id = t.app_transaction_id AND k.order_id IS NOT NULL
-                            AND k.bundle_id IS NOT DISTINCT FROM t.bundle_id
-                          ORDER BY k.purchase_date LIMIT 1),
-                        t.user_id) = t.user_id);
+    SELECT p.transaction_id, p.user_id, p.product_id, p.purchase_date, p.resolved_user_id, p.received_at, p.undone_order_ids,
+           p.bundle_id
+      FROM (SELECT t.transaction_id, t.user_id, t.product_id, t.purchase_date,
+                   coalesce(t.user_id,
+                            (SELECT k.user_id FROM apple_transactions k
+                              WHERE k.app_transaction_id = t.app_transaction_id AND k.user_id IS NOT NULL
+                                AND k.bundle_id IS NOT DISTINCT FROM t.bundle_id AND k.status <> 'conflict'
+                              ORDER BY k.purchase_date LIMIT 1),
+                            (SELECT k.user_id FROM apple_transactions k
+                              WHERE k.original_transaction_id = t.original_transaction_id AND k.user_id IS NOT NULL
+                                AND k.bundle_id IS NOT DISTINCT FROM t.bundle_id AND k.status <> 'conflict'
+                              ORDER BY k.purchase_date LIMIT 1),
+                            (SELECT e.data->>'userId' FROM events e
+                              WHERE e.stream_id = 'apple-account-' || t.app_transaction_id AND e.stream_version = 0)) AS resolved_user_id,
+                   t.received_at, t.verification -> 'undoneOrderIds' AS undone_order_ids, t.bundle_id,
+                   coalesce((SELECT o.user_id FROM orders o WHERE o.app_account_token = t.app_account_token),
+                            (SELECT e.data->>'userId' FROM events e
+                              WHERE e.stream_id = 'apple-account-' || t.app_transaction_id AND e.stream_version = 0),
+                            (SELECT k.user_id FROM apple_transactions k
+                              WHERE k.app_transaction_id = t.app_transaction_id AND k.order_id IS NOT NULL
+                                AND k.bundle_id IS NOT DISTINCT FROM t.bundle_id
+                              ORDER BY k.purchase_date LIMIT 1)) AS known_user_id
+              FROM apple_transactions t
+             WHERE t.order_id IS NULL AND t.status = 'unmatched'
+               AND coalesce(t.verification -> 'transaction' ->> 'inAppOwnershipType', '') <> 'FAMILY_SHARED'
+               AND NOT (t.transaction_id <> coalesce(t.original_transaction_id, t.transaction_id)
+                        AND EXISTS (SELECT 1 FROM products p
+                                     WHERE p.product_id = t.product_id AND p.type = 'auto-renewable'
+                                       AND coalesce(p.bundle_id, '') IN (coalesce(t.bundle_id, ''), '')))) AS p
+     WHERE p.known_user_id IS NULL OR p.resolved_user_id IS NULL OR p.known_user_id = p.resolved_user_id;
