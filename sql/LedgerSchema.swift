@@ -53,7 +53,9 @@ public enum LedgerSchema {
             versions: [
                 "32a6d7ebb207ec785d60d5f93dd6dd7f69dd3d3323cf587590b268389f687dd4",
                 "6ca96bfc4fe05c3aba65f5a58eb6e2ad27cac7365a5a33022faffd76ed1c7a02",
+                "4f67f9e7c20c4d3874670249315f8a5ac75cfdedd36fe557a2793dd2fd1505d9",
                 "31d8608e775d153f9d0a2729b84e6099fceee096961e8f686d13bff582d07011",
+                "b551b3333c666594bdd6c04db376a63ec050318daa8a059e00e7687fcff110d5",
             ]),
         Migration(
             name: "read_for_write.sql", sql: String(decoding: PackageResources.read_for_write_sql, as: UTF8.self),

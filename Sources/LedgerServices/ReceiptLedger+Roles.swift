@@ -81,7 +81,7 @@ extension ReceiptLedger {
         _ transaction: AppleTransaction, of id: String, typing: ProductCatalog.Typing?, claim: Claim, metadata: Data,
         in tx: DatabaseTransaction
     ) async throws -> Answer {
-        let (snapshot, named, _, _, _) = try await lookUp(transaction, claim: claim, in: tx)
+        let (snapshot, named, _, _) = try await lookUp(transaction, claim: claim, in: tx)
         let holder = snapshot.transaction(transaction.transactionId)
         if let refused = Self.refusedAsRefunded(holder, transaction, named) { return refused }
         try await writer.lock([StreamID.subscription(id)], in: tx)
@@ -114,7 +114,7 @@ extension ReceiptLedger {
     private func applyShared(
         _ transaction: AppleTransaction, subscription id: String?, claim: Claim, metadata: Data, in tx: DatabaseTransaction
     ) async throws -> Answer {
-        let (snapshot, named, _, _, _) = try await lookUp(transaction, claim: claim, in: tx)
+        let (snapshot, named, _, _) = try await lookUp(transaction, claim: claim, in: tx)
         let holder = snapshot.transaction(transaction.transactionId)
         if let refused = Self.refusedAsRefunded(holder, transaction, named) { return refused }
         let member = claim.userId ?? holder?.userId ?? claim.poolUserId

@@ -149,7 +149,7 @@ public struct ReceiptLedger: Sendable {
     /// A purchase that pays an order (`TransactionRole.paysOrder`), in the caller's transaction.
     func applyPurchase(_ transaction: AppleTransaction, claim: Claim, metadata: Data, in tx: DatabaseTransaction) async throws -> Answer {
         let id = transaction.transactionId
-        var (snapshot, candidate, matchedBy, noOrderReason, tokenUser) = try await lookUp(transaction, claim: claim, in: tx)
+        var (snapshot, candidate, matchedBy, noOrderReason) = try await lookUp(transaction, claim: claim, in: tx)
         let holder = snapshot.transaction(id)
         if let holder, let never = Self.neverAnOrders(holder) {
             // Recorded before as a renewal or a family member's share (the catalog said so then).
@@ -198,7 +198,7 @@ public struct ReceiptLedger: Sendable {
         // found by the token is Apple's word, not a claim: the token decides, as for a sweep.)
         let claimant = claim.userId ?? (matchedBy == .applicationUsername ? candidate?.userId : nil)
         if holder == nil || holder?.isPooled == true, let claimant,
-           let known = try await knownUser(of: transaction, tokenUser: tokenUser, in: tx), known != claimant {
+           let known = try await TransactionPool(database: database).knownUser(of: transaction, in: tx), known != claimant {
             // Another user's Apple account or token (issue 41): no automatic path pairs it with the
             // claimant's order. It waits in the pool with both users, for support to decide (one
             // that waited there already, pooled by a notification or a sweep, is held from now on).
@@ -319,14 +319,14 @@ public struct ReceiptLedger: Sendable {
     /// order of another user than the proof's. The order found is locked too.
     func lookUp(
         _ transaction: AppleTransaction, claim: Claim, in tx: DatabaseTransaction
-    ) async throws -> (snapshot: LedgerWriter.Snapshot, order: Order?, by: MatchedBy?, reason: String, tokenUser: UserID?) {
+    ) async throws -> (LedgerWriter.Snapshot, Order?, MatchedBy?, String) {
         let id = transaction.transactionId
         let named = claim.orderId.map { [$0] } ?? []
         var snapshot = try await writer.read(locking: [id.streamID] + named.map(\.streamID), orders: named, transactions: [id], in: tx)
         var reason = "no-order"
         if let orderId = claim.orderId {
             if let order = snapshot.order(orderId) {
-                if claim.userId == nil || claim.userId == order.userId { return (snapshot, order, .applicationUsername, "", nil) }
+                if claim.userId == nil || claim.userId == order.userId { return (snapshot, order, .applicationUsername, "") }
                 reason = "user-mismatch"
             } else {
                 reason = "unknown-order"
@@ -334,23 +334,11 @@ public struct ReceiptLedger: Sendable {
         }
         if let token = transaction.appAccountToken, let found = try await orders.orderID(appAccountToken: token, in: tx) {
             snapshot = try await writer.read(locking: [found.streamID], orders: [found], transactions: [id], in: tx)
-            if let order = snapshot.order(found) {
-                if claim.userId == nil || claim.userId == order.userId { return (snapshot, order, .appAccountToken, "", order.userId) }
-                return (snapshot, nil, nil, reason, order.userId)
+            if let order = snapshot.order(found), claim.userId == nil || claim.userId == order.userId {
+                return (snapshot, order, .appAccountToken, "")
             }
         }
-        return (snapshot, nil, nil, reason, nil)
-    }
-
-    /// The user the ledger knows for `transaction`: the user of the order its appAccountToken
-    /// names (`tokenUser`, when the lookup found it), else the user of its Apple account
-    /// (`TransactionPool.accountOwner`). The append routine's LE395 asks the same, in that order.
-    func knownUser(of transaction: AppleTransaction, tokenUser: UserID?, in tx: DatabaseTransaction) async throws -> UserID? {
-        if let tokenUser { return tokenUser }
-        if let token = transaction.appAccountToken, let user = try await orders.userID(appAccountToken: token, in: tx) { return user }
-        guard let account = transaction.appTransactionId else { return nil }
-        return try await TransactionPool(database: database).accountOwner(
-            appTransactionId: account, bundleId: transaction.bundleId, other: transaction.transactionId, in: tx)
+        return (snapshot, nil, nil, reason)
     }
 
     /// Locks Apple transaction `id` in the caller's transaction, as every writer of it does.

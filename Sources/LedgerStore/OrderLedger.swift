@@ -112,13 +112,6 @@ public struct OrderLedger: Sendable {
         try await Self.orderID(from: transaction.connection.guardedQuery(Self.orderWithToken(token), logger: database.logger))
     }
 
-    /// The user of the order whose appAccountToken is `token`, in the caller's transaction.
-    public func userID(appAccountToken token: UUID, in transaction: DatabaseTransaction) async throws -> UserID? {
-        let rows = try await transaction.connection.guardedQuery("SELECT user_id FROM orders WHERE app_account_token = \(token)", logger: database.logger)
-        for try await user in rows.decode(String.self) { return UserID(unchecked: user) }
-        return nil
-    }
-
     private static func orderWithToken(_ token: UUID) -> PostgresQuery {
         "SELECT order_id FROM orders WHERE app_account_token = \(token)"
     }

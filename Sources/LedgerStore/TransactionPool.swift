@@ -159,22 +159,15 @@ extension TransactionPool {
         return view
     }
 
-    /// The user the ledger knows for Apple account `appTransactionId` of app `bundleId`: the user
-    /// who linked it, else the user of its earliest transaction tied to an order (other than
-    /// `transaction`). Nil when it knows none. The append routine holds the same rule
-    /// (`append_events`, LE395).
-    public func accountOwner(
-        appTransactionId: String, bundleId: String, other transaction: TransactionID, in tx: DatabaseTransaction
-    ) async throws -> UserID? {
+    /// The user the ledger knows for `transaction`: the user of the order its appAccountToken
+    /// names, else its Apple account's owner (the link), else the user of the account's earliest
+    /// transaction tied to an order. Nil when it knows none. One rule, `ledger_known_user`
+    /// (migration 023), which the append routine (LE395) and the reconciler's pool ask too.
+    public func knownUser(of transaction: AppleTransaction, in tx: DatabaseTransaction) async throws -> UserID? {
         let rows = try await tx.connection.guardedQuery(
             """
-            SELECT coalesce(
-                (SELECT e.data->>'userId' FROM events e
-                  WHERE e.stream_id = 'apple-account-' || \(appTransactionId) AND e.stream_version = 0),
-                (SELECT k.user_id FROM apple_transactions k
-                  WHERE k.app_transaction_id = \(appTransactionId) AND k.order_id IS NOT NULL
-                    AND k.transaction_id <> \(transaction.rawValue) AND k.bundle_id IS NOT DISTINCT FROM \(bundleId)
-                  ORDER BY k.purchase_date LIMIT 1))
+            SELECT ledger_known_user(\(transaction.appAccountToken), \(transaction.appTransactionId), \(transaction.bundleId),
+                                     \(transaction.transactionId.rawValue))
             """,
             logger: database.logger)
         for try await user in rows.decode(String?.self) { return user.map { UserID(unchecked: $0) } }

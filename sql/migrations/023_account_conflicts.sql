@@ -21,11 +21,26 @@ CREATE OR REPLACE VIEW dashboards.apple_account_conflicts AS
       FROM public.apple_transactions
      WHERE status = 'conflict' AND order_id IS NULL;
 
+-- The user the ledger knows for a transaction (the one rule; LedgerStore's TransactionPool and
+-- the append routine's LE395 ask it too): the user of the order its appAccountToken names, else
+-- its Apple account's owner (the link), else the user of the account's earliest transaction tied
+-- to an order, other than `p_transaction`. NULL when it knows none.
+CREATE FUNCTION ledger_known_user(p_token uuid, p_account text, p_bundle text, p_transaction text)
+RETURNS text LANGUAGE sql STABLE AS $fn$
+    SELECT coalesce(
+        (SELECT o.user_id FROM orders o WHERE o.app_account_token = p_token),
+        (SELECT e.data->>'userId' FROM events e
+          WHERE e.stream_id = 'apple-account-' || p_account AND e.stream_version = 0),
+        (SELECT k.user_id FROM apple_transactions k
+          WHERE k.app_transaction_id = p_account AND k.order_id IS NOT NULL AND k.transaction_id <> p_transaction
+            AND k.bundle_id IS NOT DISTINCT FROM p_bundle
+          ORDER BY k.purchase_date LIMIT 1))
+$fn$;
+
 -- The reconciler's pool: an earlier transaction held for a conflict lends no user (its user is a
 -- claim in dispute), and a transaction whose user (claimed, else resolved) is not the one the
--- ledger knows for it (the order its token names, else its Apple account's link, else the user
--- of an earlier transaction of that account tied to an order: the append routine's rule, LE395)
--- is left out, as the intake now holds such a one for support. Otherwise as 022 made it.
+-- ledger knows for it (`ledger_known_user`) is left out, as the intake now holds such a one for
+-- support (and the append routine would refuse the pairing: LE395). Otherwise as 022 made it.
 CREATE OR REPLACE VIEW pool_with_users AS
     SELECT p.transaction_id, p.user_id, p.product_id, p.purchase_date, p.resolved_user_id, p.received_at, p.undone_order_ids,
            p.bundle_id
@@ -42,13 +57,7 @@ CREATE OR REPLACE VIEW pool_with_users AS
                             (SELECT e.data->>'userId' FROM events e
                               WHERE e.stream_id = 'apple-account-' || t.app_transaction_id AND e.stream_version = 0)) AS resolved_user_id,
                    t.received_at, t.verification -> 'undoneOrderIds' AS undone_order_ids, t.bundle_id,
-                   coalesce((SELECT o.user_id FROM orders o WHERE o.app_account_token = t.app_account_token),
-                            (SELECT e.data->>'userId' FROM events e
-                              WHERE e.stream_id = 'apple-account-' || t.app_transaction_id AND e.stream_version = 0),
-                            (SELECT k.user_id FROM apple_transactions k
-                              WHERE k.app_transaction_id = t.app_transaction_id AND k.order_id IS NOT NULL
-                                AND k.bundle_id IS NOT DISTINCT FROM t.bundle_id
-                              ORDER BY k.purchase_date LIMIT 1)) AS known_user_id
+                   ledger_known_user(t.app_account_token, t.app_transaction_id, t.bundle_id, t.transaction_id) AS known_user_id
               FROM apple_transactions t
              WHERE t.order_id IS NULL AND t.status = 'unmatched'
                AND coalesce(t.verification -> 'transaction' ->> 'inAppOwnershipType', '') <> 'FAMILY_SHARED'

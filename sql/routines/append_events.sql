@@ -380,12 +380,12 @@ BEGIN
         IF v_refused IS NOT NULL THEN
             RAISE EXCEPTION 'transaction % belongs to another app than its order', v_refused USING ERRCODE = 'LE394', DETAIL = v_refused;
         END IF;
-        -- A transaction the ledger knows for another user (the order its appAccountToken names,
-        -- else its Apple account's link, else an earlier transaction of that account tied to an
-        -- order) never pays this user's order but by support's hand (issue 41, account-conflict):
-        -- checked for the writes that tie a transaction to an order with `receipt-received`. The
-        -- order its token names is its own user's, so the token decides. The intake then holds
-        -- the transaction for support.
+        -- A transaction the ledger knows for another user (`ledger_known_user`: the order its
+        -- appAccountToken names, else its Apple account's link, else an earlier transaction of
+        -- that account tied to an order) never pays this user's order but by support's hand
+        -- (issue 41, account-conflict): checked for the writes that tie a transaction to an order
+        -- with `receipt-received`. The order its token names is its own user's, so the token
+        -- decides. The intake then holds the transaction for support.
         SELECT x.transaction_id INTO v_refused
           FROM unnest(p_transaction_writes, p_transaction_ids, p_transaction_orders,
                       p_transaction_apps, p_transaction_tokens, p_transaction_matched_by, p_transaction_bundles)
@@ -395,15 +395,8 @@ BEGIN
            AND (x.app_transaction_id <> '' OR x.token <> '00000000-0000-0000-0000-000000000000')
            AND EXISTS (SELECT 1 FROM unnest(p_units, p_types, p_streams) AS ev(w, type, stream)
                         WHERE ev.w = x.w AND ev.type = 'receipt-received' AND ev.stream = 'order-' || x.order_id)
-           AND coalesce(
-                   (SELECT t.user_id FROM orders t WHERE t.app_account_token = x.token),
-                   (SELECT e.data->>'userId' FROM events e
-                     WHERE e.stream_id = 'apple-account-' || x.app_transaction_id AND e.stream_version = 0),
-                   (SELECT k.user_id FROM apple_transactions k
-                     WHERE k.app_transaction_id = x.app_transaction_id AND k.order_id IS NOT NULL
-                       AND k.transaction_id <> x.transaction_id AND k.bundle_id IS NOT DISTINCT FROM nullif(x.bundle_id, '')
-                     ORDER BY k.purchase_date LIMIT 1),
-                   o.user_id) <> o.user_id
+           AND ledger_known_user(nullif(x.token, '00000000-0000-0000-0000-000000000000'), nullif(x.app_transaction_id, ''),
+                                 nullif(x.bundle_id, ''), x.transaction_id) <> o.user_id
          LIMIT 1;
         IF v_refused IS NOT NULL THEN
             RAISE EXCEPTION 'transaction % is of an Apple account the ledger knows for another user', v_refused
