@@ -56,6 +56,7 @@ public enum LedgerSchema {
                 "4f67f9e7c20c4d3874670249315f8a5ac75cfdedd36fe557a2793dd2fd1505d9",
                 "31d8608e775d153f9d0a2729b84e6099fceee096961e8f686d13bff582d07011",
                 "b551b3333c666594bdd6c04db376a63ec050318daa8a059e00e7687fcff110d5",
+                "3ff0772bc3cde78692c1c50d43eeb789326d9753254ae66b76c47510d3743869",
             ]),
         Migration(
             name: "read_for_write.sql", sql: String(decoding: PackageResources.read_for_write_sql, as: UTF8.self),

@@ -393,6 +393,8 @@ BEGIN
           JOIN orders o ON o.order_id = x.order_id
          WHERE x.order_id <> '' AND x.matched_by <> 'support' AND r_status[x.w] = 'appended'
            AND (x.app_transaction_id <> '' OR x.token <> '00000000-0000-0000-0000-000000000000')
+           -- The order its own token names: its user is the one known, with no lookup.
+           AND x.token <> o.app_account_token
            AND EXISTS (SELECT 1 FROM unnest(p_units, p_types, p_streams) AS ev(w, type, stream)
                         WHERE ev.w = x.w AND ev.type = 'receipt-received' AND ev.stream = 'order-' || x.order_id)
            AND ledger_known_user(nullif(x.token, '00000000-0000-0000-0000-000000000000'), nullif(x.app_transaction_id, ''),
