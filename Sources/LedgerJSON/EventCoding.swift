@@ -159,6 +159,12 @@ extension AppleTransactionRecord {
     /// The verified transaction as the pool recorded it (`transaction-unmatched`), for a
     /// transaction that went through the pool.
     public func verifiedTransaction() throws -> AppleTransaction? {
-        try verification.map { try StoredBodyDecoder.decode(TransactionUnmatched.self, from: String(decoding: $0, as: UTF8.self)).transaction }
+        try pooled()?.transaction
+    }
+
+    /// What the pool recorded of it (`transaction-unmatched`, the latest): the verified
+    /// transaction, its users, why it waited. Nil for a transaction that never went through the pool.
+    public func pooled() throws -> TransactionUnmatched? {
+        try verification.map { try StoredBodyDecoder.decode(TransactionUnmatched.self, from: String(decoding: $0, as: UTF8.self)) }
     }
 }

@@ -93,8 +93,9 @@ public struct ReceiptLedger: Sendable {
 
     /// The common case, through the writer's group commit rather than a transaction of its own:
     /// the order its order id (else its appAccountToken) names, open, of the same product, app and
-    /// claiming user, and created before the purchase (`purchased(_:before:)`), takes the transaction. The writer checks that on the order as its
-    /// group reads it, and the append routine stores the pairing only if, under the locks, the
+    /// claiming user, and created before the purchase (`purchased(_:before:)`), takes the
+    /// transaction. The writer checks that on the order as its group reads it, and the append
+    /// routine stores the pairing only if, under the locks, the
     /// order is still as read and the transaction unclaimed (taken out of the pool if it waited
     /// there). Nil when the case does not hold, or no longer held when written: the locked path
     /// (`apply(_:claim:metadata:in:)`) then decides.
@@ -202,12 +203,11 @@ public struct ReceiptLedger: Sendable {
             // Another user's Apple account or token (issue 41): no automatic path pairs it with the
             // claimant's order. It waits in the pool with both users, for support to decide (one
             // that waited there already, pooled by a notification or a sweep, is held from now on).
-            let body = TransactionUnmatched(
-                transaction: holder.flatMap { try? $0.verifiedTransaction() } ?? transaction, userId: claimant, claimedOrderId: claim.orderId,
-                reason: AppleTransactionRecord.accountConflictReason, knownUserId: known)
-            let eventID = holder == nil ? EventID.named("unmatched", id.rawValue) : EventID.named("account-conflict", id.rawValue, claimant.rawValue)
-            let event = try EventCoding.newEvent(.unmatched(body), id: eventID, metadata: metadata)
-            _ = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: id.streamID)), in: tx, knowing: snapshot)
+            let append = try Self.poolAppend(
+                holder.flatMap { try? $0.verifiedTransaction() } ?? transaction, userId: claimant, claimedOrder: claim.orderId,
+                reason: AppleTransactionRecord.accountConflictReason, knownUserId: known,
+                id: holder == nil ? nil : EventID.named("account-conflict", id.rawValue, claimant.rawValue), metadata: metadata)
+            _ = try await writer.append(LedgerWriter.Write(append), in: tx, knowing: snapshot)
             return Answer(outcome: .unmatched, transactionId: id, orderId: candidate?.orderId, state: candidate?.state,
                           finishTransaction: false, reason: AppleTransactionRecord.accountConflictReason)
         }
@@ -298,12 +298,15 @@ public struct ReceiptLedger: Sendable {
         LedgerWriter.Append(try events.map { try EventCoding.newEvent($0.0, id: $0.1, metadata: metadata) }, to: order.streamID)
     }
 
-    /// A verified transaction no order can take, into the pool (`transaction-unmatched`).
+    /// A verified transaction no order can take, into the pool (`transaction-unmatched`), as its
+    /// first event (`id` nil) or a later one named `id`; `knownUserId` with `account-conflict`.
     static func poolAppend(
-        _ transaction: AppleTransaction, userId: UserID?, claimedOrder: OrderID?, reason: String, metadata: Data
+        _ transaction: AppleTransaction, userId: UserID?, claimedOrder: OrderID?, reason: String, knownUserId: UserID? = nil,
+        id: EventID? = nil, metadata: Data
     ) throws -> LedgerWriter.Append {
-        let body = TransactionUnmatched(transaction: transaction, userId: userId, claimedOrderId: claimedOrder, reason: reason)
-        let event = try EventCoding.newEvent(.unmatched(body), id: EventID.named("unmatched", transaction.transactionId.rawValue), metadata: metadata)
+        let body = TransactionUnmatched(transaction: transaction, userId: userId, claimedOrderId: claimedOrder, reason: reason, knownUserId: knownUserId)
+        let event = try EventCoding.newEvent(
+            .unmatched(body), id: id ?? EventID.named("unmatched", transaction.transactionId.rawValue), metadata: metadata)
         return LedgerWriter.Append([event], to: transaction.transactionId.streamID)
     }
 

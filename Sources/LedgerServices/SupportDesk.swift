@@ -33,7 +33,7 @@ public struct SupportDesk: Sendable {
                 throw SupportMatchError.notInPool(transactionId, status: known.status.rawValue)
             }
             // An Apple-account conflict is support's to decide, between the two users, with a reason.
-            let conflict = known.isHeldForSupport ? try Self.conflictUsers(known) : nil
+            let conflict = known.isHeldForSupport ? try known.pooled().map { Set([$0.userId, $0.knownUserId].compactMap { $0 }) } : nil
             if conflict != nil, (reason ?? "").isEmpty { throw SupportMatchError.conflictReasonRequired(transactionId) }
             guard let order = snapshot.order(orderId) else { throw OrderDecisionError.noSuchOrder }
             guard order.isOpen else { throw SupportMatchError.orderNotOpen(orderId, state: order.state) }
@@ -65,14 +65,6 @@ public struct SupportDesk: Sendable {
             return matched
         }
     }
-
-    /// The two users of a transaction held for an Apple-account conflict: the one its client
-    /// claimed, and the one the ledger knew.
-    static func conflictUsers(_ row: AppleTransactionRecord) throws -> Set<UserID> {
-        guard let verification = row.verification else { return Set([row.userId].compactMap { $0 }) }
-        let pooled = try StoredBodyDecoder.decode(TransactionUnmatched.self, from: String(decoding: verification, as: UTF8.self))
-        return Set([pooled.userId, pooled.knownUserId].compactMap { $0 })
-    }
 }
 
 extension SupportDesk {
@@ -103,13 +95,12 @@ extension SupportDesk {
                   let order = snapshot.order(orderId), order.transactionId == transactionId else {
                 throw SupportUnmatchError.notPaired(transactionId, status: known.status.rawValue)
             }
-            guard let verification = row.verification, let matchedBy = row.matchedBy, matchedBy == .reconciler || matchedBy == .support else {
+            guard let pooled = try row.pooled(), let matchedBy = row.matchedBy, matchedBy == .reconciler || matchedBy == .support else {
                 throw SupportUnmatchError.notFromPool(transactionId, order: orderId, matchedBy: row.matchedBy?.rawValue ?? "its proof")
             }
             guard OrderTransitions.isAllowed(.pairingUndone, from: order.state) else {
                 throw SupportUnmatchError.delivered(orderId, state: order.state)
             }
-            let pooled = try StoredBodyDecoder.decode(TransactionUnmatched.self, from: String(decoding: verification, as: UTF8.self))
             let back = TransactionUnmatched(
                 transaction: pooled.transaction, userId: pooled.userId ?? order.userId, claimedOrderId: orderId,
                 reason: "undone: \(reason)", undoneOrderIds: (pooled.undoneOrderIds ?? []) + [orderId])

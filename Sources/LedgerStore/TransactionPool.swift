@@ -164,6 +164,8 @@ extension TransactionPool {
     /// transaction tied to an order. Nil when it knows none. One rule, `ledger_known_user`
     /// (migration 023), which the append routine (LE395) and the reconciler's pool ask too.
     public func knownUser(of transaction: AppleTransaction, in tx: DatabaseTransaction) async throws -> UserID? {
+        // Neither a token nor an account: the rule knows no one, without asking.
+        guard transaction.appAccountToken != nil || transaction.appTransactionId != nil else { return nil }
         let rows = try await tx.connection.guardedQuery(
             """
             SELECT ledger_known_user(\(transaction.appAccountToken), \(transaction.appTransactionId), \(transaction.bundleId),
