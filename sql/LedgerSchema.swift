@@ -42,6 +42,7 @@ public enum LedgerSchema {
         Migration(name: "021_billed_periods.sql", sql: String(decoding: PackageResources._21_billed_periods_sql, as: UTF8.self)),
         Migration(name: "022_pool_skips_untyped_renewals.sql", sql: String(decoding: PackageResources._22_pool_skips_untyped_renewals_sql, as: UTF8.self)),
         Migration(name: "023_account_conflicts.sql", sql: String(decoding: PackageResources._23_account_conflicts_sql, as: UTF8.self)),
+        Migration(name: "024_account_tokens.sql", sql: String(decoding: PackageResources._24_account_tokens_sql, as: UTF8.self)),
     ]
 
     /// `sql/routines`: applied after the migrations, and again when a database has an earlier
@@ -57,6 +58,7 @@ public enum LedgerSchema {
                 "31d8608e775d153f9d0a2729b84e6099fceee096961e8f686d13bff582d07011",
                 "b551b3333c666594bdd6c04db376a63ec050318daa8a059e00e7687fcff110d5",
                 "3ff0772bc3cde78692c1c50d43eeb789326d9753254ae66b76c47510d3743869",
+                "adce9662c1847f47c4e9c23f6287c39dd3e437fd290b3c9b7defbafbc88958d6",
             ]),
         Migration(
             name: "read_for_write.sql", sql: String(decoding: PackageResources.read_for_write_sql, as: UTF8.self),

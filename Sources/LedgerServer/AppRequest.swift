@@ -5,7 +5,9 @@ import LedgerCore
 /// (a member left out is left as it is; `null` clears what may be cleared). A member the API
 /// does not know is refused, so that a misspelt one is not silently ignored.
 struct AppRequest: Decodable {
-    static let fields = ["bundleId", "appAppleId", "environments", "refundPreference", "retired", "sharedSecret", "apiKey"]
+    static let fields = [
+        "bundleId", "appAppleId", "environments", "refundPreference", "appAccountTokens", "retired", "sharedSecret", "apiKey",
+    ]
     static let keyFields = ["issuerId", "keyId", "privateKey", "privateKeyRef"]
 
     var bundleId: BundleID?
@@ -55,6 +57,10 @@ struct AppRequest: Decodable {
                 }
                 changes.refundPreference = .some(preference)
             }
+        }
+        if let key = given("appAccountTokens") {
+            try notNull(key, "use order or user")
+            changes.appAccountTokens = try AppAccountTokenScope(setting: json.decode(String.self, forKey: key), field: "appAccountTokens")
         }
         if let key = given("retired") {
             try notNull(key, "use true or false")

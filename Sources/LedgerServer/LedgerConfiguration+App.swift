@@ -21,7 +21,7 @@ extension LedgerConfiguration.Apple {
         }
         return ConfiguredApp(app: AppCatalog.Configured(
             bundleId: id, appAppleId: appID, environments: environments.compactMap { App.Environment(name: $0.rawValue) },
-            sharedSecret: sharedSecret, apiKey: key))
+            sharedSecret: sharedSecret, apiKey: key, appAccountTokens: appAccountTokens))
     }
 }
 

@@ -26,6 +26,9 @@ public struct LedgerConfiguration: Sendable {
         public var verifyReceiptURL = "https://buy.itunes.apple.com/verifyReceipt"
         public var verifyReceiptSandboxURL = "https://sandbox.itunes.apple.com/verifyReceipt"
         public var sharedSecret: String?
+        /// What the app's appAccountToken names (`LEDGER_APPLE_ACCOUNT_TOKENS`: order or user);
+        /// nil: as the app has it (a new one: per order).
+        public var appAccountTokens: AppAccountTokenScope?
         /// The App Store Server API's key (all three set, or none: the features that ask Apple are off).
         public var apiKeyID: String?
         public var apiIssuerID: String?
@@ -54,6 +57,7 @@ public struct LedgerConfiguration: Sendable {
         public static let verifyReceiptURL = "LEDGER_APPLE_VERIFY_RECEIPT_URL"
         public static let verifyReceiptSandboxURL = "LEDGER_APPLE_VERIFY_RECEIPT_SANDBOX_URL"
         public static let appleSharedSecret = "LEDGER_APPLE_SHARED_SECRET"
+        public static let appleAccountTokens = "LEDGER_APPLE_ACCOUNT_TOKENS"
         public static let appleAPIKeyID = "LEDGER_APPLE_API_KEY_ID"
         public static let appleAPIIssuerID = "LEDGER_APPLE_API_ISSUER_ID"
         public static let appleAPIPrivateKey = "LEDGER_APPLE_API_PRIVATE_KEY"
@@ -75,7 +79,7 @@ public struct LedgerConfiguration: Sendable {
 
         public static let all = [
             databaseURL, dataDirectory, host, port, logLevel, appleRootCertificates, appleBundleID, appleAppID,
-            appleEnvironment, verifyReceiptURL, verifyReceiptSandboxURL, appleSharedSecret,
+            appleEnvironment, verifyReceiptURL, verifyReceiptSandboxURL, appleSharedSecret, appleAccountTokens,
             appleAPIKeyID, appleAPIIssuerID, appleAPIPrivateKey, appleAPIURL, appleAPISandboxURL, appleAPIRate,
             reconcileInterval, reconcileClockSkew, reconcileMaximumAge, reconcileSettle, reconcileRecoveryOrders,
             recoveryAfter, recoveryInterval, consumptionConsent, finishAfterDelivery, setTokenAfterPairing, refundLookback,
@@ -213,6 +217,11 @@ extension LedgerConfiguration.Apple {
             }
         }
         sharedSecret = values[Key.appleSharedSecret]
+        if let text = values[Key.appleAccountTokens] {
+            do { appAccountTokens = try AppAccountTokenScope(setting: text, field: Key.appleAccountTokens) } catch {
+                problems.append(.init(Key.appleAccountTokens, error.problem))
+            }
+        }
         problems += loadAPI(values)
         // A setting already named (an app id that is no number) is not named again as missing.
         let named = Set(problems.map(\.setting))

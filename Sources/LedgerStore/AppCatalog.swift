@@ -47,10 +47,11 @@ public struct AppCatalog: Sendable {
             return try await database.transaction { transaction in
                 try await transaction.connection.guardedQuery(
                     """
-                    INSERT INTO apps (bundle_id, app_apple_id, environments, refund_preference, retired)
+                    INSERT INTO apps (bundle_id, app_apple_id, environments, refund_preference, retired, app_account_tokens)
                     VALUES (\(id.rawValue), \(changes.appAppleId ?? nil),
                             \((changes.environments ?? App.Environment.allCases).map(\.rawValue)),
-                            \((changes.refundPreference ?? nil)?.rawValue), \(changes.retired ?? false))
+                            \((changes.refundPreference ?? nil)?.rawValue), \(changes.retired ?? false),
+                            \((changes.appAccountTokens ?? .order).rawValue))
                     """, logger: database.logger)
                 try await writeCredentials(id, changes, on: transaction)
                 return try await app(id, on: transaction)
@@ -77,6 +78,7 @@ public struct AppCatalog: Sendable {
                     refund_preference = CASE WHEN \(changes.refundPreference != nil) THEN \((changes.refundPreference ?? nil)?.rawValue)
                                              ELSE refund_preference END,
                     retired = coalesce(\(changes.retired), retired),
+                    app_account_tokens = coalesce(\(changes.appAccountTokens?.rawValue), app_account_tokens),
                     updated_at = now()
                 WHERE bundle_id = \(stored)
                 """, logger: database.logger)
@@ -123,8 +125,14 @@ public struct AppCatalog: Sendable {
         public var environments: [App.Environment]
         public var sharedSecret: String?
         public var apiKey: AppCredentials.APIKey?
+        /// `LEDGER_APPLE_ACCOUNT_TOKENS`; nil: as the app has it (a new one: per order).
+        public var appAccountTokens: AppAccountTokenScope?
 
-        public init(bundleId: BundleID, appAppleId: Int64?, environments: [App.Environment], sharedSecret: String?, apiKey: AppCredentials.APIKey?) {
+        public init(
+            bundleId: BundleID, appAppleId: Int64?, environments: [App.Environment], sharedSecret: String?, apiKey: AppCredentials.APIKey?,
+            appAccountTokens: AppAccountTokenScope? = nil
+        ) {
+            self.appAccountTokens = appAccountTokens
             self.bundleId = bundleId
             self.appAppleId = appAppleId
             self.environments = environments
@@ -146,7 +154,8 @@ public struct AppCatalog: Sendable {
     public func configure(_ configured: Configured) async throws -> ConfigureOutcome {
         let changes = AppChanges(
             appAppleId: configured.appAppleId.map { .some($0) }, environments: configured.environments,
-            sharedSecret: configured.sharedSecret.map { .some($0) }, apiKey: configured.apiKey.map { .some($0) })
+            sharedSecret: configured.sharedSecret.map { .some($0) }, apiKey: configured.apiKey.map { .some($0) },
+            appAccountTokens: configured.appAccountTokens)
         // Instances starting together: the first adds, the others find it and compare.
         for _ in 0..<2 {
             guard let app = try await app(configured.bundleId), let credentials = try await credentials(of: configured.bundleId) else {
@@ -159,6 +168,7 @@ public struct AppCatalog: Sendable {
             }
             let unchanged = (configured.appAppleId == nil || configured.appAppleId == app.appAppleId)
                 && configured.environments == app.environments
+                && (configured.appAccountTokens == nil || configured.appAccountTokens == app.appAccountTokens)
                 && (configured.sharedSecret == nil || configured.sharedSecret == credentials.sharedSecret)
                 && (configured.apiKey == nil || configured.apiKey == credentials.apiKey)
             if unchanged { return .unchanged }
@@ -206,14 +216,14 @@ public struct AppCatalog: Sendable {
     /// Never the secrets: whether there is a shared secret, the key's ids and its reference.
     static let columns = """
         a.bundle_id, a.app_apple_id, a.environments, a.refund_preference, a.retired, a.created_at, a.updated_at,
-        c.shared_secret IS NOT NULL, c.api_issuer_id, c.api_key_id, c.api_private_key_ref
+        c.shared_secret IS NOT NULL, c.api_issuer_id, c.api_key_id, c.api_private_key_ref, a.app_account_tokens
         """
 
     static func decode(_ rows: some AsyncSequence<PostgresRow, any Error>) async throws -> [App] {
         var apps: [App] = []
         for try await row in rows {
-            let (id, appleID, environments, preference, retired, created, updated, secret, issuer, keyID, reference) = try row.decode(
-                (String, Int64?, [String], String?, Bool, Date, Date, Bool?, String?, String?, String?).self)
+            let (id, appleID, environments, preference, retired, created, updated, secret, issuer, keyID, reference, tokens) = try row.decode(
+                (String, Int64?, [String], String?, Bool, Date, Date, Bool?, String?, String?, String?, String).self)
             var key: App.APIKeyInfo?
             if let issuer, let keyID {
                 key = .init(issuerId: issuer, keyId: keyID, privateKeyReference: reference.flatMap { try? SecretReference($0, field: "api_private_key_ref") })
@@ -221,7 +231,7 @@ public struct AppCatalog: Sendable {
             apps.append(App(
                 bundleId: BundleID(unchecked: id), appAppleId: appleID, environments: environments.compactMap(App.Environment.init(rawValue:)),
                 refundPreference: preference.flatMap(RefundPreference.init(rawValue:)), retired: retired, hasSharedSecret: secret ?? false,
-                apiKey: key, createdAt: created, updatedAt: updated))
+                apiKey: key, createdAt: created, updatedAt: updated, appAccountTokens: AppAccountTokenScope(rawValue: tokens) ?? .order))
         }
         return apps
     }

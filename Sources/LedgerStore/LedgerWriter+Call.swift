@@ -229,7 +229,7 @@ extension LedgerWriter {
         }
         guard state == .uniqueViolation else { return error }
         switch error.serverInfo?[.constraintName] {
-        case "orders_app_account_token_key":
+        case "app_account_tokens_pkey":
             for append in write.appends {
                 for event in append.events {
                     if case .order(.created(let body)) = event.body { return OrderLedgerError.appAccountTokenTaken(body.appAccountToken) }
@@ -292,6 +292,7 @@ extension LedgerWriter {
         case "LE393": return .appRetired(bundle ?? BundleID(unchecked: detail))
         case "LE394": return .appMismatch(TransactionID(unchecked: detail))
         case "LE395": return .accountConflict(TransactionID(unchecked: detail))
+        case "LE396": return UUID(uuidString: detail).map { .appAccountTokenTaken($0) }
         default: return nil
         }
     }

@@ -22,7 +22,7 @@ public final class OrderApps: Sendable {
     }
 
     /// The app of a new order that names `given` (nil: none).
-    public func app(of given: BundleID?) async throws -> BundleID? {
+    public func app(of given: BundleID?) async throws -> App? {
         var apps = try await self.apps(fresh: false)
         if let given {
             var found = Self.find(given, in: apps)
@@ -33,10 +33,10 @@ public final class OrderApps: Sendable {
             }
             guard let app = found else { throw OrderLedgerError.unknownApp(given) }
             guard !app.retired else { throw OrderLedgerError.appRetired(app.bundleId) }
-            return app.bundleId
+            return app
         }
         if apps.count > 1 { throw OrderLedgerError.bundleIDRequired }
-        return apps.first?.bundleId
+        return apps.first
     }
 
     /// Forgets the copy: the apps changed (`POST /v1/apps`, `PATCH /v1/apps/{bundleId}`).

@@ -30,10 +30,17 @@ public struct OrderLedger: Sendable {
 
     /// Creates the order, or answers the existing one when the same order is created again. Its
     /// app is the one `body` names, or the ledger's only one (`OrderApps`), recorded in the event.
+    /// In an app of per-user tokens (`appAccountTokens: user`) the token is the user's: the one
+    /// given, else the one the user's orders carry, else a new one.
     public func create(_ id: OrderID, _ body: OrderCreated, tokenGiven: Bool, metadata: Data) async throws -> Outcome {
         var body = body
         do {
-            body.bundleId = try await apps.app(of: body.bundleId)
+            let app = try await apps.app(of: body.bundleId)
+            body.bundleId = app?.bundleId
+            if app?.appAccountTokens == .user {
+                body.appAccountTokenScope = .user
+                if !tokenGiven, let token = try await userToken(body.userId, in: app?.bundleId) { body.appAccountToken = token }
+            }
         } catch {
             // A retry of a create that succeeded answers its order, even after its app was
             // retired or a second app made `bundleId` required.
@@ -112,8 +119,21 @@ public struct OrderLedger: Sendable {
         try await Self.orderID(from: transaction.connection.guardedQuery(Self.orderWithToken(token), logger: database.logger))
     }
 
+    /// A per-user token names no order (024_account_tokens.sql).
     private static func orderWithToken(_ token: UUID) -> PostgresQuery {
-        "SELECT order_id FROM orders WHERE app_account_token = \(token)"
+        "SELECT order_id FROM app_account_tokens WHERE app_account_token = \(token) AND order_id IS NOT NULL"
+    }
+
+    /// The per-user token the user's orders in app `bundleID` carry, if they carry one.
+    func userToken(_ user: UserID, in bundleID: BundleID?) async throws -> UUID? {
+        let rows = try await database.query(
+            """
+            SELECT app_account_token FROM app_account_tokens
+             WHERE bundle_id = \(bundleID?.rawValue ?? "") AND user_id = \(user.rawValue) AND order_id IS NULL
+             LIMIT 1
+            """)
+        for try await token in rows.decode(UUID.self) { return token }
+        return nil
     }
 
     private static func orderID(from rows: some AsyncSequence<PostgresRow, any Error>) async throws -> OrderID? {

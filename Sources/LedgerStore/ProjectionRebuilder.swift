@@ -32,9 +32,23 @@ public struct ProjectionRebuilder: Sendable {
         try await inRebuildTransaction { connection, reader in
             // The TRUNCATE holds appends to orders until COMMIT.
             try await connection.guardedQuery("TRUNCATE orders, apple_transactions, subscriptions, subscription_periods", logger: database.logger)
-            return try await fill(schema: "public", on: connection, reader: reader)
+            let read = try await fill(schema: "public", on: connection, reader: reader)
+            try await connection.guardedQuery(Self.missingTokens, logger: database.logger)
+            return read
         }
     }
+
+    /// The owners of the tokens the log's orders carry that `app_account_tokens` lacks (a log
+    /// restored without it): tokens never change, so the rows there stay as they are.
+    static let missingTokens: PostgresQuery = """
+        INSERT INTO app_account_tokens (app_account_token, user_id, bundle_id, order_id)
+        SELECT DISTINCT ON (o.app_account_token) o.app_account_token, o.user_id, o.bundle_id,
+               CASE WHEN e.data->>'appAccountTokenScope' = 'user' THEN NULL ELSE o.order_id END
+          FROM orders o JOIN events e ON e.stream_id = 'order-' || o.order_id AND e.stream_version = 0
+         WHERE NOT EXISTS (SELECT 1 FROM app_account_tokens k WHERE k.app_account_token = o.app_account_token)
+         ORDER BY o.app_account_token, o.created_at
+        ON CONFLICT (app_account_token) DO NOTHING
+        """
 
     /// `body` in one REPEATABLE READ transaction (one snapshot for the whole replay) with no
     /// `statement_timeout`, with the transaction of the connection that will read the log on its

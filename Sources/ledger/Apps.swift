@@ -19,6 +19,8 @@ struct Apps: AsyncParsableCommand {
         var environments: String?
         @Option(help: "Consumption answers, where the product says none: DECLINE, GRANT_FULL or GRANT_PRORATED")
         var refundPreference: String?
+        @Option(help: "What the app's appAccountToken names: order (one order; add: the default) or user (the user's account, shared by the user's orders)")
+        var appAccountTokens: String?
         @Option(help: "The app-specific shared secret for verifyReceipt (legacy receipts)")
         var sharedSecret: String?
         @Option(help: "App Store Server API: the key's issuer id")
@@ -47,6 +49,7 @@ struct Apps: AsyncParsableCommand {
                 }
                 changes.refundPreference = .some(preference)
             }
+            if let appAccountTokens { changes.appAccountTokens = try AppAccountTokenScope(setting: appAccountTokens, field: "--app-account-tokens") }
             if let sharedSecret { changes.sharedSecret = .some(try AppCredentials.sharedSecret(sharedSecret, field: "--shared-secret")) }
             if let key = try apiKey() { changes.apiKey = .some(key) }
             return changes
@@ -137,14 +140,14 @@ struct Apps: AsyncParsableCommand {
     }
 
     /// One app on one line, tab-separated: bundle id, Apple id, environments, key, shared
-    /// secret, refund preference, state.
+    /// secret, refund preference, what its tokens name, state.
     static func line(_ app: App) -> String {
         [
             app.bundleId.rawValue, app.appAppleId.map { "app-apple-id \($0)" } ?? "no app-apple-id",
             app.environments.map(\.rawValue).joined(separator: ","),
             app.apiKey.map { "api-key \($0.keyId) (\($0.privateKeyReference?.description ?? "stored"))" } ?? "no api-key",
             app.hasSharedSecret ? "shared-secret" : "no shared-secret", app.refundPreference?.rawValue ?? "no refund-preference",
-            app.retired ? "retired" : "active",
+            "app-account-tokens \(app.appAccountTokens.rawValue)", app.retired ? "retired" : "active",
         ].joined(separator: "\t")
     }
 }

@@ -29,6 +29,8 @@ struct ConfigurationOptions: ParsableArguments {
     var appleVerifyReceiptSandboxUrl: String?
     @Option(help: "App-specific shared secret for verifyReceipt (LEDGER_APPLE_SHARED_SECRET)")
     var appleSharedSecret: String?
+    @Option(help: "What the app's appAccountToken names: order (one order, the default for a new app) or user (LEDGER_APPLE_ACCOUNT_TOKENS)")
+    var appleAccountTokens: String?
     @Option(help: "App Store Server API: the In-App Purchase key's id (LEDGER_APPLE_API_KEY_ID)")
     var appleApiKeyId: String?
     @Option(help: "App Store Server API: the issuer id (LEDGER_APPLE_API_ISSUER_ID)")
@@ -75,7 +77,7 @@ struct ConfigurationOptions: ParsableArguments {
             (Key.logLevel, logLevel), (Key.appleRootCertificates, appleRootCerts), (Key.appleBundleID, appleBundleId),
             (Key.appleAppID, appleAppId), (Key.appleEnvironment, appleEnvironment),
             (Key.verifyReceiptURL, appleVerifyReceiptUrl), (Key.verifyReceiptSandboxURL, appleVerifyReceiptSandboxUrl),
-            (Key.appleSharedSecret, appleSharedSecret), (Key.appleAPIKeyID, appleApiKeyId), (Key.appleAPIIssuerID, appleApiIssuerId),
+            (Key.appleSharedSecret, appleSharedSecret), (Key.appleAccountTokens, appleAccountTokens), (Key.appleAPIKeyID, appleApiKeyId), (Key.appleAPIIssuerID, appleApiIssuerId),
             (Key.appleAPIPrivateKey, appleApiPrivateKey), (Key.appleAPIURL, appleApiUrl), (Key.appleAPISandboxURL, appleApiSandboxUrl),
             (Key.appleAPIRate, appleApiRate),
             (Key.reconcileInterval, reconcileInterval),

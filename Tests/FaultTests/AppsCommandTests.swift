@@ -37,10 +37,10 @@ struct AppsCommandTests {
 
             let (changed, changeOutput) = try await ledger([
                 "apps", "set", "--bundle-id", "COM.example.cli", "--environments", "sandbox", "--refund-preference", "DECLINE",
-                "--clear", "shared-secret", "--retired", "true",
+                "--clear", "shared-secret", "--retired", "true", "--app-account-tokens", "user",
             ])
             #expect(changed == 0, "\(changeOutput)")
-            #expect(changeOutput.contains("com.example.cli\tapp-apple-id 1234567890\tSandbox\tapi-key CLIKEY (stored)\tno shared-secret\tDECLINE\tretired"), "\(changeOutput)")
+            #expect(changeOutput.contains("com.example.cli\tapp-apple-id 1234567890\tSandbox\tapi-key CLIKEY (stored)\tno shared-secret\tDECLINE\tapp-account-tokens user\tretired"), "\(changeOutput)")
             let (referred, referOutput) = try await ledger([
                 "apps", "set", "--bundle-id", "com.example.cli", "--issuer-id", "issuer-2", "--key-id", "KEY2", "--private-key-ref", "env:CLI_IAP_KEY",
             ])

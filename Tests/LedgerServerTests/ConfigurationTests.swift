@@ -17,6 +17,20 @@ struct ConfigurationTests {
         #expect(configuration.apple.environments == [.production, .sandbox], "App Review's sandbox purchases are accepted in production")
     }
 
+    @Test("LEDGER_APPLE_ACCOUNT_TOKENS: order or user, in any case; left out, the app keeps its own; anything else names the setting")
+    func accountTokens() throws {
+        typealias Key = LedgerConfiguration.Key
+        #expect(try LedgerConfiguration.load([:]).apple.appAccountTokens == nil)
+        #expect(try LedgerConfiguration.load([Key.appleAccountTokens: "User"]).apple.appAccountTokens == .user)
+        #expect(try LedgerConfiguration.load([Key.appleAccountTokens: "order"]).apple.appAccountTokens == .order)
+        do {
+            _ = try LedgerConfiguration.load([Key.appleAccountTokens: "account"])
+            Issue.record("account was accepted")
+        } catch {
+            #expect(error.problems.map(\.setting) == [Key.appleAccountTokens] && error.description.contains("order or user"), "\(error)")
+        }
+    }
+
     @Test("LEDGER_APPLE_ENVIRONMENT: a comma-separated list in any case; anything else names the setting")
     func environmentList() throws {
         typealias Key = LedgerConfiguration.Key

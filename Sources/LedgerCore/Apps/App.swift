@@ -53,6 +53,8 @@ public struct App: Sendable, Equatable {
     public var environments: [Environment]
     /// The refund the app would have Apple grant in consumption answers, where the product says none.
     public var refundPreference: RefundPreference?
+    /// What the app's `appAccountToken` names: an order (the default) or its user.
+    public var appAccountTokens: AppAccountTokenScope
     public var retired: Bool
     public var hasSharedSecret: Bool
     public var apiKey: APIKeyInfo?
@@ -61,8 +63,9 @@ public struct App: Sendable, Equatable {
 
     public init(
         bundleId: BundleID, appAppleId: Int64?, environments: [Environment], refundPreference: RefundPreference?, retired: Bool,
-        hasSharedSecret: Bool, apiKey: APIKeyInfo?, createdAt: Date, updatedAt: Date
+        hasSharedSecret: Bool, apiKey: APIKeyInfo?, createdAt: Date, updatedAt: Date, appAccountTokens: AppAccountTokenScope = .order
     ) {
+        self.appAccountTokens = appAccountTokens
         self.bundleId = bundleId
         self.appAppleId = appAppleId
         self.environments = environments

@@ -6,13 +6,16 @@ public struct AppChanges: Sendable, Equatable {
     public var environments: [App.Environment]?
     public var refundPreference: RefundPreference??
     public var retired: Bool?
+    public var appAccountTokens: AppAccountTokenScope?
     public var sharedSecret: String??
     public var apiKey: AppCredentials.APIKey??
 
     public init(
         appAppleId: Int64?? = nil, environments: [App.Environment]? = nil, refundPreference: RefundPreference?? = nil,
-        retired: Bool? = nil, sharedSecret: String?? = nil, apiKey: AppCredentials.APIKey?? = nil
+        retired: Bool? = nil, sharedSecret: String?? = nil, apiKey: AppCredentials.APIKey?? = nil,
+        appAccountTokens: AppAccountTokenScope? = nil
     ) {
+        self.appAccountTokens = appAccountTokens
         self.appAppleId = appAppleId
         self.environments = environments
         self.refundPreference = refundPreference

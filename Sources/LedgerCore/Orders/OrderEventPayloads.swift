@@ -15,11 +15,16 @@ public struct OrderCreated: Codable, Sendable, Equatable {
     /// before the ledger (never a client's to set: the API takes no such member). Absent for an
     /// order created through the ledger, created when its event was recorded.
     public var createdAt: Date?
+    /// `user` when the token is its user's (the app's `appAccountTokens`), shared by the user's
+    /// orders; absent when it names this order alone.
+    public var appAccountTokenScope: AppAccountTokenScope?
 
     public init(
         userId: UserID, productId: ProductID, quantity: Int = 1, price: String? = nil, currency: String? = nil,
-        appAccountToken: UUID = UUID(), bundleId: BundleID? = nil, createdAt: Date? = nil
+        appAccountToken: UUID = UUID(), bundleId: BundleID? = nil, createdAt: Date? = nil,
+        appAccountTokenScope: AppAccountTokenScope? = nil
     ) {
+        self.appAccountTokenScope = appAccountTokenScope
         self.userId = userId
         self.productId = productId
         self.quantity = quantity
@@ -31,7 +36,7 @@ public struct OrderCreated: Codable, Sendable, Equatable {
     }
 
     enum CodingKeys: String, CodingKey {
-        case userId, productId, quantity, price, currency, appAccountToken, bundleId, createdAt
+        case userId, productId, quantity, price, currency, appAccountToken, bundleId, createdAt, appAccountTokenScope
     }
 
     /// Writes the token in lower case, as the API shows it.
@@ -45,6 +50,7 @@ public struct OrderCreated: Codable, Sendable, Equatable {
         try container.encode(appAccountToken.uuidString.lowercased(), forKey: .appAccountToken)
         try container.encodeIfPresent(bundleId, forKey: .bundleId)
         try container.encodeIfPresent(createdAt, forKey: .createdAt)
+        try container.encodeIfPresent(appAccountTokenScope, forKey: .appAccountTokenScope)
     }
 }
 
