@@ -53,6 +53,7 @@ func buildRouter(
     ).addRoutes(to: router)
     AppsController(catalog: AppCatalog(database: database), directory: services.orders.apps, changed: { apps?.invalidate() }).addRoutes(to: router)
     ReportsController(database: database).addRoutes(to: router)
+    ImportsController(history: HistoryImport(orders: services.orders)).addRoutes(to: router)
     TransactionsController(pool: services.pool, desk: services.support, orders: services.orders).addRoutes(to: router)
     AppleAccountsController(links: services.accounts, verifier: apple).addRoutes(to: router)
     AppleLookupController(

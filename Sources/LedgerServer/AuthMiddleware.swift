@@ -53,7 +53,7 @@ struct AuthMiddleware: RouterMiddleware {
 
     /// Whether a route reaches every app, and so needs a key of every app: the global feed (its
     /// events carry no app to filter on), changes to the apps, and admin's work on every app
-    /// (a reconciler pass, a history sweep, an Apple order-id lookup, none of them per app yet).
+    /// (a reconciler pass, a history sweep, an Apple order-id lookup, an import, none of them per app yet).
     /// Decided on the path as `requiredScope` is.
     static func reachesEveryApp(_ method: HTTPRequest.Method, _ path: String) -> Bool {
         let segments = path.split(separator: "/", omittingEmptySubsequences: true)
@@ -61,7 +61,7 @@ struct AuthMiddleware: RouterMiddleware {
         switch segments[1] {
         case "events": return segments.count == 2
         case "apps": return method != .get && method != .head
-        case "reconcile", "recover": return segments.count == 2
+        case "reconcile", "recover", "imports": return segments.count == 2
         case "apple-orders": return segments.count == 4 && segments[3] == "lookup"
         default: return false
         }
@@ -77,7 +77,7 @@ struct AuthMiddleware: RouterMiddleware {
         guard segments.first == "v1" else { return nil }
         // Apple signs these instead (the one URL of every app, and each app's own).
         if (3...4).contains(segments.count) && segments[1] == "notifications" && segments[2] == "apple" { return nil }
-        if (segments.count == 2 && ["reconcile", "recover"].contains(segments[1])) || (segments.count == 4 && segments[1] == "transactions" && ["match", "unmatch"].contains(segments[3]))
+        if (segments.count == 2 && ["reconcile", "recover", "imports"].contains(segments[1])) || (segments.count == 4 && segments[1] == "transactions" && ["match", "unmatch"].contains(segments[3]))
             || (segments.count == 4 && segments[1] == "apple-orders" && segments[3] == "lookup") {
             return .admin
         }

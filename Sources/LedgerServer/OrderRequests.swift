@@ -96,6 +96,10 @@ struct AppendEvent: Decodable {
             // Support's hand is the one exemption from the Apple-account rule (issue 41).
             throw LedgerInputError(field: "data.matchedBy", problem: "support is the ledger's own: support pairs by hand with POST /v1/transactions/{transactionId}/match")
         }
+        if case .receiptReceived(let receipt) = event, receipt.matchedBy == .imported || receipt.format == .imported {
+            throw LedgerInputError(field: receipt.matchedBy == .imported ? "data.matchedBy" : "data.format",
+                                   problem: "imported is the ledger's own: import a history with POST /v1/imports or ledger import")
+        }
     }
 
     /// What a client may say of a refund, beyond what a stored event may hold: a family

@@ -15,3 +15,9 @@ extension EventID {
         return EventID(uuid)
     }
 }
+
+/// The SHA-256 of `parts` (joined as `EventID.named` joins them), in lower-case hex: a digest
+/// that stands for a proof the ledger never saw (an imported grant's `receiptSha256`).
+public func namedDigest(_ parts: String...) -> String {
+    SHA256.hash(data: Data(parts.joined(separator: "\u{1F}").utf8)).map { String(format: "%02x", $0) }.joined()
+}

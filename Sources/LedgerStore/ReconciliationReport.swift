@@ -135,7 +135,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         // `revocationType` held the notification's type) all.
         let orderRows = try await database.query(
             """
-            SELECT to_char(e.recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD'), o.product_id, o.currency,
+            SELECT to_char(event_time(e.recorded_at, e.metadata) AT TIME ZONE 'UTC', 'YYYY-MM-DD'), o.product_id, o.currency,
                    oe.environment, e.type,
                    CASE e.type WHEN 'failed' THEN coalesce(e.data->>'reason', '') WHEN 'pairing-undone' THEN coalesce(e.data->>'fromState', '')
                                WHEN 'consumption-answer' THEN coalesce(e.data->>'outcome', '')
@@ -147,7 +147,8 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
             FROM events e JOIN orders o ON o.order_id = substr(e.stream_id, 7)
             JOIN order_environments oe ON oe.order_id = o.order_id
             LEFT JOIN subscription_periods k ON k.transaction_id = o.transaction_id
-            WHERE e.stream_id LIKE 'order-%' AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
+            WHERE e.stream_id LIKE 'order-%' AND event_time(e.recorded_at, e.metadata) >= \(from)
+              AND event_time(e.recorded_at, e.metadata) < \(to)
               AND e.type IN ('created', 'verified', 'delivered', 'finished', 'failed', 'refunded', 'pairing-undone', 'consumption-answer')
               AND (\(apps)::text[] IS NULL OR o.bundle_id = ANY(\(apps)::text[]))
             GROUP BY 1, 2, 3, 4, 5, 6, o.bundle_id, k.kind

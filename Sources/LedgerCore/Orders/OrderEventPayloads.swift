@@ -63,11 +63,15 @@ public struct PaymentAdded: Codable, Sendable, Equatable {
 /// How a transaction was tied to its order.
 public enum MatchedBy: String, Codable, Sendable, CaseIterable {
     case applicationUsername, appAccountToken, reconciler, support
+    /// Granted by the team's backend before the ledger, and imported (docs/import.md).
+    case imported
 }
 
 /// The form a proof of purchase came in.
 public enum ReceiptFormat: String, Codable, Sendable, CaseIterable {
     case jws, receipt
+    /// No proof: a line of an imported history (docs/import.md).
+    case imported
 }
 
 /// `receipt-received`: proof of an Apple transaction for this order arrived.

@@ -1,0 +1,132 @@
+import Foundation
+
+/// One line of a team's history to import (docs/import.md): an order with its final state and
+/// the Apple transaction it was granted, or, with no `orderId`, a granted transaction alone whose
+/// order is gone. Its fields are named as the API names them.
+public struct HistoryRecord: Sendable, Equatable {
+    /// The final states an imported order may have.
+    public enum State: String, Sendable, CaseIterable {
+        case created, paymentAdded = "payment-added", verified, delivered, finished, failed, refunded
+
+        /// Whether an order in this state was granted its transaction.
+        public var isGranted: Bool { [.verified, .delivered, .finished, .refunded].contains(self) }
+    }
+
+    /// The columns (CSV) or members (JSON Lines) a line may have.
+    public static let columns = [
+        "orderId", "userId", "productId", "bundleId", "createdAt", "state", "price", "currency",
+        "transactionId", "originalTransactionId", "purchaseDate", "environment", "refundedAt",
+    ]
+
+    /// The date a granted transaction alone is given when its line says none (docs/import.md).
+    public static let unknownDate = Date(timeIntervalSince1970: 0)
+
+    /// The line of the file it came from (a CSV record's first line).
+    public var line: Int
+    /// Nil for a granted transaction alone.
+    public var orderId: OrderID?
+    public var userId: UserID?
+    public var productId: ProductID?
+    public var bundleId: BundleID?
+    public var createdAt: Date
+    public var state: State
+    public var price: String?
+    public var currency: String?
+    public var transactionId: TransactionID?
+    public var originalTransactionId: String?
+    public var purchaseDate: Date?
+    /// `Production` or `Sandbox`, as Apple names them.
+    public var environment: String
+    public var refundedAt: Date?
+
+    /// Reads a line's fields (absent and empty are the same); the first problem is thrown, naming the column.
+    public init(_ fields: [String: String], line: Int) throws(LedgerInputError) {
+        self.line = line
+        for name in fields.keys where !Self.columns.contains(name) {
+            throw LedgerInputError(field: name, problem: "is not a column of an import; use \(Self.columns.joined(separator: ", "))")
+        }
+        func text(_ name: String) -> String? {
+            guard let value = fields[name], !value.isEmpty else { return nil }
+            return value
+        }
+        func date(_ name: String) throws(LedgerInputError) -> Date? {
+            guard let value = text(name) else { return nil }
+            guard let date = Self.date(value) else {
+                throw LedgerInputError(field: name, problem: "is \(value.debugDescription), not an ISO 8601 time such as 2024-05-01T12:00:00Z")
+            }
+            return date
+        }
+        func required<T>(_ name: String, _ value: T?, _ why: String) throws(LedgerInputError) -> T {
+            guard let value else { throw LedgerInputError(field: name, problem: "is missing: \(why)") }
+            return value
+        }
+
+        orderId = try text("orderId").map { v throws(LedgerInputError) in try OrderID(v) }
+        userId = try text("userId").map { v throws(LedgerInputError) in try UserID(v) }
+        productId = try text("productId").map { v throws(LedgerInputError) in try ProductID(v) }
+        bundleId = try text("bundleId").map { v throws(LedgerInputError) in try BundleID(v) }
+        transactionId = try text("transactionId").map { v throws(LedgerInputError) in try TransactionID(v) }
+        originalTransactionId = try text("originalTransactionId").map { v throws(LedgerInputError) in
+            try Identifier.validate(v, field: "originalTransactionId")
+        }
+        price = text("price")
+        currency = text("currency")
+        if let price, !OrderEvent.isValidPrice(price) {
+            throw LedgerInputError(field: "price", problem: "is \(price.debugDescription); use a decimal string such as 0.99")
+        }
+        if let currency, !OrderEvent.isValidCurrency(currency) {
+            throw LedgerInputError(field: "currency", problem: "is \(currency.debugDescription); use an ISO 4217 code such as USD")
+        }
+        purchaseDate = try date("purchaseDate")
+        refundedAt = try date("refundedAt")
+        let environmentName = text("environment") ?? "Production"
+        guard let environment = ["Production", "Sandbox"].first(where: { $0.lowercased() == environmentName.lowercased() }) else {
+            throw LedgerInputError(field: "environment", problem: "is \(environmentName.debugDescription); use Production or Sandbox")
+        }
+        self.environment = environment
+        let stateName = text("state")
+        var state: State?
+        if let stateName {
+            state = State(rawValue: stateName.lowercased())
+            guard state != nil else {
+                throw LedgerInputError(field: "state", problem: "is \(stateName.debugDescription); use \(State.allCases.map(\.rawValue).joined(separator: ", "))")
+            }
+        }
+
+        if orderId != nil {
+            _ = try required("userId", userId, "an order names its user")
+            _ = try required("productId", productId, "an order names its product")
+            createdAt = try required("createdAt", try date("createdAt"), "an order says when it was created")
+            self.state = try required("state", state, "an order says its final state")
+        } else {
+            // A granted transaction alone: its order is gone.
+            _ = try required("transactionId", transactionId, "a line without orderId lists a granted transaction")
+            guard state == nil || state == .finished || state == .delivered else {
+                throw LedgerInputError(field: "state", problem: "is \(stateName ?? ""); a line without orderId lists a granted transaction (leave state out)")
+            }
+            self.state = refundedAt == nil ? .finished : .refunded
+            createdAt = try date("createdAt") ?? purchaseDate ?? Self.unknownDate
+            purchaseDate = purchaseDate ?? createdAt
+        }
+        if self.state.isGranted {
+            _ = try required("transactionId", transactionId, "a \(self.state.rawValue) order was granted an Apple transaction")
+            _ = try required("purchaseDate", purchaseDate, "a granted transaction says when it was bought")
+        } else if transactionId != nil {
+            throw LedgerInputError(field: "transactionId", problem: "is given for a \(self.state.rawValue) order; an order was granted a transaction only when verified, delivered, finished or refunded")
+        }
+        if self.state == .refunded {
+            _ = try required("refundedAt", refundedAt, "a refunded order says when")
+        } else if refundedAt != nil {
+            throw LedgerInputError(field: "refundedAt", problem: "is given for a \(self.state.rawValue) order; its state is then refunded")
+        }
+    }
+
+    /// An ISO 8601 time, with or without fractional seconds.
+    static func date(_ text: String) -> Date? {
+        if let date = try? Date(text, strategy: Self.whole) { return date }
+        return try? Date(text, strategy: Self.fractional)
+    }
+
+    private static let whole = Date.ISO8601FormatStyle()
+    private static let fractional = Date.ISO8601FormatStyle(includingFractionalSeconds: true)
+}

@@ -1,0 +1,261 @@
+import Foundation
+import LedgerCore
+import LedgerJSON
+import LedgerStore
+import Logging
+
+/// Imports a team's history (docs/import.md): each line's order becomes its events (`created`
+/// with its own creation time, then what its final state took), through the writer and the
+/// append routine like any order's, so that projections, the pool's protections, replay refusal,
+/// reports and dashboards cover it at once.
+///
+/// Every event's id is named by its order and type, so importing a line again adds nothing; an
+/// order's events are one write, and a batch of orders one database transaction, so a stop part
+/// way leaves whole orders, and the next run goes on past those already present. A line that
+/// conflicts with the log (its transaction granted to another order, its order id taken by
+/// another user or by an order not imported) is refused and reported, never overwritten.
+public struct HistoryImport: Sendable {
+    let orders: OrderLedger
+    let writer: LedgerWriter
+    var database: Database { writer.database }
+    /// Orders per database transaction (each about five events; a transaction positions 4,096).
+    public var batchSize = 500
+
+    public init(orders: OrderLedger) {
+        self.orders = orders
+        self.writer = orders.writer
+    }
+
+    /// A line refused, and why.
+    public struct Refusal: Sendable, Codable, Equatable {
+        public let line: Int
+        public let code: String
+        public let message: String
+    }
+
+    /// What an import did.
+    public struct Summary: Sendable, Codable, Equatable {
+        public var read = 0
+        public var imported = 0
+        public var alreadyPresent = 0
+        public var refused = 0
+        /// The refused lines, at most `refusalsKept` of them, in order.
+        public var refusals: [Refusal] = []
+        public init() {}
+
+        public static let refusalsKept = 1_000
+
+        mutating func refuse(_ line: Int, _ code: String, _ message: String) {
+            refused += 1
+            if refusals.count < Self.refusalsKept { refusals.append(Refusal(line: line, code: code, message: message)) }
+        }
+
+        /// Adds what a batch did (its lines were counted as read already).
+        mutating func merge(_ other: Summary) {
+            imported += other.imported
+            alreadyPresent += other.alreadyPresent
+            refused += other.refused
+            refusals += other.refusals.prefix(max(0, Self.refusalsKept - refusals.count))
+        }
+    }
+
+    /// One line's order as it is written.
+    struct Planned {
+        let line: Int
+        let orderId: OrderID
+        let userId: UserID
+        let transactionId: TransactionID?
+        let write: LedgerWriter.Write
+        let createdEvent: EventID
+    }
+
+    /// Imports `lines` of the file named `source` (kept in each event's metadata with its line).
+    /// `progress` is told the lines read so far after each batch.
+    public func run(
+        _ lines: some Sequence<HistoryFile.Line>, source: String, progress: (@Sendable (Int) -> Void)? = nil
+    ) async throws -> Summary {
+        var summary = Summary()
+        var batch = Batch()
+        var apps: [BundleID?: Result<BundleID?, OrderLedgerError>] = [:]
+        for line in lines {
+            summary.read += 1
+            let record: HistoryRecord
+            switch line.fields {
+            case .failure(let error):
+                summary.refuse(line.number, error.code, error.description)
+                continue
+            case .success(let fields):
+                do { record = try HistoryRecord(fields, line: line.number) } catch {
+                    summary.refuse(line.number, error.code, error.description)
+                    continue
+                }
+            }
+            // The app, found once per bundle id named (`OrderApps`: the one held, in its spelling).
+            if apps[record.bundleId] == nil { apps[record.bundleId] = await app(of: record.bundleId) }
+            guard case .success(let app) = apps[record.bundleId] else {
+                if case .failure(let error) = apps[record.bundleId] { summary.refuse(line.number, error.code, error.description) }
+                continue
+            }
+            let planned = try Self.plan(record, app: app, source: source)
+            // A batch's writes share no order and no transaction.
+            if !batch.takes(planned) {
+                summary.merge(try await write(batch.take()))
+                progress?(summary.read)
+            }
+            batch.add(planned)
+            if batch.planned.count >= batchSize {
+                summary.merge(try await write(batch.take()))
+                progress?(summary.read)
+            }
+        }
+        if !batch.planned.isEmpty { summary.merge(try await write(batch.take())) }
+        progress?(summary.read)
+        return summary
+    }
+
+    /// The app a line names (nil: the ledger's only one), or why none.
+    func app(of named: BundleID?) async -> Result<BundleID?, OrderLedgerError> {
+        do { return .success(try await orders.apps.app(of: named)?.bundleId) } catch let error as OrderLedgerError {
+            return .failure(error)
+        } catch {
+            return .failure(.unknownApp(named ?? BundleID(unchecked: "")))
+        }
+    }
+
+    /// Orders gathered for one database transaction: no two share an order or a transaction.
+    struct Batch {
+        var planned: [Planned] = []
+        var orders = Set<OrderID>()
+        var transactions = Set<TransactionID>()
+
+        func takes(_ next: Planned) -> Bool {
+            !orders.contains(next.orderId) && !(next.transactionId.map(transactions.contains) ?? false)
+        }
+
+        mutating func add(_ next: Planned) {
+            planned.append(next)
+            orders.insert(next.orderId)
+            if let id = next.transactionId { transactions.insert(id) }
+        }
+
+        mutating func take() -> [Planned] {
+            defer { self = Batch() }
+            return planned
+        }
+    }
+
+    /// Writes one batch: the orders not present yet in one transaction, each write its own
+    /// verdict; when the transaction fails whole (a refusal the routine raises), each alone.
+    func write(_ batch: [Planned]) async throws -> Summary {
+        var summary = Summary()
+        guard !batch.isEmpty else { return summary }
+        let present = try await orders.present(batch.map(\.orderId), createdEvents: batch.map(\.createdEvent))
+        var writing: [Planned] = []
+        for planned in batch {
+            guard let found = present[planned.orderId] else {
+                writing.append(planned)
+                continue
+            }
+            if found.imported && found.userId == planned.userId {
+                summary.alreadyPresent += 1
+            } else {
+                summary.refuse(planned.line, "order-exists", found.imported
+                    ? "order \(planned.orderId) was imported with user \(found.userId), not \(planned.userId)"
+                    : "order \(planned.orderId) is in the ledger already, not from an import (user \(found.userId))")
+            }
+        }
+        guard !writing.isEmpty else { return summary }
+        let results: [Result<LedgerWriter.Written, any Error>]
+        do {
+            results = try await database.transaction { tx in try await writer.append(writing.map(\.write), in: tx) }
+        } catch {
+            var alone: [Result<LedgerWriter.Written, any Error>] = []
+            for planned in writing {
+                do { alone.append(.success(try await writer.append(planned.write))) } catch { alone.append(.failure(error)) }
+            }
+            results = alone
+        }
+        for (planned, result) in zip(writing, results) {
+            switch result {
+            case .success(let written):
+                if written.appends.first?.order == nil { summary.alreadyPresent += 1 } else { summary.imported += 1 }
+            case .failure(let error):
+                let (code, message) = Self.refusal(error, planned)
+                summary.refuse(planned.line, code, message)
+            }
+        }
+        return summary
+    }
+
+    /// Why the log refused a line's order.
+    static func refusal(_ error: any Error, _ planned: Planned) -> (String, String) {
+        switch error {
+        case OrderLedgerError.duplicateTransaction(let id):
+            ("transaction-granted", "Apple transaction \(id) is granted to another order already")
+        case OrderLedgerError.accountConflict(let id):
+            ("account-conflict", "Apple transaction \(id) waits for support in an Apple-account conflict")
+        case let error as OrderLedgerError: (error.code, error.description)
+        case let error as OrderDecisionError: ("order-exists", "order \(planned.orderId) is in the ledger already: \(error)")
+        case let error as AppendError: ("order-exists", "order \(planned.orderId) is in the ledger already: \(error)")
+        default: ("refused", "\(error)")
+        }
+    }
+
+    /// The order id of a granted transaction alone: its order is gone.
+    public static func orderID(ofTransaction id: TransactionID) -> OrderID {
+        OrderID(unchecked: "imported-\(id.rawValue)")
+    }
+
+    /// The user and product of a granted transaction alone whose line names none.
+    public static let unknownUser = "imported"
+    public static let unknownProduct = "imported"
+
+    /// A line's order and its events, named by the order and the event type.
+    static func plan(_ record: HistoryRecord, app: BundleID?, source: String) throws -> Planned {
+        let orderID = record.orderId ?? record.transactionId.map(orderID(ofTransaction:)) ?? OrderID(unchecked: "imported")
+        let user = record.userId ?? UserID(unchecked: unknownUser)
+        let product = record.productId ?? ProductID(unchecked: unknownProduct)
+        let order = orderID.rawValue
+        // Each event with its type's name (its id's part) and when it happened in the history.
+        var events: [(OrderEvent, String, Date)] = [(.created(OrderCreated(
+            userId: user, productId: product, price: record.price, currency: record.currency,
+            appAccountToken: EventID.named("import-token", order).uuid, bundleId: app, createdAt: record.createdAt)), "created", record.createdAt)]
+        if record.state == .paymentAdded {
+            events.append((.paymentAdded(PaymentAdded(queuedAt: record.createdAt)), "payment-added", record.createdAt))
+        }
+        if record.state == .failed { events.append((.failed(Failed(reason: "imported")), "failed", record.createdAt)) }
+        if let transaction = record.transactionId, let purchased = record.purchaseDate {
+            events.append((.receiptReceived(ReceiptReceived(
+                transactionId: transaction, productId: product, purchaseDate: purchased,
+                receiptSha256: namedDigest("import-receipt", transaction.rawValue), format: .imported, matchedBy: .imported,
+                originalTransactionId: record.originalTransactionId, environment: record.environment, bundleId: app)), "receipt-received", purchased))
+            events.append((.verified(Verified(transactionId: transaction, environment: record.environment)), "verified", purchased))
+            if record.state != .verified {
+                events.append((.delivered, "delivered", purchased))
+                events.append((.finished, "finished", purchased))
+            }
+            if let refunded = record.refundedAt { events.append((.refunded(Refunded(revocationDate: refunded)), "refunded", refunded)) }
+        }
+        for (event, _, _) in events { try event.validate() }
+        let created = EventID.named("import", order, "created")
+        let newEvents = try events.map { event, type, at in
+            let metadata = try EventCoding.encoder.encode(Metadata(importedFrom: .init(source: source, line: record.line, at: at)))
+            return try EventCoding.newEvent(event, id: type == "created" ? created : EventID.named("import", order, type), metadata: metadata)
+        }
+        return Planned(
+            line: record.line, orderId: orderID, userId: user, transactionId: record.transactionId,
+            write: LedgerWriter.Write(LedgerWriter.Append(newEvents, to: orderID.streamID, expected: .noStream)), createdEvent: created)
+    }
+
+    /// What each imported event's metadata says: where it came from.
+    struct Metadata: Encodable {
+        struct Origin: Encodable {
+            let source: String
+            let line: Int
+            /// When it happened in the history: what the reports date it by (`event_time`).
+            let at: Date
+        }
+        var appendedBy = "import"
+        let importedFrom: Origin
+    }
+}

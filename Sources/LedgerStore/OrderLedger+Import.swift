@@ -1,0 +1,28 @@
+import Foundation
+import LedgerCore
+import PostgresNIO
+
+extension OrderLedger {
+    /// An order the ledger holds already, as an import sees it.
+    public struct Present: Sendable, Equatable {
+        public let userId: UserID
+        /// Whether its `created` event is the one the import would write (an earlier run's).
+        public let imported: Bool
+    }
+
+    /// Which of `ids` the ledger holds, each with its user and whether `createdEvents[i]` (the
+    /// `created` event an import would give `ids[i]`) is stored: two index lookups a batch.
+    public func present(_ ids: [OrderID], createdEvents: [EventID]) async throws -> [OrderID: Present] {
+        let rows = try await database.query(
+            """
+            SELECT o.order_id, o.user_id, EXISTS (SELECT 1 FROM events e WHERE e.event_id = x.created)
+              FROM unnest(\(ids.map(\.rawValue)), \(createdEvents.map(\.uuid))) AS x(order_id, created)
+              JOIN orders o ON o.order_id = x.order_id
+            """)
+        var present: [OrderID: Present] = [:]
+        for try await (id, user, imported) in rows.decode((String, String, Bool).self) {
+            present[OrderID(unchecked: id)] = Present(userId: UserID(unchecked: user), imported: imported)
+        }
+        return present
+    }
+}

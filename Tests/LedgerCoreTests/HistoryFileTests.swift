@@ -1,0 +1,64 @@
+import Foundation
+import LedgerCore
+import Testing
+
+/// Reading a history to import (docs/import.md): CSV records and JSON Lines, each line's number
+/// kept for the summary, and each line's problem naming its column.
+@Suite("History files")
+struct HistoryFileTests {
+    func lines(_ text: String, _ format: HistoryFile.Format = .csv) throws -> [HistoryFile.Line] {
+        Array(try HistoryFile(Data(text.utf8), format: format).lines)
+    }
+
+    @Test("CSV: quoted commas, quotes and line breaks, CRLF, blank lines; a record's number is the line it starts on")
+    func csvRecords() throws {
+        let text = "orderId,userId,productId\r\n\"a,1\",\"say \"\"hi\"\"\",p\r\n\r\nb,\"two\nlines\",p\nc,u\n"
+        let read = try lines(text)
+        #expect(read.map(\.number) == [2, 4, 6])
+        #expect(try read[0].fields.get() == ["orderId": "a,1", "userId": "say \"hi\"", "productId": "p"])
+        #expect(try read[1].fields.get()["userId"] == "two\nlines")
+        #expect(throws: LedgerInputError.self) { try read[2].fields.get() }
+    }
+
+    @Test("a header with an unknown or repeated column refuses the file, naming it")
+    func header() throws {
+        #expect(throws: LedgerInputError(field: "coupon", problem: "is not a column of an import; use \(HistoryRecord.columns.joined(separator: ", "))")) {
+            try HistoryFile(Data("orderId,coupon\n".utf8), format: .csv)
+        }
+        #expect(throws: LedgerInputError(field: "orderId", problem: "is a column twice in the header")) {
+            try HistoryFile(Data("orderId,orderId\n".utf8), format: .csv)
+        }
+    }
+
+    @Test("a line's record: its state's rules, times in ISO 8601, the column of each problem")
+    func records() throws {
+        let order = ["orderId": "o", "userId": "u", "productId": "p", "createdAt": "2025-01-01T00:00:00Z"]
+        func problem(_ changes: [String: String?]) -> String? {
+            var fields = order
+            for (name, value) in changes { fields[name] = value }
+            do { _ = try HistoryRecord(fields, line: 1) } catch { return error.field }
+            return nil
+        }
+        #expect(problem(["state": "created"]) == nil)
+        #expect(problem(["state": "finished"]) == "transactionId")
+        #expect(problem(["state": "finished", "transactionId": "1"]) == "purchaseDate")
+        #expect(problem(["state": "finished", "transactionId": "1", "purchaseDate": "2025-01-01T00:00:01.5Z"]) == nil)
+        #expect(problem(["state": "refunded", "transactionId": "1", "purchaseDate": "2025-01-01T00:00:01Z"]) == "refundedAt")
+        #expect(problem(["state": "created", "transactionId": "1"]) == "transactionId")
+        #expect(problem(["state": "created", "createdAt": "yesterday"]) == "createdAt")
+        #expect(problem(["state": "created", "price": "1,99"]) == "price")
+        #expect(problem(["state": "created", "environment": "Xcode"]) == "environment")
+        #expect(problem(["state": "created", "userId": nil]) == "userId")
+        #expect(problem(["state": "gone"]) == "state")
+        let alone = try HistoryRecord(["transactionId": "9"], line: 3)
+        #expect(alone.state == .finished && alone.purchaseDate == HistoryRecord.unknownDate && alone.orderId == nil)
+    }
+
+    @Test("JSON Lines: numbers as written, null as absent, blank lines skipped, a line that is no object named")
+    func jsonLines() throws {
+        let read = try lines("{\"orderId\":\"a\",\"price\":4.99,\"currency\":null}\n\n[1]\n", .jsonLines)
+        #expect(read.map(\.number) == [1, 3])
+        #expect(try read[0].fields.get() == ["orderId": "a", "price": "4.99"])
+        #expect(throws: LedgerInputError.self) { try read[1].fields.get() }
+    }
+}

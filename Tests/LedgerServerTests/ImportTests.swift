@@ -1,0 +1,151 @@
+import Foundation
+import HTTPTypes
+import Hummingbird
+import LedgerCore
+import LedgerStore
+import LedgerTestSupport
+import NIOCore
+import Testing
+
+/// Issue 41, point 4: a team's history imported through the append routine, idempotent and
+/// resumable, each conflicting line refused and reported; an imported grant is never granted again.
+@Suite("Importing a team's history")
+struct ImportTests {
+    let apple: TestApple
+    init() throws { apple = try TestApple() }
+
+    static let header = "orderId,userId,productId,bundleId,createdAt,state,price,currency,transactionId,originalTransactionId,purchaseDate,environment,refundedAt"
+
+    /// Ten lines: six orders of every kind, a granted transaction alone, and three refused.
+    static let history = """
+        \(header)
+        h-1,u-1,gems.100,,2025-03-01T10:00:00Z,finished,0.99,USD,5100001,,2025-03-01T10:01:00Z,,
+        h-2,u-1,gems.100,,2025-03-02T10:00:00Z,refunded,0.99,USD,5100002,,2025-03-02T10:01:00Z,Production,2025-03-09T00:00:00Z
+        h-3,u-2,"gems,500",,2025-04-01T08:00:00.250Z,failed,4.99,USD,,,,,
+        h-4,u-2,gems.100,,2025-04-02T08:00:00+02:00,created,,,,,,,
+        h-5,u-3,gems.100,,2025-05-01T09:00:00Z,verified,0.99,USD,5100005,5100005,2025-05-01T09:00:30Z,sandbox,
+        ,u-4,gems.100,,,,,,5100006,,2024-12-24T18:00:00Z,,
+        h-7,u-5,gems.100,,2025-06-01T09:00:00Z,delivered,0.99,USD,5100001,,2025-06-01T09:00:10Z,,
+        h-8,u-5,gems.100,,2025-06-01T09:00:00Z,shipped,0.99,USD,,,,,
+        h-9,u-5,gems.100,,2025-06-01T09:00:00Z,finished,0.99,USD,5100009,,,,
+        h-10,u-6,gems.100,,2025-06-02T09:00:00Z,finished,0.99,USD,5100010,,2025-06-02T09:00:10Z,,
+
+        """
+
+    func post(_ http: LedgerHTTP, _ body: String, type: String = "text/csv", key: String? = nil) async throws -> (HTTPResponse.Status, [String: Any]) {
+        let headers: HTTPFields = [.contentType: type, .authorization: "Bearer \(key ?? http.key)"]
+        let response = try await http.client.execute(uri: "/v1/imports?source=history.csv", method: .post, headers: headers, body: ByteBuffer(string: body))
+        return (response.status, json(response.body))
+    }
+
+    static func refusals(_ summary: [String: Any]) -> [Int: String] {
+        var found: [Int: String] = [:]
+        for refusal in summary["refusals"] as? [[String: Any]] ?? [] { found[refusal["line"] as? Int ?? 0] = refusal["code"] as? String }
+        return found
+    }
+
+    @Test("each line becomes its order's events; refused lines are named; importing again adds nothing")
+    func importsOnceAndReportsRefusals() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            // An order of the ledger's own that a line of the history names with another user.
+            try await http.send(.post, "/v1/orders", json: newOrder("h-10", user: "u-other"))
+            let (status, summary) = try await post(http, Self.history)
+            #expect(status == .ok, "\(summary)")
+            #expect(summary["read"] as? Int == 10 && summary["imported"] as? Int == 6 && summary["alreadyPresent"] as? Int == 0, "\(summary)")
+            #expect(summary["refused"] as? Int == 4, "\(summary)")
+            // Lines: h-7 reuses h-1's transaction; h-8's state is unknown; h-9 has no purchase date; h-10 is the ledger's own order.
+            #expect(Self.refusals(summary) == [8: "transaction-granted", 9: "invalid-input", 10: "invalid-input", 11: "order-exists"], "\(summary)")
+
+            let (_, finished) = try await http.send(.get, "/v1/orders/h-1")
+            #expect(finished["state"] as? String == "finished" && finished["transactionId"] as? String == "5100001", "\(finished)")
+            #expect(finished["createdAt"] as? String == "2025-03-01T10:00:00.000Z", "\(finished)")
+            let (_, refunded) = try await http.send(.get, "/v1/orders/h-2")
+            #expect(refunded["state"] as? String == "refunded", "\(refunded)")
+            let (_, failed) = try await http.send(.get, "/v1/orders/h-3")
+            #expect(failed["state"] as? String == "failed" && failed["productId"] as? String == "gems,500", "\(failed)")
+            let (_, open) = try await http.send(.get, "/v1/orders/h-4")
+            #expect(open["state"] as? String == "created" && open["createdAt"] as? String == "2025-04-02T06:00:00.000Z", "\(open)")
+            let (_, sandbox) = try await http.send(.get, "/v1/orders/h-5")
+            #expect(sandbox["state"] as? String == "verified" && sandbox["environment"] as? String == "Sandbox", "\(sandbox)")
+            let (_, alone) = try await http.send(.get, "/v1/orders/imported-5100006")
+            #expect(alone["state"] as? String == "finished" && alone["userId"] as? String == "u-4", "\(alone)")
+            // Each event says where it came from.
+            let origin = try await scalar(db, """
+                SELECT metadata->'importedFrom'->>'source' || ':' || (metadata->'importedFrom'->>'line')
+                  FROM events WHERE stream_id = 'order-h-5' AND type = 'verified'
+                """, as: String.self)
+            #expect(origin == "history.csv:6")
+            #expect(try await scalar(db, "SELECT order_id FROM apple_transactions WHERE transaction_id = '5100002'", as: String.self) == "h-2")
+
+            // The report dates imported facts by the history, not by the import.
+            let (_, march) = try await http.send(.get, "/v1/reports/reconciliation?from=2025-03-01&to=2025-03-10")
+            let days = (march["rows"] as? [[String: Any]] ?? []).map { "\($0["day"] ?? "")" }.sorted()
+            #expect(days == ["2025-03-01", "2025-03-02", "2025-03-09"], "\(march)")
+            let totals = march["totals"] as? [String: Any] ?? [:]
+            #expect(totals["verified"] as? Int == 2 && totals["refunded"] as? Int == 1 && totals["ordersCreated"] as? Int == 2, "\(totals)")
+
+            // Again: nothing added, the same lines refused.
+            let events = try await scalar(db, "SELECT count(*)::int FROM events", as: Int.self)
+            let (_, again) = try await post(http, Self.history)
+            #expect(again["imported"] as? Int == 0 && again["alreadyPresent"] as? Int == 6 && again["refused"] as? Int == 4, "\(again)")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM events", as: Int.self) == events)
+        }
+    }
+
+    @Test("a proof of an imported grant is already granted: duplicate for a new order, finishTransaction true")
+    func importedGrantIsNotGrantedAgain() async throws {
+        try await withReceiptsApplication(apple) { http, _ in
+            _ = try await post(http, Self.history)
+            try await http.send(.post, "/v1/orders", json: newOrder("o-new", user: "u-1"))
+            let jws = try await apple.sign(TestApple.transaction("5100001"))
+            let (status, answer) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": jws, "orderId": "o-new", "userId": "u-1"])
+            #expect(status == .ok && answer["outcome"] as? String == "duplicate", "\(answer)")
+            #expect(answer["reason"] as? String == "duplicate-transaction" && answer["finishTransaction"] as? Bool == true, "\(answer)")
+            // Granted alone (its order gone): the same.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-new-2", user: "u-4"))
+            let alone = try await apple.sign(TestApple.transaction("5100006"))
+            let (_, second) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": alone, "orderId": "o-new-2"])
+            #expect(second["outcome"] as? String == "duplicate" && second["finishTransaction"] as? Bool == true, "\(second)")
+        }
+    }
+
+    @Test("an import stopped part way leaves whole orders, and the next run goes on where it stopped")
+    func resumes() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let lines = Self.history.split(separator: "\n").map(String.init)
+            // The first three orders made it before the stop.
+            let (_, first) = try await post(http, lines.prefix(4).joined(separator: "\n"))
+            #expect(first["imported"] as? Int == 3, "\(first)")
+            let (_, rest) = try await post(http, Self.history)
+            #expect(rest["imported"] as? Int == 4 && rest["alreadyPresent"] as? Int == 3, "\(rest)")
+            // Whole orders: every imported order has its created event and its final state's.
+            #expect(try await scalar(db, "SELECT count(*)::int FROM orders WHERE order_id LIKE 'h-%' OR order_id LIKE 'imported-%'", as: Int.self) == 7)
+        }
+    }
+
+    @Test("JSON Lines with numbers and nulls; a bad header, an unknown member, a wrong content type and a read key are refused")
+    func formatsAndRefusals() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let lines = """
+                {"orderId":"j-1","userId":"u-1","productId":"gems.100","createdAt":"2025-01-01T00:00:00Z","state":"finished","price":0.99,"currency":"USD","transactionId":"5200001","purchaseDate":"2025-01-01T00:00:05Z","refundedAt":null}
+
+                {"orderId":"j-2","userId":"u-1","productId":"gems.100","createdAt":"2025-01-01T00:00:00Z","state":"created","coupon":"X"}
+                not json
+                """
+            let (status, summary) = try await post(http, lines, type: "application/x-ndjson")
+            #expect(status == .ok && summary["imported"] as? Int == 1 && summary["read"] as? Int == 3, "\(summary)")
+            let refusals = summary["refusals"] as? [[String: Any]] ?? []
+            #expect(refusals.map { $0["line"] as? Int } == [3, 4], "\(summary)")
+            #expect((refusals.first?["message"] as? String)?.hasPrefix("coupon is not a column") == true, "\(refusals)")
+            #expect(try await scalar(db, "SELECT price::text FROM orders WHERE order_id = 'j-1'", as: String.self) == "0.99")
+
+            let (badHeader, headerError) = try await post(http, "orderId,userId,coupon\nx,u,1\n")
+            #expect(badHeader == .badRequest && (errorOf(headerError)["message"] as? String)?.contains("coupon") == true, "\(headerError)")
+            let (badType, typeError) = try await post(http, lines, type: "application/json")
+            #expect(badType == .unsupportedMediaType && errorOf(typeError)["code"] as? String == "unsupported-media-type", "\(typeError)")
+            let reader = try await APIKeyStore(database: db.database).create(name: "reader", scopes: [.read, .append])
+            let (forbidden, _) = try await post(http, lines, type: "application/x-ndjson", key: reader)
+            #expect(forbidden == .forbidden)
+        }
+    }
+}
