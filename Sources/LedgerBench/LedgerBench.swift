@@ -14,7 +14,7 @@ struct LedgerBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "ledger-bench",
         abstract: "Order Ledger's benchmarks, each against a baseline measured in the same run.",
-        subcommands: [BenchAppend.self, BenchHTTP.self, BenchNotifications.self, BenchReceipts.self, BenchRebuild.self, BenchReconcile.self, BenchSweep.self]
+        subcommands: [BenchAppend.self, BenchHTTP.self, BenchImport.self, BenchNotifications.self, BenchReceipts.self, BenchRebuild.self, BenchReconcile.self, BenchSweep.self]
     )
 
     /// As ArgumentParser runs a command, but a database error is printed with PostgreSQL's message

@@ -143,6 +143,7 @@ extension Demo {
                 try await orders.create(id, order, tokenGiven: false, metadata: Data(#"{"actor":"demo: the team's earlier backend"}"#.utf8)).order
             }
             try await story.addSecondApp()
+            try await story.importHistory()
             try await story.play(users: users)
             try await story.playAppReview()
             try await story.playSubscription()
@@ -228,6 +229,8 @@ struct DemoStory {
     var secondAppCalls = (asked: 0, refused: 0)
     /// The subscriber's story, as the summary prints it.
     var subscriptionSummary: [String] = []
+    /// The imported history and the replayed purchase, as the summary prints them.
+    var historySummary: [String] = []
     /// Records an order of the team's history: one its earlier backend created at `createdAt`,
     /// before the ledger served the app (the subscriber's, bought months ago).
     var history: @Sendable (_ id: OrderID, _ order: OrderCreated) async throws -> Order = { _, _ in throw CommandFailure("no history") }
@@ -538,6 +541,7 @@ struct DemoStory {
             let sandbox = report["sandboxTotals"] as? [String: Any] ?? [:]
             lines.append("App Review: the reviewer's Sandbox purchase \(review.transactionId) (order \(review.orderId) of \(Demo.bundleId)) was granted: order \(review.order["state"] as? String ?? "?"), environment \(review.order["environment"] as? String ?? "?"); not in revenue: totals (Production) revenue \(totals["revenue"] as? String ?? "?") USD, sandboxTotals revenue \(sandbox["revenue"] as? String ?? "?") USD")
         }
+        lines += historySummary
         lines += subscriptionSummary
         let rules = (reconcile["byRule"] as? [String: Int] ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
         lines.append("Reconciler: paired \(reconcile["paired"] as? Int ?? 0) of \(reconcile["considered"] as? Int ?? 0) orphans (\(rules.isEmpty ? "none" : rules)), \(reconcile["ambiguous"] as? Int ?? 0) ambiguous, \(reconcile["unknownUser"] as? Int ?? 0) without a user")
@@ -559,13 +563,15 @@ struct DemoStory {
         return (try? JSONSerialization.jsonObject(with: Data(text.utf8))) as? [String: Any] ?? [:]
     }
 
-    func request(_ method: String, _ path: String, body: String? = nil, accept: String = "application/json") async throws -> String {
+    func request(
+        _ method: String, _ path: String, body: String? = nil, accept: String = "application/json", contentType: String = "application/json"
+    ) async throws -> String {
         var request = HTTPClientRequest(url: base + path)
         request.method = .init(rawValue: method)
         request.headers.add(name: "Authorization", value: "Bearer \(key)")
         request.headers.add(name: "Accept", value: accept)
         if let body {
-            request.headers.add(name: "Content-Type", value: "application/json")
+            request.headers.add(name: "Content-Type", value: contentType)
             request.body = .bytes(ByteBuffer(string: body))
         }
         let response = try await http.execute(request, timeout: .seconds(30))

@@ -162,6 +162,9 @@ struct DemoCommandTests {
         #expect(output.contains("Consumption answer (order demo-user-0-order-0): sent, deliveryStatus DELIVERED"), "\(output)")
         #expect(output.contains("Notification backfill: 2 in Apple's history, 1 new to the ledger, 1 applied before"), "\(output)")
         #expect(output.contains("Reconciliation report (CSV):"), "\(output)")
+        // The team's history first (issue 41): imported once, and a replayed old purchase refused.
+        #expect(output.contains("History import (POST /v1/imports): 12 orders imported; again: 0 imported, 12 already present"), "\(output)")
+        #expect(output.contains("of the imported history, sent with a new order: duplicate (duplicate-transaction, finishTransaction true); the new order is failed"), "\(output)")
         // The subscriber (issue 40): bought through an order, renewed twice through notifications
         // (the second a billing recovery in its grace period), one period refunded, and an order of
         // the same product abandoned at payment that stays open.
