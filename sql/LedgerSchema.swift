@@ -60,6 +60,7 @@ public enum LedgerSchema {
                 "b551b3333c666594bdd6c04db376a63ec050318daa8a059e00e7687fcff110d5",
                 "3ff0772bc3cde78692c1c50d43eeb789326d9753254ae66b76c47510d3743869",
                 "adce9662c1847f47c4e9c23f6287c39dd3e437fd290b3c9b7defbafbc88958d6",
+                "a0ff16f616fbc9c197cfd3e92678c406e06a7885afab19e67abeb941b4f80e44",
             ]),
         Migration(
             name: "read_for_write.sql", sql: String(decoding: PackageResources.read_for_write_sql, as: UTF8.self),

@@ -31,7 +31,9 @@ public enum ReportPeriod {
         return (start, end)
     }
 
-    static func date(_ text: String, field: String, endOfDay: Bool) throws(LedgerInputError) -> Date {
+    /// A day (midnight UTC; with `endOfDay`, the next midnight) or an ISO 8601 time, as every
+    /// option and query parameter that takes a time reads it; the problem names `field`.
+    public static func date(_ text: String, field: String, endOfDay: Bool = false) throws(LedgerInputError) -> Date {
         if text.count == 10, let day = EventCoding.parseDate(text + "T00:00:00Z") {
             return endOfDay ? day.addingTimeInterval(86_400) : day
         }

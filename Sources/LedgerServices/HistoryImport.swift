@@ -20,6 +20,8 @@ public struct HistoryImport: Sendable {
     var database: Database { writer.database }
     /// Orders per database transaction (each about five events; a transaction positions 4,096).
     public var batchSize = 500
+    /// Database transactions in flight at once.
+    public var batchesAtOnce = 2
 
     public init(orders: OrderLedger) {
         self.orders = orders
@@ -67,6 +69,13 @@ public struct HistoryImport: Sendable {
         let transactionId: TransactionID?
         let write: LedgerWriter.Write
         let createdEvent: EventID
+
+        /// The order and the transaction it writes, as keys no two writes in flight may share.
+        var keys: Set<String> {
+            var keys: Set<String> = ["order \(orderId.rawValue)"]
+            if let transactionId { keys.insert("transaction \(transactionId.rawValue)") }
+            return keys
+        }
     }
 
     /// Imports `lines` of the file named `source` (kept in each event's metadata with its line).
@@ -77,38 +86,59 @@ public struct HistoryImport: Sendable {
         var summary = Summary()
         var batch = Batch()
         var apps: [BundleID?: Result<BundleID?, OrderLedgerError>] = [:]
-        for line in lines {
-            summary.read += 1
-            let record: HistoryRecord
-            switch line.fields {
-            case .failure(let error):
-                summary.refuse(line.number, error.code, error.description)
-                continue
-            case .success(let fields):
-                do { record = try HistoryRecord(fields, line: line.number) } catch {
+        try await withThrowingTaskGroup(of: (Int, Summary).self) { group in
+            // The orders and transactions of each batch in flight, by its number: a line that
+            // shares one with them waits until they are stored, so the file's first line wins.
+            var flying: [Int: Set<String>] = [:]
+            var number = 0
+            func land() async throws {
+                guard let (landed, done) = try await group.next() else { return }
+                summary.merge(done)
+                flying[landed] = nil
+                progress?(summary.read)
+            }
+            // Batches in flight at once: while PostgreSQL stores one, the next is read and decided.
+            func submit() async throws {
+                guard !batch.planned.isEmpty else { return }
+                if flying.count == batchesAtOnce { try await land() }
+                number += 1
+                let (planned, keys, id) = (batch.planned, batch.keys, number)
+                flying[id] = keys
+                batch = Batch()
+                group.addTask { (id, try await write(planned)) }
+            }
+            for line in lines {
+                summary.read += 1
+                let record: HistoryRecord
+                switch line.fields {
+                case .failure(let error):
                     summary.refuse(line.number, error.code, error.description)
                     continue
+                case .success(let fields):
+                    do { record = try HistoryRecord(fields, line: line.number) } catch let error as LedgerInputError {
+                        summary.refuse(line.number, error.code, error.description)
+                        continue
+                    }
                 }
+                // The app, found once per bundle id named (`OrderApps`: the one held, in its spelling).
+                if apps[record.bundleId] == nil { apps[record.bundleId] = await app(of: record.bundleId) }
+                guard case .success(let app) = apps[record.bundleId] else {
+                    if case .failure(let error) = apps[record.bundleId] { summary.refuse(line.number, error.code, error.description) }
+                    continue
+                }
+                let planned = try Self.plan(record, app: app, source: source)
+                // A batch's writes share no order and no transaction, nor with the batches in flight.
+                if !batch.keys.isDisjoint(with: planned.keys) || flying.values.contains(where: { !$0.isDisjoint(with: planned.keys) }) {
+                    try await submit()
+                    while !flying.isEmpty { try await land() }
+                }
+                batch.add(planned)
+                if batch.planned.count >= batchSize { try await submit() }
             }
-            // The app, found once per bundle id named (`OrderApps`: the one held, in its spelling).
-            if apps[record.bundleId] == nil { apps[record.bundleId] = await app(of: record.bundleId) }
-            guard case .success(let app) = apps[record.bundleId] else {
-                if case .failure(let error) = apps[record.bundleId] { summary.refuse(line.number, error.code, error.description) }
-                continue
-            }
-            let planned = try Self.plan(record, app: app, source: source)
-            // A batch's writes share no order and no transaction.
-            if !batch.takes(planned) {
-                summary.merge(try await write(batch.take()))
-                progress?(summary.read)
-            }
-            batch.add(planned)
-            if batch.planned.count >= batchSize {
-                summary.merge(try await write(batch.take()))
-                progress?(summary.read)
-            }
+            try await submit()
+            while !flying.isEmpty { try await land() }
         }
-        if !batch.planned.isEmpty { summary.merge(try await write(batch.take())) }
+        summary.refusals.sort { $0.line < $1.line }
         progress?(summary.read)
         return summary
     }
@@ -125,22 +155,12 @@ public struct HistoryImport: Sendable {
     /// Orders gathered for one database transaction: no two share an order or a transaction.
     struct Batch {
         var planned: [Planned] = []
-        var orders = Set<OrderID>()
-        var transactions = Set<TransactionID>()
-
-        func takes(_ next: Planned) -> Bool {
-            !orders.contains(next.orderId) && !(next.transactionId.map(transactions.contains) ?? false)
-        }
+        /// Their orders and transactions (`Planned.keys`).
+        var keys = Set<String>()
 
         mutating func add(_ next: Planned) {
             planned.append(next)
-            orders.insert(next.orderId)
-            if let id = next.transactionId { transactions.insert(id) }
-        }
-
-        mutating func take() -> [Planned] {
-            defer { self = Batch() }
-            return planned
+            keys.formUnion(next.keys)
         }
     }
 
@@ -238,9 +258,11 @@ public struct HistoryImport: Sendable {
         }
         for (event, _, _) in events { try event.validate() }
         let created = EventID.named("import", order, "created")
+        // One metadata per time (an order's events happened at two or three).
+        var metadata: [Date: Data] = [:]
         let newEvents = try events.map { event, type, at in
-            let metadata = try EventCoding.encoder.encode(Metadata(importedFrom: .init(source: source, line: record.line, at: at)))
-            return try EventCoding.newEvent(event, id: type == "created" ? created : EventID.named("import", order, type), metadata: metadata)
+            if metadata[at] == nil { metadata[at] = try EventCoding.encoder.encode(Metadata(importedFrom: .init(source: source, line: record.line, at: at))) }
+            return try EventCoding.newEvent(event, id: type == "created" ? created : EventID.named("import", order, type), metadata: metadata[at]!)
         }
         return Planned(
             line: record.line, orderId: orderID, userId: user, transactionId: record.transactionId,

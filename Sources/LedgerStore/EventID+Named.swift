@@ -19,5 +19,12 @@ extension EventID {
 /// The SHA-256 of `parts` (joined as `EventID.named` joins them), in lower-case hex: a digest
 /// that stands for a proof the ledger never saw (an imported grant's `receiptSha256`).
 public func namedDigest(_ parts: String...) -> String {
-    SHA256.hash(data: Data(parts.joined(separator: "\u{1F}").utf8)).map { String(format: "%02x", $0) }.joined()
+    let digits = Array("0123456789abcdef".utf8)
+    var hex: [UInt8] = []
+    hex.reserveCapacity(64)
+    for byte in SHA256.hash(data: Data(parts.joined(separator: "\u{1F}").utf8)) {
+        hex.append(digits[Int(byte >> 4)])
+        hex.append(digits[Int(byte & 0x0F)])
+    }
+    return String(decoding: hex, as: UTF8.self)
 }

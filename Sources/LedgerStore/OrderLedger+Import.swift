@@ -13,11 +13,14 @@ extension OrderLedger {
     /// Which of `ids` the ledger holds, each with its user and whether `createdEvents[i]` (the
     /// `created` event an import would give `ids[i]`) is stored: two index lookups a batch.
     public func present(_ ids: [OrderID], createdEvents: [EventID]) async throws -> [OrderID: Present] {
+        // By the orders' key (an index scan per id, never a join that reads all orders); the
+        // event lookup only for the orders found.
         let rows = try await database.query(
             """
-            SELECT o.order_id, o.user_id, EXISTS (SELECT 1 FROM events e WHERE e.event_id = x.created)
-              FROM unnest(\(ids.map(\.rawValue)), \(createdEvents.map(\.uuid))) AS x(order_id, created)
-              JOIN orders o ON o.order_id = x.order_id
+            SELECT o.order_id, o.user_id,
+                   EXISTS (SELECT 1 FROM events e WHERE e.event_id = (\(createdEvents.map(\.uuid))::uuid[])[array_position(\(ids.map(\.rawValue))::text[], o.order_id)])
+              FROM orders o
+             WHERE o.order_id = ANY (\(ids.map(\.rawValue))::text[])
             """)
         var present: [OrderID: Present] = [:]
         for try await (id, user, imported) in rows.decode((String, String, Bool).self) {

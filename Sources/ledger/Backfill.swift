@@ -17,12 +17,11 @@ struct Backfill: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Apply Apple's notification history (at most 180 days back in production, 30 in the sandbox) from the last notification recorded, or --since; a stopped backfill resumes.")
         @OptionGroup var options: ConfigurationOptions
-        @Option(help: "Start here instead (ISO 8601, such as 2026-11-01T00:00:00Z); Apple keeps 180 days (30 in the sandbox)") var since: String?
+        @Option(help: "Start here instead: a day (2026-11-01, midnight UTC) or an ISO 8601 time (2026-11-01T12:00:00Z); Apple keeps 180 days (30 in the sandbox)") var since: String?
 
         func run() async throws {
             let start = try since.map { text in
-                guard let date = ISO8601DateFormatter().date(from: text) else { throw ValidationError("--since must be an ISO 8601 date such as 2026-11-01T00:00:00Z") }
-                return date
+                do { return try ReportPeriod.date(text, field: "--since") } catch { throw ValidationError("\(error)") }
             }
             let metadata = try operatorMetadata("backfill notifications")
             let progress = terminalProgress("notifications").map { report in { @Sendable (seen: Int) in report(seen, seen + 1) } }

@@ -84,6 +84,8 @@ DECLARE
     -- What the app checks at the end refuse, and why.
     v_refused text;
     v_code text;
+    -- The new orders whose token is their user's.
+    v_user_token_orders text[];
 BEGIN
     -- A procedure that may COMMIT cannot carry SET clauses. Every statement here is an index
     -- lookup: a plan cached while the log was small must not scan it whole once it is large. And
@@ -373,30 +375,30 @@ BEGIN
         -- Each new order's appAccountToken (024_account_tokens.sql): one that names its order
         -- (the default) is new to the ledger, else the table's key refuses it (as a unique
         -- violation); a user's token (its `created` event says `appAccountTokenScope: user`) is
-        -- new, or its user's already, in the same app. The key orders concurrent writers of one token.
-        WITH new_tokens AS (
-            SELECT x.token, x.order_id, o.user_id, o.bundle_id, ev.data->>'appAccountTokenScope' = 'user' AS of_user
-              FROM unnest(p_order_writes, p_order_new, p_order_ids, p_order_tokens) AS x(w, is_new, order_id, token)
-              JOIN unnest(p_units, p_types, p_streams, p_data) AS ev(w, type, stream, data)
-                ON ev.w = x.w AND ev.type = 'created' AND ev.stream = 'order-' || x.order_id
-              JOIN orders o ON o.order_id = x.order_id
-             WHERE x.is_new AND r_status[x.w] = 'appended'
-        ), ordered AS (
-            INSERT INTO app_account_tokens (app_account_token, user_id, bundle_id, order_id)
-            SELECT t.token, t.user_id, t.bundle_id, t.order_id FROM new_tokens t WHERE t.of_user IS NOT TRUE
-        )
+        -- new, or its user's already, in the same app. The key orders concurrent writers of one
+        -- token. The orders of users' tokens are found in one pass over the events (a join of
+        -- the events with the rows would compare every pair).
+        SELECT coalesce(array_agg(substr(ev.stream, 7)), '{}') INTO v_user_token_orders
+          FROM unnest(p_types, p_streams, p_data) AS ev(type, stream, data)
+         WHERE ev.type = 'created' AND ev.data->>'appAccountTokenScope' = 'user';
         INSERT INTO app_account_tokens (app_account_token, user_id, bundle_id, order_id)
-        SELECT DISTINCT t.token, t.user_id, t.bundle_id, NULL::text FROM new_tokens t WHERE t.of_user
-            ON CONFLICT (app_account_token) DO NOTHING;
-        IF EXISTS (SELECT 1 FROM unnest(p_types, p_data) AS ev(type, data)
-                    WHERE ev.type = 'created' AND ev.data->>'appAccountTokenScope' = 'user') THEN
+        SELECT x.token, o.user_id, o.bundle_id, x.order_id
+          FROM unnest(p_order_writes, p_order_new, p_order_ids, p_order_tokens) AS x(w, is_new, order_id, token)
+          JOIN orders o ON o.order_id = x.order_id
+         WHERE x.is_new AND r_status[x.w] = 'appended' AND x.order_id <> ALL (v_user_token_orders);
+        IF cardinality(v_user_token_orders) > 0 THEN
+            INSERT INTO app_account_tokens (app_account_token, user_id, bundle_id, order_id)
+            SELECT DISTINCT x.token, o.user_id, o.bundle_id, NULL::text
+              FROM unnest(p_order_writes, p_order_new, p_order_ids, p_order_tokens) AS x(w, is_new, order_id, token)
+              JOIN orders o ON o.order_id = x.order_id
+             WHERE x.is_new AND r_status[x.w] = 'appended' AND x.order_id = ANY (v_user_token_orders)
+                ON CONFLICT (app_account_token) DO NOTHING;
             SELECT x.token::text INTO v_refused
               FROM unnest(p_order_writes, p_order_new, p_order_ids, p_order_tokens) AS x(w, is_new, order_id, token)
               JOIN orders o ON o.order_id = x.order_id
               JOIN app_account_tokens k ON k.app_account_token = x.token
-             WHERE x.is_new AND r_status[x.w] = 'appended'
-               AND (k.order_id IS NOT NULL AND k.order_id <> x.order_id OR k.user_id <> o.user_id
-                    OR k.bundle_id IS DISTINCT FROM o.bundle_id)
+             WHERE x.is_new AND r_status[x.w] = 'appended' AND x.order_id = ANY (v_user_token_orders)
+               AND (k.order_id IS NOT NULL OR k.user_id <> o.user_id OR k.bundle_id IS DISTINCT FROM o.bundle_id)
              LIMIT 1;
             IF v_refused IS NOT NULL THEN
                 RAISE EXCEPTION 'appAccountToken % belongs to another user or order', v_refused USING ERRCODE = 'LE396', DETAIL = v_refused;
