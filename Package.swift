@@ -24,6 +24,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-certificates.git", from: "1.21.1"),
         .package(url: "https://github.com/apple/swift-asn1.git", from: "1.7.4"),
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
+        .package(url: "https://github.com/yaslab/CSV.swift.git", from: "2.5.2"),
     ],
     targets: [
         /// The domain: events, the order state machine, the projections' rules, the reconciler's
@@ -37,7 +38,7 @@ let package = Package(
             resources: [.embedInCode("migrations"), .embedInCode("routines")]
         ),
         /// The JSON the ledger stores and answers: event bodies written and read, times in ISO 8601.
-        .target(name: "LedgerJSON", dependencies: ["LedgerCore"]),
+        .target(name: "LedgerJSON", dependencies: ["LedgerCore", .product(name: "CSV", package: "CSV.swift")]),
         /// PostgreSQL, and the only module with SQL text: the connection, the writer and the
         /// append, the event store and feed, projections and their rebuild, migrations, leases,
         /// and every query the rest of the ledger needs.

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import LedgerCore
+import LedgerJSON
 import LedgerServer
 import LedgerServices
 import LedgerStore

@@ -1,6 +1,7 @@
 import Foundation
 import Hummingbird
 import LedgerCore
+import LedgerJSON
 import LedgerServices
 
 /// `POST /v1/imports` (admin scope, every app's key): a small batch of a team's history, as

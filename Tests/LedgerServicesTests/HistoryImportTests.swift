@@ -1,5 +1,6 @@
 import Foundation
 import LedgerCore
+import LedgerJSON
 import LedgerServices
 import LedgerStore
 import LedgerTestSupport

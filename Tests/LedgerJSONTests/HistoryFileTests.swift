@@ -1,5 +1,6 @@
 import Foundation
 import LedgerCore
+import LedgerJSON
 import Testing
 
 /// Reading a history to import (docs/import.md): CSV records and JSON Lines, each line's number

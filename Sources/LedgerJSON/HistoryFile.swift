@@ -1,0 +1,131 @@
+import CSV
+import Foundation
+import LedgerCore
+
+/// A file of a team's history (docs/import.md), read line by line: CSV with a header (read by
+/// CSV.swift), or JSON Lines (one object per line). Each line gives its fields, or why it cannot
+/// be read.
+public struct HistoryFile: Sendable {
+    public enum Format: String, Sendable {
+        case csv
+        case jsonLines = "jsonl"
+
+        /// The format a file's name says: `.csv`, else `.jsonl` or `.ndjson`; nil for another.
+        public init?(path: String) {
+            switch URL(fileURLWithPath: path).pathExtension.lowercased() {
+            case "csv": self = .csv
+            case "jsonl", "ndjson": self = .jsonLines
+            default: return nil
+            }
+        }
+    }
+
+    /// A line's fields, or why the line cannot be read.
+    public struct Line: Sendable {
+        public let number: Int
+        public let fields: Result<[String: String], LedgerInputError>
+    }
+
+    public let format: Format
+    let data: Data
+
+    /// Reads `data` as `format`. A CSV file's header must name known columns, each once: else the
+    /// file is refused, naming the column.
+    public init(_ data: Data, format: Format) throws(LedgerInputError) {
+        self.format = format
+        self.data = data
+        guard format == .csv else { return }
+        let reader: CSVReader
+        do { reader = try CSVReader(string: String(decoding: data, as: UTF8.self), hasHeaderRow: true) } catch {
+            throw LedgerInputError(field: "header", problem: "cannot be read as CSV: \(error)")
+        }
+        guard let names = reader.headerRow, names != [""] else { throw LedgerInputError(field: "header", problem: "is missing: the file is empty") }
+        let header = names.map { $0.trimmingCharacters(in: .whitespaces) }
+        for name in header where !HistoryRecord.columns.contains(name) {
+            throw LedgerInputError(field: name, problem: "is not a column of an import; use \(HistoryRecord.columns.joined(separator: ", "))")
+        }
+        if let twice = header.first(where: { name in header.filter { $0 == name }.count > 1 }) {
+            throw LedgerInputError(field: twice, problem: "is a column twice in the header")
+        }
+    }
+
+    /// The lines after the header, in order; blank lines are skipped. A CSV record's number is the
+    /// line it starts on (a quoted field may hold line breaks).
+    public var lines: some Sequence<Line> {
+        AnySequence<Line> { [format, data] in
+            switch format {
+            case .csv: Self.csvLines(data)
+            case .jsonLines: Self.jsonLines(data)
+            }
+        }
+    }
+
+    private static func csvLines(_ data: Data) -> AnyIterator<Line> {
+        guard let reader = try? CSVReader(string: String(decoding: data, as: UTF8.self), hasHeaderRow: true) else {
+            return AnyIterator { nil }
+        }
+        let header = (reader.headerRow ?? []).map { $0.trimmingCharacters(in: .whitespaces) }
+        // The header's own line breaks (a quoted name) are not counted: no column's name has one.
+        var line = 2
+        return AnyIterator<Line> {
+            while let values = reader.next() {
+                let number = line
+                line += 1 + values.reduce(0) { $0 + $1.utf8.reduce(0) { $1 == UInt8(ascii: "\n") ? $0 + 1 : $0 } }
+                if values.count == 1, values[0].trimmingCharacters(in: .whitespaces).isEmpty { continue }
+                guard values.count == header.count else {
+                    return Line(number: number, fields: .failure(LedgerInputError(
+                        field: "line", problem: "has \(values.count) fields; the header has \(header.count)")))
+                }
+                var fields: [String: String] = [:]
+                for (name, value) in zip(header, values) where !value.isEmpty { fields[name] = value }
+                return Line(number: number, fields: .success(fields))
+            }
+            return nil
+        }
+    }
+
+    private static func jsonLines(_ data: Data) -> AnyIterator<Line> {
+        let bytes = [UInt8](data)
+        var offset = 0
+        var number = 0
+        return AnyIterator<Line> {
+            while offset < bytes.count {
+                number += 1
+                let end = bytes[offset...].firstIndex(of: UInt8(ascii: "\n")) ?? bytes.count
+                let text = bytes[offset..<end]
+                offset = end + 1
+                guard text.contains(where: { !($0 == 0x20 || $0 == 0x09 || $0 == 0x0D) }) else { continue }
+                return Line(number: number, fields: Self.jsonFields(Data(text)))
+            }
+            return nil
+        }
+    }
+
+    /// One JSON object's members as text: strings as they are, numbers as written, null as absent.
+    static func jsonFields(_ data: Data) -> Result<[String: String], LedgerInputError> {
+        guard let object = try? JSONDecoder().decode([String: Member].self, from: data) else {
+            return .failure(LedgerInputError(field: "line", problem: "is not a JSON object of strings (or, for price, a number)"))
+        }
+        var fields: [String: String] = [:]
+        for (name, member) in object {
+            switch member {
+            case .null: continue
+            case .text(let text): fields[name] = text
+            case .number(let number): fields[name] = "\(number)"
+            }
+        }
+        return .success(fields)
+    }
+
+    /// A member of a JSON Lines object: a string, a number or null.
+    enum Member: Decodable {
+        case text(String), number(Decimal), null
+
+        init(from decoder: any Decoder) throws {
+            let value = try decoder.singleValueContainer()
+            if value.decodeNil() { self = .null } else if let text = try? value.decode(String.self) { self = .text(text) } else {
+                self = .number(try value.decode(Decimal.self))
+            }
+        }
+    }
+}
