@@ -44,6 +44,7 @@ public enum LedgerSchema {
         Migration(name: "023_account_conflicts.sql", sql: String(decoding: PackageResources._23_account_conflicts_sql, as: UTF8.self)),
         Migration(name: "024_account_tokens.sql", sql: String(decoding: PackageResources._24_account_tokens_sql, as: UTF8.self)),
         Migration(name: "025_imported_history.sql", sql: String(decoding: PackageResources._25_imported_history_sql, as: UTF8.self)),
+        Migration(name: "026_apple_sales_reports.sql", sql: String(decoding: PackageResources._26_apple_sales_reports_sql, as: UTF8.self)),
     ]
 
     /// `sql/routines`: applied after the migrations, and again when a database has an earlier

@@ -443,7 +443,8 @@ actor TokenCache {
 }
 
 extension String {
-    fileprivate func trimmingSuffix(_ suffix: String) -> String {
+    /// The text without `suffix` at its end (a base URL's trailing slash).
+    func trimmingSuffix(_ suffix: String) -> String {
         hasSuffix(suffix) ? String(dropLast(suffix.count)) : self
     }
 }

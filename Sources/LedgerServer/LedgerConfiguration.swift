@@ -76,6 +76,12 @@ public struct LedgerConfiguration: Sendable {
         public static let setTokenAfterPairing = "LEDGER_APPLE_SET_TOKEN_AFTER_PAIRING"
         public static let refundLookback = "LEDGER_REFUND_LOOKBACK"
         public static let appsMaximumAge = "LEDGER_APPS_MAX_AGE"
+        public static let appStoreConnectURL = "LEDGER_APP_STORE_CONNECT_URL"
+        public static let appStoreConnectIssuerID = "LEDGER_APP_STORE_CONNECT_ISSUER_ID"
+        public static let appStoreConnectKeyID = "LEDGER_APP_STORE_CONNECT_KEY_ID"
+        public static let appStoreConnectPrivateKey = "LEDGER_APP_STORE_CONNECT_PRIVATE_KEY"
+        public static let appStoreConnectVendorNumber = "LEDGER_APP_STORE_CONNECT_VENDOR_NUMBER"
+        public static let appStoreConnectSalesVersion = "LEDGER_APP_STORE_CONNECT_SALES_VERSION"
 
         public static let all = [
             databaseURL, dataDirectory, host, port, logLevel, appleRootCertificates, appleBundleID, appleAppID,
@@ -83,7 +89,8 @@ public struct LedgerConfiguration: Sendable {
             appleAPIKeyID, appleAPIIssuerID, appleAPIPrivateKey, appleAPIURL, appleAPISandboxURL, appleAPIRate,
             reconcileInterval, reconcileClockSkew, reconcileMaximumAge, reconcileSettle, reconcileRecoveryOrders,
             recoveryAfter, recoveryInterval, consumptionConsent, finishAfterDelivery, setTokenAfterPairing, refundLookback,
-            appsMaximumAge,
+            appsMaximumAge, appStoreConnectURL, appStoreConnectIssuerID, appStoreConnectKeyID, appStoreConnectPrivateKey,
+            appStoreConnectVendorNumber, appStoreConnectSalesVersion,
         ]
     }
 
@@ -92,6 +99,8 @@ public struct LedgerConfiguration: Sendable {
     public var port = 8080
     public var logLevel: Logger.Level = .info
     public var apple = Apple()
+    /// The App Store Connect API's key for sales reports; nil: none fetched.
+    public var appStoreConnect: AppStoreConnect?
     /// Seconds between the background reconciler's passes inside `ledger serve`; 0: none.
     public var reconcileInterval = 60
     public var reconciler = Reconciler.Settings()
@@ -147,6 +156,9 @@ public struct LedgerConfiguration: Sendable {
             }
         }
         problems += configuration.apple.load(values)
+        let (appStoreConnect, appStoreConnectProblems) = AppStoreConnect.load(values)
+        configuration.appStoreConnect = appStoreConnect
+        problems += appStoreConnectProblems
         for (key, minimum, apply) in [
             (Key.reconcileInterval, 0, { (c: inout LedgerConfiguration, v: Int) in c.reconcileInterval = v }),
             (Key.reconcileClockSkew, 0, { (c: inout LedgerConfiguration, v: Int) in c.reconciler.clockSkew = TimeInterval(v) }),

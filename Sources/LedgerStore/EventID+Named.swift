@@ -19,10 +19,15 @@ extension EventID {
 /// The SHA-256 of `parts` (joined as `EventID.named` joins them), in lower-case hex: a digest
 /// that stands for a proof the ledger never saw (an imported grant's `receiptSha256`).
 public func namedDigest(_ parts: String...) -> String {
+    sha256Hex(Data(parts.joined(separator: "\u{1F}").utf8))
+}
+
+/// The SHA-256 of `data` in lower-case hex.
+public func sha256Hex(_ data: Data) -> String {
     let digits = Array("0123456789abcdef".utf8)
     var hex: [UInt8] = []
     hex.reserveCapacity(64)
-    for byte in SHA256.hash(data: Data(parts.joined(separator: "\u{1F}").utf8)) {
+    for byte in SHA256.hash(data: data) {
         hex.append(digits[Int(byte >> 4)])
         hex.append(digits[Int(byte & 0x0F)])
     }

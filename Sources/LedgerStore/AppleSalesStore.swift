@@ -1,0 +1,111 @@
+import Foundation
+import LedgerCore
+import PostgresNIO
+
+/// App Store Connect's daily sales reports as Apple sent them (migration 026): each day's
+/// revisions, and each line with every column by name.
+public struct AppleSalesStore: Sendable {
+    public let database: Database
+
+    public init(database: Database) {
+        self.database = database
+    }
+
+    /// What storing a day's answer did.
+    public enum Recorded: String, Sendable, Equatable {
+        /// The day was not stored before.
+        case new
+        /// The same file (or no sales again): nothing changed.
+        case unchanged
+        /// Apple restated the day: a new revision.
+        case restated
+    }
+
+    /// A line of a report, the columns the comparison reads and all of them.
+    public struct Row: Sendable {
+        public var sku: String
+        public var parentIdentifier: String
+        public var productType: String
+        public var units: Int
+        public var countryCode: String
+        public var fields: [String: String]
+
+        public init(sku: String, parentIdentifier: String, productType: String, units: Int, countryCode: String, fields: [String: String]) {
+            self.sku = sku
+            self.parentIdentifier = parentIdentifier
+            self.productType = productType
+            self.units = units
+            self.countryCode = countryCode
+            self.fields = fields
+        }
+    }
+
+    /// Stores `day`'s answer: the file (its SHA-256 and its rows), or nil for "no sales". The
+    /// same answer as the latest revision changes nothing; another is a new revision. One writer
+    /// per day at a time.
+    public func record(vendor: String, day: String, version: String, file: Data?, rows: [Row]) async throws -> Recorded {
+        let sha = file.map(sha256Hex)
+        let outcome = file == nil ? "no-sales" : "report"
+        return try await database.transaction { tx in
+            let connection = tx.connection
+            let logger = database.logger
+            try await connection.guardedQuery(
+                "SELECT pg_advisory_xact_lock(hashtextextended(\("sales-" + vendor + "-" + day + "-" + version), 0))", logger: logger)
+            let latest = try await connection.guardedQuery(
+                """
+                SELECT revision, outcome, sha256 FROM apple_sales_reports
+                 WHERE vendor_number = \(vendor) AND report_date = \(day)::date AND version = \(version)
+                 ORDER BY revision DESC LIMIT 1
+                """, logger: logger)
+            var last: (Int, String, String?)?
+            for try await row in latest.decode((Int, String, String?).self) { last = row }
+            if let last, last.1 == outcome, last.2 == sha { return .unchanged }
+            let revision = (last?.0 ?? 0) + 1
+            try await connection.guardedQuery(
+                """
+                INSERT INTO apple_sales_reports (vendor_number, report_date, version, revision, outcome, sha256, row_count)
+                VALUES (\(vendor), \(day)::date, \(version), \(revision), \(outcome), \(sha), \(rows.count))
+                """, logger: logger)
+            if !rows.isEmpty {
+                let fields = try rows.map { String(decoding: try JSONSerialization.data(withJSONObject: $0.fields, options: [.sortedKeys]), as: UTF8.self) }
+                try await connection.guardedQuery(
+                    """
+                    INSERT INTO apple_sales_rows (vendor_number, report_date, version, revision, line, sku, parent_identifier,
+                                                  product_type, units, country_code, fields)
+                    SELECT \(vendor), \(day)::date, \(version), \(revision), x.line, x.sku, x.parent, x.type, x.units, x.country, x.fields::jsonb
+                      FROM unnest(\(Array(1...rows.count)), \(rows.map(\.sku)), \(rows.map(\.parentIdentifier)), \(rows.map(\.productType)),
+                                  \(rows.map(\.units)), \(rows.map(\.countryCode)), \(fields)::text[])
+                           AS x(line, sku, parent, type, units, country, fields)
+                    """, logger: logger)
+            }
+            return last == nil ? .new : .restated
+        }
+    }
+
+    /// The days from `from` to `to` (`YYYY-MM-DD`, both included) with no report stored for
+    /// `vendor` and `version`, oldest first.
+    public func missingDays(vendor: String, version: String, from: String, to: String) async throws -> [String] {
+        let rows = try await database.query(
+            """
+            SELECT to_char(d, 'YYYY-MM-DD') FROM generate_series(\(from)::date, \(to)::date, interval '1 day') AS d
+             WHERE NOT EXISTS (SELECT 1 FROM apple_sales_reports r
+                                WHERE r.vendor_number = \(vendor) AND r.version = \(version) AND r.report_date = d::date)
+             ORDER BY 1
+            """)
+        var days: [String] = []
+        for try await day in rows.decode(String.self) { days.append(day) }
+        return days
+    }
+
+    /// A day's latest revision: its number, outcome and rows; nil when none is stored.
+    public func latest(vendor: String, day: String, version: String) async throws -> (revision: Int, outcome: String, rows: Int)? {
+        let rows = try await database.query(
+            """
+            SELECT revision, outcome, row_count FROM apple_sales_reports
+             WHERE vendor_number = \(vendor) AND report_date = \(day)::date AND version = \(version)
+             ORDER BY revision DESC LIMIT 1
+            """)
+        for try await row in rows.decode((Int, String, Int).self) { return row }
+        return nil
+    }
+}

@@ -1,0 +1,120 @@
+import AppleReceipts
+import AppStoreStandIn
+import Foundation
+import LedgerServices
+import LedgerStore
+import LedgerTestSupport
+import Logging
+import Testing
+
+/// Issue 42, points 1, 2 and 5: App Store Connect's daily sales reports fetched from a stand-in
+/// as strict as Apple, with its faults, and stored as Apple sent them.
+@Suite("App Store Connect sales reports")
+struct SalesReportFetchTests {
+    static let logger = Logger(label: "sales-test")
+
+    static func day(_ offset: Int) -> String {
+        String(Date(timeIntervalSinceNow: Double(offset) * 86_400).formatted(Date.ISO8601FormatStyle()).prefix(10))
+    }
+
+    @Test("faults Apple plays: 429 with Retry-After and 500 retried, no sales an empty day, a day not published asked again, a restated day a new revision")
+    func fetchesThroughFaults() async throws {
+        let standIn = AppStoreConnectStandIn()
+        let (d1, d2, d3, d4) = (Self.day(-5), Self.day(-4), Self.day(-3), Self.day(-2))
+        await standIn.setReport(d1, tsv: AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 3, "US"), ("gems.100", "GAME1", "IA1", -1, "DE")], day: d1))
+        await standIn.setReport(d3, tsv: AppStoreConnectStandIn.tsv([("gems.500", "GAME1", "IA1", 2, "FR")], day: d3))
+        await standIn.setUnpublished(d4)
+        // d2: no sales.
+        await standIn.queue([.tooManyRequests(retryAfterSeconds: 0), .serverError])
+        try await withTestDatabase { db in
+            try await standIn.run { baseURL in
+                let api = try await AppStoreConnectAPI(settings: standIn.settings(baseURL: baseURL), logger: Self.logger)
+                let store = AppleSalesStore(database: db.database)
+                let fetch = SalesReportFetch(api: api, store: store, logger: Self.logger)
+                let first = try await fetch.run(from: d1, to: d4)
+                #expect(first.new == [d1, d3] && first.noSales == [d2] && first.notYetPublished == [d4] && first.failed.isEmpty, "\(first)")
+                #expect(await standIn.requests == 6, "two faults retried, four days")
+                let rows = try await db.client.query(
+                    "SELECT sku || ' ' || country_code || ' ' || units::text || ' ' || (fields->>'Order Type' IS NOT NULL)::text FROM apple_sales_rows ORDER BY report_date, line",
+                    logger: TestServer.logger)
+                var lines: [String] = []
+                for try await line in rows.decode(String.self) { lines.append(line) }
+                #expect(lines == ["gems.100 US 3 true", "gems.100 DE -1 true", "gems.500 FR 2 true"], "every column kept, new ones too")
+
+                // The next run asks only for the day not published then; it is now.
+                await standIn.publish(d4)
+                await standIn.setReport(d4, tsv: AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 1, "US")], day: d4))
+                let asked = await standIn.asked.count
+                let second = try await fetch.run(from: d1, to: d4)
+                #expect(second.new == [d4] && second.unchanged.isEmpty, "\(second)")
+                #expect(await standIn.asked.count == asked + 1)
+
+                // Fetched again: the same files change nothing; a restated day is a new revision.
+                await standIn.setReport(d1, tsv: AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 4, "US")], day: d1))
+                let again = try await fetch.run(from: d1, to: d4, again: true)
+                #expect(again.restated == [d1] && again.unchanged == [d2, d3, d4], "\(again)")
+                let revision = try await store.latest(vendor: standIn.vendorNumber, day: d1, version: "1_0")
+                #expect(revision?.revision == 2 && revision?.rows == 1, "\(String(describing: revision))")
+            }
+        }
+    }
+
+    @Test("Apple's refusals are named: a wrong key, a vendor the key may not read, a day past Apple's 365, a version Apple does not know")
+    func refusals() async throws {
+        let standIn = AppStoreConnectStandIn()
+        try await standIn.run { baseURL in
+            var wrongKey = standIn.settings(baseURL: baseURL)
+            wrongKey.privateKeyPEM = AppStoreConnectStandIn().privateKeyPEM
+            do {
+                _ = try await AppStoreConnectAPI(settings: wrongKey, logger: Self.logger).dailySalesReport(Self.day(-1))
+                Issue.record("another key's token was taken")
+            } catch let error as AppStoreConnectError {
+                #expect(error.code == "app-store-connect-unauthorized", "\(error)")
+            }
+            var otherVendor = standIn.settings(baseURL: baseURL)
+            otherVendor.vendorNumber = "1"
+            do {
+                _ = try await AppStoreConnectAPI(settings: otherVendor, logger: Self.logger).dailySalesReport(Self.day(-1))
+                Issue.record("another vendor's report was served")
+            } catch let error as AppStoreConnectError {
+                #expect(error.code == "app-store-connect-forbidden" && error.message.contains("Sales or Finance"), "\(error)")
+            }
+            let api = try await AppStoreConnectAPI(settings: standIn.settings(baseURL: baseURL), logger: Self.logger)
+            do {
+                _ = try await api.dailySalesReport(Self.day(-400))
+                Issue.record("a day past 365 was served")
+            } catch let error as AppStoreConnectError {
+                #expect(error.code == "app-store-connect-refused" && error.message.contains("365 days"), "\(error)")
+            }
+            var newer = standIn.settings(baseURL: baseURL)
+            newer.version = "1_3"
+            do {
+                _ = try await AppStoreConnectAPI(settings: newer, logger: Self.logger).dailySalesReport(Self.day(-1))
+                Issue.record("an unknown version was served")
+            } catch let error as AppStoreConnectError {
+                #expect(error.code == "app-store-connect-refused" && error.message.contains("version"), "\(error)")
+            }
+            // Rate-limited past the client's tries: Apple away, a later run's business.
+            await standIn.queue(Array(repeating: .tooManyRequests(retryAfterSeconds: 0), count: 5))
+            do {
+                _ = try await api.dailySalesReport(Self.day(-1))
+                Issue.record("five 429s were not an error")
+            } catch let error as AppStoreConnectError {
+                #expect(error.isAppleAway && error.code == "app-store-connect-rate-limited", "\(error)")
+            }
+        }
+    }
+
+    @Test("a report is read by its header's names, whatever the columns' order; a file without a column the ledger reads is refused, naming it")
+    func readsByHeader() throws {
+        let text = "Units\tCountry Code\tSKU\tParent Identifier\tProduct Type Identifier\tSomething New\n2\tJP\tgems.100\tGAME1\tIA1\tx\n"
+        let report = try AppleSalesReport(file: Data(text.utf8))
+        #expect(report.rows.map { "\($0.sku) \($0.countryCode) \($0.units) \($0.fields["Something New"] ?? "")" } == ["gems.100 JP 2 x"])
+        do {
+            _ = try AppleSalesReport(file: Data("SKU\tUnits\n".utf8))
+            Issue.record("a report without Parent Identifier was read")
+        } catch {
+            #expect(error.message.contains("Parent Identifier"), "\(error)")
+        }
+    }
+}
