@@ -63,7 +63,16 @@ public struct PrivateCluster: Sendable {
         try startLock.lock(wait: true)
         defer { startLock.unlock() }
         let ownerLock = try FileLock(path: directory.appendingPathComponent("owner.lock").path)
-        let owns = try ownerLock.lock(wait: false)
+        var owns = try ownerLock.lock(wait: false)
+        // Held while no PostgreSQL runs: the owner is stopping, or a child this process spawned
+        // has a copy of the owner's descriptor until it execs (a moment, longer on a loaded
+        // machine). Either lets go soon; a live owner's server runs.
+        var tries = 0
+        while !owns, runningServerPID() == nil, tries < 50 {
+            tries += 1
+            try await Task.sleep(for: .milliseconds(100))
+            owns = try ownerLock.lock(wait: false)
+        }
         let runner = ProcessRunner(user: account.runAs, workingDirectory: directory)
 
         if owns {
