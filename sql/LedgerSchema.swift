@@ -45,6 +45,7 @@ public enum LedgerSchema {
         Migration(name: "024_account_tokens.sql", sql: String(decoding: PackageResources._24_account_tokens_sql, as: UTF8.self)),
         Migration(name: "025_imported_history.sql", sql: String(decoding: PackageResources._25_imported_history_sql, as: UTF8.self)),
         Migration(name: "026_apple_sales_reports.sql", sql: String(decoding: PackageResources._26_apple_sales_reports_sql, as: UTF8.self)),
+        Migration(name: "027_apple_sales_comparison.sql", sql: String(decoding: PackageResources._27_apple_sales_comparison_sql, as: UTF8.self)),
     ]
 
     /// `sql/routines`: applied after the migrations, and again when a database has an earlier

@@ -31,7 +31,7 @@ extension APIError {
             }
         case let error as AppCatalogError:
             let status: HTTPResponse.Status = switch error {
-            case .appExists: .conflict
+            case .appExists, .skuTaken: .conflict
             case .unknownApp: .notFound
             }
             return APIError(status, code: error.code, message: error.description)

@@ -6,7 +6,7 @@ import LedgerCore
 /// does not know is refused, so that a misspelt one is not silently ignored.
 struct AppRequest: Decodable {
     static let fields = [
-        "bundleId", "appAppleId", "environments", "refundPreference", "appAccountTokens", "retired", "sharedSecret", "apiKey",
+        "bundleId", "appAppleId", "environments", "refundPreference", "appAccountTokens", "sku", "retired", "sharedSecret", "apiKey",
     ]
     static let keyFields = ["issuerId", "keyId", "privateKey", "privateKeyRef"]
 
@@ -61,6 +61,9 @@ struct AppRequest: Decodable {
         if let key = given("appAccountTokens") {
             try notNull(key, "use order or user")
             changes.appAccountTokens = try AppAccountTokenScope(setting: json.decode(String.self, forKey: key), field: "appAccountTokens")
+        }
+        if let key = given("sku") {
+            changes.sku = try isNull(key) ? .some(nil) : .some(try App.sku(json.decode(String.self, forKey: key)))
         }
         if let key = given("retired") {
             try notNull(key, "use true or false")

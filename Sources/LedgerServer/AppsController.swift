@@ -44,7 +44,7 @@ struct AppResponse: Encodable, Sendable {
     init(_ app: App) { self.app = app }
 
     enum CodingKeys: String, CodingKey {
-        case bundleId, appAppleId, environments, refundPreference, appAccountTokens, retired, hasSharedSecret, hasApiKey, apiKey, createdAt, updatedAt
+        case bundleId, appAppleId, environments, refundPreference, appAccountTokens, sku, retired, hasSharedSecret, hasApiKey, apiKey, createdAt, updatedAt
     }
 
     enum KeyCodingKeys: String, CodingKey { case issuerId, keyId, privateKeySource }
@@ -56,6 +56,7 @@ struct AppResponse: Encodable, Sendable {
         try json.encode(app.environments.map(\.rawValue), forKey: .environments)
         try json.encode(app.refundPreference?.rawValue, forKey: .refundPreference)
         try json.encode(app.appAccountTokens.rawValue, forKey: .appAccountTokens)
+        try json.encode(app.sku, forKey: .sku)
         try json.encode(app.retired, forKey: .retired)
         try json.encode(app.hasSharedSecret, forKey: .hasSharedSecret)
         try json.encode(app.apiKey != nil, forKey: .hasApiKey)

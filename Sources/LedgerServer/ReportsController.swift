@@ -4,7 +4,8 @@ import LedgerCore
 import LedgerJSON
 import LedgerStore
 
-/// `GET /v1/reports/reconciliation?from=&to=`: JSON, or CSV with `Accept: text/csv`.
+/// `GET /v1/reports/reconciliation?from=&to=` and `GET /v1/reports/apple?from=&to=` (Apple's
+/// sales beside the ledger's): JSON, or CSV with `Accept: text/csv`.
 struct ReportsController {
     let database: Database
 
@@ -13,6 +14,15 @@ struct ReportsController {
             let query = request.uri.queryParameters
             let (from, to) = try ReportPeriod.parse(from: query["from"].map(String.init), to: query["to"].map(String.init))
             let report = try await ReconciliationReport.make(database: database, from: from, to: to, apps: context.keyApps)
+            if (request.headers[.accept] ?? "").contains("text/csv") {
+                return Response(status: .ok, headers: [.contentType: "text/csv; charset=utf-8"], body: .init(byteBuffer: ByteBuffer(string: report.csv)))
+            }
+            return try EventCoding.encoder.encode(report, from: request, context: context)
+        }
+        router.get("/v1/reports/apple") { request, context in
+            let query = request.uri.queryParameters
+            let (from, to) = try ReportPeriod.days(from: query["from"].map(String.init), to: query["to"].map(String.init))
+            let report = try await AppleSalesComparison.make(database: database, from: from, to: to, apps: context.keyApps)
             if (request.headers[.accept] ?? "").contains("text/csv") {
                 return Response(status: .ok, headers: [.contentType: "text/csv; charset=utf-8"], body: .init(byteBuffer: ByteBuffer(string: report.csv)))
             }
@@ -28,6 +38,16 @@ public enum ReportPeriod {
         let start = try from.map { text throws(LedgerInputError) in try date(text, field: "from", endOfDay: false) } ?? now.addingTimeInterval(-30 * 86_400)
         let end = try to.map { text throws(LedgerInputError) in try date(text, field: "to", endOfDay: true) } ?? now.addingTimeInterval(1)
         guard start < end else { throw LedgerInputError(field: "to", problem: "must be after from") }
+        return (start, end)
+    }
+
+    /// A period of whole days (`YYYY-MM-DD`, both included), as Apple's reports count them: a day
+    /// or a time (its UTC day). Defaults: 30 days back, to yesterday.
+    public static func days(from: String?, to: String?, now: Date = Date()) throws(LedgerInputError) -> (String, String) {
+        func day(_ date: Date) -> String { String(date.formatted(Date.ISO8601FormatStyle()).prefix(10)) }
+        let start = try from.map { text throws(LedgerInputError) in day(try date(text, field: "from")) } ?? day(now.addingTimeInterval(-30 * 86_400))
+        let end = try to.map { text throws(LedgerInputError) in day(try date(text, field: "to")) } ?? day(now.addingTimeInterval(-86_400))
+        guard start <= end else { throw LedgerInputError(field: "to", problem: "must not be before from") }
         return (start, end)
     }
 

@@ -47,22 +47,31 @@ public struct AppCatalog: Sendable {
             return try await database.transaction { transaction in
                 try await transaction.connection.guardedQuery(
                     """
-                    INSERT INTO apps (bundle_id, app_apple_id, environments, refund_preference, retired, app_account_tokens)
+                    INSERT INTO apps (bundle_id, app_apple_id, environments, refund_preference, retired, app_account_tokens, sku)
                     VALUES (\(id.rawValue), \(changes.appAppleId ?? nil),
                             \((changes.environments ?? App.Environment.allCases).map(\.rawValue)),
                             \((changes.refundPreference ?? nil)?.rawValue), \(changes.retired ?? false),
-                            \((changes.appAccountTokens ?? .order).rawValue))
+                            \((changes.appAccountTokens ?? .order).rawValue), \(changes.sku ?? nil))
                     """, logger: database.logger)
                 try await writeCredentials(id, changes, on: transaction)
                 return try await app(id, on: transaction)
             }
         } catch let error as PSQLError where error.sqlState == .uniqueViolation {
+            if error.serverInfo?[.constraintName] == "apps_sku_key" { throw AppCatalogError.skuTaken((changes.sku ?? nil) ?? "") }
             throw AppCatalogError.appExists(id)
         }
     }
 
     /// Changes an app (found in any case). Throws `AppCatalogError.unknownApp` when there is none.
     public func change(_ id: BundleID, _ changes: AppChanges) async throws -> App {
+        do {
+            return try await changeRow(id, changes)
+        } catch let error as PSQLError where error.sqlState == .uniqueViolation && error.serverInfo?[.constraintName] == "apps_sku_key" {
+            throw AppCatalogError.skuTaken((changes.sku ?? nil) ?? "")
+        }
+    }
+
+    private func changeRow(_ id: BundleID, _ changes: AppChanges) async throws -> App {
         try await database.transaction { transaction in
             let rows = try await transaction.connection.guardedQuery(
                 "SELECT bundle_id FROM apps WHERE lower(bundle_id) = lower(\(id.rawValue)) FOR UPDATE", logger: database.logger)
@@ -79,6 +88,7 @@ public struct AppCatalog: Sendable {
                                              ELSE refund_preference END,
                     retired = coalesce(\(changes.retired), retired),
                     app_account_tokens = coalesce(\(changes.appAccountTokens?.rawValue), app_account_tokens),
+                    sku = CASE WHEN \(changes.sku != nil) THEN \(changes.sku ?? nil) ELSE sku END,
                     updated_at = now()
                 WHERE bundle_id = \(stored)
                 """, logger: database.logger)
@@ -216,14 +226,14 @@ public struct AppCatalog: Sendable {
     /// Never the secrets: whether there is a shared secret, the key's ids and its reference.
     static let columns = """
         a.bundle_id, a.app_apple_id, a.environments, a.refund_preference, a.retired, a.created_at, a.updated_at,
-        c.shared_secret IS NOT NULL, c.api_issuer_id, c.api_key_id, c.api_private_key_ref, a.app_account_tokens
+        c.shared_secret IS NOT NULL, c.api_issuer_id, c.api_key_id, c.api_private_key_ref, a.app_account_tokens, a.sku
         """
 
     static func decode(_ rows: some AsyncSequence<PostgresRow, any Error>) async throws -> [App] {
         var apps: [App] = []
         for try await row in rows {
-            let (id, appleID, environments, preference, retired, created, updated, secret, issuer, keyID, reference, tokens) = try row.decode(
-                (String, Int64?, [String], String?, Bool, Date, Date, Bool?, String?, String?, String?, String).self)
+            let (id, appleID, environments, preference, retired, created, updated, secret, issuer, keyID, reference, tokens, sku) = try row.decode(
+                (String, Int64?, [String], String?, Bool, Date, Date, Bool?, String?, String?, String?, String, String?).self)
             var key: App.APIKeyInfo?
             if let issuer, let keyID {
                 key = .init(issuerId: issuer, keyId: keyID, privateKeyReference: reference.flatMap { try? SecretReference($0, field: "api_private_key_ref") })
@@ -231,7 +241,7 @@ public struct AppCatalog: Sendable {
             apps.append(App(
                 bundleId: BundleID(unchecked: id), appAppleId: appleID, environments: environments.compactMap(App.Environment.init(rawValue:)),
                 refundPreference: preference.flatMap(RefundPreference.init(rawValue:)), retired: retired, hasSharedSecret: secret ?? false,
-                apiKey: key, createdAt: created, updatedAt: updated, appAccountTokens: AppAccountTokenScope(rawValue: tokens) ?? .order))
+                apiKey: key, createdAt: created, updatedAt: updated, appAccountTokens: AppAccountTokenScope(rawValue: tokens) ?? .order, sku: sku))
         }
         return apps
     }
@@ -241,11 +251,14 @@ public struct AppCatalog: Sendable {
 public enum AppCatalogError: Error, Sendable, Equatable, CustomStringConvertible {
     case appExists(BundleID)
     case unknownApp(BundleID)
+    /// Another app has this SKU: sales reports name each app by its own.
+    case skuTaken(String)
 
     public var code: String {
         switch self {
         case .appExists: "app-exists"
         case .unknownApp: "unknown-app"
+        case .skuTaken: "sku-taken"
         }
     }
 
@@ -253,6 +266,7 @@ public enum AppCatalogError: Error, Sendable, Equatable, CustomStringConvertible
         switch self {
         case .appExists(let id): "the ledger holds the app \(id) already (bundle ids are the same whatever their case)"
         case .unknownApp(let id): "the ledger holds no app \(id)"
+        case .skuTaken(let sku): "another app has the SKU \(sku): App Store Connect's reports name each app by its own"
         }
     }
 }

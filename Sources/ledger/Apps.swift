@@ -21,6 +21,8 @@ struct Apps: AsyncParsableCommand {
         var refundPreference: String?
         @Option(help: "What the app's appAccountToken names: order (one order; add: the default) or user (the user's account, shared by the user's orders)")
         var appAccountTokens: String?
+        @Option(help: "The app's SKU in App Store Connect, as its sales reports name it (Parent Identifier)")
+        var sku: String?
         @Option(help: "The app-specific shared secret for verifyReceipt (legacy receipts)")
         var sharedSecret: String?
         @Option(help: "App Store Server API: the key's issuer id")
@@ -49,6 +51,7 @@ struct Apps: AsyncParsableCommand {
                 }
                 changes.refundPreference = .some(preference)
             }
+            if let sku { changes.sku = .some(try App.sku(sku, field: "--sku")) }
             if let appAccountTokens { changes.appAccountTokens = try AppAccountTokenScope(setting: appAccountTokens, field: "--app-account-tokens") }
             if let sharedSecret { changes.sharedSecret = .some(try AppCredentials.sharedSecret(sharedSecret, field: "--shared-secret")) }
             if let key = try apiKey() { changes.apiKey = .some(key) }
@@ -103,7 +106,7 @@ struct Apps: AsyncParsableCommand {
         @Option(help: "The app's bundle id") var bundleId: String
         @OptionGroup var app: AppOptions
         @Option(help: "true: the app is retired; false: it is active again") var retired: Bool?
-        @Option(help: "Comma-separated values to remove: app-apple-id, refund-preference, shared-secret, api-key")
+        @Option(help: "Comma-separated values to remove: app-apple-id, refund-preference, shared-secret, api-key, sku")
         var clear: String?
 
         func run() async throws {
@@ -116,7 +119,8 @@ struct Apps: AsyncParsableCommand {
                 case "refund-preference": changes.refundPreference = .some(nil)
                 case "shared-secret": changes.sharedSecret = .some(nil)
                 case "api-key": changes.apiKey = .some(nil)
-                default: throw LedgerInputError(field: "--clear", problem: "names \(name); use app-apple-id, refund-preference, shared-secret or api-key")
+                case "sku": changes.sku = .some(nil)
+                default: throw LedgerInputError(field: "--clear", problem: "names \(name); use app-apple-id, refund-preference, shared-secret, api-key or sku")
                 }
             }
             let changed = changes

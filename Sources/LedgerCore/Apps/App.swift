@@ -55,6 +55,8 @@ public struct App: Sendable, Equatable {
     public var refundPreference: RefundPreference?
     /// What the app's `appAccountToken` names: an order (the default) or its user.
     public var appAccountTokens: AppAccountTokenScope
+    /// The app's SKU in App Store Connect, as sales reports name it (`Parent Identifier`).
+    public var sku: String?
     public var retired: Bool
     public var hasSharedSecret: Bool
     public var apiKey: APIKeyInfo?
@@ -63,8 +65,10 @@ public struct App: Sendable, Equatable {
 
     public init(
         bundleId: BundleID, appAppleId: Int64?, environments: [Environment], refundPreference: RefundPreference?, retired: Bool,
-        hasSharedSecret: Bool, apiKey: APIKeyInfo?, createdAt: Date, updatedAt: Date, appAccountTokens: AppAccountTokenScope = .order
+        hasSharedSecret: Bool, apiKey: APIKeyInfo?, createdAt: Date, updatedAt: Date, appAccountTokens: AppAccountTokenScope = .order,
+        sku: String? = nil
     ) {
+        self.sku = sku
         self.appAccountTokens = appAccountTokens
         self.bundleId = bundleId
         self.appAppleId = appAppleId
@@ -75,6 +79,11 @@ public struct App: Sendable, Equatable {
         self.apiKey = apiKey
         self.createdAt = createdAt
         self.updatedAt = updatedAt
+    }
+
+    /// Checks an SKU given by a caller: 1 to 255 characters, no control character.
+    public static func sku(_ value: String, field: String = "sku") throws(LedgerInputError) -> String {
+        try Identifier.validate(value, field: field, maximumLength: 255)
     }
 
     /// Checks an Apple app id given by a caller: a positive whole number.

@@ -7,14 +7,16 @@ public struct AppChanges: Sendable, Equatable {
     public var refundPreference: RefundPreference??
     public var retired: Bool?
     public var appAccountTokens: AppAccountTokenScope?
+    public var sku: String??
     public var sharedSecret: String??
     public var apiKey: AppCredentials.APIKey??
 
     public init(
         appAppleId: Int64?? = nil, environments: [App.Environment]? = nil, refundPreference: RefundPreference?? = nil,
         retired: Bool? = nil, sharedSecret: String?? = nil, apiKey: AppCredentials.APIKey?? = nil,
-        appAccountTokens: AppAccountTokenScope? = nil
+        appAccountTokens: AppAccountTokenScope? = nil, sku: String?? = nil
     ) {
+        self.sku = sku
         self.appAccountTokens = appAccountTokens
         self.appAppleId = appAppleId
         self.environments = environments

@@ -1,0 +1,100 @@
+import Foundation
+import LedgerCore
+import PostgresNIO
+
+/// Apple's daily sales beside the ledger's (`ledger_apple_sales`, migration 027): per day (the
+/// report's, Pacific time), app and product, production only, with what each difference likely
+/// means and what to do.
+public struct AppleSalesComparison: Sendable, Encodable, Equatable {
+    public struct Row: Sendable, Encodable, Equatable {
+        public var day: String
+        public var bundleId: String?
+        public var productId: String
+        public var applePurchases: Int
+        public var ledgerPurchases: Int
+        public var appleRefunds: Int
+        public var ledgerRefunds: Int
+        /// Apple's purchases less the ledger's; refunds the same.
+        public var purchaseDifference: Int { applePurchases - ledgerPurchases }
+        public var refundDifference: Int { appleRefunds - ledgerRefunds }
+        public var cause: String
+        public var nextStep: String
+
+        enum CodingKeys: String, CodingKey {
+            case day, bundleId, productId, applePurchases, ledgerPurchases, purchaseDifference, appleRefunds, ledgerRefunds,
+                 refundDifference, cause, nextStep
+        }
+
+        public func encode(to encoder: any Encoder) throws {
+            var json = encoder.container(keyedBy: CodingKeys.self)
+            try json.encode(day, forKey: .day)
+            try json.encode(bundleId, forKey: .bundleId)
+            try json.encode(productId, forKey: .productId)
+            try json.encode(applePurchases, forKey: .applePurchases)
+            try json.encode(ledgerPurchases, forKey: .ledgerPurchases)
+            try json.encode(purchaseDifference, forKey: .purchaseDifference)
+            try json.encode(appleRefunds, forKey: .appleRefunds)
+            try json.encode(ledgerRefunds, forKey: .ledgerRefunds)
+            try json.encode(refundDifference, forKey: .refundDifference)
+            try json.encode(cause, forKey: .cause)
+            try json.encode(nextStep, forKey: .nextStep)
+        }
+    }
+
+    public var from: String
+    public var to: String
+    public var rows: [Row]
+
+    /// The days `from` to `to` (`YYYY-MM-DD`, both included); `apps`: those apps' rows alone.
+    public static func make(database: Database, from: String, to: String, apps: [BundleID]? = nil) async throws -> AppleSalesComparison {
+        let rows = try await database.query(
+            """
+            SELECT to_char(day, 'YYYY-MM-DD'), bundle_id, product_id, apple_purchases, ledger_purchases, apple_refunds, ledger_refunds, cause, next_step
+              FROM ledger_apple_sales(\(from)::date, \(to)::date)
+             WHERE \(apps?.map(\.rawValue))::text[] IS NULL OR bundle_id = ANY(\(apps?.map(\.rawValue))::text[])
+            """)
+        var found: [Row] = []
+        for try await (day, bundle, product, applePurchases, ledgerPurchases, appleRefunds, ledgerRefunds, cause, next)
+            in rows.decode((String, String?, String, Int, Int, Int, Int, String, String).self) {
+            found.append(Row(day: day, bundleId: bundle, productId: product, applePurchases: applePurchases, ledgerPurchases: ledgerPurchases,
+                             appleRefunds: appleRefunds, ledgerRefunds: ledgerRefunds, cause: cause, nextStep: next))
+        }
+        return AppleSalesComparison(from: from, to: to, rows: found)
+    }
+
+    /// The rows as CSV with a header.
+    public var csv: String {
+        var text = "day,bundleId,productId,applePurchases,ledgerPurchases,purchaseDifference,appleRefunds,ledgerRefunds,refundDifference,cause,nextStep\n"
+        for row in rows {
+            let cells = [row.day, row.bundleId ?? "", row.productId, String(row.applePurchases), String(row.ledgerPurchases),
+                         String(row.purchaseDifference), String(row.appleRefunds), String(row.ledgerRefunds), String(row.refundDifference),
+                         row.cause, row.nextStep]
+            text += cells.map(Self.field).joined(separator: ",") + "\n"
+        }
+        return text
+    }
+
+    /// The rows as a table for a terminal.
+    public var table: String {
+        var lines = ["day         app                        product          Apple  ledger  diff  Apple refunds  ledger refunds  cause"]
+        for row in rows {
+            let cells = [row.day.padding(toLength: 11, withPad: " ", startingAt: 0), (row.bundleId ?? "-").padding(toLength: 26, withPad: " ", startingAt: 0),
+                         row.productId.padding(toLength: 16, withPad: " ", startingAt: 0),
+                         String(row.applePurchases).leftPadded(5), String(row.ledgerPurchases).leftPadded(7), String(row.purchaseDifference).leftPadded(5),
+                         String(row.appleRefunds).leftPadded(14), String(row.ledgerRefunds).leftPadded(15),
+                         row.cause + (row.nextStep.isEmpty ? "" : " → " + row.nextStep)]
+            lines.append(cells.joined(separator: " "))
+        }
+        return lines.joined(separator: "\n") + "\n"
+    }
+
+    static func field(_ text: String) -> String {
+        text.contains(",") || text.contains("\"") ? "\"" + text.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : text
+    }
+}
+
+extension String {
+    fileprivate func leftPadded(_ width: Int) -> String {
+        count >= width ? self : String(repeating: " ", count: width - count) + self
+    }
+}
