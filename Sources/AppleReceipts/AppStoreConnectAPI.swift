@@ -53,7 +53,6 @@ public final class AppStoreConnectAPI: Sendable {
     public static let appleURL = "https://api.appstoreconnect.apple.com"
     /// Apple takes tokens of at most 20 minutes for this API.
     static let tokenLifetime: TimeInterval = 20 * 60
-    static let tokenRenewal: TimeInterval = 60
 
     /// A day's daily sales report, as Apple answered.
     public enum DailyReport: Sendable, Equatable {
@@ -68,8 +67,7 @@ public final class AppStoreConnectAPI: Sendable {
     public let settings: Settings
     let httpClient: HTTPClient
     let logger: Logger
-    private let keys: JWTKeyCollection
-    private let token = TokenCache()
+    private let token: AppleAPIToken
 
     /// Fails when the key is not a P-256 private key in PEM.
     public init(settings: Settings, httpClient: HTTPClient = .shared, logger: Logger) async throws(AppStoreConnectError) {
@@ -80,8 +78,7 @@ public final class AppStoreConnectAPI: Sendable {
         do { key = try ES256PrivateKey(pem: settings.privateKeyPEM) } catch {
             throw AppStoreConnectError(code: "app-store-connect-key-invalid", message: "the App Store Connect API key is not a P-256 private key in PEM (\(SignedDataVerifier.reason(error)))")
         }
-        keys = JWTKeyCollection()
-        await keys.add(ecdsa: key, kid: JWKIdentifier(string: settings.keyID))
+        token = await AppleAPIToken(keyID: settings.keyID, key: key)
     }
 
     /// The SALES / SUMMARY / DAILY report of `day` (`YYYY-MM-DD`, the report's own day).
@@ -135,7 +132,7 @@ public final class AppStoreConnectAPI: Sendable {
                 guard wait <= settings.longestWait, failures < settings.attempts else {
                     throw AppStoreConnectError(code: "app-store-connect-rate-limited", message: "the App Store Connect API takes no more requests for now (\(failures) tries for \(day))", status: 429)
                 }
-                logger.info("App Store Connect API rate limit: waiting", metadata: ["apple.wait_seconds": "\(Self.seconds(wait))"])
+                logger.info("App Store Connect API rate limit: waiting", metadata: ["apple.wait_seconds": "\(AppStoreServerAPI.seconds(wait))"])
                 try await sleep(wait)
             case 500...599:
                 failures += 1
@@ -176,16 +173,7 @@ public final class AppStoreConnectAPI: Sendable {
     }
 
     private func backoff(after failures: Int) -> Duration {
-        var wait = settings.backoff
-        for _ in 1..<max(failures, 1) {
-            wait *= 2
-            if wait >= settings.longestBackoff { break }
-        }
-        return min(wait, settings.longestBackoff)
-    }
-
-    static func seconds(_ duration: Duration) -> Double {
-        Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+        AppleReceipts.backoff(after: failures, first: settings.backoff, cap: settings.longestBackoff)
     }
 
     private func sleep(_ duration: Duration) async throws(AppStoreConnectError) {
@@ -196,16 +184,10 @@ public final class AppStoreConnectAPI: Sendable {
 
     /// The token of the moment: the cached one until shortly before it expires.
     func bearerToken() async throws(AppStoreConnectError) -> String {
-        let now = Date()
-        if let cached = await token.valid(at: now.addingTimeInterval(Self.tokenRenewal)) { return cached }
-        let issued = Int(now.timeIntervalSince1970)
-        let claims = Claims(iss: settings.issuerID, iat: issued, exp: issued + Int(Self.tokenLifetime), aud: "appstoreconnect-v1")
-        var header = JWTHeader()
-        header.typ = "JWT"
         do {
-            let signed = try await keys.sign(claims, kid: JWKIdentifier(string: settings.keyID), header: header)
-            await token.set(signed, expires: Date(timeIntervalSince1970: TimeInterval(claims.exp)))
-            return signed
+            return try await token.bearer(lifetime: Self.tokenLifetime) { issued, expires in
+                Claims(iss: settings.issuerID, iat: issued, exp: expires, aud: "appstoreconnect-v1")
+            }
         } catch {
             throw AppStoreConnectError(code: "app-store-connect-key-invalid", message: "the App Store Connect token could not be signed (\(SignedDataVerifier.reason(error)))")
         }

@@ -34,12 +34,7 @@ extension AppStoreServerAPI {
     /// The wait after the `failures`-th failure in a row: `settings.backoff`, doubled with each
     /// failure after the first, at most `settings.longestBackoff`.
     public static func backoff(after failures: Int, _ settings: Settings) -> Duration {
-        var wait = settings.backoff
-        for _ in 1..<max(failures, 1) {
-            wait *= 2
-            if wait >= settings.longestBackoff { break }
-        }
-        return min(wait, settings.longestBackoff)
+        AppleReceipts.backoff(after: failures, first: settings.backoff, cap: settings.longestBackoff)
     }
 
     /// ", Apple error N (its message)" for an answer that carried Apple's error, else nothing.

@@ -93,13 +93,11 @@ public final class AppStoreServerAPI: Sendable {
     /// How long a token is made for (Apple takes at most 60 minutes), and how long before its
     /// expiry a new one is made.
     static let tokenLifetime: TimeInterval = 20 * 60
-    static let tokenRenewal: TimeInterval = 60
 
     public let settings: Settings
     let httpClient: HTTPClient
     let logger: Logger
-    private let keys: JWTKeyCollection
-    private let token = TokenCache()
+    private let token: AppleAPIToken
     private let pace: RequestPace
 
     /// Fails when the key is not a P-256 private key in PEM.
@@ -107,9 +105,7 @@ public final class AppStoreServerAPI: Sendable {
         self.settings = settings
         self.httpClient = httpClient
         self.logger = logger
-        let key = try Self.key(settings.privateKeyPEM)
-        keys = JWTKeyCollection()
-        await keys.add(ecdsa: key, kid: JWKIdentifier(string: settings.keyID))
+        token = await AppleAPIToken(keyID: settings.keyID, key: try Self.key(settings.privateKeyPEM))
         pace = RequestPace(settings.effectiveBudgets)
     }
 
@@ -364,17 +360,10 @@ public final class AppStoreServerAPI: Sendable {
 
     /// The token of the moment: the cached one until shortly before it expires.
     func bearerToken() async throws(AppStoreServerAPIError) -> String {
-        let now = Date()
-        if let cached = await token.valid(at: now.addingTimeInterval(Self.tokenRenewal)) { return cached }
-        let issued = Int(now.timeIntervalSince1970)
-        let claims = Claims(
-            iss: settings.issuerID, iat: issued, exp: issued + Int(Self.tokenLifetime), aud: "appstoreconnect-v1", bid: settings.bundleID)
-        var header = JWTHeader()
-        header.typ = "JWT"
         do {
-            let signed = try await keys.sign(claims, kid: JWKIdentifier(string: settings.keyID), header: header)
-            await token.set(signed, expires: Date(timeIntervalSince1970: TimeInterval(claims.exp)))
-            return signed
+            return try await token.bearer(lifetime: Self.tokenLifetime) { issued, expires in
+                Claims(iss: settings.issuerID, iat: issued, exp: expires, aud: "appstoreconnect-v1", bid: settings.bundleID)
+            }
         } catch {
             throw AppStoreServerAPIError(code: "apple-api-key-invalid", message: "the API token could not be signed (\(SignedDataVerifier.reason(error)))")
         }

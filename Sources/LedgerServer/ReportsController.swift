@@ -14,20 +14,22 @@ struct ReportsController {
             let query = request.uri.queryParameters
             let (from, to) = try ReportPeriod.parse(from: query["from"].map(String.init), to: query["to"].map(String.init))
             let report = try await ReconciliationReport.make(database: database, from: from, to: to, apps: context.keyApps)
-            if (request.headers[.accept] ?? "").contains("text/csv") {
-                return Response(status: .ok, headers: [.contentType: "text/csv; charset=utf-8"], body: .init(byteBuffer: ByteBuffer(string: report.csv)))
-            }
-            return try EventCoding.encoder.encode(report, from: request, context: context)
+            return try Self.answer(report, csv: report.csv, to: request, context: context)
         }
         router.get("/v1/reports/apple") { request, context in
             let query = request.uri.queryParameters
             let (from, to) = try ReportPeriod.days(from: query["from"].map(String.init), to: query["to"].map(String.init))
             let report = try await AppleSalesComparison.make(database: database, from: from, to: to, apps: context.keyApps)
-            if (request.headers[.accept] ?? "").contains("text/csv") {
-                return Response(status: .ok, headers: [.contentType: "text/csv; charset=utf-8"], body: .init(byteBuffer: ByteBuffer(string: report.csv)))
-            }
-            return try EventCoding.encoder.encode(report, from: request, context: context)
+            return try Self.answer(report, csv: report.csv, to: request, context: context)
         }
+    }
+
+    /// A report as JSON, or as CSV when the request accepts `text/csv`.
+    static func answer(_ report: some Encodable, csv: String, to request: Request, context: LedgerRequestContext) throws -> Response {
+        if (request.headers[.accept] ?? "").contains("text/csv") {
+            return Response(status: .ok, headers: [.contentType: "text/csv; charset=utf-8"], body: .init(byteBuffer: ByteBuffer(string: csv)))
+        }
+        return try EventCoding.encoder.encode(report, from: request, context: context)
     }
 }
 
