@@ -24,6 +24,9 @@ public struct AppleSalesReport: Sendable, Equatable {
 
     public let header: [String]
     public let rows: [Row]
+    /// The report's text, decompressed: what a restatement changes (a file compressed again
+    /// differs in its gzip header alone).
+    public let text: Data
 
     /// The columns a report must have for the ledger to compare it.
     public static let requiredColumns = ["SKU", "Parent Identifier", "Units", "Country Code", "Product Type Identifier"]
@@ -42,6 +45,7 @@ public struct AppleSalesReport: Sendable, Equatable {
             text = String(decoding: file, as: UTF8.self)
         }
         if text.hasPrefix("\u{FEFF}") { text.removeFirst() }
+        self.text = Data(text.utf8)
         var lines = text.split(omittingEmptySubsequences: true, whereSeparator: { $0 == "\n" || $0 == "\r\n" })
         guard !lines.isEmpty else {
             throw AppStoreConnectError(code: "sales-report-malformed", message: "the sales report has no header line")

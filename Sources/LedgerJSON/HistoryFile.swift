@@ -33,10 +33,11 @@ public struct HistoryFile: Sendable {
     /// file is refused, naming the column.
     public init(_ data: Data, format: Format) throws(LedgerInputError) {
         self.format = format
-        self.data = data
+        // A byte-order mark (spreadsheets write one) is no part of the first column's name.
+        self.data = data.starts(with: [0xEF, 0xBB, 0xBF]) ? data.dropFirst(3) : data
         guard format == .csv else { return }
         let reader: CSVReader
-        do { reader = try CSVReader(string: String(decoding: data, as: UTF8.self), hasHeaderRow: true) } catch {
+        do { reader = try CSVReader(string: String(decoding: self.data, as: UTF8.self), hasHeaderRow: true) } catch {
             throw LedgerInputError(field: "header", problem: "cannot be read as CSV: \(error)")
         }
         guard let names = reader.headerRow, names != [""] else { throw LedgerInputError(field: "header", problem: "is missing: the file is empty") }

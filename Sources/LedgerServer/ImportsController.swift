@@ -32,7 +32,7 @@ struct ImportsController {
                 throw APIError(.contentTooLarge, code: "too-many-lines",
                                message: "the body has \(lines.count) lines; a request takes at most \(Self.maximumLines): import larger histories with ledger import")
             }
-            let source = request.uri.queryParameters.get("source") ?? "POST /v1/imports"
+            let source = try Identifier.validate(request.uri.queryParameters.get("source") ?? "POST /v1/imports", field: "source", maximumLength: 256)
             return Answer(try await history.run(lines, source: source))
         }
     }

@@ -176,12 +176,10 @@ public struct HistoryImport: Sendable {
                 writing.append(planned)
                 continue
             }
-            if found.imported && found.userId == planned.userId {
+            if found.imported {
                 summary.alreadyPresent += 1
             } else {
-                summary.refuse(planned.line, "order-exists", found.imported
-                    ? "order \(planned.orderId) was imported with user \(found.userId), not \(planned.userId)"
-                    : "order \(planned.orderId) is in the ledger already, not from an import (user \(found.userId))")
+                summary.refuse(planned.line, "order-exists", "order \(planned.orderId) is in the ledger already (user \(found.userId)), not with this line's history")
             }
         }
         guard !writing.isEmpty else { return summary }
@@ -257,12 +255,19 @@ public struct HistoryImport: Sendable {
             if let refunded = record.refundedAt { events.append((.refunded(Refunded(revocationDate: refunded)), "refunded", refunded)) }
         }
         for (event, _, _) in events { try event.validate() }
-        let created = EventID.named("import", order, "created")
+        // Every id names the line's whole history too: the same line again is a replay, another
+        // line for the order (another transaction, state or price) is a conflict, never present.
+        let facts = [order, user.rawValue, product.rawValue, app?.rawValue ?? "", String(record.createdAt.timeIntervalSince1970),
+                     record.state.rawValue, record.price ?? "", record.currency ?? "", record.transactionId?.rawValue ?? "",
+                     record.originalTransactionId ?? "", record.purchaseDate.map { String($0.timeIntervalSince1970) } ?? "",
+                     record.environment, record.refundedAt.map { String($0.timeIntervalSince1970) } ?? ""]
+        let history = namedDigest(facts.joined(separator: "\u{1F}"))
+        let created = EventID.named("import", order, "created", history)
         // One metadata per time (an order's events happened at two or three).
         var metadata: [Date: Data] = [:]
         let newEvents = try events.map { event, type, at in
             if metadata[at] == nil { metadata[at] = try EventCoding.encoder.encode(Metadata(importedFrom: .init(source: source, line: record.line, at: at))) }
-            return try EventCoding.newEvent(event, id: type == "created" ? created : EventID.named("import", order, type), metadata: metadata[at]!)
+            return try EventCoding.newEvent(event, id: type == "created" ? created : EventID.named("import", order, type, history), metadata: metadata[at]!)
         }
         return Planned(
             line: record.line, orderId: orderID, userId: user, transactionId: record.transactionId,

@@ -26,7 +26,7 @@ public struct SalesReportFetch: Sendable {
         public var noSales: [String] = []
         public var notYetPublished: [String] = []
         /// Days Apple refused or did not answer, with why; the run stopped at the first that
-        /// Apple was away for.
+        /// Apple was away for or refused the key for.
         public var failed: [String: String] = [:]
         public init() {}
     }
@@ -80,7 +80,8 @@ public struct SalesReportFetch: Sendable {
             } catch {
                 summary.failed[day] = error.message
                 logger.warning("sales report not fetched", metadata: ["sales.day": "\(day)", "error": "\(error.message)"])
-                if error.isAppleAway { break }
+                // Apple away, or a key it refuses: the other days would fare no better.
+                if error.isAppleAway || ["app-store-connect-unauthorized", "app-store-connect-forbidden"].contains(error.code) { break }
                 continue
             }
             switch answer {
@@ -99,7 +100,7 @@ public struct SalesReportFetch: Sendable {
                     AppleSalesStore.Row(sku: $0.sku, parentIdentifier: $0.parentIdentifier, productType: $0.productType, units: $0.units,
                                         countryCode: $0.countryCode, fields: $0.fields)
                 }
-                switch try await store.record(vendor: settings.vendorNumber, day: day, version: settings.version, file: file, rows: rows) {
+                switch try await store.record(vendor: settings.vendorNumber, day: day, version: settings.version, file: report.text, rows: rows) {
                 case .new: summary.new.append(day)
                 case .restated: summary.restated.append(day)
                 case .unchanged: summary.unchanged.append(day)

@@ -40,7 +40,7 @@ public struct AppleSalesStore: Sendable {
         }
     }
 
-    /// Stores `day`'s answer: the file (its SHA-256 and its rows), or nil for "no sales". The
+    /// Stores `day`'s answer: the report's text (its SHA-256) and its rows, or nil for "no sales". The
     /// same answer as the latest revision changes nothing; another is a new revision. One writer
     /// per day at a time.
     public func record(vendor: String, day: String, version: String, file: Data?, rows: [Row]) async throws -> Recorded {

@@ -6,7 +6,8 @@ extension OrderLedger {
     /// An order the ledger holds already, as an import sees it.
     public struct Present: Sendable, Equatable {
         public let userId: UserID
-        /// Whether its `created` event is the one the import would write (an earlier run's).
+        /// Whether its `created` event is the one the import would write (an earlier run's of the
+        /// same line: the event's id names the line's whole history).
         public let imported: Bool
     }
 

@@ -31,7 +31,7 @@ public struct OrderLedger: Sendable {
     /// Creates the order, or answers the existing one when the same order is created again. Its
     /// app is the one `body` names, or the ledger's only one (`OrderApps`), recorded in the event.
     /// In an app of per-user tokens (`appAccountTokens: user`) the token is the user's: the one
-    /// given, else the one the user's orders carry, else a new one.
+    /// given, else the one the user's orders carry, else one named by the app and the user.
     public func create(_ id: OrderID, _ body: OrderCreated, tokenGiven: Bool, metadata: Data) async throws -> Outcome {
         var body = body
         do {
@@ -39,7 +39,12 @@ public struct OrderLedger: Sendable {
             body.bundleId = app?.bundleId
             if app?.appAccountTokens == .user {
                 body.appAccountTokenScope = .user
-                if !tokenGiven, let token = try await userToken(body.userId, in: app?.bundleId) { body.appAccountToken = token }
+                // The user's first token is named by the app and the user, so two servers creating
+                // the user's first orders at once give both the same.
+                if !tokenGiven {
+                    body.appAccountToken = try await userToken(body.userId, in: app?.bundleId)
+                        ?? EventID.named("user-token", app?.bundleId.rawValue ?? "", body.userId.rawValue).uuid
+                }
             }
         } catch {
             // A retry of a create that succeeded answers its order, even after its app was

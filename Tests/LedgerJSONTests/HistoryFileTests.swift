@@ -21,8 +21,10 @@ struct HistoryFileTests {
         #expect(throws: LedgerInputError.self) { try read[2].fields.get() }
     }
 
-    @Test("a header with an unknown or repeated column refuses the file, naming it")
+    @Test("a header with an unknown or repeated column refuses the file, naming it; a byte-order mark is no part of it")
     func header() throws {
+        let marked = Array(try HistoryFile(Data([0xEF, 0xBB, 0xBF] + Array("orderId,userId\no-1,u-1\n".utf8)), format: .csv).lines)
+        #expect(try marked.map { try $0.fields.get() } == [["orderId": "o-1", "userId": "u-1"]])
         #expect(throws: LedgerInputError(field: "coupon", problem: "is not a column of an import; use \(HistoryRecord.columns.joined(separator: ", "))")) {
             try HistoryFile(Data("orderId,coupon\n".utf8), format: .csv)
         }
@@ -47,6 +49,7 @@ struct HistoryFileTests {
         #expect(problem(["state": "refunded", "transactionId": "1", "purchaseDate": "2025-01-01T00:00:01Z"]) == "refundedAt")
         #expect(problem(["state": "created", "transactionId": "1"]) == "transactionId")
         #expect(problem(["state": "created", "createdAt": "yesterday"]) == "createdAt")
+        #expect(problem(["state": "created", "createdAt": "1969-12-31T23:59:59Z"]) == "createdAt")
         #expect(problem(["state": "created", "price": "1,99"]) == "price")
         #expect(problem(["state": "created", "environment": "Xcode"]) == "environment")
         #expect(problem(["state": "created", "userId": nil]) == "userId")

@@ -23,14 +23,16 @@ struct AppleSalesReportTests {
             let day = String(noon.formatted(Date.ISO8601FormatStyle()).prefix(10))
             for (index, (product, environment)) in [("gems.100", "Production"), ("gems.100", "Production"), ("gems.500", "Production"), ("gems.100", "Sandbox")].enumerated() {
                 let order = "s-\(index)"
-                try await http.send(.post, "/v1/orders", json: newOrder(order, user: "u-\(index)", product: product))
+                var body = newOrder(order, user: "u-\(index)", product: product)
+                if product == "gems.500" { body["quantity"] = 2 }  // two units: Apple counts units
+                try await http.send(.post, "/v1/orders", json: body)
                 let jws = try await apple.sign(TestApple.transaction("870000\(index)", product: product, environment: environment, purchaseDate: noon.addingTimeInterval(Double(index) * 60)))
                 let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": order, "signedTransaction": jws])
                 #expect(answer["outcome"] as? String == "matched", "\(answer)")
             }
             let tsv = AppStoreConnectStandIn.tsv([
                 ("gems.100", "GAME1", "IA1", 2, "US"), ("gems.100", "GAME1", "IA1", 1, "DE"),
-                ("gems.500", "GAME1", "IA1", 1, "US"), ("gems.500", "GAME1", "IA1", -1, "US"),
+                ("gems.500", "GAME1", "IA1", 2, "US"), ("gems.500", "GAME1", "IA1", -1, "US"),
                 ("hints.10", "OTHER", "IA1", 5, "US"), ("GAME1", "", "1", 40, "US"),
             ], day: day)
             let file = Data(tsv.utf8)
@@ -48,7 +50,7 @@ struct AppleSalesReportTests {
             }
             #expect(found == [
                 ["gems.100", "3", "2", "1", "0", "0", "purchases Apple counted that the ledger never saw"],
-                ["gems.500", "1", "1", "0", "1", "0", "refunds Apple counted that the ledger did not record"],
+                ["gems.500", "2", "2", "0", "1", "0", "refunds Apple counted that the ledger did not record"],
             ], "\(answer)")
             let next = (answer["rows"] as? [[String: Any]] ?? []).first?["nextStep"] as? String ?? ""
             #expect(next.contains("history sweep"), "\(next)")

@@ -138,6 +138,15 @@ struct ImportTests {
             #expect(refusals.map { $0["line"] as? Int } == [3, 4], "\(summary)")
             #expect((refusals.first?["message"] as? String)?.hasPrefix("coupon is not a column") == true, "\(refusals)")
             #expect(try await scalar(db, "SELECT price::text FROM orders WHERE order_id = 'j-1'", as: String.self) == "0.99")
+            // Another line for j-1 (another transaction) is refused, never taken for the same.
+            let other = #"{"orderId":"j-1","userId":"u-1","productId":"gems.100","createdAt":"2025-01-01T00:00:00Z","state":"finished","price":"0.99","currency":"USD","transactionId":"5200002","purchaseDate":"2025-01-01T00:00:05Z"}"#
+            let (_, conflict) = try await post(http, other, type: "application/x-ndjson")
+            #expect(conflict["imported"] as? Int == 0 && conflict["alreadyPresent"] as? Int == 0 && Self.refusals(conflict) == [1: "order-exists"], "\(conflict)")
+            let response = try await http.client.execute(
+                uri: "/v1/imports?source=a%00b", method: .post,
+                headers: [.contentType: "application/x-ndjson", .authorization: "Bearer \(http.key)"], body: ByteBuffer(string: other))
+            let (badSource, sourceError) = (response.status, json(response.body))
+            #expect(badSource == .badRequest && (errorOf(sourceError)["message"] as? String)?.contains("source") == true, "\(sourceError)")
 
             let (badHeader, headerError) = try await post(http, "orderId,userId,coupon\nx,u,1\n")
             #expect(badHeader == .badRequest && (errorOf(headerError)["message"] as? String)?.contains("coupon") == true, "\(headerError)")

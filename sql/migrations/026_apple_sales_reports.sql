@@ -9,7 +9,8 @@ CREATE TABLE apple_sales_reports (
     revision      integer     NOT NULL CHECK (revision > 0),
     -- `report`: a file; `no-sales`: Apple counted no sales that day (no file).
     outcome       text        NOT NULL CHECK (outcome IN ('report', 'no-sales')),
-    -- The SHA-256 of the file as Apple sent it (gzip'd); NULL for a day without sales.
+    -- The SHA-256 of the report's text (the file Apple sent, decompressed: a file compressed
+    -- again differs in its gzip header alone); NULL for a day without sales.
     sha256        text        CHECK (sha256 ~ '^[0-9a-f]{64}$'),
     row_count     integer     NOT NULL CHECK (row_count >= 0),
     fetched_at    timestamptz NOT NULL DEFAULT now(),
