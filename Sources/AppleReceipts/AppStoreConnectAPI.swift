@@ -193,17 +193,8 @@ public final class AppStoreConnectAPI: Sendable {
         }
     }
 
-    /// The claims App Store Connect asks for (no bundle id: a team key reaches every app).
-    public struct Claims: JWTPayload, Equatable {
-        public var iss: String
-        public var iat: Int
-        public var exp: Int
-        public var aud: String
-
-        public func verify(using _: some JWTAlgorithm) async throws {
-            guard Date(timeIntervalSince1970: TimeInterval(exp)) > Date() else { throw JWTError.claimVerificationFailure(failedClaim: nil, reason: "expired") }
-        }
-    }
+    /// The claims the token carries (`AppleAPIClaims`).
+    public typealias Claims = AppleAPIClaims
 }
 
 /// A refusal or failure of the App Store Connect API, with a stable code.

@@ -369,18 +369,8 @@ public final class AppStoreServerAPI: Sendable {
         }
     }
 
-    /// The claims Apple asks for.
-    public struct Claims: JWTPayload, Equatable {
-        public var iss: String
-        public var iat: Int
-        public var exp: Int
-        public var aud: String
-        public var bid: String
-
-        public func verify(using _: some JWTAlgorithm) async throws {
-            guard Date(timeIntervalSince1970: TimeInterval(exp)) > Date() else { throw JWTError.claimVerificationFailure(failedClaim: nil, reason: "expired") }
-        }
-    }
+    /// The claims the token carries (`AppleAPIClaims`).
+    public typealias Claims = AppleAPIClaims
 
     /// A path segment with everything but unreserved characters percent-encoded.
     static func pathSegment(_ text: String) -> String {

@@ -34,6 +34,25 @@ final class AppleAPIToken: Sendable {
     func clear() async { await cache.clear() }
 }
 
+/// The claims of an Apple API token: the key's issuer, when it was issued and expires, the
+/// audience (`appstoreconnect-v1` for both APIs) and, for the App Store Server API, the app
+/// (`bid`; a Team key of App Store Connect reaches every app and names none).
+public struct AppleAPIClaims: JWTPayload, Equatable {
+    public var iss: String
+    public var iat: Int
+    public var exp: Int
+    public var aud: String
+    public var bid: String?
+
+    public init(iss: String, iat: Int, exp: Int, aud: String, bid: String? = nil) {
+        (self.iss, self.iat, self.exp, self.aud, self.bid) = (iss, iat, exp, aud, bid)
+    }
+
+    public func verify(using _: some JWTAlgorithm) async throws {
+        guard Date(timeIntervalSince1970: TimeInterval(exp)) > Date() else { throw JWTError.claimVerificationFailure(failedClaim: nil, reason: "expired") }
+    }
+}
+
 /// The wait after `failures` failures in a row: `first`, doubled after each, at most `cap`.
 func backoff(after failures: Int, first: Duration, cap: Duration) -> Duration {
     var wait = first
