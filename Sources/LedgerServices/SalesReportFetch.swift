@@ -35,20 +35,16 @@ public struct SalesReportFetch: Sendable {
     public static let daysKept = 365
 
     /// The last day Apple may have published: yesterday in Pacific time.
-    public static func lastPublishedDay(now: Date = Date()) -> String {
-        var calendar = Calendar(identifier: .gregorian)
-        calendar.timeZone = TimeZone(identifier: "America/Los_Angeles") ?? .gmt
-        let yesterday = calendar.date(byAdding: .day, value: -1, to: now) ?? now
-        let parts = calendar.dateComponents([.year, .month, .day], from: yesterday)
-        return String(format: "%04d-%02d-%02d", parts.year ?? 1970, parts.month ?? 1, parts.day ?? 1)
-    }
+    public static func lastPublishedDay(now: Date = Date()) -> String { pacificDay(-1, from: now) }
 
     /// The first day Apple still keeps.
-    public static func firstKeptDay(now: Date = Date()) -> String {
+    public static func firstKeptDay(now: Date = Date()) -> String { pacificDay(-daysKept, from: now) }
+
+    /// The day (`YYYY-MM-DD`) `offset` days from `now`'s in Pacific time, the time Apple's reports count in.
+    static func pacificDay(_ offset: Int, from now: Date) -> String {
         var calendar = Calendar(identifier: .gregorian)
         calendar.timeZone = TimeZone(identifier: "America/Los_Angeles") ?? .gmt
-        let first = calendar.date(byAdding: .day, value: -daysKept, to: now) ?? now
-        let parts = calendar.dateComponents([.year, .month, .day], from: first)
+        let parts = calendar.dateComponents([.year, .month, .day], from: calendar.date(byAdding: .day, value: offset, to: now) ?? now)
         return String(format: "%04d-%02d-%02d", parts.year ?? 1970, parts.month ?? 1, parts.day ?? 1)
     }
 

@@ -12,32 +12,20 @@ public struct AppleSalesComparison: Sendable, Encodable, Equatable {
         public var productId: String
         public var applePurchases: Int
         public var ledgerPurchases: Int
+        /// Apple's purchases less the ledger's.
+        public var purchaseDifference: Int
         public var appleRefunds: Int
         public var ledgerRefunds: Int
-        /// Apple's purchases less the ledger's; refunds the same.
-        public var purchaseDifference: Int { applePurchases - ledgerPurchases }
-        public var refundDifference: Int { appleRefunds - ledgerRefunds }
+        /// Apple's refunds less the ledger's.
+        public var refundDifference: Int
         public var cause: String
         public var nextStep: String
 
-        enum CodingKeys: String, CodingKey {
-            case day, bundleId, productId, applePurchases, ledgerPurchases, purchaseDifference, appleRefunds, ledgerRefunds,
-                 refundDifference, cause, nextStep
-        }
-
-        public func encode(to encoder: any Encoder) throws {
-            var json = encoder.container(keyedBy: CodingKeys.self)
-            try json.encode(day, forKey: .day)
-            try json.encode(bundleId, forKey: .bundleId)
-            try json.encode(productId, forKey: .productId)
-            try json.encode(applePurchases, forKey: .applePurchases)
-            try json.encode(ledgerPurchases, forKey: .ledgerPurchases)
-            try json.encode(purchaseDifference, forKey: .purchaseDifference)
-            try json.encode(appleRefunds, forKey: .appleRefunds)
-            try json.encode(ledgerRefunds, forKey: .ledgerRefunds)
-            try json.encode(refundDifference, forKey: .refundDifference)
-            try json.encode(cause, forKey: .cause)
-            try json.encode(nextStep, forKey: .nextStep)
+        init(day: String, bundleId: String?, productId: String, applePurchases: Int, ledgerPurchases: Int, appleRefunds: Int,
+             ledgerRefunds: Int, cause: String, nextStep: String) {
+            (self.day, self.bundleId, self.productId, self.cause, self.nextStep) = (day, bundleId, productId, cause, nextStep)
+            (self.applePurchases, self.ledgerPurchases, self.purchaseDifference) = (applePurchases, ledgerPurchases, applePurchases - ledgerPurchases)
+            (self.appleRefunds, self.ledgerRefunds, self.refundDifference) = (appleRefunds, ledgerRefunds, appleRefunds - ledgerRefunds)
         }
     }
 
