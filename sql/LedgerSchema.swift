@@ -46,6 +46,7 @@ public enum LedgerSchema {
         Migration(name: "025_imported_history.sql", sql: String(decoding: PackageResources._25_imported_history_sql, as: UTF8.self)),
         Migration(name: "026_apple_sales_reports.sql", sql: String(decoding: PackageResources._26_apple_sales_reports_sql, as: UTF8.self)),
         Migration(name: "027_apple_sales_comparison.sql", sql: String(decoding: PackageResources._27_apple_sales_comparison_sql, as: UTF8.self)),
+        Migration(name: "028_storefronts.sql", sql: String(decoding: PackageResources._28_storefronts_sql, as: UTF8.self)),
     ]
 
     /// `sql/routines`: applied after the migrations, and again when a database has an earlier
@@ -63,6 +64,7 @@ public enum LedgerSchema {
                 "3ff0772bc3cde78692c1c50d43eeb789326d9753254ae66b76c47510d3743869",
                 "adce9662c1847f47c4e9c23f6287c39dd3e437fd290b3c9b7defbafbc88958d6",
                 "a0ff16f616fbc9c197cfd3e92678c406e06a7885afab19e67abeb941b4f80e44",
+                "6e682be5c765131fb2fc4f3bea52ce3881ba1cfd4548c5fd4be8cc812438ae48",
             ]),
         Migration(
             name: "read_for_write.sql", sql: String(decoding: PackageResources.read_for_write_sql, as: UTF8.self),

@@ -277,7 +277,15 @@ public struct AppleProofVerifier: Sendable {
             inAppOwnershipType: payload.inAppOwnershipType, price: payload.price.map(Self.decimal(milliUnits:)),
             currency: payload.currency, format: .jws, receiptSha256: sha256, type: payload.type,
             expiresDate: payload.expiresDate.map(Date.init(millisecondsSince1970:)), webOrderLineItemId: payload.webOrderLineItemId,
-            transactionReason: payload.transactionReason, subscriptionGroupIdentifier: payload.subscriptionGroupIdentifier)
+            transactionReason: payload.transactionReason, subscriptionGroupIdentifier: payload.subscriptionGroupIdentifier,
+            storefront: payload.storefront.flatMap(Self.storefront))
+    }
+
+    /// Apple's storefront as three upper-case letters (ISO 3166-1 alpha-3), or nil when it is not
+    /// one: the storefront only groups the sales comparison, so a strange one is not a refusal.
+    static func storefront(_ text: String) -> String? {
+        let letters = text.uppercased()
+        return letters.utf8.count == 3 && letters.utf8.allSatisfy({ (65...90).contains($0) }) ? letters : nil
     }
 
     /// Apple's milli-units as a decimal string: 990 → "0.99".

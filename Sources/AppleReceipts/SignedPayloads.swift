@@ -45,6 +45,9 @@ public struct SignedTransactionPayload: AppleSignedPayload, Equatable {
     /// `PURCHASE` or `RENEWAL`.
     public var transactionReason: String?
     public var subscriptionGroupIdentifier: String?
+    /// The App Store storefront's country, ISO 3166-1 alpha-3 (`USA`), and Apple's id of it.
+    public var storefront: String?
+    public var storefrontId: String?
 
     public init(
         transactionId: String, originalTransactionId: String? = nil, bundleId: String, productId: String,
@@ -52,7 +55,8 @@ public struct SignedTransactionPayload: AppleSignedPayload, Equatable {
         appAccountToken: String? = nil, appTransactionId: String? = nil, inAppOwnershipType: String? = "PURCHASED",
         price: Int64? = nil, currency: String? = nil, revocationDate: Int64? = nil, revocationReason: Int? = nil,
         revocationType: String? = nil, revocationPercentage: Int? = nil, expiresDate: Int64? = nil,
-        webOrderLineItemId: String? = nil, transactionReason: String? = nil, subscriptionGroupIdentifier: String? = nil
+        webOrderLineItemId: String? = nil, transactionReason: String? = nil, subscriptionGroupIdentifier: String? = nil,
+        storefront: String? = "USA", storefrontId: String? = "143441"
     ) {
         self.transactionId = transactionId
         self.originalTransactionId = originalTransactionId
@@ -76,6 +80,8 @@ public struct SignedTransactionPayload: AppleSignedPayload, Equatable {
         self.webOrderLineItemId = webOrderLineItemId
         self.transactionReason = transactionReason
         self.subscriptionGroupIdentifier = subscriptionGroupIdentifier
+        self.storefront = storefront
+        self.storefrontId = storefrontId
     }
 }
 

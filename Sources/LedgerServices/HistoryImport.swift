@@ -246,7 +246,8 @@ public struct HistoryImport: Sendable {
             events.append((.receiptReceived(ReceiptReceived(
                 transactionId: transaction, productId: product, purchaseDate: purchased,
                 receiptSha256: namedDigest("import-receipt", transaction.rawValue), format: .imported, matchedBy: .imported,
-                originalTransactionId: record.originalTransactionId, environment: record.environment, bundleId: app)), "receipt-received", purchased))
+                originalTransactionId: record.originalTransactionId, environment: record.environment, bundleId: app,
+                storefront: record.storefront)), "receipt-received", purchased))
             events.append((.verified(Verified(transactionId: transaction, environment: record.environment)), "verified", purchased))
             if record.state != .verified {
                 events.append((.delivered, "delivered", purchased))
@@ -261,6 +262,7 @@ public struct HistoryImport: Sendable {
                      record.state.rawValue, record.price ?? "", record.currency ?? "", record.transactionId?.rawValue ?? "",
                      record.originalTransactionId ?? "", record.purchaseDate.map { String($0.timeIntervalSince1970) } ?? "",
                      record.environment, record.refundedAt.map { String($0.timeIntervalSince1970) } ?? ""]
+                    + (record.storefront.map { [$0] } ?? [])  // only when given: earlier imports' ids stay theirs
         let history = namedDigest(facts.joined(separator: "\u{1F}"))
         let created = EventID.named("import", order, "created", history)
         // One metadata per time (an order's events happened at two or three).

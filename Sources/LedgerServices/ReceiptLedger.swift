@@ -277,7 +277,7 @@ public struct ReceiptLedger: Sendable {
             receiptSha256: transaction.receiptSha256, format: transaction.format, matchedBy: matchedBy,
             originalTransactionId: transaction.originalTransactionId, appTransactionId: transaction.appTransactionId,
             appAccountToken: transaction.appAccountToken, environment: transaction.environment,
-            bundleId: BundleID(unchecked: transaction.bundleId)))
+            bundleId: BundleID(unchecked: transaction.bundleId), storefront: transaction.storefront))
         let verified = OrderEvent.verified(Verified(transactionId: id, environment: transaction.environment))
         return [(received, EventID.named("receipt-received", order.rawValue, id.rawValue)),
                 (verified, EventID.named("verified", order.rawValue, id.rawValue))]

@@ -2,14 +2,17 @@ import Foundation
 import LedgerCore
 import PostgresNIO
 
-/// Apple's daily sales beside the ledger's (`ledger_apple_sales`, migration 027): per day (the
-/// report's, Pacific time), app and product, production only, with what each difference likely
-/// means and what to do.
+/// Apple's daily sales beside the ledger's (`ledger_apple_sales`, migration 028): per day (the
+/// report's, Pacific time), app, product and storefront country, production only, with what each
+/// difference likely means and what to do.
 public struct AppleSalesComparison: Sendable, Encodable, Equatable {
     public struct Row: Sendable, Encodable, Equatable {
         public var day: String
         public var bundleId: String?
         public var productId: String
+        /// The storefront's country, ISO 3166-1 alpha-2 as Apple's reports name it; nil for the
+        /// ledger's sales whose storefront it does not know (legacy receipts, imports).
+        public var country: String?
         public var applePurchases: Int
         public var ledgerPurchases: Int
         /// Apple's purchases less the ledger's.
@@ -21,11 +24,34 @@ public struct AppleSalesComparison: Sendable, Encodable, Equatable {
         public var cause: String
         public var nextStep: String
 
-        init(day: String, bundleId: String?, productId: String, applePurchases: Int, ledgerPurchases: Int, appleRefunds: Int,
-             ledgerRefunds: Int, cause: String, nextStep: String) {
-            (self.day, self.bundleId, self.productId, self.cause, self.nextStep) = (day, bundleId, productId, cause, nextStep)
+        init(day: String, bundleId: String?, productId: String, country: String?, applePurchases: Int, ledgerPurchases: Int,
+             appleRefunds: Int, ledgerRefunds: Int, cause: String, nextStep: String) {
+            (self.day, self.bundleId, self.productId, self.country) = (day, bundleId, productId, country)
+            (self.cause, self.nextStep) = (cause, nextStep)
             (self.applePurchases, self.ledgerPurchases, self.purchaseDifference) = (applePurchases, ledgerPurchases, applePurchases - ledgerPurchases)
             (self.appleRefunds, self.ledgerRefunds, self.refundDifference) = (appleRefunds, ledgerRefunds, appleRefunds - ledgerRefunds)
+        }
+
+        private enum CodingKeys: String, CodingKey {
+            case day, bundleId, productId, country, applePurchases, ledgerPurchases, purchaseDifference, appleRefunds, ledgerRefunds
+            case refundDifference, cause, nextStep
+        }
+
+        /// Every member, an absent app or country as `null` (the API's schema requires them).
+        public func encode(to encoder: any Encoder) throws {
+            var container = encoder.container(keyedBy: CodingKeys.self)
+            try container.encode(day, forKey: .day)
+            try container.encode(bundleId, forKey: .bundleId)
+            try container.encode(productId, forKey: .productId)
+            try container.encode(country, forKey: .country)
+            try container.encode(applePurchases, forKey: .applePurchases)
+            try container.encode(ledgerPurchases, forKey: .ledgerPurchases)
+            try container.encode(purchaseDifference, forKey: .purchaseDifference)
+            try container.encode(appleRefunds, forKey: .appleRefunds)
+            try container.encode(ledgerRefunds, forKey: .ledgerRefunds)
+            try container.encode(refundDifference, forKey: .refundDifference)
+            try container.encode(cause, forKey: .cause)
+            try container.encode(nextStep, forKey: .nextStep)
         }
     }
 
@@ -37,14 +63,15 @@ public struct AppleSalesComparison: Sendable, Encodable, Equatable {
     public static func make(database: Database, from: String, to: String, apps: [BundleID]? = nil) async throws -> AppleSalesComparison {
         let rows = try await database.query(
             """
-            SELECT to_char(day, 'YYYY-MM-DD'), bundle_id, product_id, apple_purchases, ledger_purchases, apple_refunds, ledger_refunds, cause, next_step
+            SELECT to_char(day, 'YYYY-MM-DD'), bundle_id, product_id, country, apple_purchases, ledger_purchases, apple_refunds, ledger_refunds, cause, next_step
               FROM ledger_apple_sales(\(from)::date, \(to)::date)
              WHERE \(apps?.map(\.rawValue))::text[] IS NULL OR bundle_id = ANY(\(apps?.map(\.rawValue))::text[])
             """)
         var found: [Row] = []
-        for try await (day, bundle, product, applePurchases, ledgerPurchases, appleRefunds, ledgerRefunds, cause, next)
-            in rows.decode((String, String?, String, Int, Int, Int, Int, String, String).self) {
-            found.append(Row(day: day, bundleId: bundle, productId: product, applePurchases: applePurchases, ledgerPurchases: ledgerPurchases,
+        for try await (day, bundle, product, country, applePurchases, ledgerPurchases, appleRefunds, ledgerRefunds, cause, next)
+            in rows.decode((String, String?, String, String?, Int, Int, Int, Int, String, String).self) {
+            found.append(Row(day: day, bundleId: bundle, productId: product, country: country, applePurchases: applePurchases,
+                             ledgerPurchases: ledgerPurchases,
                              appleRefunds: appleRefunds, ledgerRefunds: ledgerRefunds, cause: cause, nextStep: next))
         }
         return AppleSalesComparison(from: from, to: to, rows: found)
@@ -52,9 +79,9 @@ public struct AppleSalesComparison: Sendable, Encodable, Equatable {
 
     /// The rows as CSV with a header.
     public var csv: String {
-        var text = "day,bundleId,productId,applePurchases,ledgerPurchases,purchaseDifference,appleRefunds,ledgerRefunds,refundDifference,cause,nextStep\n"
+        var text = "day,bundleId,productId,country,applePurchases,ledgerPurchases,purchaseDifference,appleRefunds,ledgerRefunds,refundDifference,cause,nextStep\n"
         for row in rows {
-            let cells = [row.day, row.bundleId ?? "", row.productId, String(row.applePurchases), String(row.ledgerPurchases),
+            let cells = [row.day, row.bundleId ?? "", row.productId, row.country ?? "", String(row.applePurchases), String(row.ledgerPurchases),
                          String(row.purchaseDifference), String(row.appleRefunds), String(row.ledgerRefunds), String(row.refundDifference),
                          row.cause, row.nextStep]
             text += cells.map(Self.field).joined(separator: ",") + "\n"
@@ -64,10 +91,11 @@ public struct AppleSalesComparison: Sendable, Encodable, Equatable {
 
     /// The rows as a table for a terminal.
     public var table: String {
-        var lines = ["day         app                        product          Apple  ledger  diff  Apple refunds  ledger refunds  cause"]
+        var lines = ["day         app                        product          country  Apple  ledger  diff  Apple refunds  ledger refunds  cause"]
         for row in rows {
             let cells = [row.day.padding(toLength: 11, withPad: " ", startingAt: 0), (row.bundleId ?? "-").padding(toLength: 26, withPad: " ", startingAt: 0),
                          row.productId.padding(toLength: 16, withPad: " ", startingAt: 0),
+                         (row.country ?? "?").padding(toLength: 7, withPad: " ", startingAt: 0),
                          String(row.applePurchases).leftPadded(5), String(row.ledgerPurchases).leftPadded(7), String(row.purchaseDifference).leftPadded(5),
                          String(row.appleRefunds).leftPadded(14), String(row.ledgerRefunds).leftPadded(15),
                          row.cause + (row.nextStep.isEmpty ? "" : " → " + row.nextStep)]

@@ -123,7 +123,7 @@ extension LedgerWriter {
             o.versions, o.transactions, o.created, o.updated, o.queued, o.beforeRefund, o.failures, o.bundles,
             t.writes, t.isNew, t.ids, t.orders, t.users, t.products, t.purchased, t.environments, t.statuses, t.received,
             t.updated, t.originals, t.apps, t.tokens, t.matchedBy, t.verifications, t.bundles,
-            now.microseconds, commit,
+            t.storefronts, now.microseconds, commit,
         ]
         var binds = PostgresBindings(capacity: values.count)
         for value in values { binds.append(value) }
@@ -267,7 +267,7 @@ struct AppendEventsCall: PostgresPreparedStatement {
             $25::text[], $26::text[],
             $27::integer[], $28::boolean[], $29::text[], $30::text[], $31::text[], $32::text[], $33::bigint[], $34::text[],
             $35::text[], $36::bigint[], $37::bigint[], $38::text[], $39::text[], $40::uuid[], $41::text[], $42::text[],
-            $43::text[], $44::bigint, $45::boolean, NULL, NULL, NULL, NULL)
+            $43::text[], $44::text[], $45::bigint, $46::boolean, NULL, NULL, NULL, NULL)
         """
     typealias Row = ([String], [String], [Int64], [Int64])
 

@@ -170,5 +170,6 @@ extension BinaryCopyRows {
         text(transaction.matchedBy?.rawValue)
         jsonb(transaction.verification.map { String(decoding: $0, as: UTF8.self) })
         text(transaction.bundleId?.rawValue)
+        text(transaction.storefront)
     }
 }

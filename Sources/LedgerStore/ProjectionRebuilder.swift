@@ -260,7 +260,7 @@ public struct ProjectionRebuilder: Sendable {
     static let transactionColumns = [
         "transaction_id", "order_id", "user_id", "product_id", "purchase_date", "environment", "status", "received_at",
         "updated_at", "original_transaction_id", "app_transaction_id", "app_account_token", "matched_by", "verification",
-        "bundle_id",
+        "bundle_id", "storefront",
     ]
 }
 

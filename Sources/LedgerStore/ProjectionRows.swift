@@ -21,9 +21,9 @@ enum ProjectionRows {
 
     static let transactionColumns = """
         transaction_id, order_id, user_id, product_id, purchase_date, environment, status, received_at, updated_at,
-        original_transaction_id, app_transaction_id, app_account_token, matched_by, verification::text, bundle_id
+        original_transaction_id, app_transaction_id, app_account_token, matched_by, verification::text, bundle_id, storefront
         """
-    static let transactionColumnCount = 15
+    static let transactionColumnCount = 16
 
     /// The order in `orderColumns` from column `offset` on; nil when its id is NULL.
     static func order(_ row: PostgresRandomAccessRow, at offset: Int) throws -> Order? {
@@ -72,7 +72,7 @@ enum ProjectionRows {
             appTransactionId: try cell(10, String?.self), appAccountToken: try cell(11, UUID?.self),
             matchedBy: try cell(12, String?.self).flatMap(MatchedBy.init(rawValue:)),
             verification: try cell(13, String?.self).map { Data($0.utf8) },
-            bundleId: try cell(14, String?.self).map(BundleID.init(unchecked:)))
+            bundleId: try cell(14, String?.self).map(BundleID.init(unchecked:)), storefront: try cell(15, String?.self))
     }
 
     /// The `orders` rows of a call, one array per column as `append_events` takes them: '' for
@@ -112,6 +112,7 @@ enum ProjectionRows {
         var products: [String] = [], purchased: [Int64] = [], environments: [String] = [], statuses: [String] = []
         var received: [Int64] = [], updated: [Int64] = [], originals: [String] = [], apps: [String] = []
         var tokens: [UUID] = [], matchedBy: [String] = [], verifications: [String] = [], bundles: [String] = []
+        var storefronts: [String] = []
 
         mutating func append(_ row: AppleTransactionRecord, write: Int, isNew new: Bool) {
             writes.append(Int32(write))
@@ -131,6 +132,7 @@ enum ProjectionRows {
             matchedBy.append(row.matchedBy?.rawValue ?? "")
             verifications.append(row.verification.map { String(decoding: $0, as: UTF8.self) } ?? "")
             bundles.append(row.bundleId?.rawValue ?? "")
+            storefronts.append(row.storefront ?? "")
         }
     }
 }

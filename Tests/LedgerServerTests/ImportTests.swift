@@ -127,17 +127,21 @@ struct ImportTests {
     func formatsAndRefusals() async throws {
         try await withReceiptsApplication(apple) { http, db in
             let lines = """
-                {"orderId":"j-1","userId":"u-1","productId":"gems.100","createdAt":"2025-01-01T00:00:00Z","state":"finished","price":0.99,"currency":"USD","transactionId":"5200001","purchaseDate":"2025-01-01T00:00:05Z","refundedAt":null}
+                {"orderId":"j-1","userId":"u-1","productId":"gems.100","createdAt":"2025-01-01T00:00:00Z","state":"finished","price":0.99,"currency":"USD","transactionId":"5200001","purchaseDate":"2025-01-01T00:00:05Z","refundedAt":null,"storefront":"deu"}
 
                 {"orderId":"j-2","userId":"u-1","productId":"gems.100","createdAt":"2025-01-01T00:00:00Z","state":"created","coupon":"X"}
                 not json
+                {"orderId":"j-3","userId":"u-1","productId":"gems.100","createdAt":"2025-01-01T00:00:00Z","state":"finished","transactionId":"5200003","purchaseDate":"2025-01-01T00:00:05Z","storefront":"DE"}
                 """
             let (status, summary) = try await post(http, lines, type: "application/x-ndjson")
-            #expect(status == .ok && summary["imported"] as? Int == 1 && summary["read"] as? Int == 3, "\(summary)")
+            #expect(status == .ok && summary["imported"] as? Int == 1 && summary["read"] as? Int == 4, "\(summary)")
             let refusals = summary["refusals"] as? [[String: Any]] ?? []
-            #expect(refusals.map { $0["line"] as? Int } == [3, 4], "\(summary)")
+            #expect(refusals.map { $0["line"] as? Int } == [3, 4, 5], "\(summary)")
             #expect((refusals.first?["message"] as? String)?.hasPrefix("coupon is not a column") == true, "\(refusals)")
+            #expect((refusals.last?["message"] as? String)?.hasPrefix("storefront is \"DE\"") == true, "\(refusals)")
             #expect(try await scalar(db, "SELECT price::text FROM orders WHERE order_id = 'j-1'", as: String.self) == "0.99")
+            // The storefront as Apple names it, for the comparison with Apple's sales reports.
+            #expect(try await scalar(db, "SELECT storefront FROM apple_transactions WHERE transaction_id = '5200001'", as: String.self) == "DEU")
             // Another line for j-1 (another transaction) is refused, never taken for the same.
             let other = #"{"orderId":"j-1","userId":"u-1","productId":"gems.100","createdAt":"2025-01-01T00:00:00Z","state":"finished","price":"0.99","currency":"USD","transactionId":"5200002","purchaseDate":"2025-01-01T00:00:05Z"}"#
             let (_, conflict) = try await post(http, other, type: "application/x-ndjson")

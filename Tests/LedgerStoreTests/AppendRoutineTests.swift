@@ -30,7 +30,7 @@ struct AppendRoutineTests {
                 \(noInts), \(noBools), \(none), \(none), \(none), \(noInts), \(none), \(none), \(noUUIDs), \(none), \(noLongs), \(none),
                 \(noLongs), \(noLongs), \(noLongs), \(none), \(none), \(none),
                 \(noInts), \(noBools), \(none), \(none), \(none), \(none), \(noLongs), \(none), \(none), \(noLongs), \(noLongs), \(none),
-                \(none), \(noUUIDs), \(none), \(none), \(none),
+                \(none), \(noUUIDs), \(none), \(none), \(none), \(none),
                 \(Int64(0)), \(session == nil), NULL, NULL, NULL, NULL)
             """
         let rows = if let session {

@@ -53,6 +53,12 @@ LANGUAGE sql STABLE AS $fn$
     SELECT (pg_snapshot_xmin(pg_current_snapshot())::text::bigint << 12) - 1
 $fn$;
 
+-- Its form before each transaction row carried its storefront (028_storefronts.sql).
+DROP PROCEDURE IF EXISTS append_events(integer[], text[], bigint[], uuid[], text[], jsonb[], jsonb[], text[],
+    integer[], boolean[], text[], text[], text[], integer[], text[], text[], uuid[], text[], bigint[], text[], bigint[],
+    bigint[], bigint[], text[], text[], text[],
+    integer[], boolean[], text[], text[], text[], text[], bigint[], text[], text[], bigint[], bigint[], text[], text[],
+    uuid[], text[], text[], text[], bigint, boolean, text[], text[], bigint[], bigint[]);
 -- Its form before each order and transaction row carried its app (013_app_columns.sql).
 DROP PROCEDURE IF EXISTS append_events(integer[], text[], bigint[], uuid[], text[], jsonb[], jsonb[], text[],
     integer[], boolean[], text[], text[], text[], integer[], text[], text[], uuid[], text[], bigint[], text[], bigint[],
@@ -71,7 +77,7 @@ CREATE OR REPLACE PROCEDURE append_events(
     p_transaction_environments text[], p_transaction_statuses text[], p_transaction_received bigint[],
     p_transaction_updated bigint[], p_transaction_originals text[], p_transaction_apps text[], p_transaction_tokens uuid[],
     p_transaction_matched_by text[], p_transaction_verifications text[], p_transaction_bundles text[],
-    p_recorded_at bigint, p_commit boolean,
+    p_transaction_storefronts text[], p_recorded_at bigint, p_commit boolean,
     INOUT r_status text[] DEFAULT NULL, INOUT r_detail text[] DEFAULT NULL,
     INOUT r_versions bigint[] DEFAULT NULL, INOUT r_positions bigint[] DEFAULT NULL)
 LANGUAGE plpgsql AS $fn$
@@ -188,21 +194,23 @@ BEGIN
                        nullif(x.app_transaction_id, '') AS app_transaction_id,
                        nullif(x.app_account_token, '00000000-0000-0000-0000-000000000000') AS app_account_token,
                        nullif(x.matched_by, '') AS matched_by, nullif(x.verification, '')::jsonb AS verification,
-                       coalesce(nullif(x.bundle_id, ''), (SELECT f.bundle_id FROM ledger_first_app f WHERE f.only_row)) AS bundle_id
+                       coalesce(nullif(x.bundle_id, ''), (SELECT f.bundle_id FROM ledger_first_app f WHERE f.only_row)) AS bundle_id,
+                       nullif(x.storefront, '') AS storefront
                   FROM unnest(p_transaction_new, p_transaction_ids, p_transaction_orders, p_transaction_users,
                               p_transaction_products, p_transaction_purchased, p_transaction_environments, p_transaction_statuses,
                               p_transaction_received, p_transaction_updated, p_transaction_originals, p_transaction_apps,
-                              p_transaction_tokens, p_transaction_matched_by, p_transaction_verifications, p_transaction_bundles)
+                              p_transaction_tokens, p_transaction_matched_by, p_transaction_verifications, p_transaction_bundles,
+                              p_transaction_storefronts)
                        AS x(is_new, transaction_id, order_id, user_id, product_id, purchase_date, environment, status, received_at,
                             updated_at, original_transaction_id, app_transaction_id, app_account_token, matched_by, verification,
-                            bundle_id)
+                            bundle_id, storefront)
             ), new_transactions AS (
                 INSERT INTO apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date, environment, status,
                                                 received_at, updated_at, original_transaction_id, app_transaction_id, app_account_token,
-                                                matched_by, verification, bundle_id)
+                                                matched_by, verification, bundle_id, storefront)
                 SELECT x.transaction_id, x.order_id, x.user_id, x.product_id, x.purchase_date, x.environment, x.status, x.received_at,
                        x.updated_at, x.original_transaction_id, x.app_transaction_id, x.app_account_token, x.matched_by, x.verification,
-                       x.bundle_id
+                       x.bundle_id, x.storefront
                   FROM transaction_rows x
                  WHERE x.is_new
             )
@@ -211,7 +219,7 @@ BEGIN
                    environment = x.environment, status = x.status, received_at = x.received_at, updated_at = x.updated_at,
                    original_transaction_id = x.original_transaction_id, app_transaction_id = x.app_transaction_id,
                    app_account_token = x.app_account_token, matched_by = x.matched_by, verification = x.verification,
-                   bundle_id = x.bundle_id
+                   bundle_id = x.bundle_id, storefront = x.storefront
               FROM transaction_rows x
              WHERE t.transaction_id = x.transaction_id AND NOT x.is_new;
         END IF;
@@ -310,22 +318,24 @@ BEGIN
                    nullif(x.app_transaction_id, '') AS app_transaction_id,
                    nullif(x.app_account_token, '00000000-0000-0000-0000-000000000000') AS app_account_token,
                    nullif(x.matched_by, '') AS matched_by, nullif(x.verification, '')::jsonb AS verification,
-                   coalesce(nullif(x.bundle_id, ''), (SELECT f.bundle_id FROM ledger_first_app f WHERE f.only_row)) AS bundle_id
+                   coalesce(nullif(x.bundle_id, ''), (SELECT f.bundle_id FROM ledger_first_app f WHERE f.only_row)) AS bundle_id,
+                   nullif(x.storefront, '') AS storefront
               FROM unnest(p_transaction_writes, p_transaction_new, p_transaction_ids, p_transaction_orders, p_transaction_users,
                           p_transaction_products, p_transaction_purchased, p_transaction_environments, p_transaction_statuses,
                           p_transaction_received, p_transaction_updated, p_transaction_originals, p_transaction_apps,
-                          p_transaction_tokens, p_transaction_matched_by, p_transaction_verifications, p_transaction_bundles)
+                          p_transaction_tokens, p_transaction_matched_by, p_transaction_verifications, p_transaction_bundles,
+                              p_transaction_storefronts)
                    AS x(w, is_new, transaction_id, order_id, user_id, product_id, purchase_date, environment, status, received_at,
                         updated_at, original_transaction_id, app_transaction_id, app_account_token, matched_by, verification,
-                        bundle_id)
+                        bundle_id, storefront)
               JOIN verdicts v ON v.unit = x.w AND v.status = 'appended'
         ), new_transactions AS (
             INSERT INTO apple_transactions (transaction_id, order_id, user_id, product_id, purchase_date, environment, status,
                                             received_at, updated_at, original_transaction_id, app_transaction_id, app_account_token,
-                                            matched_by, verification, bundle_id)
+                                            matched_by, verification, bundle_id, storefront)
             SELECT x.transaction_id, x.order_id, x.user_id, x.product_id, x.purchase_date, x.environment, x.status, x.received_at,
                    x.updated_at, x.original_transaction_id, x.app_transaction_id, x.app_account_token, x.matched_by, x.verification,
-                   x.bundle_id
+                   x.bundle_id, x.storefront
               FROM transaction_rows x
              WHERE x.is_new
         ), changed_transactions AS (
@@ -334,7 +344,7 @@ BEGIN
                    environment = x.environment, status = x.status, received_at = x.received_at, updated_at = x.updated_at,
                    original_transaction_id = x.original_transaction_id, app_transaction_id = x.app_transaction_id,
                    app_account_token = x.app_account_token, matched_by = x.matched_by, verification = x.verification,
-                   bundle_id = x.bundle_id
+                   bundle_id = x.bundle_id, storefront = x.storefront
               FROM transaction_rows x
              WHERE t.transaction_id = x.transaction_id AND NOT x.is_new
         ), answered AS (

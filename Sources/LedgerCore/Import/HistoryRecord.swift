@@ -16,6 +16,7 @@ public struct HistoryRecord: Sendable, Equatable {
     public static let columns = [
         "orderId", "userId", "productId", "bundleId", "createdAt", "state", "price", "currency",
         "transactionId", "originalTransactionId", "purchaseDate", "environment", "refundedAt",
+        "storefront",
     ]
 
     /// The date a granted transaction alone is given when its line says none (docs/import.md).
@@ -38,6 +39,8 @@ public struct HistoryRecord: Sendable, Equatable {
     /// `Production` or `Sandbox`, as Apple names them.
     public var environment: String
     public var refundedAt: Date?
+    /// The storefront's country as Apple names it in a transaction, ISO 3166-1 alpha-3 (`USA`).
+    public var storefront: String?
 
     /// Reads a line's fields (absent and empty are the same); the first problem is thrown, naming the column.
     public init(_ fields: [String: String], line: Int) throws(LedgerInputError) {
@@ -88,6 +91,13 @@ public struct HistoryRecord: Sendable, Equatable {
             throw LedgerInputError(field: "environment", problem: "is \(environmentName.debugDescription); use Production or Sandbox")
         }
         self.environment = environment
+        if let given = text("storefront") {
+            let letters = given.uppercased()
+            guard letters.utf8.count == 3, letters.utf8.allSatisfy({ (65...90).contains($0) }) else {
+                throw LedgerInputError(field: "storefront", problem: "is \(given.debugDescription); use an ISO 3166-1 alpha-3 code such as USA")
+            }
+            storefront = letters
+        }
         let stateName = text("state")
         var state: State?
         if let stateName {

@@ -90,11 +90,13 @@ public struct ReceiptReceived: Codable, Sendable, Equatable {
     /// The bundle id Apple signed for the transaction, when the ledger verified it: the app of
     /// the transaction's row (else its order's), which must be its order's (`app-mismatch`).
     public var bundleId: BundleID?
+    /// The storefront's country Apple signed (ISO 3166-1 alpha-3), when it said.
+    public var storefront: String?
 
     public init(
         transactionId: TransactionID, productId: ProductID, purchaseDate: Date, receiptSha256: String, format: ReceiptFormat,
         matchedBy: MatchedBy, originalTransactionId: String? = nil, appTransactionId: String? = nil,
-        appAccountToken: UUID? = nil, environment: String? = nil, bundleId: BundleID? = nil
+        appAccountToken: UUID? = nil, environment: String? = nil, bundleId: BundleID? = nil, storefront: String? = nil
     ) {
         self.transactionId = transactionId
         self.productId = productId
@@ -107,6 +109,7 @@ public struct ReceiptReceived: Codable, Sendable, Equatable {
         self.appAccountToken = appAccountToken
         self.environment = environment
         self.bundleId = bundleId
+        self.storefront = storefront
     }
 }
 

@@ -33,13 +33,16 @@ public struct AppleTransaction: Codable, Sendable, Equatable {
     public var transactionReason: String?
     /// The subscription group of an auto-renewable subscription (`subscriptionGroupIdentifier`).
     public var subscriptionGroupIdentifier: String?
+    /// The App Store storefront's country as Apple signed it, ISO 3166-1 alpha-3 (`USA`); absent
+    /// in legacy receipts, which do not say.
+    public var storefront: String?
 
     public init(
         transactionId: TransactionID, originalTransactionId: String?, productId: ProductID, purchaseDate: Date,
         environment: String, bundleId: String, quantity: Int = 1, appAccountToken: UUID? = nil, appTransactionId: String? = nil,
         inAppOwnershipType: String? = nil, price: String? = nil, currency: String? = nil, format: ReceiptFormat, receiptSha256: String,
         type: String? = nil, expiresDate: Date? = nil, webOrderLineItemId: String? = nil, transactionReason: String? = nil,
-        subscriptionGroupIdentifier: String? = nil
+        subscriptionGroupIdentifier: String? = nil, storefront: String? = nil
     ) {
         self.transactionId = transactionId
         self.originalTransactionId = originalTransactionId
@@ -60,6 +63,7 @@ public struct AppleTransaction: Codable, Sendable, Equatable {
         self.webOrderLineItemId = webOrderLineItemId
         self.transactionReason = transactionReason
         self.subscriptionGroupIdentifier = subscriptionGroupIdentifier
+        self.storefront = storefront
     }
 }
 

@@ -41,11 +41,14 @@ public struct AppleTransactionRecord: Sendable, Equatable {
     /// The app the transaction belongs to: the bundle id Apple signed, or (claimed straight from
     /// a `receipt-received` that names none) its order's. Nil only in a ledger that holds no app.
     public var bundleId: BundleID?
+    /// The storefront's country Apple signed (ISO 3166-1 alpha-3); nil when it did not say.
+    public var storefront: String?
 
     public init(
         transactionId: TransactionID, orderId: OrderID?, userId: UserID?, productId: ProductID, purchaseDate: Date,
         environment: String?, status: Status, receivedAt: Date, updatedAt: Date, originalTransactionId: String?,
-        appTransactionId: String?, appAccountToken: UUID?, matchedBy: MatchedBy?, verification: Data?, bundleId: BundleID? = nil
+        appTransactionId: String?, appAccountToken: UUID?, matchedBy: MatchedBy?, verification: Data?, bundleId: BundleID? = nil,
+        storefront: String? = nil
     ) {
         self.transactionId = transactionId
         self.orderId = orderId
@@ -62,6 +65,7 @@ public struct AppleTransactionRecord: Sendable, Equatable {
         self.matchedBy = matchedBy
         self.verification = verification
         self.bundleId = bundleId
+        self.storefront = storefront
     }
 
     /// Waiting in the pool with nothing against it: the only state an order may take it from.
@@ -78,7 +82,7 @@ public struct AppleTransactionRecord: Sendable, Equatable {
             purchaseDate: transaction.purchaseDate, environment: transaction.environment, status: poolStatus(reason: body.reason), receivedAt: date,
             updatedAt: date, originalTransactionId: transaction.originalTransactionId,
             appTransactionId: transaction.appTransactionId, appAccountToken: transaction.appAccountToken, matchedBy: nil,
-            verification: data, bundleId: BundleID(unchecked: transaction.bundleId))
+            verification: data, bundleId: BundleID(unchecked: transaction.bundleId), storefront: transaction.storefront)
     }
 
     /// The row `receipt-received` makes for the transaction it claims for `order`, when the
@@ -89,7 +93,7 @@ public struct AppleTransactionRecord: Sendable, Equatable {
             purchaseDate: receipt.purchaseDate, environment: receipt.environment, status: .claimed, receivedAt: date,
             updatedAt: date, originalTransactionId: receipt.originalTransactionId, appTransactionId: receipt.appTransactionId,
             appAccountToken: receipt.appAccountToken, matchedBy: receipt.matchedBy, verification: nil,
-            bundleId: receipt.bundleId ?? order.bundleId)
+            bundleId: receipt.bundleId ?? order.bundleId, storefront: receipt.storefront)
     }
 
     /// `claim` of a transaction that had waited as `self` in the pool: the order's fields from
@@ -107,6 +111,7 @@ public struct AppleTransactionRecord: Sendable, Equatable {
         row.appTransactionId = appTransactionId ?? claim.appTransactionId
         row.appAccountToken = appAccountToken ?? claim.appAccountToken
         row.bundleId = bundleId ?? claim.bundleId
+        row.storefront = storefront ?? claim.storefront
         return row
     }
 
