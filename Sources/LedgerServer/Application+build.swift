@@ -213,7 +213,38 @@ func appleServices(
             _ = try await catchUp.run()
         })
     }
+    if configuration.salesFetchInterval > 0, configuration.appStoreConnect != nil {
+        background.append(PeriodicService(
+            name: "sales reports", interval: .seconds(configuration.salesFetchInterval), logger: logger, firstWait: .seconds(90)
+        ) {
+            try await started.wait()
+            _ = try await fetchSalesReports(api: api, verifier: verifier, services: services, configuration: configuration, logger: logger)
+        })
+    }
     return background
+}
+
+/// One background fetch of App Store Connect's sales reports (the days not stored yet), then
+/// the sweeps where a day stored now counted more purchases than the ledger saw. One server at
+/// a time (a lease); nil when another server holds it.
+func fetchSalesReports(
+    api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, services: ServiceAssembly, configuration: LedgerConfiguration, logger: Logger
+) async throws -> SalesReportFetch.Summary? {
+    guard let fetch = try await configuration.salesReportFetch(services, logger: logger) else { return nil }
+    let leases = Leases(database: services.database)
+    guard let lease = try await leases.claim("sales-reports", for: 3600) else { return nil }
+    do {
+        let summary = try await fetch.run()
+        let changed = (summary.new + summary.restated).sorted()
+        if let from = changed.first, let to = changed.last, try await api.anyKey() {
+            _ = try await configuration.salesShortfallSweep(services, api: api, verifier: verifier, logger: logger).run(from: from, to: to)
+        }
+        try await leases.release(lease)
+        return summary
+    } catch {
+        try? await leases.release(lease)
+        throw error
+    }
 }
 
 /// The refresh `GET /v1/subscriptions/{id}?refresh=true` runs: the subscription catch-up, asking

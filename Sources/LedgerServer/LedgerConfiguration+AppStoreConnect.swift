@@ -72,6 +72,14 @@ extension LedgerConfiguration {
         }
     }
 
+    /// The sweeps where Apple's sales reports counted more purchases than the ledger saw.
+    public func salesShortfallSweep(
+        _ services: ServiceAssembly, api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, logger: Logger
+    ) -> SalesShortfallSweep {
+        SalesShortfallSweep(
+            sweep: historySweep(services, api: api, verifier: verifier), store: AppleSalesStore(database: services.database), logger: logger)
+    }
+
     /// The sales-report fetch of these settings on `services`' database, or nil without an App Store Connect key.
     public func salesReportFetch(_ services: ServiceAssembly, logger: Logger) async throws -> SalesReportFetch? {
         guard let appStoreConnect else { return nil }

@@ -120,6 +120,9 @@ public struct LedgerConfiguration: Sendable {
     /// Seconds between refund catch-up passes inside `ledger serve` (each account is read at most
     /// once a day); 0: none.
     public var refundCatchUpInterval = 3600
+    /// Seconds between fetches of App Store Connect's sales reports inside `ledger serve` (with an
+    /// App Store Connect key; each day is asked until Apple publishes it); 0: none.
+    public var salesFetchInterval = 3600
     /// Whether `ledger serve` backfills the notifications Apple sent while it was away, at start.
     public var backfillNotificationsAtStart = true
     /// Seconds the verifier of proofs uses its copy of the apps before it reads them again

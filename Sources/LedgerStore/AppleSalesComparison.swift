@@ -23,18 +23,21 @@ public struct AppleSalesComparison: Sendable, Encodable, Equatable {
         public var refundDifference: Int
         public var cause: String
         public var nextStep: String
+        /// What the latest sweep for the row's day, app and product found, where Apple counted
+        /// more purchases than the ledger saw; '' when none ran.
+        public var sweep: String
 
         init(day: String, bundleId: String?, productId: String, country: String?, applePurchases: Int, ledgerPurchases: Int,
-             appleRefunds: Int, ledgerRefunds: Int, cause: String, nextStep: String) {
+             appleRefunds: Int, ledgerRefunds: Int, cause: String, nextStep: String, sweep: String) {
             (self.day, self.bundleId, self.productId, self.country) = (day, bundleId, productId, country)
-            (self.cause, self.nextStep) = (cause, nextStep)
+            (self.cause, self.nextStep, self.sweep) = (cause, nextStep, sweep)
             (self.applePurchases, self.ledgerPurchases, self.purchaseDifference) = (applePurchases, ledgerPurchases, applePurchases - ledgerPurchases)
             (self.appleRefunds, self.ledgerRefunds, self.refundDifference) = (appleRefunds, ledgerRefunds, appleRefunds - ledgerRefunds)
         }
 
         private enum CodingKeys: String, CodingKey {
             case day, bundleId, productId, country, applePurchases, ledgerPurchases, purchaseDifference, appleRefunds, ledgerRefunds
-            case refundDifference, cause, nextStep
+            case refundDifference, cause, nextStep, sweep
         }
 
         /// Every member, an absent app or country as `null` (the API's schema requires them).
@@ -52,6 +55,7 @@ public struct AppleSalesComparison: Sendable, Encodable, Equatable {
             try container.encode(refundDifference, forKey: .refundDifference)
             try container.encode(cause, forKey: .cause)
             try container.encode(nextStep, forKey: .nextStep)
+            try container.encode(sweep, forKey: .sweep)
         }
     }
 
@@ -63,27 +67,27 @@ public struct AppleSalesComparison: Sendable, Encodable, Equatable {
     public static func make(database: Database, from: String, to: String, apps: [BundleID]? = nil) async throws -> AppleSalesComparison {
         let rows = try await database.query(
             """
-            SELECT to_char(day, 'YYYY-MM-DD'), bundle_id, product_id, country, apple_purchases, ledger_purchases, apple_refunds, ledger_refunds, cause, next_step
+            SELECT to_char(day, 'YYYY-MM-DD'), bundle_id, product_id, country, apple_purchases, ledger_purchases, apple_refunds, ledger_refunds, cause, next_step, sweep
               FROM ledger_apple_sales(\(from)::date, \(to)::date)
              WHERE \(apps?.map(\.rawValue))::text[] IS NULL OR bundle_id = ANY(\(apps?.map(\.rawValue))::text[])
             """)
         var found: [Row] = []
-        for try await (day, bundle, product, country, applePurchases, ledgerPurchases, appleRefunds, ledgerRefunds, cause, next)
-            in rows.decode((String, String?, String, String?, Int, Int, Int, Int, String, String).self) {
+        for try await (day, bundle, product, country, applePurchases, ledgerPurchases, appleRefunds, ledgerRefunds, cause, next, sweep)
+            in rows.decode((String, String?, String, String?, Int, Int, Int, Int, String, String, String).self) {
             found.append(Row(day: day, bundleId: bundle, productId: product, country: country, applePurchases: applePurchases,
                              ledgerPurchases: ledgerPurchases,
-                             appleRefunds: appleRefunds, ledgerRefunds: ledgerRefunds, cause: cause, nextStep: next))
+                             appleRefunds: appleRefunds, ledgerRefunds: ledgerRefunds, cause: cause, nextStep: next, sweep: sweep))
         }
         return AppleSalesComparison(from: from, to: to, rows: found)
     }
 
     /// The rows as CSV with a header.
     public var csv: String {
-        var text = "day,bundleId,productId,country,applePurchases,ledgerPurchases,purchaseDifference,appleRefunds,ledgerRefunds,refundDifference,cause,nextStep\n"
+        var text = "day,bundleId,productId,country,applePurchases,ledgerPurchases,purchaseDifference,appleRefunds,ledgerRefunds,refundDifference,cause,nextStep,sweep\n"
         for row in rows {
             let cells = [row.day, row.bundleId ?? "", row.productId, row.country ?? "", String(row.applePurchases), String(row.ledgerPurchases),
                          String(row.purchaseDifference), String(row.appleRefunds), String(row.ledgerRefunds), String(row.refundDifference),
-                         row.cause, row.nextStep]
+                         row.cause, row.nextStep, row.sweep]
             text += cells.map(Self.field).joined(separator: ",") + "\n"
         }
         return text
@@ -98,7 +102,7 @@ public struct AppleSalesComparison: Sendable, Encodable, Equatable {
                          (row.country ?? "?").padding(toLength: 7, withPad: " ", startingAt: 0),
                          String(row.applePurchases).leftPadded(5), String(row.ledgerPurchases).leftPadded(7), String(row.purchaseDifference).leftPadded(5),
                          String(row.appleRefunds).leftPadded(14), String(row.ledgerRefunds).leftPadded(15),
-                         row.cause + (row.nextStep.isEmpty ? "" : " → " + row.nextStep)]
+                         row.cause + (row.nextStep.isEmpty ? "" : " → " + row.nextStep) + (row.sweep.isEmpty ? "" : " (" + row.sweep + ")")]
             lines.append(cells.joined(separator: " "))
         }
         return lines.joined(separator: "\n") + "\n"

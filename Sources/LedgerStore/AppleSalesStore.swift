@@ -108,4 +108,62 @@ public struct AppleSalesStore: Sendable {
         for try await row in rows.decode((Int, String, Int).self) { return row }
         return nil
     }
+
+    /// A day, app and product where Apple counted more purchases than the ledger saw, in all
+    /// the day's countries together (`missing`: how many more).
+    public struct Shortfall: Sendable, Equatable {
+        public var day: String
+        public var bundleId: BundleID?
+        public var productId: ProductID
+        public var missing: Int
+    }
+
+    /// The shortfalls of the days `from` to `to` (`YYYY-MM-DD`) in Apple's reports, oldest first.
+    public func shortfalls(from: String, to: String) async throws -> [Shortfall] {
+        let rows = try await database.query(
+            """
+            SELECT to_char(day, 'YYYY-MM-DD'), bundle_id, product_id, sum(apple_purchases - ledger_purchases)::integer
+              FROM ledger_apple_sales(\(from)::date, \(to)::date)
+             WHERE cause <> 'no report of Apple''s for the day yet'
+             GROUP BY 1, 2, 3
+            HAVING sum(apple_purchases - ledger_purchases) > 0
+             ORDER BY 1, 2, 3
+            """)
+        var found: [Shortfall] = []
+        for try await (day, bundle, product, missing) in rows.decode((String, String?, String, Int).self) {
+            found.append(Shortfall(day: day, bundleId: bundle.map(BundleID.init(unchecked:)), productId: ProductID(unchecked: product), missing: missing))
+        }
+        return found
+    }
+
+    /// The users with open orders (`created`, `payment-added`) of `shortfall`'s app and product
+    /// created that day or the day before (Pacific time, as Apple's reports count): a purchase of
+    /// the day pays an order created before it.
+    public func openOrderUsers(_ shortfall: Shortfall) async throws -> [UserID] {
+        let rows = try await database.query(
+            """
+            SELECT DISTINCT user_id FROM orders
+             WHERE product_id = \(shortfall.productId.rawValue) AND bundle_id IS NOT DISTINCT FROM \(shortfall.bundleId?.rawValue)
+               AND state IN ('created', 'payment-added')
+               AND created_at >= ((\(shortfall.day)::date - 1)::timestamp AT TIME ZONE 'America/Los_Angeles')
+               AND created_at < ((\(shortfall.day)::date + 1)::timestamp AT TIME ZONE 'America/Los_Angeles')
+             ORDER BY 1
+            """)
+        var users: [UserID] = []
+        for try await user in rows.decode(String.self) { users.append(UserID(unchecked: user)) }
+        return users
+    }
+
+    /// Records what the sweep for `shortfall` did, in place of an earlier one's.
+    public func recordSweep(_ shortfall: Shortfall, users: Int, accounts: Int, found: Int, failed: Int) async throws {
+        try await database.query(
+            """
+            INSERT INTO apple_sales_sweeps (day, bundle_id, product_id, swept_at, missing, users, accounts, found, failed)
+            VALUES (\(shortfall.day)::date, \(shortfall.bundleId?.rawValue ?? ""), \(shortfall.productId.rawValue), now(), \(shortfall.missing),
+                    \(users), \(accounts), \(found), \(failed))
+            ON CONFLICT (day, bundle_id, product_id) DO UPDATE
+               SET swept_at = now(), missing = EXCLUDED.missing, users = EXCLUDED.users, accounts = EXCLUDED.accounts,
+                   found = EXCLUDED.found, failed = EXCLUDED.failed
+            """)
+    }
 }

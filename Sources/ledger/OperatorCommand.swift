@@ -30,11 +30,11 @@ struct AppleWork: Sendable {
     let services: ServiceAssembly
 }
 
-/// Runs `body` for a command that cannot run without an App Store Server API key: each app's
+/// Runs `body` for a command that asks Apple with an App Store Server API key: each app's
 /// own, read from the apps' catalog (the configured app's recorded first); refused when no app
-/// has one.
+/// has one, unless `requiringKey` is false (the command then checks `api.anyKey()` itself).
 func withAppleWork<Result: Sendable>(
-    _ options: ConfigurationOptions, _ body: @Sendable (AppleWork) async throws -> Result
+    _ options: ConfigurationOptions, requiringKey: Bool = true, _ body: @Sendable (AppleWork) async throws -> Result
 ) async throws -> Result {
     let configuration = try LedgerConfiguration.load(options.values())
     // A configured key that cannot be read stops the command before the database is opened.
@@ -42,7 +42,8 @@ func withAppleWork<Result: Sendable>(
     return try await withLedgerDatabase(options) { client, logger in
         let database = Database(client: client, logger: logger)
         let api = LazyAppStoreServerAPI(catalog: AppCatalog(database: database), hosts: configuration.apple.appStoreServerAPIHosts(), logger: logger)
-        guard try await api.anyKey() else {
+        let hasKey = try await api.anyKey()
+        guard hasKey || !requiringKey else {
             throw ValidationError("the App Store Server API is not configured: set LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID and LEDGER_APPLE_API_PRIVATE_KEY, or give an app its key with `ledger apps set`")
         }
         // What Apple signs is checked against the app the ledger holds for its bundle id.

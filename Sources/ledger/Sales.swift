@@ -7,11 +7,11 @@ import LedgerStore
 /// `ledger sales fetch`: App Store Connect's daily sales reports into the ledger (docs/finance.md).
 struct Sales: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "App Store Connect's daily sales reports (needs LEDGER_APP_STORE_CONNECT_*).", subcommands: [Fetch.self])
+        abstract: "App Store Connect's daily sales reports (needs LEDGER_APP_STORE_CONNECT_*).", subcommands: [Fetch.self, Sweep.self])
 
     struct Fetch: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Fetch the days with no report stored (Apple keeps 365), or --again every day of the range.")
+            abstract: "Fetch the days with no report stored (Apple keeps 365), or --again every day of the range; then sweep where Apple counted more purchases than the ledger saw.")
         @OptionGroup var options: ConfigurationOptions
         @Option(help: "First day (2026-11-01); default the first day Apple keeps") var from: String?
         @Option(help: "Last day (included); default yesterday in Pacific time, the last Apple may have published") var to: String?
@@ -24,13 +24,24 @@ struct Sales: AsyncParsableCommand {
             }
             let (first, last) = (try from.map { try Self.day($0, "--from") }, try to.map { try Self.day($0, "--to") })
             let again = again
-            let summary = try await withLedgerDatabase(options) { client, logger in
-                let services = ServiceAssembly(database: Database(client: client, logger: logger))
-                return try await configuration.salesReportFetch(services, logger: logger)!.run(from: first, to: last, again: again)
+            let (summary, swept) = try await withAppleWork(options, requiringKey: false) { work in
+                let logger = work.services.database.logger
+                let summary = try await configuration.salesReportFetch(work.services, logger: logger)!.run(from: first, to: last, again: again)
+                // The days stored now: where Apple counted more than the ledger saw, the sweep
+                // looks for what no client sent (only while an app has an App Store Server API key).
+                let changed = (summary.new + summary.restated).sorted()
+                guard let from = changed.first, let to = changed.last, try await work.api.anyKey() else {
+                    return (summary, [SalesShortfallSweep.Swept]?.none)
+                }
+                return (summary, try await configuration.salesShortfallSweep(work.services, api: work.api, verifier: work.verifier, logger: logger)
+                    .run(from: from, to: to))
             }
             print("sales reports: \(summary.new.count) new, \(summary.restated.count) restated, \(summary.unchanged.count) unchanged, \(summary.noSales.count) without sales, \(summary.notYetPublished.count) not published yet (asked again next run), \(summary.failed.count) failed")
             for day in summary.restated { print("  \(day): restated by Apple, stored as a new revision") }
             for (day, why) in summary.failed.sorted(by: { $0.key < $1.key }) { print("  \(day): \(why)") }
+            if let swept { Sweep.print(swept) } else if !(summary.new + summary.restated).isEmpty {
+                print("no app has an App Store Server API key: no sweep where Apple counted more purchases than the ledger saw")
+            }
             if !summary.failed.isEmpty { throw ExitCode(2) }
         }
 
@@ -38,6 +49,34 @@ struct Sales: AsyncParsableCommand {
         static func day(_ text: String, _ option: String) throws -> String {
             do { return String(try ReportPeriod.date(text, field: option).formatted(Date.ISO8601FormatStyle()).prefix(10)) } catch {
                 throw ValidationError("\(error)")
+            }
+        }
+    }
+
+    struct Sweep: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Sweep the Apple histories of the users with open orders where Apple's reports counted more purchases of a product on a day than the ledger saw.")
+        @OptionGroup var options: ConfigurationOptions
+        @Option(help: "First day (2026-11-01)") var from: String
+        @Option(help: "Last day (included); default --from") var to: String?
+
+        func run() async throws {
+            let first = try Fetch.day(from, "--from")
+            let last = try to.map { try Fetch.day($0, "--to") } ?? first
+            let swept = try await withAppleWork(options) { work in
+                try await work.configuration.salesShortfallSweep(work.services, api: work.api, verifier: work.verifier, logger: work.services.database.logger)
+                    .run(from: first, to: last)
+            }
+            Self.print(swept)
+        }
+
+        static func print(_ swept: [SalesShortfallSweep.Swept]) {
+            guard !swept.isEmpty else {
+                Swift.print("Apple counted no more purchases than the ledger saw: nothing to sweep")
+                return
+            }
+            for row in swept {
+                Swift.print("\(row.day) \(row.bundleId ?? "-") \(row.productId): Apple counted \(row.missing) more; swept \(row.users) user(s), \(row.accounts) Apple account(s): \(row.found) transaction(s) new to the ledger\(row.failed > 0 ? ", \(row.failed) account(s) not read" : "")")
             }
         }
     }

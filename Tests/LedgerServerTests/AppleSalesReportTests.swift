@@ -2,6 +2,7 @@ import AppleReceipts
 import AppStoreStandIn
 import Foundation
 import LedgerServer
+import LedgerServices
 import LedgerStore
 import LedgerTestSupport
 import Testing
@@ -73,5 +74,68 @@ struct AppleSalesReportTests {
             let (taken, error) = try await http.send(.post, "/v1/apps", json: ["bundleId": "com.example.other", "sku": "GAME1"])
             #expect(taken == .conflict && errorOf(error)["code"] as? String == "sku-taken", "\(error)")
         }
+    }
+
+    /// Issue 42, point 4.
+    @Test("where Apple counted a purchase more, the sweep of the users with open orders of the product finds it, and the comparison then agrees and says so")
+    func shortfallSweeps() async throws {
+        let standIn = AppStoreServerStandIn(bundleID: TestApple.bundleId)
+        try await withAppleAPIApplication(apple, standIn, configure: { bothEnvironments(&$0); olderPurchases(&$0); $0.recoveryAfter = 0 }) { http, db, base in
+            try await http.send(.patch, "/v1/apps/\(TestApple.bundleId)", json: ["sku": "GAME1"])
+            let bought = Date(timeIntervalSinceNow: -120)
+            let day = pacificDay(bought)
+            // u-1's purchase reached the ledger; u-2's client paid and never sent its own.
+            try await http.send(.post, "/v1/orders", json: newOrder("sf-1", user: "sf-u1"))
+            let sent = try await apple.sign(TestApple.transaction("8800001", environment: "Production", purchaseDate: bought))
+            let (_, matched) = try await http.send(.post, "/v1/receipts", json: ["orderId": "sf-1", "signedTransaction": sent])
+            #expect(matched["outcome"] as? String == "matched", "\(matched)")
+            let (_, open) = try await http.send(.post, "/v1/orders", json: newOrder("sf-2", user: "sf-u2"))
+            let token = try #require((open["appAccountToken"] as? String).flatMap(UUID.init(uuidString:)))
+            try await http.send(.post, "/v1/users/sf-u2/app-transaction", json: ["signedAppTransaction": try await apple.sign(TestApple.appTransaction("acct-sf2"))])
+            var lost = TestApple.transaction("8800002", environment: "Production", appAccountToken: token, purchaseDate: bought)
+            lost.appTransactionId = "acct-sf2"
+            await standIn.setHistory("acct-sf2", [.init(revision: "sf1", hasMore: false, signedTransactions: [try await apple.sign(lost)])])
+            // A user with an open order of another product: not swept.
+            try await http.send(.post, "/v1/orders", json: newOrder("sf-3", user: "sf-u3", product: "gems.500"))
+            try await http.send(.post, "/v1/users/sf-u3/app-transaction", json: ["signedAppTransaction": try await apple.sign(TestApple.appTransaction("acct-sf3"))])
+
+            let file = Data(AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 2, "US")], day: day).utf8)
+            let rows = try AppleSalesReport(file: file).rows.map {
+                AppleSalesStore.Row(sku: $0.sku, parentIdentifier: $0.parentIdentifier, productType: $0.productType, units: $0.units, countryCode: $0.countryCode, fields: $0.fields)
+            }
+            try await AppleSalesStore(database: db.database).record(vendor: "85000000", day: day, version: "1_0", file: file, rows: rows)
+            let (_, before) = try await http.send(.get, "/v1/reports/apple?from=\(day)&to=\(day)")
+            let shortfall = (before["rows"] as? [[String: Any]] ?? []).map { "\($0["applePurchases"] ?? "") \($0["ledgerPurchases"] ?? "") \($0["sweep"] ?? "")" }
+            #expect(shortfall == ["2 1 "], "\(before)")
+
+            var configuration = trusting(apple)
+            bothEnvironments(&configuration)
+            olderPurchases(&configuration)
+            configuration.recoveryAfter = 0
+            let sweep = configuration.salesShortfallSweep(
+                secondServer(db), api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base, timeout: .seconds(60)), logger: TestServer.logger),
+                verifier: try configuration.apple.verifier(logger: TestServer.logger), logger: TestServer.logger)
+            let swept = try await sweep.run(from: day, to: day)
+            #expect(swept == [.init(day: day, bundleId: TestApple.bundleId, productId: "gems.100", missing: 1, users: 1, accounts: 1, found: 1, failed: 0)], "\(swept)")
+            #expect(await standIn.historyQueries.count == 1, "only the account of the user with an open order of the product")
+            let (_, order) = try await http.send(.get, "/v1/orders/sf-2")
+            #expect(order["state"] as? String == "verified" && order["transactionId"] as? String == "8800002", "\(order)")
+
+            let (_, after) = try await http.send(.get, "/v1/reports/apple?from=\(day)&to=\(day)")
+            let row = (after["rows"] as? [[String: Any]] ?? []).first ?? [:]
+            #expect(row["applePurchases"] as? Int == 2 && row["ledgerPurchases"] as? Int == 2 && row["cause"] as? String == "agrees", "\(after)")
+            #expect((row["sweep"] as? String)?.hasPrefix("swept 1 user(s), 1 Apple account(s) at ") == true, "\(row)")
+            #expect((row["sweep"] as? String)?.hasSuffix(": 1 transaction(s) new to the ledger") == true, "\(row)")
+            // Nothing short any more: a second run sweeps nothing.
+            #expect(try await sweep.run(from: day, to: day).isEmpty)
+        }
+    }
+
+    /// `date`'s day in Pacific time, as Apple's reports count.
+    func pacificDay(_ date: Date) -> String {
+        var calendar = Calendar(identifier: .gregorian)
+        calendar.timeZone = TimeZone(identifier: "America/Los_Angeles")!
+        let parts = calendar.dateComponents([.year, .month, .day], from: date)
+        return String(format: "%04d-%02d-%02d", parts.year!, parts.month!, parts.day!)
     }
 }

@@ -57,6 +57,26 @@ INSERT INTO storefront_countries (alpha3, alpha2) VALUES
     ('YEM', 'YE'), ('ZAF', 'ZA'), ('ZMB', 'ZM'), ('ZWE', 'ZW');
 GRANT SELECT ON storefront_countries TO ledger_reader, ledger_writer;
 
+-- What the history sweep found where Apple counted more purchases of a product on a day than
+-- the ledger saw (docs/finance.md, "Differences act"): the latest sweep of each day, app and
+-- product, of the users with open orders of that product from that day.
+CREATE TABLE apple_sales_sweeps (
+    day        date        NOT NULL,
+    bundle_id  text        NOT NULL,  -- '' in a ledger that holds no app
+    product_id text        NOT NULL,
+    swept_at   timestamptz NOT NULL,
+    -- Apple's purchases less the ledger's before the sweep, in every country of the day.
+    missing    integer     NOT NULL CHECK (missing > 0),
+    users      integer     NOT NULL CHECK (users >= 0),
+    accounts   integer     NOT NULL CHECK (accounts >= 0),
+    -- Transactions the sweep ingested that the ledger did not know (tied to orders or pooled),
+    -- and those it could not read (Apple failed or refused).
+    found      integer     NOT NULL CHECK (found >= 0),
+    failed     integer     NOT NULL CHECK (failed >= 0),
+    PRIMARY KEY (day, bundle_id, product_id)
+);
+GRANT SELECT, INSERT, UPDATE ON apple_sales_sweeps TO ledger_writer;
+
 DROP VIEW dashboards.apple_sales;
 DROP FUNCTION ledger_apple_sales(date, date);
 
@@ -67,10 +87,11 @@ DROP FUNCTION ledger_apple_sales(date, date);
 -- refunds (order refunds, by their revocation date). A ledger row whose storefront the ledger
 -- does not know has no country; Apple's rows of that product and day that it may explain say so.
 -- A report line names its app by `Parent Identifier` (the app's SKU); a line without one (an
--- app's own download) is not an in-app purchase.
+-- app's own download) is not an in-app purchase. `sweep`: what the latest sweep for the row's
+-- day, app and product found (apple_sales_sweeps), '' when none ran.
 CREATE FUNCTION ledger_apple_sales(p_from date, p_to date)
 RETURNS TABLE (day date, bundle_id text, product_id text, country text, apple_purchases integer, ledger_purchases integer,
-               apple_refunds integer, ledger_refunds integer, cause text, next_step text)
+               apple_refunds integer, ledger_refunds integer, cause text, next_step text, sweep text)
 -- SECURITY DEFINER: dashboards.apple_sales calls it for ledger_reader, who reads no table here
 -- (EXECUTE is granted below to the ledger's roles alone, not to PUBLIC).
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $fn$
@@ -160,8 +181,13 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $fn$
                 WHEN j.apple_purchases > j.ledger_purchases THEN 'recover: a history sweep of the users with open orders of the product (ledger recover)'
                 WHEN j.ledger_purchases > j.apple_purchases THEN 'check for sandbox or test purchases counted as production, or fraud'
                 WHEN j.apple_refunds > j.ledger_refunds THEN 'refund catch-up (ledger backfill refunds)'
-                ELSE 'check the refund''s date: Apple may count it on another day' END
+                ELSE 'check the refund''s date: Apple may count it on another day' END,
+           CASE WHEN w.day IS NULL THEN ''
+                ELSE format('swept %s user(s), %s Apple account(s) at %s: %s transaction(s) new to the ledger%s',
+                            w.users, w.accounts, to_char(w.swept_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI"Z"'), w.found,
+                            CASE WHEN w.failed > 0 THEN format(', %s account(s) not read', w.failed) ELSE '' END) END
       FROM judged j
+      LEFT JOIN apple_sales_sweeps w ON w.day = j.day AND w.bundle_id = coalesce(j.bundle_id, '') AND w.product_id = j.product_id
      ORDER BY j.day, j.bundle_id, j.product_id, j.country NULLS LAST
 $fn$;
 REVOKE EXECUTE ON FUNCTION ledger_apple_sales(date, date) FROM PUBLIC;
