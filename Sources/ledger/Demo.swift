@@ -21,7 +21,8 @@ import ServiceLifecycle
 /// ids, several open orders, re-uploads, replayed events, a retired product, a client deleted
 /// before it uploads, and App Review's Sandbox purchase, granted and kept out of revenue) and a
 /// second one added with `POST /v1/apps` and its own key. Runs the reconciler and a history
-/// sweep, and prints what happened per app and the report.
+/// sweep, compares a day of Apple's sales report (a stand-in App Store Connect) with the ledger
+/// and sweeps where Apple counted more, and prints what happened per app and the report.
 struct Demo: AsyncParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Run a self-contained simulation against an in-process ledger and print the reconciliation report.")
 
@@ -163,6 +164,7 @@ extension Demo {
                 backfilled.repeated += summary.repeated
             }
             story.backfill = backfilled
+            try await Self.playSales(&story, configuration: configuration, services: ServiceAssembly(database: database), logger: logger)
             story.report = try await story.requestJSON("GET", "/v1/reports/reconciliation")
             var secondKey = (asked: 0, refused: 0)
             for host in [second, sandboxes[1]] {
@@ -231,6 +233,8 @@ struct DemoStory {
     var subscriptionSummary: [String] = []
     /// The imported history and the replayed purchase, as the summary prints them.
     var historySummary: [String] = []
+    /// Apple's sales report beside the ledger, the shortfall's sweep, as the summary prints them.
+    var salesSummary: [String] = []
     /// Records an order of the team's history: one its earlier backend created at `createdAt`,
     /// before the ledger served the app (the subscriber's, bought months ago).
     var history: @Sendable (_ id: OrderID, _ order: OrderCreated) async throws -> Order = { _, _ in throw CommandFailure("no history") }
@@ -543,6 +547,7 @@ struct DemoStory {
         }
         lines += historySummary
         lines += subscriptionSummary
+        lines += salesSummary
         let rules = (reconcile["byRule"] as? [String: Int] ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
         lines.append("Reconciler: paired \(reconcile["paired"] as? Int ?? 0) of \(reconcile["considered"] as? Int ?? 0) orphans (\(rules.isEmpty ? "none" : rules)), \(reconcile["ambiguous"] as? Int ?? 0) ambiguous, \(reconcile["unknownUser"] as? Int ?? 0) without a user")
         let found = (recovery["ingested"] as? [String: Int] ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")

@@ -176,6 +176,11 @@ struct DemoCommandTests {
         #expect(output.contains("after the renewals and a reconciler pass: payment-added: 1"), "\(output)")
         #expect(output.contains("  status active, expires "), "\(output)")
         #expect(output.contains(",subscription-renewal,1\n"), "a renewal's row in the report: \(output)")
+        // Finance against Apple (issue 42): yesterday's sales report counts a purchase more than
+        // the ledger saw; the sweep finds it, and the comparison then agrees.
+        #expect(output.contains("  before: gems.500 US: Apple 2, ledger 1 — purchases Apple counted that the ledger never saw"), "\(output)")
+        #expect(output.contains("Apple counted 1 more; 1 user(s) with open orders, 1 Apple account(s): 1 purchase(s) new to the ledger"), "\(output)")
+        #expect(output.contains("  after: gems.500 US: Apple 2, ledger 2 — agrees"), "\(output)")
 
         // Two apps: the second, added over HTTP, sold and asked Apple with its own key.
         #expect(output.contains("App com.example.ledger-demo (") && output.contains("App com.example.ledger-demo.puzzle ("), "\(output)")

@@ -178,7 +178,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $fn$
                 WHEN j.country IS NULL THEN 'compare the product''s day across its storefronts'
                 WHEN j.apple_purchases = j.ledger_purchases AND j.apple_refunds = j.ledger_refunds THEN ''
                 WHEN j.unplaced AND j.day_agrees THEN ''
-                WHEN j.apple_purchases > j.ledger_purchases THEN 'recover: a history sweep of the users with open orders of the product (ledger recover)'
+                WHEN j.apple_purchases > j.ledger_purchases THEN 'recover: a history sweep of the users with open orders of the product (run after each fetch; ledger sales sweep)'
                 WHEN j.ledger_purchases > j.apple_purchases THEN 'check for sandbox or test purchases counted as production, or fraud'
                 WHEN j.apple_refunds > j.ledger_refunds THEN 'refund catch-up (ledger backfill refunds)'
                 ELSE 'check the refund''s date: Apple may count it on another day' END,
