@@ -111,11 +111,12 @@ public final class AppStoreConnectStandIn: Sendable {
         guard let day = filter("reportDate"), let date = Self.day(day) else {
             return Self.error(400, "PARAMETER_ERROR.INVALID", "filter[reportDate] must be a date such as 2026-11-24.")
         }
-        guard date > Date(timeIntervalSinceNow: -366 * 86_400) else {
+        // Apple keeps the past 365 days, counted in Pacific time as its reports are.
+        guard day >= Self.pacificDay(-365) else {
             return Self.error(400, "PARAMETER_ERROR.INVALID", "Daily reports are only available for past 365 days. Please enter a new date.")
         }
         await state.ask(day)
-        if await state.unpublished.contains(day) || date > Date() {
+        if await state.unpublished.contains(day) || date > Date() || day >= Self.pacificDay(0) {
             return Self.error(404, "NOT_FOUND", "Report is not available yet. Daily reports for the Americas are available by 5 am Pacific Time.")
         }
         guard let tsv = await state.reports[day] else {
@@ -140,6 +141,14 @@ public final class AppStoreConnectStandIn: Sendable {
         } catch {
             return "\(error)"
         }
+    }
+
+    /// The day `offset` days from today's in Pacific time (`YYYY-MM-DD`).
+    static func pacificDay(_ offset: Int) -> String {
+        var calendar = Calendar(identifier: .gregorian)
+        calendar.timeZone = TimeZone(identifier: "America/Los_Angeles") ?? .gmt
+        let parts = calendar.dateComponents([.year, .month, .day], from: calendar.date(byAdding: .day, value: offset, to: Date()) ?? Date())
+        return String(format: "%04d-%02d-%02d", parts.year ?? 1970, parts.month ?? 1, parts.day ?? 1)
     }
 
     static func day(_ text: String) -> Date? {

@@ -6,20 +6,21 @@ import NIOCore
 /// file Apple sends, decompressed (compress-nio) and read by its header's column names, since
 /// Apple adds and moves columns from one version to the next (`Order Type`, …).
 public struct AppleSalesReport: Sendable, Equatable {
-    /// One line of the report: every column as Apple wrote it, by its header's name.
+    /// One line of the report: every column as Apple wrote it, in the header's order (`values`),
+    /// and the columns the ledger reads.
     public struct Row: Sendable, Equatable {
-        public var fields: [String: String]
-
+        /// Each column's value, one per header column ('' where the line stops short).
+        public var values: [String]
         /// The in-app purchase's product id (`SKU`).
-        public var sku: String { fields["SKU"] ?? "" }
+        public var sku: String
         /// The app's SKU, for an in-app purchase (`Parent Identifier`).
-        public var parentIdentifier: String { fields["Parent Identifier"] ?? "" }
+        public var parentIdentifier: String
         /// Apple's product type (`IA1`, `IAY`, …).
-        public var productType: String { fields["Product Type Identifier"] ?? "" }
+        public var productType: String
         /// Units: purchases, and refunds as negative units.
-        public var units: Int { Int(Double(fields["Units"] ?? "") ?? 0) }
+        public var units: Int
         /// The storefront's country (ISO 3166 alpha-2).
-        public var countryCode: String { fields["Country Code"] ?? "" }
+        public var countryCode: String
     }
 
     public let header: [String]
@@ -46,23 +47,39 @@ public struct AppleSalesReport: Sendable, Equatable {
         }
         if text.hasPrefix("\u{FEFF}") { text.removeFirst() }
         self.text = Data(text.utf8)
-        var lines = text.split(omittingEmptySubsequences: true, whereSeparator: { $0 == "\n" || $0 == "\r\n" })
+        // Lines and columns split on their bytes (a tab and a newline are never part of a
+        // character): a year of reports is a million lines.
+        let bytes = Array(text.utf8)
+        var lines = bytes.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: true).map { line in
+            line.last == UInt8(ascii: "\r") ? line.dropLast() : line
+        }.filter { !$0.isEmpty }
         guard !lines.isEmpty else {
             throw AppStoreConnectError(code: "sales-report-malformed", message: "the sales report has no header line")
         }
-        let header = lines.removeFirst().split(separator: "\t", omittingEmptySubsequences: false).map {
-            $0.trimmingCharacters(in: .whitespaces)
-        }
+        let header = Self.columns(lines.removeFirst())
         for column in Self.requiredColumns where !header.contains(column) {
             throw AppStoreConnectError(code: "sales-report-malformed", message: "the sales report has no column \(column) (it has \(header.joined(separator: ", ")))")
         }
         self.header = header
+        let at = Dictionary(header.enumerated().map { ($1, $0) }, uniquingKeysWith: { first, _ in first })
+        let (sku, parent, type, units, country) = (at["SKU"]!, at["Parent Identifier"]!, at["Product Type Identifier"]!, at["Units"]!, at["Country Code"]!)
         rows = lines.map { line in
-            var fields: [String: String] = [:]
-            for (name, value) in zip(header, line.split(separator: "\t", omittingEmptySubsequences: false)) {
-                fields[name] = value.trimmingCharacters(in: .whitespaces)
-            }
-            return Row(fields: fields)
+            var values = Self.columns(line)
+            if values.count < header.count { values += Array(repeating: "", count: header.count - values.count) }
+            if values.count > header.count { values.removeLast(values.count - header.count) }
+            return Row(
+                values: values, sku: values[sku], parentIdentifier: values[parent], productType: values[type],
+                units: Int(Double(values[units]) ?? 0), countryCode: values[country])
+        }
+    }
+
+    /// A line's tab-separated columns, each without the spaces around it.
+    static func columns(_ line: ArraySlice<UInt8>) -> [String] {
+        line.split(separator: UInt8(ascii: "\t"), omittingEmptySubsequences: false).map { column in
+            var column = column
+            while column.first == UInt8(ascii: " ") { column = column.dropFirst() }
+            while column.last == UInt8(ascii: " ") { column = column.dropLast() }
+            return String(decoding: column, as: UTF8.self)
         }
     }
 }

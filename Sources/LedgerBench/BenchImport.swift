@@ -49,7 +49,9 @@ struct BenchImport: AsyncParsableCommand {
                     .collect().first!.decode(Int.self)
                 return (summary, seconds, LatencySummary(operations: latencies.count, seconds: seconds, latencies: latencies), events)
             }
-            let copySeconds = try Self.copyBaseline(bench, work: work)
+            let copySeconds = try Self.copyBaseline(
+                bench, work: work, table: "events", columns: "global_position, stream_id, stream_version, event_id, type, data, metadata, recorded_at, transaction_id",
+                filter: "metadata ? 'importedFrom'")
 
             print("History import of \(orders) finished orders (\(events) events) into a serving ledger, against psql's \\copy of the same events into a copy of the log table (no projections)")
             printTableHeader(["load", "orders", "events", "seconds", "events/s"], leftAligned: [0])
@@ -105,9 +107,11 @@ struct BenchImport: AsyncParsableCommand {
         return latencies
     }
 
-    /// Seconds psql's `\copy` takes to load the imported events, exported first, into a copy of
-    /// the log table with its keys and checks.
-    static func copyBaseline(_ configuration: PostgresClient.Configuration, work: URL) throws -> Double {
+    /// Seconds psql's `\copy` takes to load `table`'s rows (`filter`'s), exported first, into a
+    /// copy of the table with its keys and checks.
+    static func copyBaseline(
+        _ configuration: PostgresClient.Configuration, work: URL, table: String, columns: String, filter: String = "true"
+    ) throws -> Double {
         let binaries = try PostgresBinaries.locate()
         let psql = FileManager.default.isExecutableFile(atPath: binaries.directory + "/psql") ? binaries.directory + "/psql" : "/usr/bin/psql"
         var connection = ["-X", "-q", "-v", "ON_ERROR_STOP=1", "-U", configuration.username]
@@ -120,17 +124,16 @@ struct BenchImport: AsyncParsableCommand {
         connection += ["-d", configuration.database ?? configuration.username]
         if let password = configuration.password { setenv("PGPASSWORD", password, 1) }
         let runner = ProcessRunner(workingDirectory: work)
-        let rows = work.appendingPathComponent("events.copy").path
-        let columns = "global_position, stream_id, stream_version, event_id, type, data, metadata, recorded_at, transaction_id"
+        let rows = work.appendingPathComponent("\(table).copy").path
         for command in [
-            "\\copy (SELECT \(columns) FROM events WHERE metadata ? 'importedFrom') TO '\(rows)'",
-            "CREATE TABLE events_copy (LIKE events INCLUDING ALL)",
+            "\\copy (SELECT \(columns) FROM \(table) WHERE \(filter)) TO '\(rows)'",
+            "CREATE TABLE \(table)_copy (LIKE \(table) INCLUDING ALL)",
         ] {
             let outcome = try runner.run(psql, connection + ["-c", command])
             guard outcome.status == 0 else { throw ValidationError("psql failed: \(outcome.output)") }
         }
         let start = ContinuousClock.now
-        let outcome = try runner.run(psql, connection + ["-c", "\\copy events_copy (\(columns)) FROM '\(rows)'"])
+        let outcome = try runner.run(psql, connection + ["-c", "\\copy \(table)_copy (\(columns)) FROM '\(rows)'"])
         let seconds = (ContinuousClock.now - start).inSeconds
         guard outcome.status == 0 else { throw ValidationError("psql failed: \(outcome.output)") }
         return seconds

@@ -14,7 +14,7 @@ struct LedgerBench: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "ledger-bench",
         abstract: "Order Ledger's benchmarks, each against a baseline measured in the same run.",
-        subcommands: [BenchAppend.self, BenchHTTP.self, BenchImport.self, BenchNotifications.self, BenchReceipts.self, BenchRebuild.self, BenchReconcile.self, BenchSweep.self]
+        subcommands: [BenchAppend.self, BenchHTTP.self, BenchImport.self, BenchNotifications.self, BenchReceipts.self, BenchRebuild.self, BenchReconcile.self, BenchSales.self, BenchSweep.self]
     )
 
     /// As ArgumentParser runs a command, but a database error is printed with PostgreSQL's message
@@ -41,6 +41,8 @@ struct BenchOptions: ParsableArguments {
     var dataDir: String?
     @Option(help: "The ledger executable the HTTP benchmarks serve with (default: the ledger beside ledger-bench)")
     var server: String?
+    @Flag(help: "Keep the bench database (ledger_bench) afterwards, to look at it with psql")
+    var keepDatabase = false
 
     /// The configuration of these settings, the environment's where no flag is given.
     func load() throws -> LedgerConfiguration {
@@ -58,7 +60,7 @@ struct BenchOptions: ParsableArguments {
         defer { try? opened.close(logger: benchLogger) }
         let bench = try await BenchAppend.prepareDatabase(opened.clientConfiguration, logger: benchLogger)
         let result = try await body(bench)
-        try await BenchAppend().dropDatabase(opened.clientConfiguration, logger: benchLogger)
+        if !keepDatabase { try await BenchAppend().dropDatabase(opened.clientConfiguration, logger: benchLogger) }
         return result
     }
 

@@ -41,7 +41,7 @@ public struct SalesReportFetch: Sendable {
     public static func firstKeptDay(now: Date = Date()) -> String { pacificDay(-daysKept, from: now) }
 
     /// The day (`YYYY-MM-DD`) `offset` days from `now`'s in Pacific time, the time Apple's reports count in.
-    static func pacificDay(_ offset: Int, from now: Date) -> String {
+    public static func pacificDay(_ offset: Int, from now: Date = Date()) -> String {
         var calendar = Calendar(identifier: .gregorian)
         calendar.timeZone = TimeZone(identifier: "America/Los_Angeles") ?? .gmt
         let parts = calendar.dateComponents([.year, .month, .day], from: calendar.date(byAdding: .day, value: offset, to: now) ?? now)
@@ -60,8 +60,21 @@ public struct SalesReportFetch: Sendable {
         return days
     }
 
+    /// Days asked and stored at once: Apple's answer, its reading and its storing overlap.
+    public var daysAtOnce = 2
+
+    /// What became of one day.
+    enum Outcome: Sendable {
+        case notYetPublished
+        case noSales(AppleSalesStore.Recorded)
+        case report(AppleSalesStore.Recorded)
+        /// Why; `stops`: Apple is away or refused the key, and the other days would fare no better.
+        case failed(String, stops: Bool)
+    }
+
     /// Fetches the days from `from` to `to` (`YYYY-MM-DD`; defaults: the first day Apple keeps,
-    /// the last it may have published) that have no report stored, or all of them with `again`.
+    /// the last it may have published) that have no report stored, or all of them with `again`,
+    /// `daysAtOnce` at a time; every list of the summary is in day order.
     public func run(from: String? = nil, to: String? = nil, again: Bool = false) async throws -> Summary {
         let settings = api.settings
         let (first, last) = (from ?? Self.firstKeptDay(), to ?? Self.lastPublishedDay())
@@ -69,40 +82,57 @@ public struct SalesReportFetch: Sendable {
             ? Self.days(from: first, to: last)
             : try await store.missingDays(vendor: settings.vendorNumber, version: settings.version, from: first, to: last)
         var summary = Summary()
-        for day in days {
-            let answer: AppStoreConnectAPI.DailyReport
-            do {
-                answer = try await api.dailySalesReport(day)
-            } catch {
-                summary.failed[day] = error.message
-                logger.warning("sales report not fetched", metadata: ["sales.day": "\(day)", "error": "\(error.message)"])
-                // Apple away, or a key it refuses: the other days would fare no better.
-                if error.isAppleAway || ["app-store-connect-unauthorized", "app-store-connect-forbidden"].contains(error.code) { break }
-                continue
+        try await withThrowingTaskGroup(of: (String, Outcome).self) { group in
+            var next = days.makeIterator()
+            var stopped = false
+            func start() -> Bool {
+                guard !stopped, let day = next.next() else { return false }
+                group.addTask { (day, try await fetch(day)) }
+                return true
             }
-            switch answer {
-            case .notYetPublished:
-                summary.notYetPublished.append(day)
-            case .noSales:
-                let recorded = try await store.record(vendor: settings.vendorNumber, day: day, version: settings.version, file: nil, rows: [])
-                if recorded == .unchanged { summary.unchanged.append(day) } else { summary.noSales.append(day) }
-            case .report(let file):
-                let report: AppleSalesReport
-                do { report = try AppleSalesReport(file: file) } catch {
-                    summary.failed[day] = error.message
-                    continue
+            for _ in 0..<max(1, daysAtOnce) { guard start() else { break } }
+            while let (day, outcome) = try await group.next() {
+                switch outcome {
+                case .notYetPublished: summary.notYetPublished.append(day)
+                case .noSales(let recorded): if recorded == .unchanged { summary.unchanged.append(day) } else { summary.noSales.append(day) }
+                case .report(.new): summary.new.append(day)
+                case .report(.restated): summary.restated.append(day)
+                case .report(.unchanged): summary.unchanged.append(day)
+                case .failed(let why, let stops):
+                    summary.failed[day] = why
+                    logger.warning("sales report not fetched", metadata: ["sales.day": "\(day)", "error": "\(why)"])
+                    if stops { stopped = true }
                 }
-                let rows = report.rows.map {
-                    AppleSalesStore.Row(sku: $0.sku, parentIdentifier: $0.parentIdentifier, productType: $0.productType, units: $0.units,
-                                        countryCode: $0.countryCode, fields: $0.fields)
-                }
-                switch try await store.record(vendor: settings.vendorNumber, day: day, version: settings.version, file: report.text, rows: rows) {
-                case .new: summary.new.append(day)
-                case .restated: summary.restated.append(day)
-                case .unchanged: summary.unchanged.append(day)
-                }
+                _ = start()
             }
         }
+        for path in [\Summary.new, \.restated, \.unchanged, \.noSales, \.notYetPublished] { summary[keyPath: path].sort() }
         return summary
+    }
+
+    /// Asks Apple for `day`'s report and stores what it answers.
+    func fetch(_ day: String) async throws -> Outcome {
+        let settings = api.settings
+        let answer: AppStoreConnectAPI.DailyReport
+        do {
+            answer = try await api.dailySalesReport(day)
+        } catch {
+            return .failed(error.message, stops: error.isAppleAway || ["app-store-connect-unauthorized", "app-store-connect-forbidden"].contains(error.code))
+        }
+        switch answer {
+        case .notYetPublished:
+            return .notYetPublished
+        case .noSales:
+            return .noSales(try await store.record(vendor: settings.vendorNumber, day: day, version: settings.version, file: nil, rows: []))
+        case .report(let file):
+            let report: AppleSalesReport
+            do { report = try AppleSalesReport(file: file) } catch { return .failed(error.message, stops: false) }
+            let rows = report.rows.map {
+                AppleSalesStore.Row(sku: $0.sku, parentIdentifier: $0.parentIdentifier, productType: $0.productType, units: $0.units,
+                                    countryCode: $0.countryCode, values: $0.values)
+            }
+            return .report(try await store.record(
+                vendor: settings.vendorNumber, day: day, version: settings.version, file: report.text, header: report.header, rows: rows))
+        }
     }
 }

@@ -21,29 +21,33 @@ public struct AppleSalesStore: Sendable {
         case restated
     }
 
-    /// A line of a report, the columns the comparison reads and all of them.
+    /// A line of a report, the columns the comparison reads and all of them (`values`, in the
+    /// order of the report's header).
     public struct Row: Sendable {
         public var sku: String
         public var parentIdentifier: String
         public var productType: String
         public var units: Int
         public var countryCode: String
-        public var fields: [String: String]
+        public var values: [String]
 
-        public init(sku: String, parentIdentifier: String, productType: String, units: Int, countryCode: String, fields: [String: String]) {
+        public init(sku: String, parentIdentifier: String, productType: String, units: Int, countryCode: String, values: [String]) {
             self.sku = sku
             self.parentIdentifier = parentIdentifier
             self.productType = productType
             self.units = units
             self.countryCode = countryCode
-            self.fields = fields
+            self.values = values
         }
     }
 
     /// Stores `day`'s answer: the report's text (its SHA-256) and its rows, or nil for "no sales". The
     /// same answer as the latest revision changes nothing; another is a new revision. One writer
     /// per day at a time.
-    public func record(vendor: String, day: String, version: String, file: Data?, rows: [Row]) async throws -> Recorded {
+    public func record(vendor: String, day: String, version: String, file: Data?, header: [String] = [], rows: [Row]) async throws -> Recorded {
+        guard rows.allSatisfy({ $0.values.count == header.count && !$0.values.contains(where: { $0.contains("\t") }) }) else {
+            throw AppleSalesStoreError.columns("a line of the report of \(day) has not one value per header column (\(header.count)), or a value with a tab")
+        }
         let sha = file.map(sha256Hex)
         let outcome = file == nil ? "no-sales" : "report"
         return try await database.transaction { tx in
@@ -67,15 +71,23 @@ public struct AppleSalesStore: Sendable {
                 VALUES (\(vendor), \(day)::date, \(version), \(revision), \(outcome), \(sha), \(rows.count))
                 """, logger: logger)
             if !rows.isEmpty {
-                let fields = try rows.map { String(decoding: try JSONSerialization.data(withJSONObject: $0.fields, options: [.sortedKeys]), as: UTF8.self) }
+                // The columns the comparison reads; then every column by name, made by PostgreSQL
+                // from the header and each line's values (sent tab-separated: a value has no tab,
+                // the report being split on them).
                 try await connection.guardedQuery(
                     """
                     INSERT INTO apple_sales_rows (vendor_number, report_date, version, revision, line, sku, parent_identifier,
-                                                  product_type, units, country_code, fields)
-                    SELECT \(vendor), \(day)::date, \(version), \(revision), x.line, x.sku, x.parent, x.type, x.units, x.country, x.fields::jsonb
+                                                  product_type, units, country_code)
+                    SELECT \(vendor), \(day)::date, \(version), \(revision), x.line, x.sku, x.parent, x.type, x.units, x.country
                       FROM unnest(\(Array(1...rows.count)), \(rows.map(\.sku)), \(rows.map(\.parentIdentifier)), \(rows.map(\.productType)),
-                                  \(rows.map(\.units)), \(rows.map(\.countryCode)), \(fields)::text[])
-                           AS x(line, sku, parent, type, units, country, fields)
+                                  \(rows.map(\.units)), \(rows.map(\.countryCode)))
+                           AS x(line, sku, parent, type, units, country)
+                    """, logger: logger)
+                try await connection.guardedQuery(
+                    """
+                    INSERT INTO apple_sales_fields (vendor_number, report_date, version, revision, line, fields)
+                    SELECT \(vendor), \(day)::date, \(version), \(revision), x.line, jsonb_object(\(header)::text[], string_to_array(x.text, E'\\t'))
+                      FROM unnest(\(Array(1...rows.count)), \(rows.map { $0.values.joined(separator: "\t") })) AS x(line, text)
                     """, logger: logger)
             }
             return last == nil ? .new : .restated
@@ -165,5 +177,16 @@ public struct AppleSalesStore: Sendable {
                SET swept_at = now(), missing = EXCLUDED.missing, users = EXCLUDED.users, accounts = EXCLUDED.accounts,
                    found = EXCLUDED.found, failed = EXCLUDED.failed
             """)
+    }
+}
+
+/// A report the store cannot keep as it is.
+public enum AppleSalesStoreError: Error, CustomStringConvertible {
+    case columns(String)
+
+    public var description: String {
+        switch self {
+        case .columns(let message): message
+        }
     }
 }

@@ -30,7 +30,7 @@ struct SalesCommandTests {
                 await standIn.publish(d2)
                 let (again, second) = try await LedgerChild.run(["sales", "fetch", "--from", d1, "--to", d2], environment: environment, log: work.appendingPathComponent("2.log"))
                 #expect(again == 0 && second.contains("sales reports: 0 new, 0 restated, 0 unchanged, 1 without sales"), "\(second)")
-                #expect(await standIn.asked == [d1, d2, d2])
+                #expect(await standIn.asked.sorted() == [d1, d2, d2], "two days at once: in either order")
                 let (none, refusal) = try await LedgerChild.run(["sales", "fetch"], environment: ["LEDGER_DATABASE_URL": db.configuration.url], log: work.appendingPathComponent("3.log"))
                 #expect(none != 0 && refusal.contains("LEDGER_APP_STORE_CONNECT_ISSUER_ID"), "\(refusal)")
                 var partial = environment

@@ -48,9 +48,9 @@ struct AppleSalesReportTests {
             let file = Data(tsv.utf8)
             let report = try AppleSalesReport(file: file)
             let rows = report.rows.map {
-                AppleSalesStore.Row(sku: $0.sku, parentIdentifier: $0.parentIdentifier, productType: $0.productType, units: $0.units, countryCode: $0.countryCode, fields: $0.fields)
+                AppleSalesStore.Row(sku: $0.sku, parentIdentifier: $0.parentIdentifier, productType: $0.productType, units: $0.units, countryCode: $0.countryCode, values: $0.values)
             }
-            #expect(try await AppleSalesStore(database: db.database).record(vendor: "85000000", day: day, version: "1_0", file: file, rows: rows) == .new)
+            #expect(try await AppleSalesStore(database: db.database).record(vendor: "85000000", day: day, version: "1_0", file: file, header: report.header, rows: rows) == .new)
 
             let (status, answer) = try await http.send(.get, "/v1/reports/apple?from=\(day)&to=\(day)")
             #expect(status == .ok, "\(answer)")
@@ -100,10 +100,11 @@ struct AppleSalesReportTests {
             try await http.send(.post, "/v1/users/sf-u3/app-transaction", json: ["signedAppTransaction": try await apple.sign(TestApple.appTransaction("acct-sf3"))])
 
             let file = Data(AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 2, "US")], day: day).utf8)
-            let rows = try AppleSalesReport(file: file).rows.map {
-                AppleSalesStore.Row(sku: $0.sku, parentIdentifier: $0.parentIdentifier, productType: $0.productType, units: $0.units, countryCode: $0.countryCode, fields: $0.fields)
+            let report = try AppleSalesReport(file: file)
+            let rows = report.rows.map {
+                AppleSalesStore.Row(sku: $0.sku, parentIdentifier: $0.parentIdentifier, productType: $0.productType, units: $0.units, countryCode: $0.countryCode, values: $0.values)
             }
-            try await AppleSalesStore(database: db.database).record(vendor: "85000000", day: day, version: "1_0", file: file, rows: rows)
+            try await AppleSalesStore(database: db.database).record(vendor: "85000000", day: day, version: "1_0", file: file, header: report.header, rows: rows)
             let (_, before) = try await http.send(.get, "/v1/reports/apple?from=\(day)&to=\(day)")
             let shortfall = (before["rows"] as? [[String: Any]] ?? []).map { "\($0["applePurchases"] ?? "") \($0["ledgerPurchases"] ?? "") \($0["sweep"] ?? "")" }
             #expect(shortfall == ["2 1 "], "\(before)")

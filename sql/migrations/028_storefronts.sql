@@ -57,6 +57,24 @@ INSERT INTO storefront_countries (alpha3, alpha2) VALUES
     ('YEM', 'YE'), ('ZAF', 'ZA'), ('ZMB', 'ZM'), ('ZWE', 'ZW');
 GRANT SELECT ON storefront_countries TO ledger_reader, ledger_writer;
 
+-- Each report line's every column apart from the columns the comparison reads, so that a month
+-- of the comparison reads narrow rows (a line's columns by name are some 700 bytes; the rest, 60).
+CREATE TABLE apple_sales_fields (
+    vendor_number text    NOT NULL,
+    report_date   date    NOT NULL,
+    version       text    NOT NULL,
+    revision      integer NOT NULL,
+    line          integer NOT NULL,
+    fields        jsonb   NOT NULL,
+    -- Written with its line of apple_sales_rows, in the same transaction (no foreign key: its
+    -- check would cost a lookup per line).
+    PRIMARY KEY (vendor_number, report_date, version, revision, line)
+);
+INSERT INTO apple_sales_fields (vendor_number, report_date, version, revision, line, fields)
+    SELECT vendor_number, report_date, version, revision, line, fields FROM apple_sales_rows;
+ALTER TABLE apple_sales_rows DROP COLUMN fields;
+GRANT SELECT, INSERT ON apple_sales_fields TO ledger_writer;
+
 -- What the history sweep found where Apple counted more purchases of a product on a day than
 -- the ledger saw (docs/finance.md, "Differences act"): the latest sweep of each day, app and
 -- product, of the users with open orders of that product from that day.
@@ -77,6 +95,9 @@ CREATE TABLE apple_sales_sweeps (
 );
 GRANT SELECT, INSERT, UPDATE ON apple_sales_sweeps TO ledger_writer;
 
+-- The refunds the comparison counts, found without reading the whole log (refunds are few).
+CREATE INDEX events_refunded ON events (stream_id) WHERE type = 'refunded';
+
 DROP VIEW dashboards.apple_sales;
 DROP FUNCTION ledger_apple_sales(date, date);
 
@@ -95,15 +116,19 @@ RETURNS TABLE (day date, bundle_id text, product_id text, country text, apple_pu
 -- SECURITY DEFINER: dashboards.apple_sales calls it for ledger_reader, who reads no table here
 -- (EXECUTE is granted below to the ledger's roles alone, not to PUBLIC).
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $fn$
+    -- Every side is keyed by day, app, product and country with '' for an unknown app or
+    -- country, so that each join is on plain equality (hashed) and each row is joined once.
     WITH latest AS (
         -- Each day's latest fetch (its revision of the version fetched last).
         SELECT DISTINCT ON (r.vendor_number, r.report_date) r.vendor_number, r.report_date, r.version, r.revision
           FROM apple_sales_reports r
          WHERE r.report_date BETWEEN p_from AND p_to
          ORDER BY r.vendor_number, r.report_date, r.fetched_at DESC, r.revision DESC
+    ), reported AS (
+        SELECT DISTINCT l.report_date AS day FROM latest l
     ), apple AS (
         SELECT s.report_date AS day, a.bundle_id, s.sku AS product_id, s.country_code AS country,
-               sum(greatest(s.units, 0))::integer AS purchases, sum(greatest(-s.units, 0))::integer AS refunds
+               sum(greatest(s.units, 0))::integer AS apple_purchases, sum(greatest(-s.units, 0))::integer AS apple_refunds
           FROM latest l
           JOIN apple_sales_rows s ON s.vendor_number = l.vendor_number AND s.report_date = l.report_date
                                  AND s.version = l.version AND s.revision = l.revision
@@ -128,12 +153,14 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $fn$
            AND p.purchase_date >= (p_from::timestamp AT TIME ZONE 'America/Los_Angeles')
            AND p.purchase_date < ((p_to + 1)::timestamp AT TIME ZONE 'America/Los_Angeles')
     ), purchases AS (
-        SELECT b.day, b.bundle_id, b.product_id, c.alpha2 AS country, sum(b.n)::integer AS n
+        SELECT b.day, coalesce(b.bundle_id, '') AS bundle_id, b.product_id, coalesce(c.alpha2, '') AS country,
+               sum(b.n)::integer AS ledger_purchases
           FROM bought b LEFT JOIN storefront_countries c ON c.alpha3 = b.storefront
          GROUP BY 1, 2, 3, 4
     ), refunds AS (
-        SELECT ((e.data->>'revocationDate')::timestamptz AT TIME ZONE 'America/Los_Angeles')::date AS day, o.bundle_id, o.product_id,
-               c.alpha2 AS country, sum(o.quantity)::integer AS n
+        SELECT ((e.data->>'revocationDate')::timestamptz AT TIME ZONE 'America/Los_Angeles')::date AS day,
+               coalesce(o.bundle_id, '') AS bundle_id, o.product_id, coalesce(c.alpha2, '') AS country,
+               sum(o.quantity)::integer AS ledger_refunds
           FROM events e
           JOIN orders o ON e.stream_id = 'order-' || o.order_id
           JOIN apple_transactions t ON t.transaction_id = o.transaction_id
@@ -143,30 +170,25 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $fn$
            AND ((e.data->>'revocationDate')::timestamptz AT TIME ZONE 'America/Los_Angeles')::date BETWEEN p_from AND p_to
          GROUP BY 1, 2, 3, 4
     ), together AS (
-        -- Each side summed first, then joined once on the key.
-        SELECT coalesce(a.day, p.day, r.day) AS day, coalesce(a.bundle_id, p.bundle_id, r.bundle_id) AS bundle_id,
-               coalesce(a.product_id, p.product_id, r.product_id) AS product_id, coalesce(a.country, p.country, r.country) AS country,
-               coalesce(a.purchases, 0) AS apple_purchases, coalesce(p.n, 0) AS ledger_purchases,
-               coalesce(a.refunds, 0) AS apple_refunds, coalesce(r.n, 0) AS ledger_refunds
-          FROM apple a
-          FULL JOIN purchases p ON p.day = a.day AND p.bundle_id IS NOT DISTINCT FROM a.bundle_id AND p.product_id = a.product_id
-                               AND p.country IS NOT DISTINCT FROM a.country
-          FULL JOIN refunds r ON r.day = coalesce(a.day, p.day) AND r.bundle_id IS NOT DISTINCT FROM coalesce(a.bundle_id, p.bundle_id)
-                             AND r.product_id = coalesce(a.product_id, p.product_id)
-                             AND r.country IS NOT DISTINCT FROM coalesce(a.country, p.country)
+        SELECT day, bundle_id, product_id, country,
+               coalesce(apple_purchases, 0) AS apple_purchases, coalesce(ledger_purchases, 0) AS ledger_purchases,
+               coalesce(apple_refunds, 0) AS apple_refunds, coalesce(ledger_refunds, 0) AS ledger_refunds
+          FROM apple FULL JOIN purchases USING (day, bundle_id, product_id, country)
+                     FULL JOIN refunds USING (day, bundle_id, product_id, country)
     ), judged AS (
         -- Each row with its product's day: whether the ledger holds rows of it without a
         -- storefront, and whether the day agrees once those are counted.
-        SELECT t.*, EXISTS (SELECT 1 FROM latest l WHERE l.report_date = t.day) AS reported,
-               bool_or(t.country IS NULL) OVER w AS unplaced,
+        SELECT t.*, r.day IS NOT NULL AS reported,
+               bool_or(t.country = '') OVER w AS unplaced,
                sum(t.apple_purchases) OVER w = sum(t.ledger_purchases) OVER w
                    AND sum(t.apple_refunds) OVER w = sum(t.ledger_refunds) OVER w AS day_agrees
-          FROM together t
+          FROM together t LEFT JOIN reported r ON r.day = t.day
         WINDOW w AS (PARTITION BY t.day, t.bundle_id, t.product_id)
     )
-    SELECT j.day, j.bundle_id, j.product_id, j.country, j.apple_purchases, j.ledger_purchases, j.apple_refunds, j.ledger_refunds,
+    SELECT j.day, nullif(j.bundle_id, ''), j.product_id, nullif(j.country, ''), j.apple_purchases, j.ledger_purchases,
+           j.apple_refunds, j.ledger_refunds,
            CASE WHEN NOT j.reported THEN 'no report of Apple''s for the day yet'
-                WHEN j.country IS NULL THEN 'sales the ledger holds without a storefront (legacy receipts, imports)'
+                WHEN j.country = '' THEN 'sales the ledger holds without a storefront (legacy receipts, imports)'
                 WHEN j.apple_purchases = j.ledger_purchases AND j.apple_refunds = j.ledger_refunds THEN 'agrees'
                 WHEN j.unplaced AND j.day_agrees THEN 'sales the ledger holds without a storefront account for it'
                 WHEN j.apple_purchases > j.ledger_purchases THEN 'purchases Apple counted that the ledger never saw'
@@ -174,8 +196,8 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $fn$
                 WHEN j.apple_refunds > j.ledger_refunds THEN 'refunds Apple counted that the ledger did not record'
                 ELSE 'refunds the ledger recorded that Apple did not count' END,
            CASE WHEN NOT j.reported THEN 'ledger sales fetch'
-                WHEN j.country IS NULL AND j.day_agrees THEN ''
-                WHEN j.country IS NULL THEN 'compare the product''s day across its storefronts'
+                WHEN j.country = '' AND j.day_agrees THEN ''
+                WHEN j.country = '' THEN 'compare the product''s day across its storefronts'
                 WHEN j.apple_purchases = j.ledger_purchases AND j.apple_refunds = j.ledger_refunds THEN ''
                 WHEN j.unplaced AND j.day_agrees THEN ''
                 WHEN j.apple_purchases > j.ledger_purchases THEN 'recover: a history sweep of the users with open orders of the product (run after each fetch; ledger sales sweep)'
@@ -187,8 +209,8 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $fn$
                             w.users, w.accounts, to_char(w.swept_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI"Z"'), w.found,
                             CASE WHEN w.failed > 0 THEN format(', %s account(s) not read', w.failed) ELSE '' END) END
       FROM judged j
-      LEFT JOIN apple_sales_sweeps w ON w.day = j.day AND w.bundle_id = coalesce(j.bundle_id, '') AND w.product_id = j.product_id
-     ORDER BY j.day, j.bundle_id, j.product_id, j.country NULLS LAST
+      LEFT JOIN apple_sales_sweeps w ON w.day = j.day AND w.bundle_id = j.bundle_id AND w.product_id = j.product_id
+     ORDER BY j.day, j.bundle_id, j.product_id, j.country = '', j.country
 $fn$;
 REVOKE EXECUTE ON FUNCTION ledger_apple_sales(date, date) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION ledger_apple_sales(date, date) TO ledger_reader, ledger_writer;
