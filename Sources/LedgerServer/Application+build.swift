@@ -215,7 +215,8 @@ func appleServices(
     }
     if configuration.salesFetchInterval > 0, configuration.appStoreConnect != nil {
         background.append(PeriodicService(
-            name: "sales reports", interval: .seconds(configuration.salesFetchInterval), logger: logger, firstWait: .seconds(90)
+            name: "sales reports", interval: .seconds(configuration.salesFetchInterval), logger: logger,
+            firstWait: .seconds(min(90, configuration.salesFetchInterval))
         ) {
             try await started.wait()
             _ = try await fetchSalesReports(api: api, verifier: verifier, services: services, configuration: configuration, logger: logger)

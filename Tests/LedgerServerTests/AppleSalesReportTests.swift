@@ -2,6 +2,7 @@ import AppleReceipts
 import AppStoreStandIn
 import Foundation
 import LedgerServer
+import LedgerCore
 import LedgerServices
 import LedgerStore
 import LedgerTestSupport
@@ -129,6 +130,68 @@ struct AppleSalesReportTests {
             #expect((row["sweep"] as? String)?.hasSuffix(": 1 transaction(s) new to the ledger") == true, "\(row)")
             // Nothing short any more: a second run sweeps nothing.
             #expect(try await sweep.run(from: day, to: day).isEmpty)
+        }
+    }
+
+    /// Issue 42, point 1's background job, with point 4.
+    @Test("inside ledger serve, the background fetch asks until Apple publishes the day, stores it, and sweeps where Apple counted more")
+    func backgroundFetch() async throws {
+        let standIn = AppStoreServerStandIn(bundleID: TestApple.bundleId)
+        let connect = AppStoreConnectStandIn()
+        let day = SalesReportFetch.lastPublishedDay()
+        await connect.setUnpublished(day)
+        let keyFile = NSTemporaryDirectory() + "connect-key-\(UUID()).p8"
+        try connect.privateKeyPEM.write(toFile: keyFile, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: keyFile) }
+        try await connect.run { connectURL in
+            try await withAppleAPIApplication(apple, standIn, configure: { configuration in
+                bothEnvironments(&configuration)
+                olderPurchases(&configuration)
+                configuration.recoveryAfter = 0
+                var settings = LedgerConfiguration.AppStoreConnect(
+                    issuerID: AppStoreConnectStandIn.issuerID, keyID: AppStoreConnectStandIn.keyID, privateKeyFile: keyFile, vendorNumber: connect.vendorNumber)
+                settings.url = connectURL
+                configuration.appStoreConnect = settings
+                configuration.salesFetchInterval = 1
+            }) { http, db, _ in
+                try await http.send(.patch, "/v1/apps/\(TestApple.bundleId)", json: ["sku": "GAME1"])
+                // Yesterday morning (Pacific) the user ordered and paid; the client never sent it.
+                var pacific = Calendar(identifier: .gregorian)
+                pacific.timeZone = TimeZone(identifier: "America/Los_Angeles")!
+                let parts = day.split(separator: "-").compactMap { Int($0) }
+                let morning = try #require(pacific.date(from: DateComponents(year: parts[0], month: parts[1], day: parts[2], hour: 9)))
+                let order = try await secondServer(db).orders.create(
+                    OrderID(unchecked: "bg-1"), OrderCreated(userId: UserID(unchecked: "bg-u1"), productId: ProductID(unchecked: "gems.100"),
+                                                             bundleId: BundleID(unchecked: TestApple.bundleId), createdAt: morning),
+                    tokenGiven: false, metadata: Data(#"{"appendedBy":"test"}"#.utf8)).order
+                try await http.send(.post, "/v1/users/bg-u1/app-transaction", json: ["signedAppTransaction": try await apple.sign(TestApple.appTransaction("acct-bg"))])
+                var lost = TestApple.transaction("8900001", environment: "Production", appAccountToken: order.appAccountToken, purchaseDate: morning.addingTimeInterval(60))
+                lost.appTransactionId = "acct-bg"
+                await standIn.setHistory("acct-bg", [.init(revision: "bg1", hasMore: false, signedTransactions: [try await apple.sign(lost)])])
+                await connect.setReport(day, tsv: AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 1, "US")], day: day))
+                // Published only once a run asked for it and found it not published (stored nothing).
+                var asked = false
+                for _ in 0..<2400 where !asked {
+                    try await Task.sleep(for: .milliseconds(50))
+                    asked = await connect.asked.contains(day)
+                }
+                #expect(asked, "a background run asked for the day within 2 minutes")
+                #expect(try await scalar(db, "SELECT count(*)::int FROM apple_sales_reports WHERE report_date = \(day)::date", as: Int.self) == 0)
+                await connect.publish(day)
+                // However slow the machine: the test's whole run has its own time limit.
+                var swept = 0
+                for _ in 0..<2400 where swept == 0 {
+                    try await Task.sleep(for: .milliseconds(50))
+                    swept = try await scalar(db, "SELECT count(*)::int FROM apple_sales_sweeps WHERE day = \(day)::date AND found = 1", as: Int.self) ?? 0
+                }
+                #expect(swept == 1, "the background fetch stored the day and swept within 2 minutes")
+                let (_, paid) = try await http.send(.get, "/v1/orders/bg-1")
+                #expect(paid["state"] as? String == "verified" && paid["transactionId"] as? String == "8900001", "\(paid)")
+                let (_, report) = try await http.send(.get, "/v1/reports/apple?from=\(day)&to=\(day)")
+                let row = (report["rows"] as? [[String: Any]] ?? []).first ?? [:]
+                #expect(row["cause"] as? String == "agrees" && (row["sweep"] as? String ?? "").contains("1 transaction(s) new"), "\(report)")
+                #expect(await connect.asked.filter { $0 == day }.count >= 2, "asked while unpublished, then again")
+            }
         }
     }
 
