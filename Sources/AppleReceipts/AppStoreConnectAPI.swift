@@ -98,14 +98,9 @@ public final class AppStoreConnectAPI: Sendable {
             request.method = .GET
             request.headers.add(name: "Authorization", value: "Bearer \(bearer)")
             request.headers.add(name: "Accept", value: "application/a-gzip")
-            let status: Int
-            let body: ByteBuffer
-            let retryAfter: String?
+            let answer: HTTPClient.AppleAnswer
             do {
-                let response = try await httpClient.execute(request, timeout: settings.timeout, logger: logger)
-                status = Int(response.status.code)
-                retryAfter = response.headers.first(name: "Retry-After")
-                body = try await response.body.collect(upTo: 256 * 1024 * 1024)
+                answer = try await httpClient.answer(request, timeout: settings.timeout, limit: 256 * 1024 * 1024, logger: logger)
             } catch {
                 failures += 1
                 guard failures < settings.attempts else {
@@ -114,6 +109,7 @@ public final class AppStoreConnectAPI: Sendable {
                 try await sleep(backoff(after: failures))
                 continue
             }
+            let (status, retryAfter, body) = (answer.status, answer.retryAfter, answer.body)
             if (200...299).contains(status) { return .report(Data(buffer: body)) }
             let detail = Self.detail(of: body)
             switch status {

@@ -263,14 +263,9 @@ public final class AppStoreServerAPI: Sendable {
                 request.headers.add(name: "Content-Type", value: "application/json")
                 request.body = .bytes(requestBody)
             }
-            let status: Int
-            let body: ByteBuffer
-            let retryAfter: String?
+            let answer: HTTPClient.AppleAnswer
             do {
-                let response = try await httpClient.execute(request, timeout: settings.timeout, logger: logger)
-                status = Int(response.status.code)
-                retryAfter = response.headers.first(name: "Retry-After")
-                body = try await response.body.collect(upTo: 16 * 1024 * 1024)
+                answer = try await httpClient.answer(request, timeout: settings.timeout, limit: 16 * 1024 * 1024, logger: logger)
             } catch {
                 failures += 1
                 guard failures < settings.attempts else {
@@ -282,6 +277,7 @@ public final class AppStoreServerAPI: Sendable {
                 try await backOff(after: failures)
                 continue
             }
+            let (status, retryAfter, body) = (answer.status, answer.retryAfter, answer.body)
             let apple = (200...299).contains(status) ? nil : try? JSONDecoder().decode(AppleError.self, from: body)
             switch Self.verdict(status: status, appleErrorCode: apple?.errorCode) {
             case .success:
