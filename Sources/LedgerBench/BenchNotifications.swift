@@ -27,7 +27,7 @@ struct BenchNotifications: AsyncParsableCommand {
     @Option(help: "Requests of each workload posted before the clock starts, not counted")
     var warmup = 1_000
     @Option(help: "Rounds, each workload's share in turn (receipts, then notifications)")
-    var rounds = 2
+    var rounds = 4
     @Option(help: "GET /v1/users/{userId}/subscriptions requests under load")
     var reads = 10_000
 
@@ -60,35 +60,52 @@ struct BenchNotifications: AsyncParsableCommand {
             let environment = ["LEDGER_APPLE_ROOT_CERTS": rootFile, "LEDGER_APPLE_BUNDLE_ID": BenchReceipts.bundleId, "LEDGER_APPLE_ENVIRONMENT": "Sandbox"]
             let (measured, peakRSS) = try await BenchServerChild.run(
                 server: try options.serverPath(), database: benchConfiguration, work: work, environment: environment
-            ) { client, base, _ in
+            ) { client, base, server in
                 // The subscriptions, bought through their start's receipt; then both warm-ups.
                 let (_, started) = try await baseline.post(startBodies, client: client, base: base, key: key)
+                guard started == ["matched": subscriptions] else {
+                    throw BenchFailure("the subscriptions' starts were answered \(started), not matched to their orders")
+                }
                 _ = try await baseline.post(Array(receiptBodies.prefix(warmup)), client: client, base: base, key: key)
                 _ = try await post(Array(renewalBodies.prefix(warmup)), client: client, base: base)
                 var receiptRuns: [LatencySummary] = []
                 var renewalRuns: [LatencySummary] = []
+                var (receiptCost, renewalCost) = (RequestCost(), RequestCost())
                 var outcomes: [String: Int] = [:]
                 for round in 0..<rounds {
                     let receiptShare = slice(Array(receiptBodies.dropFirst(warmup)), round)
                     let start = ContinuousClock.now
-                    let (latencies, _) = try await baseline.post(receiptShare, client: client, base: base, key: key)
+                    let (latencies, _) = try await receiptCost.measure(server: server) {
+                        try await baseline.post(receiptShare, client: client, base: base, key: key)
+                    }
                     receiptRuns.append(LatencySummary(operations: latencies.count, seconds: (ContinuousClock.now - start).inSeconds, latencies: latencies))
                     let renewalShare = slice(Array(renewalBodies.dropFirst(warmup)), round)
                     let renewalStart = ContinuousClock.now
-                    let (renewalLatencies, renewalOutcomes) = try await post(renewalShare, client: client, base: base)
+                    let (renewalLatencies, renewalOutcomes) = try await renewalCost.measure(server: server) {
+                        try await post(renewalShare, client: client, base: base)
+                    }
                     renewalRuns.append(LatencySummary(
                         operations: renewalLatencies.count, seconds: (ContinuousClock.now - renewalStart).inSeconds, latencies: renewalLatencies))
                     outcomes.merge(renewalOutcomes, uniquingKeysWith: +)
                 }
                 let reading = try await read(client: client, base: base, key: key)
-                return (LatencySummary(combining: receiptRuns), LatencySummary(combining: renewalRuns), outcomes, started, reading)
+                return (
+                    (LatencySummary(combining: receiptRuns), receiptCost), (LatencySummary(combining: renewalRuns), renewalCost),
+                    outcomes, started, reading)
             }
-            let (receiptSummary, renewalSummary, outcomes, started, reading) = measured
+            let ((receiptSummary, receiptCost), (renewalSummary, renewalCost), outcomes, started, reading) = measured
             print("Subscription renewals through POST /v1/notifications/apple (DID_RENEW, \(concurrency) keep-alive clients, \(renewals) notifications after \(warmup) for warm-up, each a new period of one of \(subscriptions) subscriptions bought through receipts: \(started.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))), against `bench receipts` in the same server, \(rounds) alternating rounds")
-            printTableHeader(["workload", "requests/s", "p50 ms", "p99 ms", "ratio to receipts", "outcomes"], leftAligned: [0, 5])
-            printTableRow(["receipts"] + receiptSummary.cells + ["1.00", ""])
+            printTableHeader(
+                ["workload", "requests/s", "p50 ms", "p99 ms", "ratio to receipts", "server CPU µs/request", "PostgreSQL CPU µs/request",
+                 "busy CPU µs/request", "idle %", "outcomes"],
+                leftAligned: [0, 9])
+            printTableRow(["receipts"] + receiptSummary.cells + ["1.00"] + receiptCost.cells(per: receiptSummary.operations) + [""])
             let outcomeText = outcomes.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", ")
-            printTableRow(["renewal notifications"] + renewalSummary.cells + [format(renewalSummary.ratio(to: receiptSummary), decimals: 2), outcomeText])
+            printTableRow(
+                ["renewal notifications"] + renewalSummary.cells + [format(renewalSummary.ratio(to: receiptSummary), decimals: 2)]
+                    + renewalCost.cells(per: renewalSummary.operations) + [outcomeText])
+            print("By round (requests/s, receipts then renewals): "
+                + zip(receiptCost.rates, renewalCost.rates).map { "\(format($0)) / \(format($1))" }.joined(separator: " · "))
             print("")
             if let reading {
                 print("GET /v1/users/{userId}/subscriptions under load (\(concurrency) keep-alive clients, \(reading.operations) requests)")
@@ -130,14 +147,18 @@ struct BenchNotifications: AsyncParsableCommand {
         return payload
     }
 
-    /// An open order per subscription and the receipt of its start, signed beforehand.
+    /// An open order per subscription and the receipt of its start, signed beforehand. The
+    /// orders are of the ledger's history, created when the subscriptions were bought: a purchase
+    /// older than its order never pays it (issue 41's guard).
     func prepareStarts(chain: ThrowawaySigningChain, run: String, ledger: OrderLedger) async throws -> [String] {
         var bodies: [String] = []
         for index in 0..<subscriptions {
             let orderID = "bench-\(run)-sub-\(index)"
             _ = try await ledger.create(
                 try OrderID(orderID),
-                OrderCreated(userId: try UserID(Self.user(index)), productId: try ProductID(Self.product), price: "9.99", currency: "USD"),
+                OrderCreated(
+                    userId: try UserID(Self.user(index)), productId: try ProductID(Self.product), price: "9.99", currency: "USD",
+                    createdAt: Self.started),
                 tokenGiven: false, metadata: Data("{}".utf8))
             let jws = try chain.sign(Self.transaction(run: run, subscription: index, period: 0))
             bodies.append(#"{"userId":"\#(Self.user(index))","orderId":"\#(orderID)","signedTransaction":"\#(jws)"}"#)
@@ -221,5 +242,33 @@ struct BenchNotifications: AsyncParsableCommand {
                 total.1.merge(part.1, uniquingKeysWith: +)
             }
         }
+    }
+}
+
+/// What a workload's requests cost, added over its rounds: the server's CPU, PostgreSQL's, and
+/// the whole machine's (the load generator's included), as `bench http` counts them.
+struct RequestCost {
+    var server = 0.0
+    var postgres = 0.0
+    var machine = MachineCPU()
+    /// Each round's requests per second (answered ones, over the round's time).
+    var rates: [Double] = []
+
+    /// Runs `body` (one round's requests, answering its latencies first) and adds what it cost.
+    mutating func measure<Other>(server pid: pid_t, _ body: () async throws -> ([Double], Other)) async rethrows -> ([Double], Other) {
+        let (serverStart, postgresStart, machineStart, start) = (ProcessCPU.seconds(of: pid), ProcessCPU.postgresSeconds(), MachineCPU.now(), ContinuousClock.now)
+        let answer = try await body()
+        let elapsed = (ContinuousClock.now - start).inSeconds
+        server += ProcessCPU.seconds(of: pid) - serverStart
+        postgres += ProcessCPU.postgresSeconds() - postgresStart
+        machine = machine + (MachineCPU.now() - machineStart)
+        rates.append(elapsed > 0 ? Double(answer.0.count) / elapsed : 0)
+        return answer
+    }
+
+    /// Server, PostgreSQL and busy machine µs per request, and the idle share.
+    func cells(per requests: Int) -> [String] {
+        let per = { (seconds: Double) in format(requests > 0 ? seconds / Double(requests) * 1_000_000 : .nan) }
+        return [per(server), per(postgres), format(machine.microseconds(per: requests)), format(machine.idlePercent)]
     }
 }
