@@ -60,14 +60,18 @@ struct BenchReceipts: AsyncParsableCommand {
             let environment = ["LEDGER_APPLE_ROOT_CERTS": rootFile, "LEDGER_APPLE_BUNDLE_ID": Self.bundleId, "LEDGER_APPLE_ENVIRONMENT": "Sandbox"]
             let (measured, peakRSS) = try await BenchServerChild.run(
                 server: try options.serverPath(), database: benchConfiguration, work: work, environment: environment
-            ) { client, base, _ in
-                try await drive(client, base: base, key: key, bodies: bodies)
+            ) { client, base, server in
+                try await drive(client, base: base, key: key, bodies: bodies, server: server)
             }
-            let (summary, outcomes) = measured
+            let (summary, outcomes, cost) = measured
             print("Signed-transaction receipts over HTTP (\(concurrency) keep-alive clients, \(receipts) receipts after \(warmup) for warm-up, each verified and applied to its own order; \(apps) app\(apps == 1 ? "" : "s"), in turn)")
-            printTableHeader(["clients", "receipts/s", "p50 ms", "p99 ms", "outcomes", "server peak RSS MB"], leftAligned: [4])
+            printTableHeader(
+                ["clients", "receipts/s", "p50 ms", "p99 ms", "server CPU µs/receipt", "PostgreSQL CPU µs/receipt", "busy CPU µs/receipt", "idle %",
+                 "outcomes", "server peak RSS MB"],
+                leftAligned: [8])
             let outcomeText = outcomes.sorted { $0.key < $1.key }.map { "\($0.key): \($0.value)" }.joined(separator: ", ")
-            printTableRow(["\(concurrency)"] + summary.cells + [outcomeText, format(Double(peakRSS) / 1024, decimals: 1)])
+            printTableRow(
+                ["\(concurrency)"] + summary.cells + cost.cells(per: summary.operations) + [outcomeText, format(Double(peakRSS) / 1024, decimals: 1)])
         }
     }
 
@@ -113,13 +117,18 @@ struct BenchReceipts: AsyncParsableCommand {
         }
     }
 
-    func drive(_ client: HTTPClient, base: String, key: String, bodies: [String]) async throws -> (LatencySummary, [String: Int]) {
+    func drive(
+        _ client: HTTPClient, base: String, key: String, bodies: [String], server: pid_t
+    ) async throws -> (LatencySummary, [String: Int], RequestCost) {
         _ = try await post(Array(bodies.prefix(warmup)), client: client, base: base, key: key)
+        var cost = RequestCost()
         let start = ContinuousClock.now
-        let (latencies, outcomes) = try await post(Array(bodies.dropFirst(warmup)), client: client, base: base, key: key)
+        let (latencies, outcomes) = try await cost.measure(server: server) {
+            try await post(Array(bodies.dropFirst(warmup)), client: client, base: base, key: key)
+        }
         let elapsed = ContinuousClock.now - start
         let seconds = elapsed.inSeconds
-        return (LatencySummary(operations: latencies.count, seconds: seconds, latencies: latencies), outcomes)
+        return (LatencySummary(operations: latencies.count, seconds: seconds, latencies: latencies), outcomes, cost)
     }
 
     /// The `outcome` of a receipt answer, found without a JSON parser (the load generator should
