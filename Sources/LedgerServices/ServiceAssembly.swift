@@ -36,7 +36,7 @@ public struct ServiceAssembly: Sendable {
         let events = EventStore(database: database)
         let orders = OrderLedger(writer: writer)
         let leases = Leases(database: database)
-        let catalog = ProductCatalog(database: database)
+        let catalog = ProductCatalog(database: database, keepingTypesFor: .seconds(1))
         let subscriptionStore = SubscriptionStore(database: database)
         let subscriptions = SubscriptionLedger(writer: writer, events: events, store: subscriptionStore)
         let receipts = ReceiptLedger(

@@ -6,9 +6,14 @@ import PostgresNIO
 /// The product catalog (`products`): which product ids are sold, which are retired, at what price.
 public struct ProductCatalog: Sendable {
     public let database: Database
+    /// The typings read outside a transaction, kept a while (nil: each is read).
+    let typings: TypingCopy?
 
-    public init(database: Database) {
+    /// `keepingTypesFor`: how long a product's type read outside a transaction is used again
+    /// (`typing(of:bundleId:)`; nil: not kept). What this catalog sets is read again at once.
+    public init(database: Database, keepingTypesFor age: Duration? = nil) {
         self.database = database
+        self.typings = age.map(TypingCopy.init)
     }
 
     public enum Status: String, Codable, Sendable, CaseIterable {
@@ -53,6 +58,8 @@ public struct ProductCatalog: Sendable {
             }
             _ = try Identifier.validate(subscriptionGroup, field: "subscriptionGroup")
         }
+        // Whatever the answer, this catalog's copy of the types is read again.
+        defer { typings?.forget() }
         let rows = try await database.query(
             """
             INSERT INTO products (product_id, status, price, currency, sample_content_provided, refund_preference, updated_at, bundle_id,
