@@ -27,7 +27,8 @@ extension ProductCatalog {
     /// `typing(of:bundleId:in:)` outside any transaction: from the copy when it holds one young
     /// enough.
     public func typing(of product: ProductID, bundleId: String) async throws -> Typing? {
-        let key = bundleId.lowercased() + " " + product.rawValue
+        // The bundle id as given: the query compares it as given.
+        let key = bundleId + " " + product.rawValue
         if let kept = typings?.typing(key) { return kept }
         let typing = try await Self.decodeTyping(database.query(Self.typingQuery(product, bundleId)))
         typings?.keep(typing, for: key)
