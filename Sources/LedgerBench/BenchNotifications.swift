@@ -89,11 +89,10 @@ struct BenchNotifications: AsyncParsableCommand {
                     outcomes.merge(renewalOutcomes, uniquingKeysWith: +)
                 }
                 let reading = try await read(client: client, base: base, key: key)
-                return (
-                    (LatencySummary(combining: receiptRuns), receiptCost), (LatencySummary(combining: renewalRuns), renewalCost),
-                    outcomes, started, reading)
+                return ((receiptRuns, receiptCost), (renewalRuns, renewalCost), outcomes, started, reading)
             }
-            let ((receiptSummary, receiptCost), (renewalSummary, renewalCost), outcomes, started, reading) = measured
+            let ((receiptRounds, receiptCost), (renewalRounds, renewalCost), outcomes, started, reading) = measured
+            let (receiptSummary, renewalSummary) = (LatencySummary(combining: receiptRounds), LatencySummary(combining: renewalRounds))
             print("Subscription renewals through POST /v1/notifications/apple (DID_RENEW, \(concurrency) keep-alive clients, \(renewals) notifications after \(warmup) for warm-up, each a new period of one of \(subscriptions) subscriptions bought through receipts: \(started.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))), against `bench receipts` in the same server, \(rounds) alternating rounds")
             printTableHeader(
                 ["workload", "requests/s", "p50 ms", "p99 ms", "ratio to receipts", "server CPU µs/request", "PostgreSQL CPU µs/request",
@@ -105,7 +104,7 @@ struct BenchNotifications: AsyncParsableCommand {
                 ["renewal notifications"] + renewalSummary.cells + [format(renewalSummary.ratio(to: receiptSummary), decimals: 2)]
                     + renewalCost.cells(per: renewalSummary.operations) + [outcomeText])
             print("By round (requests/s, receipts then renewals): "
-                + zip(receiptCost.rates, renewalCost.rates).map { "\(format($0)) / \(format($1))" }.joined(separator: " · "))
+                + zip(receiptRounds, renewalRounds).map { "\(format($0.perSecond)) / \(format($1.perSecond))" }.joined(separator: " · "))
             print("")
             if let reading {
                 print("GET /v1/users/{userId}/subscriptions under load (\(concurrency) keep-alive clients, \(reading.operations) requests)")
@@ -245,30 +244,3 @@ struct BenchNotifications: AsyncParsableCommand {
     }
 }
 
-/// What a workload's requests cost, added over its rounds: the server's CPU, PostgreSQL's, and
-/// the whole machine's (the load generator's included), as `bench http` counts them.
-struct RequestCost {
-    var server = 0.0
-    var postgres = 0.0
-    var machine = MachineCPU()
-    /// Each round's requests per second (answered ones, over the round's time).
-    var rates: [Double] = []
-
-    /// Runs `body` (one round's requests, answering its latencies first) and adds what it cost.
-    mutating func measure<Other>(server pid: pid_t, _ body: () async throws -> ([Double], Other)) async rethrows -> ([Double], Other) {
-        let (serverStart, postgresStart, machineStart, start) = (ProcessCPU.seconds(of: pid), ProcessCPU.postgresSeconds(), MachineCPU.now(), ContinuousClock.now)
-        let answer = try await body()
-        let elapsed = (ContinuousClock.now - start).inSeconds
-        server += ProcessCPU.seconds(of: pid) - serverStart
-        postgres += ProcessCPU.postgresSeconds() - postgresStart
-        machine = machine + (MachineCPU.now() - machineStart)
-        rates.append(elapsed > 0 ? Double(answer.0.count) / elapsed : 0)
-        return answer
-    }
-
-    /// Server, PostgreSQL and busy machine µs per request, and the idle share.
-    func cells(per requests: Int) -> [String] {
-        let per = { (seconds: Double) in format(requests > 0 ? seconds / Double(requests) * 1_000_000 : .nan) }
-        return [per(server), per(postgres), format(machine.microseconds(per: requests)), format(machine.idlePercent)]
-    }
-}

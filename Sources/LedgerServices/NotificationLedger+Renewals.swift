@@ -28,9 +28,8 @@ extension NotificationLedger {
         database: Database, writer: LedgerWriter, events: EventStore, store: SubscriptionStore, catalog: ProductCatalog
     ) -> RenewalGroups {
         // The writer holds one connection while groups follow each other, and runs on that
-        // connection's event loop, as the ledger's writer does: off the loop, `bench
-        // notifications` left the machine idle a fifth of the time and reached 0.83 of receipts'
-        // rate (5 runs); on it, 0.88, idle 14%.
+        // connection's event loop, as the ledger's writer does: off the loop, the machine sat idle
+        // a fifth of the time during renewals (docs/performance.md).
         RenewalGroups(
             executor: database.writerExecutor, session: { body in await database.holdingConnection(body) }, select: selectRenewals
         ) { batch in
