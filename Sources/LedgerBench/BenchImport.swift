@@ -129,11 +129,11 @@ struct BenchImport: AsyncParsableCommand {
             "\\copy (SELECT \(columns) FROM \(table) WHERE \(filter)) TO '\(rows)'",
             "CREATE TABLE \(table)_copy (LIKE \(table) INCLUDING ALL)",
         ] {
-            let outcome = try runner.run(psql, connection + ["-c", command])
+            let outcome = try runner.runBlocking(psql, connection + ["-c", command])
             guard outcome.status == 0 else { throw ValidationError("psql failed: \(outcome.output)") }
         }
         let start = ContinuousClock.now
-        let outcome = try runner.run(psql, connection + ["-c", "\\copy \(table)_copy (\(columns)) FROM '\(rows)'"])
+        let outcome = try runner.runBlocking(psql, connection + ["-c", "\\copy \(table)_copy (\(columns)) FROM '\(rows)'"])
         let seconds = (ContinuousClock.now - start).inSeconds
         guard outcome.status == 0 else { throw ValidationError("psql failed: \(outcome.output)") }
         return seconds

@@ -96,7 +96,7 @@ struct PgbenchBaseline {
         if let password = configuration.password { setenv("PGPASSWORD", password, 1) }
 
         let before = MachineCPU.now()
-        let outcome = try ProcessRunner(workingDirectory: runDirectory).run(binaries.pgbench, arguments)
+        let outcome = try ProcessRunner(workingDirectory: runDirectory).runBlocking(binaries.pgbench, arguments)
         let machine = MachineCPU.now() - before
         guard outcome.status == 0 else { throw ValidationError("pgbench failed: \(outcome.output)") }
         return (try summary(output: outcome.output, logDirectory: runDirectory, seconds: seconds), machine)

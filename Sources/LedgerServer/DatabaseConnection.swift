@@ -26,7 +26,7 @@ public struct OpenedDatabase: Sendable {
             do {
                 try await ensureDatabaseExists(cluster.clientConfiguration(), logger: logger)
             } catch {
-                try? running.stop(logger: logger)
+                try? await running.stop(logger: logger)
                 throw error
             }
             return OpenedDatabase(
@@ -37,8 +37,9 @@ public struct OpenedDatabase: Sendable {
         }
     }
 
-    /// Stops the private cluster if this process owns it.
+    /// Stops the private cluster if this process owns it, blocking the calling thread: for the
+    /// end of a command (`defer`), where no task waits for the thread.
     public func close(logger: Logger) throws {
-        try privateCluster?.stop(logger: logger)
+        try privateCluster?.stopBlocking(logger: logger)
     }
 }

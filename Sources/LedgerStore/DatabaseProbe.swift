@@ -86,32 +86,39 @@ public actor DatabaseProbe {
                 discard()
             }
         }
+        // Connected, then asked at once on the event loop: a hop through the task pool between
+        // the two would let a busy pool (a thread held by a blocking call) spend the time-out.
         let connecting: EventLoopFuture<PostgresConnection> = PostgresConnection.connect(
             on: eventLoop, configuration: configuration, id: connections, logger: logger)
         connections += 1
-        switch await answer(connecting, by: deadline) {
+        let asked = connecting.flatMap { fresh in
+            Self.atomicallyGuarded(fresh).map { _ in Asked(connection: fresh, error: nil) }
+                .recover { Asked(connection: fresh, error: $0) }
+        }
+        switch await answer(asked, by: deadline) {
         case nil:
-            // Connected too late: closed when it comes.
-            connecting.whenSuccess { late in Self.close(late) }
+            // Connected or answered too late: closed when it comes.
+            asked.whenSuccess { late in Self.close(late.connection) }
             return .noAnswer
         case .failure(let error)?:
             return Self.serverAnswer(error) ?? Self.connectFailure(error)
-        case .success(let fresh)?:
-            let closedByProbe = ClosedByProbe()
-            connection = (fresh, closedByProbe)
-            let onClose = onClose
-            fresh.closeFuture.whenComplete { _ in if !closedByProbe.flag.load(ordering: .relaxed) { onClose() } }
-            switch await answer(Self.atomicallyGuarded(fresh), by: deadline) {
-            case nil:
-                discard()
-                return .noAnswer
-            case .success?:
-                return .answered
-            case .failure(let error)?:
-                discard()
+        case .success(let asked)?:
+            if let error = asked.error {
+                Self.close(asked.connection)
                 return Self.serverAnswer(error) ?? .unreachable("\(String(reflecting: error))")
             }
+            let closedByProbe = ClosedByProbe()
+            connection = (asked.connection, closedByProbe)
+            let onClose = onClose
+            asked.connection.closeFuture.whenComplete { _ in if !closedByProbe.flag.load(ordering: .relaxed) { onClose() } }
+            return .answered
         }
+    }
+
+    /// A fresh connection and what its `SELECT 1` met (nil: answered).
+    private struct Asked: Sendable {
+        let connection: PostgresConnection
+        let error: (any Error)?
     }
 
     private static func atomicallyGuarded(_ connection: PostgresConnection) -> EventLoopFuture<PostgresQueryResult> {

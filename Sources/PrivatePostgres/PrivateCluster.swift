@@ -60,7 +60,10 @@ public struct PrivateCluster: Sendable {
         try prepareDirectory(account: account)
 
         let startLock = try FileLock(path: directory.appendingPathComponent("start.lock").path)
-        try startLock.lock(wait: true)
+        // Asked again rather than waited for: a thread of the task pool is not ours to block.
+        while try !startLock.lock(wait: false) {
+            try await Task.sleep(for: .milliseconds(50))
+        }
         defer { startLock.unlock() }
         let ownerLock = try FileLock(path: directory.appendingPathComponent("owner.lock").path)
         var owns = try ownerLock.lock(wait: false)
@@ -76,13 +79,13 @@ public struct PrivateCluster: Sendable {
         let runner = ProcessRunner(user: account.runAs, workingDirectory: directory)
 
         if owns {
-            try initialiseIfNeeded(binaries: binaries, runner: runner, account: account, logger: logger)
+            try await initialiseIfNeeded(binaries: binaries, runner: runner, account: account, logger: logger)
             try writeSettings(account: account)
             if let pid = runningServerPID() {
                 logger.info("adopting the private PostgreSQL left running", metadata: ["pg.pid": "\(pid)"])
             } else {
                 removeStaleLockFiles(logger: logger)
-                let outcome = try runner.run(binaries.pgCtl, ["-D", dataPath, "-l", logPath, "-w", "-t", "60", "start"])
+                let outcome = try await runner.run(binaries.pgCtl, ["-D", dataPath, "-l", logPath, "-w", "-t", "60", "start"])
                 guard outcome.status == 0 else {
                     throw PrivateClusterError("pg_ctl start failed (\(outcome.status)): \(outcome.output); see \(logPath)")
                 }
@@ -97,7 +100,7 @@ public struct PrivateCluster: Sendable {
         do {
             try await waitUntilReady(logger: logger)
         } catch {
-            try? running.stop(logger: logger)
+            try? await running.stop(logger: logger)
             throw error
         }
         logger.info(
@@ -135,7 +138,7 @@ public struct PrivateCluster: Sendable {
         try account.chown(directory.path)
     }
 
-    private func initialiseIfNeeded(binaries: PostgresBinaries, runner: ProcessRunner, account: SystemAccount, logger: Logger) throws {
+    private func initialiseIfNeeded(binaries: PostgresBinaries, runner: ProcessRunner, account: SystemAccount, logger: Logger) async throws {
         let fileManager = FileManager.default
         if fileManager.fileExists(atPath: dataPath + "/PG_VERSION") { return }
         // A half-made data directory (initdb interrupted) is of no use: start again.
@@ -143,7 +146,7 @@ public struct PrivateCluster: Sendable {
         logger.info("creating the private PostgreSQL cluster", metadata: ["pg.data": "\(dataPath)"])
         var arguments = ["-D", dataPath, "-U", Self.user, "--auth=trust", "-E", "UTF8", "--locale=C", "--no-instructions"]
         if !durable { arguments.append("--no-sync") }
-        let outcome = try runner.run(binaries.initdb, arguments)
+        let outcome = try await runner.run(binaries.initdb, arguments)
         guard outcome.status == 0 else {
             throw PrivateClusterError("initdb failed (\(outcome.status)): \(outcome.output)")
         }
@@ -240,11 +243,25 @@ public final class RunningPrivateCluster: Sendable {
     public var isOwner: Bool { ownerLock != nil }
 
     /// Stops the cluster if this process owns it; otherwise leaves it to its owner.
-    public func stop(logger: Logger) throws {
+    public func stop(logger: Logger) async throws {
         guard let ownerLock else { return }
         defer { ownerLock.close() }
         guard cluster.runningServerPID() != nil else { return }
-        let outcome = try runner.run(binaries.pgCtl, ["-D", cluster.dataPath, "-m", "fast", "-w", "-t", "60", "stop"])
+        try stopped(try await runner.run(binaries.pgCtl, stopArguments), logger: logger)
+    }
+
+    /// `stop`, blocking the calling thread until PostgreSQL has stopped: for exit paths (`defer`,
+    /// `atexit`) only, where no task waits for the thread.
+    public func stopBlocking(logger: Logger) throws {
+        guard let ownerLock else { return }
+        defer { ownerLock.close() }
+        guard cluster.runningServerPID() != nil else { return }
+        try stopped(try runner.runBlocking(binaries.pgCtl, stopArguments), logger: logger)
+    }
+
+    private var stopArguments: [String] { ["-D", cluster.dataPath, "-m", "fast", "-w", "-t", "60", "stop"] }
+
+    private func stopped(_ outcome: ProcessRunner.Outcome, logger: Logger) throws {
         guard outcome.status == 0 else {
             throw PrivateClusterError("pg_ctl stop failed (\(outcome.status)): \(outcome.output)")
         }

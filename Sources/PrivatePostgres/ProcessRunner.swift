@@ -25,13 +25,38 @@ public struct ProcessRunner: Sendable {
         self.workingDirectory = workingDirectory
     }
 
-    public func run(_ executable: String, _ arguments: [String]) throws -> Outcome {
-        let outputPath = workingDirectory.appendingPathComponent("command-\(getpid())-\(UUID().uuidString).out").path
+    /// Runs the command to its end without holding a thread: Swift's task pool has one thread
+    /// per core, and initdb or `pg_ctl -w` holding one for seconds stalls every task of the
+    /// process (on two cores, two such runs stalled the tests' servers into 503s).
+    public func run(_ executable: String, _ arguments: [String]) async throws -> Outcome {
+        let outputPath = outputPath()
         defer { unlink(outputPath) }
         let pid = try spawn(executable, arguments, outputPath: outputPath)
-        let exitStatus = try Self.wait(for: pid)
+        var pause = 2
+        while true {
+            if let status = try Self.exitStatus(ofEnded: pid) { return Self.outcome(status, outputPath) }
+            // Not cancellable: the command runs to its end (an initdb stopped half way is of no use).
+            try? await Task.sleep(for: .milliseconds(pause))
+            pause = min(pause * 2, 50)
+        }
+    }
+
+    /// Runs the command to its end, blocking the calling thread: for exit paths (`defer`,
+    /// `atexit`), where nothing else waits for a thread.
+    public func runBlocking(_ executable: String, _ arguments: [String]) throws -> Outcome {
+        let outputPath = outputPath()
+        defer { unlink(outputPath) }
+        let pid = try spawn(executable, arguments, outputPath: outputPath)
+        return Self.outcome(try Self.wait(for: pid), outputPath)
+    }
+
+    private func outputPath() -> String {
+        workingDirectory.appendingPathComponent("command-\(getpid())-\(UUID().uuidString).out").path
+    }
+
+    private static func outcome(_ status: Int32, _ outputPath: String) -> Outcome {
         let text = (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? ""
-        return Outcome(status: exitStatus, output: text.trimmingCharacters(in: .whitespacesAndNewlines))
+        return Outcome(status: status, output: text.trimmingCharacters(in: .whitespacesAndNewlines))
     }
 
     /// Starts the command with its output appended to `outputPath`, and returns its pid at once.

@@ -30,7 +30,7 @@ struct DatabaseOutageTests {
             try await rig.waitUntil("every client waits on the lock") { await rig.load.inFlight.count >= 4 }
             let stopping = ContinuousClock.now
             let markedDown = Task { try await rig.firstUnready() }
-            try running.stop(logger: TestServer.logger)
+            try await running.stop(logger: TestServer.logger)
             let stopped = ContinuousClock.now
             // In flight: sent before PostgreSQL was gone, unanswered when it began to stop.
             let requests = await rig.load.requests
@@ -171,7 +171,19 @@ func underLoad(_ name: String, _ body: (OutageRig, inout RunningPrivateCluster) 
     // A cluster of its own: the shared test cluster serves the other tests meanwhile.
     let cluster = PrivateCluster(directory: TestServer.scratchRoot.appendingPathComponent(".ledger-fault-\(name)").path, durable: true)
     var running = try await cluster.start(logger: TestServer.logger)
-    defer { try? running.stop(logger: TestServer.logger) }
+    do {
+        try await underLoad(name, cluster, &running, body)
+    } catch {
+        try? await running.stop(logger: TestServer.logger)
+        throw error
+    }
+    try await running.stop(logger: TestServer.logger)
+}
+
+private func underLoad(
+    _ name: String, _ cluster: PrivateCluster, _ running: inout RunningPrivateCluster,
+    _ body: (OutageRig, inout RunningPrivateCluster) async throws -> Void
+) async throws {
     let database = "ledger_fault_\(UUID().uuidString.prefix(8).lowercased())"
     try await withClient(cluster.clientConfiguration(database: "postgres")) { admin in
         try await admin.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(database)"), logger: TestServer.logger)

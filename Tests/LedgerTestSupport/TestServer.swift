@@ -155,7 +155,7 @@ enum ClusterAtExit {
     static func register(_ cluster: RunningPrivateCluster) {
         running = cluster
         atexit {
-            try? ClusterAtExit.running?.stop(logger: TestServer.logger)
+            try? ClusterAtExit.running?.stopBlocking(logger: TestServer.logger)
         }
     }
 }

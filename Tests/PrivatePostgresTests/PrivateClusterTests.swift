@@ -39,16 +39,16 @@ struct PrivateClusterTests {
         // A second start while the owner runs joins it and does not stop it.
         let guest = try await cluster.start(logger: TestServer.logger)
         #expect(!guest.isOwner)
-        try guest.stop(logger: TestServer.logger)
+        try await guest.stop(logger: TestServer.logger)
         #expect(cluster.runningServerPID() != nil)
 
-        try owner.stop(logger: TestServer.logger)
+        try await owner.stop(logger: TestServer.logger)
         #expect(cluster.runningServerPID() == nil)
 
         let again = try await cluster.start(logger: TestServer.logger)
         #expect(again.isOwner)
         #expect(try await count(cluster) == 2, "the data of the first run is gone")
-        try again.stop(logger: TestServer.logger)
+        try await again.stop(logger: TestServer.logger)
     }
 
     @Test("a stale pid file left by a crash does not block the next start")
@@ -68,7 +68,7 @@ struct PrivateClusterTests {
 
         let running = try await cluster.start(logger: TestServer.logger)
         #expect(try await count(cluster) == 1)
-        try running.stop(logger: TestServer.logger)
+        try await running.stop(logger: TestServer.logger)
     }
 
     @Test("a data directory too long for a Unix socket is refused with a clear reason")

@@ -1,0 +1,32 @@
+import Foundation
+import LedgerTestSupport
+import PrivatePostgres
+import Testing
+
+@Suite("Running PostgreSQL's programs")
+struct ProcessRunnerTests {
+    /// Swift's task pool has a thread per core. Each command here waits until this task has seen
+    /// every one of them start, so a run that held a thread while its command ran would leave this
+    /// task no thread to look with: the commands would give up and end with status 1.
+    @Test("a command's run holds no thread: more commands than cores, waiting on this task, all end well")
+    func runsHoldNoThread() async throws {
+        let folder = TestServer.scratchRoot.appendingPathComponent(".ledger-runner-\(UUID().uuidString.prefix(8))")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let runner = ProcessRunner(workingDirectory: folder)
+        let commands = ProcessInfo.processInfo.activeProcessorCount + 1
+        let go = folder.appendingPathComponent("go").path
+        let script = "touch started-$0; i=0; while [ ! -f '\(go)' ]; do i=$((i+1)); [ $i -gt 1200 ] && exit 1; sleep 0.05; done"
+
+        let statuses = try await withThrowingTaskGroup(of: Int32.self) { group in
+            for index in 0..<commands {
+                group.addTask { try await runner.run("/bin/sh", ["-c", script, "\(index)"]).status }
+            }
+            let started = { (0..<commands).allSatisfy { FileManager.default.fileExists(atPath: folder.appendingPathComponent("started-\($0)").path) } }
+            while !started() { try await Task.sleep(for: .milliseconds(20)) }
+            FileManager.default.createFile(atPath: go, contents: nil)
+            return try await group.reduce(into: [Int32]()) { $0.append($1) }
+        }
+        #expect(statuses == Array(repeating: 0, count: commands))
+    }
+}
