@@ -93,7 +93,8 @@ extension NotificationLedger {
         for renewal in renewals {
             let key = renewal.transaction.bundleId + " " + renewal.transaction.productId.rawValue
             if typings[key] == nil {
-                typings[key] = .some(try await catalog.typing(of: renewal.transaction.productId, bundleId: renewal.transaction.bundleId, in: tx))
+                // As a receipt reads it: the catalog's copy, no round trip the group waits for.
+                typings[key] = .some(try await catalog.typing(of: renewal.transaction.productId, bundleId: renewal.transaction.bundleId))
             }
         }
         let ids = renewals.map(\.transaction.transactionId)

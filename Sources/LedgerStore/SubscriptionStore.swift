@@ -27,23 +27,24 @@ public struct SubscriptionStore: Sendable {
 
     /// The subscriptions of `ids` the ledger holds, as the caller's transaction sees them (the
     /// caller holds their streams' locks), each with those of its periods whose key is the one
-    /// given beside its id (the one a renewal would add): two round trips for many.
+    /// given beside its id (the one a renewal would add): one round trip for many (the renewal
+    /// groups' writer waits for each).
     public func subscriptions(_ ids: [String], periodKeys: [String], in transaction: DatabaseTransaction) async throws -> [String: Subscription] {
         guard !ids.isEmpty else { return [:] }
         let rows = try await transaction.connection.guardedQuery(
-            "SELECT \(unescaped: Self.columns) FROM subscriptions WHERE original_transaction_id = ANY(\(ids))", logger: database.logger)
-        var found: [String: Subscription] = [:]
-        for subscription in try await Self.decode(rows) { found[subscription.originalTransactionId] = subscription }
-        guard !found.isEmpty else { return found }
-        let periods = try await transaction.connection.guardedQuery(
             """
-            SELECT p.original_transaction_id, \(unescaped: Self.periodColumns) FROM subscription_periods p
-              JOIN unnest(\(ids)::text[], \(periodKeys)::text[]) AS k(wanted_id, wanted_key)
-                ON p.original_transaction_id = k.wanted_id AND p.period_key = k.wanted_key
+            SELECT \(unescaped: Self.columns(of: "s")), p.period_key, p.transaction_id, p.kind, p.product_id, p.purchase_date,
+                   p.expires_at, p.price::text, p.currency, p.refunded_at, p.refund_percentage
+              FROM unnest(\(ids)::text[], \(periodKeys)::text[]) AS k(wanted_id, wanted_key)
+              JOIN subscriptions s ON s.original_transaction_id = k.wanted_id
+              LEFT JOIN subscription_periods p ON p.original_transaction_id = k.wanted_id AND p.period_key = k.wanted_key
             """, logger: database.logger)
-        for try await row in periods {
+        var found: [String: Subscription] = [:]
+        for try await row in rows {
             let r = row.makeRandomAccess()
-            found[try r[0].decode(String.self)]?.periods.append(try Self.period(r, at: 1))
+            let subscription = try Self.subscription(r)
+            let period = try r[Self.columnCount].decode(String?.self) == nil ? nil : try Self.period(r, at: Self.columnCount)
+            found[subscription.originalTransactionId, default: subscription].periods += period.map { [$0] } ?? []
         }
         return found
     }
@@ -72,40 +73,38 @@ public struct SubscriptionStore: Sendable {
         try await write([(subscription, before)], in: transaction)
     }
 
-    /// `write(_:since:in:)` for several subscriptions (none twice), in two statements.
+    /// `write(_:since:in:)` for several subscriptions (none twice), in one statement.
     public func write(_ rows: [(subscription: Subscription, before: Subscription?)], in transaction: DatabaseTransaction) async throws {
-        var subscriptions = Values()
-        var periods = Values()
+        var values = Values()
+        var subscriptions: [String] = []
+        var periods: [String] = []
         for (s, before) in rows {
             // Times rounded as the rebuild's COPY stores them (`PostgresTime.Bound`), so that a rebuilt row equals this one.
             let t = PostgresTime.bound
-            try subscriptions.row([
-                subscriptions.cell(s.originalTransactionId), subscriptions.cell(s.bundleId?.rawValue), subscriptions.cell(s.environment),
-                subscriptions.cell(s.userId?.rawValue), subscriptions.cell(s.productId.rawValue), subscriptions.cell(s.subscriptionGroup),
-                subscriptions.cell(s.familyShared), subscriptions.cell(t(s.startedAt)), subscriptions.cell(t(s.expiresAt)),
-                subscriptions.cell(s.autoRenew), subscriptions.cell(s.autoRenewProductId), subscriptions.cell(s.expirationIntent),
-                subscriptions.cell(t(s.gracePeriodExpiresAt)), subscriptions.cell(s.inBillingRetry), subscriptions.cell(s.expired),
-                subscriptions.cell(t(s.revokedAt)), subscriptions.cell(s.version), subscriptions.cell(t(s.updatedAt)),
-            ])
+            try subscriptions.append(Values.row([
+                values.cell(s.originalTransactionId), values.cell(s.bundleId?.rawValue), values.cell(s.environment),
+                values.cell(s.userId?.rawValue), values.cell(s.productId.rawValue), values.cell(s.subscriptionGroup),
+                values.cell(s.familyShared), values.cell(t(s.startedAt)), values.cell(t(s.expiresAt)),
+                values.cell(s.autoRenew), values.cell(s.autoRenewProductId), values.cell(s.expirationIntent),
+                values.cell(t(s.gracePeriodExpiresAt)), values.cell(s.inBillingRetry), values.cell(s.expired),
+                values.cell(t(s.revokedAt)), values.cell(s.version), values.cell(t(s.updatedAt)),
+            ]))
             let known = before?.periods ?? []
             for p in s.periods where !known.contains(p) {
-                try periods.row([
-                    periods.cell(s.originalTransactionId), periods.cell(p.periodKey), periods.cell(p.transactionId.rawValue),
-                    periods.cell(p.kind.rawValue), periods.cell(p.productId.rawValue), periods.cell(t(p.purchaseDate)),
-                    periods.cell(t(p.expiresAt)), periods.cell(p.price) + "::numeric", periods.cell(p.currency), periods.cell(t(p.refundedAt)),
-                    periods.cell(p.refundPercentage),
-                ])
+                try periods.append(Values.row([
+                    values.cell(s.originalTransactionId), values.cell(p.periodKey), values.cell(p.transactionId.rawValue),
+                    values.cell(p.kind.rawValue), values.cell(p.productId.rawValue), values.cell(t(p.purchaseDate)),
+                    values.cell(t(p.expiresAt)), values.cell(p.price) + "::numeric", values.cell(p.currency), values.cell(t(p.refundedAt)),
+                    values.cell(p.refundPercentage),
+                ]))
             }
         }
-        guard !subscriptions.rows.isEmpty else { return }
-        try await transaction.connection.guardedQuery(subscriptions.query(
-            """
+        guard !subscriptions.isEmpty else { return }
+        let upsert = """
             INSERT INTO subscriptions (original_transaction_id, bundle_id, environment, user_id, product_id, subscription_group,
                                        family_shared, started_at, expires_at, auto_renew, auto_renew_product_id, expiration_intent,
                                        grace_period_expires_at, in_billing_retry, expired, revoked_at, version, updated_at)
-            VALUES
-            """,
-            then: """
+            VALUES \(subscriptions.joined(separator: ", "))
             ON CONFLICT (original_transaction_id) DO UPDATE SET
                 bundle_id = EXCLUDED.bundle_id, environment = EXCLUDED.environment, user_id = EXCLUDED.user_id,
                 product_id = EXCLUDED.product_id, subscription_group = EXCLUDED.subscription_group,
@@ -114,24 +113,29 @@ public struct SubscriptionStore: Sendable {
                 expiration_intent = EXCLUDED.expiration_intent, grace_period_expires_at = EXCLUDED.grace_period_expires_at,
                 in_billing_retry = EXCLUDED.in_billing_retry, expired = EXCLUDED.expired, revoked_at = EXCLUDED.revoked_at,
                 version = EXCLUDED.version, updated_at = EXCLUDED.updated_at
-            """), logger: database.logger)
-        guard !periods.rows.isEmpty else { return }
-        try await transaction.connection.guardedQuery(periods.query(
             """
+        guard !periods.isEmpty else {
+            try await transaction.connection.guardedQuery(values.query(upsert), logger: database.logger)
+            return
+        }
+        // The periods' key to their subscription is checked at the statement's end, when the
+        // subscription the same statement adds is there.
+        try await transaction.connection.guardedQuery(values.query(
+            """
+            WITH written AS (
+            \(upsert)
+            )
             INSERT INTO subscription_periods (original_transaction_id, period_key, transaction_id, kind, product_id, purchase_date,
                                               expires_at, price, currency, refunded_at, refund_percentage)
-            VALUES
-            """,
-            then: """
+            VALUES \(periods.joined(separator: ", "))
             ON CONFLICT (original_transaction_id, period_key) DO UPDATE SET
                 refunded_at = EXCLUDED.refunded_at, refund_percentage = EXCLUDED.refund_percentage
             """), logger: database.logger)
     }
 
-    /// The rows of a multi-row `INSERT … VALUES`, each value bound (a NULL takes its column's type).
+    /// The bound values of a multi-row `INSERT … VALUES` (a NULL takes its column's type).
     private struct Values {
         var binds = PostgresBindings()
-        var rows: [String] = []
 
         /// `value` bound: its placeholder.
         mutating func cell<Value: PostgresThrowingDynamicTypeEncodable>(_ value: Value?) throws -> String {
@@ -139,12 +143,13 @@ public struct SubscriptionStore: Sendable {
             return "$\(binds.count)"
         }
 
-        mutating func row(_ cells: [String]) {
-            rows.append("(" + cells.joined(separator: ", ") + ")")
+        static func row(_ cells: [String]) -> String {
+            "(" + cells.joined(separator: ", ") + ")"
         }
 
-        func query(_ head: String, then tail: String) -> PostgresQuery {
-            PostgresQuery(unsafeSQL: head + " " + rows.joined(separator: ", ") + "\n" + tail, binds: binds)
+        /// `sql`, whose placeholders are this one's cells.
+        func query(_ sql: String) -> PostgresQuery {
+            PostgresQuery(unsafeSQL: sql, binds: binds)
         }
     }
 
@@ -157,21 +162,31 @@ public struct SubscriptionStore: Sendable {
         period_key, transaction_id, kind, product_id, purchase_date, expires_at, price::text, currency, refunded_at, refund_percentage
         """
 
+    /// `columns` with each name qualified by `table`.
+    static func columns(of table: String) -> String {
+        columns.split(separator: ",").map { "\(table).\($0.trimmingCharacters(in: .whitespaces))" }.joined(separator: ", ")
+    }
+
+    /// How many `columns` there are: where columns that follow them begin.
+    static let columnCount = columns.split(separator: ",").count
+
     static func decode(_ rows: some AsyncSequence<PostgresRow, any Error>) async throws -> [Subscription] {
         var subscriptions: [Subscription] = []
-        for try await row in rows {
-            let r = row.makeRandomAccess()
-            subscriptions.append(Subscription(
-                originalTransactionId: try r[0].decode(String.self), bundleId: try r[1].decode(String?.self).map(BundleID.init(unchecked:)),
-                environment: try r[2].decode(String.self), userId: try r[3].decode(String?.self).map(UserID.init(unchecked:)),
-                productId: ProductID(unchecked: try r[4].decode(String.self)), subscriptionGroup: try r[5].decode(String?.self),
-                familyShared: try r[6].decode(Bool.self), startedAt: try r[7].decode(Date.self), expiresAt: try r[8].decode(Date?.self),
-                autoRenew: try r[9].decode(Bool?.self), autoRenewProductId: try r[10].decode(String?.self),
-                expirationIntent: try r[11].decode(Int?.self), gracePeriodExpiresAt: try r[12].decode(Date?.self),
-                inBillingRetry: try r[13].decode(Bool.self), expired: try r[14].decode(Bool.self), revokedAt: try r[15].decode(Date?.self),
-                version: try r[16].decode(Int64.self), updatedAt: try r[17].decode(Date.self), periods: []))
-        }
+        for try await row in rows { subscriptions.append(try subscription(row.makeRandomAccess())) }
         return subscriptions
+    }
+
+    /// The subscription in `columns`, from column 0 on (without its periods).
+    static func subscription(_ r: PostgresRandomAccessRow) throws -> Subscription {
+        Subscription(
+            originalTransactionId: try r[0].decode(String.self), bundleId: try r[1].decode(String?.self).map(BundleID.init(unchecked:)),
+            environment: try r[2].decode(String.self), userId: try r[3].decode(String?.self).map(UserID.init(unchecked:)),
+            productId: ProductID(unchecked: try r[4].decode(String.self)), subscriptionGroup: try r[5].decode(String?.self),
+            familyShared: try r[6].decode(Bool.self), startedAt: try r[7].decode(Date.self), expiresAt: try r[8].decode(Date?.self),
+            autoRenew: try r[9].decode(Bool?.self), autoRenewProductId: try r[10].decode(String?.self),
+            expirationIntent: try r[11].decode(Int?.self), gracePeriodExpiresAt: try r[12].decode(Date?.self),
+            inBillingRetry: try r[13].decode(Bool.self), expired: try r[14].decode(Bool.self), revokedAt: try r[15].decode(Date?.self),
+            version: try r[16].decode(Int64.self), updatedAt: try r[17].decode(Date.self), periods: [])
     }
 
     static func decodePeriods(_ rows: some AsyncSequence<PostgresRow, any Error>) async throws -> [Subscription.Period] {
