@@ -32,13 +32,18 @@ public struct ProcessRunner: Sendable {
         let outputPath = outputPath()
         defer { unlink(outputPath) }
         let pid = try spawn(executable, arguments, outputPath: outputPath)
-        var pause = 2
-        while true {
-            if let status = try Self.exitStatus(ofEnded: pid) { return Self.outcome(status, outputPath) }
-            // Not cancellable: the command runs to its end (an initdb stopped half way is of no use).
-            try? await Task.sleep(for: .milliseconds(pause))
-            pause = min(pause * 2, 50)
-        }
+        // Looked for from a task of its own, which a cancelled caller does not cancel: the command
+        // runs to its end (an initdb stopped half way is of no use), and the looks keep sleeping
+        // between them rather than spinning.
+        let status = try await Task {
+            var pause = 2
+            while true {
+                if let status = try Self.exitStatus(ofEnded: pid) { return status }
+                try await Task.sleep(for: .milliseconds(pause))
+                pause = min(pause * 2, 50)
+            }
+        }.value
+        return Self.outcome(status, outputPath)
     }
 
     /// Runs the command to its end, blocking the calling thread: for exit paths (`defer`,

@@ -29,4 +29,18 @@ struct ProcessRunnerTests {
         }
         #expect(statuses == Array(repeating: 0, count: commands))
     }
+
+    /// An initdb stopped half way is of no use: a cancelled caller still gets the command's end.
+    @Test("a cancelled caller's run waits for the command to end and answers its status and output")
+    func cancelledRunEnds() async throws {
+        let folder = TestServer.scratchRoot.appendingPathComponent(".ledger-runner-\(UUID().uuidString.prefix(8))")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let runner = ProcessRunner(workingDirectory: folder)
+        let run = Task { try await runner.run("/bin/sh", ["-c", "sleep 0.3; echo done; exit 3"]) }
+        run.cancel()
+        let outcome = try await run.value
+        #expect(outcome.status == 3)
+        #expect(outcome.output == "done")
+    }
 }
