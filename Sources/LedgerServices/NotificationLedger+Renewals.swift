@@ -62,8 +62,8 @@ extension NotificationLedger {
         guard let transaction = notification.transaction, Self.lifecycleTypes.contains(notification.record.notificationType) else {
             return nil
         }
-        // A later period by what Apple signed; the group reads the catalog, whose type comes first,
-        // for all of its renewals at once. A transaction of no role (what a subscription needs
+        // A later period by what Apple signed; the group looks up the catalog's type, which comes
+        // first, for all of its renewals at once. A transaction of no role (what a subscription needs
         // missing) is refused by the locked path.
         guard case .subscriptionPeriod(let id)? = try? TransactionRole.of(transaction, catalogType: nil) else { return nil }
         return try await renewalGroups.submit(Renewal(notification: notification, transaction: transaction, subscription: id, metadata: metadata))

@@ -33,8 +33,7 @@ public struct SubscriptionStore: Sendable {
         guard !ids.isEmpty else { return [:] }
         let rows = try await transaction.connection.guardedQuery(
             """
-            SELECT \(unescaped: Self.columns(of: "s")), p.period_key, p.transaction_id, p.kind, p.product_id, p.purchase_date,
-                   p.expires_at, p.price::text, p.currency, p.refunded_at, p.refund_percentage
+            SELECT \(unescaped: Self.subscriptionColumns), \(unescaped: Self.subscriptionPeriodColumns)
               FROM unnest(\(ids)::text[], \(periodKeys)::text[]) AS k(wanted_id, wanted_key)
               JOIN subscriptions s ON s.original_transaction_id = k.wanted_id
               LEFT JOIN subscription_periods p ON p.original_transaction_id = k.wanted_id AND p.period_key = k.wanted_key
@@ -162,9 +161,12 @@ public struct SubscriptionStore: Sendable {
         period_key, transaction_id, kind, product_id, purchase_date, expires_at, price::text, currency, refunded_at, refund_percentage
         """
 
-    /// `columns` with each name qualified by `table`.
-    static func columns(of table: String) -> String {
-        columns.split(separator: ",").map { "\(table).\($0.trimmingCharacters(in: .whitespaces))" }.joined(separator: ", ")
+    /// `columns` and `periodColumns` qualified by the tables' names in a join (`s`, `p`).
+    static let subscriptionColumns = qualified(columns, by: "s")
+    static let subscriptionPeriodColumns = qualified(periodColumns, by: "p")
+
+    private static func qualified(_ list: String, by table: String) -> String {
+        list.split(separator: ",").map { "\(table).\($0.trimmingCharacters(in: .whitespaces))" }.joined(separator: ", ")
     }
 
     /// How many `columns` there are: where columns that follow them begin.
