@@ -47,6 +47,9 @@ public enum LedgerSchema {
         Migration(name: "026_apple_sales_reports.sql", sql: String(decoding: PackageResources._26_apple_sales_reports_sql, as: UTF8.self)),
         Migration(name: "027_apple_sales_comparison.sql", sql: String(decoding: PackageResources._27_apple_sales_comparison_sql, as: UTF8.self)),
         Migration(name: "028_storefronts.sql", sql: String(decoding: PackageResources._28_storefronts_sql, as: UTF8.self)),
+        Migration(
+            name: "029_reversed_refunds_keep_holds.sql",
+            sql: String(decoding: PackageResources._29_reversed_refunds_keep_holds_sql, as: UTF8.self)),
     ]
 
     /// `sql/routines`: applied after the migrations, and again when a database has an earlier

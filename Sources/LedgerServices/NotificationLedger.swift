@@ -156,7 +156,7 @@ extension NotificationLedger {
             notificationUUID: notification.fromRefundHistory ? nil : record.notificationUUID)
         var events: [NewEvent] = []
         if known == nil {
-            events += try ReceiptLedger.poolAppend(transaction, userId: nil, claimedOrder: nil, reason: "family-share-revoked", metadata: metadata).events
+            events += try ReceiptLedger.poolAppend(transaction, userId: nil, claimedOrder: nil, reason: AppleTransactionRecord.familyShareRevokedReason, metadata: metadata).events
         }
         events.append(try EventCoding.newEvent(TransactionEvent.familyShareRevoked(body), id: eventID, metadata: metadata))
         let stream = transaction.transactionId.streamID

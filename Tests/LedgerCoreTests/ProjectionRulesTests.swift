@@ -36,12 +36,35 @@ struct ProjectionRulesTests {
         var held = pooled
         held.reason = AppleTransactionRecord.accountConflictReason
         held.knownUserId = UserID(unchecked: "u-2")
-        let row = try #require(Projection.apply(.unmatched(held), data: Data(), to: nil, at: at))
+        let row = try #require(Projection.apply(.unmatched(held), data: try JSONEncoder().encode(held), to: nil, at: at))
         #expect(row.status == .conflict && row.isHeldForSupport && !row.isPooled)
-        let refund = TransactionEvent.notificationReceived(NotificationReceived(
-            notificationUUID: UUID(), notificationType: "REFUND", subtype: nil, transactionId: transactionID, signedDate: at))
-        let refunded = try #require(Projection.apply(refund, data: Data(), to: row, at: at.addingTimeInterval(60)))
+        let refunded = try #require(Projection.apply(notification("REFUND"), data: Data(), to: row, at: at.addingTimeInterval(60)))
         #expect(refunded.status == .refunded && !refunded.isHeldForSupport)
+        let reversed = try #require(Projection.apply(notification("REFUND_REVERSED"), data: Data(), to: refunded, at: at.addingTimeInterval(120)))
+        #expect(reversed.status == .conflict && reversed.isHeldForSupport && !reversed.isPooled, "held again, as before the refund")
+    }
+
+    func notification(_ type: String) -> TransactionEvent {
+        .notificationReceived(NotificationReceived(notificationUUID: UUID(), notificationType: type, subtype: nil, transactionId: transactionID, signedDate: at))
+    }
+
+    @Test("a reversed refund puts a pooled transaction back as its pool entry left it: free for orders, or a family member's never")
+    func reversalRestoresThePoolEntry() throws {
+        for (reason, ownership, expected) in [
+            ("no-order", "PURCHASED", AppleTransactionRecord.Status.unmatched),
+            ("purchased-before-order", nil, .unmatched),
+            (AppleTransactionRecord.familyShareRevokedReason, "FAMILY_SHARED", .refunded),
+            ("no-order", "FAMILY_SHARED", .refunded),
+        ] {
+            var entry = pooled
+            entry.reason = reason
+            entry.transaction.inAppOwnershipType = ownership
+            let row = Projection.apply(.unmatched(entry), data: try JSONEncoder().encode(entry), to: nil, at: at)
+            let refunded = try #require(Projection.apply(notification("REVOKE"), data: Data(), to: row, at: at.addingTimeInterval(60)))
+            #expect(refunded.status == .refunded, "\(reason)")
+            let reversed = try #require(Projection.apply(notification("REFUND_REVERSED"), data: Data(), to: refunded, at: at.addingTimeInterval(120)))
+            #expect(reversed.status == expected, "\(reason), \(ownership ?? "no ownership")")
+        }
     }
 
     @Test("a claim of a pooled transaction gives the same row whether the pool entry or the claim is folded first")
@@ -74,9 +97,6 @@ struct ProjectionRulesTests {
 
     @Test("a refund in the pool keeps the transaction from being granted; its reversal puts it back; other notifications change nothing")
     func poolStatus() throws {
-        func notification(_ type: String) -> TransactionEvent {
-            .notificationReceived(NotificationReceived(notificationUUID: UUID(), notificationType: type, subtype: nil, transactionId: transactionID, signedDate: at))
-        }
         let entered = try #require(Projection.apply(.unmatched(pooled), data: Data("{}".utf8), to: nil, at: at))
         #expect(entered.isPooled && entered.status == .unmatched && entered.orderId == nil)
         let refunded = try #require(Projection.apply(notification("REVOKE"), data: Data(), to: entered, at: at.addingTimeInterval(1)))

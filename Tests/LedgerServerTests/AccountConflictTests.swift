@@ -1,4 +1,5 @@
 import Foundation
+import LedgerStore
 import LedgerTestSupport
 import Testing
 
@@ -69,6 +70,41 @@ struct AccountConflictTests {
                 """, as: String.self)
             #expect(rule == "support-conflict: \(reason)")
             #expect(try await scalar(db, "SELECT count(*)::int FROM dashboards.apple_account_conflicts WHERE transaction_id = '4200002'", as: Int.self) == 0)
+        }
+    }
+
+    @Test("a held transaction refunded by Apple, then its refund reversed, is held for support again: no automatic path pairs it")
+    func heldRefundReversed() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-alice", user: "u-alice"))
+            #expect(try await upload(http, try await signed("4200011", account: "acct-alice"), user: "u-alice", order: "o-alice")["outcome"] as? String == "matched")
+            try await http.send(.post, "/v1/orders", json: newOrder("o-bob", user: "u-bob"))
+            var second = TestApple.transaction("4200012")
+            second.appTransactionId = "acct-alice"
+            let held = try await upload(http, try await apple.sign(second), user: "u-bob")
+            #expect(held["reason"] as? String == "account-conflict", "\(held)")
+
+            func status() async throws -> String? {
+                try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '4200012'", as: String.self)
+            }
+            var refunded = second
+            refunded.revocationDate = Date().millisecondsSince1970
+            refunded.revocationReason = 1
+            let (refundStatus, _) = try await http.notifyApple(try await apple.notification("REFUND", transaction: refunded))
+            #expect(refundStatus == .ok)
+            #expect(try await status() == "refunded")
+            let (reversedStatus, _) = try await http.notifyApple(try await apple.notification("REFUND_REVERSED", transaction: second))
+            #expect(reversedStatus == .ok)
+            #expect(try await status() == "conflict", "back where it was before the refund: held for support")
+
+            let (_, summary) = try await http.send(.post, "/v1/reconcile")
+            #expect(summary["paired"] as? Int == 0, "\(summary)")
+            let (_, bobs) = try await http.send(.get, "/v1/orders/o-bob")
+            #expect(bobs["state"] as? String == "created")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM dashboards.apple_account_conflicts WHERE transaction_id = '4200012'", as: Int.self) == 1)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
+            #expect(try await statusAfterMigration029(db, transaction: "4200012") == "conflict", "an earlier ledger's row, as a rebuild sets it")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
 

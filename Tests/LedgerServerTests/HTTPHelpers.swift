@@ -22,6 +22,13 @@ struct LedgerHTTP: Sendable {
         let response = try await client.execute(uri: uri, method: method, headers: headers, body: body)
         return (response.status, LedgerServerTests.json(response.body))
     }
+
+    /// Posts Apple's signed notification to `POST /v1/notifications/apple`, with no API key
+    /// (Apple signs it instead).
+    @discardableResult
+    func notifyApple(_ signedPayload: String) async throws -> (HTTPResponse.Status, [String: Any]) {
+        try await send(.post, "/v1/notifications/apple", json: ["signedPayload": signedPayload], key: .some(nil))
+    }
 }
 
 /// The error object of an error answer.

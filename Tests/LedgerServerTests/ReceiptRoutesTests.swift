@@ -62,6 +62,15 @@ func withAppleAPIApplication(
     }
 }
 
+/// A pool row as a ledger before migration 029 left it after a reversed refund (`unmatched`),
+/// then the migration applied again: what it makes of the row.
+func statusAfterMigration029(_ db: TestDatabase, transaction: String) async throws -> String? {
+    try await db.client.query("UPDATE apple_transactions SET status = 'unmatched' WHERE transaction_id = \(transaction)", logger: TestServer.logger)
+    try await db.client.query("DELETE FROM schema_migrations WHERE name = '029_reversed_refunds_keep_holds.sql'", logger: TestServer.logger)
+    #expect(try await Migrator(logger: TestServer.logger).migrate(db.client) == ["029_reversed_refunds_keep_holds.sql"])
+    return try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = \(transaction)", as: String.self)
+}
+
 /// One value of a query's first row.
 func scalar<T: PostgresDecodable & Sendable>(_ db: TestDatabase, _ query: PostgresQuery, as _: T.Type = T.self) async throws -> T? {
     for try await value in try await db.client.query(query, logger: TestServer.logger).decode(T.self) { return value }

@@ -117,6 +117,9 @@ struct RefundRoutesTests {
             #expect(unknown["streamId"] as? String == "transaction-5000103")
             #expect(try await http.send(.get, "/v1/orders/o-open").1["state"] as? String == "created")
             #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '5000103'", as: String.self) == "refunded")
+            // A reversed refund gives a family member's transaction no grant: it stays refunded.
+            _ = try await notify(http, try await apple.notification("REFUND_REVERSED", transaction: stranger))
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '5000103'", as: String.self) == "refunded")
             let (_, late) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-open", "signedTransaction": try await apple.sign(stranger)])
             #expect(late["outcome"] as? String == "rejected" && late["reason"] as? String == "transaction-refunded", "\(late)")
 
@@ -125,6 +128,8 @@ struct RefundRoutesTests {
             #expect(totals["refunded"] as? Int == 0 && totals["refundedAmount"] as? String == "0", "\(totals)")
             #expect(totals["revenue"] as? String == (before["sandboxTotals"] as? [String: Any])?["revenue"] as? String)
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
+            #expect(try await statusAfterMigration029(db, transaction: "5000103") == "refunded", "an earlier ledger's row, as a rebuild sets it")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
 

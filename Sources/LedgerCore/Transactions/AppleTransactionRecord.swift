@@ -119,6 +119,8 @@ public struct AppleTransactionRecord: Sendable, Equatable {
     public static let subscriptionRenewalReason = "subscription-renewal"
     public static let familySharedReason = "family-shared"
     public static let accountConflictReason = "account-conflict"
+    /// A family member's transaction the ledger first heard of when Apple revoked it: refunded at once.
+    public static let familyShareRevokedReason = "family-share-revoked"
 
     /// The status `transaction-unmatched` with `reason` gives: `renewal` and `shared` for what
     /// never pays an order, else `unmatched`.
@@ -132,12 +134,33 @@ public struct AppleTransactionRecord: Sendable, Equatable {
     }
 
     /// What a notification does to a transaction waiting in the pool: `REFUND` and `REVOKE`
-    /// keep it from ever being granted, `REFUND_REVERSED` puts it back; other types change nothing.
+    /// keep it from ever being granted, `REFUND_REVERSED` puts it back (as it was: see
+    /// `statusAfterReversal`); other types change nothing.
     public static func poolStatus(after notificationType: String) -> Status? {
         switch notificationType {
         case "REFUND", "REVOKE": .refunded
         case "REFUND_REVERSED": .unmatched
         default: nil
         }
+    }
+
+    /// The status `REFUND_REVERSED` gives back to a row that waits in the pool: the one its pool
+    /// entry (`verification`, the stored `transaction-unmatched`) gave it. A transaction held for
+    /// support is held again, never free for the reconciler. A family member's transaction stays
+    /// refunded: its access ended by a revocation, which no reversed refund gives back, and it
+    /// never pays an order.
+    var statusAfterReversal: Status {
+        guard let verification, let entry = try? JSONDecoder().decode(PoolEntry.self, from: verification) else { return .unmatched }
+        if entry.transaction?.inAppOwnershipType == "FAMILY_SHARED" || entry.reason == Self.familyShareRevokedReason {
+            return .refunded
+        }
+        return Self.poolStatus(reason: entry.reason) == .conflict ? .conflict : .unmatched
+    }
+
+    /// What `statusAfterReversal` reads of a stored `transaction-unmatched`.
+    private struct PoolEntry: Decodable {
+        struct Ownership: Decodable { var inAppOwnershipType: String? }
+        var reason: String
+        var transaction: Ownership?
     }
 }
