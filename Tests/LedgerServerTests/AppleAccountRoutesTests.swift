@@ -72,7 +72,7 @@ struct AppleAccountRoutesTests {
             var purchase = TestApple.transaction("7300001")
             purchase.appTransactionId = "acct-linked"
             let notification = try await apple.notification("ONE_TIME_CHARGE", transaction: purchase)
-            let (_, pooled) = try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": notification], key: .some(nil))
+            let (_, pooled) = try await http.notifyApple(notification)
             #expect(pooled["streamId"] as? String == "transaction-7300001")
             let (_, before) = try await http.send(.post, "/v1/reconcile", raw: "")
             #expect(before["paired"] as? Int == 0 && before["unknownUser"] as? Int == 1)

@@ -60,7 +60,7 @@ struct AppleBackfillTests {
             try await order(http, "n-1", sold)
             // Received live before the outage: in the history too.
             let live = try await apple.notification("CONSUMPTION_REQUEST", transaction: sold)
-            let (status, _) = try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": live], key: .some(nil))
+            let (status, _) = try await http.notifyApple(live)
             #expect(status == .ok)
             let missedRefund = try await apple.notification("REFUND", transaction: refunded(sold))
             let missedPurchase = try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("8500002"))
@@ -239,7 +239,7 @@ struct AppleBackfillTests {
             var kept = TestApple.transaction("8700003", purchaseDate: Date(timeIntervalSinceNow: -30))
             kept.appTransactionId = "acct-b"
             try await order(http, "r-3", kept)
-            _ = try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("REFUND", transaction: refunded(known))], key: .some(nil))
+            _ = try await http.notifyApple(try await apple.notification("REFUND", transaction: refunded(known)))
             missed = refunded(missed)
             missed.revocationType = "REFUND_PRORATED"
             missed.revocationPercentage = 40_000

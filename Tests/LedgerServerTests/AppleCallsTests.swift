@@ -66,7 +66,7 @@ struct AppleCallsTests {
     }
 
     func notify(_ http: LedgerHTTP, _ signedPayload: String) async throws -> [String: Any] {
-        let (status, answer) = try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": signedPayload], key: .some(nil))
+        let (status, answer) = try await http.notifyApple(signedPayload)
         #expect(status == .ok)
         return answer
     }

@@ -79,7 +79,7 @@ struct AppleFaultMatrixTests {
             switches.consumption = true
             kind = "consumption"
             let notification = try await apple.notification("CONSUMPTION_REQUEST", transaction: TestApple.transaction("8800001"))
-            try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": notification], key: .some(nil))
+            try await http.notifyApple(notification)
             recorded = "SELECT count(*)::int FROM events WHERE stream_id = 'order-m-1' AND type = 'consumption-answer' AND data->>'outcome' = 'sent'"
         case .finish:
             switches.finishAfterDelivery = true

@@ -23,10 +23,6 @@ struct NotificationAppCheckTests {
         return try await apple.sign(payload)
     }
 
-    func notify(_ http: LedgerHTTP, _ signedPayload: String) async throws -> (HTTPResponse.Status, [String: Any]) {
-        try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": signedPayload], key: .some(nil))
-    }
-
     @Test("another app's summary, external purchase token or app data is refused; the app's own is taken; none at all is a 400")
     func everyPart() async throws {
         let other = "com.example.another-app"
@@ -49,7 +45,7 @@ struct NotificationAppCheckTests {
             ]
             let before = try await eventCount(db)
             for (type, code, configure) in refusals {
-                let (status, answer) = try await notify(http, try await signed(type, configure))
+                let (status, answer) = try await http.notifyApple(try await signed(type, configure))
                 #expect(status == .badRequest && errorOf(answer)["code"] as? String == code, "\(type) \(code): \(status) \(answer)")
             }
             #expect(try await eventCount(db) == before, "nothing recorded")
@@ -62,7 +58,7 @@ struct NotificationAppCheckTests {
                 ("RESCIND_CONSENT", { $0.appData = .init(bundleId: TestApple.bundleId, appAppleId: TestApple.appAppleId, environment: "Sandbox") }),
             ]
             for (type, configure) in accepted {
-                let (status, answer) = try await notify(http, try await signed(type, configure))
+                let (status, answer) = try await http.notifyApple(try await signed(type, configure))
                 #expect(status == .ok && answer["type"] as? String == "notification-received", "\(type): \(status) \(answer)")
             }
         }

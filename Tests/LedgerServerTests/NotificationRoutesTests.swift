@@ -12,11 +12,6 @@ struct NotificationRoutesTests {
     let apple: TestApple
     init() throws { apple = try TestApple() }
 
-    /// Posts a notification with no API key (Apple signs it instead).
-    func notify(_ http: LedgerHTTP, _ signedPayload: String) async throws -> (HTTPResponse.Status, [String: Any]) {
-        try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": signedPayload], key: .some(nil))
-    }
-
     @Test("REFUND refunds the order once per notificationUUID; REFUND_REVERSED reverses it; other types are recorded")
     func refunds() async throws {
         try await withReceiptsApplication(apple) { http, db in
@@ -30,10 +25,10 @@ struct NotificationRoutesTests {
             refunded.revocationReason = 1
             let uuid = UUID()
             let refund = try await apple.notification("REFUND", uuid: uuid, transaction: refunded)
-            let (status, first) = try await notify(http, refund)
+            let (status, first) = try await http.notifyApple(refund)
             #expect(status == .ok && first["applied"] as? Bool == true && first["type"] as? String == "refunded")
             let count = try await eventCount(db)
-            let (again, second) = try await notify(http, refund)
+            let (again, second) = try await http.notifyApple(refund)
             #expect(again == .ok && second["applied"] as? Bool == false)
             #expect(try await eventCount(db) == count)
             let (_, order) = try await http.send(.get, "/v1/orders/o-refund")
@@ -43,9 +38,9 @@ struct NotificationRoutesTests {
             #expect((refundEvent?["data"] as? [String: Any])?["notificationType"] as? String == "REFUND")
             #expect((refundEvent?["data"] as? [String: Any])?["revocationType"] == nil, "Apple's signed transaction said none: a full refund")
 
-            let (_, reversed) = try await notify(http, try await apple.notification("REFUND_REVERSED", transaction: transaction))
+            let (_, reversed) = try await http.notifyApple(try await apple.notification("REFUND_REVERSED", transaction: transaction))
             #expect(reversed["type"] as? String == "refund-reversed")
-            let (_, consumption) = try await notify(http, try await apple.notification("CONSUMPTION_REQUEST", transaction: transaction))
+            let (_, consumption) = try await http.notifyApple(try await apple.notification("CONSUMPTION_REQUEST", transaction: transaction))
             #expect(consumption["type"] as? String == "notification-received" && consumption["streamId"] as? String == "order-o-refund")
             let (_, after) = try await http.send(.get, "/v1/orders/o-refund")
             #expect(after["state"] as? String == "delivered")
@@ -55,10 +50,10 @@ struct NotificationRoutesTests {
     @Test("a notification about a transaction the ledger does not know puts it in the pool; a refund keeps it from being granted")
     func unknownTransaction() async throws {
         try await withReceiptsApplication(apple) { http, db in
-            let (_, answer) = try await notify(http, try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("2000002")))
+            let (_, answer) = try await http.notifyApple(try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("2000002")))
             #expect(answer["streamId"] as? String == "transaction-2000002")
             #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions WHERE transaction_id = '2000002'", as: Int.self) == 1)
-            try await notify(http, try await apple.notification("REFUND", transaction: TestApple.transaction("2000002")))
+            try await http.notifyApple(try await apple.notification("REFUND", transaction: TestApple.transaction("2000002")))
             #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions WHERE transaction_id = '2000002'", as: Int.self) == 0)
             try await http.send(.post, "/v1/orders", json: newOrder("o-late"))
             let (_, receipt) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-late", "signedTransaction": try await apple.sign(TestApple.transaction("2000002"))])
@@ -73,7 +68,7 @@ struct NotificationRoutesTests {
         try await withReceiptsApplication(apple) { http, _ in
             let (_, created) = try await http.send(.post, "/v1/orders", json: newOrder("o-notified"))
             let token = UUID(uuidString: created["appAccountToken"] as? String ?? "")
-            try await notify(http, try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("2000003", appAccountToken: token)))
+            try await http.notifyApple(try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("2000003", appAccountToken: token)))
             let (_, order) = try await http.send(.get, "/v1/orders/o-notified")
             #expect(order["state"] as? String == "verified")
             #expect((order["events"] as? [[String: Any]])?.map { $0["type"] as? String } == ["created", "receipt-received", "verified", "notification-received"])
@@ -85,7 +80,7 @@ struct NotificationRoutesTests {
         try await withReceiptsApplication(apple) { http, db in
             let count = try await eventCount(db)
             let forger = try TestApple()
-            let (status, answer) = try await notify(http, try await forger.notification("REFUND", transaction: TestApple.transaction("2000004")))
+            let (status, answer) = try await http.notifyApple(try await forger.notification("REFUND", transaction: TestApple.transaction("2000004")))
             #expect(status == .badRequest && errorOf(answer)["code"] as? String == "invalid-certificate-chain")
             let (missing, _) = try await http.send(.post, "/v1/notifications/apple", json: ["nothing": true], key: .some(nil))
             #expect(missing == .badRequest)
@@ -145,10 +140,10 @@ struct NotificationRoutesTests {
             try await http.send(.post, "/v1/receipts", json: ["orderId": "p-2", "signedTransaction": try await apple.sign(TestApple.transaction("4000003", product: "other"))])
             try await http.send(.post, "/v1/receipts", json: ["orderId": "p-3", "signedTransaction": try await apple.sign(TestApple.transaction("4000000"))])
             try await http.send(.post, "/v1/orders/p-0/events", json: ["type": "delivered", "data": [:]])
-            try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("REFUND", transaction: TestApple.transaction("4000000"))], key: .some(nil))
-            try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("4000004"))], key: .some(nil))
-            try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("REVOKE", transaction: TestApple.transaction("4000004"))], key: .some(nil))
-            try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("TEST", transaction: nil)], key: .some(nil))
+            try await http.notifyApple(try await apple.notification("REFUND", transaction: TestApple.transaction("4000000")))
+            try await http.notifyApple(try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("4000004")))
+            try await http.notifyApple(try await apple.notification("REVOKE", transaction: TestApple.transaction("4000004")))
+            try await http.notifyApple(try await apple.notification("TEST", transaction: nil))
             let rebuilder = ProjectionRebuilder(database: db.database)
             #expect(try await rebuilder.verify() == [])
             try await rebuilder.rebuild()

@@ -149,7 +149,7 @@ struct ProofAppTests {
             let (_, taken) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": production])
             #expect(taken["outcome"] as? String == "unmatched", "\(taken)")
             let charge = try await notification(bundleId: Self.second, transaction: TestApple.transaction("7400002", bundleId: Self.second))
-            let (status, applied) = try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": charge], key: .some(nil))
+            let (status, applied) = try await http.notifyApple(charge)
             #expect(status == .ok, "\(applied)")
         }
     }

@@ -16,7 +16,7 @@ struct RefundRoutesTests {
     /// Posts a notification with no API key (Apple signs it instead).
     @discardableResult
     func notify(_ http: LedgerHTTP, _ signedPayload: String) async throws -> [String: Any] {
-        let (status, answer) = try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": signedPayload], key: .some(nil))
+        let (status, answer) = try await http.notifyApple(signedPayload)
         #expect(status == .ok, "\(answer)")
         return answer
     }

@@ -41,7 +41,7 @@ struct ReportRoutesTests {
             try await http.send(.post, "/v1/orders/r-usd-0/events", json: ["type": "delivered", "data": [:]])
             try await http.send(.post, "/v1/orders/r-usd-0/events", json: ["type": "finished", "data": [:]])
             try await http.send(.post, "/v1/orders/r-usd-3/events", json: ["type": "failed", "data": ["reason": "cancelled"]])
-            try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("REFUND", transaction: TestApple.transaction("9000002", environment: "Production"), environment: "Production")], key: .some(nil))
+            try await http.notifyApple(try await apple.notification("REFUND", transaction: TestApple.transaction("9000002", environment: "Production"), environment: "Production"))
             try await http.send(.post, "/v1/reconcile")
             try await order("r-usd-9", user: "ru-5", product: "gems.100", price: "0.99", currency: "USD")
             try await http.send(.post, "/v1/transactions/9000004/match", json: ["orderId": "r-usd-9", "force": true, "reason": "ticket 7"])
@@ -91,8 +91,7 @@ struct ReportRoutesTests {
                 refunded.revocationDate = Date().millisecondsSince1970
                 refunded.revocationType = type
                 refunded.revocationPercentage = percentage
-                let (status, _) = try await http.send(
-                    .post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("REFUND", transaction: refunded, environment: "Production")], key: .some(nil))
+                let (status, _) = try await http.notifyApple(try await apple.notification("REFUND", transaction: refunded, environment: "Production"))
                 #expect(status == .ok)
             }
             try await refund(try await paid("p-prorated", "9100001", price: "4.99"), type: "REFUND_PRORATED", percentage: 25_000)  // 9.98: 2.495 back

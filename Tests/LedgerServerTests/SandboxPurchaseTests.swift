@@ -55,9 +55,7 @@ struct SandboxPurchaseTests {
             var refunded = TestApple.transaction("8800001", environment: "Sandbox")
             refunded.revocationDate = Date().millisecondsSince1970
             refunded.revocationType = "REFUND_FULL"
-            let (refundStatus, _) = try await http.send(
-                .post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("REFUND", transaction: refunded, environment: "Sandbox")],
-                key: .some(nil))
+            let (refundStatus, _) = try await http.notifyApple(try await apple.notification("REFUND", transaction: refunded, environment: "Sandbox"))
             #expect(refundStatus == .ok)
             #expect(try await http.send(.get, "/v1/orders/review-1").1["state"] as? String == "refunded")
             // A sandbox orphan in the pool.
@@ -124,7 +122,7 @@ struct SandboxPurchaseTests {
             let (_, order) = try await http.send(.get, "/v1/orders/review-2")
             #expect(order["state"] as? String == "created" && order["environment"] is NSNull, "\(order)")
             let note = try await apple.notification("REFUND", transaction: TestApple.transaction("8800012"), environment: "Sandbox")
-            let (status, refusal) = try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": note], key: .some(nil))
+            let (status, refusal) = try await http.notifyApple(note)
             #expect(status == .badRequest && errorOf(refusal)["code"] as? String == "wrong-environment", "\(refusal)")
         }
     }

@@ -41,11 +41,6 @@ struct SubscriptionIntakeTests {
     }
 
     @discardableResult
-    func notify(_ http: LedgerHTTP, _ signedPayload: String) async throws -> (HTTPResponse.Status, [String: Any]) {
-        try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": signedPayload], key: .some(nil))
-    }
-
-    @discardableResult
     func upload(_ http: LedgerHTTP, _ payload: SignedTransactionPayload, user: String? = nil, order: String? = nil) async throws -> (HTTPResponse.Status, [String: Any]) {
         var body: [String: Any] = ["signedTransaction": try await apple.sign(payload)]
         if let user { body["userId"] = user }
@@ -93,7 +88,7 @@ struct SubscriptionIntakeTests {
             #expect(status == .ok)
             #expect(answer["outcome"] as? String == "recorded" && answer["reason"] as? String == "subscription-renewal", "\(answer)")
             #expect(answer["finishTransaction"] as? Bool == true && answer["orderId"] as? String == "o-sub" && answer["state"] as? String == "delivered")
-            let (notified, applied) = try await notify(http, try await apple.notification("DID_RENEW", subtype: nil, transaction: renewal))
+            let (notified, applied) = try await http.notifyApple(try await apple.notification("DID_RENEW", subtype: nil, transaction: renewal))
             #expect(notified == .ok, "\(applied)")
             let (_, again) = try await upload(http, renewal, user: "u-1")
             #expect(again["outcome"] as? String == "recorded" && again["orderId"] as? String == "o-sub")
@@ -157,7 +152,7 @@ struct SubscriptionIntakeTests {
             let (_, sub) = try await upload(http, member, user: "u-2")
             #expect(sub["outcome"] as? String == "recorded" && sub["reason"] as? String == "family-shared", "\(sub)")
             let renewed = Self.subscription("8100011", original: "8100010", period: 1, shared: true)
-            try await notify(http, try await apple.notification("DID_RENEW", transaction: renewed))
+            try await http.notifyApple(try await apple.notification("DID_RENEW", transaction: renewed))
             #expect(try await scalar(db, "SELECT user_id || ' ' || family_shared FROM subscriptions WHERE original_transaction_id = '8100010'", as: String.self) == "u-2 true")
             #expect(try await periods(db, "8100010") == 2)
             #expect(try await rowStatus(db, "8100011") == "shared")
@@ -215,7 +210,7 @@ struct SubscriptionIntakeTests {
 
             // The start arrives by notification (no order names it: it waits in the pool, as a purchase does).
             let start = Self.subscription("8200001")
-            let (_, applied) = try await notify(http, try await apple.notification("SUBSCRIBED", subtype: "INITIAL_BUY", transaction: start))
+            let (_, applied) = try await http.notifyApple(try await apple.notification("SUBSCRIBED", subtype: "INITIAL_BUY", transaction: start))
             // The start is a subscription's: the notification is recorded on the subscription it started.
             #expect(applied["streamId"] as? String == "subscription-8200001", "\(applied)")
             #expect(try await periods(db, "8200001") == 2)
@@ -225,7 +220,7 @@ struct SubscriptionIntakeTests {
             let events = try await scalar(db, PostgresQuery(unsafeSQL: recorded), as: Int.self)
             let (_, again) = try await upload(http, renewal, user: "u-3")
             #expect(again["outcome"] as? String == "recorded")
-            try await notify(http, try await apple.notification("SUBSCRIBED", subtype: "INITIAL_BUY", transaction: start))
+            try await http.notifyApple(try await apple.notification("SUBSCRIBED", subtype: "INITIAL_BUY", transaction: start))
             #expect(try await scalar(db, PostgresQuery(unsafeSQL: recorded), as: Int.self) == events, "nothing of the transactions is recorded again")
             #expect(try await periods(db, "8200001") == 2)
             let differences = try await ProjectionRebuilder(database: db.database).verify()
@@ -269,7 +264,7 @@ struct SubscriptionIntakeTests {
                 let (status, answer) = try await upload(http, payload, user: "u-4", order: "o-bad")
                 #expect(status == .badRequest && errorOf(answer)["code"] as? String == "invalid-input", "\(answer)")
                 #expect(errorOf(answer)["field"] as? String == field, "\(answer)")
-                let (notified, refusal) = try await notify(http, try await apple.notification("SUBSCRIBED", transaction: payload))
+                let (notified, refusal) = try await http.notifyApple(try await apple.notification("SUBSCRIBED", transaction: payload))
                 #expect(notified == .badRequest && errorOf(refusal)["field"] as? String == field, "\(refusal)")
             }
             #expect(try await eventCount(db) == events, "nothing of a refused transaction is recorded")
@@ -288,7 +283,7 @@ struct SubscriptionIntakeTests {
             let crossed = Self.subscription("8300011", original: "8300010", period: 1, product: "annual.other", group: "g-monthly")
             let (status, refused) = try await upload(http, crossed, user: "u-4")
             #expect(status == .badRequest && errorOf(refused)["field"] as? String == "productId", "\(refused)")
-            let (notified, refusal) = try await notify(http, try await apple.notification("DID_RENEW", transaction: crossed))
+            let (notified, refusal) = try await http.notifyApple(try await apple.notification("DID_RENEW", transaction: crossed))
             #expect(notified == .badRequest && errorOf(refusal)["field"] as? String == "productId", "\(refusal)")
             #expect(try await eventCount(db) == within)
             // A crossgrade within the group is the subscription's.

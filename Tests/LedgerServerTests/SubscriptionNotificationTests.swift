@@ -150,10 +150,6 @@ struct SubscriptionNotificationTests {
     static let day: TimeInterval = 86_400
     let otid = "7000001"
 
-    func notify(_ http: LedgerHTTP, _ signedPayload: String) async throws -> (HTTPResponse.Status, [String: Any]) {
-        try await http.send(.post, "/v1/notifications/apple", json: ["signedPayload": signedPayload], key: .some(nil))
-    }
-
     /// Period `n` of subscription `otid` (0: the purchase that started it), as Apple signs it.
     static func period(
         _ otid: String, _ n: Int, product: String = "pro.monthly", purchased: Date, expires: Date, ownership: String = "PURCHASED"
@@ -225,7 +221,7 @@ struct SubscriptionNotificationTests {
             for earlier in c.before {
                 let signed = try await apple.notification(
                     earlier.type, subtype: earlier.subtype, transaction: start, renewalInfo: earlier.info.payload(otid, now: now))
-                #expect(try await notify(http, signed).0 == .ok)
+                #expect(try await http.notifyApple(signed).0 == .ok)
             }
             let transaction = switch c.about {
             case .firstPeriod: start
@@ -235,12 +231,12 @@ struct SubscriptionNotificationTests {
                 Self.period(otid, 0, purchased: end.addingTimeInterval(-30 * Self.day), expires: end.addingTimeInterval(days * Self.day))
             }
             let signed = try await apple.notification(c.type, subtype: c.subtype, transaction: transaction, renewalInfo: c.info.payload(otid, now: now))
-            let (status, answer) = try await notify(http, signed)
+            let (status, answer) = try await http.notifyApple(signed)
             #expect(status == .ok && answer["applied"] as? Bool == true)
             #expect(answer["streamId"] as? String == "subscription-\(otid)")
             #expect(answer["type"] as? String == "subscription-renewal-changed")
             let count = try await eventCount(db)
-            let (again, repeated) = try await notify(http, signed)
+            let (again, repeated) = try await http.notifyApple(signed)
             #expect(again == .ok && repeated["applied"] as? Bool == false, "Apple's retry of the same notification")
             #expect(try await eventCount(db) == count)
 
@@ -263,14 +259,14 @@ struct SubscriptionNotificationTests {
             let end = now.addingTimeInterval(-Self.day)
             let start = try await subscribe(http, db, end: end)
             let renewal = Self.period(otid, 1, purchased: end, expires: now.addingTimeInterval(29 * Self.day))
-            #expect(try await notify(http, try await apple.notification("DID_RENEW", transaction: renewal, renewalInfo: TestApple.renewalInfo(otid))).0 == .ok)
+            #expect(try await http.notifyApple(try await apple.notification("DID_RENEW", transaction: renewal, renewalInfo: TestApple.renewalInfo(otid))).0 == .ok)
 
             for type in ["REFUND", "REVOKE"] {
                 let refund = try await apple.notification(type, transaction: Self.revoked(renewal))
-                let (_, answer) = try await notify(http, refund)
+                let (_, answer) = try await http.notifyApple(refund)
                 #expect(answer["streamId"] as? String == "subscription-\(otid)" && answer["type"] as? String == "subscription-period-refunded")
                 let count = try await eventCount(db)
-                #expect(try await notify(http, refund).1["applied"] as? Bool == false)
+                #expect(try await http.notifyApple(refund).1["applied"] as? Bool == false)
                 #expect(try await eventCount(db) == count)
                 var s = try await subscription(db)
                 #expect(s.periods.map { $0.refundedAt != nil } == [false, true], "\(type): the renewal's period alone")
@@ -278,13 +274,13 @@ struct SubscriptionNotificationTests {
                 let (_, order) = try await http.send(.get, "/v1/orders/o-sub")
                 #expect(order["state"] as? String == "delivered", "\(type) of a renewal: no order paid for it")
 
-                let (_, reversed) = try await notify(http, try await apple.notification("REFUND_REVERSED", transaction: renewal))
+                let (_, reversed) = try await http.notifyApple(try await apple.notification("REFUND_REVERSED", transaction: renewal))
                 #expect(reversed["type"] as? String == "subscription-period-refund-reversed")
                 s = try await subscription(db)
                 #expect(s.periods.allSatisfy { $0.refundedAt == nil } && s.status(at: now) == .active)
             }
 
-            let (_, refunded) = try await notify(http, try await apple.notification("REFUND", transaction: Self.revoked(start)))
+            let (_, refunded) = try await http.notifyApple(try await apple.notification("REFUND", transaction: Self.revoked(start)))
             #expect(refunded["streamId"] as? String == "order-o-sub" && refunded["type"] as? String == "refunded")
             var s = try await subscription(db)
             #expect(s.periods.map { $0.refundedAt != nil } == [true, false], "the start's period alone")
@@ -292,7 +288,7 @@ struct SubscriptionNotificationTests {
             var (_, order) = try await http.send(.get, "/v1/orders/o-sub")
             #expect(order["state"] as? String == "refunded")
 
-            let (_, reversed) = try await notify(http, try await apple.notification("REFUND_REVERSED", transaction: start))
+            let (_, reversed) = try await http.notifyApple(try await apple.notification("REFUND_REVERSED", transaction: start))
             #expect(reversed["type"] as? String == "refund-reversed")
             s = try await subscription(db)
             #expect(s.periods.allSatisfy { $0.refundedAt == nil })
@@ -312,11 +308,11 @@ struct SubscriptionNotificationTests {
             try await Self.started(db, shared, user: "u-member", familyShared: true)
 
             let revoke = try await apple.notification("REVOKE", transaction: Self.revoked(shared, type: "FAMILY_REVOKE"))
-            let (status, answer) = try await notify(http, revoke)
+            let (status, answer) = try await http.notifyApple(revoke)
             #expect(status == .ok && answer["streamId"] as? String == "subscription-8000001")
             #expect(answer["type"] as? String == "subscription-family-share-revoked")
             let count = try await eventCount(db)
-            #expect(try await notify(http, revoke).1["applied"] as? Bool == false)
+            #expect(try await http.notifyApple(revoke).1["applied"] as? Bool == false)
             #expect(try await eventCount(db) == count)
 
             #expect(try await subscription(db, "8000001").status(at: now) == .revoked)
@@ -333,7 +329,7 @@ struct SubscriptionNotificationTests {
             let renewal = Self.period("9000001", 1, purchased: now, expires: now.addingTimeInterval(30 * Self.day))
             for type in ["DID_RENEW", "DID_CHANGE_RENEWAL_STATUS"] {
                 let signed = try await apple.notification(type, transaction: renewal, renewalInfo: TestApple.renewalInfo("9000001"))
-                let (status, answer) = try await notify(http, signed)
+                let (status, answer) = try await http.notifyApple(signed)
                 #expect(status == .ok && answer["applied"] as? Bool == true)
                 #expect(answer["streamId"] as? String == "transaction-90000011" && answer["type"] as? String == "notification-received")
             }
@@ -364,7 +360,7 @@ struct SubscriptionNotificationTests {
                 for (index, signed) in notifications.enumerated() {
                     for _ in 0..<2 {
                         group.addTask {
-                            let (status, answer) = try await notify(http, signed)
+                            let (status, answer) = try await http.notifyApple(signed)
                             return (index, status, answer["applied"] as? Bool, answer["streamId"] as? String)
                         }
                     }
@@ -406,10 +402,10 @@ struct SubscriptionNotificationTests {
             let start = try await subscribe(http, db, end: now.addingTimeInterval(20 * Self.day))
             let count = try await eventCount(db)
             let other = try await apple.notification("DID_CHANGE_RENEWAL_STATUS", transaction: start, renewalInfo: TestApple.renewalInfo("7999999"))
-            let (mismatch, refused) = try await notify(http, other)
+            let (mismatch, refused) = try await http.notifyApple(other)
             #expect(mismatch == .badRequest && errorOf(refused)["code"] as? String == "renewal-info-mismatch")
             let alone = try await apple.notification("DID_CHANGE_RENEWAL_STATUS", transaction: nil, renewalInfo: TestApple.renewalInfo(otid))
-            let (lonely, answer) = try await notify(http, alone)
+            let (lonely, answer) = try await http.notifyApple(alone)
             #expect(lonely == .badRequest && errorOf(answer)["code"] as? String == "renewal-info-without-transaction")
             #expect(try await eventCount(db) == count)
         }
@@ -422,7 +418,7 @@ struct SubscriptionNotificationTests {
             let start = try await subscribe(http, db, end: now.addingTimeInterval(-Self.day))
             let failed = try await apple.notification(
                 "DID_FAIL_TO_RENEW", transaction: start, renewalInfo: RenewalFields(retry: true).payload(otid, now: now))
-            #expect(try await notify(http, failed).0 == .ok)
+            #expect(try await http.notifyApple(failed).0 == .ok)
             let s = try await subscription(db)
             for days in [0.0, 58, 60] {
                 let at = now.addingTimeInterval(days * Self.day)

@@ -106,8 +106,7 @@ struct SubscriptionReportTests {
             var revoked = refundedStart[0]
             revoked.revocationDate = Date().millisecondsSince1970
             revoked.revocationType = "REFUND_FULL"
-            let (refundStatus, _) = try await http.send(
-                .post, "/v1/notifications/apple", json: ["signedPayload": try await apple.notification("REFUND", transaction: revoked, environment: "Production")], key: .some(nil))
+            let (refundStatus, _) = try await http.notifyApple(try await apple.notification("REFUND", transaction: revoked, environment: "Production"))
             #expect(refundStatus == .ok)
             try await SubscriptionFixture.refund(services, refundedStart[0])
             // A family member's shared subscription: never revenue.
