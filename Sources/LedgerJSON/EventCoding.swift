@@ -79,9 +79,17 @@ public enum EventCoding {
     /// An event the ledger writes itself, as it is stored, with its body read back from that JSON:
     /// the body a replay of the log folds (times keep milliseconds in JSON).
     public static func newEvent(_ event: OrderEvent, id: EventID, metadata: Data) throws -> NewEvent {
+        switch event {
+        case .delivered, .finished, .refundReversed:
+            // No fields: the encoder's `{}`, and the body the log's `{}` reads back as.
+            return NewEvent(id: id, body: .order(event), data: emptyBody, metadata: metadata)
+        default: break
+        }
         let data = try encoder.encode(event)
         return NewEvent(id: id, body: .order(try OrderEvent(type: event.type, body: StoredReader(text: String(decoding: data, as: UTF8.self)))), data: data, metadata: metadata)
     }
+
+    private static let emptyBody = Data("{}".utf8)
 
     /// `newEvent` for an event of a transaction's stream.
     public static func newEvent(_ event: TransactionEvent, id: EventID, metadata: Data) throws -> NewEvent {

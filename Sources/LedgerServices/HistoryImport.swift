@@ -85,6 +85,7 @@ public struct HistoryImport: Sendable {
     ) async throws -> Summary {
         var summary = Summary()
         var batch = Batch()
+        let source = try MetadataWriter(source: source)
         var apps: [BundleID?: Result<BundleID?, OrderLedgerError>] = [:]
         try await withThrowingTaskGroup(of: (Int, Summary).self) { group in
             // The orders and transactions of each batch in flight, by its number: a line that
@@ -229,7 +230,7 @@ public struct HistoryImport: Sendable {
     public static let unknownProduct = "imported"
 
     /// A line's order and its events, named by the order and the event type.
-    static func plan(_ record: HistoryRecord, app: BundleID?, source: String) throws -> Planned {
+    static func plan(_ record: HistoryRecord, app: BundleID?, source: MetadataWriter) throws -> Planned {
         let orderID = record.orderId ?? record.transactionId.map(orderID(ofTransaction:)) ?? OrderID(unchecked: "imported")
         let user = record.userId ?? UserID(unchecked: unknownUser)
         let product = record.productId ?? ProductID(unchecked: unknownProduct)
@@ -268,7 +269,7 @@ public struct HistoryImport: Sendable {
         // One metadata per time (an order's events happened at two or three).
         var metadata: [Date: Data] = [:]
         let newEvents = try events.map { event, type, at in
-            if metadata[at] == nil { metadata[at] = try EventCoding.encoder.encode(Metadata(importedFrom: .init(source: source, line: record.line, at: at))) }
+            if metadata[at] == nil { metadata[at] = source.metadata(line: record.line, at: at) }
             return try EventCoding.newEvent(event, id: type == "created" ? created : EventID.named("import", order, type, history), metadata: metadata[at]!)
         }
         return Planned(
@@ -276,15 +277,20 @@ public struct HistoryImport: Sendable {
             write: LedgerWriter.Write(LedgerWriter.Append(newEvents, to: orderID.streamID, expected: .noStream)), createdEvent: created)
     }
 
-    /// What each imported event's metadata says: where it came from.
-    struct Metadata: Encodable {
-        struct Origin: Encodable {
-            let source: String
-            let line: Int
-            /// When it happened in the history: what the reports date it by (`event_time`).
-            let at: Date
+    /// Each imported event's metadata, where it came from, as `EventCoding.encoder` writes it
+    /// (keys sorted): `{"appendedBy":"import","importedFrom":{"at":…,"line":…,"source":…}}`, `at`
+    /// when it happened in the history (what the reports date it by, `event_time`). Put together
+    /// from the file's name, encoded once per import, and the line and time, which need no
+    /// escaping: the encoder's fixed cost, paid for each event, showed in the importer's profile.
+    struct MetadataWriter {
+        private let sourceJSON: String
+
+        init(source: String) throws {
+            sourceJSON = String(decoding: try EventCoding.encoder.encode(source), as: UTF8.self)
         }
-        var appendedBy = "import"
-        let importedFrom: Origin
+
+        func metadata(line: Int, at: Date) -> Data {
+            Data(#"{"appendedBy":"import","importedFrom":{"at":"\#(EventCoding.formatDate(at))","line":\#(line),"source":\#(sourceJSON)}}"#.utf8)
+        }
     }
 }

@@ -47,6 +47,7 @@ struct EventCodingTests {
     func roundTrip(event: OrderEvent) throws {
         let stored = try EventCoding.newEvent(event, id: EventID(), metadata: Data("{}".utf8))
         #expect(stored.type == event.type.rawValue)
+        #expect(stored.data == (try EventCoding.encoder.encode(event)), "what the encoder writes, a body without fields too")
         #expect(stored.body == .order(event))
         #expect(try EventCoding.body(stream: OrderID(unchecked: "o-1").streamID, type: stored.type, data: stored.data) == .order(event))
         // The token is written in lower case, as the API shows it.

@@ -30,4 +30,29 @@ struct HistoryImportTests {
             #expect(again.imported == 0 && again.alreadyPresent == 32 && again.refused == 8, "\(again)")
         }
     }
+
+    @Test("each imported event's metadata names the file as given, whatever it holds, its line, and when the event happened")
+    func metadataNamesTheFile() async throws {
+        try await withTestDatabase { db in
+            let source = "exports/2025 \"Q1\" \\ backup\tü.csv"
+            let text = "orderId,userId,productId,createdAt,state,transactionId,purchaseDate\n"
+                + "m-1,u-1,gems.100,2025-01-01T00:00:00Z,finished,8100001,2025-01-01T00:00:10.5Z\n"
+            let history = HistoryImport(orders: ServiceAssembly(database: db.database).orders)
+            let summary = try await history.run(try HistoryFile(Data(text.utf8), format: .csv).lines, source: source)
+            #expect(summary.imported == 1, "\(summary)")
+            let rows = try await db.client.query(
+                "SELECT type, metadata::text FROM events WHERE stream_id = 'order-m-1' ORDER BY stream_version", logger: TestServer.logger)
+            var seen: [String] = []
+            for try await (type, stored) in rows.decode((String, String).self) {
+                let metadata = try #require(try JSONSerialization.jsonObject(with: Data(stored.utf8)) as? [String: Any])
+                let origin = try #require(metadata["importedFrom"] as? [String: Any])
+                #expect(metadata["appendedBy"] as? String == "import" && metadata.count == 2, "\(stored)")
+                #expect(origin["source"] as? String == source && origin["line"] as? Int == 2 && origin.count == 3, "\(stored)")
+                let at = type == "created" ? "2025-01-01T00:00:00.000Z" : "2025-01-01T00:00:10.500Z"
+                #expect(origin["at"] as? String == at, "\(type): \(stored)")
+                seen.append(type)
+            }
+            #expect(seen == ["created", "receipt-received", "verified", "delivered", "finished"])
+        }
+    }
 }
