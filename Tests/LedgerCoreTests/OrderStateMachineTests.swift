@@ -124,6 +124,28 @@ struct OrderStateMachineTests {
         #expect(!OrderEventType.pairingUndone.isWrittenByClients)
     }
 
+    @Test("a body's fields are checked as documented: prices, ISO 4217 codes, a digest's 64 hex digits, ASCII alone")
+    func fieldChecks() throws {
+        for (price, valid) in [("0.99", true), ("10", true), (String(repeating: "9", count: 32), true), (".99", false), ("1.", false),
+                               ("1.2.3", false), ("-1", false), ("1e3", false), ("", false), ("\u{0663}", false), ("１", false),
+                               (String(repeating: "9", count: 33), false)] {
+            #expect(OrderEvent.isValidPrice(price) == valid, "\(price)")
+        }
+        for (currency, valid) in [("USD", true), ("usd", false), ("US", false), ("USDT", false), ("ＵＳＤ", false), ("ÉUR", false)] {
+            #expect(OrderEvent.isValidCurrency(currency) == valid, "\(currency)")
+        }
+        func receipt(_ digest: String) -> OrderEvent {
+            .receiptReceived(ReceiptReceived(
+                transactionId: TransactionID(unchecked: "1"), productId: ProductID(unchecked: "p"), purchaseDate: Date(),
+                receiptSha256: digest, format: .jws, matchedBy: .applicationUsername))
+        }
+        try receipt(String(repeating: "aF", count: 32)).validate()
+        for digest in [String(repeating: "a", count: 63), String(repeating: "a", count: 65), String(repeating: "g", count: 64),
+                       String(repeating: "ａ", count: 64), String(repeating: "a", count: 63) + "é"] {
+            #expect(throws: LedgerInputError.self, "\(digest)") { try receipt(digest).validate() }
+        }
+    }
+
     @Test("the client may finish only once delivered or definitively rejected")
     func finishAdvice() {
         #expect(OrderState.allCases.filter(\.clientMayFinish) == [.delivered, .finished, .failed, .refunded])
