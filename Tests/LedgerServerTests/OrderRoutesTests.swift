@@ -336,8 +336,9 @@ struct OrderRoutesTests {
             try await http.send(.post, "/v1/orders", json: newOrder("o-1"))
             try await http.send(.post, "/v1/orders", json: newOrder("o-2"))
             var feed: [[String: Any]] = []
-            // Up to 20 s: other tests' open transactions on the shared cluster hold the gap-safe feed back.
-            for _ in 0..<1_000 where feed.count < 2 {
+            // Other tests' open transactions on the shared cluster hold the gap-safe feed back: `feedVisibilityPatience`.
+            let deadline = ContinuousClock.now + feedVisibilityPatience
+            while feed.count < 2, ContinuousClock.now < deadline {
                 let (_, page) = try await http.send(.get, "/v1/events?after=0&limit=10")
                 feed = page["events"] as? [[String: Any]] ?? []
                 if feed.count < 2 { try await Task.sleep(for: .milliseconds(20)) }

@@ -41,8 +41,8 @@ struct GapSafetyTests {
             try await slow.query("COMMIT", logger: TestServer.logger)
 
             // Resuming after the last position it saw, the reader gets both events, lower first.
-            // (Other tests' open transactions in the same cluster may delay visibility a little.)
-            let deadline = ContinuousClock.now + .seconds(20)
+            // (Other tests' open transactions in the same cluster may delay visibility: `feedVisibilityPatience`.)
+            let deadline = ContinuousClock.now + feedVisibilityPatience
             while !seen.contains(early.positions[0]), ContinuousClock.now < deadline {
                 let page = try await db.store.readAll(after: cursor)
                 seen += page.map(\.position)
@@ -79,8 +79,8 @@ struct GapSafetyTests {
 
             try await slow.query("COMMIT", logger: TestServer.logger)
             try await slow.close()
-            // Other tests' open transactions in the same cluster may hold the safe position back a little.
-            let deadline = ContinuousClock.now + .seconds(20)
+            // Other tests' open transactions in the same cluster may hold the safe position back: `feedVisibilityPatience`.
+            let deadline = ContinuousClock.now + feedVisibilityPatience
             while try await scalarPosition(db, "SELECT read_to FROM apple_call_feed") < early.positions[0], ContinuousClock.now < deadline {
                 _ = try await queue.catchUp(switches)
                 try await Task.sleep(for: .milliseconds(20))

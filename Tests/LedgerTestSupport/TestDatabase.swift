@@ -104,13 +104,18 @@ public func jsonObject(_ data: Data) -> NSObject? {
     try? JSONSerialization.jsonObject(with: data, options: [.fragmentsAllowed]) as? NSObject
 }
 
+/// How long a test waits for the gap-safe feed to pass its events. The feed withholds events
+/// while any older writing transaction of the cluster is open, in any database: other tests'
+/// too, which on a loaded machine can stay open for most of a minute (CI once saw the feed held
+/// for over 20 s, the earlier limit). Waiting this long is never a race with the machine's speed;
+/// a wait that runs out means a transaction that never ends.
+public let feedVisibilityPatience = Duration.seconds(600)
+
 extension EventStore {
-    /// Reads the feed until it holds at least `count` events after `position` (or 20 s pass).
-    ///
-    /// The feed withholds events while any older transaction of the cluster is open, and tests
-    /// in parallel keep creating and dropping databases, so visibility can lag an append briefly.
+    /// Reads the feed until it holds at least `count` events after `position` (or
+    /// `feedVisibilityPatience` passes).
     public func readAllWhenVisible(after position: Int64, count: Int, limit: Int = 1000) async throws -> [RecordedEvent] {
-        let deadline = ContinuousClock.now + .seconds(20)
+        let deadline = ContinuousClock.now + feedVisibilityPatience
         while true {
             let events = try await readAll(after: position, limit: limit)
             if events.count >= min(count, limit) || ContinuousClock.now > deadline { return events }
