@@ -106,9 +106,10 @@ public func jsonObject(_ data: Data) -> NSObject? {
 
 /// How long a test waits for the gap-safe feed to pass its events. The feed withholds events
 /// while any older writing transaction of the cluster is open, in any database: other tests'
-/// too, which on a loaded machine can stay open for most of a minute (CI once saw the feed held
-/// for over 20 s, the earlier limit). Waiting this long is never a race with the machine's speed;
-/// a wait that runs out means a transaction that never ends.
+/// too. Under a CPU hog, a finished test's `DROP DATABASE … WITH (FORCE)` held its transaction
+/// 18–21 s and a test's deliberately open transaction 19–22 s (pg_stat_activity, polled each
+/// second); CI once saw the feed held past 20 s, the earlier limit. Waiting this long is never a
+/// race with the machine's speed; a wait that runs out means a transaction that never ends.
 public let feedVisibilityPatience = Duration.seconds(600)
 
 extension EventStore {
