@@ -65,8 +65,8 @@ public enum Projection {
         case .notificationReceived(let body):
             // A renewal or a family member's share is never an order's: a refund of it changes no pool status.
             guard var row, row.orderId == nil, row.status == .unmatched || row.status == .refunded || row.status == .conflict,
-                  let status = AppleTransactionRecord.poolStatus(after: body.notificationType) else { return row }
-            row.status = status == .unmatched ? row.statusAfterReversal : status
+                  let status = row.poolStatus(after: body.notificationType) else { return row }
+            row.status = status
             row.updatedAt = date
             return row
         case .familyShareRevoked:

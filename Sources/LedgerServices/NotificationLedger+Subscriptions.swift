@@ -40,7 +40,7 @@ extension NotificationLedger {
         let uuid = notification.fromRefundHistory ? nil : record.notificationUUID
         let periodKey = transaction.webOrderLineItemId ?? transaction.transactionId.rawValue
         let event: SubscriptionEvent
-        if AppleTransactionRecord.poolStatus(after: type) == .refunded {
+        if AppleTransactionRecord.isRefund(type) {
             event = .periodRefunded(SubscriptionPeriodRefunded(
                 transactionId: transaction.transactionId, periodKey: periodKey, revocation: revocation,
                 notificationType: notification.fromRefundHistory ? nil : type, notificationUUID: uuid))

@@ -88,7 +88,7 @@ public struct NotificationLedger: Sendable {
             let type = record.notificationType
             let revocation = notification.revocation ?? Revocation(date: record.signedDate)
             let role = try await self.role(of: transaction, in: tx)
-            if AppleTransactionRecord.poolStatus(after: type) == .refunded, revocation.endsFamilyShare(of: transaction) {
+            if AppleTransactionRecord.isRefund(type), revocation.endsFamilyShare(of: transaction) {
                 if let applied = try await revokeSharedSubscription(
                     notification, transaction, role: role, revocation: revocation, eventID: eventID, metadata: metadata, in: tx) {
                     return applied
@@ -111,7 +111,7 @@ public struct NotificationLedger: Sendable {
                 let snapshot = try await writer.read(orders: [orderID], transactions: [], in: tx)
                 if let order = snapshot.order(orderID) {
                     var event = OrderEvent.notificationReceived(record)
-                    if AppleTransactionRecord.poolStatus(after: type) == .refunded, OrderTransitions.isAllowed(.refunded, from: order.state) {
+                    if AppleTransactionRecord.isRefund(type), OrderTransitions.isAllowed(.refunded, from: order.state) {
                         event = .refunded(Refunded(revocation, notificationType: notification.fromRefundHistory ? nil : type))
                     } else if type == "REFUND_REVERSED", OrderTransitions.isAllowed(.refundReversed, from: order.state) {
                         event = .refundReversed

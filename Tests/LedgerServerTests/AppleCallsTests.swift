@@ -65,12 +65,6 @@ struct AppleCallsTests {
         }, test)
     }
 
-    func notify(_ http: LedgerHTTP, _ signedPayload: String) async throws -> [String: Any] {
-        let (status, answer) = try await http.notifyApple(signedPayload)
-        #expect(status == .ok)
-        return answer
-    }
-
     /// An order of `product` holding transaction `id`, verified.
     func verifiedOrder(_ http: LedgerHTTP, _ order: String, _ id: String, product: String = "gems.100") async throws -> SignedTransactionPayload {
         try await http.send(.post, "/v1/orders", json: newOrder(order, product: product))
@@ -122,11 +116,11 @@ struct AppleCallsTests {
             for (id, transaction) in requests {
                 let uuid = UUID()
                 uuids[id] = uuid
-                _ = try await notify(http, try await apple.notification(
+                _ = try await http.notifyAppleTaken(try await apple.notification(
                     "CONSUMPTION_REQUEST", uuid: uuid, transaction: transaction, consumptionRequestReason: "UNINTENDED_PURCHASE"))
             }
             // Apple sends one again: applied once.
-            let again = try await notify(http, try await apple.notification(
+            let again = try await http.notifyAppleTaken(try await apple.notification(
                 "CONSUMPTION_REQUEST", uuid: uuids["8200001"]!, transaction: delivered, consumptionRequestReason: "UNINTENDED_PURCHASE"))
             #expect(again["applied"] as? Bool == false)
 
@@ -170,7 +164,7 @@ struct AppleCallsTests {
                     "an answer leaves a pooled transaction in the pool (promise 8)")
 
             // Nothing is sent twice: another pass, and the same request again, call for nothing.
-            _ = try await notify(http, try await apple.notification(
+            _ = try await http.notifyAppleTaken(try await apple.notification(
                 "CONSUMPTION_REQUEST", uuid: uuids["8200002"]!, transaction: requests[5].1, consumptionRequestReason: "UNINTENDED_PURCHASE"))
             let later = try await drain(calls, db)
             let writesAfter = await standIn.writes.count
@@ -208,7 +202,7 @@ struct AppleCallsTests {
                 if let reason = item.failed {
                     try await http.send(.post, "/v1/orders/p-\(item.id)/events", json: ["type": "failed", "data": ["reason": reason]])
                 }
-                _ = try await notify(http, try await apple.notification("CONSUMPTION_REQUEST", transaction: transaction, consumptionRequestReason: "UNINTENDED_PURCHASE"))
+                _ = try await http.notifyAppleTaken(try await apple.notification("CONSUMPTION_REQUEST", transaction: transaction, consumptionRequestReason: "UNINTENDED_PURCHASE"))
             }
             let summary = try await drain(appleCalls(standIn, base, db, switches: .init(consumption: true)), db)
             #expect(summary.calls == ["consumption sent": cases.count], "every answer taken by a stand-in that refuses what Apple refuses: \(summary)")
@@ -232,7 +226,7 @@ struct AppleCallsTests {
         try await withCallsApplication { http, db, base in
             let calls = appleCalls(standIn, base, db, switches: .init(consumption: true))
             let refused = try await verifiedOrder(http, "r-refused", "8260001")
-            _ = try await notify(http, try await apple.notification("CONSUMPTION_REQUEST", transaction: refused))
+            _ = try await http.notifyAppleTaken(try await apple.notification("CONSUMPTION_REQUEST", transaction: refused))
             await standIn.queue([.refused(status: 400, errorCode: 4000185)])
             #expect(try await drain(calls, db).calls == ["consumption refused": 1])
             let (_, order) = try await http.send(.get, "/v1/orders/r-refused")
@@ -240,7 +234,7 @@ struct AppleCallsTests {
             #expect(answer["outcome"] as? String == "refused" && answer["appleErrorCode"] as? Int == 4000185 && answer["error"] as? String == "apple-api-refused", "\(answer)")
 
             let limited = try await verifiedOrder(http, "r-limited", "8260002")
-            _ = try await notify(http, try await apple.notification("CONSUMPTION_REQUEST", transaction: limited))
+            _ = try await http.notifyAppleTaken(try await apple.notification("CONSUMPTION_REQUEST", transaction: limited))
             await standIn.queue([.tooManyRequests(after: .seconds(120))])
             #expect(try await drain(calls, db).calls == ["consumption retrying": 1])
 
@@ -263,14 +257,14 @@ struct AppleCallsTests {
             let calls = appleCalls(standIn, base, db, switches: .init(consumption: true))
             // No consent: the request is recorded, nothing is queued or sent.
             let unconsented = try await verifiedOrder(http, "f-0", "8300000")
-            _ = try await notify(http, try await apple.notification("CONSUMPTION_REQUEST", transaction: unconsented))
+            _ = try await http.notifyAppleTaken(try await apple.notification("CONSUMPTION_REQUEST", transaction: unconsented))
             let silent = appleCalls(standIn, base, db, switches: .init())
             _ = try await drain(silent, db)
             #expect(try await scalar(db, "SELECT count(*)::int FROM apple_calls", as: Int.self) == 0)
 
             // Rate-limited beyond the client's longest wait: the call waits until Apple's Retry-After.
             let limited = try await verifiedOrder(http, "f-1", "8300001")
-            _ = try await notify(http, try await apple.notification("CONSUMPTION_REQUEST", transaction: limited))
+            _ = try await http.notifyAppleTaken(try await apple.notification("CONSUMPTION_REQUEST", transaction: limited))
             await standIn.queue([.tooManyRequests(after: .seconds(120))])
             let first = try await drain(calls, db)
             #expect(first.calls == ["consumption retrying": 1], "\(first)")
@@ -294,7 +288,7 @@ struct AppleCallsTests {
 
             // Apple refuses it: recorded with Apple's code, not tried again.
             let refused = try await verifiedOrder(http, "f-2", "8300002")
-            _ = try await notify(http, try await apple.notification("CONSUMPTION_REQUEST", transaction: refused))
+            _ = try await http.notifyAppleTaken(try await apple.notification("CONSUMPTION_REQUEST", transaction: refused))
             await standIn.queue([.refused(status: 400, errorCode: 4000183)])
             let refusal = try await drain(calls, db)
             #expect(refusal.calls == ["consumption refused": 1], "\(refusal)")
@@ -304,7 +298,7 @@ struct AppleCallsTests {
 
             // Signed 13 hours ago: Apple no longer waits; recorded too late, never sent.
             let stale = try await verifiedOrder(http, "f-3", "8300003")
-            _ = try await notify(http, try await apple.notification("CONSUMPTION_REQUEST", transaction: stale, signedDate: Date(timeIntervalSinceNow: -13 * 3600)))
+            _ = try await http.notifyAppleTaken(try await apple.notification("CONSUMPTION_REQUEST", transaction: stale, signedDate: Date(timeIntervalSinceNow: -13 * 3600)))
             let late = try await drain(calls, db)
             #expect(late.calls == ["consumption too-late": 1], "\(late)")
             // (Counted by path: an earlier slow answer the client gave up on may still land now.)

@@ -2,6 +2,7 @@ import Foundation
 import Hummingbird
 import HummingbirdTesting
 import NIOCore
+import Testing
 
 /// The live test client with an API key it sends as a Bearer token.
 struct LedgerHTTP: Sendable {
@@ -28,6 +29,14 @@ struct LedgerHTTP: Sendable {
     @discardableResult
     func notifyApple(_ signedPayload: String) async throws -> (HTTPResponse.Status, [String: Any]) {
         try await send(.post, "/v1/notifications/apple", json: ["signedPayload": signedPayload], key: .some(nil))
+    }
+
+    /// `notifyApple`, expecting the notification taken (200): its answer.
+    @discardableResult
+    func notifyAppleTaken(_ signedPayload: String) async throws -> [String: Any] {
+        let (status, answer) = try await notifyApple(signedPayload)
+        #expect(status == .ok, "\(answer)")
+        return answer
     }
 }
 

@@ -14,13 +14,6 @@ struct RefundRoutesTests {
     init() throws { apple = try TestApple() }
 
     /// Posts a notification with no API key (Apple signs it instead).
-    @discardableResult
-    func notify(_ http: LedgerHTTP, _ signedPayload: String) async throws -> [String: Any] {
-        let (status, answer) = try await http.notifyApple(signedPayload)
-        #expect(status == .ok, "\(answer)")
-        return answer
-    }
-
     func revoked(_ transaction: SignedTransactionPayload, type: String?, percentage: Int? = nil, ownership: String = "PURCHASED") -> SignedTransactionPayload {
         var revoked = transaction
         revoked.revocationDate = Date().millisecondsSince1970
@@ -42,7 +35,7 @@ struct RefundRoutesTests {
             let transaction = TestApple.transaction("5000001")
             try await http.send(.post, "/v1/receipts", json: ["orderId": "o-prorated", "signedTransaction": try await apple.sign(transaction)])
             try await http.send(.post, "/v1/orders/o-prorated/events", json: ["type": "delivered", "data": [:]])
-            let answer = try await notify(http, try await apple.notification("REFUND", transaction: revoked(transaction, type: "REFUND_PRORATED", percentage: 25_000)))
+            let answer = try await http.notifyAppleTaken(try await apple.notification("REFUND", transaction: revoked(transaction, type: "REFUND_PRORATED", percentage: 25_000)))
             #expect(answer["type"] as? String == "refunded")
             let refund = try await events(http, "o-prorated").last?["data"] as? [String: Any] ?? [:]
             #expect(refund["revocationType"] as? String == "REFUND_PRORATED", "\(refund)")
@@ -92,13 +85,13 @@ struct RefundRoutesTests {
 
             let uuid = UUID()
             let revoke = try await apple.notification("REVOKE", uuid: uuid, transaction: revoked(bought, type: "FAMILY_REVOKE"))
-            let first = try await notify(http, revoke)
+            let first = try await http.notifyAppleTaken(revoke)
             #expect(first["type"] as? String == "family-share-revoked" && first["streamId"] as? String == "transaction-5000101", "\(first)")
             let count = try await eventCount(db)
-            #expect(try await notify(http, revoke)["applied"] as? Bool == false)
+            #expect(try await http.notifyAppleTaken(revoke)["applied"] as? Bool == false)
             #expect(try await eventCount(db) == count)
             // A refund of a family member's transaction, whatever its type: nobody paid for it.
-            let member = try await notify(http, try await apple.notification("REFUND", transaction: revoked(shared, type: "REFUND_FULL", ownership: "FAMILY_SHARED")))
+            let member = try await http.notifyAppleTaken(try await apple.notification("REFUND", transaction: revoked(shared, type: "REFUND_FULL", ownership: "FAMILY_SHARED")))
             #expect(member["type"] as? String == "family-share-revoked" && member["streamId"] as? String == "transaction-5000102", "\(member)")
 
             let (_, buyer) = try await http.send(.get, "/v1/orders/o-buyer")
@@ -113,12 +106,12 @@ struct RefundRoutesTests {
             let (_, open) = try await http.send(.get, "/v1/orders/o-open")
             var stranger = TestApple.transaction("5000103", appAccountToken: UUID(uuidString: open["appAccountToken"] as? String ?? ""))
             stranger.inAppOwnershipType = "FAMILY_SHARED"
-            let unknown = try await notify(http, try await apple.notification("REVOKE", transaction: revoked(stranger, type: "FAMILY_REVOKE", ownership: "FAMILY_SHARED")))
+            let unknown = try await http.notifyAppleTaken(try await apple.notification("REVOKE", transaction: revoked(stranger, type: "FAMILY_REVOKE", ownership: "FAMILY_SHARED")))
             #expect(unknown["streamId"] as? String == "transaction-5000103")
             #expect(try await http.send(.get, "/v1/orders/o-open").1["state"] as? String == "created")
             #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '5000103'", as: String.self) == "refunded")
             // A reversed refund gives a family member's transaction no grant: it stays refunded.
-            _ = try await notify(http, try await apple.notification("REFUND_REVERSED", transaction: stranger))
+            _ = try await http.notifyAppleTaken(try await apple.notification("REFUND_REVERSED", transaction: stranger))
             #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '5000103'", as: String.self) == "refunded")
             let (_, late) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-open", "signedTransaction": try await apple.sign(stranger)])
             #expect(late["outcome"] as? String == "rejected" && late["reason"] as? String == "transaction-refunded", "\(late)")
@@ -144,7 +137,7 @@ struct RefundRoutesTests {
 
             let uuid = UUID()
             let charge = try await apple.notification("ONE_TIME_CHARGE", uuid: uuid, transaction: byNotification)
-            let applied = try await notify(http, charge)
+            let applied = try await http.notifyAppleTaken(charge)
             #expect(applied["applied"] as? Bool == true && applied["streamId"] as? String == "order-o-charged")
             let (_, client) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-1", "signedTransaction": try await apple.sign(byClient)])
             #expect(client["outcome"] as? String == "matched" && client["orderId"] as? String == "o-proven")
@@ -165,13 +158,13 @@ struct RefundRoutesTests {
 
             // Applied twice: nothing more. The client's own proof of it later: the order as it stands.
             let count = try await eventCount(db)
-            #expect(try await notify(http, charge)["applied"] as? Bool == false)
+            #expect(try await http.notifyAppleTaken(charge)["applied"] as? Bool == false)
             let (_, late) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-1", "signedTransaction": try await apple.sign(byNotification)])
             #expect(late["outcome"] as? String == "matched" && late["orderId"] as? String == "o-charged" && late["state"] as? String == "verified")
             #expect(try await eventCount(db) == count)
 
             // No order names it: the pool.
-            let orphan = try await notify(http, try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("5000203")))
+            let orphan = try await http.notifyAppleTaken(try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("5000203")))
             #expect(orphan["streamId"] as? String == "transaction-5000203")
             #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions WHERE transaction_id = '5000203'", as: Int.self) == 1)
             let totals = try await http.send(.get, "/v1/reports/reconciliation").1["sandboxTotals"] as? [String: Any] ?? [:]

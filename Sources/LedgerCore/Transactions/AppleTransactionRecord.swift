@@ -133,15 +133,17 @@ public struct AppleTransactionRecord: Sendable, Equatable {
         }
     }
 
-    /// What a notification does to a transaction waiting in the pool: `REFUND` and `REVOKE`
-    /// keep it from ever being granted, `REFUND_REVERSED` puts it back (as it was: see
-    /// `statusAfterReversal`); other types change nothing.
-    public static func poolStatus(after notificationType: String) -> Status? {
-        switch notificationType {
-        case "REFUND", "REVOKE": .refunded
-        case "REFUND_REVERSED": .unmatched
-        default: nil
-        }
+    /// Whether Apple's notification of `notificationType` takes a purchase back (`REFUND`, `REVOKE`).
+    public static func isRefund(_ notificationType: String) -> Bool {
+        notificationType == "REFUND" || notificationType == "REVOKE"
+    }
+
+    /// What a notification does to this transaction while it waits in the pool: `REFUND` and
+    /// `REVOKE` keep it from ever being granted, `REFUND_REVERSED` puts it back as its pool entry
+    /// left it (`statusAfterReversal`); other types change nothing.
+    func poolStatus(after notificationType: String) -> Status? {
+        if Self.isRefund(notificationType) { return .refunded }
+        return notificationType == "REFUND_REVERSED" ? statusAfterReversal : nil
     }
 
     /// The status `REFUND_REVERSED` gives back to a row that waits in the pool: the one its pool
@@ -149,7 +151,7 @@ public struct AppleTransactionRecord: Sendable, Equatable {
     /// support is held again, never free for the reconciler. A family member's transaction stays
     /// refunded: its access ended by a revocation, which no reversed refund gives back, and it
     /// never pays an order.
-    var statusAfterReversal: Status {
+    private var statusAfterReversal: Status {
         guard let verification, let entry = try? JSONDecoder().decode(PoolEntry.self, from: verification) else { return .unmatched }
         if entry.transaction?.inAppOwnershipType == "FAMILY_SHARED" || entry.reason == Self.familyShareRevokedReason {
             return .refunded
