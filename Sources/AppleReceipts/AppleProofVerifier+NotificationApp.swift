@@ -17,7 +17,8 @@ extension AppleProofVerifier {
                 message: "the notification's \(named.part) is for bundle \"\(named.bundleId ?? "")\", and this URL takes \(onlyFor)'s only")
         }
         let app = try await heldApp(for: named.bundleId, environment: named.environment, part: "the notification's \(named.part) is")
-        if let expected = app.bundleId, named.bundleId != expected {
+        // Whatever the case, as a transaction's bundle id is checked: the app was found so.
+        if let expected = app.bundleId, named.bundleId?.lowercased() != expected.lowercased() {
             throw AppleVerificationError(
                 code: "wrong-bundle-id", message: "the notification's \(named.part) is for bundle \"\(named.bundleId ?? "")\", not \"\(expected)\"")
         }

@@ -73,7 +73,7 @@ struct ProofAppTests {
         }
     }
 
-    @Test("a transaction signed in another case than the app was added pays that app's order, recorded in the ledger's spelling")
+    @Test("a transaction signed in another case than the app was added pays that app's order, recorded in the ledger's spelling; its notifications apply")
     func bundleCase() async throws {
         try await withTwoApps { http, db in
             try await http.send(.post, "/v1/orders", json: order("o-case", user: "u-c", app: Self.second))
@@ -81,6 +81,17 @@ struct ProofAppTests {
             let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-c", "orderId": "o-case", "signedTransaction": jws])
             #expect(answer["outcome"] as? String == "matched", "\(answer)")
             #expect(try await scalar(db, "SELECT bundle_id FROM apple_transactions WHERE transaction_id = '7100009'", as: String.self) == Self.second)
+
+            // Apple's notification about it, in the same case: applied, as the transaction was.
+            var refunded = TestApple.transaction("7100009", bundleId: Self.second.uppercased())
+            refunded.revocationDate = Date().millisecondsSince1970
+            refunded.revocationType = "REFUND_FULL"
+            let refund = try await apple.sign(SignedNotificationPayload(
+                notificationType: "REFUND", notificationUUID: UUID().uuidString.lowercased(), signedDate: Date().millisecondsSince1970,
+                data: .init(bundleId: Self.second.uppercased(), environment: "Sandbox", signedTransactionInfo: try await apple.sign(refunded))))
+            let (status, applied) = try await http.notifyApple(refund)
+            #expect(status == .ok && applied["applied"] as? Bool == true, "\(applied)")
+            #expect(try await scalar(db, "SELECT state FROM orders WHERE order_id = 'o-case'", as: String.self) == "refunded")
         }
     }
 
