@@ -20,6 +20,8 @@ public struct ReceiptLedger: Sendable {
     /// disagreement the reconciler allows (`Reconciler.Settings.clockSkew`). An earlier purchase
     /// never pays the order by itself (`purchased-before-order`, issue 41).
     public let purchaseAllowance: TimeInterval
+    /// The pool's reason for a purchase that named an order created after it.
+    public static let purchasedBeforeOrder = "purchased-before-order"
 
     public init(
         database: Database, writer: LedgerWriter, orders: OrderLedger, catalog: ProductCatalog, subscriptions: SubscriptionLedger,
@@ -217,11 +219,11 @@ public struct ReceiptLedger: Sendable {
             // with an order created before it, or support ties it with an explicit override.
             if holder == nil {
                 let append = try Self.poolAppend(
-                    transaction, userId: claim.userId ?? order.userId, claimedOrder: claim.orderId, reason: "purchased-before-order", metadata: metadata)
+                    transaction, userId: claim.userId ?? order.userId, claimedOrder: claim.orderId, reason: Self.purchasedBeforeOrder, metadata: metadata)
                 _ = try await writer.append(LedgerWriter.Write(append), in: tx, knowing: snapshot)
             }
             return Answer(outcome: .unmatched, transactionId: id, orderId: order.orderId, state: order.state, finishTransaction: false,
-                          reason: "purchased-before-order")
+                          reason: Self.purchasedBeforeOrder)
         }
         if let order = candidate, let matchedBy, order.isOpen {
             if order.productId != transaction.productId {

@@ -58,7 +58,8 @@ public struct ReconcilerPass: Sendable {
         public var lostRaces = 0
         /// Orders created for orphans with no candidate (the recovery policy).
         public var recoveryOrders = 0
-        /// Orphans with no candidate left in the pool because their product is retired or not in the catalog.
+        /// Orphans with no candidate left in the pool because their product is retired or not in
+        /// the catalog, or because they were purchased before the order they named.
         public var notRecovered = 0
         public var seconds = 0.0
         public init() {}
@@ -154,11 +155,14 @@ public struct ReconcilerPass: Sendable {
                 summary.notRecovered += 1
                 continue
             }
-            if try await recover(orphan, price: product, metadata: metadata) {
+            switch try await recover(orphan, price: product, metadata: metadata) {
+            case .created:
                 summary.recoveryOrders += 1
                 summary.byRule["recovery", default: 0] += 1
-            } else {
+            case .gone:
                 summary.lostRaces += 1
+            case .purchasedBeforeOrder:
+                summary.notRecovered += 1
             }
         }
         return summary
@@ -200,14 +204,27 @@ public struct ReconcilerPass: Sendable {
         }
     }
 
+    /// What `recover` did with an orphan.
+    enum Recovery {
+        case created
+        /// No longer in the pool (paired or held meanwhile), or its recovery order exists.
+        case gone
+        /// It waits as `purchased-before-order`: it named an order created after Apple signed
+        /// it, so it may be a purchase granted before (issue 41). An order made now would pay it
+        /// all the same; support decides, with an explicit override.
+        case purchasedBeforeOrder
+    }
+
     /// Creates `recovery-<transactionId>` for the orphan and pairs them, if it is still in the pool.
-    func recover(_ orphan: Reconciler.Orphan, price: (String?, String?), metadata: Data) async throws -> Bool {
+    func recover(_ orphan: Reconciler.Orphan, price: (String?, String?), metadata: Data) async throws -> Recovery {
         try await database.transaction { tx in
             let id = try OrderID("recovery-" + orphan.transactionId.rawValue)
             try await writer.lock([orphan.transactionId.streamID, id.streamID], in: tx)
             let snapshot = try await writer.read(orders: [id], transactions: [orphan.transactionId], in: tx)
             guard let pooled = snapshot.transaction(orphan.transactionId), pooled.isPooled,
-                  let transaction = try pooled.verifiedTransaction(), snapshot.order(id) == nil else { return false }
+                  let entry = try pooled.pooled(), snapshot.order(id) == nil else { return .gone }
+            guard entry.reason != ReceiptLedger.purchasedBeforeOrder else { return .purchasedBeforeOrder }
+            let transaction = entry.transaction
             let created = OrderEvent.created(OrderCreated(
                 userId: orphan.userId, productId: orphan.productId, quantity: max(1, min(transaction.quantity, 100)),
                 price: price.0, currency: price.1, bundleId: pooled.bundleId))
@@ -217,7 +234,7 @@ public struct ReconcilerPass: Sendable {
                 LedgerWriter.Append(try events.map { try EventCoding.newEvent($0.0, id: $0.1, metadata: metadata) }, to: id.streamID),
                 pairing: .init(candidates: 0, rule: "recovery"))
             _ = try await writer.append(write, in: tx, knowing: snapshot)
-            return true
+            return .created
         }
     }
 }

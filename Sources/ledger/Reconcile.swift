@@ -23,7 +23,7 @@ struct Reconcile: AsyncParsableCommand {
             print("\(summary.settling) orphans left to settle (LEDGER_RECONCILE_SETTLE); \(summary.usersBusy) users left to another reconciler")
         }
         if configuration.recoveryOrders {
-            print("\(summary.recoveryOrders) recovery orders created; \(summary.notRecovered) orphans of retired or unknown products left for support")
+            print("\(summary.recoveryOrders) recovery orders created; \(summary.notRecovered) orphans left for support (retired or unknown products, purchased before their order)")
         }
         print("\(summary.usersResolved) users found through earlier transactions; \(summary.unknownUser) orphans without a user left for support; \(summary.lostRaces) pairings taken by another writer first; \(String(format: "%.2f", summary.seconds)) s")
     }

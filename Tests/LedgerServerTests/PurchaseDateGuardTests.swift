@@ -116,4 +116,29 @@ struct PurchaseDateGuardTests {
             #expect(rule == "support-forced: \(reason)")
         }
     }
+
+    @Test("with recovery orders on, a purchase refused as purchased-before-order gets no order of its own: it waits for support")
+    func noRecoveryOrder() async throws {
+        try await withReceiptsApplication(apple, configure: { $0.recoveryOrders = true }) { http, db in
+            try await http.send(.put, "/v1/products/gems.100", json: ["price": "0.99", "currency": "USD"])
+            try await http.send(.post, "/v1/orders", json: newOrder("o-later", user: "u-r"))
+            let (_, answer) = try await http.send(.post, "/v1/receipts", json: [
+                "userId": "u-r", "orderId": "o-later", "signedTransaction": try await signed("4100070", daysAgo: 90),
+            ])
+            #expect(answer["reason"] as? String == "purchased-before-order", "\(answer)")
+            // A recent orphan of a user with no order still gets one: the policy is on.
+            try await http.send(.post, "/v1/receipts", json: ["userId": "u-s", "signedTransaction": try await apple.sign(TestApple.transaction("4100071", product: "gems.100"))])
+
+            let (_, summary) = try await http.send(.post, "/v1/reconcile")
+            #expect(summary["recoveryOrders"] as? Int == 1 && summary["notRecovered"] as? Int == 1 && summary["paired"] as? Int == 0, "\(summary)")
+            let (missing, _) = try await http.send(.get, "/v1/orders/recovery-4100070")
+            #expect(missing == .notFound)
+            let (_, recovered) = try await http.send(.get, "/v1/orders/recovery-4100071")
+            #expect(recovered["state"] as? String == "verified")
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '4100070'", as: String.self) == "unmatched")
+            let (_, later) = try await http.send(.get, "/v1/orders/o-later")
+            #expect(later["state"] as? String == "created")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
 }
