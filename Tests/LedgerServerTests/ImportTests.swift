@@ -106,6 +106,11 @@ struct ImportTests {
             let alone = try await apple.sign(TestApple.transaction("5100006"))
             let (_, second) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": alone, "orderId": "o-new-2"])
             #expect(second["outcome"] as? String == "duplicate" && second["finishTransaction"] as? Bool == true, "\(second)")
+            // Imported as verified (granted, its delivery the team's business): the same.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-new-3", user: "u-3"))
+            let verified = try await apple.sign(TestApple.transaction("5100005"))
+            let (_, third) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": verified, "orderId": "o-new-3", "userId": "u-3"])
+            #expect(third["outcome"] as? String == "duplicate" && third["finishTransaction"] as? Bool == true, "\(third)")
         }
     }
 
