@@ -225,15 +225,12 @@ public struct HistoryImport: Sendable {
         OrderID(unchecked: "imported-\(id.rawValue)")
     }
 
-    /// The user and product of a granted transaction alone whose line names none.
-    public static let unknownUser = "imported"
-    public static let unknownProduct = "imported"
 
     /// A line's order and its events, named by the order and the event type.
     static func plan(_ record: HistoryRecord, app: BundleID?, source: MetadataWriter) throws -> Planned {
         let orderID = record.orderId ?? record.transactionId.map(orderID(ofTransaction:)) ?? OrderID(unchecked: "imported")
-        let user = record.userId ?? UserID(unchecked: unknownUser)
-        let product = record.productId ?? ProductID(unchecked: unknownProduct)
+        let user = record.userId ?? UserID(unchecked: HistoryRecord.unknownUser)
+        let product = record.productId ?? ProductID(unchecked: HistoryRecord.unknownProduct)
         let order = orderID.rawValue
         // Each event with its type's name (its id's part) and when it happened in the history.
         var events: [(OrderEvent, String, Date)] = [(.created(OrderCreated(

@@ -201,6 +201,7 @@ extension LedgerWriter {
                                 throw OrderLedgerError.accountConflict(receipt.transactionId)
                             }
                             guard known.isPooled || known.isHeldForSupport else { throw OrderLedgerError.duplicateTransaction(receipt.transactionId) }
+                            if receipt.matchedBy == .imported, let order, let refusal = importRefusal(receipt, of: order, known: known) { throw refusal }
                             plan.appends.append(try matched(receipt, order: id, known: known, snapshot, write.pairing, metadata: event.metadata))
                         } else {
                             plan.claim = receipt.transactionId
@@ -232,6 +233,15 @@ extension LedgerWriter {
             }
         }
         return plan
+    }
+
+    /// The refusal of an imported grant of `known`, which waits in the pool, when the history's
+    /// line names another user than the one it waits for, or another product than Apple signed
+    /// (a granted transaction alone names neither, and takes it as granted before).
+    private static func importRefusal(_ receipt: ReceiptReceived, of order: Order, known: AppleTransactionRecord) -> OrderLedgerError? {
+        let otherUser = order.userId.rawValue != HistoryRecord.unknownUser && known.userId.map { $0 != order.userId } == true
+        let otherProduct = receipt.productId.rawValue != HistoryRecord.unknownProduct && receipt.productId != known.productId
+        return otherUser || otherProduct ? .pooledOtherwise(receipt.transactionId, user: known.userId, product: known.productId) : nil
     }
 
     /// The refusal of an append whose caller expected another version than `current`, if so.

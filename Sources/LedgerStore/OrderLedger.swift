@@ -187,6 +187,10 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
     /// The Apple transaction is of an Apple account (or token) the ledger knows for another user
     /// than the order's, or waits for support to decide between them (issue 41).
     case accountConflict(TransactionID)
+    /// An imported grant of an Apple transaction that waits in the pool for another user or
+    /// product than the history's line says (issue 41: a conflicting line is refused, never
+    /// written over what Apple signed or a client claimed).
+    case pooledOtherwise(TransactionID, user: UserID?, product: ProductID)
 
     public var code: String {
         switch self {
@@ -197,6 +201,7 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
         case .appRetired: "app-retired"
         case .appMismatch: "app-mismatch"
         case .accountConflict: "account-conflict"
+        case .pooledOtherwise: "transaction-pooled"
         }
     }
 
@@ -210,6 +215,8 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
         case .appMismatch(let id): "Apple transaction \(id) belongs to another app than the order"
         case .accountConflict(let id):
             "Apple transaction \(id) is of an Apple account the ledger knows for another user: support decides (POST /v1/transactions/\(id)/match with a reason)"
+        case .pooledOtherwise(let id, let user, let product):
+            "Apple transaction \(id) waits in the pool for \(user.map { "user \($0)" } ?? "no user yet"), product \(product): the line says otherwise"
         }
     }
 }

@@ -2,6 +2,7 @@ import Foundation
 import HTTPTypes
 import Hummingbird
 import LedgerCore
+import LedgerJSON
 import LedgerStore
 import LedgerTestSupport
 import NIOCore
@@ -111,6 +112,41 @@ struct ImportTests {
             let verified = try await apple.sign(TestApple.transaction("5100005"))
             let (_, third) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": verified, "orderId": "o-new-3", "userId": "u-3"])
             #expect(third["outcome"] as? String == "duplicate" && third["finishTransaction"] as? Bool == true, "\(third)")
+        }
+    }
+
+    @Test("a line granting a transaction that waits in the pool for another user or product is refused; one that agrees, or names neither, takes it")
+    func pooledTransactions() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            // Four paid purchases waiting in the pool: u-7's gems.100 ones, and one of gems.500.
+            for (id, product) in [("5300001", "gems.100"), ("5300002", "gems.100"), ("5300003", "gems.500"), ("5300004", "gems.100")] {
+                let (_, pooled) = try await http.send(.post, "/v1/receipts", json: [
+                    "userId": "u-7", "signedTransaction": try await apple.sign(TestApple.transaction(id, product: product)),
+                ])
+                #expect(pooled["outcome"] as? String == "unmatched", "\(pooled)")
+            }
+            let stamp = EventCoding.formatDate(Date(timeIntervalSinceNow: -3_600))
+            let lines = """
+                \(Self.header)
+                p-1,u-9,gems.100,,\(stamp),finished,0.99,USD,5300001,,\(stamp),Sandbox,
+                p-2,u-7,gems.500,,\(stamp),finished,4.99,USD,5300002,,\(stamp),Sandbox,
+                p-3,u-7,gems.500,,\(stamp),finished,4.99,USD,5300003,,\(stamp),Sandbox,
+                ,,,,,,,,5300004,,\(stamp),Sandbox,
+
+                """
+            let (status, summary) = try await post(http, lines)
+            #expect(status == .ok && summary["imported"] as? Int == 2, "\(summary)")
+            #expect(Self.refusals(summary) == [2: "transaction-pooled", 3: "transaction-pooled"], "\(summary)")
+            let refusals = summary["refusals"] as? [[String: Any]] ?? []
+            #expect((refusals.first?["message"] as? String)?.contains("user u-7, product gems.100") == true, "\(refusals)")
+            // The refused lines' purchases still wait for u-7, untouched; the others are granted.
+            let rows = try await scalar(db, """
+                SELECT string_agg(transaction_id || ' ' || coalesce(order_id, '-') || ' ' || coalesce(user_id, '-'), ', ' ORDER BY transaction_id)
+                  FROM apple_transactions WHERE transaction_id LIKE '53000%'
+                """, as: String.self)
+            #expect(rows == "5300001 - u-7, 5300002 - u-7, 5300003 p-3 u-7, 5300004 imported-5300004 imported", "\(rows ?? "")")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM orders WHERE order_id IN ('p-1', 'p-2')", as: Int.self) == 0)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
 

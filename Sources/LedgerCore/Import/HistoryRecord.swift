@@ -21,6 +21,9 @@ public struct HistoryRecord: Sendable, Equatable {
 
     /// The date a granted transaction alone is given when its line says none (docs/import.md).
     public static let unknownDate = Date(timeIntervalSince1970: 0)
+    /// The user and product of a granted transaction alone whose line names none.
+    public static let unknownUser = "imported"
+    public static let unknownProduct = "imported"
 
     /// The line of the file it came from (a CSV record's first line).
     public var line: Int
