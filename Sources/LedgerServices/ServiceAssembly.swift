@@ -34,7 +34,7 @@ public struct ServiceAssembly: Sendable {
     public init(database: Database, purchaseAllowance: TimeInterval = Reconciler.Settings().clockSkew) {
         let writer = LedgerWriter(database: database)
         let events = EventStore(database: database)
-        let orders = OrderLedger(writer: writer)
+        let orders = OrderLedger(writer: writer, purchaseAllowance: purchaseAllowance)
         let leases = Leases(database: database)
         let catalog = ProductCatalog(database: database, keepingTypesFor: .seconds(1))
         let subscriptionStore = SubscriptionStore(database: database)

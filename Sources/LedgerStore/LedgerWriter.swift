@@ -57,15 +57,24 @@ public final class LedgerWriter: Sendable {
         /// under locks (a receipt's common case): what the order of its first append must be,
         /// as read, for the write to be stored; else it is refused with `WriteConditionFailed`.
         public var condition: (@Sendable (Order) -> Bool)?
+        /// For a client's own events: a `receipt-received` that takes a transaction the ledger
+        /// holds (pooled, or held for support) is refused when Apple signed its purchase more
+        /// than this long before the order was created (`purchasedBeforeOrder`, issue 41).
+        public var purchaseAllowance: TimeInterval?
 
-        public init(_ appends: [Append], pairing: Pairing? = nil, condition: (@Sendable (Order) -> Bool)? = nil) {
+        public init(
+            _ appends: [Append], pairing: Pairing? = nil, condition: (@Sendable (Order) -> Bool)? = nil, purchaseAllowance: TimeInterval? = nil
+        ) {
             self.appends = appends
             self.pairing = pairing
             self.condition = condition
+            self.purchaseAllowance = purchaseAllowance
         }
 
-        public init(_ append: Append, pairing: Pairing? = nil, condition: (@Sendable (Order) -> Bool)? = nil) {
-            self.init([append], pairing: pairing, condition: condition)
+        public init(
+            _ append: Append, pairing: Pairing? = nil, condition: (@Sendable (Order) -> Bool)? = nil, purchaseAllowance: TimeInterval? = nil
+        ) {
+            self.init([append], pairing: pairing, condition: condition, purchaseAllowance: purchaseAllowance)
         }
     }
 

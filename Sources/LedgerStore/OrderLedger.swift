@@ -12,9 +12,13 @@ public struct OrderLedger: Sendable {
     /// The app a new order belongs to.
     public let apps: OrderApps
     public var database: Database { writer.database }
+    /// How much earlier than an order's creation a purchase Apple signed may be and still pay it
+    /// through a client's `receipt-received` (issue 41, the reconciler's clock skew); nil: no limit.
+    public let purchaseAllowance: TimeInterval?
 
-    public init(writer: LedgerWriter) {
+    public init(writer: LedgerWriter, purchaseAllowance: TimeInterval? = nil) {
         self.writer = writer
+        self.purchaseAllowance = purchaseAllowance
         self.store = EventStore(database: writer.database)
         self.apps = OrderApps(catalog: AppCatalog(database: writer.database))
     }
@@ -89,7 +93,8 @@ public struct OrderLedger: Sendable {
     ) async throws -> Outcome {
         let newEvent = try data.map { NewEvent(id: eventID, body: .order(event), data: $0, metadata: metadata) }
             ?? EventCoding.newEvent(event, id: eventID, metadata: metadata)
-        let appended = try await writer.append([newEvent], to: id.streamID, expected: expected ?? .any)
+        let write = LedgerWriter.Write(LedgerWriter.Append([newEvent], to: id.streamID, expected: expected ?? .any), purchaseAllowance: purchaseAllowance)
+        let appended = try await writer.append(write).appends[0]
         guard let order = appended.order else {
             return Outcome(order: try await orderAsOf(id, version: appended.result.streamVersion), appended: false)
         }
@@ -191,6 +196,10 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
     /// product than the history's line says (issue 41: a conflicting line is refused, never
     /// written over what Apple signed or a client claimed).
     case pooledOtherwise(TransactionID, user: UserID?, product: ProductID)
+    /// A client's `receipt-received` of a transaction Apple signed as purchased before the order
+    /// was created, beyond the clock-skew allowance (issue 41): it never pays that order but by
+    /// support's hand, with an explicit override.
+    case purchasedBeforeOrder(TransactionID)
 
     public var code: String {
         switch self {
@@ -202,6 +211,7 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
         case .appMismatch: "app-mismatch"
         case .accountConflict: "account-conflict"
         case .pooledOtherwise: "transaction-pooled"
+        case .purchasedBeforeOrder: "purchased-before-order"
         }
     }
 
@@ -217,6 +227,8 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
             "Apple transaction \(id) is of an Apple account the ledger knows for another user: support decides (POST /v1/transactions/\(id)/match with a reason)"
         case .pooledOtherwise(let id, let user, let product):
             "Apple transaction \(id) waits in the pool for \(user.map { "user \($0)" } ?? "no user yet"), product \(product): the line says otherwise"
+        case .purchasedBeforeOrder(let id):
+            "Apple transaction \(id) was purchased before the order was created: it did not pay for it (support may tie it with an explicit override)"
         }
     }
 }

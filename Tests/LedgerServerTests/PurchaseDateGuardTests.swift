@@ -141,4 +141,27 @@ struct PurchaseDateGuardTests {
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
+
+    @Test("a backend's own receipt-received of an old purchase the ledger holds is 409 purchased-before-order; of a recent one, taken")
+    func directEvent() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-direct", user: "u-d"))
+            let (_, answer) = try await http.send(.post, "/v1/receipts", json: [
+                "userId": "u-d", "orderId": "o-direct", "signedTransaction": try await signed("4100080", daysAgo: 90),
+            ])
+            #expect(answer["reason"] as? String == "purchased-before-order", "\(answer)")
+            let (status, refusal) = try await http.send(.post, "/v1/orders/o-direct/events", json: ["type": "receipt-received", "data": receipt("4100080")])
+            #expect(status == .conflict && errorOf(refusal)["code"] as? String == "purchased-before-order", "\(refusal)")
+            let (_, order) = try await http.send(.get, "/v1/orders/o-direct")
+            #expect(order["state"] as? String == "created" && order["transactionId"] as? String == nil, "\(order)")
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '4100080'", as: String.self) == "unmatched")
+
+            // A purchase signed a minute ago, waiting in the pool, is the backend's to claim.
+            try await http.send(.post, "/v1/receipts", json: ["userId": "u-d", "signedTransaction": try await signed("4100081", daysAgo: 0)])
+            let (taken, _) = try await http.send(.post, "/v1/orders/o-direct/events", json: ["type": "receipt-received", "data": receipt("4100081")])
+            #expect(taken == .created)
+            #expect(try await scalar(db, "SELECT order_id FROM apple_transactions WHERE transaction_id = '4100081'", as: String.self) == "o-direct")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
 }
