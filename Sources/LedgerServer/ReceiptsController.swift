@@ -32,7 +32,7 @@ struct ReceiptsController {
     func receive(_ request: Request, _ context: LedgerRequestContext) async throws -> Response {
         let body = try await request.decode(as: Proof.self, context: context)
         let claimedID = body.transactionId
-        let claim = ReceiptLedger.Claim(userId: body.userId, orderId: body.orderId)
+        let claim = ReceiptLedger.Claim(userId: body.userId, orderId: body.orderId, apps: context.keyApps)
         let metadata = context.eventMetadata
 
         switch (body.signedTransaction, body.receiptData) {

@@ -50,11 +50,21 @@ public struct ReceiptLedger: Sendable {
         /// whose Apple account it came from (a sweep, support's lookup). Unlike `userId`, it
         /// never keeps the order the transaction's `appAccountToken` names from taking it.
         public var poolUserId: UserID?
+        /// The apps the caller reaches (a key limited to apps; nil: every app). An order of
+        /// another app is answered as one that does not exist, as everywhere else it is.
+        public var apps: [BundleID]?
 
-        public init(userId: UserID?, orderId: OrderID?, poolUserId: UserID? = nil) {
+        public init(userId: UserID?, orderId: OrderID?, poolUserId: UserID? = nil, apps: [BundleID]? = nil) {
             self.userId = userId
             self.orderId = orderId
             self.poolUserId = poolUserId
+            self.apps = apps
+        }
+
+        /// Whether the caller may learn of `order` at all.
+        func reaches(_ order: Order) -> Bool {
+            guard let apps else { return true }
+            return order.bundleId.map(apps.contains) ?? false
         }
     }
 
@@ -332,7 +342,7 @@ public struct ReceiptLedger: Sendable {
         var snapshot = try await writer.read(locking: [id.streamID] + named.map(\.streamID), orders: named, transactions: [id], in: tx)
         var reason = "no-order"
         if let orderId = claim.orderId {
-            if let order = snapshot.order(orderId) {
+            if let order = snapshot.order(orderId), claim.reaches(order) {
                 if claim.userId == nil || claim.userId == order.userId { return (snapshot, order, .applicationUsername, "") }
                 reason = "user-mismatch"
             } else {
@@ -341,7 +351,7 @@ public struct ReceiptLedger: Sendable {
         }
         if let token = transaction.appAccountToken, let found = try await orders.orderID(appAccountToken: token, in: tx) {
             snapshot = try await writer.read(locking: [found.streamID], orders: [found], transactions: [id], in: tx)
-            if let order = snapshot.order(found), claim.userId == nil || claim.userId == order.userId {
+            if let order = snapshot.order(found), claim.reaches(order), claim.userId == nil || claim.userId == order.userId {
                 return (snapshot, order, .appAccountToken, "")
             }
         }

@@ -94,4 +94,36 @@ struct KeyAppsTests {
             #expect(linked == .ok)
         }
     }
+
+    @Test("a proof of the key's app naming another app's order, by id or token, is answered as for an order that does not exist")
+    func proofNamingAnotherAppsOrder() async throws {
+        let apple = try TestApple()
+        try await withReceiptsApplication(apple) { http, db in
+            _ = try await AppCatalog(database: db.database).add(try BundleID(TwoApps.alpha), AppChanges())
+            let (_, order) = try await http.send(.post, "/v1/orders", json: newOrder("alpha-order", user: "u-a").merging(["bundleId": TwoApps.alpha]) { $1 })
+            let token = try #require((order["appAccountToken"] as? String).flatMap(UUID.init(uuidString:)))
+            let own = try await APIKeyStore(database: db.database).create(
+                name: "tests-backend", scopes: [.append, .read], apps: [try BundleID(TestApple.bundleId)])
+            func answer(_ body: [String: Any], key: String? = nil) async throws -> [String: Any] {
+                let (status, answer) = try await http.send(.post, "/v1/receipts", json: body, key: key.map { .some($0) } ?? .none)
+                #expect(status == .ok, "\(answer)")
+                return answer
+            }
+            // Named by id, with the right user or a guessed one: unknown-order, nothing of it shown.
+            for (id, user) in [("9100011", "u-a"), ("9100012", "u-guess")] {
+                let seen = try await answer(["orderId": "alpha-order", "userId": user, "signedTransaction": try await apple.sign(TestApple.transaction(id))], key: own)
+                #expect(seen["outcome"] as? String == "unmatched" && seen["reason"] as? String == "unknown-order", "\(seen)")
+                #expect(seen["orderId"] is NSNull && seen["state"] is NSNull, "\(seen)")
+            }
+            // Named by its token: as a transaction whose token names no order.
+            let tokened = try await apple.sign(TestApple.transaction("9100013", appAccountToken: token))
+            let byToken = try await answer(["signedTransaction": tokened], key: own)
+            #expect(byToken["outcome"] as? String == "unmatched" && byToken["reason"] as? String == "no-order" && byToken["orderId"] is NSNull, "\(byToken)")
+            // A key of every app (the client's own) still learns why: the order is another app's.
+            let all = try await answer(["orderId": "alpha-order", "userId": "u-a", "signedTransaction": try await apple.sign(TestApple.transaction("9100014"))])
+            #expect(all["reason"] as? String == "app-mismatch", "\(all)")
+            let (_, untouched) = try await http.send(.get, "/v1/orders/alpha-order")
+            #expect(untouched["state"] as? String == "created", "\(untouched)")
+        }
+    }
 }
