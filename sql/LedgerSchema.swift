@@ -50,6 +50,7 @@ public enum LedgerSchema {
         Migration(
             name: "029_reversed_refunds_keep_holds.sql",
             sql: String(decoding: PackageResources._29_reversed_refunds_keep_holds_sql, as: UTF8.self)),
+        Migration(name: "030_tokens_per_app.sql", sql: String(decoding: PackageResources._30_tokens_per_app_sql, as: UTF8.self)),
     ]
 
     /// `sql/routines`: applied after the migrations, and again when a database has an earlier
@@ -68,6 +69,7 @@ public enum LedgerSchema {
                 "adce9662c1847f47c4e9c23f6287c39dd3e437fd290b3c9b7defbafbc88958d6",
                 "a0ff16f616fbc9c197cfd3e92678c406e06a7885afab19e67abeb941b4f80e44",
                 "6e682be5c765131fb2fc4f3bea52ce3881ba1cfd4548c5fd4be8cc812438ae48",
+                "c00f3358e73a3fd743f05b94818fd3dc6f7af67949495fdd1bf466753f5d263b",
             ]),
         Migration(
             name: "read_for_write.sql", sql: String(decoding: PackageResources.read_for_write_sql, as: UTF8.self),

@@ -115,7 +115,7 @@ public struct ReceiptLedger: Sendable {
         let named: (OrderID, MatchedBy)
         if let orderID = claim.orderId {
             named = (orderID, .applicationUsername)
-        } else if let token = transaction.appAccountToken, let owner = try await orders.orderID(appAccountToken: token) {
+        } else if let token = transaction.appAccountToken, let owner = try await orders.orderID(appAccountToken: token, bundleId: transaction.bundleId) {
             named = (owner, .appAccountToken)
         } else {
             return nil
@@ -349,7 +349,7 @@ public struct ReceiptLedger: Sendable {
                 reason = "unknown-order"
             }
         }
-        if let token = transaction.appAccountToken, let found = try await orders.orderID(appAccountToken: token, in: tx) {
+        if let token = transaction.appAccountToken, let found = try await orders.orderID(appAccountToken: token, bundleId: transaction.bundleId, in: tx) {
             snapshot = try await writer.read(locking: [found.streamID], orders: [found], transactions: [id], in: tx)
             if let order = snapshot.order(found), claim.reaches(order), claim.userId == nil || claim.userId == order.userId {
                 return (snapshot, order, .appAccountToken, "")

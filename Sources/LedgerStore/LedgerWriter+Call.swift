@@ -229,7 +229,7 @@ extension LedgerWriter {
         }
         guard state == .uniqueViolation else { return error }
         switch error.serverInfo?[.constraintName] {
-        case "app_account_tokens_pkey":
+        case "app_account_tokens_key":
             for append in write.appends {
                 for event in append.events {
                     if case .order(.created(let body)) = event.body { return OrderLedgerError.appAccountTokenTaken(body.appAccountToken) }

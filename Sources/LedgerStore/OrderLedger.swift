@@ -119,19 +119,25 @@ public struct OrderLedger: Sendable {
         return try ProjectionRows.orders(rows.rows).first
     }
 
-    /// The order whose `appAccountToken` is `token`, if one is.
-    public func orderID(appAccountToken token: UUID) async throws -> OrderID? {
-        try await Self.orderID(from: database.query(Self.orderWithToken(token)))
+    /// The order whose `appAccountToken` is `token`, if one is: tokens are per app, so app
+    /// `bundleId`'s (Apple's spelling, any case) first, else another app's (which the caller then
+    /// refuses as `app-mismatch`).
+    public func orderID(appAccountToken token: UUID, bundleId: String) async throws -> OrderID? {
+        try await Self.orderID(from: database.query(Self.orderWithToken(token, bundleId)))
     }
 
-    /// `orderID(appAccountToken:)` in the caller's transaction.
-    public func orderID(appAccountToken token: UUID, in transaction: DatabaseTransaction) async throws -> OrderID? {
-        try await Self.orderID(from: transaction.connection.guardedQuery(Self.orderWithToken(token), logger: database.logger))
+    /// `orderID(appAccountToken:bundleId:)` in the caller's transaction.
+    public func orderID(appAccountToken token: UUID, bundleId: String, in transaction: DatabaseTransaction) async throws -> OrderID? {
+        try await Self.orderID(from: transaction.connection.guardedQuery(Self.orderWithToken(token, bundleId), logger: database.logger))
     }
 
     /// A per-user token names no order (024_account_tokens.sql).
-    private static func orderWithToken(_ token: UUID) -> PostgresQuery {
-        "SELECT order_id FROM app_account_tokens WHERE app_account_token = \(token) AND order_id IS NOT NULL"
+    private static func orderWithToken(_ token: UUID, _ bundleId: String) -> PostgresQuery {
+        """
+        SELECT order_id FROM app_account_tokens
+         WHERE app_account_token = \(token) AND order_id IS NOT NULL
+         ORDER BY lower(bundle_id) IS NOT DISTINCT FROM lower(\(bundleId)) DESC LIMIT 1
+        """
     }
 
     /// The per-user token the user's orders in app `bundleID` carry, if they carry one.

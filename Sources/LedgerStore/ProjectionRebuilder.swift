@@ -39,15 +39,16 @@ public struct ProjectionRebuilder: Sendable {
     }
 
     /// The owners of the tokens the log's orders carry that `app_account_tokens` lacks (a log
-    /// restored without it): tokens never change, so the rows there stay as they are.
+    /// restored without it), per app: tokens never change, so the rows there stay as they are.
     static let missingTokens: PostgresQuery = """
         INSERT INTO app_account_tokens (app_account_token, user_id, bundle_id, order_id)
-        SELECT DISTINCT ON (o.app_account_token) o.app_account_token, o.user_id, o.bundle_id,
+        SELECT DISTINCT ON (o.app_account_token, coalesce(o.bundle_id, '')) o.app_account_token, o.user_id, o.bundle_id,
                CASE WHEN e.data->>'appAccountTokenScope' = 'user' THEN NULL ELSE o.order_id END
           FROM orders o JOIN events e ON e.stream_id = 'order-' || o.order_id AND e.stream_version = 0
-         WHERE NOT EXISTS (SELECT 1 FROM app_account_tokens k WHERE k.app_account_token = o.app_account_token)
-         ORDER BY o.app_account_token, o.created_at
-        ON CONFLICT (app_account_token) DO NOTHING
+         WHERE NOT EXISTS (SELECT 1 FROM app_account_tokens k
+                            WHERE k.app_account_token = o.app_account_token AND coalesce(k.bundle_id, '') = coalesce(o.bundle_id, ''))
+         ORDER BY o.app_account_token, coalesce(o.bundle_id, ''), o.created_at
+        ON CONFLICT (app_account_token, (coalesce(bundle_id, ''))) DO NOTHING
         """
 
     /// `body` in one REPEATABLE READ transaction (one snapshot for the whole replay) with no

@@ -2,6 +2,7 @@ import Foundation
 import HTTPTypes
 import LedgerCore
 import LedgerServer
+import LedgerStore
 import LedgerTestSupport
 import Testing
 
@@ -119,6 +120,48 @@ struct PerUserTokenTests {
             let third = try await apple.sign(TestApple.transaction("4300003", appAccountToken: token))
             let (_, named) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": third, "orderId": "o-2", "userId": "u-1"])
             #expect(named["outcome"] as? String == "matched" && named["orderId"] as? String == "o-2", "\(named)")
+        }
+    }
+
+    @Test("tokens are per app: one user's token in two apps of per-user tokens, and one order token in two apps, each names its own app's")
+    func tokensPerApp() async throws {
+        try await withReceiptsApplication(apple, configure: Self.perUser) { http, db in
+            let other = "com.example.other-game"
+            let (added, app) = try await http.send(.post, "/v1/apps", json: ["bundleId": other, "appAccountTokens": "user"])
+            #expect(added == .created, "\(app)")
+            func order(_ id: String, user: String, app: String, token: String) async throws -> HTTPResponse.Status {
+                var body = newOrder(id, user: user).merging(["bundleId": app]) { $1 }
+                body["appAccountToken"] = token
+                return try await http.send(.post, "/v1/orders", json: body).0
+            }
+            // The studio's one account system: u-1's UUID is the token in both games.
+            #expect(try await order("g1-1", user: "u-1", app: TestApple.bundleId, token: Self.token) == .created)
+            #expect(try await order("g2-1", user: "u-1", app: other, token: Self.token) == .created)
+            // Another user of the second game may not take it there.
+            #expect(try await order("g2-2", user: "u-2", app: other, token: Self.token) == .conflict)
+
+            // In the second game, u-9 holds another token; a transaction of the first game with it,
+            // claimed by u-5, knows no user from the second game: no conflict to hold.
+            let token2 = "6f1c2a4e-0000-4000-8000-0000000000c3"
+            #expect(try await order("g2-3", user: "u-9", app: other, token: token2) == .created)
+            let first = try await apple.sign(TestApple.transaction("4300101", appAccountToken: UUID(uuidString: token2)))
+            let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": first, "userId": "u-5"])
+            #expect(pooled["outcome"] as? String == "unmatched" && pooled["reason"] as? String == "no-order", "\(pooled)")
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '4300101'", as: String.self) == "unmatched")
+
+            // A transaction of the second game with u-1's token is u-1's there, and its reconciler
+            // pairs it with the second game's order.
+            let second = try await apple.sign(TestApple.transaction("4300102", bundleId: other, appAccountToken: UUID(uuidString: Self.token)))
+            let (_, waiting) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": second])
+            #expect(waiting["outcome"] as? String == "unmatched", "\(waiting)")
+            let (_, pass) = try await http.send(.post, "/v1/reconcile")
+            #expect(pass["paired"] as? Int == 1, "\(pass)")
+            let (_, paid) = try await http.send(.get, "/v1/orders/g2-1")
+            #expect(paid["state"] as? String == "verified" && paid["transactionId"] as? String == "4300102", "\(paid)")
+            let (_, untouched) = try await http.send(.get, "/v1/orders/g1-1")
+            #expect(untouched["state"] as? String == "created", "\(untouched)")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM app_account_tokens WHERE app_account_token = \(UUID(uuidString: Self.token)!)", as: Int.self) == 2)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
 }

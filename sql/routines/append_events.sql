@@ -382,10 +382,10 @@ BEGIN
             RAISE EXCEPTION 'order % cannot be created in this app', v_refused USING ERRCODE = v_code, DETAIL = v_refused;
         END IF;
 
-        -- Each new order's appAccountToken (024_account_tokens.sql): one that names its order
-        -- (the default) is new to the ledger, else the table's key refuses it (as a unique
-        -- violation); a user's token (its `created` event says `appAccountTokenScope: user`) is
-        -- new, or its user's already, in the same app. The key orders concurrent writers of one
+        -- Each new order's appAccountToken (024_account_tokens.sql; per app since
+        -- 030_tokens_per_app.sql): one that names its order (the default) is new to its app,
+        -- else the table's key refuses it (as a unique violation); a user's token (its `created`
+        -- event says `appAccountTokenScope: user`) is new, or its user's already, in that app. The key orders concurrent writers of one
         -- token. The orders of users' tokens are found in one pass over the events (a join of
         -- the events with the rows would compare every pair).
         SELECT coalesce(array_agg(substr(ev.stream, 7)), '{}') INTO v_user_token_orders
@@ -402,13 +402,13 @@ BEGIN
               FROM unnest(p_order_writes, p_order_new, p_order_ids, p_order_tokens) AS x(w, is_new, order_id, token)
               JOIN orders o ON o.order_id = x.order_id
              WHERE x.is_new AND r_status[x.w] = 'appended' AND x.order_id = ANY (v_user_token_orders)
-                ON CONFLICT (app_account_token) DO NOTHING;
+                ON CONFLICT (app_account_token, (coalesce(bundle_id, ''))) DO NOTHING;
             SELECT x.token::text INTO v_refused
               FROM unnest(p_order_writes, p_order_new, p_order_ids, p_order_tokens) AS x(w, is_new, order_id, token)
               JOIN orders o ON o.order_id = x.order_id
-              JOIN app_account_tokens k ON k.app_account_token = x.token
+              JOIN app_account_tokens k ON k.app_account_token = x.token AND coalesce(k.bundle_id, '') = coalesce(o.bundle_id, '')
              WHERE x.is_new AND r_status[x.w] = 'appended' AND x.order_id = ANY (v_user_token_orders)
-               AND (k.order_id IS NOT NULL OR k.user_id <> o.user_id OR k.bundle_id IS DISTINCT FROM o.bundle_id)
+               AND (k.order_id IS NOT NULL OR k.user_id <> o.user_id)
              LIMIT 1;
             IF v_refused IS NOT NULL THEN
                 RAISE EXCEPTION 'appAccountToken % belongs to another user or order', v_refused USING ERRCODE = 'LE396', DETAIL = v_refused;
