@@ -26,6 +26,8 @@ extension ReconciliationReport {
     /// to `to` (purchase date), and the refunds of renewal periods recorded then: a start period's
     /// refund is its order's `refunded`, counted with the order. A refund's share is
     /// `refund_share`'s of its `subscription-period-refunded` event, the rule of orders' refunds.
+    /// A period counts one refund at most, its first: a log may hold a second (the refund catch-up
+    /// of earlier versions recorded a refund that came by notification again).
     static func periodCounts(database: Database, from: Date, to: Date, apps: [String]?) async throws -> [PeriodCount] {
         var counts: [String: PeriodCount] = [:]
         func add(_ day: String, _ product: String, _ currency: String?, _ environment: String, _ bundle: String?, _ kind: String,
@@ -63,6 +65,9 @@ extension ReconciliationReport {
                AND e.recorded_at >= \(from) AND e.recorded_at < \(to)
                AND p.kind = 'subscription-renewal' AND NOT s.family_shared
                AND (\(apps)::text[] IS NULL OR s.bundle_id = ANY(\(apps)::text[]))
+               AND NOT EXISTS (SELECT 1 FROM events f
+                                WHERE f.stream_id = e.stream_id AND f.type = 'subscription-period-refunded'
+                                  AND f.data->>'periodKey' = e.data->>'periodKey' AND f.stream_version < e.stream_version)
              GROUP BY 1, 2, 3, 4, 5, 6
             """)
         for try await (day, product, currency, environment, bundle, kind, count, amount)

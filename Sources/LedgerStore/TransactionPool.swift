@@ -39,16 +39,27 @@ public struct TransactionPool: Sendable {
 
     /// Which of `transactions` the ledger already has refunded: by their order's state, or their
     /// pool row's, or, for a family member's transaction, its stream's `family-share-revoked`
-    /// (which leaves the order that holds it as it was).
+    /// (which leaves the order that holds it as it was), or, for a subscription's billed period
+    /// (a renewal pays no order and its row stays `renewal`), the period's refund on its
+    /// subscription's stream, even reversed since: a period is refunded at most once.
     public func refundsRecorded(_ transactions: [TransactionID]) async throws -> Set<TransactionID> {
         guard !transactions.isEmpty else { return [] }
+        let ids = transactions.map(\.rawValue)
         let rows = try await database.query(
             """
             SELECT t.transaction_id
               FROM apple_transactions t LEFT JOIN orders o ON o.order_id = t.order_id
-             WHERE t.transaction_id = ANY(\(transactions.map(\.rawValue)))
+             WHERE t.transaction_id = ANY(\(ids))
                AND (o.state = 'refunded' OR t.status = 'refunded'
                     OR EXISTS (SELECT 1 FROM events e WHERE e.stream_id = 'transaction-' || t.transaction_id AND e.type = 'family-share-revoked'))
+            UNION
+            SELECT p.transaction_id
+              FROM subscription_periods p
+             WHERE p.transaction_id = ANY(\(ids))
+               AND (p.refunded_at IS NOT NULL
+                    OR EXISTS (SELECT 1 FROM events e
+                                WHERE e.stream_id = 'subscription-' || p.original_transaction_id
+                                  AND e.type = 'subscription-period-refunded' AND e.data->>'periodKey' = p.period_key))
             """)
         var recorded: Set<TransactionID> = []
         for try await id in rows.decode(String.self) { recorded.insert(TransactionID(unchecked: id)) }

@@ -6,6 +6,7 @@ import LedgerServer
 import LedgerServices
 import LedgerStore
 import LedgerTestSupport
+import PostgresNIO
 import Synchronization
 import Testing
 
@@ -305,6 +306,58 @@ struct AppleBackfillTests {
             try await http.send(.post, "/v1/orders", json: newOrder("u-late"))
             let (_, receipt) = try await http.send(.post, "/v1/receipts", json: ["orderId": "u-late", "signedTransaction": try await apple.sign(unseen)])
             #expect(receipt["outcome"] as? String == "rejected" && receipt["reason"] as? String == "transaction-refunded", "\(receipt)")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
+        }
+    }
+
+    @Test("a renewal's refund that came by notification is known to the refund catch-up; the report counts it once, even from a log holding it twice")
+    func renewalRefundCaughtUpOnce() async throws {
+        try await withAppleAPIApplication(apple, standIn, configure: { configuration in
+            configuration.appleCallsInterval = 0
+            configuration.refundCatchUpInterval = 0
+            olderPurchases(&configuration)
+        }) { http, db, base in
+            let catchUp = try refundCatchUp(base, db)
+            let otid = "7700001", day: TimeInterval = 86_400
+            let now = Date()
+            // A subscription bought through an order (so its account is due), then renewed.
+            let start = SubscriptionNotificationTests.period(otid, 0, purchased: now.addingTimeInterval(-31 * day), expires: now.addingTimeInterval(-day))
+            try await http.send(.post, "/v1/orders", json: newOrder("s-1", product: "pro.monthly"))
+            let (_, bought) = try await http.send(.post, "/v1/receipts", json: ["orderId": "s-1", "signedTransaction": try await apple.sign(start)])
+            #expect(bought["state"] as? String == "verified", "\(bought)")
+            try await http.send(.post, "/v1/orders/s-1/events", json: ["type": "delivered", "data": [:]])
+            let renewal = SubscriptionNotificationTests.period(otid, 1, purchased: now.addingTimeInterval(-day), expires: now.addingTimeInterval(29 * day))
+            #expect(try await http.notifyApple(try await apple.notification("DID_RENEW", transaction: renewal, renewalInfo: TestApple.renewalInfo(otid))).0 == .ok)
+
+            // Apple refunds the renewal: the notification records it; Apple's refund history lists it.
+            let (_, refund) = try await http.notifyApple(try await apple.notification("REFUND", transaction: refunded(renewal)))
+            #expect(refund["type"] as? String == "subscription-period-refunded", "\(refund)")
+            await standIn.setRefunds(otid, [.init(revision: "s1", hasMore: false, signedTransactions: [try await apple.sign(refunded(renewal))])])
+            let summary = try await catchUp.run()
+            #expect(summary.accounts == 1 && summary.applied == 0 && summary.known == 1, "\(summary)")
+            let refunds: PostgresQuery = """
+                SELECT count(*)::int FROM events WHERE stream_id = \("subscription-\(otid)") AND type = 'subscription-period-refunded'
+                """
+            #expect(try await scalar(db, refunds, as: Int.self) == 1, "one refund of the period")
+
+            func refundTotals() async throws -> (Int?, Decimal?) {
+                let (_, report) = try await http.send(.get, "/v1/reports/reconciliation?from=2000-01-01")
+                let renewals = (report["rows"] as? [[String: Any]] ?? []).filter { $0["kind"] as? String == "subscription-renewal" }
+                let totals = report["sandboxTotals"] as? [String: Any] ?? [:]
+                #expect(renewals.reduce(0) { $0 + ($1["refunded"] as? Int ?? 0) } == totals["refunded"] as? Int, "\(report)")
+                return (totals["refunded"] as? Int, Decimal(string: totals["refundedAmount"] as? String ?? ""))
+            }
+            var (count, amount) = try await refundTotals()
+            #expect(count == 1 && amount == Decimal(string: "4.99"), "the period's price, taken back once")
+
+            // A log an earlier version left with the refund twice: still one refund of the period.
+            try await SubscriptionFixture.refund(secondServer(db), renewal)
+            #expect(try await scalar(db, refunds, as: Int.self) == 2)
+            (count, amount) = try await refundTotals()
+            #expect(count == 1 && amount == Decimal(string: "4.99"), "one refund per billed period")
+            try await db.client.query("UPDATE apple_refund_cursors SET revision = NULL", logger: TestServer.logger)
+            let again = try await catchUp.run(all: true)
+            #expect(again.applied == 0 && again.known == 1, "\(again)")
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
         }
     }
