@@ -70,6 +70,7 @@ public enum LedgerSchema {
                 "a0ff16f616fbc9c197cfd3e92678c406e06a7885afab19e67abeb941b4f80e44",
                 "6e682be5c765131fb2fc4f3bea52ce3881ba1cfd4548c5fd4be8cc812438ae48",
                 "c00f3358e73a3fd743f05b94818fd3dc6f7af67949495fdd1bf466753f5d263b",
+                "0571bf768c08d2aa33ae6fcc39c1f725828c9eb95fb84f74c9c7b0168a857fd8",
             ]),
         Migration(
             name: "read_for_write.sql", sql: String(decoding: PackageResources.read_for_write_sql, as: UTF8.self),

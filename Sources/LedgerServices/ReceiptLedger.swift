@@ -339,7 +339,11 @@ public struct ReceiptLedger: Sendable {
     ) async throws -> (LedgerWriter.Snapshot, Order?, MatchedBy?, String) {
         let id = transaction.transactionId
         let named = claim.orderId.map { [$0] } ?? []
-        var snapshot = try await writer.read(locking: [id.streamID] + named.map(\.streamID), orders: named, transactions: [id], in: tx)
+        // Its Apple account too, as its links' writer locks it: what this write reads of the
+        // account's owner stays so until it commits (issue 41).
+        let account = transaction.appTransactionId.map { [AppTransactionID(unchecked: $0).streamID] } ?? []
+        var snapshot = try await writer.read(
+            locking: [id.streamID] + named.map(\.streamID) + account, orders: named, transactions: [id], in: tx)
         var reason = "no-order"
         if let orderId = claim.orderId {
             if let order = snapshot.order(orderId), claim.reaches(order) {

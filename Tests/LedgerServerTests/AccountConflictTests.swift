@@ -1,5 +1,7 @@
 import Foundation
 import LedgerStore
+import PostgresNIO
+import Synchronization
 import LedgerTestSupport
 import Testing
 
@@ -197,4 +199,45 @@ struct AccountConflictTests {
             #expect(franks["state"] as? String == "created")
         }
     }
+
+    @Test("a tie of a transaction waits while a writer holds its Apple account's stream (a link in flight), so the account check sees what it wrote")
+    func tieWaitsForTheAccount() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-race", user: "u-bob"))
+            let jws = try await signed("4200090", account: "acct-race")
+            // A writer of acct-race's stream in flight: its lock held in an open transaction.
+            let connection = try await db.connect()
+            try await connection.query("BEGIN", logger: TestServer.logger)
+            try await connection.query("SELECT pg_advisory_xact_lock(hashtextextended('apple-account-acct-race', 0))", logger: TestServer.logger)
+            let finished = Finished()
+            let tie = Task {
+                defer { finished.set() }
+                return try await upload(http, jws, user: "u-bob", order: "o-race")["outcome"] as? String
+            }
+            // Until the upload has ended, or waits for a lock of this database.
+            var waited = false
+            while !finished.value {
+                let waiting = try await scalar(db, """
+                    SELECT count(*)::int FROM pg_locks
+                     WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                    """, as: Int.self)
+                if waiting ?? 0 > 0 {
+                    waited = true
+                    break
+                }
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            #expect(waited, "the tie went through while the account's stream was held")
+            try await connection.query("ROLLBACK", logger: TestServer.logger)
+            #expect(try await tie.value == "matched")
+            try await connection.close()
+        }
+    }
+}
+
+/// Set once a task has ended.
+private final class Finished: Sendable {
+    private let state = Mutex(false)
+    var value: Bool { state.withLock { $0 } }
+    func set() { state.withLock { $0 = true } }
 }

@@ -101,10 +101,14 @@ BEGIN
 
     -- One writer per stream at a time, writers of other streams never wait; a claimed transaction
     -- is locked as its stream is. Taken in one order, so that two calls never deadlock, and
-    -- before the statements below, which then read what committed before they got them.
+    -- before the statements below, which then read what committed before they got them. The
+    -- Apple account of each transaction row written is locked as its stream (the links') is: a
+    -- link and a tie of one account, or two ties of it, never both pass the account check below
+    -- unseen by each other (issue 41).
     PERFORM pg_advisory_xact_lock(l.h)
        FROM (SELECT DISTINCT hashtextextended(s, 0) AS h
-               FROM unnest(p_streams || ARRAY(SELECT 'transaction-' || c FROM unnest(p_claims) AS c WHERE c <> '')) AS s
+               FROM unnest(p_streams || ARRAY(SELECT 'transaction-' || c FROM unnest(p_claims) AS c WHERE c <> '')
+                           || ARRAY(SELECT 'apple-account-' || a FROM unnest(p_transaction_apps) AS a WHERE a <> '')) AS s
               ORDER BY 1 OFFSET 0) AS l;
 
     -- The position rule, the only place a writer writes it: this transaction's id * 4096, past
