@@ -51,6 +51,9 @@ public enum LedgerSchema {
             name: "029_reversed_refunds_keep_holds.sql",
             sql: String(decoding: PackageResources._29_reversed_refunds_keep_holds_sql, as: UTF8.self)),
         Migration(name: "030_tokens_per_app.sql", sql: String(decoding: PackageResources._30_tokens_per_app_sql, as: UTF8.self)),
+        Migration(
+            name: "031_renewal_refunds_beside_apple.sql",
+            sql: String(decoding: PackageResources._31_renewal_refunds_beside_apple_sql, as: UTF8.self)),
     ]
 
     /// `sql/routines`: applied after the migrations, and again when a database has an earlier

@@ -195,6 +195,36 @@ struct AppleSalesReportTests {
         }
     }
 
+    @Test("a subscription renewal's refund is on the ledger's side of its refund day: Apple's refund line agrees")
+    func renewalRefund() async throws {
+        try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
+            try await http.send(.patch, "/v1/apps/\(TestApple.bundleId)", json: ["sku": "GAME1"])
+            let services = secondServer(db)
+            // Bought through an order in the United States; its renewal refunded today.
+            try await http.send(.post, "/v1/orders", json: ["orderId": "sub-r", "userId": "su-r", "productId": "pro.monthly", "price": "9.99", "currency": "USD"])
+            var periods = (0..<2).map { SubscriptionFixture.signed("9400001", period: $0) }
+            periods[0].storefront = "USA"
+            let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": "sub-r", "signedTransaction": try await apple.sign(periods[0])])
+            #expect(answer["state"] as? String == "verified", "\(answer)")
+            try await SubscriptionFixture.record(services, periods, user: "su-r")
+            try await SubscriptionFixture.refund(services, periods[1])
+
+            let day = pacificDay(Date())
+            let tsv = AppStoreConnectStandIn.tsv([("pro.monthly", "GAME1", "IAY", -1, "US")], day: day)
+            let report = try AppleSalesReport(file: Data(tsv.utf8))
+            let rows = report.rows.map {
+                AppleSalesStore.Row(sku: $0.sku, parentIdentifier: $0.parentIdentifier, productType: $0.productType, units: $0.units, countryCode: $0.countryCode, values: $0.values)
+            }
+            #expect(try await AppleSalesStore(database: db.database).record(vendor: "85000000", day: day, version: "1_0", file: Data(tsv.utf8), header: report.header, rows: rows) == .new)
+            let (status, compared) = try await http.send(.get, "/v1/reports/apple?from=\(day)&to=\(day)")
+            #expect(status == .ok, "\(compared)")
+            let found = (compared["rows"] as? [[String: Any]] ?? []).map {
+                [$0["productId"] as? String ?? "", $0["country"] as? String ?? "-", "\($0["appleRefunds"] ?? "")", "\($0["ledgerRefunds"] ?? "")", $0["cause"] as? String ?? ""]
+            }
+            #expect(found == [["pro.monthly", "US", "1", "1", "agrees"]], "\(compared)")
+        }
+    }
+
     /// `date`'s day in Pacific time, as Apple's reports count.
     func pacificDay(_ date: Date) -> String {
         var calendar = Calendar(identifier: .gregorian)
