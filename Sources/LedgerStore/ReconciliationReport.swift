@@ -54,11 +54,17 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         /// What the refunds took back, as a decimal string: of each refunded order's price ×
         /// quantity, the share Apple refunded (`revocationPercentage` of a `REFUND_PRORATED`; all
         /// of it for a full refund, or one recorded before the ledger read Apple's type).
-        public var refundedAmount = "0"
+        /// In the totals, only when every row with money has one currency (then `currency`):
+        /// amounts of several currencies are never added up (`refundedAmountByCurrency`).
+        public var refundedAmount: String? = "0"
         /// Verified minus what refunds took back, from the orders' prices (price × quantity), as
         /// a decimal string; in a `subscription-renewal` row, the periods' prices (Apple's)
-        /// minus what their refunds took back.
-        public var revenue = "0"
+        /// minus what their refunds took back. In the totals, only when every row with money
+        /// has one currency (`revenueByCurrency`).
+        public var revenue: String? = "0"
+        /// The totals' money per currency (absent in the rows, each of one currency).
+        public var revenueByCurrency: [String: String]?
+        public var refundedAmountByCurrency: [String: String]?
         public var pairingsByRule: [String: Int] = [:]
         public var ambiguousPairings = 0
         public var supportPairings = 0
@@ -278,19 +284,23 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
     /// The report as CSV: one line per row, then production's totals line and the sandbox's;
     /// maps as `key=count` lists. Columns are only ever added at the end.
     public var csv: String {
-        var lines = ["day,product_id,currency,orders_created,verified,delivered,finished,failed,failed_by_reason,refunded,revenue,pairings_by_rule,ambiguous_pairings,support_pairings,undone_pairings,consumption_answered,consumption_failed,consumption_too_late,refunds_caught_up,refunded_amount,environment,bundle_id,kind,periods"]
-        func map(_ values: [String: Int]) -> String { values.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ";") }
+        var lines = ["day,product_id,currency,orders_created,verified,delivered,finished,failed,failed_by_reason,refunded,revenue,pairings_by_rule,ambiguous_pairings,support_pairings,undone_pairings,consumption_answered,consumption_failed,consumption_too_late,refunds_caught_up,refunded_amount,environment,bundle_id,kind,periods,revenue_by_currency,refunded_amount_by_currency"]
+        func map(_ values: [String: some CustomStringConvertible]) -> String {
+            values.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ";")
+        }
         func field(_ text: String) -> String {
             text.contains(where: { $0 == "," || $0 == "\"" || $0 == "\n" }) ? "\"" + text.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : text
         }
         for row in rows + [totals, sandboxTotals] {
             let orders: [String] = [
                 row.day, row.productId, row.currency ?? "", String(row.ordersCreated), String(row.verified), String(row.delivered),
-                String(row.finished), String(row.failed), map(row.failedByReason), String(row.refunded), row.revenue,
+                String(row.finished), String(row.failed), map(row.failedByReason), String(row.refunded), row.revenue ?? "",
             ]
             let pairings: [String] = [map(row.pairingsByRule), String(row.ambiguousPairings), String(row.supportPairings), String(row.undonePairings)]
             let apple: [Int] = [row.consumptionAnswered, row.consumptionFailed, row.consumptionTooLate, row.refundsCaughtUp]
-            lines.append((orders + pairings + apple.map(String.init) + [row.refundedAmount, row.environment, row.bundleId ?? "", row.kind.rawValue, String(row.periods)]).map(field).joined(separator: ","))
+            let money = [row.revenueByCurrency.map(map) ?? "", row.refundedAmountByCurrency.map(map) ?? ""]
+            lines.append((orders + pairings + apple.map(String.init) + [row.refundedAmount ?? "", row.environment, row.bundleId ?? "", row.kind.rawValue, String(row.periods)] + money)
+                .map(field).joined(separator: ","))
         }
         lines.append("")
         lines.append("unmatched_count,oldest_age_seconds,under_1h,1h_1d,1d_7d,over_7d")
@@ -307,8 +317,8 @@ extension ReconciliationReport.Row {
     /// `rows` summed into one (day and product "total").
     static func sum(_ rows: [Self], environment: String) -> Self {
         var totals = Self(day: "total", productId: "total", currency: nil, environment: environment, kind: .total)
-        var revenue: Decimal = 0
-        var refunded: Decimal = 0
+        var revenue: [String: Decimal] = [:]
+        var refunded: [String: Decimal] = [:]
         for row in rows {
             totals.ordersCreated += row.ordersCreated
             totals.verified += row.verified
@@ -326,11 +336,23 @@ extension ReconciliationReport.Row {
             totals.consumptionTooLate += row.consumptionTooLate
             totals.refundsCaughtUp += row.refundsCaughtUp
             totals.periods += row.periods
-            revenue += Decimal(string: row.revenue) ?? 0
-            refunded += Decimal(string: row.refundedAmount) ?? 0
+            // A row with no currency (consumption answers about pooled transactions) has no money.
+            guard let currency = row.currency else { continue }
+            revenue[currency, default: 0] += row.revenue.flatMap { Decimal(string: $0) } ?? 0
+            refunded[currency, default: 0] += row.refundedAmount.flatMap { Decimal(string: $0) } ?? 0
         }
-        totals.revenue = "\(revenue)"
-        totals.refundedAmount = "\(refunded)"
+        totals.revenueByCurrency = revenue.mapValues { "\($0)" }
+        totals.refundedAmountByCurrency = refunded.mapValues { "\($0)" }
+        // One currency (or none): its sums. Several: no sum, which would add up unlike money.
+        switch revenue.count {
+        case 0:
+            (totals.revenue, totals.refundedAmount) = ("0", "0")
+        case 1:
+            totals.currency = revenue.keys.first
+            (totals.revenue, totals.refundedAmount) = ("\(revenue.values.first ?? 0)", "\(refunded.values.first ?? 0)")
+        default:
+            (totals.revenue, totals.refundedAmount) = (nil, nil)
+        }
         return totals
     }
 

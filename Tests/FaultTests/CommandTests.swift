@@ -175,7 +175,7 @@ struct DemoCommandTests {
         #expect(output.contains("subscription notifications: REFUND: applied: 1"), "\(output)")
         #expect(output.contains("after the renewals and a reconciler pass: payment-added: 1"), "\(output)")
         #expect(output.contains("  status active, expires "), "\(output)")
-        #expect(output.contains(",subscription-renewal,1\n"), "a renewal's row in the report: \(output)")
+        #expect(output.contains(",subscription-renewal,1,,\n"), "a renewal's row in the report: \(output)")
         // Finance against Apple (issue 42): yesterday's sales report counts a purchase more than
         // the ledger saw; the sweep finds it, and the comparison then agrees.
         #expect(output.contains("  before: gems.500 US: Apple 2, ledger 1 — purchases Apple counted that the ledger never saw"), "\(output)")
@@ -192,7 +192,7 @@ struct DemoCommandTests {
         // sandbox's totals alone, never in production's.
         let csv = output.components(separatedBy: "Reconciliation report (CSV):\n").last ?? ""
         let rows = csv.split(separator: "\n", omittingEmptySubsequences: false).dropFirst().prefix { !$0.isEmpty }
-            .map { $0.split(separator: ",", omittingEmptySubsequences: false).map(String.init) }.filter { $0.count == 24 }
+            .map { $0.split(separator: ",", omittingEmptySubsequences: false).map(String.init) }.filter { $0.count == 26 }
         let (day, verified, revenue, environment, bundle) = (0, 4, 10, 20, 21)
         let production = rows.filter { $0[day] != "total" && $0[environment] == "Production" }
         let sandbox = rows.filter { $0[day] != "total" && $0[environment] == "Sandbox" }

@@ -56,8 +56,14 @@ struct ReportRoutesTests {
             #expect(totals["failed"] as? Int == (try await projection("SELECT count(*)::int FROM orders WHERE state = 'failed'")))
             #expect(totals["failedByReason"] as? [String: Int] == ["cancelled": 1, "product-mismatch": 1])
             #expect(totals["refunded"] as? Int == (try await projection("SELECT count(*)::int FROM orders WHERE state = 'refunded'")))
-            let revenue = try await scalar(db, "SELECT sum(price * quantity)::text FROM orders WHERE transaction_id IS NOT NULL AND state <> 'refunded'", as: String.self)
-            #expect(Decimal(string: totals["revenue"] as? String ?? "") == Decimal(string: revenue ?? ""))
+            // Two currencies: their money per currency, never added up.
+            for currency in ["USD", "EUR"] {
+                let revenue = try await scalar(db, """
+                    SELECT sum(price * quantity)::text FROM orders WHERE transaction_id IS NOT NULL AND state <> 'refunded' AND currency = \(currency)
+                    """, as: String.self)
+                #expect(Decimal(string: (totals["revenueByCurrency"] as? [String: String])?[currency] ?? "") == Decimal(string: revenue ?? ""), "\(totals)")
+            }
+            #expect(totals["revenue"] == nil && totals["refundedAmount"] == nil && totals["currency"] == nil, "\(totals)")
             #expect((totals["pairingsByRule"] as? [String: Int])?.values.reduce(0, +) == (try await projection("SELECT count(*)::int FROM events WHERE type = 'transaction-matched'")))
             #expect(totals["supportPairings"] as? Int == 1)
             #expect((report["unmatched"] as? [String: Any])?["count"] as? Int == (try await projection("SELECT count(*)::int FROM unmatched_transactions")))
@@ -72,6 +78,8 @@ struct ReportRoutesTests {
             #expect(csv.headers[.contentType]?.hasPrefix("text/csv") == true)
             #expect(text.hasPrefix("day,product_id,currency,orders_created"))
             #expect(text.contains("\ntotal,total,,\(totals["ordersCreated"] as? Int ?? -1),"))
+            let totalsLine = text.split(separator: "\n").first { $0.hasPrefix("total,") && $0.contains(",Production,") } ?? ""
+            #expect(totalsLine.contains(",EUR=") && totalsLine.contains(";USD="), "\(totalsLine)")
             let (bad, error) = try await http.send(.get, "/v1/reports/reconciliation?from=last-week")
             #expect(bad == .badRequest && errorOf(error)["field"] as? String == "from")
         }
@@ -109,8 +117,8 @@ struct ReportRoutesTests {
             let csv = try await http.client.execute(
                 uri: "/v1/reports/reconciliation?from=2000-01-01", method: .get, headers: [.authorization: "Bearer \(http.key)", .accept: "text/csv"])
             let lines = String(buffer: csv.body).split(separator: "\n")
-            #expect(lines.first?.hasSuffix(",refunds_caught_up,refunded_amount,environment,bundle_id,kind,periods") == true)
-            #expect(lines.first { $0.hasPrefix("total,") }?.hasSuffix(",6.455,Production,,total,0") == true, "\(lines)")
+            #expect(lines.first?.hasSuffix(",refunds_caught_up,refunded_amount,environment,bundle_id,kind,periods,revenue_by_currency,refunded_amount_by_currency") == true)
+            #expect(lines.first { $0.hasPrefix("total,") }?.hasSuffix(",6.455,Production,,total,0,USD=9.465,USD=6.455") == true, "\(lines)")
 
             // The dashboard, as its reader sees it.
             let connection = try await db.connect()

@@ -156,8 +156,8 @@ struct SubscriptionReportTests {
             let csv = try await http.client.execute(
                 uri: "/v1/reports/reconciliation?from=2000-01-01", method: .get, headers: [.authorization: "Bearer \(http.key)", .accept: "text/csv"])
             let lines = String(buffer: csv.body).split(separator: "\n")
-            #expect(lines.first?.hasSuffix(",environment,bundle_id,kind,periods") == true)
-            #expect(lines.contains { $0.hasPrefix("2026-01-10,pro.monthly,USD,") && $0.hasSuffix(",subscription-renewal,1") }, "\(lines)")
+            #expect(lines.first?.hasSuffix(",environment,bundle_id,kind,periods,revenue_by_currency,refunded_amount_by_currency") == true)
+            #expect(lines.contains { $0.hasPrefix("2026-01-10,pro.monthly,USD,") && $0.hasSuffix(",subscription-renewal,1,,") }, "\(lines)")
 
             // The finance view, as its reader sees it.
             let connection = try await db.connect()
