@@ -244,6 +244,11 @@ public struct HistorySweep: Sendable {
         let known = try await pool.holders(of: transactions.map(\.transactionId))
         let new = transactions.filter { known.index(forKey: $0.transactionId) == nil }
         summary.known += transactions.count - new.count
+        // A subscription whose start an order holds but never started (an imported or
+        // pre-subscription grant): started from it, with the renewals that waited; the new ones
+        // taken in below find it (the intake starts it for those too).
+        _ = try await receipts.startHeldSubscriptions(
+            of: transactions.filter { known.index(forKey: $0.transactionId) != nil }, metadata: metadata)
         // The purchase's own token decides its order (another user's, it may be); the account's
         // user is whom one no order takes is pooled for.
         let claim = ReceiptLedger.Claim(userId: nil, orderId: nil, poolUserId: account.user)

@@ -96,6 +96,12 @@ public struct NotificationLedger: Sendable {
                 return try await recordFamilyRevocation(
                     transaction, revocation, notification, known: known, eventID: eventID, metadata: metadata, in: tx)
             }
+            if known != nil, let subscription = ReceiptLedger.purchasedSubscription(role) {
+                // A subscription whose start an order holds but never started: started first, so
+                // that what the notification says is recorded on it (the intake does it for a
+                // transaction it takes in).
+                try await receipts.startHeldSubscription(subscription, seen: transaction, metadata: metadata, in: tx)
+            }
             if known == nil {
                 // Unknown to the ledger: tied to its order by appAccountToken, or into the pool.
                 _ = try await receipts.apply(transaction, claim: .init(userId: nil, orderId: nil), metadata: metadata, in: tx)

@@ -63,10 +63,13 @@ extension ReceiptLedger {
         }
         let user = holder?.userId ?? renewals.lazy.compactMap(\.userId).first
         let started = SubscriptionStarted(originalTransactionId: id, transaction: transaction, userId: user, familyShared: false)
-        var events: [(SubscriptionEvent, EventID)] = [
-            (.started(started), SubscriptionLedger.startedEventID(id)),
-            (.period(SubscriptionPeriodRecorded(transaction: transaction, kind: .start)), SubscriptionLedger.periodEventID(id, transaction)),
-        ]
+        var events: [(SubscriptionEvent, EventID)] = [(.started(started), SubscriptionLedger.startedEventID(id))]
+        // A start recorded from its order's receipt (`startHeldSubscription`) has its period under
+        // the transaction's id: Apple's signed start, arriving later, names it otherwise.
+        let before = try await subscriptions.store.subscription(id, in: tx)
+        if before?.periods.contains(where: { $0.transactionId == transaction.transactionId }) != true {
+            events.append((.period(SubscriptionPeriodRecorded(transaction: transaction, kind: .start)), SubscriptionLedger.periodEventID(id, transaction)))
+        }
         for waiting in renewals {
             let renewal = waiting.transaction
             events.append((.period(SubscriptionPeriodRecorded(transaction: renewal, kind: .renewal)), SubscriptionLedger.periodEventID(id, renewal)))
@@ -84,6 +87,7 @@ extension ReceiptLedger {
         let (snapshot, named, _, _) = try await lookUp(transaction, claim: claim, in: tx)
         let holder = snapshot.transaction(transaction.transactionId)
         if let refused = Self.refusedAsRefunded(holder, transaction, named) { return refused }
+        try await startHeldSubscription(id, seen: transaction, metadata: metadata, in: tx)
         try await writer.lock([StreamID.subscription(id)], in: tx)
         let subscription = try await subscriptions.store.subscription(id, in: tx)
         if let subscription { try await checkGroup(transaction, typing: typing, of: subscription, in: tx) }

@@ -9,7 +9,8 @@ import Logging
 /// notification lost, a renewal no client uploaded) is asked of Apple and recorded once. Its
 /// transactions come from Apple's transaction history of its `originalTransactionId` and go
 /// through `ReceiptLedger.apply`, as a client's proof does (so a known one is skipped, and each
-/// period is recorded once); Apple's status of it and its renewal info (Get All Subscription
+/// period is recorded once), once a start an order holds has started the subscription
+/// (`ReceiptLedger.startHeldSubscriptions`); Apple's status of it and its renewal info (Get All Subscription
 /// Statuses) become one `subscription-renewal-changed` (no notification) when they change what
 /// the ledger holds, with an event id named by the subscription and the renewal info's
 /// `signedDate`, under the subscription's lock. No database transaction stays open while Apple
@@ -77,8 +78,11 @@ public struct SubscriptionCatchUp: Sendable {
     ) async throws -> Summary {
         let client = try await api.client(for: bundleId, environment: environment)
         var summary = Summary()
-        let known = try await subscriptions.store.subscription(id)
         let transactions = try await history(of: id, from: client, into: &summary)
+        // A start an order holds that never started the subscription (an imported or pre-subscription
+        // grant): started now, so that what follows is recorded on it.
+        _ = try await receipts.startHeldSubscriptions(of: transactions, metadata: metadata)
+        let known = try await subscriptions.store.subscription(id)
         try await takeIn(transactions, user: known?.userId, metadata: metadata, into: &summary)
         let statuses = try await verifier.subscriptionStatuses(try await client.subscriptionStatuses(id))
         guard let status = statuses.first(where: { $0.originalTransactionId == id }) else { return summary }

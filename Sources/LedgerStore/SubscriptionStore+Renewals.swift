@@ -23,3 +23,22 @@ extension SubscriptionStore {
         return renewals
     }
 }
+
+extension SubscriptionStore {
+    /// What order `order` recorded of the transaction that started subscription `id` (its latest
+    /// `receipt-received` naming it): for a start the order holds that never went through the
+    /// intake as one (an imported history, a backend's own `receipt-received`, a grant from before
+    /// subscriptions), so the subscription can be started from it. Read in the caller's transaction.
+    public func startReceipt(_ id: String, order: OrderID, in transaction: DatabaseTransaction) async throws -> ReceiptReceived? {
+        let rows = try await transaction.connection.guardedQuery(
+            """
+            SELECT data::text FROM events
+             WHERE stream_id = \(order.streamID.rawValue) AND type = 'receipt-received' AND data ->> 'transactionId' = \(id)
+             ORDER BY stream_version DESC LIMIT 1
+            """, logger: database.logger)
+        for try await text in rows.decode(String.self) {
+            return try StoredBodyDecoder.decode(ReceiptReceived.self, from: text)
+        }
+        return nil
+    }
+}
