@@ -46,7 +46,8 @@ extension ReceiptLedger {
     /// `subscription-started` and the start's period on subscription `id`, with every renewal of
     /// it that waited for the start (their periods, once each), under the subscription's lock. The
     /// subscription's user is the one the transaction is now held for (its order's, else the
-    /// pool's), else the one a waiting renewal came with.
+    /// pool's), else the one a waiting renewal came with; a subscription started without a user
+    /// gets the one its start is now held for (`subscription-user-recorded`).
     func recordStart(
         _ transaction: AppleTransaction, of id: String, typing: ProductCatalog.Typing?, metadata: Data, in tx: DatabaseTransaction
     ) async throws {
@@ -69,6 +70,12 @@ extension ReceiptLedger {
         let before = try await subscriptions.store.subscription(id, in: tx)
         if before?.periods.contains(where: { $0.transactionId == transaction.transactionId }) != true {
             events.append((.period(SubscriptionPeriodRecorded(transaction: transaction, kind: .start)), SubscriptionLedger.periodEventID(id, transaction)))
+        }
+        if let before, before.userId == nil, let user = holder?.userId {
+            // Started before anyone claimed it (Apple's notification first): its user is now the
+            // one its start is held for, the order's that took it or the pool entry's.
+            let recorded = SubscriptionUserRecorded(userId: user, transactionId: transaction.transactionId, orderId: holder?.orderId)
+            events.append((.userRecorded(recorded), SubscriptionLedger.userEventID(id)))
         }
         for waiting in renewals {
             let renewal = waiting.transaction
@@ -134,6 +141,8 @@ extension ReceiptLedger {
                 (.started(started), SubscriptionLedger.startedEventID(id)),
                 (.period(SubscriptionPeriodRecorded(transaction: transaction, kind: kind)), SubscriptionLedger.periodEventID(id, transaction)),
             ], on: id, metadata: metadata, in: tx)
+            // Started by a notification before the member's upload: the member is known now.
+            try await subscriptions.recordUser(member, from: transaction.transactionId, order: nil, on: id, metadata: metadata, in: tx)
         }
         let order = named ?? holder?.orderId.flatMap { snapshot.order($0) }
         return Answer(outcome: .recorded, transactionId: transaction.transactionId, orderId: order?.orderId ?? holder?.orderId,

@@ -36,6 +36,24 @@ public struct SubscriptionLedger: Sendable {
         EventID.named("subscription-started", id)
     }
 
+    /// The id of `subscription-user-recorded` on subscription `id`: a subscription learns its user once.
+    public static func userEventID(_ id: String) -> EventID {
+        EventID.named("subscription-user", id)
+    }
+
+    /// Records `user` as subscription `id`'s when it has none (it started before anyone claimed
+    /// it): `subscription-user-recorded`, in the caller's transaction, under the stream's lock.
+    /// Nothing when the subscription is not started, already has a user, or `user` is nil.
+    public func recordUser(
+        _ user: UserID?, from transaction: TransactionID, order: OrderID?, on id: String, metadata: Data, in tx: DatabaseTransaction
+    ) async throws {
+        guard let user else { return }
+        try await writer.lock([StreamID.subscription(id)], in: tx)
+        guard let held = try await store.subscription(id, in: tx), held.userId == nil else { return }
+        let event = SubscriptionEvent.userRecorded(SubscriptionUserRecorded(userId: user, transactionId: transaction, orderId: order))
+        _ = try await record([(event, Self.userEventID(id))], on: id, metadata: metadata, in: tx)
+    }
+
     /// Appends those of `events` not stored yet to subscription `id`'s stream, and writes its row.
     /// Events before the subscription has started (no `subscription-started` in the stream or in
     /// `events`) are not recorded: the caller keeps the transaction waiting instead.

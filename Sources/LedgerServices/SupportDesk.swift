@@ -56,11 +56,10 @@ public struct SupportDesk: Sendable {
             let matched = try await receipts.match(
                 transaction, to: order, by: .support, pairing: .init(candidates: 1, rule: rule), metadata: metadata, in: tx, knowing: snapshot)
             // A subscription's start held for a conflict was no one's: it starts now, as its order's.
-            if conflict != nil {
-                let (role, typing) = try await receipts.role(of: transaction, in: tx)
-                if case .subscriptionStart(let subscription) = role {
-                    try await receipts.recordStart(transaction, of: subscription, typing: typing, metadata: metadata, in: tx)
-                }
+            // One that started without a user (Apple's notification first) is now its order's user's.
+            let typing = try await receipts.catalog.typing(of: transaction.productId, bundleId: transaction.bundleId, in: tx)
+            if case .subscriptionStart(let subscription)? = try? TransactionRole.of(transaction, catalogType: typing?.type) {
+                try await receipts.recordStart(transaction, of: subscription, typing: typing, metadata: metadata, in: tx)
             }
             return matched
         }

@@ -204,6 +204,8 @@ public struct Subscription: Sendable, Equatable {
             if next.isLatest(index) { next.revokedAt = nil }
         case .familyShareRevoked(let body):
             next.revokedAt = body.revocationDate
+        case .userRecorded(let body):
+            next.userId = body.userId
         }
         return next
     }

@@ -16,6 +16,9 @@ public enum SubscriptionEventType: String, Codable, Sendable, CaseIterable {
     case periodRefundReversed = "subscription-period-refund-reversed"
     /// A family member's shared access to the subscription ended (`FAMILY_REVOKE`).
     case familyShareRevoked = "subscription-family-share-revoked"
+    /// The subscription's user became known after it started without one (Apple's notification
+    /// came before the client's upload): the user its start is now held for.
+    case userRecorded = "subscription-user-recorded"
 }
 
 /// One event of a subscription's stream with its typed body.
@@ -26,6 +29,7 @@ public enum SubscriptionEvent: Sendable, Equatable {
     case periodRefunded(SubscriptionPeriodRefunded)
     case periodRefundReversed(SubscriptionPeriodRefundReversed)
     case familyShareRevoked(SubscriptionFamilyShareRevoked)
+    case userRecorded(SubscriptionUserRecorded)
 
     public var type: SubscriptionEventType {
         switch self {
@@ -35,6 +39,7 @@ public enum SubscriptionEvent: Sendable, Equatable {
         case .periodRefunded: .periodRefunded
         case .periodRefundReversed: .periodRefundReversed
         case .familyShareRevoked: .familyShareRevoked
+        case .userRecorded: .userRecorded
         }
     }
 
@@ -47,6 +52,7 @@ public enum SubscriptionEvent: Sendable, Equatable {
         case .periodRefunded: self = .periodRefunded(try body.read(SubscriptionPeriodRefunded.self))
         case .periodRefundReversed: self = .periodRefundReversed(try body.read(SubscriptionPeriodRefundReversed.self))
         case .familyShareRevoked: self = .familyShareRevoked(try body.read(SubscriptionFamilyShareRevoked.self))
+        case .userRecorded: self = .userRecorded(try body.read(SubscriptionUserRecorded.self))
         }
     }
 }
@@ -61,6 +67,7 @@ extension SubscriptionEvent: Encodable {
         case .periodRefunded(let body): try body.encode(to: encoder)
         case .periodRefundReversed(let body): try body.encode(to: encoder)
         case .familyShareRevoked(let body): try body.encode(to: encoder)
+        case .userRecorded(let body): try body.encode(to: encoder)
         }
     }
 }
@@ -208,5 +215,21 @@ public struct SubscriptionFamilyShareRevoked: Codable, Sendable, Equatable {
         self.transactionId = transactionId
         self.revocationDate = revocationDate
         self.notificationUUID = notificationUUID
+    }
+}
+
+/// `subscription-user-recorded`: whose subscription it is, learnt after it started without a user
+/// (a `SUBSCRIBED` notification before the client's upload): the user of the order that took its
+/// start (`orderId`), or the one its start's pool entry, or a family member's share, was resolved to.
+public struct SubscriptionUserRecorded: Codable, Sendable, Equatable {
+    public var userId: UserID
+    /// The transaction that made the user known: the start, or the member's shared transaction.
+    public var transactionId: TransactionID
+    public var orderId: OrderID?
+
+    public init(userId: UserID, transactionId: TransactionID, orderId: OrderID?) {
+        self.userId = userId
+        self.transactionId = transactionId
+        self.orderId = orderId
     }
 }

@@ -1,0 +1,67 @@
+import Foundation
+import LedgerCore
+import LedgerStore
+import LedgerTestSupport
+import Testing
+
+/// A subscription Apple's notification started before the client's upload: it starts without a
+/// user, and gets the user its start is then claimed for.
+@Suite("A subscription's user, learnt after it started, over HTTP")
+struct SubscriptionUserTests {
+    let apple: TestApple
+    init() throws { apple = try TestApple() }
+
+    static let day: TimeInterval = 86_400
+
+    func listed(_ http: LedgerHTTP, _ user: String) async throws -> [String] {
+        let (status, json) = try await http.send(.get, "/v1/users/\(user)/subscriptions")
+        #expect(status == .ok, "\(json)")
+        return (json["subscriptions"] as? [[String: Any]] ?? []).compactMap { $0["originalTransactionId"] as? String }
+    }
+
+    @Test("SUBSCRIBED before the client's upload: the upload that matches the order makes the subscription its user's")
+    func notificationFirstThenUpload() async throws {
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
+            let now = Date(), otid = "7400001"
+            try await http.send(.post, "/v1/orders", json: newOrder("o-late", user: "u-late", product: "pro.monthly"))
+            let start = SubscriptionNotificationTests.period(otid, 0, purchased: now.addingTimeInterval(-60), expires: now.addingTimeInterval(30 * Self.day))
+            _ = try await http.notifyAppleTaken(try await apple.notification(
+                "SUBSCRIBED", subtype: "INITIAL_BUY", transaction: start, renewalInfo: TestApple.renewalInfo(otid)))
+            let store = SubscriptionStore(database: db.database)
+            #expect(try await store.subscription(otid)?.userId == nil, "Apple's notification names no user")
+
+            let (_, answer) = try await http.send(.post, "/v1/receipts", json: [
+                "userId": "u-late", "orderId": "o-late", "signedTransaction": try await apple.sign(start),
+            ])
+            #expect(answer["outcome"] as? String == "matched" && answer["orderId"] as? String == "o-late", "\(answer)")
+            #expect(try await listed(http, "u-late") == [otid])
+            let (_, one) = try await http.send(.get, "/v1/subscriptions/\(otid)")
+            #expect(one["userId"] as? String == "u-late" && one["orderId"] as? String == "o-late", "\(one)")
+            let (_, entitled) = try await http.send(.get, "/v1/users/u-late/entitlements")
+            #expect((entitled["subscriptions"] as? [[String: Any]])?.count == 1, "\(entitled)")
+
+            // Sent again: the user is recorded once.
+            try await http.send(.post, "/v1/receipts", json: ["userId": "u-late", "orderId": "o-late", "signedTransaction": try await apple.sign(start)])
+            let recorded = try await scalar(
+                db, "SELECT count(*)::int FROM events WHERE stream_id = \("subscription-\(otid)") AND type = 'subscription-user-recorded'", as: Int.self)
+            #expect(recorded == 1)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
+    @Test("a family member's shared subscription first seen by notification becomes the member's when the member's client uploads it")
+    func sharedNotificationFirst() async throws {
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
+            let now = Date(), otid = "7400101"
+            let shared = SubscriptionNotificationTests.period(
+                otid, 0, purchased: now.addingTimeInterval(-60), expires: now.addingTimeInterval(30 * Self.day), ownership: "FAMILY_SHARED")
+            _ = try await http.notifyAppleTaken(try await apple.notification(
+                "SUBSCRIBED", subtype: "INITIAL_BUY", transaction: shared, renewalInfo: TestApple.renewalInfo(otid)))
+            #expect(try await SubscriptionStore(database: db.database).subscription(otid)?.userId == nil)
+            let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-member", "signedTransaction": try await apple.sign(shared)])
+            #expect(answer["reason"] as? String == "family-shared", "\(answer)")
+            #expect(try await listed(http, "u-member") == [otid])
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+}
