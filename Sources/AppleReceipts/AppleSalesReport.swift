@@ -63,14 +63,23 @@ public struct AppleSalesReport: Sendable, Equatable {
         self.header = header
         let at = Dictionary(header.enumerated().map { ($1, $0) }, uniquingKeysWith: { first, _ in first })
         let (sku, parent, type, units, country) = (at["SKU"]!, at["Parent Identifier"]!, at["Product Type Identifier"]!, at["Units"]!, at["Country Code"]!)
-        rows = lines.map { line in
+        var rows: [Row] = []
+        rows.reserveCapacity(lines.count)
+        for (index, line) in lines.enumerated() {
             var values = Self.columns(line)
             if values.count < header.count { values += Array(repeating: "", count: header.count - values.count) }
             if values.count > header.count { values.removeLast(values.count - header.count) }
-            return Row(
+            // Apple's units are whole numbers (refunds negative); anything else is no report of
+            // Apple's (a proxy's page, a damaged file), never a count of 0 nor a crash.
+            guard let count = Double(values[units]), count.isFinite, count.rounded() == count, abs(count) <= 1e12 else {
+                throw AppStoreConnectError(
+                    code: "sales-report-malformed", message: "line \(index + 2) of the sales report: Units is \"\(values[units])\", not a whole number")
+            }
+            rows.append(Row(
                 values: values, sku: values[sku], parentIdentifier: values[parent], productType: values[type],
-                units: Int(Double(values[units]) ?? 0), countryCode: values[country])
+                units: Int(count), countryCode: values[country]))
         }
+        self.rows = rows
     }
 
     /// A line's tab-separated columns, each without the spaces around it.

@@ -118,5 +118,14 @@ struct SalesReportFetchTests {
         } catch {
             #expect(error.message.contains("Parent Identifier"), "\(error)")
         }
+        // Units that are no whole number: the file is refused, naming the line, never read as 0.
+        for units in ["nan", "1e300", "x", "", "1.5"] {
+            do {
+                _ = try AppleSalesReport(file: Data("SKU\tParent Identifier\tProduct Type Identifier\tUnits\tCountry Code\ngems.100\tGAME1\tIA1\t1\tUS\ngems.100\tGAME1\tIA1\t\(units)\tUS\n".utf8))
+                Issue.record("Units \(units) was read")
+            } catch {
+                #expect(error.code == "sales-report-malformed" && error.message.hasPrefix("line 3 of the sales report: Units is"), "\(error)")
+            }
+        }
     }
 }
