@@ -336,10 +336,14 @@ extension ReconciliationReport.Row {
             totals.consumptionTooLate += row.consumptionTooLate
             totals.refundsCaughtUp += row.refundsCaughtUp
             totals.periods += row.periods
-            // A row with no currency (consumption answers about pooled transactions) has no money.
-            guard let currency = row.currency else { continue }
-            revenue[currency, default: 0] += row.revenue.flatMap { Decimal(string: $0) } ?? 0
-            refunded[currency, default: 0] += row.refundedAmount.flatMap { Decimal(string: $0) } ?? 0
+            // Orders created with a price and no currency have money of none named: kept under
+            // "". A row with no currency and no money (consumption answers about pooled
+            // transactions) adds nothing.
+            let (rowRevenue, rowRefunded) = (row.revenue.flatMap { Decimal(string: $0) } ?? 0, row.refundedAmount.flatMap { Decimal(string: $0) } ?? 0)
+            guard row.currency != nil || rowRevenue != 0 || rowRefunded != 0 else { continue }
+            let currency = row.currency ?? ""
+            revenue[currency, default: 0] += rowRevenue
+            refunded[currency, default: 0] += rowRefunded
         }
         totals.revenueByCurrency = revenue.mapValues { "\($0)" }
         totals.refundedAmountByCurrency = refunded.mapValues { "\($0)" }
@@ -348,7 +352,7 @@ extension ReconciliationReport.Row {
         case 0:
             (totals.revenue, totals.refundedAmount) = ("0", "0")
         case 1:
-            totals.currency = revenue.keys.first
+            totals.currency = revenue.keys.first.flatMap { $0.isEmpty ? nil : $0 }
             (totals.revenue, totals.refundedAmount) = ("\(revenue.values.first ?? 0)", "\(refunded.values.first ?? 0)")
         default:
             (totals.revenue, totals.refundedAmount) = (nil, nil)

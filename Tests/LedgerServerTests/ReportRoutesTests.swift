@@ -85,6 +85,31 @@ struct ReportRoutesTests {
         }
     }
 
+    @Test("orders priced without a currency: the totals sum them as one currency, named by none; with a currency beside them, per currency only")
+    func pricesWithoutCurrency() async throws {
+        try await withReceiptsApplication(apple, configure: bothEnvironments) { http, _ in
+            for (index, currency) in [(0, nil), (1, nil), (2, "USD")] as [(Int, String?)] {
+                var body: [String: Any] = ["orderId": "nc-\(index)", "userId": "nu-\(index)", "productId": "gems.100", "price": "0.99"]
+                if let currency { body["currency"] = currency }
+                try await http.send(.post, "/v1/orders", json: body)
+                let jws = try await apple.sign(TestApple.transaction("9500\(index)", environment: "Production"))
+                let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": "nc-\(index)", "signedTransaction": jws])
+                #expect(answer["outcome"] as? String == "matched", "\(answer)")
+                if index == 1 {
+                    let (_, report) = try await http.send(.get, "/v1/reports/reconciliation?from=2000-01-01")
+                    let totals = report["totals"] as? [String: Any] ?? [:]
+                    #expect(Decimal(string: totals["revenue"] as? String ?? "") == Decimal(string: "1.98") && totals["currency"] == nil, "\(totals)")
+                    #expect((totals["revenueByCurrency"] as? [String: String])?[""].flatMap { Decimal(string: $0) } == Decimal(string: "1.98"), "\(totals)")
+                }
+            }
+            let (_, report) = try await http.send(.get, "/v1/reports/reconciliation?from=2000-01-01")
+            let totals = report["totals"] as? [String: Any] ?? [:]
+            #expect(totals["revenue"] == nil, "\(totals)")
+            let byCurrency = (totals["revenueByCurrency"] as? [String: String] ?? [:]).mapValues { Decimal(string: $0) }
+            #expect(byCurrency == ["": Decimal(string: "1.98"), "USD": Decimal(string: "0.99")], "\(totals)")
+        }
+    }
+
     @Test("a prorated refund takes back its share, a full one (or one stored before Apple's type was read) the whole: in the report and dashboards.daily_orders")
     func proratedRefunds() async throws {
         try await withReceiptsApplication(apple, configure: bothEnvironments) { http, db in

@@ -34,13 +34,16 @@ END
 $fn$;
 
 -- The user the ledger knows for a transaction (024's rule), with the token's owner found in the
--- transaction's app (any app's when the caller knows none).
+-- transaction's app (whatever its case, as Apple signed it). A token of a ledger that held no app
+-- (no app on its row) is any app's, and so is a transaction whose app the caller does not know;
+-- the app's own row comes first.
 CREATE OR REPLACE FUNCTION ledger_known_user(p_token uuid, p_account text, p_bundle text, p_transaction text)
 RETURNS text LANGUAGE sql STABLE AS $fn$
     SELECT coalesce(
         (SELECT k.user_id FROM app_account_tokens k
-          WHERE k.app_account_token = p_token AND (p_bundle IS NULL OR k.bundle_id IS NOT DISTINCT FROM p_bundle)
-          LIMIT 1),
+          WHERE k.app_account_token = p_token
+            AND (k.bundle_id IS NULL OR p_bundle IS NULL OR lower(k.bundle_id) = lower(p_bundle))
+          ORDER BY k.bundle_id IS NULL LIMIT 1),
         (SELECT e.data->>'userId' FROM events e
           WHERE e.stream_id = 'apple-account-' || p_account AND e.stream_version = 0),
         (SELECT k.user_id FROM apple_transactions k
@@ -49,7 +52,8 @@ RETURNS text LANGUAGE sql STABLE AS $fn$
           ORDER BY k.purchase_date LIMIT 1))
 $fn$;
 
--- The reconciler's pool (024's), a per-user token resolving to its user in the transaction's app.
+-- The reconciler's pool (024's), a per-user token resolving to its user in the transaction's app
+-- (by ledger_known_user's rule).
 CREATE OR REPLACE VIEW pool_with_users AS
     SELECT p.transaction_id, p.user_id, p.product_id, p.purchase_date, p.resolved_user_id, p.received_at, p.undone_order_ids,
            p.bundle_id
@@ -57,7 +61,8 @@ CREATE OR REPLACE VIEW pool_with_users AS
                    coalesce(t.user_id,
                             (SELECT k.user_id FROM app_account_tokens k
                               WHERE k.app_account_token = t.app_account_token AND k.order_id IS NULL
-                                AND k.bundle_id IS NOT DISTINCT FROM t.bundle_id),
+                                AND (k.bundle_id IS NULL OR t.bundle_id IS NULL OR lower(k.bundle_id) = lower(t.bundle_id))
+                              ORDER BY k.bundle_id IS NULL LIMIT 1),
                             (SELECT k.user_id FROM apple_transactions k
                               WHERE k.app_transaction_id = t.app_transaction_id AND k.user_id IS NOT NULL
                                 AND k.bundle_id IS NOT DISTINCT FROM t.bundle_id AND k.status <> 'conflict'
