@@ -35,11 +35,10 @@ public struct ReceiptLedger: Sendable {
         self.purchaseAllowance = purchaseAllowance
     }
 
-    /// Whether `transaction` was bought before `order` was created, beyond the allowance: then
-    /// it cannot be what paid the order (an old purchase replayed, or granted before by another
-    /// backend), and only support's explicit override ties them.
+    /// Whether `transaction` was bought before `order` was created, beyond the allowance
+    /// (`Reconciler.purchasedBeforeOrder`).
     public func purchased(_ transaction: AppleTransaction, before order: Order) -> Bool {
-        transaction.purchaseDate < order.createdAt.addingTimeInterval(-purchaseAllowance)
+        Reconciler.purchasedBeforeOrder(transaction.purchaseDate, created: order.createdAt, allowance: purchaseAllowance)
     }
 
     /// Who sent the proof and which order it names.

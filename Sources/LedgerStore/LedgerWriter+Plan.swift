@@ -203,7 +203,7 @@ extension LedgerWriter {
                             guard known.isPooled || known.isHeldForSupport else { throw OrderLedgerError.duplicateTransaction(receipt.transactionId) }
                             if receipt.matchedBy == .imported, let order, let refusal = importRefusal(receipt, of: order, known: known) { throw refusal }
                             if let allowance = write.purchaseAllowance, receipt.matchedBy != .support, let order,
-                               known.purchaseDate < order.createdAt.addingTimeInterval(-allowance) {
+                               Reconciler.purchasedBeforeOrder(known.purchaseDate, created: order.createdAt, allowance: allowance) {
                                 throw OrderLedgerError.purchasedBeforeOrder(receipt.transactionId)
                             }
                             plan.appends.append(try matched(receipt, order: id, known: known, snapshot, write.pairing, metadata: event.metadata))

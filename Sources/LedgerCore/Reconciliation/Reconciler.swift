@@ -118,11 +118,19 @@ public enum Reconciler {
         return pairings
     }
 
+    /// The purchase-date guard (issue 41), the one statement of it: a purchase Apple dated
+    /// `purchased` was made before an order created at `created`, beyond `allowance` (the clocks'
+    /// disagreement, `Settings.clockSkew`), so it cannot be what paid that order (an old purchase
+    /// replayed, or granted before by another backend); only support's explicit override ties them.
+    public static func purchasedBeforeOrder(_ purchased: Date, created: Date, allowance: TimeInterval) -> Bool {
+        purchased < created.addingTimeInterval(-allowance)
+    }
+
     /// The alignment of one user's and product's purchases with their open orders.
     static func align(_ orphans: [Orphan], _ orders: [OpenOrder], settings: Settings) -> [Pairing] {
         let purchases = orphans.sorted { ($0.purchaseDate, $0.transactionId.rawValue) < ($1.purchaseDate, $1.transactionId.rawValue) }
         func isCandidate(_ order: OpenOrder, for purchase: Orphan) -> Bool {
-            order.createdAt <= purchase.purchaseDate.addingTimeInterval(settings.clockSkew)
+            !purchasedBeforeOrder(purchase.purchaseDate, created: order.createdAt, allowance: settings.clockSkew)
                 && order.createdAt >= purchase.purchaseDate.addingTimeInterval(-settings.maximumAge)
                 && !purchase.undoneOrders.contains(order.orderId)
         }
