@@ -29,6 +29,18 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $fn$
           JOIN apps a ON a.sku = s.parent_identifier
          WHERE s.parent_identifier <> ''
          GROUP BY 1, 2, 3, 4
+    ), renewals AS (
+        -- The renewals bought or refunded in the period, each with its storefront: its own
+        -- transaction's, else its subscription's first.
+        SELECT p.purchase_date, p.refunded_at, s.bundle_id, p.product_id,
+               coalesce((SELECT x.storefront FROM apple_transactions x WHERE x.transaction_id = p.transaction_id),
+                        (SELECT x.storefront FROM apple_transactions x WHERE x.transaction_id = p.original_transaction_id))
+                   AS storefront
+          FROM subscription_periods p JOIN subscriptions s ON s.original_transaction_id = p.original_transaction_id
+         WHERE p.kind = 'subscription-renewal' AND NOT s.family_shared AND s.environment = 'Production'
+           AND ((p.purchase_date >= (p_from::timestamp AT TIME ZONE 'America/Los_Angeles')
+                 AND p.purchase_date < ((p_to + 1)::timestamp AT TIME ZONE 'America/Los_Angeles'))
+                OR (p.refunded_at AT TIME ZONE 'America/Los_Angeles')::date BETWEEN p_from AND p_to)
     ), bought AS (
         SELECT (t.purchase_date AT TIME ZONE 'America/Los_Angeles')::date AS day, t.bundle_id, t.product_id, t.storefront,
                o.quantity AS n
@@ -37,15 +49,10 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $fn$
            AND t.purchase_date >= (p_from::timestamp AT TIME ZONE 'America/Los_Angeles')
            AND t.purchase_date < ((p_to + 1)::timestamp AT TIME ZONE 'America/Los_Angeles')
         UNION ALL
-        -- A renewal's storefront: its own transaction's, else its subscription's first.
-        SELECT (p.purchase_date AT TIME ZONE 'America/Los_Angeles')::date, s.bundle_id, p.product_id,
-               coalesce((SELECT x.storefront FROM apple_transactions x WHERE x.transaction_id = p.transaction_id),
-                        (SELECT x.storefront FROM apple_transactions x WHERE x.transaction_id = p.original_transaction_id)),
-               1
-          FROM subscription_periods p JOIN subscriptions s ON s.original_transaction_id = p.original_transaction_id
-         WHERE p.kind = 'subscription-renewal' AND NOT s.family_shared AND s.environment = 'Production'
-           AND p.purchase_date >= (p_from::timestamp AT TIME ZONE 'America/Los_Angeles')
-           AND p.purchase_date < ((p_to + 1)::timestamp AT TIME ZONE 'America/Los_Angeles')
+        SELECT (r.purchase_date AT TIME ZONE 'America/Los_Angeles')::date, r.bundle_id, r.product_id, r.storefront, 1
+          FROM renewals r
+         WHERE r.purchase_date >= (p_from::timestamp AT TIME ZONE 'America/Los_Angeles')
+           AND r.purchase_date < ((p_to + 1)::timestamp AT TIME ZONE 'America/Los_Angeles')
     ), purchases AS (
         SELECT b.day, coalesce(b.bundle_id, '') AS bundle_id, b.product_id, coalesce(c.alpha2, '') AS country,
                sum(b.n)::integer AS ledger_purchases
@@ -61,16 +68,11 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $fn$
            AND coalesce(e.data->>'revocationType', '') <> 'FAMILY_REVOKE'
            AND ((e.data->>'revocationDate')::timestamptz AT TIME ZONE 'America/Los_Angeles')::date BETWEEN p_from AND p_to
         UNION ALL
-        -- A renewal's refund is its period's (it pays no order), by its revocation date, with the
-        -- renewal's storefront as its purchase has it.
-        SELECT (p.refunded_at AT TIME ZONE 'America/Los_Angeles')::date, s.bundle_id, p.product_id,
-               coalesce((SELECT x.storefront FROM apple_transactions x WHERE x.transaction_id = p.transaction_id),
-                        (SELECT x.storefront FROM apple_transactions x WHERE x.transaction_id = p.original_transaction_id)),
-               1
-          FROM subscription_periods p JOIN subscriptions s ON s.original_transaction_id = p.original_transaction_id
-         WHERE p.kind = 'subscription-renewal' AND NOT s.family_shared AND s.environment = 'Production'
-           AND p.refunded_at IS NOT NULL
-           AND (p.refunded_at AT TIME ZONE 'America/Los_Angeles')::date BETWEEN p_from AND p_to
+        -- A renewal's refund is its period's (it pays no order), by its revocation date, in the
+        -- renewal's storefront as its purchase counts.
+        SELECT (r.refunded_at AT TIME ZONE 'America/Los_Angeles')::date, r.bundle_id, r.product_id, r.storefront, 1
+          FROM renewals r
+         WHERE (r.refunded_at AT TIME ZONE 'America/Los_Angeles')::date BETWEEN p_from AND p_to
     ), refunds AS (
         SELECT r.day, coalesce(r.bundle_id, '') AS bundle_id, r.product_id, coalesce(c.alpha2, '') AS country,
                sum(r.n)::integer AS ledger_refunds
