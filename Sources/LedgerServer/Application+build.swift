@@ -59,8 +59,10 @@ func buildRouter(
     AppleLookupController(
         lookup: services.orderLookup(api: appStoreServerAPI, verifier: apple), api: appStoreServerAPI, apps: AppCatalog(database: database)
     ).addRoutes(to: router)
-    RecoverController(sweep: configuration.historySweep(services, api: appStoreServerAPI, verifier: apple), api: appStoreServerAPI)
-        .addRoutes(to: router)
+    RecoverController(
+        sweep: configuration.historySweep(services, api: appStoreServerAPI, verifier: apple), api: appStoreServerAPI,
+        apps: services.orders.apps, catalog: AppCatalog(database: database)
+    ).addRoutes(to: router)
     router.get("/metrics") { _, _ in
         Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
                  body: .init(byteBuffer: ByteBuffer(string: metrics.registry.emitToString())))

@@ -1,5 +1,6 @@
 import Hummingbird
 import LedgerCore
+import LedgerStore
 
 /// What the request's key may reach (issue 39, "Keys are scoped to apps"; docs/apps.md).
 extension LedgerRequestContext {
@@ -23,5 +24,30 @@ extension LedgerRequestContext {
         throw APIError(.forbidden, code: "app-not-allowed",
                        message: "the key \(apiKeyName ?? "") does not reach the app \(bundleId); it reaches \(keyApps.map(\.rawValue).joined(separator: ", "))",
                        details: ["bundleId": .string(bundleId), "apps": .strings(keyApps.map(\.rawValue))])
+    }
+
+    /// The apps a user's rows are read from (or swept for). User ids are per app, so a request
+    /// names its app (`bundleId`, `given`) unless only one can be meant: the key's one app, or the
+    /// ledger's only app (400 `bundle-id-required` otherwise). Nil: every app (a ledger of at most one).
+    func userApps(named given: Substring?, apps: OrderApps, catalog: AppCatalog) async throws -> [BundleID]? {
+        if let given {
+            let id = try BundleID(String(given))
+            try requireReach(bundleId: id.rawValue)
+            // A retired app's rows are read as any app's.
+            guard let app = try await catalog.app(id) else {
+                throw APIError(.badRequest, code: "unknown-app", message: "the ledger holds no app \(id)", details: ["field": .string("bundleId")])
+            }
+            return [app.bundleId]
+        }
+        if let keyApps {
+            guard keyApps.count == 1 else {
+                throw APIError(.badRequest, code: "bundle-id-required",
+                               message: "bundleId is missing: the key reaches several apps (\(keyApps.map(\.rawValue).joined(separator: ", "))) and user ids are per app; name one",
+                               details: ["field": .string("bundleId")])
+            }
+            return keyApps
+        }
+        _ = try await apps.app(of: nil)
+        return nil
     }
 }

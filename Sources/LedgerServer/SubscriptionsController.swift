@@ -88,29 +88,8 @@ struct SubscriptionsController {
         }
     }
 
-    /// The apps a user's rows are read from. User ids are per app, so a request names its app
-    /// (`bundleId`) unless only one can be meant: the key's one app, or the ledger's only app
-    /// (400 `bundle-id-required` otherwise). Nil: every app (a ledger of at most one).
     func userApps(_ request: Request, _ context: LedgerRequestContext) async throws -> [BundleID]? {
-        if let given = request.uri.queryParameters["bundleId"] {
-            let id = try BundleID(String(given))
-            try context.requireReach(bundleId: id.rawValue)
-            // A retired app's subscriptions are read as any app's.
-            guard let app = try await catalog.app(id) else {
-                throw APIError(.badRequest, code: "unknown-app", message: "the ledger holds no app \(id)", details: ["field": .string("bundleId")])
-            }
-            return [app.bundleId]
-        }
-        if let keyApps = context.keyApps {
-            guard keyApps.count == 1 else {
-                throw APIError(.badRequest, code: "bundle-id-required",
-                               message: "bundleId is missing: the key reaches several apps (\(keyApps.map(\.rawValue).joined(separator: ", "))) and user ids are per app; name one",
-                               details: ["field": .string("bundleId")])
-            }
-            return keyApps
-        }
-        _ = try await apps.app(of: nil)
-        return nil
+        try await context.userApps(named: request.uri.queryParameters["bundleId"], apps: apps, catalog: catalog)
     }
 
     /// `true` or `false` (absent: false); anything else is a 400 naming `field`.

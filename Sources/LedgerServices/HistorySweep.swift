@@ -95,13 +95,14 @@ public struct HistorySweep: Sendable {
 
     typealias Account = HistoryCursors.DueAccount
 
-    /// Sweeps every due account, or only `user`'s; `progress` gets (accounts done, accounts due).
+    /// Sweeps every due account, or only `user`'s, of every app or of `apps` alone; `progress`
+    /// gets (accounts done, accounts due).
     public func run(
-        user: UserID? = nil, metadata: Data = Data(#"{"appendedBy":"history-sweep"}"#.utf8),
+        user: UserID? = nil, apps: [BundleID]? = nil, metadata: Data = Data(#"{"appendedBy":"history-sweep"}"#.utf8),
         progress: (@Sendable (Int, Int) -> Void)? = nil
     ) async throws -> Summary {
         let started = ContinuousClock.now
-        let accounts = try await cursors.dueAccounts(user: user, openFor: recoverAfter)
+        let accounts = try await cursors.dueAccounts(user: user, apps: apps, openFor: recoverAfter)
         var summary = Summary()
         var done = 0
         progress?(0, accounts.count)

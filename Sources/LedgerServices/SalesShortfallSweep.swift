@@ -49,7 +49,9 @@ public struct SalesShortfallSweep: Sendable {
             for user in users {
                 let key = (shortfall.bundleId?.rawValue ?? "") + "\u{1F}" + user.rawValue
                 if done[key] == nil {
-                    done[key] = try await sweep.run(user: user, metadata: Data(#"{"appendedBy":"sales-shortfall-sweep"}"#.utf8))
+                    // User ids are per app: the shortfall's app's user alone.
+                    done[key] = try await sweep.run(
+                        user: user, apps: shortfall.bundleId.map { [$0] }, metadata: Data(#"{"appendedBy":"sales-shortfall-sweep"}"#.utf8))
                 }
                 summary.add(done[key]!)
             }

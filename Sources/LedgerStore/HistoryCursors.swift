@@ -27,15 +27,17 @@ public struct HistoryCursors: Sendable {
     }
 
     /// The accounts of users with an open order older than `openFor` seconds (of `user` alone,
-    /// when given): those they linked, those named by their transactions, and for a user with
+    /// when given; of the apps `apps` alone, any case, when given, as user ids are per app): those they linked, those named by their transactions, and for a user with
     /// neither but with a transaction of an unknown account, that transaction's id.
-    public func dueAccounts(user: UserID?, openFor: TimeInterval) async throws -> [DueAccount] {
+    public func dueAccounts(user: UserID?, apps: [BundleID]? = nil, openFor: TimeInterval) async throws -> [DueAccount] {
+        let apps = apps?.map { $0.rawValue.lowercased() }
         let rows = try await database.query(
             """
             WITH due AS (
                 SELECT bundle_id, user_id, min(created_at) AS oldest FROM orders
                  WHERE state IN ('created', 'payment-added') AND created_at <= now() - make_interval(secs => \(openFor))
                    AND (\(user?.rawValue)::text IS NULL OR user_id = \(user?.rawValue)::text)
+                   AND (\(apps)::text[] IS NULL OR lower(bundle_id) = ANY(\(apps)::text[]))
                  GROUP BY bundle_id, user_id),
             accounts AS (
                 SELECT substr(e.stream_id, length('apple-account-') + 1) AS account_id, d.user_id, d.oldest, 0 AS strength,

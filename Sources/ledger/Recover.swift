@@ -11,14 +11,26 @@ struct Recover: AsyncParsableCommand {
         abstract: "Sweep the Apple transaction history of users with old open orders and take in the purchases no client sent (App Store Server API).")
     @OptionGroup var options: ConfigurationOptions
     @Option(help: "Sweep only this user's Apple accounts") var user: String?
+    @Option(help: "Sweep only this app's users (required with --user once the ledger holds several apps)") var bundleId: String?
 
     func run() async throws {
         let userID = try user.map { try UserID($0) }
         let metadata = try operatorMetadata("recover")
         let progress = terminalProgress("Apple accounts")
         let summary = try await withAppleWork(options) { work in
-            try await work.configuration.historySweep(work.services, api: work.api, verifier: work.verifier)
-                .run(user: userID, metadata: metadata, progress: progress)
+            // User ids are per app: one user's sweep is of one app.
+            let apps = try await AppCatalog(database: work.services.database).list()
+            var scope: [BundleID]?
+            if let bundleId {
+                guard let held = apps.first(where: { $0.bundleId.rawValue.lowercased() == bundleId.lowercased() }) else {
+                    throw CommandFailure("unknown-app: the ledger holds no app \(bundleId)")
+                }
+                scope = [held.bundleId]
+            } else if userID != nil, apps.count > 1 {
+                throw CommandFailure("bundle-id-required: the ledger holds \(apps.count) apps and user ids are per app; name one with --bundle-id")
+            }
+            return try await work.configuration.historySweep(work.services, api: work.api, verifier: work.verifier)
+                .run(user: userID, apps: scope, metadata: metadata, progress: progress)
         }
         let ingested = summary.ingested.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
         print("swept \(summary.accounts) Apple accounts, \(summary.pages) pages, \(summary.transactions) transactions in \(String(format: "%.2f", summary.seconds)) s")

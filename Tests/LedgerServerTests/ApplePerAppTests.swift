@@ -48,6 +48,8 @@ struct ApplePerAppTests {
             configuration.appleCallsInterval = 0
             configuration.backfillNotificationsAtStart = false
             configuration.refundCatchUpInterval = 0
+            // Every open order is due a sweep at once (no background sweep runs: the interval is 0).
+            configuration.recoveryAfter = 0
         }
         var seen = LedgerConfiguration()
         configure(&seen)
@@ -243,6 +245,49 @@ struct ApplePerAppTests {
                 #expect(summary.finished && summary.refusal == nil, "\(summary)")
                 let atB = (await standInB.notificationRequests.count, await standInB.refusedTokens)
                 #expect(atB == (1, 0))
+            }
+        }
+    }
+
+    @Test("one user's sweep is of one app: user ids are per app, so it names the app once the ledger holds several")
+    func oneUsersSweepIsOfOneApp() async throws {
+        let standInA = AppStoreServerStandIn(bundleID: TestApple.bundleId)
+        let standInB = AppStoreServerStandIn(bundleID: Self.gameB)
+        try await AppStoreServerStandIn.run([standInA, standInB]) { base in
+            try await withServer(key: standInA, production: base, sandbox: nil) { http, db, _ in
+                try await addGameB(http, key: standInB)
+                // User u-1 of each app bought once (each an Apple account of its own) and has an order open.
+                try await http.send(.post, "/v1/orders", json: newOrder("sw-a").merging(["bundleId": TestApple.bundleId]) { $1 })
+                let signed = try await apple.sign(TestApple.transaction("8920001", environment: "Sandbox"))
+                let (_, paidA) = try await http.send(.post, "/v1/receipts", json: ["orderId": "sw-a", "signedTransaction": signed])
+                #expect(paidA["outcome"] as? String == "matched", "\(paidA)")
+                try await http.send(.post, "/v1/orders", json: newOrder("sw-b").merging(["bundleId": Self.gameB]) { $1 })
+                let purchase = AppleTransaction(
+                    transactionId: TransactionID(unchecked: "8920002"), originalTransactionId: "8920002", productId: ProductID(unchecked: "gems.100"),
+                    purchaseDate: Date(timeIntervalSinceNow: -60), environment: "Sandbox", bundleId: Self.gameB, appTransactionId: "app-tx-8920002",
+                    format: .jws, receiptSha256: sha)
+                let paidB = try await secondServer(db).receipts.apply(
+                    purchase, claim: .init(userId: UserID("u-1"), orderId: OrderID("sw-b"), poolUserId: nil), metadata: Data("{}".utf8))
+                #expect(paidB.outcome == .matched, "\(paidB)")
+                for (order, app) in [("sw-a-open", TestApple.bundleId), ("sw-b-open", Self.gameB)] {
+                    let (created, answer) = try await http.send(.post, "/v1/orders", json: newOrder(order).merging(["bundleId": app]) { $1 })
+                    #expect(created == .created && answer["userId"] as? String == "u-1", "\(answer)")
+                }
+                await standInA.setHistory("app-tx-8920001", [.init(revision: "h-a", hasMore: false, signedTransactions: [])])
+                await standInB.setHistory("app-tx-8920002", [.init(revision: "h-b", hasMore: false, signedTransactions: [])])
+
+                let (required, requiredError) = try await http.send(.post, "/v1/recover", json: ["userId": "u-1"])
+                #expect(required == .badRequest && errorOf(requiredError)["code"] as? String == "bundle-id-required", "\(requiredError)")
+                let (unknown, unknownError) = try await http.send(.post, "/v1/recover?bundleId=com.example.none", json: ["userId": "u-1"])
+                #expect(unknown == .badRequest && errorOf(unknownError)["code"] as? String == "unknown-app", "\(unknownError)")
+                let askedA = await standInA.requests
+                let (swept, summary) = try await http.send(.post, "/v1/recover?bundleId=\(Self.gameB)", json: ["userId": "u-1"])
+                #expect(swept == .ok && summary["accounts"] as? Int == 1 && summary["failed"] as? Int == 0, "\(summary)")
+                #expect(await standInA.requests == askedA, "app A's user u-1 is another user: not swept")
+                #expect(try await scalar(db, "SELECT string_agg(account_id, ',') FROM apple_history_cursors", as: String.self) == "app-tx-8920002")
+                // Every app's users, with no user named.
+                let (all, allSummary) = try await http.send(.post, "/v1/recover", raw: "")
+                #expect(all == .ok && allSummary["accounts"] as? Int == 2, "\(allSummary)")
             }
         }
     }
