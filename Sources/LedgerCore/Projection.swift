@@ -30,6 +30,15 @@ public enum Projection {
             row.matchedBy = nil
             row.updatedAt = date
             return (next, row)
+        case .verified(let verified):
+            // A transaction its order held with no environment (a backend's own receipt-received
+            // naming none) takes the one the verification names: reports count it there.
+            guard var row = claimed, row.orderId == id, row.environment == nil, let environment = verified.environment else {
+                return (next, claimed)
+            }
+            row.environment = environment
+            row.updatedAt = date
+            return (next, row)
         default:
             return (next, claimed)
         }

@@ -176,8 +176,16 @@ public struct ReceiptLedger: Sendable {
         if let holder, let holderOrder = holder.orderId {
             // Already granted: to this order (a re-sent proof), or to another one.
             if let candidate, candidate.orderId == holderOrder {
-                return Answer(outcome: .matched, transactionId: id, orderId: holderOrder, state: candidate.state,
-                              finishTransaction: candidate.state.clientMayFinish, reason: nil)
+                var state = candidate.state
+                if state == .receiptReceived, candidate.productId == transaction.productId, !purchased(transaction, before: candidate) {
+                    // Held unverified (its backend's own receipt-received): this proof verifies it,
+                    // with the environment Apple signed, which reports count the order under.
+                    let verified = OrderEvent.verified(Verified(transactionId: id, environment: transaction.environment))
+                    state = try await append([(verified, EventID.named("verified", holderOrder.rawValue, id.rawValue))], to: candidate,
+                                             metadata: metadata, in: tx, knowing: snapshot).state
+                }
+                return Answer(outcome: .matched, transactionId: id, orderId: holderOrder, state: state,
+                              finishTransaction: state.clientMayFinish, reason: nil)
             }
             let owner = try await writer.read(orders: [holderOrder], transactions: [], in: tx).order(holderOrder)
             // An imported grant was granted by the team's earlier backend, whatever state its

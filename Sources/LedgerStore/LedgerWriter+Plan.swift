@@ -193,7 +193,7 @@ extension LedgerWriter {
                         throw AppendError.invalidBatch("an order's stream takes order events, not \(event.type)")
                     }
                     if case .failure(let refusal) = Order.decide(order, orderEvent) { throw refusal }
-                    let claimed = orderEvent.movedTransaction.flatMap(transaction)
+                    let claimed = orderEvent.touchedTransaction.flatMap(transaction)
                     if case .receiptReceived(let receipt) = orderEvent {
                         if let known = claimed {
                             // Held for support (an Apple-account conflict): support's pairing alone takes it.
@@ -213,7 +213,7 @@ extension LedgerWriter {
                     }
                     let next = Projection.apply(orderEvent, to: order, id: id, claimed: claimed, version: version + 1 + Int64(offset), at: now)
                     order = next.order
-                    if orderEvent.movedTransaction != nil, let row = next.claimed, row != claimed { leave(row, isNew: claimed == nil) }
+                    if orderEvent.touchedTransaction != nil, let row = next.claimed, row != claimed { leave(row, isNew: claimed == nil) }
                 }
                 guard let order else { throw OrderDecisionError.noSuchOrder }
                 plan.orders.append((order, current == nil))

@@ -64,7 +64,7 @@ extension ProjectionRebuilder {
             switch body {
             case .order(let event):
                 let id = order?.orderId ?? OrderID(unchecked: String(row.stream.dropFirst("order-".count)))
-                let claimedID = event.movedTransaction
+                let claimedID = event.touchedTransaction
                 if case .receiptReceived(let receipt) = event, let held = transactions[receipt.transactionId],
                    let holder = held.orderId, holder != id {
                     displaced[receipt.transactionId] = held

@@ -146,4 +146,33 @@ struct SandboxPurchaseTests {
         #expect(await standIn.calls("production:REVIEW") == 1)
         #expect(await standIn.calls("sandbox:REVIEW") == 1)
     }
+
+    @Test("a backend's own receipt-received names no environment: the client's proof verifies the order, and the sandbox's purchase counts as the sandbox's")
+    func backendsOwnReceiptThenProof() async throws {
+        try await withReceiptsApplication(apple, configure: bothEnvironments) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("review-own", user: "u-review-own"))
+            var own = receipt("8800011")
+            own["purchaseDate"] = ISO8601DateFormatter().string(from: Date())
+            let (claimed, _) = try await http.send(.post, "/v1/orders/review-own/events", json: ["type": "receipt-received", "data": own])
+            #expect(claimed == .created)
+            let (_, before) = try await http.send(.get, "/v1/orders/review-own")
+            #expect(before["state"] as? String == "receipt-received" && before["environment"] as? String == nil, "\(before)")
+
+            let reviewer = try await apple.sign(TestApple.transaction("8800011", environment: "Sandbox"))
+            let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": "review-own", "signedTransaction": reviewer])
+            #expect(answer["outcome"] as? String == "matched" && answer["state"] as? String == "verified", "\(answer)")
+            let (_, order) = try await http.send(.get, "/v1/orders/review-own")
+            #expect(order["state"] as? String == "verified" && order["environment"] as? String == "Sandbox", "\(order)")
+            // Sent again: nothing more.
+            let (_, again) = try await http.send(.post, "/v1/receipts", json: ["orderId": "review-own", "signedTransaction": reviewer])
+            #expect(again["outcome"] as? String == "matched" && again["state"] as? String == "verified", "\(again)")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM events WHERE stream_id = 'order-review-own' AND type = 'verified'", as: Int.self) == 1)
+
+            let (_, report) = try await http.send(.get, "/v1/reports/reconciliation?from=2000-01-01")
+            let totals = report["totals"] as? [String: Any] ?? [:]
+            let sandbox = report["sandboxTotals"] as? [String: Any] ?? [:]
+            #expect(totals["verified"] as? Int == 0 && sandbox["verified"] as? Int == 1, "\(report)")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
 }

@@ -32,12 +32,14 @@ public enum OrderEvent: Sendable, Equatable {
         }
     }
 
-    /// The Apple transaction whose row this event moves (`Projection.apply`'s `claimed`): the one
-    /// a receipt claims, or the one an undone pairing releases.
-    public var movedTransaction: TransactionID? {
+    /// The Apple transaction whose row this event may change (`Projection.apply`'s `claimed`):
+    /// the one a receipt claims, the one an undone pairing releases, and the one a `verified`
+    /// names (its environment, where the row had none).
+    public var touchedTransaction: TransactionID? {
         switch self {
         case .receiptReceived(let receipt): receipt.transactionId
         case .pairingUndone(let undone): undone.transactionId
+        case .verified(let verified): verified.transactionId
         default: nil
         }
     }
