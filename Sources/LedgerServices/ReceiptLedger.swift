@@ -103,8 +103,8 @@ public struct ReceiptLedger: Sendable {
     }
 
     /// The common case, through the writer's group commit rather than a transaction of its own:
-    /// the order its order id (else its appAccountToken) names, open, of the same product, app and
-    /// claiming user, and created before the purchase (`purchased(_:before:)`), takes the
+    /// the order its order id (else its appAccountToken) names, open, of the same product, quantity,
+    /// app and claiming user, and created before the purchase (`purchased(_:before:)`), takes the
     /// transaction. The writer checks that on the order as its group reads it, and the append
     /// routine stores the pairing only if, under the locks, the
     /// order is still as read and the transaction unclaimed (taken out of the pool if it waited
@@ -119,10 +119,10 @@ public struct ReceiptLedger: Sendable {
         } else {
             return nil
         }
-        let (product, user) = (transaction.productId, claim.userId)
+        let user = claim.userId
         var write = try Self.matchWrite(transaction, to: named.0, by: named.1, pairing: nil, metadata: metadata)
         write.condition = { [self] order in
-            order.isOpen && order.productId == product && (user == nil || user == order.userId) && Self.sameApp(order, transaction)
+            order.isOpen && Self.mismatch(transaction, order) == nil && (user == nil || user == order.userId) && Self.sameApp(order, transaction)
                 && !purchased(transaction, before: order)
         }
         do {
@@ -177,7 +177,7 @@ public struct ReceiptLedger: Sendable {
             // Already granted: to this order (a re-sent proof), or to another one.
             if let candidate, candidate.orderId == holderOrder {
                 var state = candidate.state
-                if state == .receiptReceived, candidate.productId == transaction.productId, !purchased(transaction, before: candidate) {
+                if state == .receiptReceived, Self.mismatch(transaction, candidate) == nil, !purchased(transaction, before: candidate) {
                     // Held unverified (its backend's own receipt-received): this proof verifies it,
                     // with the environment Apple signed, which reports count the order under.
                     let verified = OrderEvent.verified(Verified(transactionId: id, environment: transaction.environment))
@@ -245,19 +245,18 @@ public struct ReceiptLedger: Sendable {
                           reason: Self.purchasedBeforeOrder)
         }
         if let order = candidate, let matchedBy, order.isOpen {
-            if order.productId != transaction.productId {
-                // Apple's product is not the order's: the order fails and the paid transaction
-                // waits in the pool for an order of its own product (promises 7 and 8).
-                let failed = OrderEvent.failed(Failed(
-                    reason: "product-mismatch",
-                    detail: "Apple transaction \(id) is for \(transaction.productId), the order for \(order.productId)"))
-                var appends = [try Self.orderAppend([(failed, EventID.named("product-mismatch", order.orderId.rawValue, id.rawValue))], to: order.orderId, metadata: metadata)]
+            if let (reason, detail) = Self.mismatch(transaction, order) {
+                // Apple's product or quantity is not the order's: the order fails and the paid
+                // transaction waits in the pool for an order of its own (promises 7 and 8). An order
+                // of more units than Apple sold would grant what was never paid for.
+                let failed = OrderEvent.failed(Failed(reason: reason, detail: detail))
+                var appends = [try Self.orderAppend([(failed, EventID.named(reason, order.orderId.rawValue, id.rawValue))], to: order.orderId, metadata: metadata)]
                 if holder == nil {
-                    appends.append(try Self.poolAppend(transaction, userId: claim.userId ?? order.userId, claimedOrder: order.orderId, reason: "product-mismatch", metadata: metadata))
+                    appends.append(try Self.poolAppend(transaction, userId: claim.userId ?? order.userId, claimedOrder: order.orderId, reason: reason, metadata: metadata))
                 }
                 let written = try await writer.append(LedgerWriter.Write(appends), in: tx, knowing: snapshot)
                 let state = written.appends[0].order?.state ?? order.state
-                return Answer(outcome: .unmatched, transactionId: id, orderId: order.orderId, state: state, finishTransaction: false, reason: "product-mismatch")
+                return Answer(outcome: .unmatched, transactionId: id, orderId: order.orderId, state: state, finishTransaction: false, reason: reason)
             }
             let matched = try await match(transaction, to: order, by: matchedBy, metadata: metadata, in: tx, knowing: snapshot)
             return Answer(outcome: .matched, transactionId: id, orderId: matched.orderId, state: matched.state,
@@ -329,6 +328,19 @@ public struct ReceiptLedger: Sendable {
         let event = try EventCoding.newEvent(
             .unmatched(body), id: id ?? EventID.named("unmatched", transaction.transactionId.rawValue), metadata: metadata)
         return LedgerWriter.Append([event], to: transaction.transactionId.streamID)
+    }
+
+    /// Why `order` cannot take `transaction` as Apple signed it (`product-mismatch`,
+    /// `quantity-mismatch`) with the detail its `failed` says, else nil.
+    static func mismatch(_ transaction: AppleTransaction, _ order: Order) -> (reason: String, detail: String)? {
+        let id = transaction.transactionId
+        if order.productId != transaction.productId {
+            return ("product-mismatch", "Apple transaction \(id) is for \(transaction.productId), the order for \(order.productId)")
+        }
+        if order.quantity != transaction.quantity {
+            return ("quantity-mismatch", "Apple transaction \(id) is for \(transaction.quantity) of \(transaction.productId), the order for \(order.quantity)")
+        }
+        return nil
     }
 
     /// Whether `order` may take `transaction`: the same app (an order of a ledger that held no app

@@ -180,7 +180,7 @@ public struct ReconcilerPass: Sendable {
         for pairing in pairings {
             guard let pooled = snapshot.transaction(pairing.transactionId), pooled.isPooled,
                   let transaction = try pooled.verifiedTransaction(), let order = snapshot.order(pairing.orderId),
-                  order.isOpen, order.productId == transaction.productId
+                  order.isOpen, ReceiptLedger.mismatch(transaction, order) == nil
             else {
                 counts.lostRaces += 1
                 continue

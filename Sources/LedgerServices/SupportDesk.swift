@@ -48,6 +48,9 @@ public struct SupportDesk: Sendable {
                 if transaction.productId != order.productId {
                     throw SupportMatchError.productMismatch(transaction: transaction.productId, order: order.productId)
                 }
+                if transaction.quantity != order.quantity {
+                    throw SupportMatchError.quantityMismatch(transaction: transaction.quantity, order: order.quantity)
+                }
                 if receipts.purchased(transaction, before: order) {
                     throw SupportMatchError.purchasedBeforeOrder(purchased: transaction.purchaseDate, created: order.createdAt)
                 }
@@ -161,6 +164,7 @@ public enum SupportMatchError: Error, Sendable, Equatable, CustomStringConvertib
     case orderNotOpen(OrderID, state: OrderState)
     case userMismatch(transaction: UserID, order: UserID)
     case productMismatch(transaction: ProductID, order: ProductID)
+    case quantityMismatch(transaction: Int, order: Int)
     case purchasedBeforeOrder(purchased: Date, created: Date)
     case reasonRequired
     case conflictReasonRequired(TransactionID)
@@ -172,6 +176,7 @@ public enum SupportMatchError: Error, Sendable, Equatable, CustomStringConvertib
         case .orderNotOpen: "order-not-open"
         case .userMismatch: "user-mismatch"
         case .productMismatch: "product-mismatch"
+        case .quantityMismatch: "quantity-mismatch"
         case .purchasedBeforeOrder: "purchased-before-order"
         case .reasonRequired, .conflictReasonRequired: "reason-required"
         }
@@ -184,6 +189,8 @@ public enum SupportMatchError: Error, Sendable, Equatable, CustomStringConvertib
         case .orderNotOpen(let id, let state): "order \(id) is \(state.rawValue); only created or payment-added orders without a transaction take one"
         case .userMismatch(let transaction, let order): "the transaction is user \(transaction)'s, the order user \(order)'s; send force with a reason to pair them anyway"
         case .productMismatch(let transaction, let order): "the transaction is for \(transaction), the order for \(order); send force with a reason to pair them anyway"
+        case .quantityMismatch(let transaction, let order):
+            "Apple sold \(transaction) of the product, the order is for \(order); send force with a reason to pair them anyway"
         case .purchasedBeforeOrder(let purchased, let created):
             "the transaction was bought at \(EventCoding.formatDate(purchased)), before the order was created at \(EventCoding.formatDate(created)); send force with a reason to pair them anyway"
         case .reasonRequired: "force needs a reason, recorded with the pairing"

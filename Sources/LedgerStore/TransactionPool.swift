@@ -147,13 +147,15 @@ extension TransactionPool {
                        OVER (PARTITION BY bundle_id, resolved_user_id, product_id), false),
                    CASE WHEN jsonb_typeof(undone_order_ids) = 'array'
                         THEN ARRAY(SELECT jsonb_array_elements_text(undone_order_ids)) ELSE '{}' END,
-                   bundle_id
+                   bundle_id,
+                   coalesce((SELECT (t.verification -> 'transaction' ->> 'quantity')::int FROM apple_transactions t
+                              WHERE t.transaction_id = pool_with_users.transaction_id), 1)
             FROM pool_with_users
             ORDER BY resolved_user_id
             """)
         var view = ReconcilerView()
-        for try await (id, user, product, purchase, withoutOwnUser, settling, undone, bundle)
-            in rows.decode((String, String?, String, Date, Bool, Bool, [String], String?).self) {
+        for try await (id, user, product, purchase, withoutOwnUser, settling, undone, bundle, quantity)
+            in rows.decode((String, String?, String, Date, Bool, Bool, [String], String?, Int).self) {
             guard let user else {
                 view.unknownUser += 1
                 continue
@@ -164,7 +166,8 @@ extension TransactionPool {
             view.entries[userID, default: []].append(PoolEntry(
                 orphan: .init(
                     transactionId: TransactionID(unchecked: id), userId: userID, productId: ProductID(unchecked: product),
-                    purchaseDate: purchase, undoneOrders: undone.map(OrderID.init(unchecked:)), bundleId: bundle.map(BundleID.init(unchecked:))),
+                    purchaseDate: purchase, undoneOrders: undone.map(OrderID.init(unchecked:)), bundleId: bundle.map(BundleID.init(unchecked:)),
+                    quantity: quantity),
                 settling: settling))
         }
         return view
@@ -209,15 +212,15 @@ extension TransactionPool {
     public func openOrders(of users: [UserID], in transaction: DatabaseTransaction) async throws -> [Reconciler.OpenOrder] {
         let rows = try await transaction.connection.guardedQuery(
             """
-            SELECT order_id, user_id, product_id, created_at, queued_at, bundle_id FROM orders
+            SELECT order_id, user_id, product_id, created_at, queued_at, bundle_id, quantity FROM orders
             WHERE user_id = ANY(\(users.map(\.rawValue))::text[]) AND state IN ('created', 'payment-added') AND transaction_id IS NULL
             """,
             logger: database.logger)
         var orders: [Reconciler.OpenOrder] = []
-        for try await (id, user, product, created, queued, bundle) in rows.decode((String, String, String, Date, Date?, String?).self) {
+        for try await (id, user, product, created, queued, bundle, quantity) in rows.decode((String, String, String, Date, Date?, String?, Int).self) {
             orders.append(.init(
                 orderId: OrderID(unchecked: id), userId: UserID(unchecked: user), productId: ProductID(unchecked: product),
-                createdAt: created, queuedAt: queued, bundleId: bundle.map(BundleID.init(unchecked:))))
+                createdAt: created, queuedAt: queued, bundleId: bundle.map(BundleID.init(unchecked:)), quantity: quantity))
         }
         return orders
     }

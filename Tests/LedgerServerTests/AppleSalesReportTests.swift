@@ -37,6 +37,7 @@ struct AppleSalesReportTests {
                 try await http.send(.post, "/v1/orders", json: body)
                 var transaction = TestApple.transaction("870000\(index)", product: product, environment: environment, purchaseDate: noon.addingTimeInterval(Double(index) * 60))
                 transaction.storefront = storefront
+                transaction.quantity = body["quantity"] as? Int ?? 1
                 let jws = try await apple.sign(transaction)
                 let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": order, "signedTransaction": jws])
                 #expect(answer["outcome"] as? String == "matched", "\(answer)")

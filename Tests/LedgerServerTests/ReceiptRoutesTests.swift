@@ -164,6 +164,37 @@ struct ReceiptRoutesTests {
         }
     }
 
+    @Test("Apple sold fewer units than the order asks: the order fails with quantity-mismatch; the reconciler pairs the purchase only with an order of as many units")
+    func quantityMismatch() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            for (order, quantity) in [("o-three", 3), ("o-three-more", 3)] {
+                let (created, _) = try await http.send(.post, "/v1/orders", json: newOrder(order, user: "u-q").merging(["quantity": quantity]) { $1 })
+                #expect(created == .created)
+            }
+            let one = try await apple.sign(TestApple.transaction("1000031"))
+            let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-three", "signedTransaction": one])
+            #expect(answer["outcome"] as? String == "unmatched" && answer["reason"] as? String == "quantity-mismatch", "\(answer)")
+            #expect(answer["state"] as? String == "failed" && answer["finishTransaction"] as? Bool == false, "\(answer)")
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '1000031'", as: String.self) == "unmatched")
+
+            // The reconciler: the other order of three units is no candidate; an order of one unit is.
+            let (_, none) = try await http.send(.post, "/v1/reconcile")
+            #expect(none["considered"] as? Int == 1 && none["paired"] as? Int == 0, "\(none)")
+            try await http.send(.post, "/v1/orders", json: newOrder("o-one", user: "u-q"))
+            let (_, summary) = try await http.send(.post, "/v1/reconcile")
+            #expect(summary["paired"] as? Int == 1, "\(summary)")
+            let (_, paid) = try await http.send(.get, "/v1/orders/o-one")
+            #expect(paid["state"] as? String == "verified" && paid["transactionId"] as? String == "1000031", "\(paid)")
+            #expect(try await http.send(.get, "/v1/orders/o-three-more").1["state"] as? String == "created")
+
+            // Three units bought for the order of three: matched.
+            var three = TestApple.transaction("1000032")
+            three.quantity = 3
+            let (_, matched) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-three-more", "signedTransaction": try await apple.sign(three)])
+            #expect(matched["outcome"] as? String == "matched" && matched["state"] as? String == "verified", "\(matched)")
+        }
+    }
+
     @Test("Apple's product differs from the order's: the order fails with product-mismatch, the transaction waits in the pool")
     func productMismatch() async throws {
         try await withReceiptsApplication(apple) { http, db in

@@ -26,7 +26,9 @@ struct ReportRoutesTests {
                 try await http.send(.post, "/v1/orders", json: ["orderId": id, "userId": user, "productId": product, "price": price, "currency": currency, "quantity": 2])
             }
             func receipt(_ tx: String, order: String?, user: String, product: String) async throws {
-                var body: [String: Any] = ["userId": user, "signedTransaction": try await apple.sign(TestApple.transaction(tx, product: product, environment: "Production"))]
+                var transaction = TestApple.transaction(tx, product: product, environment: "Production")
+                transaction.quantity = 2  // as the orders ask: Apple's quantity is checked
+                var body: [String: Any] = ["userId": user, "signedTransaction": try await apple.sign(transaction)]
                 if let order { body["orderId"] = order }
                 try await http.send(.post, "/v1/receipts", json: body)
             }
@@ -115,7 +117,8 @@ struct ReportRoutesTests {
         try await withReceiptsApplication(apple, configure: bothEnvironments) { http, db in
             func paid(_ id: String, _ tx: String, price: String) async throws -> SignedTransactionPayload {
                 try await http.send(.post, "/v1/orders", json: ["orderId": id, "userId": "u-\(id)", "productId": "gems.100", "price": price, "currency": "USD", "quantity": 2])
-                let transaction = TestApple.transaction(tx, environment: "Production")
+                var transaction = TestApple.transaction(tx, environment: "Production")
+                transaction.quantity = 2
                 try await http.send(.post, "/v1/receipts", json: ["orderId": id, "signedTransaction": try await apple.sign(transaction)])
                 return transaction
             }

@@ -32,10 +32,12 @@ public enum Reconciler {
         public var undoneOrders: [OrderID]
         /// Its app: user and product ids are per app, so only that app's orders are candidates.
         public var bundleId: BundleID?
+        /// The units Apple sold: only an order of as many is a candidate.
+        public var quantity: Int
 
         public init(
             transactionId: TransactionID, userId: UserID, productId: ProductID, purchaseDate: Date, undoneOrders: [OrderID] = [],
-            bundleId: BundleID? = nil
+            bundleId: BundleID? = nil, quantity: Int = 1
         ) {
             self.transactionId = transactionId
             self.userId = userId
@@ -43,6 +45,7 @@ public enum Reconciler {
             self.purchaseDate = purchaseDate
             self.undoneOrders = undoneOrders
             self.bundleId = bundleId
+            self.quantity = quantity
         }
     }
 
@@ -55,14 +58,18 @@ public enum Reconciler {
         /// When the client put the payment into the StoreKit queue (`payment-added`).
         public var queuedAt: Date?
         public var bundleId: BundleID?
+        public var quantity: Int
 
-        public init(orderId: OrderID, userId: UserID, productId: ProductID, createdAt: Date, queuedAt: Date?, bundleId: BundleID? = nil) {
+        public init(
+            orderId: OrderID, userId: UserID, productId: ProductID, createdAt: Date, queuedAt: Date?, bundleId: BundleID? = nil, quantity: Int = 1
+        ) {
             self.orderId = orderId
             self.userId = userId
             self.productId = productId
             self.createdAt = createdAt
             self.queuedAt = queuedAt
             self.bundleId = bundleId
+            self.quantity = quantity
         }
     }
 
@@ -106,11 +113,11 @@ public enum Reconciler {
     /// purchases and queue entries (docs/reconciliation.md). Orphans with no candidate, or left
     /// over, are not in the answer; so are orders support undid a pairing of the orphan with.
     public static func pair(_ orphans: [Orphan], with orders: [OpenOrder], settings: Settings = Settings()) -> [Pairing] {
-        struct Key: Hashable { let app: BundleID?; let user: UserID; let product: ProductID }
-        let orderGroups = Dictionary(grouping: orders) { Key(app: $0.bundleId, user: $0.userId, product: $0.productId) }
-        let orphanGroups = Dictionary(grouping: orphans) { Key(app: $0.bundleId, user: $0.userId, product: $0.productId) }
+        struct Key: Hashable { let app: BundleID?; let user: UserID; let product: ProductID; let quantity: Int }
+        let orderGroups = Dictionary(grouping: orders) { Key(app: $0.bundleId, user: $0.userId, product: $0.productId, quantity: $0.quantity) }
+        let orphanGroups = Dictionary(grouping: orphans) { Key(app: $0.bundleId, user: $0.userId, product: $0.productId, quantity: $0.quantity) }
         var pairings: [Pairing] = []
-        func order(_ key: Key) -> (String, String, String) { (key.app?.rawValue ?? "", key.user.rawValue, key.product.rawValue) }
+        func order(_ key: Key) -> (String, String, String, Int) { (key.app?.rawValue ?? "", key.user.rawValue, key.product.rawValue, key.quantity) }
         for key in orphanGroups.keys.sorted(by: { order($0) < order($1) }) {
             guard let open = orderGroups[key] else { continue }
             pairings += align(orphanGroups[key]!, open, settings: settings)
