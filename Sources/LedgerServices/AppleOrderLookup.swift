@@ -51,7 +51,10 @@ public struct AppleOrderLookup: Sendable {
             } catch let error as AppleVerificationError {
                 logger.warning(
                     "a signed transaction from Look Up Order ID was refused", metadata: ["apple.order": "\(orderID)", "error": "\(error.code)"])
-                entries.append(.init(transactionId: nil, outcome: ReceiptOutcome.rejected.rawValue, orderId: nil, state: nil, reason: error.code))
+                // As POST /v1/receipts answers it: one that may yet verify (no roots, Apple's
+                // certificate check away) is to be looked up again, not a refusal.
+                let outcome = error.isRetryable ? ReceiptOutcome.retryLater : .rejected
+                entries.append(.init(transactionId: nil, outcome: outcome.rawValue, orderId: nil, state: nil, reason: error.code))
             } catch let error as LedgerInputError {
                 // A subscription's transaction the catalog or its group refuses: nothing of it is recorded.
                 logger.warning(

@@ -291,4 +291,24 @@ struct ApplePerAppTests {
             }
         }
     }
+
+    @Test("a purchase Look Up Order ID names that may verify later (its app's Apple id is not set yet) is answered retry-later, not rejected")
+    func lookupRetryLater() async throws {
+        let standInB = AppStoreServerStandIn(bundleID: Self.gameB)
+        let purchase = try await apple.sign(TestApple.transaction("8930001", environment: "Production", bundleId: Self.gameB))
+        await standInB.setOrder("MQB3", [purchase])
+        try await standInB.run { base in
+            try await withServer(key: nil, production: base, sandbox: nil) { http, _, _ in
+                let (added, app) = try await http.send(.post, "/v1/apps", json: [
+                    "bundleId": Self.gameB, "environments": ["Production", "Sandbox"],
+                    "apiKey": ["issuerId": AppStoreServerStandIn.issuerID, "keyId": AppStoreServerStandIn.keyID, "privateKey": standInB.privateKeyPEM],
+                ])
+                #expect(added == .created, "\(app)")
+                let (found, answer) = try await http.send(.post, "/v1/apple-orders/MQB3/lookup?bundleId=\(Self.gameB)", raw: "")
+                let entries = answer["transactions"] as? [[String: Any]] ?? []
+                #expect(found == .ok && entries.count == 1, "\(answer)")
+                #expect(entries.first?["outcome"] as? String == "retry-later" && entries.first?["reason"] as? String == "app-apple-id-missing", "\(answer)")
+            }
+        }
+    }
 }
