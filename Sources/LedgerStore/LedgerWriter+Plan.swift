@@ -85,9 +85,18 @@ extension LedgerWriter {
                     orderIDs.append(id)
                 }
                 if let id = append.stream.transactionID { transactionIDs.append(id) }
-                guard remembered == nil else { continue }
                 for event in append.events {
-                    if case .order(.receiptReceived(let receipt)) = event.body { transactionIDs.append(receipt.transactionId) }
+                    // The rows an order's events may change (`OrderEvent.touchedTransaction`): the one
+                    // a receipt claims or an undone pairing releases, taken for unknown on a group's
+                    // first try; the one a `verified` names, read always (the routine would not tell
+                    // a row that was not read from one that did not change), unless the write's own
+                    // receipt claims it, whose row the plan has.
+                    guard case .order(let event) = event.body, let id = event.touchedTransaction else { continue }
+                    if case .verified = event {
+                        if !write.claims(id) { transactionIDs.append(id) }
+                    } else if remembered == nil {
+                        transactionIDs.append(id)
+                    }
                 }
             }
         }

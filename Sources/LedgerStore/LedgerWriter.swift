@@ -261,14 +261,28 @@ extension LedgerWriter.Write {
     /// The orders it appends to.
     var orderIDs: [OrderID] { appends.compactMap(\.stream.orderID) }
 
+    /// Whether one of its `receipt-received` events claims transaction `id`.
+    func claims(_ id: TransactionID) -> Bool {
+        appends.contains { append in
+            append.events.contains { event in
+                if case .order(.receiptReceived(let receipt)) = event.body { return receipt.transactionId == id }
+                return false
+            }
+        }
+    }
+
     /// The keys of the advisory locks the routine takes for this write: its streams, then the
-    /// stream of each Apple transaction it claims. An array, not a set: the group's selection asks
-    /// this of every pending write, and most have one stream.
+    /// stream of each Apple transaction whose row it may change (`OrderEvent.touchedTransaction`:
+    /// one it claims or releases, one a `verified` names). An array, not a set: the group's
+    /// selection asks this of every pending write, and most have one stream.
     var lockKeys: [String] {
         var keys = appends.map(\.stream.rawValue)
         for append in appends {
             for event in append.events {
-                if case .order(.receiptReceived(let receipt)) = event.body { keys.append(receipt.transactionId.streamID.rawValue) }
+                if case .order(let event) = event.body, let id = event.touchedTransaction {
+                    let key = id.streamID.rawValue
+                    if !keys.contains(key) { keys.append(key) }
+                }
             }
         }
         return keys

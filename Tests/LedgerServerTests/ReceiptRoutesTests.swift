@@ -164,7 +164,7 @@ struct ReceiptRoutesTests {
         }
     }
 
-    @Test("Apple sold fewer units than the order asks: the order fails with quantity-mismatch; the reconciler pairs the purchase only with an order of as many units")
+    @Test("Apple sold another quantity than the order asks: the order fails with quantity-mismatch; the reconciler and support pair the purchase only with an order of as many units")
     func quantityMismatch() async throws {
         try await withReceiptsApplication(apple) { http, db in
             for (order, quantity) in [("o-three", 3), ("o-three-more", 3)] {
@@ -177,6 +177,9 @@ struct ReceiptRoutesTests {
             #expect(answer["state"] as? String == "failed" && answer["finishTransaction"] as? Bool == false, "\(answer)")
             #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '1000031'", as: String.self) == "unmatched")
 
+            // Support: an order of three units is refused without force.
+            let (refused, refusal) = try await http.send(.post, "/v1/transactions/1000031/match", json: ["orderId": "o-three-more"])
+            #expect(refused == .conflict && errorOf(refusal)["code"] as? String == "quantity-mismatch", "\(refusal)")
             // The reconciler: the other order of three units is no candidate; an order of one unit is.
             let (_, none) = try await http.send(.post, "/v1/reconcile")
             #expect(none["considered"] as? Int == 1 && none["paired"] as? Int == 0, "\(none)")

@@ -175,4 +175,21 @@ struct SandboxPurchaseTests {
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
+
+    @Test("a backend's own verified naming the environment gives its transaction that environment, as a rebuild does")
+    func backendsOwnVerified() async throws {
+        try await withReceiptsApplication(apple, configure: bothEnvironments) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("own-verified", user: "u-own-verified"))
+            let (claimed, _) = try await http.send(.post, "/v1/orders/own-verified/events", json: ["type": "receipt-received", "data": receipt("8800021")])
+            #expect(claimed == .created)
+            let (verified, answer) = try await http.send(.post, "/v1/orders/own-verified/events", json: [
+                "type": "verified", "data": ["transactionId": "8800021", "environment": "Sandbox"],
+            ])
+            #expect(verified == .created && answer["environment"] as? String == "Sandbox", "\(answer)")
+            let (_, order) = try await http.send(.get, "/v1/orders/own-verified")
+            #expect(order["state"] as? String == "verified" && order["environment"] as? String == "Sandbox", "\(order)")
+            #expect(try await scalar(db, "SELECT environment FROM apple_transactions WHERE transaction_id = '8800021'", as: String.self) == "Sandbox")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
 }
