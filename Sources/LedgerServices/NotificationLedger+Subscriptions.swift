@@ -49,7 +49,7 @@ extension NotificationLedger {
                 transactionId: transaction.transactionId, periodKey: periodKey, notificationUUID: uuid))
         } else if Self.lifecycleTypes.contains(type) {
             event = .renewalChanged(SubscriptionRenewalChanged(
-                notification: record, renewalInfo: notification.renewalInfo, expiresDate: transaction.expiresDate))
+                notification: record, renewalInfo: notification.renewalInfo, expiresDate: transaction.periodEnd))
         } else {
             return nil
         }

@@ -157,7 +157,8 @@ public struct SubscriptionRenewalChanged: Codable, Sendable, Equatable {
     public var appleStatus: Int?
     /// The signed renewal info it carried, verified.
     public var renewalInfo: RenewalInfo?
-    /// The period's end as the signed transaction now says (`RENEWAL_EXTENDED` moves it).
+    /// The period's end as the signed transaction now says (`RENEWAL_EXTENDED` moves it); none
+    /// for a transaction Apple marks upgraded, whose period no longer counts.
     public var expiresDate: Date?
 
     public init(notification: NotificationReceived?, appleStatus: Int? = nil, renewalInfo: RenewalInfo?, expiresDate: Date?) {
