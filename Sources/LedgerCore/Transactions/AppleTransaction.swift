@@ -194,10 +194,14 @@ public struct NotificationReceived: Codable, Sendable, Equatable {
     /// Why the customer asked for a refund (`CONSUMPTION_REQUEST` only): Apple's
     /// `consumptionRequestReason`, such as `UNINTENDED_PURCHASE` or `FULFILLMENT_ISSUE`.
     public var consumptionRequestReason: String?
+    /// A `REFUND` or `REVOKE` recorded on the stream of a transaction no order holds: what Apple
+    /// signed of it, so that the period it takes back is refunded when the transaction's
+    /// subscription becomes known (a renewal that waited for its start).
+    public var refund: Refunded?
 
     public init(
         notificationUUID: UUID, notificationType: String, subtype: String?, transactionId: TransactionID?, signedDate: Date,
-        consumptionRequestReason: String? = nil
+        consumptionRequestReason: String? = nil, refund: Refunded? = nil
     ) {
         self.notificationUUID = notificationUUID
         self.notificationType = notificationType
@@ -205,5 +209,6 @@ public struct NotificationReceived: Codable, Sendable, Equatable {
         self.transactionId = transactionId
         self.signedDate = signedDate
         self.consumptionRequestReason = consumptionRequestReason
+        self.refund = refund
     }
 }
