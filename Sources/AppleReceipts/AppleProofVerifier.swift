@@ -227,7 +227,8 @@ public struct AppleProofVerifier: Sendable {
                 purchaseDate: Date(millisecondsSince1970: millis), environment: environment, bundleId: bundleId,
                 quantity: item.quantity.flatMap(Int.init) ?? 1, appAccountToken: item.appAccountToken.flatMap(UUID.init(uuidString:)),
                 inAppOwnershipType: item.inAppOwnershipType, format: .receipt, receiptSha256: sha, expiresDate: expires,
-                webOrderLineItemId: item.webOrderLineItemId, subscriptionGroupIdentifier: item.subscriptionGroupIdentifier)
+                webOrderLineItemId: item.webOrderLineItemId, subscriptionGroupIdentifier: item.subscriptionGroupIdentifier,
+                isUpgraded: item.isUpgraded.map { $0 == "true" })
         }
     }
 
@@ -278,7 +279,7 @@ public struct AppleProofVerifier: Sendable {
             currency: payload.currency, format: .jws, receiptSha256: sha256, type: payload.type,
             expiresDate: payload.expiresDate.map(Date.init(millisecondsSince1970:)), webOrderLineItemId: payload.webOrderLineItemId,
             transactionReason: payload.transactionReason, subscriptionGroupIdentifier: payload.subscriptionGroupIdentifier,
-            storefront: payload.storefront.flatMap(Self.storefront))
+            storefront: payload.storefront.flatMap(Self.storefront), isUpgraded: payload.isUpgraded)
     }
 
     /// Apple's storefront as three upper-case letters (ISO 3166-1 alpha-3), or nil when it is not

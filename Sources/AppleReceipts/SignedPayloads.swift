@@ -48,6 +48,8 @@ public struct SignedTransactionPayload: AppleSignedPayload, Equatable {
     /// The App Store storefront's country, ISO 3166-1 alpha-3 (`USA`), and Apple's id of it.
     public var storefront: String?
     public var storefrontId: String?
+    /// Auto-renewable subscriptions: true once the customer upgraded to another product of the group.
+    public var isUpgraded: Bool?
 
     public init(
         transactionId: String, originalTransactionId: String? = nil, bundleId: String, productId: String,
@@ -56,7 +58,7 @@ public struct SignedTransactionPayload: AppleSignedPayload, Equatable {
         price: Int64? = nil, currency: String? = nil, revocationDate: Int64? = nil, revocationReason: Int? = nil,
         revocationType: String? = nil, revocationPercentage: Int? = nil, expiresDate: Int64? = nil,
         webOrderLineItemId: String? = nil, transactionReason: String? = nil, subscriptionGroupIdentifier: String? = nil,
-        storefront: String? = "USA", storefrontId: String? = "143441"
+        storefront: String? = "USA", storefrontId: String? = "143441", isUpgraded: Bool? = nil
     ) {
         self.transactionId = transactionId
         self.originalTransactionId = originalTransactionId
@@ -82,6 +84,7 @@ public struct SignedTransactionPayload: AppleSignedPayload, Equatable {
         self.subscriptionGroupIdentifier = subscriptionGroupIdentifier
         self.storefront = storefront
         self.storefrontId = storefrontId
+        self.isUpgraded = isUpgraded
     }
 }
 

@@ -117,12 +117,15 @@ public struct VerifyReceiptResponse: Decodable, Sendable {
         public var expiresDateMs: String?
         public var webOrderLineItemId: String?
         public var subscriptionGroupIdentifier: String?
+        /// `"true"` once the customer upgraded to another product of the group.
+        public var isUpgraded: String?
         enum CodingKeys: String, CodingKey {
             case transactionId = "transaction_id", originalTransactionId = "original_transaction_id"
             case productId = "product_id", purchaseDateMs = "purchase_date_ms", quantity
             case inAppOwnershipType = "in_app_ownership_type", appAccountToken = "app_account_token"
             case expiresDateMs = "expires_date_ms", webOrderLineItemId = "web_order_line_item_id"
             case subscriptionGroupIdentifier = "subscription_group_identifier"
+            case isUpgraded = "is_upgraded"
         }
     }
 

@@ -49,14 +49,14 @@ extension NotificationLedger {
                 transactionId: transaction.transactionId, periodKey: periodKey, notificationUUID: uuid))
         } else if Self.lifecycleTypes.contains(type) {
             event = .renewalChanged(SubscriptionRenewalChanged(
-                notification: record, renewalInfo: notification.renewalInfo, expiresDate: transaction.expiresDate))
+                notification: record, renewalInfo: notification.renewalInfo, expiresDate: transaction.periodEnd))
         } else {
             return nil
         }
         // The refund of the start (or its reversal) is its order's too, whose event takes the
         // notification's UUID: the subscription's is named after it.
         let orderToo = role.paysOrder && event.type != .renewalChanged
-        let ownID = orderToo ? EventID.named("subscription-notification", id, eventID.uuid.uuidString.lowercased()) : eventID
+        let ownID = orderToo ? SubscriptionLedger.notificationEventID(id, eventID.uuid) : eventID
         let kind: SubscriptionPeriodKind = transaction.transactionId.rawValue == id ? .start : .renewal
         let period = SubscriptionEvent.period(SubscriptionPeriodRecorded(transaction: transaction, kind: kind))
         let recorded = try await subscriptions.record(

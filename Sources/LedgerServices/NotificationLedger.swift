@@ -127,7 +127,13 @@ public struct NotificationLedger: Sendable {
                 }
             }
             // Waiting in the pool: recorded on its stream, where a refund keeps it from being granted.
-            let event = try EventCoding.newEvent(TransactionEvent.notificationReceived(record), id: eventID, metadata: metadata)
+            // A refund keeps what Apple signed of it: a renewal waiting for its subscription's start
+            // has its period refunded with it when the start ties it (`recordStart`).
+            var received = record
+            if AppleTransactionRecord.isRefund(type) {
+                received.refund = Refunded(revocation, notificationType: notification.fromRefundHistory ? nil : type)
+            }
+            let event = try EventCoding.newEvent(TransactionEvent.notificationReceived(received), id: eventID, metadata: metadata)
             _ = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: id.streamID)), in: tx)
             return Applied(appended: true, streamId: id.streamID, type: TransactionEventType.notificationReceived.rawValue)
         }

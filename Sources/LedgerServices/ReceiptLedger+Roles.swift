@@ -47,7 +47,8 @@ extension ReceiptLedger {
     /// it that waited for the start (their periods, once each), under the subscription's lock. The
     /// subscription's user is the one the transaction is now held for (its order's, else the
     /// pool's), else the one a waiting renewal came with; a subscription started without a user
-    /// gets the one its start is now held for (`subscription-user-recorded`).
+    /// gets the one its start is now held for (`subscription-user-recorded`). A waiting renewal
+    /// Apple refunded or revoked meanwhile has its period refunded (`subscription-period-refunded`).
     func recordStart(
         _ transaction: AppleTransaction, of id: String, typing: ProductCatalog.Typing?, metadata: Data, in tx: DatabaseTransaction
     ) async throws {
@@ -77,9 +78,17 @@ extension ReceiptLedger {
             let recorded = SubscriptionUserRecorded(userId: user, transactionId: transaction.transactionId, orderId: holder?.orderId)
             events.append((.userRecorded(recorded), SubscriptionLedger.userEventID(id)))
         }
+        // What Apple said of a waiting renewal's refund is on the renewal's own stream: its period
+        // is refunded with it, once (the event is named after the notification).
+        let told = try await subscriptions.store.refundNotifications(of: renewals.map(\.transaction.transactionId), in: tx)
         for waiting in renewals {
             let renewal = waiting.transaction
-            events.append((.period(SubscriptionPeriodRecorded(transaction: renewal, kind: .renewal)), SubscriptionLedger.periodEventID(id, renewal)))
+            let period = SubscriptionPeriodRecorded(transaction: renewal, kind: .renewal)
+            events.append((.period(period), SubscriptionLedger.periodEventID(id, renewal)))
+            if let standing = SubscriptionPeriodRefunded.standing(
+                after: told[renewal.transactionId] ?? [], transactionId: renewal.transactionId, periodKey: period.periodKey) {
+                events.append((.periodRefunded(standing.refund), SubscriptionLedger.notificationEventID(id, standing.notification)))
+            }
         }
         _ = try await subscriptions.record(events, on: id, metadata: metadata, in: tx)
     }

@@ -15,6 +15,8 @@ public struct ReconcilerPass: Sendable {
     let writer: LedgerWriter
     let pool: TransactionPool
     let catalog: ProductCatalog
+    /// Where a subscription's start the pass pairs records its user, when it started without one.
+    let subscriptions: SubscriptionLedger
     public var settings: Reconciler.Settings
     /// Orphans per batch (a batch holds whole users): with the three events of each pairing,
     /// within the 4,096 events one database transaction can position, and its locks (a claim
@@ -28,11 +30,15 @@ public struct ReconcilerPass: Sendable {
     public var recoveryOrders = false
     var logger: Logger { database.logger }
 
-    public init(database: Database, writer: LedgerWriter, pool: TransactionPool, catalog: ProductCatalog, settings: Reconciler.Settings = .init()) {
+    public init(
+        database: Database, writer: LedgerWriter, pool: TransactionPool, catalog: ProductCatalog, subscriptions: SubscriptionLedger,
+        settings: Reconciler.Settings = .init()
+    ) {
         self.database = database
         self.writer = writer
         self.pool = pool
         self.catalog = catalog
+        self.subscriptions = subscriptions
         self.settings = settings
     }
 
@@ -176,7 +182,7 @@ public struct ReconcilerPass: Sendable {
             locking: pairings.flatMap { [$0.transactionId.streamID, $0.orderId.streamID] },
             orders: pairings.map(\.orderId), transactions: pairings.map(\.transactionId), in: tx)
         var writes: [LedgerWriter.Write] = []
-        var kept: [Reconciler.Pairing] = []
+        var kept: [(pairing: Reconciler.Pairing, transaction: AppleTransaction, order: Order)] = []
         for pairing in pairings {
             guard let pooled = snapshot.transaction(pairing.transactionId), pooled.isPooled,
                   let transaction = try pooled.verifiedTransaction(), let order = snapshot.order(pairing.orderId),
@@ -189,14 +195,15 @@ public struct ReconcilerPass: Sendable {
                 transaction, to: order.orderId, by: .reconciler,
                 pairing: .init(candidates: pairing.candidates, rule: pairing.rule.rawValue, otherCandidates: pairing.otherCandidates),
                 metadata: metadata))
-            kept.append(pairing)
+            kept.append((pairing, transaction, order))
         }
-        for (pairing, result) in zip(kept, try await writer.append(writes, in: tx, knowing: snapshot)) {
+        for ((pairing, transaction, order), result) in zip(kept, try await writer.append(writes, in: tx, knowing: snapshot)) {
             switch result {
             case .success:
                 counts.paired += 1
                 counts.byRule[pairing.rule.rawValue, default: 0] += 1
                 if pairing.candidates > 1 { counts.ambiguous += 1 }
+                try await recordSubscriptionUser(of: transaction, user: order.userId, order: order.orderId, metadata: metadata, in: tx)
             case .failure(let error):
                 logger.debug("pairing not written", metadata: ["transaction": "\(pairing.transactionId)", "error": "\(error)"])
                 counts.lostRaces += 1
@@ -234,8 +241,25 @@ public struct ReconcilerPass: Sendable {
                 LedgerWriter.Append(try events.map { try EventCoding.newEvent($0.0, id: $0.1, metadata: metadata) }, to: id.streamID),
                 pairing: .init(candidates: 0, rule: "recovery"))
             _ = try await writer.append(write, in: tx, knowing: snapshot)
+            try await recordSubscriptionUser(of: transaction, user: orphan.userId, order: id, metadata: metadata, in: tx)
             return .created
         }
+    }
+
+    /// A subscription's start the pass paired with `order` of `user`, in the pairing's transaction:
+    /// its subscription, started without a user (Apple's `SUBSCRIBED` came before any upload, and
+    /// the start waited with no user), is now that user's (`subscription-user-recorded`), as the
+    /// intake and support record it. Nothing for any other transaction, nor for a subscription
+    /// that has a user or is not known.
+    private func recordSubscriptionUser(
+        of transaction: AppleTransaction, user: UserID, order: OrderID, metadata: Data, in tx: DatabaseTransaction
+    ) async throws {
+        // Only a start is its own original; the rest are purchases, told apart without a read.
+        guard transaction.originalTransactionId == transaction.transactionId.rawValue else { return }
+        // The intake's rule, the catalog's type first: its copy, as the renewal groups read it.
+        let typing = try await catalog.typing(of: transaction.productId, bundleId: transaction.bundleId)
+        guard case .subscriptionStart(let id)? = try? TransactionRole.of(transaction, catalogType: typing?.type) else { return }
+        try await subscriptions.recordUser(user, from: transaction.transactionId, order: order, on: id, metadata: metadata, in: tx)
     }
 }
 

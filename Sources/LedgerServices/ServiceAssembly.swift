@@ -61,7 +61,8 @@ public struct ServiceAssembly: Sendable {
 
     /// A reconciler pass with these settings.
     public func reconcilerPass(settings: Reconciler.Settings = .init(), recoveryOrders: Bool = false) -> ReconcilerPass {
-        var pass = ReconcilerPass(database: database, writer: writer, pool: pool, catalog: catalog, settings: settings)
+        var pass = ReconcilerPass(
+            database: database, writer: writer, pool: pool, catalog: catalog, subscriptions: subscriptions, settings: settings)
         pass.recoveryOrders = recoveryOrders
         return pass
     }

@@ -36,6 +36,12 @@ public struct SubscriptionLedger: Sendable {
         EventID.named("subscription-started", id)
     }
 
+    /// The id of what notification `uuid` records on subscription `id` when the notification's own
+    /// id names an event elsewhere (the start's order's refund, a waiting renewal's stream).
+    public static func notificationEventID(_ id: String, _ uuid: UUID) -> EventID {
+        EventID.named("subscription-notification", id, uuid.uuidString.lowercased())
+    }
+
     /// The id of `subscription-user-recorded` on subscription `id`: a subscription learns its user once.
     public static func userEventID(_ id: String) -> EventID {
         EventID.named("subscription-user", id)

@@ -25,6 +25,32 @@ extension SubscriptionStore {
 }
 
 extension SubscriptionStore {
+    /// The refunds, revocations and reversals recorded on the streams of `transactions` while no
+    /// order or subscription held them (`notification-received` of `REFUND`, `REVOKE`,
+    /// `REFUND_REVERSED`), each transaction's in the log's order: what the renewals that waited
+    /// for their subscription's start were told. Read in the caller's transaction.
+    public func refundNotifications(
+        of transactions: [TransactionID], in transaction: DatabaseTransaction
+    ) async throws -> [TransactionID: [NotificationReceived]] {
+        guard !transactions.isEmpty else { return [:] }
+        let streams = Dictionary(transactions.map { ($0.streamID.rawValue, $0) }, uniquingKeysWith: { first, _ in first })
+        let rows = try await transaction.connection.guardedQuery(
+            """
+            SELECT stream_id, data::text FROM events
+             WHERE stream_id = ANY(\(Array(streams.keys))::text[]) AND type = 'notification-received'
+               AND data ->> 'notificationType' IN ('REFUND', 'REVOKE', 'REFUND_REVERSED')
+             ORDER BY stream_id, stream_version
+            """, logger: database.logger)
+        var told: [TransactionID: [NotificationReceived]] = [:]
+        for try await (stream, text) in rows.decode((String, String).self) {
+            guard let id = streams[stream] else { continue }
+            told[id, default: []].append(try StoredBodyDecoder.decode(NotificationReceived.self, from: text))
+        }
+        return told
+    }
+}
+
+extension SubscriptionStore {
     /// What order `order` recorded of the transaction that started subscription `id` (its latest
     /// `receipt-received` naming it): for a start the order holds that never went through the
     /// intake as one (an imported history, a backend's own `receipt-received`, a grant from before

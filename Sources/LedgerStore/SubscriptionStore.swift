@@ -27,8 +27,9 @@ public struct SubscriptionStore: Sendable {
 
     /// The subscriptions of `ids` the ledger holds, as the caller's transaction sees them (the
     /// caller holds their streams' locks), each with those of its periods whose key is the one
-    /// given beside its id (the one a renewal would add): one round trip for many (the renewal
-    /// groups' writer waits for each).
+    /// given beside its id (the one a renewal would add) and its latest period by purchase date
+    /// (which `Subscription.evolve` weighs a new period against): one round trip for many (the
+    /// renewal groups' writer waits for each).
     public func subscriptions(_ ids: [String], periodKeys: [String], in transaction: DatabaseTransaction) async throws -> [String: Subscription] {
         guard !ids.isEmpty else { return [:] }
         let rows = try await transaction.connection.guardedQuery(
@@ -36,7 +37,11 @@ public struct SubscriptionStore: Sendable {
             SELECT \(unescaped: Self.subscriptionColumns), \(unescaped: Self.subscriptionPeriodColumns)
               FROM unnest(\(ids)::text[], \(periodKeys)::text[]) AS k(wanted_id, wanted_key)
               JOIN subscriptions s ON s.original_transaction_id = k.wanted_id
-              LEFT JOIN subscription_periods p ON p.original_transaction_id = k.wanted_id AND p.period_key = k.wanted_key
+              LEFT JOIN subscription_periods p ON p.original_transaction_id = k.wanted_id
+                    AND (p.period_key = k.wanted_key
+                         OR p.period_key = (SELECT l.period_key FROM subscription_periods l
+                                             WHERE l.original_transaction_id = k.wanted_id
+                                             ORDER BY l.purchase_date DESC, l.period_key DESC LIMIT 1))
             """, logger: database.logger)
         var found: [String: Subscription] = [:]
         for try await row in rows {

@@ -49,6 +49,43 @@ struct SubscriptionUserTests {
         }
     }
 
+    @Test("SUBSCRIBED before any upload, its Apple account linked later: the reconciler's pairing of the start makes the subscription its order's user's")
+    func notificationFirstThenReconciler() async throws {
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
+            let now = Date(), otid = "7400201"
+            let start = SubscriptionNotificationTests.period(otid, 0, purchased: now.addingTimeInterval(-60), expires: now.addingTimeInterval(30 * Self.day))
+            _ = try await http.notifyAppleTaken(try await apple.notification(
+                "SUBSCRIBED", subtype: "INITIAL_BUY", transaction: start, renewalInfo: TestApple.renewalInfo(otid)))
+            #expect(try await SubscriptionStore(database: db.database).subscription(otid)?.userId == nil, "Apple's notification names no user")
+            // The app's login links the Apple account to its user; the user's order waits in the queue.
+            let (linked, link) = try await http.send(.post, "/v1/users/u-rec/app-transaction", json: [
+                "signedAppTransaction": try await apple.sign(TestApple.appTransaction(start.appTransactionId)),
+            ])
+            #expect(linked == .ok, "\(link)")
+            try await http.send(.post, "/v1/orders", json: newOrder("o-rec", user: "u-rec", product: "pro.monthly"))
+            try await http.send(.post, "/v1/orders/o-rec/events", json: ["type": "payment-added", "data": ["queuedAt": LedgerJSONDate.now(minus: 300)]])
+
+            let (_, summary) = try await http.send(.post, "/v1/reconcile")
+            #expect(summary["paired"] as? Int == 1, "\(summary)")
+            #expect(try await listed(http, "u-rec") == [otid])
+            let (_, one) = try await http.send(.get, "/v1/subscriptions/\(otid)")
+            #expect(one["userId"] as? String == "u-rec" && one["orderId"] as? String == "o-rec", "\(one)")
+            let (_, entitled) = try await http.send(.get, "/v1/users/u-rec/entitlements")
+            #expect((entitled["subscriptions"] as? [[String: Any]])?.count == 1, "\(entitled)")
+            let recorded = try await scalar(db, """
+                SELECT count(*)::int FROM events WHERE stream_id = \("subscription-\(otid)") AND type = 'subscription-user-recorded'
+                   AND data ->> 'userId' = 'u-rec' AND data ->> 'orderId' = 'o-rec'
+                """, as: Int.self)
+            #expect(recorded == 1)
+
+            // The client's upload of the start afterwards records no second user.
+            try await http.send(.post, "/v1/receipts", json: ["userId": "u-rec", "orderId": "o-rec", "signedTransaction": try await apple.sign(start)])
+            #expect(try await scalar(
+                db, "SELECT count(*)::int FROM events WHERE stream_id = \("subscription-\(otid)") AND type = 'subscription-user-recorded'", as: Int.self) == 1)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("a family member's shared subscription first seen by notification becomes the member's when the member's client uploads it")
     func sharedNotificationFirst() async throws {
         try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in

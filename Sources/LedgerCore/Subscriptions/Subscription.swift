@@ -135,10 +135,14 @@ public struct Subscription: Sendable, Equatable {
             let t = body.transaction
             let key = body.periodKey
             guard !next.periods.contains(where: { $0.periodKey == key }) else { return next }
+            let latest = next.periods.map(\.purchaseDate).max()
             next.periods.append(Period(
                 periodKey: key, transactionId: t.transactionId, kind: body.kind, productId: t.productId, purchaseDate: t.purchaseDate,
                 expiresAt: t.expiresDate, price: t.price, currency: t.currency))
-            if let end = t.expiresDate, next.expiresAt.map({ end >= $0 }) ?? true {
+            // The latest period Apple signed, by purchase date, not by end: an upgrade to a product
+            // of a shorter period ends earlier than the period it replaced, and is the one that
+            // counts from then on. A period Apple marks upgraded never decides.
+            if let end = t.periodEnd, latest.map({ t.purchaseDate >= $0 }) ?? true {
                 // The latest period: it decides the product, and a paid period ends any retry.
                 next.expiresAt = end
                 next.productId = t.productId
@@ -210,10 +214,14 @@ public struct Subscription: Sendable, Equatable {
         return next
     }
 
-    /// Whether period `index` is the one that ends last (the one paying for the subscription's
-    /// current term, even when `RENEWAL_EXTENDED` moved its end past the period's own).
+    /// Whether period `index` is the latest one bought (by purchase date, as `evolve` lets it
+    /// decide the product and end): the one paying for the subscription's current term, even when
+    /// `RENEWAL_EXTENDED` moved its end past the period's own, or when it is an upgrade that ends
+    /// before the period it replaced. A period with no end (a start known from its order alone)
+    /// pays for no term of its own.
     func isLatest(_ index: Int) -> Bool {
-        guard let end = periods[index].expiresAt else { return false }
-        return !periods.contains { ($0.expiresAt ?? .distantPast) > end }
+        guard periods[index].expiresAt != nil else { return false }
+        let bought = periods[index].purchaseDate
+        return !periods.contains { $0.expiresAt != nil && $0.purchaseDate > bought }
     }
 }

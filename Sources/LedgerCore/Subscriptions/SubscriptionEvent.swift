@@ -157,7 +157,8 @@ public struct SubscriptionRenewalChanged: Codable, Sendable, Equatable {
     public var appleStatus: Int?
     /// The signed renewal info it carried, verified.
     public var renewalInfo: RenewalInfo?
-    /// The period's end as the signed transaction now says (`RENEWAL_EXTENDED` moves it).
+    /// The period's end as the signed transaction now says (`RENEWAL_EXTENDED` moves it); none
+    /// for a transaction Apple marks upgraded, whose period no longer counts.
     public var expiresDate: Date?
 
     public init(notification: NotificationReceived?, appleStatus: Int? = nil, renewalInfo: RenewalInfo?, expiresDate: Date?) {
@@ -189,6 +190,38 @@ public struct SubscriptionPeriodRefunded: Codable, Sendable, Equatable {
         self.revocationPercentage = revocation.percentage
         self.notificationType = notificationType
         self.notificationUUID = notificationUUID
+    }
+}
+
+extension SubscriptionPeriodRefunded {
+    /// The refund of period `periodKey` that `notifications` leave standing: those recorded on the
+    /// stream of its transaction `transactionId` (`REFUND`, `REVOKE`, `REFUND_REVERSED`, in the
+    /// log's order) while it waited for its subscription's start. The last refund not reversed
+    /// after it, with the notification that said it (whose UUID names the event); nil when none
+    /// stands. A refund recorded before the ledger kept Apple's revocation with it is dated by its
+    /// notification.
+    public static func standing(
+        after notifications: [NotificationReceived], transactionId: TransactionID, periodKey: String
+    ) -> (refund: SubscriptionPeriodRefunded, notification: UUID)? {
+        var standing: NotificationReceived?
+        for notification in notifications {
+            if AppleTransactionRecord.isRefund(notification.notificationType) {
+                standing = notification
+            } else if notification.notificationType == "REFUND_REVERSED" {
+                standing = nil
+            }
+        }
+        guard let told = standing else { return nil }
+        let refund = told.refund
+        let revocation = Revocation(
+            date: refund?.revocationDate ?? told.signedDate, reason: refund?.revocationReason, type: refund?.revocationType,
+            percentage: refund?.revocationPercentage)
+        // Read in Apple's refund history, no notification said it (as `Refunded` records it).
+        let notified = refund.map { $0.notificationType != nil } ?? true
+        return (SubscriptionPeriodRefunded(
+            transactionId: transactionId, periodKey: periodKey, revocation: revocation,
+            notificationType: notified ? told.notificationType : nil, notificationUUID: notified ? told.notificationUUID : nil),
+                told.notificationUUID)
     }
 }
 

@@ -36,13 +36,16 @@ public struct AppleTransaction: Codable, Sendable, Equatable {
     /// The App Store storefront's country as Apple signed it, ISO 3166-1 alpha-3 (`USA`); absent
     /// in legacy receipts, which do not say.
     public var storefront: String?
+    /// An auto-renewable subscription's: Apple's `isUpgraded`, true once the customer upgraded to
+    /// another product of the group, whose new period (bought later) replaced this one's service.
+    public var isUpgraded: Bool?
 
     public init(
         transactionId: TransactionID, originalTransactionId: String?, productId: ProductID, purchaseDate: Date,
         environment: String, bundleId: String, quantity: Int = 1, appAccountToken: UUID? = nil, appTransactionId: String? = nil,
         inAppOwnershipType: String? = nil, price: String? = nil, currency: String? = nil, format: ReceiptFormat, receiptSha256: String,
         type: String? = nil, expiresDate: Date? = nil, webOrderLineItemId: String? = nil, transactionReason: String? = nil,
-        subscriptionGroupIdentifier: String? = nil, storefront: String? = nil
+        subscriptionGroupIdentifier: String? = nil, storefront: String? = nil, isUpgraded: Bool? = nil
     ) {
         self.transactionId = transactionId
         self.originalTransactionId = originalTransactionId
@@ -64,7 +67,12 @@ public struct AppleTransaction: Codable, Sendable, Equatable {
         self.transactionReason = transactionReason
         self.subscriptionGroupIdentifier = subscriptionGroupIdentifier
         self.storefront = storefront
+        self.isUpgraded = isUpgraded
     }
+
+    /// The end of the service this transaction pays for now: its `expiresDate`, none once it was
+    /// upgraded (the upgrade's period, bought later, ended its service then).
+    public var periodEnd: Date? { isUpgraded == true ? nil : expiresDate }
 }
 
 /// The event types of a transaction's stream (`transaction-<transactionId>`).
@@ -186,10 +194,14 @@ public struct NotificationReceived: Codable, Sendable, Equatable {
     /// Why the customer asked for a refund (`CONSUMPTION_REQUEST` only): Apple's
     /// `consumptionRequestReason`, such as `UNINTENDED_PURCHASE` or `FULFILLMENT_ISSUE`.
     public var consumptionRequestReason: String?
+    /// A `REFUND` or `REVOKE` recorded on the stream of a transaction no order holds: what Apple
+    /// signed of it, so that the period it takes back is refunded when the transaction's
+    /// subscription becomes known (a renewal that waited for its start).
+    public var refund: Refunded?
 
     public init(
         notificationUUID: UUID, notificationType: String, subtype: String?, transactionId: TransactionID?, signedDate: Date,
-        consumptionRequestReason: String? = nil
+        consumptionRequestReason: String? = nil, refund: Refunded? = nil
     ) {
         self.notificationUUID = notificationUUID
         self.notificationType = notificationType
@@ -197,5 +209,6 @@ public struct NotificationReceived: Codable, Sendable, Equatable {
         self.transactionId = transactionId
         self.signedDate = signedDate
         self.consumptionRequestReason = consumptionRequestReason
+        self.refund = refund
     }
 }
