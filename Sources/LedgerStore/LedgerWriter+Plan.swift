@@ -211,6 +211,10 @@ extension LedgerWriter {
                             }
                             guard known.isPooled || known.isHeldForSupport else { throw OrderLedgerError.duplicateTransaction(receipt.transactionId) }
                             if receipt.matchedBy == .imported, let order, let refusal = importRefusal(receipt, of: order, known: known) { throw refusal }
+                            // What Apple signed outranks the claim: another product or quantity never pays the order.
+                            if receipt.matchedBy != .imported, receipt.matchedBy != .support, let order, let refusal = mismatch(of: order, known: known) {
+                                throw refusal
+                            }
                             if let allowance = write.purchaseAllowance, receipt.matchedBy != .support, let order,
                                Reconciler.purchasedBeforeOrder(known.purchaseDate, created: order.createdAt, allowance: allowance) {
                                 throw OrderLedgerError.purchasedBeforeOrder(receipt.transactionId)
@@ -255,6 +259,16 @@ extension LedgerWriter {
         let otherUser = order.userId.rawValue != HistoryRecord.unknownUser && known.userId.map { $0 != order.userId } == true
         let otherProduct = receipt.productId.rawValue != HistoryRecord.unknownProduct && receipt.productId != known.productId
         return otherUser || otherProduct ? .pooledOtherwise(receipt.transactionId, user: known.userId, product: known.productId) : nil
+    }
+
+    /// The refusal of a claim of `known`, which waits in the pool, by `order` of another product or
+    /// quantity than Apple signed (an entry without its verified transaction is checked by product).
+    private static func mismatch(of order: Order, known: AppleTransactionRecord) -> OrderLedgerError? {
+        if known.productId != order.productId { return .productMismatch(known.transactionId, apple: known.productId, order: order.productId) }
+        if let quantity = (try? known.verifiedTransaction())??.quantity, quantity != order.quantity {
+            return .quantityMismatch(known.transactionId, apple: quantity, order: order.quantity)
+        }
+        return nil
     }
 
     /// The refusal of an append whose caller expected another version than `current`, if so.

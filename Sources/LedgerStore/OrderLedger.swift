@@ -206,6 +206,10 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
     /// was created, beyond the clock-skew allowance (issue 41): it never pays that order but by
     /// support's hand, with an explicit override.
     case purchasedBeforeOrder(TransactionID)
+    /// A `receipt-received` of a transaction waiting in the pool for another product, or another
+    /// quantity, than the order's, as Apple signed it (promise 7).
+    case productMismatch(TransactionID, apple: ProductID, order: ProductID)
+    case quantityMismatch(TransactionID, apple: Int, order: Int)
 
     public var code: String {
         switch self {
@@ -218,6 +222,8 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
         case .accountConflict: "account-conflict"
         case .pooledOtherwise: "transaction-pooled"
         case .purchasedBeforeOrder: "purchased-before-order"
+        case .productMismatch: "product-mismatch"
+        case .quantityMismatch: "quantity-mismatch"
         }
     }
 
@@ -235,6 +241,8 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
             "Apple transaction \(id) waits in the pool for \(user.map { "user \($0)" } ?? "no user yet"), product \(product): the line says otherwise"
         case .purchasedBeforeOrder(let id):
             "Apple transaction \(id) was purchased before the order was created: it did not pay for it (support may tie it with an explicit override)"
+        case .productMismatch(let id, let apple, let order): "Apple transaction \(id) is for \(apple), the order for \(order)"
+        case .quantityMismatch(let id, let apple, let order): "Apple transaction \(id) is for \(apple) units, the order for \(order)"
         }
     }
 }

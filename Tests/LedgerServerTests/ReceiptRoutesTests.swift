@@ -198,6 +198,25 @@ struct ReceiptRoutesTests {
         }
     }
 
+    @Test("a backend's own receipt-received of a pooled purchase is refused for an order of another product or quantity than Apple signed")
+    func backendClaimOfPooledPurchase() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-claim", "signedTransaction": try await apple.sign(TestApple.transaction("1000041"))])
+            #expect(pooled["outcome"] as? String == "unmatched", "\(pooled)")
+            try await http.send(.post, "/v1/orders", json: newOrder("o-claim-other", user: "u-claim", product: "gems.500"))
+            try await http.send(.post, "/v1/orders", json: newOrder("o-claim-two", user: "u-claim").merging(["quantity": 2]) { $1 })
+            try await http.send(.post, "/v1/orders", json: newOrder("o-claim", user: "u-claim"))
+            for (order, product, code) in [("o-claim-other", "gems.500", "product-mismatch"), ("o-claim-two", "gems.100", "quantity-mismatch")] {
+                let (status, refusal) = try await http.send(.post, "/v1/orders/\(order)/events", json: ["type": "receipt-received", "data": receipt("1000041", product: product)])
+                #expect(status == .conflict && errorOf(refusal)["code"] as? String == code, "\(order): \(refusal)")
+                #expect(try await http.send(.get, "/v1/orders/\(order)").1["state"] as? String == "created")
+            }
+            let (taken, _) = try await http.send(.post, "/v1/orders/o-claim/events", json: ["type": "receipt-received", "data": receipt("1000041")])
+            #expect(taken == .created)
+            #expect(try await scalar(db, "SELECT order_id FROM apple_transactions WHERE transaction_id = '1000041'", as: String.self) == "o-claim")
+        }
+    }
+
     @Test("Apple's product differs from the order's: the order fails with product-mismatch, the transaction waits in the pool")
     func productMismatch() async throws {
         try await withReceiptsApplication(apple) { http, db in
