@@ -37,11 +37,14 @@ public struct SubscriptionStore: Sendable {
             SELECT \(unescaped: Self.subscriptionColumns), \(unescaped: Self.subscriptionPeriodColumns)
               FROM unnest(\(ids)::text[], \(periodKeys)::text[]) AS k(wanted_id, wanted_key)
               JOIN subscriptions s ON s.original_transaction_id = k.wanted_id
+              -- The latest period found once per subscription: a key compared inside the join's
+              -- condition was looked for again for each of its periods, a cost that grew with the
+              -- square of a subscription's age (docs/performance.md).
+              LEFT JOIN LATERAL (SELECT l.period_key FROM subscription_periods l
+                                  WHERE l.original_transaction_id = k.wanted_id
+                                  ORDER BY l.purchase_date DESC, l.period_key DESC LIMIT 1) latest ON true
               LEFT JOIN subscription_periods p ON p.original_transaction_id = k.wanted_id
-                    AND (p.period_key = k.wanted_key
-                         OR p.period_key = (SELECT l.period_key FROM subscription_periods l
-                                             WHERE l.original_transaction_id = k.wanted_id
-                                             ORDER BY l.purchase_date DESC, l.period_key DESC LIMIT 1))
+                    AND p.period_key IN (k.wanted_key, latest.period_key)
             """, logger: database.logger)
         var found: [String: Subscription] = [:]
         for try await row in rows {
