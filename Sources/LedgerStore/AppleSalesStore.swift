@@ -130,13 +130,18 @@ public struct AppleSalesStore: Sendable {
         public var missing: Int
     }
 
-    /// The shortfalls of the days `from` to `to` (`YYYY-MM-DD`) in Apple's reports, oldest first.
+    /// The cause of a row whose shortfall purchases waiting in the pool account for (migration
+    /// 032): the ledger knows them, so no sweep is run for them.
+    public static let pooledCause = "purchases the ledger holds in its pool, paid to no order yet"
+
+    /// The shortfalls of the days `from` to `to` (`YYYY-MM-DD`) in Apple's reports, oldest first:
+    /// never one the pool accounts for.
     public func shortfalls(from: String, to: String) async throws -> [Shortfall] {
         let rows = try await database.query(
             """
             SELECT to_char(day, 'YYYY-MM-DD'), bundle_id, product_id, sum(apple_purchases - ledger_purchases)::integer
               FROM ledger_apple_sales(\(from)::date, \(to)::date)
-             WHERE cause <> 'no report of Apple''s for the day yet'
+             WHERE cause NOT IN ('no report of Apple''s for the day yet', \(Self.pooledCause))
              GROUP BY 1, 2, 3
             HAVING sum(apple_purchases - ledger_purchases) > 0
              ORDER BY 1, 2, 3

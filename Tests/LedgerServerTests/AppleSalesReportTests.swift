@@ -78,6 +78,33 @@ struct AppleSalesReportTests {
         }
     }
 
+    @Test("a purchase waiting in the pool is one the ledger holds: the comparison says so, and no sweep is run for it")
+    func pooledPurchaseHeld() async throws {
+        try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
+            try await http.send(.patch, "/v1/apps/\(TestApple.bundleId)", json: ["sku": "GAME1"])
+            let bought = Date(timeIntervalSinceNow: -120)
+            let day = pacificDay(bought)
+            // Paid, uploaded without an order: it waits in the pool.
+            var purchase = TestApple.transaction("8800031", environment: "Production", purchaseDate: bought)
+            purchase.storefront = "USA"
+            let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-pooled", "signedTransaction": try await apple.sign(purchase)])
+            #expect(pooled["outcome"] as? String == "unmatched", "\(pooled)")
+            let file = Data(AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 1, "US")], day: day).utf8)
+            let report = try AppleSalesReport(file: file)
+            let rows = report.rows.map {
+                AppleSalesStore.Row(sku: $0.sku, parentIdentifier: $0.parentIdentifier, productType: $0.productType, units: $0.units, countryCode: $0.countryCode, values: $0.values)
+            }
+            let store = AppleSalesStore(database: db.database)
+            try await store.record(vendor: "85000000", day: day, version: "1_0", file: file, header: report.header, rows: rows)
+            let (_, answer) = try await http.send(.get, "/v1/reports/apple?from=\(day)&to=\(day)")
+            let found = (answer["rows"] as? [[String: Any]] ?? []).map { "\($0["applePurchases"] ?? "") \($0["ledgerPurchases"] ?? "") \($0["cause"] ?? "")" }
+            #expect(found == ["1 0 purchases the ledger holds in its pool, paid to no order yet"], "\(answer)")
+            let next = (answer["rows"] as? [[String: Any]] ?? []).first?["nextStep"] as? String ?? ""
+            #expect(next.contains("/v1/transactions/unmatched"), "\(next)")
+            #expect(try await store.shortfalls(from: day, to: day) == [], "the ledger knows it: no sweep")
+        }
+    }
+
     /// Issue 42, point 4.
     @Test("where Apple counted a purchase more, the sweep of the users with open orders of the product finds it, and the comparison then agrees and says so")
     func shortfallSweeps() async throws {
