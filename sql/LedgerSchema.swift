@@ -55,8 +55,8 @@ public enum LedgerSchema {
             name: "031_renewal_refunds_beside_apple.sql",
             sql: String(decoding: PackageResources._31_renewal_refunds_beside_apple_sql, as: UTF8.self)),
         Migration(
-            name: "032_pooled_purchases_beside_apple.sql",
-            sql: String(decoding: PackageResources._32_pooled_purchases_beside_apple_sql, as: UTF8.self)),
+            name: "032_pool_and_held_renewals_beside_apple.sql",
+            sql: String(decoding: PackageResources._32_pool_and_held_renewals_beside_apple_sql, as: UTF8.self)),
     ]
 
     /// `sql/routines`: applied after the migrations, and again when a database has an earlier

@@ -83,6 +83,42 @@ struct SubscriptionReportTests {
     let apple: TestApple
     init() throws { apple = try TestApple() }
 
+    @Test("a renewal an order holds (a backend's own receipt-received of it) counts once: its order's money, in the report, the dashboard and the Apple comparison")
+    func renewalHeldByAnOrder() async throws {
+        try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
+            let services = secondServer(db)
+            let periods = (0..<2).map { SubscriptionFixture.signed("9300301", period: $0) }
+            try await http.send(.post, "/v1/orders", json: ["orderId": "held-start", "userId": "su-held", "productId": "pro.monthly", "price": "9.99", "currency": "USD"])
+            let (_, started) = try await http.send(.post, "/v1/receipts", json: ["orderId": "held-start", "signedTransaction": try await apple.sign(periods[0])])
+            #expect(started["state"] as? String == "verified", "\(started)")
+            // The backend's own order for the renewal, claimed and verified by the backend itself.
+            try await http.send(.post, "/v1/orders", json: ["orderId": "held-renewal", "userId": "su-held", "productId": "pro.monthly", "price": "9.99", "currency": "USD"])
+            let renewalID = periods[1].transactionId
+            var own = receipt(renewalID, product: "pro.monthly")
+            own["purchaseDate"] = EventCoding.formatDate(Date(millisecondsSince1970: periods[1].purchaseDate))
+            let (claimed, claim) = try await http.send(.post, "/v1/orders/held-renewal/events", json: ["type": "receipt-received", "data": own])
+            #expect(claimed == .created, "\(claim)")
+            let (verified, _) = try await http.send(.post, "/v1/orders/held-renewal/events", json: ["type": "verified", "data": ["transactionId": renewalID, "environment": "Production"]])
+            #expect(verified == .created)
+            // Apple's renewal, recorded on the subscription as DID_RENEW records it.
+            try await SubscriptionFixture.record(services, periods, user: "su-held")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM subscription_periods WHERE transaction_id = \(renewalID)", as: Int.self) == 1)
+
+            let (_, report) = try await http.send(.get, "/v1/reports/reconciliation?from=2000-01-01")
+            let renewals = (report["rows"] as? [[String: Any]] ?? []).filter { $0["kind"] as? String == "subscription-renewal" }
+            let revenue = renewals.compactMap { Decimal(string: $0["revenue"] as? String ?? "") }.reduce(0, +)
+            #expect(revenue == Decimal(string: "9.99"), "the order's money once: \(renewals)")
+            #expect(renewals.map { $0["periods"] as? Int ?? 0 }.reduce(0, +) == 1 && renewals.map { $0["verified"] as? Int ?? 0 }.reduce(0, +) == 1, "\(renewals)")
+            #expect(try await scalar(db, """
+                SELECT coalesce(sum(amount), 0)::text FROM dashboards.daily_orders WHERE kind = 'subscription-renewal'
+                """, as: String.self).flatMap { Decimal(string: $0) } == Decimal(string: "9.99"))
+            let day = try await scalar(db, "SELECT ((purchase_date AT TIME ZONE 'America/Los_Angeles')::date)::text FROM subscription_periods WHERE transaction_id = \(renewalID)", as: String.self)
+            #expect(try await scalar(db, """
+                SELECT coalesce(sum(ledger_purchases), 0)::int FROM ledger_apple_sales(\(day)::date, \(day)::date) WHERE product_id = 'pro.monthly'
+                """, as: Int.self) == 1, "the renewal's sale once, in the Apple comparison")
+        }
+    }
+
     @Test("a monthly subscription's periods count in their day, currency and kind; a refund takes back its period only; the start counts once; family-shared never; the sandbox apart")
     func billedPeriods() async throws {
         try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in

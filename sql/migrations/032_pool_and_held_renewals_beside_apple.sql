@@ -4,6 +4,12 @@
 -- saw", whose next step is a history sweep that cannot find it (the ledger knows it already). A
 -- row whose shortfall the pool covers now says so, with the pool as the next step. The
 -- function's signature is 028's, so dashboards.apple_sales keeps calling it.
+--
+-- And a renewal an order holds (a team's history imported with its renewals as orders, a
+-- backend's own receipt-received of one) is its order's sale: its billed period, recorded on its
+-- subscription as well, no longer counts it a second time, here nor in dashboards.daily_orders
+-- (021's view, whose period rows now bill such a period 0; its refund, recorded on the period,
+-- still counts there).
 CREATE OR REPLACE FUNCTION ledger_apple_sales(p_from date, p_to date)
 RETURNS TABLE (day date, bundle_id text, product_id text, country text, apple_purchases integer, ledger_purchases integer,
                apple_refunds integer, ledger_refunds integer, cause text, next_step text, sweep text)
@@ -35,7 +41,9 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $fn$
         SELECT p.purchase_date, p.refunded_at, s.bundle_id, p.product_id,
                coalesce((SELECT x.storefront FROM apple_transactions x WHERE x.transaction_id = p.transaction_id),
                         (SELECT x.storefront FROM apple_transactions x WHERE x.transaction_id = p.original_transaction_id))
-                   AS storefront
+                   AS storefront,
+               -- Held by an order: its sale is the order's (counted with the orders).
+               EXISTS (SELECT 1 FROM orders o WHERE o.transaction_id = p.transaction_id) AS held
           FROM subscription_periods p JOIN subscriptions s ON s.original_transaction_id = p.original_transaction_id
          WHERE p.kind = 'subscription-renewal' AND NOT s.family_shared AND s.environment = 'Production'
            AND ((p.purchase_date >= (p_from::timestamp AT TIME ZONE 'America/Los_Angeles')
@@ -51,7 +59,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $fn$
         UNION ALL
         SELECT (r.purchase_date AT TIME ZONE 'America/Los_Angeles')::date, r.bundle_id, r.product_id, r.storefront, 1
           FROM renewals r
-         WHERE r.purchase_date >= (p_from::timestamp AT TIME ZONE 'America/Los_Angeles')
+         WHERE NOT r.held AND r.purchase_date >= (p_from::timestamp AT TIME ZONE 'America/Los_Angeles')
            AND r.purchase_date < ((p_to + 1)::timestamp AT TIME ZONE 'America/Los_Angeles')
     ), purchases AS (
         SELECT b.day, coalesce(b.bundle_id, '') AS bundle_id, b.product_id, coalesce(c.alpha2, '') AS country,
@@ -140,3 +148,38 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $fn$
       LEFT JOIN apple_sales_sweeps w ON w.day = j.day AND w.bundle_id = j.bundle_id AND w.product_id = j.product_id
      ORDER BY j.day, j.bundle_id, j.product_id, j.country = '', j.country
 $fn$;
+
+-- 021's view; a renewal an order holds bills 0 in its period row (its order's row has its money).
+CREATE OR REPLACE VIEW dashboards.daily_orders AS
+    SELECT (o.created_at AT TIME ZONE 'UTC')::date AS day, o.product_id, o.state, count(*) AS orders,
+           sum(o.price * o.quantity) AS amount, o.currency,
+           trim_scale(sum(o.price * o.quantity * coalesce(r.share, 0))) AS refunded_amount,
+           oe.environment, o.bundle_id,
+           coalesce(k.kind, 'purchase') AS kind
+      FROM public.orders o
+      JOIN public.order_environments oe ON oe.order_id = o.order_id
+      LEFT JOIN public.subscription_periods k ON k.transaction_id = o.transaction_id
+      LEFT JOIN LATERAL (
+            SELECT public.refund_share(e.data) AS share
+              FROM public.events e
+             WHERE o.state = 'refunded' AND e.stream_id = 'order-' || o.order_id AND e.type = 'refunded'
+             ORDER BY e.stream_version DESC
+             LIMIT 1) r ON true
+     GROUP BY 1, 2, 3, o.currency, oe.environment, o.bundle_id, k.kind
+    UNION ALL
+    SELECT (p.purchase_date AT TIME ZONE 'UTC')::date, p.product_id,
+           CASE WHEN p.refunded_at IS NULL THEN 'billed' ELSE 'refunded' END, count(*),
+           coalesce(sum(p.price) FILTER (WHERE NOT EXISTS (SELECT 1 FROM public.orders h WHERE h.transaction_id = p.transaction_id)), 0),
+           p.currency, trim_scale(sum(p.price * coalesce(r.share, 0))),
+           s.environment, s.bundle_id, p.kind
+      FROM public.subscription_periods p
+      JOIN public.subscriptions s ON s.original_transaction_id = p.original_transaction_id
+      LEFT JOIN LATERAL (
+            SELECT public.refund_share(e.data) AS share
+              FROM public.events e
+             WHERE p.refunded_at IS NOT NULL AND e.stream_id = 'subscription-' || p.original_transaction_id
+               AND e.type = 'subscription-period-refunded' AND e.data->>'periodKey' = p.period_key
+             ORDER BY e.stream_version DESC
+             LIMIT 1) r ON true
+     WHERE p.kind = 'subscription-renewal' AND NOT s.family_shared
+     GROUP BY 1, 2, 3, p.currency, s.environment, s.bundle_id, p.kind;
