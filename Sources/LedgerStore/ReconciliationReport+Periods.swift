@@ -44,8 +44,8 @@ extension ReconciliationReport {
             """
             SELECT to_char(p.purchase_date AT TIME ZONE 'UTC', 'YYYY-MM-DD'), p.product_id, p.currency, s.environment, s.bundle_id,
                    p.kind, count(*)::int,
-                   trim_scale(coalesce(sum(p.price) FILTER (WHERE NOT EXISTS (SELECT 1 FROM orders h WHERE h.transaction_id = p.transaction_id)),
-                                       0))::text
+                   trim_scale(coalesce(sum(p.price) FILTER (WHERE NOT EXISTS (
+                       SELECT 1 FROM apple_transactions h WHERE h.transaction_id = p.transaction_id AND h.order_id IS NOT NULL)), 0))::text
               FROM subscription_periods p JOIN subscriptions s ON s.original_transaction_id = p.original_transaction_id
              WHERE NOT s.family_shared AND p.purchase_date >= \(from) AND p.purchase_date < \(to)
                AND (\(apps)::text[] IS NULL OR s.bundle_id = ANY(\(apps)::text[]))

@@ -42,8 +42,9 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $fn$
                coalesce((SELECT x.storefront FROM apple_transactions x WHERE x.transaction_id = p.transaction_id),
                         (SELECT x.storefront FROM apple_transactions x WHERE x.transaction_id = p.original_transaction_id))
                    AS storefront,
-               -- Held by an order: its sale is the order's (counted with the orders).
-               EXISTS (SELECT 1 FROM orders o WHERE o.transaction_id = p.transaction_id) AS held
+               -- Held by an order: its sale is the order's (counted with the orders). Asked of
+               -- its transaction's row, by its key (orders have no index on transaction_id).
+               EXISTS (SELECT 1 FROM apple_transactions h WHERE h.transaction_id = p.transaction_id AND h.order_id IS NOT NULL) AS held
           FROM subscription_periods p JOIN subscriptions s ON s.original_transaction_id = p.original_transaction_id
          WHERE p.kind = 'subscription-renewal' AND NOT s.family_shared AND s.environment = 'Production'
            AND ((p.purchase_date >= (p_from::timestamp AT TIME ZONE 'America/Los_Angeles')
@@ -169,7 +170,8 @@ CREATE OR REPLACE VIEW dashboards.daily_orders AS
     UNION ALL
     SELECT (p.purchase_date AT TIME ZONE 'UTC')::date, p.product_id,
            CASE WHEN p.refunded_at IS NULL THEN 'billed' ELSE 'refunded' END, count(*),
-           coalesce(sum(p.price) FILTER (WHERE NOT EXISTS (SELECT 1 FROM public.orders h WHERE h.transaction_id = p.transaction_id)), 0),
+           coalesce(sum(p.price) FILTER (WHERE NOT EXISTS (SELECT 1 FROM public.apple_transactions h
+                                                           WHERE h.transaction_id = p.transaction_id AND h.order_id IS NOT NULL)), 0),
            p.currency, trim_scale(sum(p.price * coalesce(r.share, 0))),
            s.environment, s.bundle_id, p.kind
       FROM public.subscription_periods p
