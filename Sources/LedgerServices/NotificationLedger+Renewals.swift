@@ -134,7 +134,7 @@ extension NotificationLedger {
             }
             recorded.append((.renewalChanged(SubscriptionRenewalChanged(
                 notification: renewal.notification.record, renewalInfo: renewal.notification.renewalInfo,
-                expiresDate: transaction.periodEnd)), notificationID))
+                expiresDate: transaction.periodEnd, purchaseDate: transaction.purchaseDate)), notificationID))
             let new = try recorded.map { try EventCoding.newEvent($0.0, id: $0.1, metadata: renewal.metadata) }
             appends.append(LedgerWriter.Append(new, to: .subscription(renewal.subscription), expected: .exact(before.version)))
             writes.append(LedgerWriter.Write(appends))

@@ -49,7 +49,8 @@ extension NotificationLedger {
                 transactionId: transaction.transactionId, periodKey: periodKey, notificationUUID: uuid))
         } else if Self.lifecycleTypes.contains(type) {
             event = .renewalChanged(SubscriptionRenewalChanged(
-                notification: record, renewalInfo: notification.renewalInfo, expiresDate: transaction.periodEnd))
+                notification: record, renewalInfo: notification.renewalInfo, expiresDate: transaction.periodEnd,
+                purchaseDate: transaction.purchaseDate))
         } else {
             return nil
         }

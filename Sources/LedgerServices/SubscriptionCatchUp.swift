@@ -148,7 +148,8 @@ public struct SubscriptionCatchUp: Sendable {
     /// once record it once.
     private func record(_ status: VerifiedSubscriptionStatus, on id: String, metadata: Data) async throws -> Summary.Status {
         let body = SubscriptionRenewalChanged(
-            notification: nil, appleStatus: status.status, renewalInfo: status.renewalInfo?.info, expiresDate: status.transaction?.periodEnd)
+            notification: nil, appleStatus: status.status, renewalInfo: status.renewalInfo?.info, expiresDate: status.transaction?.periodEnd,
+            purchaseDate: status.transaction?.purchaseDate)
         let event = SubscriptionEvent.renewalChanged(body)
         return try await database.transaction { tx -> Summary.Status in
             try await subscriptions.writer.lock([StreamID.subscription(id)], in: tx)

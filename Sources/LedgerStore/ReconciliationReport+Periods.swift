@@ -24,9 +24,9 @@ extension ReconciliationReport {
 
     /// The periods of the subscriptions (never a family member's shared one) billed from `from`
     /// to `to` (purchase date), and the refunds of renewal periods recorded then: a start period's
-    /// refund is its order's `refunded`, counted with the order. A renewal an order holds (an
-    /// imported history's, a backend's own claim) bills nothing here: its order's `verified` has
-    /// its money; its refund, recorded on the period, counts here. A refund's share is
+    /// refund is its order's `refunded`, counted with the order. A renewal an order holds and
+    /// verified (an imported history's, a backend's own claim) bills nothing here: that
+    /// `verified` has its money; its refund, recorded on the period, counts here. A refund's share is
     /// `refund_share`'s of its `subscription-period-refunded` event, the rule of orders' refunds.
     /// A period counts one refund at most, its first: a log may hold a second (the refund catch-up
     /// of earlier versions recorded a refund that came by notification again).
@@ -45,7 +45,8 @@ extension ReconciliationReport {
             SELECT to_char(p.purchase_date AT TIME ZONE 'UTC', 'YYYY-MM-DD'), p.product_id, p.currency, s.environment, s.bundle_id,
                    p.kind, count(*)::int,
                    trim_scale(coalesce(sum(p.price) FILTER (WHERE NOT EXISTS (
-                       SELECT 1 FROM apple_transactions h WHERE h.transaction_id = p.transaction_id AND h.order_id IS NOT NULL)), 0))::text
+                       SELECT 1 FROM apple_transactions h JOIN events v ON v.stream_id = 'order-' || h.order_id AND v.type = 'verified'
+                        WHERE h.transaction_id = p.transaction_id AND h.order_id IS NOT NULL)), 0))::text
               FROM subscription_periods p JOIN subscriptions s ON s.original_transaction_id = p.original_transaction_id
              WHERE NOT s.family_shared AND p.purchase_date >= \(from) AND p.purchase_date < \(to)
                AND (\(apps)::text[] IS NULL OR s.bundle_id = ANY(\(apps)::text[]))

@@ -88,6 +88,30 @@ struct SubscriptionRulesTests {
         #expect(failedLate.inBillingRetry == false)
     }
 
+    @Test("a late notification about the period an upgrade replaced (signed before it, so not marked upgraded) moves nothing back")
+    func lateNotificationAboutAReplacedPeriod() {
+        // A yearly start, then an upgrade to monthly ten days in: the monthly period ends first.
+        var yearly = transaction(0, expires: start.addingTimeInterval(365 * 86_400))
+        yearly.productId = ProductID(unchecked: "pro.yearly")
+        var monthly = transaction(0, expires: start.addingTimeInterval(40 * 86_400))
+        monthly.transactionId = TransactionID(unchecked: "t-upgrade")
+        monthly.purchaseDate = start.addingTimeInterval(10 * 86_400)
+        monthly.webOrderLineItemId = "w-upgrade"
+        let late = SubscriptionEvent.renewalChanged(SubscriptionRenewalChanged(
+            notification: NotificationReceived(
+                notificationUUID: UUID(), notificationType: "DID_CHANGE_RENEWAL_STATUS", subtype: "AUTO_RENEW_ENABLED",
+                transactionId: yearly.transactionId, signedDate: start),
+            renewalInfo: nil, expiresDate: yearly.expiresDate, purchaseDate: yearly.purchaseDate))
+        let expired = notified("EXPIRED", "VOLUNTARY", period: 0, expires: monthly.expiresDate)
+        let state = fold([
+            .started(SubscriptionStarted(originalTransactionId: otid, transaction: yearly, userId: UserID(unchecked: "u"), familyShared: false)),
+            .period(SubscriptionPeriodRecorded(transaction: yearly, kind: .start)),
+            .period(SubscriptionPeriodRecorded(transaction: monthly, kind: .renewal)),
+            expired, late,
+        ])
+        #expect(state?.expiresAt == monthly.expiresDate && state?.expired == true && state?.productId.rawValue == "pro.monthly", "\(String(describing: state))")
+    }
+
     @Test("EXPIRED ends the subscription at once; a resubscription whose period the ledger lacks brings it back")
     func expiredThenResubscribed() throws {
         let expired = try #require(fold(started + [notified("EXPIRED", "VOLUNTARY", period: 0, info: RenewalInfo(autoRenew: false, expirationIntent: 1))]))

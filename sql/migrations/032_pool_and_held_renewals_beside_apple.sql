@@ -14,7 +14,7 @@ CREATE OR REPLACE FUNCTION ledger_apple_sales(p_from date, p_to date)
 RETURNS TABLE (day date, bundle_id text, product_id text, country text, apple_purchases integer, ledger_purchases integer,
                apple_refunds integer, ledger_refunds integer, cause text, next_step text, sweep text)
 -- SECURITY DEFINER: dashboards.apple_sales calls it for ledger_reader, who reads no table here
--- (EXECUTE is granted below to the ledger's roles alone, not to PUBLIC).
+-- (EXECUTE stays granted, as 028 granted it, to the ledger's roles alone, not to PUBLIC).
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $fn$
     -- Every side is keyed by day, app, product and country with '' for an unknown app or
     -- country, so that each join is on plain equality (hashed) and each row is joined once.
@@ -170,8 +170,8 @@ CREATE OR REPLACE VIEW dashboards.daily_orders AS
     UNION ALL
     SELECT (p.purchase_date AT TIME ZONE 'UTC')::date, p.product_id,
            CASE WHEN p.refunded_at IS NULL THEN 'billed' ELSE 'refunded' END, count(*),
-           coalesce(sum(p.price) FILTER (WHERE NOT EXISTS (SELECT 1 FROM public.apple_transactions h
-                                                           WHERE h.transaction_id = p.transaction_id AND h.order_id IS NOT NULL)), 0),
+           sum(CASE WHEN EXISTS (SELECT 1 FROM public.apple_transactions h
+                                  WHERE h.transaction_id = p.transaction_id AND h.order_id IS NOT NULL) THEN 0 ELSE p.price END),
            p.currency, trim_scale(sum(p.price * coalesce(r.share, 0))),
            s.environment, s.bundle_id, p.kind
       FROM public.subscription_periods p

@@ -152,6 +152,11 @@ public struct Subscription: Sendable, Equatable {
                 next.revokedAt = nil
             }
         case .renewalChanged(let body):
+            if let purchased = body.purchaseDate, let latest = next.periods.map(\.purchaseDate).max(), purchased < latest {
+                // About a period a later one replaced (an upgrade to a shorter period ends before
+                // the period it replaced, so its end alone cannot tell): older news, nothing changes.
+                return next
+            }
             if let end = body.expiresDate, let known = next.expiresAt, end < known {
                 // About an earlier period than the latest one recorded (Apple's notifications may
                 // arrive out of order): what it says of renewal is older than what that period

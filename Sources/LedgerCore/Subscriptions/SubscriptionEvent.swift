@@ -160,12 +160,19 @@ public struct SubscriptionRenewalChanged: Codable, Sendable, Equatable {
     /// The period's end as the signed transaction now says (`RENEWAL_EXTENDED` moves it); none
     /// for a transaction Apple marks upgraded, whose period no longer counts.
     public var expiresDate: Date?
+    /// The purchase date of the transaction it is about: about a period older than the latest one
+    /// recorded (an upgrade replaced it, a renewal followed it), it changes nothing. Absent in
+    /// events stored before the ledger kept it.
+    public var purchaseDate: Date?
 
-    public init(notification: NotificationReceived?, appleStatus: Int? = nil, renewalInfo: RenewalInfo?, expiresDate: Date?) {
+    public init(
+        notification: NotificationReceived?, appleStatus: Int? = nil, renewalInfo: RenewalInfo?, expiresDate: Date?, purchaseDate: Date? = nil
+    ) {
         self.notification = notification
         self.appleStatus = appleStatus
         self.renewalInfo = renewalInfo
         self.expiresDate = expiresDate
+        self.purchaseDate = purchaseDate
     }
 }
 
