@@ -91,6 +91,11 @@ public struct OrderLedger: Sendable {
     public func append(
         _ id: OrderID, event: OrderEvent, eventID: EventID, expected: ExpectedVersion?, data: Data? = nil, metadata: Data
     ) async throws -> Outcome {
+        if case .receiptReceived(let receipt) = event, let original = receipt.originalTransactionId, original != receipt.transactionId.rawValue {
+            // By the client's own word a later transaction of a purchase (a renewal, a restore, an
+            // upgrade, a family member's share): never an order's (issue 40).
+            throw OrderLedgerError.laterTransaction(receipt.transactionId, original: original)
+        }
         let newEvent = try data.map { NewEvent(id: eventID, body: .order(event), data: $0, metadata: metadata) }
             ?? EventCoding.newEvent(event, id: eventID, metadata: metadata)
         let write = LedgerWriter.Write(LedgerWriter.Append([newEvent], to: id.streamID, expected: expected ?? .any), purchaseAllowance: purchaseAllowance)
@@ -210,6 +215,9 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
     /// quantity, than the order's, as Apple signed it (promise 7).
     case productMismatch(TransactionID, apple: ProductID, order: ProductID)
     case quantityMismatch(TransactionID, apple: Int, order: Int)
+    /// A client's `receipt-received` of a transaction whose `originalTransactionId` is another's: a
+    /// later transaction of a purchase, which never pays an order (issue 40).
+    case laterTransaction(TransactionID, original: String)
 
     public var code: String {
         switch self {
@@ -224,6 +232,7 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
         case .purchasedBeforeOrder: "purchased-before-order"
         case .productMismatch: "product-mismatch"
         case .quantityMismatch: "quantity-mismatch"
+        case .laterTransaction: "later-transaction"
         }
     }
 
@@ -243,6 +252,8 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
             "Apple transaction \(id) was purchased before the order was created: it did not pay for it (support may tie it with an explicit override)"
         case .productMismatch(let id, let apple, let order): "Apple transaction \(id) is for \(apple), the order for \(order)"
         case .quantityMismatch(let id, let apple, let order): "Apple transaction \(id) is for \(apple) units, the order for \(order)"
+        case .laterTransaction(let id, let original):
+            "Apple transaction \(id) is a later transaction of \(original) (a renewal, restore, upgrade or family member's share): it never pays an order"
         }
     }
 }

@@ -198,7 +198,7 @@ struct ReceiptRoutesTests {
         }
     }
 
-    @Test("a backend's own receipt-received of a pooled purchase is refused for an order of another product or quantity than Apple signed")
+    @Test("a backend's own receipt-received of a pooled purchase is refused for an order of another product or quantity than Apple signed; one of a later transaction (a renewal) for any order")
     func backendClaimOfPooledPurchase() async throws {
         try await withReceiptsApplication(apple) { http, db in
             let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-claim", "signedTransaction": try await apple.sign(TestApple.transaction("1000041"))])
@@ -211,6 +211,11 @@ struct ReceiptRoutesTests {
                 #expect(status == .conflict && errorOf(refusal)["code"] as? String == code, "\(order): \(refusal)")
                 #expect(try await http.send(.get, "/v1/orders/\(order)").1["state"] as? String == "created")
             }
+            // One that names another original transaction is a later transaction of a purchase (a renewal): never an order's.
+            var renewal = receipt("1000042")
+            renewal["originalTransactionId"] = "1000040"
+            let (later, laterError) = try await http.send(.post, "/v1/orders/o-claim/events", json: ["type": "receipt-received", "data": renewal])
+            #expect(later == .conflict && errorOf(laterError)["code"] as? String == "later-transaction", "\(laterError)")
             let (taken, _) = try await http.send(.post, "/v1/orders/o-claim/events", json: ["type": "receipt-received", "data": receipt("1000041")])
             #expect(taken == .created)
             #expect(try await scalar(db, "SELECT order_id FROM apple_transactions WHERE transaction_id = '1000041'", as: String.self) == "o-claim")
