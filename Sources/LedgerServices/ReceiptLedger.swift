@@ -334,13 +334,14 @@ public struct ReceiptLedger: Sendable {
     /// `quantity-mismatch`) with the detail its `failed` says, else nil.
     static func mismatch(_ transaction: AppleTransaction, _ order: Order) -> (reason: String, detail: String)? {
         let id = transaction.transactionId
-        if order.productId != transaction.productId {
-            return ("product-mismatch", "Apple transaction \(id) is for \(transaction.productId), the order for \(order.productId)")
+        switch order.mismatch(product: transaction.productId, quantity: transaction.quantity) {
+        case nil: return nil
+        case .product?:
+            return (PurchaseMismatch.product.rawValue, "Apple transaction \(id) is for \(transaction.productId), the order for \(order.productId)")
+        case .quantity?:
+            return (PurchaseMismatch.quantity.rawValue,
+                    "Apple transaction \(id) is for \(transaction.quantity) of \(transaction.productId), the order for \(order.quantity)")
         }
-        if order.quantity != transaction.quantity {
-            return ("quantity-mismatch", "Apple transaction \(id) is for \(transaction.quantity) of \(transaction.productId), the order for \(order.quantity)")
-        }
-        return nil
     }
 
     /// Whether `order` may take `transaction`: the same app (an order of a ledger that held no app

@@ -45,11 +45,10 @@ public struct SupportDesk: Sendable {
                 } else if let user = known.userId, user != order.userId {
                     throw SupportMatchError.userMismatch(transaction: user, order: order.userId)
                 }
-                if transaction.productId != order.productId {
-                    throw SupportMatchError.productMismatch(transaction: transaction.productId, order: order.productId)
-                }
-                if transaction.quantity != order.quantity {
-                    throw SupportMatchError.quantityMismatch(transaction: transaction.quantity, order: order.quantity)
+                switch order.mismatch(product: transaction.productId, quantity: transaction.quantity) {
+                case .product?: throw SupportMatchError.productMismatch(transaction: transaction.productId, order: order.productId)
+                case .quantity?: throw SupportMatchError.quantityMismatch(transaction: transaction.quantity, order: order.quantity)
+                case nil: break
                 }
                 if receipts.purchased(transaction, before: order) {
                     throw SupportMatchError.purchasedBeforeOrder(purchased: transaction.purchaseDate, created: order.createdAt)

@@ -264,11 +264,12 @@ extension LedgerWriter {
     /// The refusal of a claim of `known`, which waits in the pool, by `order` of another product or
     /// quantity than Apple signed (an entry without its verified transaction is checked by product).
     private static func mismatch(of order: Order, known: AppleTransactionRecord) -> OrderLedgerError? {
-        if known.productId != order.productId { return .productMismatch(known.transactionId, apple: known.productId, order: order.productId) }
-        if let quantity = (try? known.verifiedTransaction())??.quantity, quantity != order.quantity {
-            return .quantityMismatch(known.transactionId, apple: quantity, order: order.quantity)
+        let quantity = (try? known.verifiedTransaction())??.quantity
+        switch order.mismatch(product: known.productId, quantity: quantity ?? order.quantity) {
+        case nil: return nil
+        case .product?: return .productMismatch(known.transactionId, apple: known.productId, order: order.productId)
+        case .quantity?: return .quantityMismatch(known.transactionId, apple: quantity ?? order.quantity, order: order.quantity)
         }
-        return nil
     }
 
     /// The refusal of an append whose caller expected another version than `current`, if so.

@@ -19,16 +19,7 @@ struct Lookup: AsyncParsableCommand {
         let userID = try user.map { try UserID($0) }
         let metadata = try operatorMetadata("lookup")
         let found = try await withAppleWork(options) { work in
-            let apps = try await AppCatalog(database: work.services.database).list()
-            var app: BundleID?
-            if let bundleId {
-                guard let held = apps.first(where: { $0.bundleId.rawValue.lowercased() == bundleId.lowercased() }) else {
-                    throw CommandFailure("unknown-app: the ledger holds no app \(bundleId)")
-                }
-                app = held.bundleId
-            } else if apps.count > 1 {
-                throw CommandFailure("bundle-id-required: the ledger holds \(apps.count) apps; name one with --bundle-id")
-            }
+            let app = try await namedApp(bundleId, required: true, on: work.services.database)
             do {
                 return try await work.services.orderLookup(api: work.api, verifier: work.verifier)
                     .look(up: appleOrderId, user: userID, app: app, metadata: metadata)

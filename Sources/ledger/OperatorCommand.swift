@@ -1,6 +1,7 @@
 import AppleReceipts
 import ArgumentParser
 import Foundation
+import LedgerCore
 import LedgerServer
 import LedgerServices
 import LedgerStore
@@ -52,4 +53,20 @@ func withAppleWork<Result: Sendable>(
             configuration: configuration, api: api, verifier: try configuration.apple.verifier(logger: logger).choosingApps(from: apps),
             services: ServiceAssembly(database: database, purchaseAllowance: configuration.reconciler.clockSkew)))
     }
+}
+
+/// The app `--bundle-id` names (any case), as the ledger holds it; nil when none is named, which
+/// is refused (`bundle-id-required`, `why`) when `required` and the ledger holds several apps.
+func namedApp(_ bundleId: String?, required: Bool, why: String = "", on database: Database) async throws -> BundleID? {
+    let apps = try await AppCatalog(database: database).list()
+    guard let bundleId else {
+        if required, apps.count > 1 {
+            throw CommandFailure("bundle-id-required: the ledger holds \(apps.count) apps\(why); name one with --bundle-id")
+        }
+        return nil
+    }
+    guard let held = apps.first(where: { $0.bundleId.rawValue.lowercased() == bundleId.lowercased() }) else {
+        throw CommandFailure("unknown-app: the ledger holds no app \(bundleId)")
+    }
+    return held.bundleId
 }

@@ -19,16 +19,8 @@ struct Recover: AsyncParsableCommand {
         let progress = terminalProgress("Apple accounts")
         let summary = try await withAppleWork(options) { work in
             // User ids are per app: one user's sweep is of one app.
-            let apps = try await AppCatalog(database: work.services.database).list()
-            var scope: [BundleID]?
-            if let bundleId {
-                guard let held = apps.first(where: { $0.bundleId.rawValue.lowercased() == bundleId.lowercased() }) else {
-                    throw CommandFailure("unknown-app: the ledger holds no app \(bundleId)")
-                }
-                scope = [held.bundleId]
-            } else if userID != nil, apps.count > 1 {
-                throw CommandFailure("bundle-id-required: the ledger holds \(apps.count) apps and user ids are per app; name one with --bundle-id")
-            }
+            let app = try await namedApp(bundleId, required: userID != nil, why: " and user ids are per app", on: work.services.database)
+            let scope = app.map { [$0] }
             return try await work.configuration.historySweep(work.services, api: work.api, verifier: work.verifier)
                 .run(user: userID, apps: scope, metadata: metadata, progress: progress)
         }

@@ -154,3 +154,21 @@ public enum OrderDecisionError: Error, Sendable, Equatable, CustomStringConverti
         return "\(type.rawValue) is not allowed when the order is \(state.rawValue); allowed: \(list)"
     }
 }
+
+/// Why an order cannot be paid by a purchase as Apple signed it (promise 7): another product,
+/// else another quantity (an order of more units than Apple sold would grant what was never
+/// paid for, one of fewer would short the customer).
+public enum PurchaseMismatch: String, Sendable, Equatable {
+    case product = "product-mismatch"
+    case quantity = "quantity-mismatch"
+}
+
+extension Order {
+    /// The one statement of the product check: nil when a purchase of `product`, `quantity`
+    /// units, may pay this order.
+    public func mismatch(product: ProductID, quantity: Int) -> PurchaseMismatch? {
+        if productId != product { return .product }
+        if self.quantity != quantity { return .quantity }
+        return nil
+    }
+}
