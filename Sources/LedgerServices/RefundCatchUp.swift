@@ -123,11 +123,16 @@ public struct RefundCatchUp: Sendable {
     }
 
     /// Reads the account's pages from `start`, applies the refunds the ledger has not recorded,
-    /// and renews `lease` at each page; stops when it lost the lease.
+    /// and renews `lease` at each page; stops when it lost the lease. A page with an entry that
+    /// did not verify keeps the cursor before it (the next read starts there again), but the
+    /// pages after it are read and applied all the same: one entry that never verifies must not
+    /// hide every later refund of the account.
     private func read(
         _ account: Account, with client: AppStoreServerAPI, from start: String?, under lease: Lease, metadata: Data, into summary: inout Summary
     ) async throws {
         var revision = start
+        // Since a page held an entry back, the cursor stays where it was.
+        var holding = false
         for _ in 0..<maximumPages {
             let page = try await client.refundHistory(account.transactionId, revision: revision)
             summary.pages += 1
@@ -167,10 +172,10 @@ public struct RefundCatchUp: Sendable {
                 logger.warning("a refund catch-up lost its lease on an account; another server goes on", metadata: ["apple.account": "\(account.key)"])
                 return
             }
-            // A page with an entry that did not verify is read again next time.
-            try await cursors.advance(account.key, to: page.revision, holdingBack: held)
-            revision = held ? revision : page.revision
-            if !page.hasMore || held { return }
+            holding = holding || held
+            try await cursors.advance(account.key, to: page.revision, holdingBack: holding)
+            revision = page.revision
+            if !page.hasMore { return }
         }
     }
 }

@@ -285,6 +285,41 @@ struct AppleBackfillTests {
         }
     }
 
+    @Test("an entry of Apple's refund history that never verifies keeps the cursor before its page, and hides no later page's refund")
+    func refundAfterAnUnverifiablePage() async throws {
+        let forged = try ThrowawaySigningChain(name: "Not Apple")
+        try await withBackfillApplication { http, db, base in
+            let catchUp = try refundCatchUp(base, db)
+            var first = TestApple.transaction("8750001", purchaseDate: Date(timeIntervalSinceNow: -60))
+            first.appTransactionId = "acct-h"
+            try await order(http, "h-1", first)
+            var later = TestApple.transaction("8750002")
+            later.appTransactionId = "acct-h"
+            try await order(http, "h-2", later)
+            // Page one holds an entry no Apple chain signed; page two, a refund the ledger never heard of.
+            let pages: [AppStoreServerStandIn.Page] = [
+                .init(revision: "h-p1", hasMore: true, signedTransactions: [try forged.sign(refunded(TestApple.transaction("8750009")))]),
+                .init(revision: "h-p2", hasMore: false, signedTransactions: [try await apple.sign(refunded(later))]),
+            ]
+            // Asked by either of the account's purchases (the granted one it is due for).
+            for id in ["8750001", "8750002"] { await standIn.setRefunds(id, pages) }
+
+            let summary = try await catchUp.run()
+            #expect(summary.pages == 2 && summary.refused == 1 && summary.applied == 1 && summary.failed == 0, "\(summary)")
+            let (_, order) = try await http.send(.get, "/v1/orders/h-2")
+            #expect(order["state"] as? String == "refunded", "the refund after the unverifiable page was applied")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_refund_cursors WHERE account_id = 'acct-h' AND revision IS NULL", as: Int.self) == 1,
+                    "the cursor stays before the page that held an entry back")
+
+            // Read again from there: the refund is known, nothing is applied twice.
+            let events = try await eventCount(db)
+            let again = try await catchUp.run(all: true)
+            #expect(again.pages == 2 && again.applied == 0 && again.known == 1 && again.refused == 1, "\(again)")
+            #expect(try await eventCount(db) == events, "nothing applied twice")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
+        }
+    }
+
     @Test("the refund catch-up keeps a refunded purchase the ledger never saw from being granted later (promise 8)")
     func refundOfUnknownTransaction() async throws {
         try await withBackfillApplication { http, db, base in
