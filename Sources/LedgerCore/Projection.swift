@@ -31,9 +31,10 @@ public enum Projection {
             row.updatedAt = date
             return (next, row)
         case .verified(let verified):
-            // A transaction its order held with no environment (a backend's own receipt-received
-            // naming none) takes the one the verification names: reports count it there.
-            guard var row = claimed, row.orderId == id, row.environment == nil, let environment = verified.environment else {
+            // A transaction its order holds takes the environment the verification names: a
+            // backend's own receipt-received may name none, or Production for App Review's
+            // sandbox purchase, and what Apple signed outranks it. Reports count it there.
+            guard var row = claimed, row.orderId == id, let environment = verified.environment, row.environment != environment else {
                 return (next, claimed)
             }
             row.environment = environment

@@ -147,16 +147,20 @@ struct SandboxPurchaseTests {
         #expect(await standIn.calls("sandbox:REVIEW") == 1)
     }
 
-    @Test("a backend's own receipt-received names no environment: the client's proof verifies the order, and the sandbox's purchase counts as the sandbox's")
-    func backendsOwnReceiptThenProof() async throws {
+    @Test(
+        "a backend's own receipt-received names no environment, or Production: the client's proof verifies the order, and the sandbox's purchase counts as the sandbox's",
+        arguments: ["", "Production"])
+    func backendsOwnReceiptThenProof(claimedEnvironment: String) async throws {
         try await withReceiptsApplication(apple, configure: bothEnvironments) { http, db in
             try await http.send(.post, "/v1/orders", json: newOrder("review-own", user: "u-review-own"))
             var own = receipt("8800011")
             own["purchaseDate"] = ISO8601DateFormatter().string(from: Date())
+            if !claimedEnvironment.isEmpty { own["environment"] = claimedEnvironment }
             let (claimed, _) = try await http.send(.post, "/v1/orders/review-own/events", json: ["type": "receipt-received", "data": own])
             #expect(claimed == .created)
             let (_, before) = try await http.send(.get, "/v1/orders/review-own")
-            #expect(before["state"] as? String == "receipt-received" && before["environment"] as? String == nil, "\(before)")
+            #expect(before["state"] as? String == "receipt-received" && before["environment"] as? String == (claimedEnvironment.isEmpty ? nil : claimedEnvironment),
+                    "\(before)")
 
             let reviewer = try await apple.sign(TestApple.transaction("8800011", environment: "Sandbox"))
             let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": "review-own", "signedTransaction": reviewer])
