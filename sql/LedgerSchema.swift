@@ -57,6 +57,9 @@ public enum LedgerSchema {
         Migration(
             name: "032_pool_and_held_renewals_beside_apple.sql",
             sql: String(decoding: PackageResources._32_pool_and_held_renewals_beside_apple_sql, as: UTF8.self)),
+        Migration(
+            name: "033_pool_refunds_beside_apple.sql",
+            sql: String(decoding: PackageResources._33_pool_refunds_beside_apple_sql, as: UTF8.self)),
     ]
 
     /// `sql/routines`: applied after the migrations, and again when a database has an earlier

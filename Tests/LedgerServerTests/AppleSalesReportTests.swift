@@ -105,6 +105,40 @@ struct AppleSalesReportTests {
         }
     }
 
+    @Test("a purchase refunded while it waited in the pool: the ledger saw the sale and its refund, as Apple counts them, and the day agrees")
+    func pooledPurchaseRefunded() async throws {
+        try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
+            try await http.send(.patch, "/v1/apps/\(TestApple.bundleId)", json: ["sku": "GAME1"])
+            let bought = Date(timeIntervalSinceNow: -120)
+            let day = pacificDay(bought)
+            var purchase = TestApple.transaction("8800041", environment: "Production", purchaseDate: bought)
+            purchase.storefront = "USA"
+            let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-pooled-r", "signedTransaction": try await apple.sign(purchase)])
+            #expect(pooled["outcome"] as? String == "unmatched", "\(pooled)")
+            // Refunded before any order took it (revoked at its purchase's instant: the same day in every time zone).
+            var refunded = purchase
+            refunded.revocationDate = bought.millisecondsSince1970
+            refunded.revocationReason = 1
+            let (status, _) = try await http.notifyApple(try await apple.notification("REFUND", transaction: refunded, environment: "Production"))
+            #expect(status == .ok)
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '8800041'", as: String.self) == "refunded")
+
+            let file = Data(AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 1, "US"), ("gems.100", "GAME1", "IA1", -1, "US")], day: day).utf8)
+            let report = try AppleSalesReport(file: file)
+            let rows = report.rows.map {
+                AppleSalesStore.Row(sku: $0.sku, parentIdentifier: $0.parentIdentifier, productType: $0.productType, units: $0.units, countryCode: $0.countryCode, values: $0.values)
+            }
+            let store = AppleSalesStore(database: db.database)
+            try await store.record(vendor: "85000000", day: day, version: "1_0", file: file, header: report.header, rows: rows)
+            let (_, answer) = try await http.send(.get, "/v1/reports/apple?from=\(day)&to=\(day)")
+            let found = (answer["rows"] as? [[String: Any]] ?? []).map {
+                "\($0["applePurchases"] ?? "") \($0["ledgerPurchases"] ?? "") \($0["appleRefunds"] ?? "") \($0["ledgerRefunds"] ?? "") \($0["cause"] ?? "")"
+            }
+            #expect(found == ["1 1 1 1 agrees"], "\(answer)")
+            #expect(try await store.shortfalls(from: day, to: day) == [], "nothing to sweep for")
+        }
+    }
+
     /// Issue 42, point 4.
     @Test("where Apple counted a purchase more, the sweep of the users with open orders of the product finds it, and the comparison then agrees and says so")
     func shortfallSweeps() async throws {
