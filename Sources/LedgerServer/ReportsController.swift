@@ -2,6 +2,7 @@ import Foundation
 import Hummingbird
 import LedgerCore
 import LedgerJSON
+import LedgerServices
 import LedgerStore
 
 /// `GET /v1/reports/reconciliation?from=&to=` and `GET /v1/reports/apple?from=&to=` (Apple's
@@ -44,11 +45,12 @@ public enum ReportPeriod {
     }
 
     /// A period of whole days (`YYYY-MM-DD`, both included), as Apple's reports count them: a day
-    /// or a time (its UTC day). Defaults: 30 days back, to yesterday.
+    /// or a time (its UTC day). Defaults, in Pacific time as Apple's days are: 30 days back, to
+    /// yesterday (the last day Apple may have published).
     public static func days(from: String?, to: String?, now: Date = Date()) throws(LedgerInputError) -> (String, String) {
         func day(_ date: Date) -> String { String(date.formatted(Date.ISO8601FormatStyle()).prefix(10)) }
-        let start = try from.map { text throws(LedgerInputError) in day(try date(text, field: "from")) } ?? day(now.addingTimeInterval(-30 * 86_400))
-        let end = try to.map { text throws(LedgerInputError) in day(try date(text, field: "to")) } ?? day(now.addingTimeInterval(-86_400))
+        let start = try from.map { text throws(LedgerInputError) in day(try date(text, field: "from")) } ?? SalesReportFetch.pacificDay(-30, from: now)
+        let end = try to.map { text throws(LedgerInputError) in day(try date(text, field: "to")) } ?? SalesReportFetch.lastPublishedDay(now: now)
         guard start <= end else { throw LedgerInputError(field: "to", problem: "must not be before from") }
         return (start, end)
     }

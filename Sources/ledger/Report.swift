@@ -15,8 +15,8 @@ struct AppleSales: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "apple", abstract: "Apple's daily sales (App Store Connect's reports) beside the ledger's, per day, app and product.")
     @OptionGroup var options: ConfigurationOptions
-    @Option(help: "First day (2026-11-01); default 30 days ago") var from: String?
-    @Option(help: "Last day (included); default yesterday") var to: String?
+    @Option(help: "First day (2026-11-01); default 30 days ago in Pacific time") var from: String?
+    @Option(help: "Last day (included); default yesterday in Pacific time, the last Apple may have published") var to: String?
     @Option(help: "table, csv or json") var format = "table"
 
     func run() async throws {

@@ -3,6 +3,7 @@ import AppStoreStandIn
 import Foundation
 import LedgerServer
 import LedgerCore
+import LedgerJSON
 import LedgerServices
 import LedgerStore
 import LedgerTestSupport
@@ -103,6 +104,16 @@ struct AppleSalesReportTests {
             #expect(next.contains("/v1/transactions/unmatched"), "\(next)")
             #expect(try await store.shortfalls(from: day, to: day) == [], "the ledger knows it: no sweep")
         }
+    }
+
+    @Test("the comparison's default days are Pacific days, as Apple's reports count them: yesterday there is the last")
+    func defaultDaysArePacific() throws {
+        // 03:00 UTC on the 27th is 19:00 on the 26th in Los Angeles: Apple's last day is the 25th.
+        let now = try #require(EventCoding.parseDate("2026-11-27T03:00:00Z"))
+        let (from, to) = try ReportPeriod.days(from: nil, to: nil, now: now)
+        #expect(from == "2026-10-27" && to == "2026-11-25", "\(from) \(to)")
+        let (_, given) = try ReportPeriod.days(from: "2026-11-01", to: "2026-11-26", now: now)
+        #expect(given == "2026-11-26")
     }
 
     @Test("a purchase refunded while it waited in the pool: the ledger saw the sale and its refund, as Apple counts them, and the day agrees")
