@@ -12,8 +12,9 @@ import Synchronization
 /// the database is down or a probe went unanswered, and at once when the probe's connection
 /// closes or a request meets a connection failure). Down: a refused connection, or PostgreSQL
 /// saying it shuts down, at once; or `missesBeforeDown` probes in a row unanswered within
-/// `timeout` each. A slow database is not a down one: one or two late answers change nothing, and
-/// a probe is no miss when PostgreSQL answered the pool's work while it waited (`answers`).
+/// `timeout` each. A slow database is not a down one: one or two late answers change nothing, a
+/// missed probe's answer that comes late answers the next probe (`DatabaseProbe`), and a probe is
+/// no miss when PostgreSQL answered the pool's work while it waited (`answers`).
 public final class DatabaseHealth: Service, Sendable {
     private struct State {
         /// False until a probe has decided (readiness then probes itself).

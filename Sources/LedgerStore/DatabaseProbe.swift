@@ -19,8 +19,9 @@ public actor DatabaseProbe {
         /// No server to talk to: the connection was refused, or PostgreSQL said it is shutting
         /// down or starting (57P01–57P03).
         case unreachable(String)
-        /// Nothing within the time-out (a slow server, or a silent one). The connection is dropped
-        /// and the next check connects afresh, so one stuck backend is one miss.
+        /// Nothing within the time-out (a slow server, or a silent one). The next check connects
+        /// afresh, so one stuck backend is one miss; and it takes this check's answer too if it
+        /// comes late, so a server slower than the time-out is not a silent one.
         case noAnswer
     }
 
@@ -33,10 +34,14 @@ public actor DatabaseProbe {
     /// restart): the caller checks at once instead of at its next tick.
     private let onClose: @Sendable () -> Void
     private var connection: (PostgresConnection, ClosedByProbe)?
+    /// The attempt of a check that went unanswered, still waiting for PostgreSQL: the next check
+    /// takes its answer if it comes first (an answer late is an answer).
+    private var late: EventLoopFuture<Asked>?
     private var running: Task<Outcome, Never>?
     private var connections = 0
 
-    /// A connection's close, when the probe itself closed it (not worth telling).
+    /// A connection's close, when the probe itself closed it (not worth telling); or, in
+    /// `first`, which attempt decided.
     private final class ClosedByProbe: Sendable {
         let flag = Atomic<Bool>(false)
     }
@@ -64,20 +69,28 @@ public actor DatabaseProbe {
     /// Closes the probe's connection.
     public func close() {
         discard()
+        late?.whenSuccess { Self.close($0.connection) }
+        late = nil
     }
 
     deinit {
         // A check that raced with `close()` may have left one open.
         if let open = connection?.0 { Self.close(open) }
+        late?.whenSuccess { Self.close($0.connection) }
     }
 
     private func checkOnce(deadline: NIODeadline) async -> Outcome {
         // A connection found closed or failing (not slow) may have been dropped for reasons of
         // its own (an administrator ended that backend): one fresh connection decides.
-        if let open = connection?.0 {
-            switch await answer(Self.atomicallyGuarded(open), by: deadline) {
+        if let (open, closedByProbe) = connection {
+            let query = Self.atomicallyGuarded(open)
+            switch await answer(query, by: deadline) {
             case nil:
-                discard()
+                // Kept waiting rather than closed: the next check connects afresh and takes
+                // whichever answers first, this late one or the fresh one.
+                closedByProbe.flag.store(true, ordering: .relaxed)
+                connection = nil
+                late = query.map { _ in Asked(connection: open, error: nil) }.recover { Asked(connection: open, error: $0) }
                 return .noAnswer
             case .success?:
                 return .answered
@@ -91,14 +104,17 @@ public actor DatabaseProbe {
         let connecting: EventLoopFuture<PostgresConnection> = PostgresConnection.connect(
             on: eventLoop, configuration: configuration, id: connections, logger: logger)
         connections += 1
-        let asked = connecting.flatMap { fresh in
+        let fresh = connecting.flatMap { fresh in
             Self.atomicallyGuarded(fresh).map { _ in Asked(connection: fresh, error: nil) }
                 .recover { Asked(connection: fresh, error: $0) }
         }
+        let asked = late.map { Self.first(late: $0, fresh: fresh, on: eventLoop) } ?? fresh
+        late = nil
         switch await answer(asked, by: deadline) {
         case nil:
-            // Connected or answered too late: closed when it comes.
-            asked.whenSuccess { late in Self.close(late.connection) }
+            // Connected or answered too late: the next check takes the answer if it comes first,
+            // else its connection is closed when it comes.
+            late = asked
             return .noAnswer
         case .failure(let error)?:
             return Self.serverAnswer(error) ?? Self.connectFailure(error)
@@ -119,6 +135,30 @@ public actor DatabaseProbe {
     private struct Asked: Sendable {
         let connection: PostgresConnection
         let error: (any Error)?
+    }
+
+    /// The fresh attempt's outcome, unless the late attempt of an earlier check answers first: an
+    /// answer (PostgreSQL's `SELECT 1`, or an error of its own) wins; a late attempt that fails
+    /// without a word from PostgreSQL is left out. The connection that loses is closed.
+    private static func first(late: EventLoopFuture<Asked>, fresh: EventLoopFuture<Asked>, on loop: any EventLoop) -> EventLoopFuture<Asked> {
+        let promise = loop.makePromise(of: Asked.self)
+        // Set by the first to decide (the two may complete on different threads).
+        let decided = ClosedByProbe()
+        @Sendable func decide() -> Bool { decided.flag.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged }
+        late.whenComplete { result in
+            guard case .success(let asked) = result else { return }
+            let answered = asked.error.map { serverAnswer($0) == .answered } ?? true
+            guard answered, decide() else { return close(asked.connection) }
+            promise.succeed(asked)
+        }
+        fresh.whenComplete { result in
+            guard decide() else {
+                if case .success(let asked) = result { close(asked.connection) }
+                return
+            }
+            promise.completeWith(result)
+        }
+        return promise.futureResult
     }
 
     private static func atomicallyGuarded(_ connection: PostgresConnection) -> EventLoopFuture<PostgresQueryResult> {
