@@ -48,12 +48,7 @@ struct AppleSalesReportTests {
                 ("gems.500", "GAME1", "IA1", 2, "US"), ("gems.500", "GAME1", "IA1", -1, "US"), ("gems.1000", "GAME1", "IA1", 1, "FR"),
                 ("hints.10", "OTHER", "IA1", 5, "US"), ("GAME1", "", "1", 40, "US"),
             ], day: day)
-            let file = Data(tsv.utf8)
-            let report = try AppleSalesReport(file: file)
-            let rows = report.rows.map {
-                AppleSalesStore.Row(sku: $0.sku, parentIdentifier: $0.parentIdentifier, productType: $0.productType, units: $0.units, countryCode: $0.countryCode, values: $0.values)
-            }
-            #expect(try await AppleSalesStore(database: db.database).record(vendor: "85000000", day: day, version: "1_0", file: file, header: report.header, rows: rows) == .new)
+            #expect(try await recordReport(tsv, day: day, db) == .new)
 
             let (status, answer) = try await http.send(.get, "/v1/reports/apple?from=\(day)&to=\(day)")
             #expect(status == .ok, "\(answer)")
@@ -90,13 +85,8 @@ struct AppleSalesReportTests {
             purchase.storefront = "USA"
             let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-pooled", "signedTransaction": try await apple.sign(purchase)])
             #expect(pooled["outcome"] as? String == "unmatched", "\(pooled)")
-            let file = Data(AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 1, "US")], day: day).utf8)
-            let report = try AppleSalesReport(file: file)
-            let rows = report.rows.map {
-                AppleSalesStore.Row(sku: $0.sku, parentIdentifier: $0.parentIdentifier, productType: $0.productType, units: $0.units, countryCode: $0.countryCode, values: $0.values)
-            }
             let store = AppleSalesStore(database: db.database)
-            try await store.record(vendor: "85000000", day: day, version: "1_0", file: file, header: report.header, rows: rows)
+            try await recordReport(AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 1, "US")], day: day), day: day, db)
             let (_, answer) = try await http.send(.get, "/v1/reports/apple?from=\(day)&to=\(day)")
             let found = (answer["rows"] as? [[String: Any]] ?? []).map { "\($0["applePurchases"] ?? "") \($0["ledgerPurchases"] ?? "") \($0["cause"] ?? "")" }
             #expect(found == ["1 0 purchases the ledger holds in its pool, paid to no order yet"], "\(answer)")
@@ -134,13 +124,8 @@ struct AppleSalesReportTests {
             #expect(status == .ok)
             #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '8800041'", as: String.self) == "refunded")
 
-            let file = Data(AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 1, "US"), ("gems.100", "GAME1", "IA1", -1, "US")], day: day).utf8)
-            let report = try AppleSalesReport(file: file)
-            let rows = report.rows.map {
-                AppleSalesStore.Row(sku: $0.sku, parentIdentifier: $0.parentIdentifier, productType: $0.productType, units: $0.units, countryCode: $0.countryCode, values: $0.values)
-            }
             let store = AppleSalesStore(database: db.database)
-            try await store.record(vendor: "85000000", day: day, version: "1_0", file: file, header: report.header, rows: rows)
+            try await recordReport(AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 1, "US"), ("gems.100", "GAME1", "IA1", -1, "US")], day: day), day: day, db)
             let (_, answer) = try await http.send(.get, "/v1/reports/apple?from=\(day)&to=\(day)")
             let found = (answer["rows"] as? [[String: Any]] ?? []).map {
                 "\($0["applePurchases"] ?? "") \($0["ledgerPurchases"] ?? "") \($0["appleRefunds"] ?? "") \($0["ledgerRefunds"] ?? "") \($0["cause"] ?? "")"
@@ -173,12 +158,7 @@ struct AppleSalesReportTests {
             try await http.send(.post, "/v1/orders", json: newOrder("sf-3", user: "sf-u3", product: "gems.500"))
             try await http.send(.post, "/v1/users/sf-u3/app-transaction", json: ["signedAppTransaction": try await apple.sign(TestApple.appTransaction("acct-sf3"))])
 
-            let file = Data(AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 2, "US")], day: day).utf8)
-            let report = try AppleSalesReport(file: file)
-            let rows = report.rows.map {
-                AppleSalesStore.Row(sku: $0.sku, parentIdentifier: $0.parentIdentifier, productType: $0.productType, units: $0.units, countryCode: $0.countryCode, values: $0.values)
-            }
-            try await AppleSalesStore(database: db.database).record(vendor: "85000000", day: day, version: "1_0", file: file, header: report.header, rows: rows)
+            try await recordReport(AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 2, "US")], day: day), day: day, db)
             let (_, before) = try await http.send(.get, "/v1/reports/apple?from=\(day)&to=\(day)")
             let shortfall = (before["rows"] as? [[String: Any]] ?? []).map { "\($0["applePurchases"] ?? "") \($0["ledgerPurchases"] ?? "") \($0["sweep"] ?? "")" }
             #expect(shortfall == ["2 1 "], "\(before)")
@@ -299,6 +279,17 @@ struct AppleSalesReportTests {
     }
 
     /// `date`'s day in Pacific time, as Apple's reports count.
+    /// Apple's report of `day` (its TSV), stored as the sales fetch stores it.
+    @discardableResult
+    func recordReport(_ tsv: String, day: String, _ db: TestDatabase) async throws -> AppleSalesStore.Recorded {
+        let file = Data(tsv.utf8)
+        let report = try AppleSalesReport(file: file)
+        let rows = report.rows.map {
+            AppleSalesStore.Row(sku: $0.sku, parentIdentifier: $0.parentIdentifier, productType: $0.productType, units: $0.units, countryCode: $0.countryCode, values: $0.values)
+        }
+        return try await AppleSalesStore(database: db.database).record(vendor: "85000000", day: day, version: "1_0", file: file, header: report.header, rows: rows)
+    }
+
     func pacificDay(_ date: Date) -> String {
         var calendar = Calendar(identifier: .gregorian)
         calendar.timeZone = TimeZone(identifier: "America/Los_Angeles")!
