@@ -31,10 +31,13 @@ public enum Projection {
             row.updatedAt = date
             return (next, row)
         case .verified(let verified):
-            // A transaction its order holds takes the environment the verification names: a
-            // backend's own receipt-received may name none, or Production for App Review's
-            // sandbox purchase, and what Apple signed outranks it. Reports count it there.
-            guard var row = claimed, row.orderId == id, let environment = verified.environment, row.environment != environment else {
+            // A transaction its order holds, known only by a backend's own receipt-received (no
+            // signed pool entry), takes the environment the verification names: the claim may name
+            // none, or Production for App Review's sandbox purchase, and the proof's signed
+            // environment outranks it. A row whose environment Apple signed keeps it. Reports
+            // count it there.
+            guard var row = claimed, row.orderId == id, let environment = verified.environment, row.environment != environment,
+                  row.environment == nil || row.verification == nil else {
                 return (next, claimed)
             }
             row.environment = environment

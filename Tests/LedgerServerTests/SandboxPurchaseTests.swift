@@ -196,4 +196,28 @@ struct SandboxPurchaseTests {
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
+
+    @Test("a backend's own claim and verified of a sandbox purchase waiting in the pool: what Apple signed stays, live and rebuilt")
+    func backendsClaimOfPooledSandboxPurchase() async throws {
+        try await withReceiptsApplication(apple, configure: bothEnvironments) { http, db in
+            // App Review's purchase, uploaded without an order: it waits in the pool, signed Sandbox.
+            var purchase = TestApple.transaction("8800031", environment: "Sandbox")
+            purchase.purchaseDate = Date().millisecondsSince1970
+            let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-pooled-review", "signedTransaction": try await apple.sign(purchase)])
+            #expect(pooled["outcome"] as? String == "unmatched", "\(pooled)")
+            try await http.send(.post, "/v1/orders", json: newOrder("claims-pooled", user: "u-pooled-review"))
+            var own = receipt("8800031")
+            own["purchaseDate"] = ISO8601DateFormatter().string(from: Date())
+            own["environment"] = "Production"
+            let (claimed, claim) = try await http.send(.post, "/v1/orders/claims-pooled/events", json: ["type": "receipt-received", "data": own])
+            #expect(claimed == .created, "\(claim)")
+            let (verified, answer) = try await http.send(.post, "/v1/orders/claims-pooled/events", json: [
+                "type": "verified", "data": ["transactionId": "8800031", "environment": "Production"],
+            ])
+            #expect(verified == .created, "\(answer)")
+            #expect(try await scalar(db, "SELECT environment FROM apple_transactions WHERE transaction_id = '8800031'", as: String.self) == "Sandbox",
+                    "a backend's claim replaced the environment Apple signed")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
 }

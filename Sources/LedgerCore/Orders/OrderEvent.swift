@@ -34,7 +34,7 @@ public enum OrderEvent: Sendable, Equatable {
 
     /// The Apple transaction whose row this event may change (`Projection.apply`'s `claimed`):
     /// the one a receipt claims, the one an undone pairing releases, and the one a `verified`
-    /// names (its environment, where the row had none).
+    /// names (its environment, where no signed pool entry gave the row one).
     public var touchedTransaction: TransactionID? {
         switch self {
         case .receiptReceived(let receipt): receipt.transactionId
