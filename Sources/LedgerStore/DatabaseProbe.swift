@@ -37,6 +37,9 @@ public actor DatabaseProbe {
     /// The attempt of a check that went unanswered, still waiting for PostgreSQL: the next check
     /// takes its answer if it comes first (an answer late is an answer).
     private var late: EventLoopFuture<Asked>?
+    /// The probe's own connection when its query is the one waiting in `late`: closed once a
+    /// check is decided without it (a backend that never answers must not hold it open).
+    private var lateConnection: PostgresConnection?
     private var running: Task<Outcome, Never>?
     private var connections = 0
 
@@ -71,12 +74,15 @@ public actor DatabaseProbe {
         discard()
         late?.whenSuccess { Self.close($0.connection) }
         late = nil
+        lateConnection.map(Self.close)
+        lateConnection = nil
     }
 
     deinit {
         // A check that raced with `close()` may have left one open.
         if let open = connection?.0 { Self.close(open) }
         late?.whenSuccess { Self.close($0.connection) }
+        lateConnection.map(Self.close)
     }
 
     private func checkOnce(deadline: NIODeadline) async -> Outcome {
@@ -91,6 +97,7 @@ public actor DatabaseProbe {
                 closedByProbe.flag.store(true, ordering: .relaxed)
                 connection = nil
                 late = query.map { _ in Asked(connection: open, error: nil) }.recover { Asked(connection: open, error: $0) }
+                lateConnection = open
                 return .noAnswer
             case .success?:
                 return .answered
@@ -110,11 +117,18 @@ public actor DatabaseProbe {
         }
         let asked = late.map { Self.first(late: $0, fresh: fresh, on: eventLoop) } ?? fresh
         late = nil
-        switch await answer(asked, by: deadline) {
-        case nil:
+        let outcome = await answer(asked, by: deadline)
+        if outcome == nil {
             // Connected or answered too late: the next check takes the answer if it comes first,
             // else its connection is closed when it comes.
             late = asked
+            return .noAnswer
+        }
+        // Decided: the probe's own connection, if it still waits, is closed unless it answered.
+        if let waiting = lateConnection, (try? outcome?.get().connection) !== waiting { Self.close(waiting) }
+        lateConnection = nil
+        switch outcome {
+        case nil:
             return .noAnswer
         case .failure(let error)?:
             return Self.serverAnswer(error) ?? Self.connectFailure(error)
@@ -139,7 +153,8 @@ public actor DatabaseProbe {
 
     /// The fresh attempt's outcome, unless the late attempt of an earlier check answers first: an
     /// answer (PostgreSQL's `SELECT 1`, or an error of its own) wins; a late attempt that fails
-    /// without a word from PostgreSQL is left out. The connection that loses is closed.
+    /// (its connect, or without a word from PostgreSQL) is left out. The connection that loses
+    /// is closed.
     private static func first(late: EventLoopFuture<Asked>, fresh: EventLoopFuture<Asked>, on loop: any EventLoop) -> EventLoopFuture<Asked> {
         let promise = loop.makePromise(of: Asked.self)
         // Set by the first to decide (the two may complete on different threads).
