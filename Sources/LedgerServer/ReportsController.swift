@@ -50,7 +50,8 @@ public enum ReportPeriod {
     public static func days(from: String?, to: String?, now: Date = Date()) throws(LedgerInputError) -> (String, String) {
         func day(_ date: Date) -> String { String(date.formatted(Date.ISO8601FormatStyle()).prefix(10)) }
         let start = try from.map { text throws(LedgerInputError) in day(try date(text, field: "from")) } ?? SalesReportFetch.pacificDay(-30, from: now)
-        let end = try to.map { text throws(LedgerInputError) in day(try date(text, field: "to")) } ?? SalesReportFetch.lastPublishedDay(now: now)
+        // Without `to`, a `from` past Apple's last published day (its today in UTC) is that day alone.
+        let end = try to.map { text throws(LedgerInputError) in day(try date(text, field: "to")) } ?? max(start, SalesReportFetch.lastPublishedDay(now: now))
         guard start <= end else { throw LedgerInputError(field: "to", problem: "must not be before from") }
         return (start, end)
     }

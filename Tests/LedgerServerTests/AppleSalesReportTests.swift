@@ -104,6 +104,9 @@ struct AppleSalesReportTests {
         #expect(from == "2026-10-27" && to == "2026-11-25", "\(from) \(to)")
         let (_, given) = try ReportPeriod.days(from: "2026-11-01", to: "2026-11-26", now: now)
         #expect(given == "2026-11-26")
+        // A from of UTC's yesterday, without a to: that day alone, as before, not a refusal.
+        let (day, end) = try ReportPeriod.days(from: "2026-11-26", to: nil, now: now)
+        #expect(day == "2026-11-26" && end == "2026-11-26")
     }
 
     @Test("a purchase refunded while it waited in the pool: the ledger saw the sale and its refund, as Apple counts them, and the day agrees")
@@ -278,7 +281,6 @@ struct AppleSalesReportTests {
         }
     }
 
-    /// `date`'s day in Pacific time, as Apple's reports count.
     /// Apple's report of `day` (its TSV), stored as the sales fetch stores it.
     @discardableResult
     func recordReport(_ tsv: String, day: String, _ db: TestDatabase) async throws -> AppleSalesStore.Recorded {
@@ -290,6 +292,7 @@ struct AppleSalesReportTests {
         return try await AppleSalesStore(database: db.database).record(vendor: "85000000", day: day, version: "1_0", file: file, header: report.header, rows: rows)
     }
 
+    /// `date`'s day in Pacific time, as Apple's reports count.
     func pacificDay(_ date: Date) -> String {
         var calendar = Calendar(identifier: .gregorian)
         calendar.timeZone = TimeZone(identifier: "America/Los_Angeles")!
