@@ -63,8 +63,11 @@ struct DatabaseOutageTests {
             guard let postmaster = rig.cluster.runningServerPID() else { throw FaultTestError("no postmaster.pid") }
             // Every process of the cluster stopped: connections are accepted and never answered,
             // statements in flight never end (a host that hangs, a network that drops packets).
+            // The postmaster first, so that no backend is forked after its children are listed
+            // (one forked between the listing and the signals answered readiness at once).
+            kill(postmaster, SIGSTOP)
             let processes = [postmaster] + childProcesses(of: postmaster)
-            for pid in processes { kill(pid, SIGSTOP) }
+            for pid in processes.dropFirst() { kill(pid, SIGSTOP) }
             let silenced = ContinuousClock.now
             let outcome: Result<Void, any Error>
             do {
