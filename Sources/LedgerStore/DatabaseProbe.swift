@@ -33,7 +33,7 @@ public actor DatabaseProbe {
     /// Called when PostgreSQL closes the probe's connection between checks (a shutdown, a
     /// restart): the caller checks at once instead of at its next tick.
     private let onClose: @Sendable () -> Void
-    private var connection: (PostgresConnection, ClosedByProbe)?
+    private var connection: (PostgresConnection, Flag)?
     /// The attempt of a check that went unanswered, still waiting for PostgreSQL: the next check
     /// takes its answer if it comes first (an answer late is an answer).
     private var late: EventLoopFuture<Asked>?
@@ -43,9 +43,9 @@ public actor DatabaseProbe {
     private var running: Task<Outcome, Never>?
     private var connections = 0
 
-    /// A connection's close, when the probe itself closed it (not worth telling); or, in
-    /// `first`, which attempt decided.
-    private final class ClosedByProbe: Sendable {
+    /// A flag set once and read from any thread: a connection's close when the probe itself
+    /// closed it (not worth telling), or in `first` that an attempt decided.
+    private final class Flag: Sendable {
         let flag = Atomic<Bool>(false)
     }
 
@@ -117,27 +117,24 @@ public actor DatabaseProbe {
         }
         let asked = late.map { Self.first(late: $0, fresh: fresh, on: eventLoop) } ?? fresh
         late = nil
-        let outcome = await answer(asked, by: deadline)
-        if outcome == nil {
+        guard let outcome = await answer(asked, by: deadline) else {
             // Connected or answered too late: the next check takes the answer if it comes first,
             // else its connection is closed when it comes.
             late = asked
             return .noAnswer
         }
         // Decided: the probe's own connection, if it still waits, is closed unless it answered.
-        if let waiting = lateConnection, (try? outcome?.get().connection) !== waiting { Self.close(waiting) }
+        if let waiting = lateConnection, (try? outcome.get().connection) !== waiting { Self.close(waiting) }
         lateConnection = nil
         switch outcome {
-        case nil:
-            return .noAnswer
-        case .failure(let error)?:
+        case .failure(let error):
             return Self.serverAnswer(error) ?? Self.connectFailure(error)
-        case .success(let asked)?:
+        case .success(let asked):
             if let error = asked.error {
                 Self.close(asked.connection)
                 return Self.serverAnswer(error) ?? .unreachable("\(String(reflecting: error))")
             }
-            let closedByProbe = ClosedByProbe()
+            let closedByProbe = Flag()
             connection = (asked.connection, closedByProbe)
             let onClose = onClose
             asked.connection.closeFuture.whenComplete { _ in if !closedByProbe.flag.load(ordering: .relaxed) { onClose() } }
@@ -158,7 +155,7 @@ public actor DatabaseProbe {
     private static func first(late: EventLoopFuture<Asked>, fresh: EventLoopFuture<Asked>, on loop: any EventLoop) -> EventLoopFuture<Asked> {
         let promise = loop.makePromise(of: Asked.self)
         // Set by the first to decide (the two may complete on different threads).
-        let decided = ClosedByProbe()
+        let decided = Flag()
         @Sendable func decide() -> Bool { decided.flag.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged }
         late.whenComplete { result in
             guard case .success(let asked) = result else { return }
