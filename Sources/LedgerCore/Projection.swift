@@ -77,8 +77,9 @@ public enum Projection {
             return pooled.taken(by: row)
         case .notificationReceived(let body):
             // A renewal or a family member's share is never an order's: a refund of it changes no pool status.
+            // A refund Apple had reversed before it arrived (`reversedBefore`) changes nothing.
             guard var row, row.orderId == nil, row.status == .unmatched || row.status == .refunded || row.status == .conflict,
-                  let status = row.poolStatus(after: body.notificationType) else { return row }
+                  body.reversedBefore != true, let status = row.poolStatus(after: body.notificationType) else { return row }
             row.status = status
             row.updatedAt = date
             return row

@@ -46,7 +46,7 @@ extension NotificationLedger {
                 notificationType: notification.fromRefundHistory ? nil : type, notificationUUID: uuid))
         } else if type == "REFUND_REVERSED" {
             event = .periodRefundReversed(SubscriptionPeriodRefundReversed(
-                transactionId: transaction.transactionId, periodKey: periodKey, notificationUUID: uuid))
+                transactionId: transaction.transactionId, periodKey: periodKey, notificationUUID: uuid, signedDate: record.signedDate))
         } else if Self.lifecycleTypes.contains(type) {
             event = .renewalChanged(SubscriptionRenewalChanged(
                 notification: record, renewalInfo: notification.renewalInfo, expiresDate: transaction.periodEnd,

@@ -108,7 +108,17 @@ public struct NotificationLedger: Sendable {
                 known = try await writer.read(orders: [], transactions: [id], in: tx).transaction(id)
             }
             guard let holder = known else { throw OrderLedgerError.duplicateTransaction(id) }
-            if let applied = try await recordOnSubscription(
+            // A refund Apple reversed after it (its `REFUND_REVERSED` recorded first, signed after
+            // this refund's revocation): a retried or backfilled `REFUND` that arrives late
+            // refunds nothing, and is recorded as the notification it is.
+            var reversed = false
+            if AppleTransactionRecord.isRefund(type) {
+                let streams = [id.streamID] + (holder.orderId.map { [$0.streamID] } ?? []) + (role.subscription.map { [StreamID.subscription($0)] } ?? [])
+                reversed = try await events.refundReversed(id.rawValue, signedAfter: revocation.date, on: streams, in: tx)
+            }
+            var told = record
+            if reversed { told.reversedBefore = true }
+            if !reversed, let applied = try await recordOnSubscription(
                 notification, transaction, role: role, revocation: revocation, eventID: eventID, metadata: metadata, in: tx) {
                 return applied
             }
@@ -116,8 +126,8 @@ public struct NotificationLedger: Sendable {
                 try await writer.lock([orderID.streamID], in: tx)
                 let snapshot = try await writer.read(orders: [orderID], transactions: [], in: tx)
                 if let order = snapshot.order(orderID) {
-                    var event = OrderEvent.notificationReceived(record)
-                    if AppleTransactionRecord.isRefund(type), OrderTransitions.isAllowed(.refunded, from: order.state) {
+                    var event = OrderEvent.notificationReceived(told)
+                    if AppleTransactionRecord.isRefund(type), !reversed, OrderTransitions.isAllowed(.refunded, from: order.state) {
                         event = .refunded(Refunded(revocation, notificationType: notification.fromRefundHistory ? nil : type))
                     } else if type == "REFUND_REVERSED", OrderTransitions.isAllowed(.refundReversed, from: order.state) {
                         event = .refundReversed
@@ -129,8 +139,8 @@ public struct NotificationLedger: Sendable {
             // Waiting in the pool: recorded on its stream, where a refund keeps it from being granted.
             // A refund keeps what Apple signed of it: a renewal waiting for its subscription's start
             // has its period refunded with it when the start ties it (`recordStart`).
-            var received = record
-            if AppleTransactionRecord.isRefund(type) {
+            var received = told
+            if AppleTransactionRecord.isRefund(type), !reversed {
                 received.refund = Refunded(revocation, notificationType: notification.fromRefundHistory ? nil : type)
             }
             let event = try EventCoding.newEvent(TransactionEvent.notificationReceived(received), id: eventID, metadata: metadata)

@@ -52,6 +52,25 @@ public struct EventStore: Sendable {
         return stored
     }
 
+    /// Whether one of `streams` holds a `REFUND_REVERSED` of Apple transaction `transactionId`
+    /// that Apple signed after `date` (a `notification-received` of that type, or a
+    /// subscription's `subscription-period-refund-reversed` that kept its signing time), as the
+    /// caller's transaction sees the log.
+    public func refundReversed(_ transactionId: String, signedAfter date: Date, on streams: [StreamID], in transaction: DatabaseTransaction) async throws -> Bool {
+        let rows = try await transaction.connection.guardedQuery(
+            """
+            SELECT EXISTS (
+                SELECT 1 FROM events
+                 WHERE stream_id = ANY(\(streams.map(\.rawValue)))
+                   AND (type = 'notification-received' AND data->>'notificationType' = 'REFUND_REVERSED'
+                        OR type = 'subscription-period-refund-reversed')
+                   AND data->>'transactionId' = \(transactionId)
+                   AND (data->>'signedDate')::timestamptz > \(date))
+            """, logger: database.logger)
+        for try await found in rows.decode(Bool.self) { return found }
+        return false
+    }
+
     /// The first event of `stream`, if it has one, as the caller's transaction sees the log.
     public func firstEvent(of stream: StreamID, in transaction: DatabaseTransaction) async throws -> RecordedEvent? {
         let rows = try await transaction.connection.guardedQuery(

@@ -47,6 +47,48 @@ struct NotificationRoutesTests {
         }
     }
 
+    @Test("a REFUND that arrives after the REFUND_REVERSED Apple signed later refunds nothing (an order's, a pooled one's); a later refund does")
+    func refundAfterItsReversal() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let now = Date()
+            try await http.send(.post, "/v1/orders", json: newOrder("o-reversed"))
+            let held = TestApple.transaction("2000011")
+            try await http.send(.post, "/v1/receipts", json: ["orderId": "o-reversed", "signedTransaction": try await apple.sign(held)])
+            try await http.send(.post, "/v1/orders/o-reversed/events", json: ["type": "delivered", "data": [:]])
+            let pooled = TestApple.transaction("2000012")
+            try await http.notifyApple(try await apple.notification("ONE_TIME_CHARGE", transaction: pooled))
+
+            for transaction in [held, pooled] {
+                // Refunded two hours ago and reversed an hour ago; the reversal comes first (Apple
+                // retried the refund's notification, or a backfill found it).
+                var refunded = transaction
+                refunded.revocationDate = now.addingTimeInterval(-7200).millisecondsSince1970
+                refunded.revocationReason = 1
+                let (_, reversal) = try await http.notifyApple(
+                    try await apple.notification("REFUND_REVERSED", transaction: transaction, signedDate: now.addingTimeInterval(-3600)))
+                #expect(reversal["type"] as? String == "notification-received")
+                let (status, late) = try await http.notifyApple(
+                    try await apple.notification("REFUND", transaction: refunded, signedDate: now.addingTimeInterval(-7190)))
+                #expect(status == .ok && late["applied"] as? Bool == true)
+                #expect(late["type"] as? String == "notification-received", "\(transaction.transactionId): the reversed refund refunds nothing")
+            }
+            var (_, order) = try await http.send(.get, "/v1/orders/o-reversed")
+            #expect(order["state"] as? String == "delivered")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions WHERE transaction_id = '2000012'", as: Int.self) == 1,
+                    "still waits to be granted")
+
+            // Refunded again after the reversal: that refund stands.
+            var again = held
+            again.revocationDate = now.millisecondsSince1970
+            again.revocationReason = 1
+            let (_, refund) = try await http.notifyApple(try await apple.notification("REFUND", transaction: again))
+            #expect(refund["type"] as? String == "refunded")
+            (_, order) = try await http.send(.get, "/v1/orders/o-reversed")
+            #expect(order["state"] as? String == "refunded")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("a notification about a transaction the ledger does not know puts it in the pool; a refund keeps it from being granted")
     func unknownTransaction() async throws {
         try await withReceiptsApplication(apple) { http, db in

@@ -298,6 +298,35 @@ struct SubscriptionNotificationTests {
         }
     }
 
+    @Test("a REFUND of a renewal or of the start that arrives after the REFUND_REVERSED Apple signed later takes back no period and refunds no order")
+    func refundAfterItsReversal() async throws {
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
+            let now = Date()
+            let end = now.addingTimeInterval(-Self.day)
+            let start = try await subscribe(http, db, end: end)
+            let renewal = Self.period(otid, 1, purchased: end, expires: now.addingTimeInterval(29 * Self.day))
+            #expect(try await http.notifyApple(try await apple.notification("DID_RENEW", transaction: renewal, renewalInfo: TestApple.renewalInfo(otid))).0 == .ok)
+
+            for (transaction, stream) in [(renewal, "transaction-\(renewal.transactionId)"), (start, "order-o-sub")] {
+                var refunded = transaction
+                refunded.revocationDate = now.addingTimeInterval(-7200).millisecondsSince1970
+                refunded.revocationReason = 1
+                #expect(try await http.notifyApple(
+                    try await apple.notification("REFUND_REVERSED", transaction: transaction, signedDate: now.addingTimeInterval(-3600))).0 == .ok)
+                let (_, late) = try await http.notifyApple(
+                    try await apple.notification("REFUND", transaction: refunded, signedDate: now.addingTimeInterval(-7190)))
+                #expect(late["type"] as? String == "notification-received" && late["streamId"] as? String == stream,
+                        "\(transaction.transactionId): \(late)")
+            }
+            let s = try await subscription(db)
+            #expect(s.periods.count == 2 && s.periods.allSatisfy { $0.refundedAt == nil })
+            #expect(s.status(at: now) == .active)
+            let (_, order) = try await http.send(.get, "/v1/orders/o-sub")
+            #expect(order["state"] as? String == "delivered")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("REVOKE with FAMILY_REVOKE ends a family member's shared subscription only; the purchaser's and its order stay")
     func familyRevoke() async throws {
         try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in

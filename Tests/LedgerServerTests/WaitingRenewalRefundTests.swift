@@ -93,4 +93,28 @@ struct WaitingRenewalRefundTests {
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
+
+    @Test("a REFUND that arrives after the REFUND_REVERSED Apple signed later, while the renewal waited, leaves its period unrefunded when the start ties it")
+    func reversalBeforeItsRefund() async throws {
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
+            let now = Date(), otid = "7600003"
+            let renewal = try await waitingRenewal(http, otid, now: now)
+            var revoked = SubscriptionNotificationTests.revoked(renewal)
+            revoked.revocationDate = now.addingTimeInterval(-7200).millisecondsSince1970
+            try await http.notifyAppleTaken(
+                try await apple.notification("REFUND_REVERSED", transaction: renewal, signedDate: now.addingTimeInterval(-3600)))
+            let late = try await http.notifyAppleTaken(
+                try await apple.notification("REFUND", transaction: revoked, signedDate: now.addingTimeInterval(-7190)))
+            #expect(late["streamId"] as? String == "transaction-\(otid)1", "\(late)")
+            try await http.send(.post, "/v1/orders", json: newOrder("o-\(otid)", user: "u-w", product: "pro.monthly"))
+            try await uploadStart(http, otid, now: now)
+
+            let (_, one) = try await http.send(.get, "/v1/subscriptions/\(otid)")
+            let periods = one["periods"] as? [[String: Any]] ?? []
+            #expect(periods.count == 2 && periods.allSatisfy { !($0["refundedAt"] is String) }, "\(periods)")
+            #expect(one["status"] as? String == "active", "\(one)")
+            #expect(try await refundEvents(db, otid) == 0)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
 }

@@ -204,7 +204,7 @@ extension SubscriptionPeriodRefunded {
     /// The refund of period `periodKey` that `notifications` leave standing: those recorded on the
     /// stream of its transaction `transactionId` (`REFUND`, `REVOKE`, `REFUND_REVERSED`, in the
     /// log's order) while it waited for its subscription's start. The last refund not reversed
-    /// after it, with the notification that said it (whose UUID names the event); nil when none
+    /// after it (nor before it arrived, `reversedBefore`), with the notification that said it (whose UUID names the event); nil when none
     /// stands. A refund recorded before the ledger kept Apple's revocation with it is dated by its
     /// notification.
     public static func standing(
@@ -212,7 +212,7 @@ extension SubscriptionPeriodRefunded {
     ) -> (refund: SubscriptionPeriodRefunded, notification: UUID)? {
         var standing: NotificationReceived?
         for notification in notifications {
-            if AppleTransactionRecord.isRefund(notification.notificationType) {
+            if notification.takesBack {
                 standing = notification
             } else if notification.notificationType == "REFUND_REVERSED" {
                 standing = nil
@@ -237,11 +237,15 @@ public struct SubscriptionPeriodRefundReversed: Codable, Sendable, Equatable {
     public var transactionId: TransactionID
     public var periodKey: String
     public var notificationUUID: UUID?
+    /// When Apple signed the `REFUND_REVERSED` (absent before it was kept): a refund revoked
+    /// before it that arrives later refunds nothing.
+    public var signedDate: Date?
 
-    public init(transactionId: TransactionID, periodKey: String, notificationUUID: UUID?) {
+    public init(transactionId: TransactionID, periodKey: String, notificationUUID: UUID?, signedDate: Date? = nil) {
         self.transactionId = transactionId
         self.periodKey = periodKey
         self.notificationUUID = notificationUUID
+        self.signedDate = signedDate
     }
 }
 
