@@ -252,14 +252,20 @@ struct SubscriptionNotificationTests {
         }
     }
 
+    /// The subscription `subscribe` starts, ended yesterday, and its renewal (`DID_RENEW`), which pays for now.
+    func renewed(_ http: LedgerHTTP, _ db: TestDatabase, now: Date) async throws -> (start: SignedTransactionPayload, renewal: SignedTransactionPayload) {
+        let end = now.addingTimeInterval(-Self.day)
+        let start = try await subscribe(http, db, end: end)
+        let renewal = Self.period(otid, 1, purchased: end, expires: now.addingTimeInterval(29 * Self.day))
+        #expect(try await http.notifyApple(try await apple.notification("DID_RENEW", transaction: renewal, renewalInfo: TestApple.renewalInfo(otid))).0 == .ok)
+        return (start, renewal)
+    }
+
     @Test("REFUND or REVOKE of a renewal takes back that period only; of the start, its order's refund too; REFUND_REVERSED undoes each")
     func periodRefunds() async throws {
         try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
             let now = Date()
-            let end = now.addingTimeInterval(-Self.day)
-            let start = try await subscribe(http, db, end: end)
-            let renewal = Self.period(otid, 1, purchased: end, expires: now.addingTimeInterval(29 * Self.day))
-            #expect(try await http.notifyApple(try await apple.notification("DID_RENEW", transaction: renewal, renewalInfo: TestApple.renewalInfo(otid))).0 == .ok)
+            let (start, renewal) = try await renewed(http, db, now: now)
 
             for type in ["REFUND", "REVOKE"] {
                 let refund = try await apple.notification(type, transaction: Self.revoked(renewal))
@@ -302,10 +308,7 @@ struct SubscriptionNotificationTests {
     func refundAfterItsReversal() async throws {
         try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
             let now = Date()
-            let end = now.addingTimeInterval(-Self.day)
-            let start = try await subscribe(http, db, end: end)
-            let renewal = Self.period(otid, 1, purchased: end, expires: now.addingTimeInterval(29 * Self.day))
-            #expect(try await http.notifyApple(try await apple.notification("DID_RENEW", transaction: renewal, renewalInfo: TestApple.renewalInfo(otid))).0 == .ok)
+            let (start, renewal) = try await renewed(http, db, now: now)
 
             for (transaction, stream) in [(renewal, "transaction-\(renewal.transactionId)"), (start, "order-o-sub")] {
                 var refunded = transaction

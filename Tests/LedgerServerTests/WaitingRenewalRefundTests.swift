@@ -32,6 +32,19 @@ struct WaitingRenewalRefundTests {
         #expect(answer["orderId"] as? String == "o-\(otid)", "\(answer)")
     }
 
+    /// The start of `otid` uploaded for its order: both periods unrefunded, the subscription
+    /// active, no refund recorded on it, and the rebuild agrees.
+    func startLeavesPeriodsUnrefunded(_ http: LedgerHTTP, _ db: TestDatabase, _ otid: String, now: Date) async throws {
+        try await http.send(.post, "/v1/orders", json: newOrder("o-\(otid)", user: "u-w", product: "pro.monthly"))
+        try await uploadStart(http, otid, now: now)
+        let (_, one) = try await http.send(.get, "/v1/subscriptions/\(otid)")
+        let periods = one["periods"] as? [[String: Any]] ?? []
+        #expect(periods.count == 2 && periods.allSatisfy { !($0["refundedAt"] is String) }, "\(periods)")
+        #expect(one["status"] as? String == "active", "\(one)")
+        #expect(try await refundEvents(db, otid) == 0)
+        #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+    }
+
     func refundEvents(_ db: TestDatabase, _ otid: String) async throws -> Int? {
         try await scalar(db, """
             SELECT count(*)::int FROM events WHERE stream_id = \("subscription-\(otid)") AND type = 'subscription-period-refunded'
@@ -82,15 +95,7 @@ struct WaitingRenewalRefundTests {
             let renewal = try await waitingRenewal(http, otid, now: now)
             try await http.notifyAppleTaken(try await apple.notification("REVOKE", transaction: SubscriptionNotificationTests.revoked(renewal)))
             try await http.notifyAppleTaken(try await apple.notification("REFUND_REVERSED", transaction: renewal))
-            try await http.send(.post, "/v1/orders", json: newOrder("o-\(otid)", user: "u-w", product: "pro.monthly"))
-            try await uploadStart(http, otid, now: now)
-
-            let (_, one) = try await http.send(.get, "/v1/subscriptions/\(otid)")
-            let periods = one["periods"] as? [[String: Any]] ?? []
-            #expect(periods.count == 2 && periods.allSatisfy { !($0["refundedAt"] is String) }, "\(periods)")
-            #expect(one["status"] as? String == "active", "\(one)")
-            #expect(try await refundEvents(db, otid) == 0)
-            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+            try await startLeavesPeriodsUnrefunded(http, db, otid, now: now)
         }
     }
 
@@ -106,15 +111,7 @@ struct WaitingRenewalRefundTests {
             let late = try await http.notifyAppleTaken(
                 try await apple.notification("REFUND", transaction: revoked, signedDate: now.addingTimeInterval(-7190)))
             #expect(late["streamId"] as? String == "transaction-\(otid)1", "\(late)")
-            try await http.send(.post, "/v1/orders", json: newOrder("o-\(otid)", user: "u-w", product: "pro.monthly"))
-            try await uploadStart(http, otid, now: now)
-
-            let (_, one) = try await http.send(.get, "/v1/subscriptions/\(otid)")
-            let periods = one["periods"] as? [[String: Any]] ?? []
-            #expect(periods.count == 2 && periods.allSatisfy { !($0["refundedAt"] is String) }, "\(periods)")
-            #expect(one["status"] as? String == "active", "\(one)")
-            #expect(try await refundEvents(db, otid) == 0)
-            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+            try await startLeavesPeriodsUnrefunded(http, db, otid, now: now)
         }
     }
 }
