@@ -108,13 +108,14 @@ public struct NotificationLedger: Sendable {
                 known = try await writer.read(orders: [], transactions: [id], in: tx).transaction(id)
             }
             guard let holder = known else { throw OrderLedgerError.duplicateTransaction(id) }
-            // A refund Apple reversed after it (its `REFUND_REVERSED` recorded first, signed after
-            // this refund's revocation): a retried or backfilled `REFUND` that arrives late
-            // refunds nothing, and is recorded as the notification it is.
+            // A refund Apple reversed (its `REFUND_REVERSED` recorded first, signed after this
+            // refund's revocation; or this refund recorded already, by the refund catch-up or
+            // another notification, and reversed since): a retried or backfilled `REFUND` that
+            // arrives late refunds nothing, and is recorded as the notification it is.
             var reversed = false
             if AppleTransactionRecord.isRefund(type) {
                 let streams = [id.streamID] + (holder.orderId.map { [$0.streamID] } ?? []) + (role.subscription.map { [StreamID.subscription($0)] } ?? [])
-                reversed = try await events.refundReversed(id.rawValue, signedAfter: revocation.date, on: streams, in: tx)
+                reversed = try await events.refundReversed(id.rawValue, revokedAt: revocation.date, on: streams, in: tx)
             }
             var told = record
             if reversed { told.reversedBefore = true }

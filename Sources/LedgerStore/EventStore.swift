@@ -52,20 +52,39 @@ public struct EventStore: Sendable {
         return stored
     }
 
-    /// Whether one of `streams` holds a `REFUND_REVERSED` of Apple transaction `transactionId`
-    /// that Apple signed after `date` (a `notification-received` of that type, or a
-    /// subscription's `subscription-period-refund-reversed` that kept its signing time), as the
-    /// caller's transaction sees the log.
-    public func refundReversed(_ transactionId: String, signedAfter date: Date, on streams: [StreamID], in transaction: DatabaseTransaction) async throws -> Bool {
+    /// Whether Apple reversed the refund of Apple transaction `transactionId` revoked at `date`,
+    /// as `streams` (its own, its order's, its subscription's) hold it in the caller's
+    /// transaction: a `REFUND_REVERSED` of it signed after `date` (a `notification-received` of
+    /// that type, or a `subscription-period-refund-reversed` that kept its signing time), or that
+    /// same refund recorded (revoked at `date`, to the millisecond) and a reversal after it on its
+    /// stream (an order's `refund-reversed` keeps no time of its own).
+    public func refundReversed(_ transactionId: String, revokedAt date: Date, on streams: [StreamID], in transaction: DatabaseTransaction) async throws -> Bool {
+        let streams = streams.map(\.rawValue)
         let rows = try await transaction.connection.guardedQuery(
             """
             SELECT EXISTS (
                 SELECT 1 FROM events
-                 WHERE stream_id = ANY(\(streams.map(\.rawValue)))
+                 WHERE stream_id = ANY(\(streams))
                    AND (type = 'notification-received' AND data->>'notificationType' = 'REFUND_REVERSED'
                         OR type = 'subscription-period-refund-reversed')
                    AND data->>'transactionId' = \(transactionId)
-                   AND (data->>'signedDate')::timestamptz > \(date))
+                   AND (data->>'signedDate')::timestamptz > \(date)
+            ) OR EXISTS (
+                SELECT 1 FROM events r
+                 WHERE r.stream_id = ANY(\(streams))
+                   AND (r.type = 'refunded'
+                        OR r.type = 'subscription-period-refunded' AND r.data->>'transactionId' = \(transactionId)
+                        OR r.type = 'notification-received' AND r.data->>'transactionId' = \(transactionId) AND r.data ? 'refund')
+                   AND coalesce(r.data->>'revocationDate', r.data->'refund'->>'revocationDate')::timestamptz - \(date)
+                       BETWEEN interval '-0.5 milliseconds' AND interval '0.5 milliseconds'
+                   AND EXISTS (
+                       SELECT 1 FROM events v
+                        WHERE v.stream_id = r.stream_id AND v.stream_version > r.stream_version
+                          AND (v.type = 'refund-reversed'
+                               OR v.type = 'subscription-period-refund-reversed' AND v.data->>'transactionId' = \(transactionId)
+                               OR v.type = 'notification-received' AND v.data->>'notificationType' = 'REFUND_REVERSED'
+                                  AND v.data->>'transactionId' = \(transactionId)))
+            )
             """, logger: database.logger)
         for try await found in rows.decode(Bool.self) { return found }
         return false

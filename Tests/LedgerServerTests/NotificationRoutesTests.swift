@@ -89,6 +89,35 @@ struct NotificationRoutesTests {
         }
     }
 
+    @Test("a refund recorded, reversed, then told again (the refund catch-up's record, another notification of it) refunds nothing; an order's and a pooled one's")
+    func refundToldAgainAfterItsReversal() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-told-again"))
+            let held = TestApple.transaction("2000021")
+            try await http.send(.post, "/v1/receipts", json: ["orderId": "o-told-again", "signedTransaction": try await apple.sign(held)])
+            try await http.send(.post, "/v1/orders/o-told-again/events", json: ["type": "delivered", "data": [:]])
+            let pooled = TestApple.transaction("2000022")
+            try await http.notifyApple(try await apple.notification("ONE_TIME_CHARGE", transaction: pooled))
+
+            for (transaction, refundType, stream) in [(held, "refunded", "order-o-told-again"), (pooled, "notification-received", "transaction-2000022")] {
+                var refunded = transaction
+                refunded.revocationDate = Date().addingTimeInterval(-600).millisecondsSince1970
+                refunded.revocationReason = 1
+                let (_, refund) = try await http.notifyApple(try await apple.notification("REFUND", transaction: refunded))
+                #expect(refund["type"] as? String == refundType)
+                try await http.notifyApple(try await apple.notification("REFUND_REVERSED", transaction: transaction))
+                // The same refund (revoked at the same time) under another notification's UUID.
+                let (_, again) = try await http.notifyApple(try await apple.notification("REFUND", transaction: refunded))
+                #expect(again["type"] as? String == "notification-received" && again["streamId"] as? String == stream, "\(again)")
+            }
+            let (_, order) = try await http.send(.get, "/v1/orders/o-told-again")
+            #expect(order["state"] as? String == "delivered")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions WHERE transaction_id = '2000022'", as: Int.self) == 1)
+            #expect(try await scalar(db, "SELECT count(*)::int FROM events WHERE data->>'reversedBefore' = 'true'", as: Int.self) == 2)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("a notification about a transaction the ledger does not know puts it in the pool; a refund keeps it from being granted")
     func unknownTransaction() async throws {
         try await withReceiptsApplication(apple) { http, db in

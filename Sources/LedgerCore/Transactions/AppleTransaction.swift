@@ -198,9 +198,10 @@ public struct NotificationReceived: Codable, Sendable, Equatable {
     /// signed of it, so that the period it takes back is refunded when the transaction's
     /// subscription becomes known (a renewal that waited for its start).
     public var refund: Refunded?
-    /// A `REFUND` or `REVOKE` that arrived after a `REFUND_REVERSED` of its transaction that Apple
-    /// signed after its revocation (Apple retried it, or a backfill found it): Apple had reversed
-    /// it already, so it takes nothing back. Absent otherwise.
+    /// A `REFUND` or `REVOKE` that arrived after Apple reversed it (Apple retried it, or a backfill
+    /// found it): a `REFUND_REVERSED` of its transaction signed after its revocation was recorded
+    /// first, or the same refund (revoked at the same time) was recorded already and reversed
+    /// since. It takes nothing back. Absent otherwise.
     public var reversedBefore: Bool?
 
     /// Whether this notification takes its transaction back: a refund or revocation Apple had not
