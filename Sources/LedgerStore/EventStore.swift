@@ -56,7 +56,7 @@ public struct EventStore: Sendable {
     /// as `streams` (its own, its order's, its subscription's) hold it in the caller's
     /// transaction: a `REFUND_REVERSED` of it signed after `date` (a `notification-received` of
     /// that type, or a `subscription-period-refund-reversed` that kept its signing time), or that
-    /// same refund recorded (revoked at `date`, to the millisecond) and a reversal after it on its
+    /// same refund recorded (revoked at `date`, within 2 ms) and a reversal after it on its
     /// stream (an order's `refund-reversed` keeps no time of its own).
     public func refundReversed(_ transactionId: String, revokedAt date: Date, on streams: [StreamID], in transaction: DatabaseTransaction) async throws -> Bool {
         let streams = streams.map(\.rawValue)
@@ -75,8 +75,10 @@ public struct EventStore: Sendable {
                    AND (r.type = 'refunded'
                         OR r.type = 'subscription-period-refunded' AND r.data->>'transactionId' = \(transactionId)
                         OR r.type = 'notification-received' AND r.data->>'transactionId' = \(transactionId) AND r.data ? 'refund')
+                   -- The log's times have three decimals, cut rather than rounded from a Double: one
+                   -- Apple signed in milliseconds may read a millisecond early.
                    AND coalesce(r.data->>'revocationDate', r.data->'refund'->>'revocationDate')::timestamptz - \(date)
-                       BETWEEN interval '-0.5 milliseconds' AND interval '0.5 milliseconds'
+                       BETWEEN interval '-2 milliseconds' AND interval '2 milliseconds'
                    AND EXISTS (
                        SELECT 1 FROM events v
                         WHERE v.stream_id = r.stream_id AND v.stream_version > r.stream_version
