@@ -204,9 +204,9 @@ extension SubscriptionPeriodRefunded {
     /// The refund of period `periodKey` that `notifications` leave standing: those recorded on the
     /// stream of its transaction `transactionId` (`REFUND`, `REVOKE`, `REFUND_REVERSED`, in the
     /// log's order) while it waited for its subscription's start. The last refund not reversed
-    /// after it (nor before it arrived, `reversedBefore`), with the notification that said it (whose UUID names the event); nil when none
-    /// stands. A refund recorded before the ledger kept Apple's revocation with it is dated by its
-    /// notification.
+    /// after it (nor before it arrived, `reversedBefore`), with the notification that said it
+    /// (whose UUID names the event); nil when none stands. A refund recorded before the ledger
+    /// kept Apple's revocation with it is dated by its notification.
     public static func standing(
         after notifications: [NotificationReceived], transactionId: TransactionID, periodKey: String
     ) -> (refund: SubscriptionPeriodRefunded, notification: UUID)? {
