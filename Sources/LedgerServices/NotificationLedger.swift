@@ -128,7 +128,7 @@ public struct NotificationLedger: Sendable {
                 let snapshot = try await writer.read(orders: [orderID], transactions: [], in: tx)
                 if let order = snapshot.order(orderID) {
                     var event = OrderEvent.notificationReceived(told)
-                    if AppleTransactionRecord.isRefund(type), !reversed, OrderTransitions.isAllowed(.refunded, from: order.state) {
+                    if told.takesBack, OrderTransitions.isAllowed(.refunded, from: order.state) {
                         event = .refunded(Refunded(revocation, notificationType: notification.fromRefundHistory ? nil : type))
                     } else if type == "REFUND_REVERSED", OrderTransitions.isAllowed(.refundReversed, from: order.state) {
                         event = .refundReversed
@@ -141,7 +141,7 @@ public struct NotificationLedger: Sendable {
             // A refund keeps what Apple signed of it: a renewal waiting for its subscription's start
             // has its period refunded with it when the start ties it (`recordStart`).
             var received = told
-            if AppleTransactionRecord.isRefund(type), !reversed {
+            if told.takesBack {
                 received.refund = Refunded(revocation, notificationType: notification.fromRefundHistory ? nil : type)
             }
             let event = try EventCoding.newEvent(TransactionEvent.notificationReceived(received), id: eventID, metadata: metadata)

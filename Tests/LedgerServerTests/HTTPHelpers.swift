@@ -1,6 +1,8 @@
+import AppleReceipts
 import Foundation
 import Hummingbird
 import HummingbirdTesting
+import LedgerTestSupport
 import NIOCore
 import Testing
 
@@ -37,6 +39,14 @@ struct LedgerHTTP: Sendable {
         let (status, answer) = try await notifyApple(signedPayload)
         #expect(status == .ok, "\(answer)")
         return answer
+    }
+
+    /// Order `id` (`newOrder`'s user and product) paid with `transaction` by its client's proof,
+    /// then delivered.
+    func deliveredOrder(_ id: String, paidWith transaction: SignedTransactionPayload, apple: TestApple) async throws {
+        try await send(.post, "/v1/orders", json: newOrder(id))
+        try await send(.post, "/v1/receipts", json: ["orderId": id, "signedTransaction": try await apple.sign(transaction)])
+        try await send(.post, "/v1/orders/\(id)/events", json: ["type": "delivered", "data": [:]])
     }
 }
 

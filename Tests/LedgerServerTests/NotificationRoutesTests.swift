@@ -16,10 +16,8 @@ struct NotificationRoutesTests {
     @Test("REFUND refunds the order once per notificationUUID; REFUND_REVERSED reverses it; other types are recorded")
     func refunds() async throws {
         try await withReceiptsApplication(apple) { http, db in
-            try await http.send(.post, "/v1/orders", json: newOrder("o-refund"))
             let transaction = TestApple.transaction("2000001")
-            try await http.send(.post, "/v1/receipts", json: ["orderId": "o-refund", "signedTransaction": try await apple.sign(transaction)])
-            try await http.send(.post, "/v1/orders/o-refund/events", json: ["type": "delivered", "data": [:]])
+            try await http.deliveredOrder("o-refund", paidWith: transaction, apple: apple)
 
             var refunded = transaction
             refunded.revocationDate = Date().millisecondsSince1970
@@ -52,10 +50,8 @@ struct NotificationRoutesTests {
     func refundAfterItsReversal() async throws {
         try await withReceiptsApplication(apple) { http, db in
             let now = Date()
-            try await http.send(.post, "/v1/orders", json: newOrder("o-reversed"))
             let held = TestApple.transaction("2000011")
-            try await http.send(.post, "/v1/receipts", json: ["orderId": "o-reversed", "signedTransaction": try await apple.sign(held)])
-            try await http.send(.post, "/v1/orders/o-reversed/events", json: ["type": "delivered", "data": [:]])
+            try await http.deliveredOrder("o-reversed", paidWith: held, apple: apple)
             let pooled = TestApple.transaction("2000012")
             try await http.notifyApple(try await apple.notification("ONE_TIME_CHARGE", transaction: pooled))
 
@@ -93,10 +89,8 @@ struct NotificationRoutesTests {
     @Test("a refund recorded, reversed, then told again (the refund catch-up's record, another notification of it) refunds nothing; an order's and a pooled one's")
     func refundToldAgainAfterItsReversal() async throws {
         try await withReceiptsApplication(apple) { http, db in
-            try await http.send(.post, "/v1/orders", json: newOrder("o-told-again"))
             let held = TestApple.transaction("2000021")
-            try await http.send(.post, "/v1/receipts", json: ["orderId": "o-told-again", "signedTransaction": try await apple.sign(held)])
-            try await http.send(.post, "/v1/orders/o-told-again/events", json: ["type": "delivered", "data": [:]])
+            try await http.deliveredOrder("o-told-again", paidWith: held, apple: apple)
             let pooled = TestApple.transaction("2000022")
             try await http.notifyApple(try await apple.notification("ONE_TIME_CHARGE", transaction: pooled))
 

@@ -31,10 +31,8 @@ struct RefundRoutesTests {
     @Test("a refund's event carries Apple's revocationType and revocationPercentage, and the notification's type as notificationType")
     func proratedRefund() async throws {
         try await withReceiptsApplication(apple) { http, _ in
-            try await http.send(.post, "/v1/orders", json: newOrder("o-prorated"))
             let transaction = TestApple.transaction("5000001")
-            try await http.send(.post, "/v1/receipts", json: ["orderId": "o-prorated", "signedTransaction": try await apple.sign(transaction)])
-            try await http.send(.post, "/v1/orders/o-prorated/events", json: ["type": "delivered", "data": [:]])
+            try await http.deliveredOrder("o-prorated", paidWith: transaction, apple: apple)
             let answer = try await http.notifyAppleTaken(try await apple.notification("REFUND", transaction: revoked(transaction, type: "REFUND_PRORATED", percentage: 25_000)))
             #expect(answer["type"] as? String == "refunded")
             let refund = try await events(http, "o-prorated").last?["data"] as? [String: Any] ?? [:]
