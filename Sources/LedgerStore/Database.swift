@@ -320,6 +320,11 @@ extension PostgresConnection {
     }
 }
 
+extension PostgresPreparedStatement where Row == PostgresRow {
+    /// A statement whose rows its caller reads column by column.
+    public func decodeRow(_ row: PostgresRow) -> PostgresRow { row }
+}
+
 /// A lease found its connection closed before sending anything on it.
 struct StaleConnection: Error {}
 

@@ -45,11 +45,26 @@ public struct EventStore: Sendable {
     /// Which of `ids` the log holds, as the caller's transaction sees it: one round trip for many.
     public func storedIDs(_ ids: [EventID], in transaction: DatabaseTransaction) async throws -> Set<EventID> {
         guard !ids.isEmpty else { return [] }
-        let rows = try await transaction.connection.guardedQuery(
-            "SELECT event_id FROM events WHERE event_id = ANY(\(ids.map(\.uuid)))", logger: database.logger)
-        var stored: Set<EventID> = []
-        for try await id in rows.decode(UUID.self) { stored.insert(EventID(id)) }
-        return stored
+        let rows = try await transaction.connection.atomicallyGuardedExecute(StoredIDs(ids: ids.map(\.uuid)), logger: database.logger)
+        return Set(rows.map { EventID($0) })
+    }
+
+    /// `storedIDs`' read, prepared once per connection: planned each time, it took longer to
+    /// plan than to run (a renewal group asks it once).
+    struct StoredIDs: PostgresPreparedStatement {
+        static let name = "ledger_stored_event_ids"
+        static let sql = "SELECT event_id FROM events WHERE event_id = ANY($1::uuid[])"
+        typealias Row = UUID
+
+        let ids: [UUID]
+
+        func makeBindings() -> PostgresBindings {
+            var bindings = PostgresBindings(capacity: 1)
+            bindings.append(ids)
+            return bindings
+        }
+
+        func decodeRow(_ row: PostgresRow) throws -> UUID { try row.decode(UUID.self) }
     }
 
     /// Whether Apple reversed the refund of Apple transaction `transactionId` revoked at `date`,

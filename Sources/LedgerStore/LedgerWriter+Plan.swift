@@ -156,8 +156,6 @@ extension LedgerWriter {
             return bindings
         }
 
-        func decodeRow(_ row: PostgresRow) -> PostgresRow { row }
-
         /// `order_id, price::text` as the fields of the row `row`: `(r.o).order_id, (r.o).price::text`.
         private static func columns(_ list: String, of row: String) -> String {
             list.split(separator: ",").map { "(\(row)).\($0.trimmingCharacters(in: .whitespacesAndNewlines))" }.joined(separator: ", ")

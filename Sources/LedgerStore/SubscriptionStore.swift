@@ -32,28 +32,50 @@ public struct SubscriptionStore: Sendable {
     /// renewal groups' writer waits for each).
     public func subscriptions(_ ids: [String], periodKeys: [String], in transaction: DatabaseTransaction) async throws -> [String: Subscription] {
         guard !ids.isEmpty else { return [:] }
-        let rows = try await transaction.connection.guardedQuery(
-            """
-            SELECT \(unescaped: Self.subscriptionColumns), \(unescaped: Self.subscriptionPeriodColumns)
-              FROM unnest(\(ids)::text[], \(periodKeys)::text[]) AS k(wanted_id, wanted_key)
-              JOIN subscriptions s ON s.original_transaction_id = k.wanted_id
-              -- The latest period found once per subscription: a key compared inside the join's
-              -- condition was looked for again for each of its periods, a cost that grew with the
-              -- square of a subscription's age (docs/performance.md).
-              LEFT JOIN LATERAL (SELECT l.period_key FROM subscription_periods l
-                                  WHERE l.original_transaction_id = k.wanted_id
-                                  ORDER BY l.purchase_date DESC, l.period_key DESC LIMIT 1) latest ON true
-              LEFT JOIN subscription_periods p ON p.original_transaction_id = k.wanted_id
-                    AND p.period_key IN (k.wanted_key, latest.period_key)
-            """, logger: database.logger)
+        let rows = try await transaction.connection.atomicallyGuardedExecute(
+            GroupRead(ids: ids, periodKeys: periodKeys), logger: database.logger)
         var found: [String: Subscription] = [:]
-        for try await row in rows {
+        for row in rows {
             let r = row.makeRandomAccess()
             let subscription = try Self.subscription(r)
             let period = try r[Self.columnCount].decode(String?.self) == nil ? nil : try Self.period(r, at: Self.columnCount)
             found[subscription.originalTransactionId, default: subscription].periods += period.map { [$0] } ?? []
         }
         return found
+    }
+
+    /// `subscriptions(_:periodKeys:in:)`'s read, prepared once per connection: planned each time,
+    /// it took longer to plan than to run (0.7 ms against 0.3 for a group of 14).
+    struct GroupRead: PostgresPreparedStatement {
+        static let name = "ledger_subscriptions_for_renewals"
+        static let sql = """
+            SELECT \(subscriptionColumns), \(subscriptionPeriodColumns)
+              FROM unnest($1::text[], $2::text[]) AS k(wanted_id, wanted_key)
+              -- Each row looked up by its key, in subqueries a LIMIT keeps the planner from
+              -- turning into joins: as joins, a plan made while the tables outgrew their
+              -- statistics read both tables whole for every group (docs/performance.md).
+              JOIN LATERAL (SELECT * FROM subscriptions x WHERE x.original_transaction_id = k.wanted_id LIMIT 1) s ON true
+              -- The latest period found once per subscription: a key compared inside the join's
+              -- condition was looked for again for each of its periods, a cost that grew with the
+              -- square of a subscription's age (docs/performance.md).
+              LEFT JOIN LATERAL (SELECT l.period_key FROM subscription_periods l
+                                  WHERE l.original_transaction_id = k.wanted_id
+                                  ORDER BY l.purchase_date DESC, l.period_key DESC LIMIT 1) latest ON true
+              LEFT JOIN LATERAL (SELECT * FROM subscription_periods x
+                                  WHERE x.original_transaction_id = k.wanted_id
+                                    AND x.period_key IN (k.wanted_key, latest.period_key) LIMIT 2) p ON true
+            """
+        typealias Row = PostgresRow
+
+        let ids: [String]
+        let periodKeys: [String]
+
+        func makeBindings() -> PostgresBindings {
+            var bindings = PostgresBindings(capacity: 2)
+            bindings.append(ids)
+            bindings.append(periodKeys)
+            return bindings
+        }
     }
 
     /// The subscription `id` with its periods, outside any transaction.
