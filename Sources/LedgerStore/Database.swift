@@ -315,7 +315,16 @@ extension PostgresConnection {
         }
         guard !isClosed else { throw ConnectionClosedError() }
         var rows: [Statement.Row] = []
-        for try await row in try await execute(statement, logger: logger) { rows.append(row) }
+        do {
+            for try await row in try await execute(statement, logger: logger) { rows.append(row) }
+        } catch let error as PSQLError where error.sqlState == .inFailedSqlTransaction {
+            // postgres-nio keeps the error of a failed preparation for the connection's life and
+            // answers it to every later execution of the statement. Prepared first inside a
+            // transaction that had already failed, the statement would fail on this connection
+            // for good; closed (the transaction is lost anyway), it is replaced by a fresh one.
+            let _: EventLoopFuture<Void> = close()
+            throw error
+        }
         return rows
     }
 }
