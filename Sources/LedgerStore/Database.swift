@@ -317,15 +317,25 @@ extension PostgresConnection {
         var rows: [Statement.Row] = []
         do {
             for try await row in try await execute(statement, logger: logger) { rows.append(row) }
-        } catch let error as PSQLError where error.sqlState == .inFailedSqlTransaction {
+        } catch let error as PSQLError where !Self.keepsPreparedStatements(after: error) {
             // postgres-nio keeps the error of a failed preparation for the connection's life and
-            // answers it to every later execution of the statement. Prepared first inside a
-            // transaction that had already failed, the statement would fail on this connection
-            // for good; closed (the transaction is lost anyway), it is replaced by a fresh one.
+            // answers it to every later execution of the statement: prepared first inside a
+            // transaction that had already failed, or while a lock it waited for timed out, the
+            // statement would fail on this connection for good. Closed (its transaction is lost
+            // anyway), the connection is replaced by a fresh one.
             let _: EventLoopFuture<Void> = close()
             throw error
         }
         return rows
+    }
+
+    /// Whether `error`, from a prepared statement, cannot have come from preparing it: a
+    /// statement's own refusals as it runs (data exceptions, a unique or check constraint, a
+    /// value too large, the routines' RAISEs), which leave the connection as it was. Any other
+    /// server error may have been the preparation's, and the connection is closed.
+    static func keepsPreparedStatements(after error: PSQLError) -> Bool {
+        guard let state = error.sqlState?.raw else { return true }
+        return ["22", "23", "54", "LE"].contains(String(state.prefix(2))) || state == "P0001"
     }
 }
 
