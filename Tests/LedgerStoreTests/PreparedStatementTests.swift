@@ -11,7 +11,7 @@ import Testing
 struct PreparedStatementTests {
     @Test("a statement first prepared in a transaction that had already failed does not fail its connection for good")
     func preparedInAFailedTransaction() async throws {
-        try await withPoolOfOne { database in
+        try await withTestDatabase { db in try await db.withPoolOfOne { database in
             let events = EventStore(database: database)
             let stored = try event()
             _ = try await LedgerWriter(database: database).append([stored], to: try uniqueStream())
@@ -28,13 +28,13 @@ struct PreparedStatementTests {
                 let found = try await database.transaction { tx in try await events.storedIDs([stored.id, EventID()], in: tx) }
                 #expect(found == [stored.id])
             }
-        }
+        } }
     }
 
     @Test("a statement whose preparation waited for a lock past lock_timeout does not fail its connection for good")
     func preparedPastALockTimeout() async throws {
         try await withTestDatabase { db in
-            try await withPoolOfOne(db) { database in
+            try await db.withPoolOfOne { database in
                 let subscriptions = SubscriptionStore(database: database)
                 // Another session holds the table, as a projection rebuild's TRUNCATE does.
                 let holder = try await db.connect(id: 9)
@@ -56,21 +56,5 @@ struct PreparedStatementTests {
                 }
             }
         }
-    }
-
-    /// `body` with a `Database` on a pool of one connection of `db`: a statement after a failure
-    /// is sent on the connection it failed on, unless that one was replaced.
-    private func withPoolOfOne(_ db: TestDatabase, _ body: @Sendable (Database) async throws -> Void) async throws {
-        var configuration = db.configuration
-        configuration.options.maximumConnections = 1
-        configuration.options.minimumConnections = 0
-        let client = PostgresClient(configuration: configuration, backgroundLogger: TestServer.clientLogger)
-        let running = Task { await client.run() }
-        defer { running.cancel() }
-        try await body(Database(client: client, logger: TestServer.logger))
-    }
-
-    private func withPoolOfOne(_ body: @Sendable (Database) async throws -> Void) async throws {
-        try await withTestDatabase { db in try await withPoolOfOne(db, body) }
     }
 }

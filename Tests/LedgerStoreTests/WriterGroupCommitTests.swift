@@ -140,14 +140,8 @@ struct WriterGroupCommitTests {
 
     @Test("a group that fails as a whole is written write by write: a pool of one still answers every append")
     func failedBatchOnAPoolOfOne() async throws {
-        try await withTestDatabase { db in
-            var configuration = db.configuration
-            configuration.options.maximumConnections = 1
-            configuration.options.minimumConnections = 0
-            let client = PostgresClient(configuration: configuration, backgroundLogger: TestServer.clientLogger)
-            let running = Task { await client.run() }
-            defer { running.cancel() }
-            let writer = LedgerWriter(database: Database(client: client, logger: TestServer.logger))
+        try await withTestDatabase { db in try await db.withPoolOfOne { database in
+            let writer = LedgerWriter(database: database)
             let existing = try uniqueStream()
             let stored = try event()
             _ = try await writer.append([stored], to: existing)
@@ -180,6 +174,6 @@ struct WriterGroupCommitTests {
             #expect(all.count { $0 == .invalid } == 4)
             #expect(all.count { $0 == .appended(0) } == 40)
             #expect(writer.groupCommitStatistics.groups < 49, "no two appends shared a transaction")
-        }
+        } }
     }
 }

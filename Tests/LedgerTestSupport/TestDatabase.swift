@@ -42,6 +42,18 @@ public struct TestDatabase: Sendable {
     public func connect(id: Int = 1) async throws -> PostgresConnection {
         try await PostgresConnection.connect(configuration: .init(configuration), id: id, logger: TestServer.logger)
     }
+
+    /// `body` with a `Database` on a pool of at most one connection of this database: each
+    /// statement goes on the connection the one before it used, unless that one was replaced.
+    public func withPoolOfOne<Result: Sendable>(_ body: @Sendable (Database) async throws -> Result) async throws -> Result {
+        var configuration = configuration
+        configuration.options.maximumConnections = 1
+        configuration.options.minimumConnections = 0
+        let client = PostgresClient(configuration: configuration, backgroundLogger: TestServer.clientLogger)
+        let running = Task { await client.run() }
+        defer { running.cancel() }
+        return try await body(Database(client: client, logger: TestServer.logger))
+    }
 }
 
 /// Runs `body` with a fresh database (migrated unless asked otherwise), dropped afterwards.
