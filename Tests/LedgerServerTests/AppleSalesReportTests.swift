@@ -138,6 +138,55 @@ struct AppleSalesReportTests {
         }
     }
 
+    @Test("a pooled purchase refunded, reversed, refunded again, then told its first refund late: its refund counts on the second refund's day")
+    func pooledRefundToldLate() async throws {
+        try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
+            let bought = Date(timeIntervalSinceNow: -3 * 86_400)
+            var purchase = TestApple.transaction("8800051", environment: "Production", purchaseDate: bought)
+            purchase.storefront = "USA"
+            let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-pooled-late", "signedTransaction": try await apple.sign(purchase)])
+            #expect(pooled["outcome"] as? String == "unmatched", "\(pooled)")
+            func status() async throws -> String? {
+                try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '8800051'", as: String.self)
+            }
+            var first = purchase
+            first.revocationDate = bought.millisecondsSince1970
+            first.revocationReason = 1
+            var second = purchase
+            let refundedAgain = Date(timeIntervalSinceNow: -60)
+            second.revocationDate = refundedAgain.millisecondsSince1970
+            second.revocationReason = 1
+            // Refunded, reversed an hour later, refunded again a minute ago.
+            let reversed = bought.addingTimeInterval(3600)
+            for (type, transaction, signed) in [("REFUND", first, bought), ("REFUND_REVERSED", first, reversed), ("REFUND", second, refundedAgain)] {
+                let after = type == "REFUND" ? "refunded" : "unmatched"
+                let (code, _) = try await http.notifyApple(
+                    try await apple.notification(type, transaction: transaction, environment: "Production", signedDate: signed))
+                #expect(code == .ok)
+                #expect(try await status() == after, "after \(type)")
+            }
+            // The first refund's notification, signed before the reversal, arrives last (as one
+            // whose UUID the log does not hold: Apple's retries and history resend it).
+            let (code, _) = try await http.notifyApple(
+                try await apple.notification("REFUND", transaction: first, environment: "Production", signedDate: bought.addingTimeInterval(1800)))
+            #expect(code == .ok)
+            #expect(try await status() == "refunded")
+            #expect(try await scalar(db, """
+                SELECT count(*)::int FROM events WHERE stream_id = 'transaction-8800051' AND type = 'notification-received'
+                   AND (data ->> 'reversedBefore')::boolean
+                """, as: Int.self) == 1, "the late copy is recorded as reversed before it arrived")
+
+            let (from, to) = (pacificDay(bought), pacificDay(refundedAgain))
+            #expect(from != to)
+            let rows = try await db.client.query(
+                "SELECT day::text, ledger_refunds FROM ledger_apple_sales(\(from)::date, \(to)::date) WHERE ledger_refunds > 0 ORDER BY day",
+                logger: TestServer.logger)
+            var refunds: [String] = []
+            for try await (day, count) in rows.decode((String, Int).self) { refunds.append("\(day) \(count)") }
+            #expect(refunds == ["\(to) 1"], "the refund is the second one's, on its day")
+        }
+    }
+
     /// Issue 42, point 4.
     @Test("where Apple counted a purchase more, the sweep of the users with open orders of the product finds it, and the comparison then agrees and says so")
     func shortfallSweeps() async throws {
