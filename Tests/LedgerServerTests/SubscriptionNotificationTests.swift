@@ -261,6 +261,17 @@ struct SubscriptionNotificationTests {
         return (start, renewal)
     }
 
+    /// The subscription once nothing stands taken back: no period refunded, its order delivered,
+    /// and the projections as a rebuild makes them.
+    func nothingTakenBack(_ http: LedgerHTTP, _ db: TestDatabase) async throws -> Subscription {
+        let s = try await subscription(db)
+        #expect(s.periods.allSatisfy { $0.refundedAt == nil })
+        let (_, order) = try await http.send(.get, "/v1/orders/o-sub")
+        #expect(order["state"] as? String == "delivered")
+        #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        return s
+    }
+
     @Test("REFUND or REVOKE of a renewal takes back that period only; of the start, its order's refund too; REFUND_REVERSED undoes each")
     func periodRefunds() async throws {
         try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
@@ -288,19 +299,15 @@ struct SubscriptionNotificationTests {
 
             let (_, refunded) = try await http.notifyApple(try await apple.notification("REFUND", transaction: Self.revoked(start)))
             #expect(refunded["streamId"] as? String == "order-o-sub" && refunded["type"] as? String == "refunded")
-            var s = try await subscription(db)
+            let s = try await subscription(db)
             #expect(s.periods.map { $0.refundedAt != nil } == [true, false], "the start's period alone")
             #expect(s.status(at: now) == .active, "the renewal still pays for now")
-            var (_, order) = try await http.send(.get, "/v1/orders/o-sub")
+            let (_, order) = try await http.send(.get, "/v1/orders/o-sub")
             #expect(order["state"] as? String == "refunded")
 
             let (_, reversed) = try await http.notifyApple(try await apple.notification("REFUND_REVERSED", transaction: start))
             #expect(reversed["type"] as? String == "refund-reversed")
-            s = try await subscription(db)
-            #expect(s.periods.allSatisfy { $0.refundedAt == nil })
-            (_, order) = try await http.send(.get, "/v1/orders/o-sub")
-            #expect(order["state"] as? String == "delivered")
-            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+            _ = try await nothingTakenBack(http, db)
         }
     }
 
@@ -321,12 +328,9 @@ struct SubscriptionNotificationTests {
                 #expect(late["type"] as? String == "notification-received" && late["streamId"] as? String == stream,
                         "\(transaction.transactionId): \(late)")
             }
-            let s = try await subscription(db)
-            #expect(s.periods.count == 2 && s.periods.allSatisfy { $0.refundedAt == nil })
+            let s = try await nothingTakenBack(http, db)
+            #expect(s.periods.count == 2)
             #expect(s.status(at: now) == .active)
-            let (_, order) = try await http.send(.get, "/v1/orders/o-sub")
-            #expect(order["state"] as? String == "delivered")
-            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
 
