@@ -93,7 +93,7 @@ struct BenchNotifications: AsyncParsableCommand {
             }
             let ((receiptRounds, receiptCost), (renewalRounds, renewalCost), outcomes, started, reading) = measured
             let (receiptSummary, renewalSummary) = (LatencySummary(combining: receiptRounds), LatencySummary(combining: renewalRounds))
-            print("Subscription renewals through POST /v1/notifications/apple (DID_RENEW, \(concurrency) keep-alive clients, \(renewals) notifications after \(warmup) for warm-up, each a new period of one of \(subscriptions) subscriptions bought through receipts: \(started.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))), against `bench receipts` in the same server, \(rounds) alternating rounds")
+            print("Subscription renewals through POST /v1/notifications/apple (DID_RENEW with its signed transaction and renewal info, \(concurrency) keep-alive clients, \(renewals) notifications after \(warmup) for warm-up, each a new period of one of \(subscriptions) subscriptions bought through receipts: \(started.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))), against `bench receipts` in the same server, \(rounds) alternating rounds")
             printTableHeader(
                 ["workload", "requests/s", "p50 ms", "p99 ms", "ratio to receipts", "server CPU µs/request", "PostgreSQL CPU µs/request",
                  "busy CPU µs/request", "idle %", "outcomes"],
@@ -165,13 +165,19 @@ struct BenchNotifications: AsyncParsableCommand {
         return bodies
     }
 
-    /// `total` DID_RENEW notifications, the subscriptions in turn, each a period after the last.
+    /// `total` DID_RENEW notifications, the subscriptions in turn, each a period after the last,
+    /// each with its transaction and renewal info signed, as Apple sends them.
     func prepareRenewals(chain: ThrowawaySigningChain, run: String, total: Int) throws -> [String] {
         try (0..<total).map { index in
             let transaction = Self.transaction(run: run, subscription: index % subscriptions, period: index / subscriptions + 1)
+            let renewal = SignedRenewalInfoPayload(
+                originalTransactionId: transaction.originalTransactionId, autoRenewProductId: Self.product, productId: Self.product,
+                renewalDate: transaction.expiresDate, environment: "Sandbox", signedDate: Date().millisecondsSince1970)
             let notification = SignedNotificationPayload(
                 notificationType: "DID_RENEW", notificationUUID: UUID().uuidString.lowercased(), signedDate: Date().millisecondsSince1970,
-                data: .init(bundleId: BenchReceipts.bundleId, environment: "Sandbox", signedTransactionInfo: try chain.sign(transaction)))
+                data: .init(
+                    bundleId: BenchReceipts.bundleId, environment: "Sandbox", signedTransactionInfo: try chain.sign(transaction),
+                    signedRenewalInfo: try chain.sign(renewal)))
             return #"{"signedPayload":"\#(try chain.sign(notification))"}"#
         }
     }
