@@ -370,8 +370,16 @@ public func withPostgresClient<Result: Sendable>(
     let client = eventLoopGroup.map { PostgresClient(configuration: configuration, eventLoopGroup: $0, backgroundLogger: logger) }
         ?? PostgresClient(configuration: configuration, backgroundLogger: logger)
     return try await withThrowingTaskGroup(of: Void.self) { group in
-        group.addTask { await client.run() }
+        // `body` waits for the client's run to be under way: a lease before it makes postgres-nio
+        // warn that run() has not been called (it had been, on another thread, a moment before).
+        let (started, starting) = AsyncStream.makeStream(of: Void.self)
+        group.addTask {
+            starting.finish()
+            await client.run()
+        }
         defer { group.cancelAll() }
+        for await _ in started {}
+        await Task.yield()
         return try await body(client)
     }
 }
