@@ -36,9 +36,12 @@ public struct HistoryFile: Sendable {
         // A byte-order mark (spreadsheets write one) is no part of the first column's name.
         self.data = data.starts(with: [0xEF, 0xBB, 0xBF]) ? data.dropFirst(3) : data
         guard format == .csv else { return }
+        guard self.data.contains(where: { !($0 == 0x20 || $0 == 0x09 || $0 == 0x0D || $0 == 0x0A) }) else {
+            throw LedgerInputError(field: "header", problem: "is missing: the file is empty")
+        }
         let reader: CSVReader
         do { reader = try CSVReader(string: String(decoding: self.data, as: UTF8.self), hasHeaderRow: true) } catch {
-            throw LedgerInputError(field: "header", problem: "cannot be read as CSV: \(error)")
+            throw LedgerInputError(field: "header", problem: "cannot be read as CSV: the first line must name the columns, separated by commas")
         }
         guard let names = reader.headerRow, names != [""] else { throw LedgerInputError(field: "header", problem: "is missing: the file is empty") }
         let header = names.map { $0.trimmingCharacters(in: .whitespaces) }
@@ -105,7 +108,7 @@ public struct HistoryFile: Sendable {
     /// One JSON object's members as text: strings as they are, numbers as written, null as absent.
     static func jsonFields(_ data: Data) -> Result<[String: String], LedgerInputError> {
         guard let object = try? JSONDecoder().decode([String: Member].self, from: data) else {
-            return .failure(LedgerInputError(field: "line", problem: "is not a JSON object of strings (or, for price, a number)"))
+            return .failure(LedgerInputError(field: "line", problem: "is not a JSON object whose members are strings, numbers or null"))
         }
         var fields: [String: String] = [:]
         for (name, member) in object {

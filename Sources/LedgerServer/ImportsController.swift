@@ -25,7 +25,10 @@ struct ImportsController {
                 throw APIError(.unsupportedMediaType, code: "unsupported-media-type",
                                message: "send the history as text/csv (with a header) or application/x-ndjson (JSON Lines), not \(type.isEmpty ? "no Content-Type" : type)")
             }
-            let buffer = try await LedgerRequestDecoder.body(of: request, context: context)
+            let buffer = try await LedgerRequestDecoder.body(
+                of: request, context: context,
+                empty: APIError(.badRequest, code: "invalid-input", message: "the body is empty; send the history's lines (CSV with its header, or JSON Lines)",
+                                details: ["field": .string("body")]))
             let file = try HistoryFile(Data(buffer: buffer), format: format)
             let lines = Array(file.lines)
             guard lines.count <= Self.maximumLines else {

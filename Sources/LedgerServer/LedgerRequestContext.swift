@@ -45,17 +45,18 @@ public struct LedgerRequestDecoder: RequestDecoder {
         try Self.decode(type, from: try await Self.body(of: request, context: context))
     }
 
-    /// The request's body, whole.
-    static func body(of request: Request, context: some RequestContext) async throws -> ByteBuffer {
+    /// The request's body, whole; `empty` answers an empty one (a JSON body's by default).
+    static func body(
+        of request: Request, context: some RequestContext,
+        empty: @autoclosure () -> APIError = APIError(.badRequest, code: "invalid-json", message: "the body is empty; send a JSON object")
+    ) async throws -> ByteBuffer {
         let buffer: ByteBuffer
         do {
             buffer = try await request.body.collect(upTo: context.maxUploadSize)
         } catch {
             throw APIError(.contentTooLarge, code: "body-too-large", message: "the body is larger than \(context.maxUploadSize / 1024) KiB")
         }
-        guard buffer.readableBytes > 0 else {
-            throw APIError(.badRequest, code: "invalid-json", message: "the body is empty; send a JSON object")
-        }
+        guard buffer.readableBytes > 0 else { throw empty() }
         return buffer
     }
 

@@ -7,8 +7,12 @@ import LedgerServices
 import LedgerStore
 
 /// `ledger import FILE…`: a team's history into the ledger (docs/import.md), with a progress bar
-/// on a terminal and a summary. Exits 2 when a line was refused (each is listed).
+/// on a terminal and a summary. Exits 2 when a line was refused (each is listed), 65 when a file
+/// as a whole was (then nothing is imported).
 struct Import: AsyncParsableCommand {
+    /// The exit status when a file cannot be read as a whole (sysexits' EX_DATAERR).
+    static let fileRefused: Int32 = 65
+
     static let configuration = CommandConfiguration(
         abstract: "Import a team's history: orders with their final state and granted Apple transactions (CSV or JSON Lines).")
     @OptionGroup var options: ConfigurationOptions
@@ -26,7 +30,9 @@ struct Import: AsyncParsableCommand {
                 let file = try HistoryFile(data, format: format)
                 inputs.append((path, file, data.reduce(0) { $1 == UInt8(ascii: "\n") ? $0 + 1 : $0 } + (data.last == UInt8(ascii: "\n") ? 0 : 1)))
             } catch {
-                throw ValidationError("\(path): \(error)")
+                // The file as a whole (its CSV header): nothing of any file is imported.
+                FileHandle.standardError.write(Data("ledger import: \(path): \(error); nothing was imported\n".utf8))
+                throw ExitCode(Self.fileRefused)
             }
         }
         let chosen = inputs

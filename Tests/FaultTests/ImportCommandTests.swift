@@ -5,7 +5,7 @@ import Testing
 /// `ledger import`, run as an operator runs it: the built executable against the database.
 @Suite("ledger import")
 struct ImportCommandTests {
-    @Test("imports a history file and says what it did; again, nothing new; a refused line is named and the exit status says so")
+    @Test("imports a history file and says what it did; again, nothing new; a refused line or file is named and the exit status says so")
     func importsFiles() async throws {
         try await withTestDatabase { db in
             let work = FileManager.default.temporaryDirectory.appendingPathComponent("ledger-import-\(UUID().uuidString.prefix(8))")
@@ -33,6 +33,7 @@ struct ImportCommandTests {
 
             let (first, output) = try await ledger(["import", csv])
             #expect(first == 0 && output.contains("history.csv: read 2, imported 2, already present 0, refused 0"), "\(output)")
+            #expect(!output.contains("hasn't been called yet"), "the database client runs before the command uses it: \(output)")
             let (again, againOutput) = try await ledger(["import", csv, jsonl])
             #expect(again == 2, "\(againOutput)")
             #expect(againOutput.contains("history.csv: read 2, imported 0, already present 2, refused 0"), "\(againOutput)")
@@ -40,6 +41,19 @@ struct ImportCommandTests {
             #expect(againOutput.contains("line 2: transaction-granted: Apple transaction 6100001 is granted to another order already"), "\(againOutput)")
             let (unknown, unknownOutput) = try await ledger(["import", work.appendingPathComponent("history.txt").path])
             #expect(unknown != 0 && unknownOutput.contains("neither .csv nor .jsonl"), "\(unknownOutput)")
+
+            // A file refused as a whole (a column no import knows) stops the command before any
+            // file is imported: the other file's new order stays out too.
+            let coupons = work.appendingPathComponent("coupons.csv").path
+            try "orderId,userId,coupon\nc-9,u-9,X\n".write(toFile: coupons, atomically: true, encoding: .utf8)
+            let fresh = work.appendingPathComponent("fresh.jsonl").path
+            try #"{"orderId":"c-8","userId":"u-8","productId":"gems.100","createdAt":"2025-01-04T00:00:00Z","state":"created"}"#
+                .write(toFile: fresh, atomically: true, encoding: .utf8)
+            let (refused, refusedOutput) = try await ledger(["import", fresh, coupons])
+            #expect(refused == 65, "\(refusedOutput)")
+            #expect(refusedOutput.contains("coupons.csv: coupon is not a column of an import") && refusedOutput.contains("nothing was imported"), "\(refusedOutput)")
+            #expect(!refusedOutput.contains("Usage:"), "a file's problem, not the command line's: \(refusedOutput)")
+            #expect(try await scalarText(db, "SELECT count(*)::text FROM orders WHERE order_id IN ('c-8', 'c-9')") == "0")
         }
     }
 }

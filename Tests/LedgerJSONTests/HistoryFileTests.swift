@@ -31,6 +31,11 @@ struct HistoryFileTests {
         #expect(throws: LedgerInputError(field: "orderId", problem: "is a column twice in the header")) {
             try HistoryFile(Data("orderId,orderId\n".utf8), format: .csv)
         }
+        for empty in ["", "\n", " \r\n"] {
+            #expect(throws: LedgerInputError(field: "header", problem: "is missing: the file is empty")) {
+                try HistoryFile(Data(empty.utf8), format: .csv)
+            }
+        }
     }
 
     @Test("a line's record: its state's rules, times in ISO 8601, the column of each problem")
@@ -58,11 +63,14 @@ struct HistoryFileTests {
         #expect(alone.state == .finished && alone.purchaseDate == HistoryRecord.unknownDate && alone.orderId == nil)
     }
 
-    @Test("JSON Lines: numbers as written, null as absent, blank lines skipped, a line that is no object named")
+    @Test("JSON Lines: numbers as their decimal value, null as absent, blank lines skipped, a line that is no object named")
     func jsonLines() throws {
-        let read = try lines("{\"orderId\":\"a\",\"price\":4.99,\"currency\":null}\n\n[1]\n", .jsonLines)
-        #expect(read.map(\.number) == [1, 3])
+        let read = try lines("{\"orderId\":\"a\",\"price\":4.99,\"currency\":null}\n\n[1]\n{\"transactionId\":3000000003,\"price\":1e2}\n", .jsonLines)
+        #expect(read.map(\.number) == [1, 3, 4])
         #expect(try read[0].fields.get() == ["orderId": "a", "price": "4.99"])
-        #expect(throws: LedgerInputError.self) { try read[1].fields.get() }
+        #expect(throws: LedgerInputError(field: "line", problem: "is not a JSON object whose members are strings, numbers or null")) {
+            try read[1].fields.get()
+        }
+        #expect(try read[2].fields.get() == ["transactionId": "3000000003", "price": "100"], "a number is its decimal value")
     }
 }

@@ -164,7 +164,7 @@ struct ImportTests {
         }
     }
 
-    @Test("JSON Lines with numbers and nulls; a bad header, an unknown member, a wrong content type and a read key are refused")
+    @Test("JSON Lines with numbers and nulls; a bad header, an unknown member, an empty body, a wrong content type and a read key are refused")
     func formatsAndRefusals() async throws {
         try await withReceiptsApplication(apple) { http, db in
             let lines = """
@@ -195,6 +195,12 @@ struct ImportTests {
 
             let (badHeader, headerError) = try await post(http, "orderId,userId,coupon\nx,u,1\n")
             #expect(badHeader == .badRequest && (errorOf(headerError)["message"] as? String)?.contains("coupon") == true, "\(headerError)")
+            for type in ["text/csv", "application/x-ndjson"] {
+                // An empty body is named as the history it lacks, not as JSON.
+                let (empty, emptyError) = try await post(http, "", type: type)
+                #expect(empty == .badRequest && errorOf(emptyError)["code"] as? String == "invalid-input" && errorOf(emptyError)["field"] as? String == "body", "\(type): \(emptyError)")
+                #expect((errorOf(emptyError)["message"] as? String)?.contains("JSON object") == false, "\(emptyError)")
+            }
             let (badType, typeError) = try await post(http, lines, type: "application/json")
             #expect(badType == .unsupportedMediaType && errorOf(typeError)["code"] as? String == "unsupported-media-type", "\(typeError)")
             let reader = try await APIKeyStore(database: db.database).create(name: "reader", scopes: [.read, .append])
