@@ -157,8 +157,10 @@ public enum EventCoding {
         case is String.Type: "a string"
         case is Int.Type, is Int64.Type, is Int32.Type: "an integer"
         case is Bool.Type: "true or false"
-        case is Double.Type: "a number"
-        default: "\(type)".contains("Dictionary") ? "an object" : "a \(type)"
+        case is Double.Type, is Float.Type, is Decimal.Type: "a number"
+        default:
+            // Containers as JSON names them (the decoder reports `Array<Any>` for a list).
+            if "\(type)".contains("Dictionary") { "an object" } else if "\(type)".hasPrefix("Array") || "\(type)".hasPrefix("Set") { "an array" } else { "a \(type)" }
         }
     }
 }

@@ -58,7 +58,8 @@ public struct AppCatalog: Sendable {
             }
         } catch let error as PSQLError where error.sqlState == .uniqueViolation {
             if error.serverInfo?[.constraintName] == "apps_sku_key" { throw AppCatalogError.skuTaken((changes.sku ?? nil) ?? "") }
-            throw AppCatalogError.appExists(id)
+            // Named as the ledger holds it, which may be spelled in another case.
+            throw AppCatalogError.appExists((try? await app(id))?.bundleId ?? id)
         }
     }
 

@@ -103,6 +103,8 @@ struct AppRoutesTests {
                 #expect(again == .conflict && errorOf(exists)["code"] as? String == "app-exists")
                 let (otherCase, sameApp) = try await http.send(.post, "/v1/apps", json: ["bundleId": "COM.Example.Game"])
                 #expect(otherCase == .conflict && errorOf(sameApp)["code"] as? String == "app-exists", "bundle ids are the same whatever their case")
+                let heldName = errorOf(sameApp)["message"] as? String ?? ""
+                #expect(heldName.contains("com.example.game") && !heldName.contains("COM.Example.Game"), "named as the ledger holds it: \(heldName)")
 
                 let (changed, changedBody) = try await rawAnswer(http, .patch, "/v1/apps/com.example.game", json: [
                     "environments": ["sandbox"], "refundPreference": "GRANT_PRORATED", "appAppleId": NSNull(), "retired": true,
@@ -158,6 +160,7 @@ struct AppRoutesTests {
                 ("POST", ["bundleId": "com.example.x", "environments": ["Staging"]], "environments"),
                 ("POST", ["bundleId": "com.example.x", "environments": [String]()], "environments"),
                 ("POST", ["bundleId": "com.example.x", "environments": NSNull()], "environments"),
+                ("POST", ["bundleId": "com.example.x", "environments": "Production"], "environments"),
                 ("POST", ["bundleId": "com.example.x", "refundPreference": "MAYBE"], "refundPreference"),
                 ("POST", ["bundleId": "com.example.x", "retired": "yes"], "retired"),
                 ("POST", ["bundleId": "com.example.x", "colour": "blue"], "colour"),
@@ -178,6 +181,7 @@ struct AppRoutesTests {
                     : try await rawAnswer(http, .patch, "/v1/apps/com.example.game", json: body)
                 let error = errorOf(json(ByteBuffer(string: answer)))
                 #expect(status == .badRequest && error["field"] as? String == field, "\(method) \(body): \(status) \(answer)")
+                #expect(!answer.contains("Array<") && !answer.contains("Dictionary<"), "JSON's names for what is expected, not Swift's: \(answer)")
                 #expect(!answer.contains("bm90IGEga2V5IGF0IGFsbA"), "the private key is never repeated: \(answer)")
             }
             let (unknown, missing) = try await http.send(.patch, "/v1/apps/com.example.nothing", json: ["retired": true])
