@@ -16,8 +16,10 @@ struct AppleAccountsController {
         router.post("/v1/users/:userId/app-transaction") { request, context in try await link(request, context) }
     }
 
-    struct Claim: Decodable {
+    struct Claim: ClosedBody {
         let signedAppTransaction: String
+
+        enum CodingKeys: String, CodingKey, CaseIterable { case signedAppTransaction }
     }
 
     /// What the claim did: `linked`, `already-linked`, or `conflict` (another user owns the

@@ -62,6 +62,7 @@ public struct LedgerRequestDecoder: RequestDecoder {
 
     static func decode<T: Decodable>(_ type: T.Type, from buffer: ByteBuffer) throws -> T {
         do {
+            if let closed = T.self as? any ClosedBody.Type { return try decodeClosed(closed, from: buffer) as! T }
             return try EventCoding.decoder.decode(T.self, from: buffer)
         } catch DecodingError.dataCorrupted(let context) where context.codingPath.isEmpty {
             throw APIError(.badRequest, code: "invalid-json", message: "the body is not valid JSON")
@@ -70,5 +71,29 @@ public struct LedgerRequestDecoder: RequestDecoder {
         } catch let error as DecodingError {
             throw EventCoding.inputError(error, field: "body")
         }
+    }
+
+    private static func decodeClosed<Body: ClosedBody>(_: Body.Type, from buffer: ByteBuffer) throws -> Body {
+        try EventCoding.decoder.decode(Closed<Body>.self, from: buffer).body
+    }
+}
+
+/// A request body whose members are the ones its `CodingKeys` name: any other is a 400 naming it,
+/// so that a misspelt member (an `appAcountToken`) is refused rather than dropped unseen.
+/// (Apple's notification body is not one: Apple may add members.)
+protocol ClosedBody: Decodable {
+    associatedtype CodingKeys: CodingKey & CaseIterable
+}
+
+/// `Body` once its members are checked.
+struct Closed<Body: ClosedBody>: Decodable {
+    let body: Body
+
+    init(from decoder: any Decoder) throws {
+        let members = Body.CodingKeys.allCases.map(\.stringValue)
+        for key in try decoder.container(keyedBy: MemberKey.self).allKeys where !members.contains(key.stringValue) {
+            throw LedgerInputError(field: key.stringValue, problem: "is not a member of this body; use \(members.joined(separator: ", "))")
+        }
+        body = try Body(from: decoder)
     }
 }

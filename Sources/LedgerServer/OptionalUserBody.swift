@@ -3,8 +3,10 @@ import LedgerCore
 
 /// The body `{userId?}` of the admin routes that may also come without one (the Apple order
 /// lookup, a history sweep): the user named, or nil for an empty body.
-struct OptionalUserBody: Decodable {
+struct OptionalUserBody: ClosedBody {
     let userId: UserID?
+
+    enum CodingKeys: String, CodingKey, CaseIterable { case userId }
 
     static func user(of request: Request, _ context: LedgerRequestContext) async throws -> UserID? {
         var request = request

@@ -6,13 +6,13 @@ import LedgerStore
 
 /// The body of `POST /v1/orders`: the order's id and the fields of its `created` event, with a
 /// generated `appAccountToken` and a quantity of 1 where the caller gives none (or null).
-struct CreateOrder: Decodable {
+struct CreateOrder: ClosedBody {
     let orderId: OrderID
     let created: OrderCreated
     /// Whether the caller chose the token (a retry is then the same order only with the same token).
     let tokenGiven: Bool
 
-    enum CodingKeys: String, CodingKey {
+    enum CodingKeys: String, CodingKey, CaseIterable {
         case orderId, userId, productId, quantity, price, currency, appAccountToken, bundleId
     }
 
@@ -33,14 +33,14 @@ struct CreateOrder: Decodable {
 /// The body of `POST /v1/orders/{orderId}/events`: `{type, eventId?, expectedVersion?, data}`.
 /// `data` is stored as the caller sent it (fields its type does not know included), and the event
 /// is read from that same member, so what is stored is what was decided on.
-struct AppendEvent: Decodable {
+struct AppendEvent: ClosedBody {
     let event: OrderEvent
     let eventId: EventID?
     let expectedVersion: ExpectedVersion?
     /// Whether the body has `data` (else the event's data is `{}`).
     let hasData: Bool
 
-    enum CodingKeys: String, CodingKey {
+    enum CodingKeys: String, CodingKey, CaseIterable {
         case type, eventId, expectedVersion, data
     }
 

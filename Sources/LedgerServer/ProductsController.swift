@@ -55,7 +55,7 @@ struct ProductsController {
     }
 
     /// The body of `PUT /v1/products/{productId}`.
-    struct SetProduct: Decodable {
+    struct SetProduct: ClosedBody {
         let status: String?
         let price: String?
         let currency: String?
@@ -64,6 +64,10 @@ struct ProductsController {
         let bundleId: BundleID?
         let type: String?
         let subscriptionGroup: String?
+
+        enum CodingKeys: String, CodingKey, CaseIterable {
+            case status, price, currency, sampleContentProvided, refundPreference, bundleId, type, subscriptionGroup
+        }
     }
 
     struct ProductResponse: Encodable, Sendable {

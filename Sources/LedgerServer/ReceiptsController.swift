@@ -21,12 +21,14 @@ struct ReceiptsController {
     }
 
     /// The body of `POST /v1/receipts`.
-    struct Proof: Decodable {
+    struct Proof: ClosedBody {
         let userId: UserID?
         let orderId: OrderID?
         let transactionId: TransactionID?
         let signedTransaction: String?
         let receiptData: String?
+
+        enum CodingKeys: String, CodingKey, CaseIterable { case userId, orderId, transactionId, signedTransaction, receiptData }
     }
 
     func receive(_ request: Request, _ context: LedgerRequestContext) async throws -> Response {

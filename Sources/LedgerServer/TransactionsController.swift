@@ -59,10 +59,12 @@ struct TransactionsController {
     }
 
     /// The body of `POST /v1/transactions/{transactionId}/match`.
-    struct Match: Decodable {
+    struct Match: ClosedBody {
         let orderId: OrderID
         let force: Bool?
         let reason: String?
+
+        enum CodingKeys: String, CodingKey, CaseIterable { case orderId, force, reason }
     }
 
     func match(_ request: Request, _ context: LedgerRequestContext) async throws -> OrderResponse {
@@ -78,8 +80,10 @@ struct TransactionsController {
     }
 
     /// The body of `POST /v1/transactions/{transactionId}/unmatch`.
-    struct Unmatch: Decodable {
+    struct Unmatch: ClosedBody {
         let reason: String
+
+        enum CodingKeys: String, CodingKey, CaseIterable { case reason }
     }
 
     func unmatch(_ request: Request, _ context: LedgerRequestContext) async throws -> OrderResponse {

@@ -369,6 +369,11 @@ struct OrderRoutesTests {
                 (.post, "/v1/orders", ["orderId": "o-9", "userId": "u", "productId": "p", "quantity": "2"], nil, .badRequest, "invalid-input", "quantity"),
                 (.post, "/v1/orders", ["orderId": "o-9", "userId": "u", "productId": "p", "quantity": 2.5], nil, .badRequest, "invalid-input", "quantity"),
                 (.post, "/v1/orders", ["orderId": "o-9", "userId": "u", "productId": "p", "price": 0.99], nil, .badRequest, "invalid-input", "price"),
+                // A misspelt member is refused by name, never dropped: the order would carry a token the client does not.
+                (.post, "/v1/orders", ["orderId": "o-9", "userId": "u", "productId": "p", "appAcountToken": UUID().uuidString], nil, .badRequest, "invalid-input", "appAcountToken"),
+                (.post, "/v1/orders", ["orderId": "o-9", "userId": "u", "productId": "p", "eventId": UUID().uuidString], nil, .badRequest, "invalid-input", "eventId"),
+                (.post, "/v1/orders/o-1/events", ["type": "finished", "eventID": UUID().uuidString, "data": [:]], nil, .badRequest, "invalid-input", "eventID"),
+                (.post, "/v1/receipts", ["userId": "u", "orderID": "o-1", "signedTransaction": "x.y.z"], nil, .badRequest, "invalid-input", "orderID"),
                 (.post, "/v1/orders/o-1/events", ["data": [:]], nil, .badRequest, "invalid-input", "type"),
                 (.post, "/v1/orders/o-1/events", ["type": "teleported", "data": [:]], nil, .badRequest, "unknown-event-type", nil),
                 (.post, "/v1/orders/o-1/events", ["type": "payment-added", "data": ["queuedAt": "soon"]], nil, .badRequest, "invalid-input", "queuedAt"),
@@ -391,6 +396,9 @@ struct OrderRoutesTests {
                 if let field { #expect(errorOf(json)["field"] as? String == field, "\(uri) \(String(describing: body)): \(json)") }
                 #expect(errorOf(json)["message"] is String)
             }
+            let (_, unknownMember) = try await http.send(.post, "/v1/orders", json: ["orderId": "o-9", "userId": "u", "productId": "p", "colour": 1])
+            #expect((errorOf(unknownMember)["message"] as? String)?.contains("use orderId, userId, productId") == true, "the members it takes are named: \(unknownMember)")
+            #expect(try await http.send(.get, "/v1/orders/o-9").0 == .notFound, "nothing of a refused body is stored")
             // Values only PostgreSQL refuses are still the caller's: 400, not 500.
             let (nul, nulError) = try await http.send(.post, "/v1/orders/o-1/events", json: ["type": "failed", "data": ["reason": "x", "detail": "a\u{0}b"]])
             #expect(nul == .badRequest, "\(nulError)")
