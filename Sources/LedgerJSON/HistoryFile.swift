@@ -43,7 +43,9 @@ public struct HistoryFile: Sendable {
         do { reader = try CSVReader(string: String(decoding: self.data, as: UTF8.self), hasHeaderRow: true) } catch {
             throw LedgerInputError(field: "header", problem: "cannot be read as CSV: the first line must name the columns, separated by commas")
         }
-        guard let names = reader.headerRow, names != [""] else { throw LedgerInputError(field: "header", problem: "is missing: the file is empty") }
+        guard let names = reader.headerRow, names != [""] else {
+            throw LedgerInputError(field: "header", problem: "is missing: the first line is blank; it must name the columns")
+        }
         let header = names.map { $0.trimmingCharacters(in: .whitespaces) }
         for name in header where !HistoryRecord.columns.contains(name) {
             throw LedgerInputError(field: name, problem: "is not a column of an import; use \(HistoryRecord.columns.joined(separator: ", "))")

@@ -36,6 +36,9 @@ struct HistoryFileTests {
                 try HistoryFile(Data(empty.utf8), format: .csv)
             }
         }
+        #expect(throws: LedgerInputError(field: "header", problem: "is missing: the first line is blank; it must name the columns")) {
+            try HistoryFile(Data("\norderId,userId\no-1,u-1\n".utf8), format: .csv)
+        }
     }
 
     @Test("a line's record: its state's rules, times in ISO 8601, the column of each problem")
