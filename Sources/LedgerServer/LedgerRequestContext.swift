@@ -83,6 +83,12 @@ public struct LedgerRequestDecoder: RequestDecoder {
 /// (Apple's notification body is not one: Apple may add members.)
 protocol ClosedBody: Decodable {
     associatedtype CodingKeys: CodingKey & CaseIterable
+    /// Where a member the body does not take belongs instead, by its name (a query parameter).
+    static var elsewhere: [String: String] { get }
+}
+
+extension ClosedBody {
+    static var elsewhere: [String: String] { [:] }
 }
 
 /// `Body` once its members are checked.
@@ -92,7 +98,8 @@ struct Closed<Body: ClosedBody>: Decodable {
     init(from decoder: any Decoder) throws {
         let members = Body.CodingKeys.allCases.map(\.stringValue)
         for key in try decoder.container(keyedBy: MemberKey.self).allKeys where !members.contains(key.stringValue) {
-            throw LedgerInputError(field: key.stringValue, problem: "is not a member of this body; use \(members.joined(separator: ", "))")
+            let instead = Body.elsewhere[key.stringValue].map { " (\($0))" } ?? ""
+            throw LedgerInputError(field: key.stringValue, problem: "is not a member of this body\(instead); use \(members.joined(separator: ", "))")
         }
         body = try Body(from: decoder)
     }

@@ -7,6 +7,7 @@ struct OptionalUserBody: ClosedBody {
     let userId: UserID?
 
     enum CodingKeys: String, CodingKey, CaseIterable { case userId }
+    static var elsewhere: [String: String] { ["bundleId": "the app goes in the query: ?bundleId="] }
 
     static func user(of request: Request, _ context: LedgerRequestContext) async throws -> UserID? {
         var request = request

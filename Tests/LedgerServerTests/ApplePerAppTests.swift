@@ -278,6 +278,9 @@ struct ApplePerAppTests {
 
                 let (required, requiredError) = try await http.send(.post, "/v1/recover", json: ["userId": "u-1"])
                 #expect(required == .badRequest && errorOf(requiredError)["code"] as? String == "bundle-id-required", "\(requiredError)")
+                let (inBody, inBodyError) = try await http.send(.post, "/v1/recover", json: ["userId": "u-1", "bundleId": Self.gameB])
+                #expect(inBody == .badRequest && errorOf(inBodyError)["field"] as? String == "bundleId", "\(inBodyError)")
+                #expect((errorOf(inBodyError)["message"] as? String)?.contains("?bundleId=") == true, "where the app goes instead: \(inBodyError)")
                 let (unknown, unknownError) = try await http.send(.post, "/v1/recover?bundleId=com.example.none", json: ["userId": "u-1"])
                 #expect(unknown == .badRequest && errorOf(unknownError)["code"] as? String == "unknown-app", "\(unknownError)")
                 let askedA = await standInA.requests
