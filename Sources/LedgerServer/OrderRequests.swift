@@ -60,7 +60,7 @@ struct AppendEvent: ClosedBody {
         let typeName = try body.decode(String.self, forKey: .type)
         guard let type = OrderEventType(rawValue: typeName) else {
             throw APIError(.badRequest, code: "unknown-event-type", message: "unknown event type \(typeName)",
-                           details: ["allowed": .strings(OrderEventType.allCases.map(\.rawValue))])
+                           details: ["allowed": .strings(OrderEventType.allCases.filter { $0.isWrittenByClients && $0 != .created }.map(\.rawValue))])
         }
         guard type != .created else {
             throw APIError(.badRequest, code: "unknown-event-type", message: "orders are created with POST /v1/orders")

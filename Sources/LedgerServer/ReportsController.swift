@@ -63,7 +63,7 @@ public enum ReportPeriod {
             return endOfDay ? day.addingTimeInterval(86_400) : day
         }
         guard let date = EventCoding.parseDate(text) else {
-            throw LedgerInputError(field: field, problem: "must be a day such as 2026-11-01 or an ISO 8601 time")
+            throw LedgerInputError(field: field, problem: "must be a day such as 2026-11-01 or an ISO 8601 time (a real one, from 1970 on)")
         }
         return date
     }

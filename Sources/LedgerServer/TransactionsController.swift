@@ -26,6 +26,7 @@ struct TransactionsController {
         let after = try query["after"].map { try TransactionID(String($0)) }
         let from = try query["from"].map { try Self.date(String($0), field: "from") }
         let to = try query["to"].map { try Self.date(String($0), field: "to") }
+        if let from, let to, to < from { throw LedgerInputError(field: "to", problem: "must not be before from") }
         let limit = try OrdersController.limit(query["limit"], default: 100, maximum: 1000)
         let bundle = try query["bundleId"].map { try BundleID(String($0)) }
         let found = try await pool.unmatched(
@@ -101,7 +102,7 @@ struct TransactionsController {
 
     static func date(_ text: String, field: String) throws(LedgerInputError) -> Date {
         guard let date = EventCoding.parseDate(text) else {
-            throw LedgerInputError(field: field, problem: "must be an ISO 8601 time such as 2026-11-21T10:00:00Z")
+            throw LedgerInputError(field: field, problem: "must be an ISO 8601 time such as 2026-11-21T10:00:00Z (a real day and time, from 1970 on)")
         }
         return date
     }

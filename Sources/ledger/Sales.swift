@@ -23,6 +23,7 @@ struct Sales: AsyncParsableCommand {
                 throw ValidationError("no App Store Connect key: set LEDGER_APP_STORE_CONNECT_ISSUER_ID, _KEY_ID, _PRIVATE_KEY and _VENDOR_NUMBER")
             }
             let (first, last) = (try from.map { try Self.day($0, "--from") }, try to.map { try Self.day($0, "--to") })
+            if let first, let last, last < first { throw ValidationError("--to must not be before --from") }
             let again = again
             let (summary, swept) = try await withAppleWork(options, requiringKey: false) { work in
                 let logger = work.services.database.logger
@@ -63,6 +64,8 @@ struct Sales: AsyncParsableCommand {
         func run() async throws {
             let first = try Fetch.day(from, "--from")
             let last = try to.map { try Fetch.day($0, "--to") } ?? first
+            // Days as YYYY-MM-DD compare as text.
+            guard first <= last else { throw ValidationError("--to must not be before --from") }
             let swept = try await withAppleWork(options) { work in
                 try await work.configuration.salesShortfallSweep(work.services, api: work.api, verifier: work.verifier, logger: work.services.database.logger)
                     .run(from: first, to: last)

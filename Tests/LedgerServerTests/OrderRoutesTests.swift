@@ -388,6 +388,14 @@ struct OrderRoutesTests {
                 (.get, "/v1/orders?state=lost", nil, nil, .badRequest, "invalid-input", "state"),
                 (.get, "/v1/events?after=x", nil, nil, .badRequest, "invalid-input", "after"),
                 (.get, "/v1/events?limit=5000", nil, nil, .badRequest, "invalid-input", "limit"),
+                // Days and times no calendar has are refused, never rolled over into the next ones.
+                (.post, "/v1/orders/o-1/events", ["type": "payment-added", "data": ["queuedAt": "2026-11-31T10:00:00Z"]], nil, .badRequest, "invalid-input", "queuedAt"),
+                (.post, "/v1/orders/o-1/events", ["type": "payment-added", "data": ["queuedAt": "2026-11-01T25:00:00Z"]], nil, .badRequest, "invalid-input", "queuedAt"),
+                (.post, "/v1/orders/o-1/events", ["type": "payment-added", "data": ["queuedAt": "2025-02-29T10:00:00Z"]], nil, .badRequest, "invalid-input", "queuedAt"),
+                (.get, "/v1/reports/reconciliation?to=2026-11-31", nil, nil, .badRequest, "invalid-input", "to"),
+                (.get, "/v1/reports/reconciliation?from=2026-11-01T10:60:00Z", nil, nil, .badRequest, "invalid-input", "from"),
+                (.get, "/v1/transactions/unmatched?from=2026-02-30T00:00:00Z", nil, nil, .badRequest, "invalid-input", "from"),
+                (.get, "/v1/transactions/unmatched?from=2026-11-30T00:00:00Z&to=2026-11-01T00:00:00Z", nil, nil, .badRequest, "invalid-input", "to"),
             ]
             for (method, uri, body, raw, status, code, field) in cases {
                 let (answer, json) = try await http.send(method, uri, json: body, raw: raw)
@@ -396,6 +404,12 @@ struct OrderRoutesTests {
                 if let field { #expect(errorOf(json)["field"] as? String == field, "\(uri) \(String(describing: body)): \(json)") }
                 #expect(errorOf(json)["message"] is String)
             }
+            let (_, unknownType) = try await http.send(.post, "/v1/orders/o-1/events", json: ["type": "teleported", "data": [:]])
+            let allowed = errorOf(unknownType)["allowed"] as? [String] ?? []
+            #expect(allowed.contains("payment-added") && !allowed.contains("created") && !allowed.contains("notification-received"),
+                    "only the types a client may post: \(allowed)")
+            let (leap, _) = try await http.send(.post, "/v1/orders/o-1/events", json: ["type": "payment-added", "data": ["queuedAt": "2024-02-29T10:00:00Z"]])
+            #expect(leap == .created, "a leap day is a day")
             let (_, unknownMember) = try await http.send(.post, "/v1/orders", json: ["orderId": "o-9", "userId": "u", "productId": "p", "colour": 1])
             #expect((errorOf(unknownMember)["message"] as? String)?.contains("use orderId, userId, productId") == true, "the members it takes are named: \(unknownMember)")
             #expect(try await http.send(.get, "/v1/orders/o-9").0 == .notFound, "nothing of a refused body is stored")
