@@ -144,7 +144,7 @@ struct Apps: AsyncParsableCommand {
     }
 
     /// One app on one line, tab-separated: bundle id, Apple id, environments, key, shared
-    /// secret, refund preference, what its tokens name, state.
+    /// secret, refund preference, what its tokens name, state, SKU.
     static func line(_ app: App) -> String {
         [
             app.bundleId.rawValue, app.appAppleId.map { "app-apple-id \($0)" } ?? "no app-apple-id",
@@ -152,6 +152,7 @@ struct Apps: AsyncParsableCommand {
             app.apiKey.map { "api-key \($0.keyId) (\($0.privateKeyReference?.description ?? "stored"))" } ?? "no api-key",
             app.hasSharedSecret ? "shared-secret" : "no shared-secret", app.refundPreference?.rawValue ?? "no refund-preference",
             "app-account-tokens \(app.appAccountTokens.rawValue)", app.retired ? "retired" : "active",
+            app.sku.map { "sku \($0)" } ?? "no sku",
         ].joined(separator: "\t")
     }
 }

@@ -38,9 +38,18 @@ struct Products: AsyncParsableCommand {
             let id = try ProductID(product)
             let app = try bundleId.map { try BundleID($0) }
             let saved = try await withLedgerDatabase(options) { client, logger in
-                try await ProductCatalog(database: Database(client: client, logger: logger)).set(
+                let database = Database(client: client, logger: logger)
+                // The app as the ledger spells it, as PUT /v1/products reads it; one it does not hold is named.
+                var held: BundleID?
+                if let app {
+                    guard let found = try await AppCatalog(database: database).app(app) else {
+                        throw CommandFailure("the ledger holds no app \(app) (ledger apps list)")
+                    }
+                    held = found.bundleId
+                }
+                return try await ProductCatalog(database: database).set(
                     id, status: status, price: price, currency: currency, sampleContentProvided: sampleContentProvided,
-                    refundPreference: preference, bundleId: app, type: productType, subscriptionGroup: subscriptionGroup)
+                    refundPreference: preference, bundleId: held, type: productType, subscriptionGroup: subscriptionGroup)
             }
             print(Self.line(saved))
         }
