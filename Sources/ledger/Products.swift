@@ -40,13 +40,7 @@ struct Products: AsyncParsableCommand {
             let saved = try await withLedgerDatabase(options) { client, logger in
                 let database = Database(client: client, logger: logger)
                 // The app as the ledger spells it, as PUT /v1/products reads it; one it does not hold is named.
-                var held: BundleID?
-                if let app {
-                    guard let found = try await AppCatalog(database: database).app(app) else {
-                        throw CommandFailure("the ledger holds no app \(app) (ledger apps list)")
-                    }
-                    held = found.bundleId
-                }
+                let held = try await namedApp(app?.rawValue, required: false, on: database)
                 return try await ProductCatalog(database: database).set(
                     id, status: status, price: price, currency: currency, sampleContentProvided: sampleContentProvided,
                     refundPreference: preference, bundleId: held, type: productType, subscriptionGroup: subscriptionGroup)
