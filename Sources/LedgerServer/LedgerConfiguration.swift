@@ -335,6 +335,10 @@ extension LedgerConfiguration.Apple {
 public struct LedgerConfigurationError: Error, Sendable, CustomStringConvertible {
     public let problems: [LedgerConfigurationProblem]
 
+    public init(problems: [LedgerConfigurationProblem]) {
+        self.problems = problems
+    }
+
     public var description: String {
         "invalid configuration: " + problems.map(\.description).joined(separator: "; ")
     }

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import LedgerServer
+import LedgerStore
 import Logging
 
 /// The settings (docs/operations.md) as flags; each falls back to its environment variable.
@@ -68,33 +69,55 @@ struct ConfigurationOptions: ParsableArguments {
     @Option(help: "Seconds the verifier of proofs keeps its copy of the apps before reading them again (LEDGER_APPS_MAX_AGE, default 10)")
     var appsMaxAge: String?
 
+    /// Each setting's flag, with what the command line gave it.
+    private var flags: [(key: String, flag: String, value: String?)] {
+        typealias Key = LedgerConfiguration.Key
+        return [
+            (Key.databaseURL, "--database-url", databaseURL), (Key.dataDirectory, "--data-dir", dataDir), (Key.host, "--host", host),
+            (Key.port, "--port", port), (Key.logLevel, "--log-level", logLevel), (Key.appleRootCertificates, "--apple-root-certs", appleRootCerts),
+            (Key.appleBundleID, "--apple-bundle-id", appleBundleId), (Key.appleAppID, "--apple-app-id", appleAppId),
+            (Key.appleEnvironment, "--apple-environment", appleEnvironment),
+            (Key.verifyReceiptURL, "--apple-verify-receipt-url", appleVerifyReceiptUrl),
+            (Key.verifyReceiptSandboxURL, "--apple-verify-receipt-sandbox-url", appleVerifyReceiptSandboxUrl),
+            (Key.appleSharedSecret, "--apple-shared-secret", appleSharedSecret), (Key.appleAccountTokens, "--apple-account-tokens", appleAccountTokens),
+            (Key.appleAPIKeyID, "--apple-api-key-id", appleApiKeyId), (Key.appleAPIIssuerID, "--apple-api-issuer-id", appleApiIssuerId),
+            (Key.appleAPIPrivateKey, "--apple-api-private-key", appleApiPrivateKey), (Key.appleAPIURL, "--apple-api-url", appleApiUrl),
+            (Key.appleAPISandboxURL, "--apple-api-sandbox-url", appleApiSandboxUrl), (Key.appleAPIRate, "--apple-api-rate", appleApiRate),
+            (Key.reconcileInterval, "--reconcile-interval", reconcileInterval),
+            (Key.reconcileClockSkew, "--reconcile-clock-skew", reconcileClockSkew), (Key.reconcileMaximumAge, "--reconcile-max-age", reconcileMaxAge),
+            (Key.reconcileSettle, "--reconcile-settle", reconcileSettle),
+            (Key.reconcileRecoveryOrders, "--reconcile-recovery-orders", reconcileRecoveryOrders),
+            (Key.recoveryAfter, "--recovery-after", recoveryAfter), (Key.recoveryInterval, "--recovery-interval", recoveryInterval),
+            (Key.consumptionConsent, "--apple-consumption-consent", appleConsumptionConsent),
+            (Key.finishAfterDelivery, "--apple-finish-after-delivery", appleFinishAfterDelivery),
+            (Key.setTokenAfterPairing, "--apple-set-token-after-pairing", appleSetTokenAfterPairing),
+            (Key.refundLookback, "--refund-lookback", refundLookback), (Key.appsMaximumAge, "--apps-max-age", appsMaxAge),
+        ]
+    }
+
     /// The environment with the flags given on the command line laid over it.
     func values(environment: [String: String] = ProcessInfo.processInfo.environment) -> [String: String] {
-        typealias Key = LedgerConfiguration.Key
-        var values = environment.filter { Key.all.contains($0.key) }
-        let flags: [(String, String?)] = [
-            (Key.databaseURL, databaseURL), (Key.dataDirectory, dataDir), (Key.host, host), (Key.port, port),
-            (Key.logLevel, logLevel), (Key.appleRootCertificates, appleRootCerts), (Key.appleBundleID, appleBundleId),
-            (Key.appleAppID, appleAppId), (Key.appleEnvironment, appleEnvironment),
-            (Key.verifyReceiptURL, appleVerifyReceiptUrl), (Key.verifyReceiptSandboxURL, appleVerifyReceiptSandboxUrl),
-            (Key.appleSharedSecret, appleSharedSecret), (Key.appleAccountTokens, appleAccountTokens), (Key.appleAPIKeyID, appleApiKeyId), (Key.appleAPIIssuerID, appleApiIssuerId),
-            (Key.appleAPIPrivateKey, appleApiPrivateKey), (Key.appleAPIURL, appleApiUrl), (Key.appleAPISandboxURL, appleApiSandboxUrl),
-            (Key.appleAPIRate, appleApiRate),
-            (Key.reconcileInterval, reconcileInterval),
-            (Key.reconcileClockSkew, reconcileClockSkew), (Key.reconcileMaximumAge, reconcileMaxAge),
-            (Key.reconcileSettle, reconcileSettle), (Key.reconcileRecoveryOrders, reconcileRecoveryOrders),
-            (Key.recoveryAfter, recoveryAfter), (Key.recoveryInterval, recoveryInterval),
-            (Key.consumptionConsent, appleConsumptionConsent), (Key.finishAfterDelivery, appleFinishAfterDelivery),
-            (Key.setTokenAfterPairing, appleSetTokenAfterPairing), (Key.refundLookback, refundLookback),
-            (Key.appsMaximumAge, appsMaxAge),
-        ]
-        for (key, value) in flags { if let value { values[key] = value } }
+        var values = environment.filter { LedgerConfiguration.Key.all.contains($0.key) }
+        for (key, _, value) in flags { if let value { values[key] = value } }
         return values
+    }
+
+    /// The settings, validated; a bad value given as a flag is named by its flag, one from the
+    /// environment by its variable.
+    func configuration(environment: [String: String] = ProcessInfo.processInfo.environment) throws -> LedgerConfiguration {
+        do {
+            return try LedgerConfiguration.load(values(environment: environment))
+        } catch {
+            let given = Dictionary(flags.compactMap { $0.value == nil ? nil : ($0.key, $0.flag) }, uniquingKeysWith: { first, _ in first })
+            throw LedgerConfigurationError(problems: error.problems.map { problem in
+                given[problem.setting].map { LedgerConfigurationProblem($0, problem.problem) } ?? problem
+            })
+        }
     }
 
     /// The validated configuration, with logging set up at its level.
     func load() throws -> LedgerConfiguration {
-        let configuration = try LedgerConfiguration.load(values())
+        let configuration = try configuration()
         LoggingSystem.bootstrap { label in LedgerLogHandler(label: label, level: configuration.logLevel) }
         return configuration
     }

@@ -37,7 +37,7 @@ struct AppleWork: Sendable {
 func withAppleWork<Result: Sendable>(
     _ options: ConfigurationOptions, requiringKey: Bool = true, _ body: @Sendable (AppleWork) async throws -> Result
 ) async throws -> Result {
-    let configuration = try LedgerConfiguration.load(options.values())
+    let configuration = try options.configuration()
     // A configured key that cannot be read stops the command before the database is opened.
     _ = try configuration.apple.appStoreServerAPI()
     return try await withLedgerDatabase(options) { client, logger in

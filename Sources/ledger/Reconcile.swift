@@ -11,7 +11,7 @@ struct Reconcile: AsyncParsableCommand {
 
     func run() async throws {
         // (withLedgerDatabase sets logging up; the settings alone are read here.)
-        let configuration = try LedgerConfiguration.load(options.values())
+        let configuration = try options.configuration()
         let progress = terminalProgress("users")
         let summary = try await withLedgerDatabase(options) { client, logger in
             let services = ServiceAssembly(database: Database(client: client, logger: logger))

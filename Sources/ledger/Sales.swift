@@ -18,7 +18,7 @@ struct Sales: AsyncParsableCommand {
         @Flag(help: "Fetch every day of the range again: a restated day is stored as a new revision") var again = false
 
         func run() async throws {
-            let configuration = try LedgerConfiguration.load(options.values())
+            let configuration = try options.configuration()
             guard configuration.appStoreConnect != nil else {
                 throw ValidationError("no App Store Connect key: set LEDGER_APP_STORE_CONNECT_ISSUER_ID, _KEY_ID, _PRIVATE_KEY and _VENDOR_NUMBER")
             }

@@ -236,3 +236,27 @@ func withAppleCommandEnvironment(
         try await body(environment, work)
     }
 }
+
+/// A bad setting, run as an operator meets it: named as it was given.
+@Suite("ledger settings")
+struct SettingsCommandTests {
+    @Test("names a bad value by its flag when a flag gave it, by its environment variable otherwise, before opening any database")
+    func namesTheSettingAsGiven() async throws {
+        let work = FileManager.default.temporaryDirectory.appendingPathComponent("ledger-settings-\(UUID().uuidString.prefix(8))")
+        try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: work) }
+        let environment = ["LEDGER_DATABASE_URL": "postgres://nobody@127.0.0.1:1/none", "LEDGER_RECONCILE_SETTLE": "soon"]
+        let (flagged, flagOutput) = try await LedgerChild.run(
+            ["serve", "--port", "abc", "--apple-api-rate", "0"], environment: environment, log: work.appendingPathComponent("1.log"))
+        #expect(flagged != 0)
+        #expect(flagOutput.contains("--port is abc, not a port number"), "\(flagOutput)")
+        #expect(flagOutput.contains("--apple-api-rate is 0;"), "\(flagOutput)")
+        #expect(flagOutput.contains("LEDGER_RECONCILE_SETTLE is soon"), "\(flagOutput)")
+        #expect(!flagOutput.contains("LEDGER_PORT"), "\(flagOutput)")
+
+        let (reported, operatorOutput) = try await LedgerChild.run(
+            ["report", "--reconcile-settle", "x"], environment: environment, log: work.appendingPathComponent("2.log"))
+        #expect(reported != 0)
+        #expect(operatorOutput.contains("--reconcile-settle is x") && !operatorOutput.contains("LEDGER_RECONCILE_SETTLE"), "\(operatorOutput)")
+    }
+}
