@@ -40,6 +40,7 @@ func buildRouter(
     router.add(middleware: RequestIDMiddleware(routes: routes))
     if let health { router.add(middleware: DatabaseGateMiddleware(health: health)) }
     router.add(middleware: AuthMiddleware(keys: services.keys))
+    router.add(middleware: QueryParameterMiddleware(routes: routes))
     HealthController(database: database, migrator: migrator, health: health).addRoutes(to: router)
     OrdersController(ledger: services.orders, events: services.events).addRoutes(to: router)
     ReceiptsController(receipts: services.receipts, orders: services.orders, pool: services.pool, verifier: apple, metrics: metrics)

@@ -42,6 +42,21 @@ struct SupportRoutesTests {
             #expect((rest["transactions"] as? [[String: Any]])?.map { $0["transactionId"] as? String } == ["7000004"])
             let (bad, error) = try await http.send(.get, "/v1/transactions/unmatched?from=yesterday")
             #expect(bad == .badRequest && errorOf(error)["field"] as? String == "from")
+            // A misspelt or repeated parameter is refused by name, never ignored: the whole pool,
+            // or the default 30 days of a report, would look like an answer.
+            let refusals = [
+                ("/v1/transactions/unmatched?userID=s-1", "userID", "is not a query parameter of GET /v1/transactions/unmatched; use userId, productId"),
+                ("/v1/transactions/unmatched?userId=s-1&userId=s-2", "userId", "is given more than once"),
+                ("/v1/reports/reconciliation?frm=2020-01-01", "frm", "use from, to"),
+                ("/v1/orders/s-1?bundleId=com.example.game", "bundleId", "this route takes no query parameters"),
+            ]
+            for (path, field, message) in refusals {
+                let (status, refused) = try await http.send(.get, path)
+                #expect(status == .badRequest && errorOf(refused)["code"] as? String == "invalid-input", "\(path)")
+                #expect(errorOf(refused)["field"] as? String == field && (errorOf(refused)["message"] as? String ?? "").contains(message), "\(path): \(refused)")
+            }
+            let (unknownRoute, _) = try await http.send(.get, "/v1/nowhere?x=1")
+            #expect(unknownRoute == .notFound)
         }
     }
 

@@ -1,0 +1,70 @@
+import Hummingbird
+import LedgerCore
+
+/// Refuses a `/v1/` request whose query names a parameter its route does not take, or names one
+/// twice (400 `invalid-input` naming it), so that a misspelt `frm=` or `bundleID=` is refused
+/// rather than ignored: a report of the default 30 days, or of every app, would look like an answer.
+struct QueryParameterMiddleware: RouterMiddleware {
+    typealias Context = LedgerRequestContext
+
+    /// The query parameters of the routes that take any (docs/openapi.yaml), by method and path
+    /// pattern; every other route takes none.
+    static let parameters: [Rule] = [
+        Rule(.get, "/v1/orders", ["userId", "productId", "bundleId", "state", "after", "limit"]),
+        Rule(.get, "/v1/transactions/unmatched", ["userId", "productId", "bundleId", "transactionId", "from", "to", "after", "limit"]),
+        Rule(.post, "/v1/apple-orders/{appleOrderId}/lookup", ["bundleId"]),
+        Rule(.post, "/v1/recover", ["bundleId"]),
+        Rule(.get, "/v1/users/{userId}/subscriptions", ["bundleId"]),
+        Rule(.get, "/v1/users/{userId}/entitlements", ["bundleId"]),
+        Rule(.get, "/v1/subscriptions/{originalTransactionId}", ["refresh"]),
+        Rule(.get, "/v1/reports/reconciliation", ["from", "to"]),
+        Rule(.get, "/v1/reports/apple", ["from", "to"]),
+        Rule(.post, "/v1/imports", ["source"]),
+        Rule(.get, "/v1/events", ["after", "limit"]),
+        Rule(.get, "/v1/streams/{streamId}/events", ["from", "limit"]),
+    ]
+
+    /// A route's query parameters.
+    struct Rule: Sendable {
+        let method: HTTPRequest.Method
+        let pattern: [Substring]
+        let names: [String]
+
+        init(_ method: HTTPRequest.Method, _ path: String, _ names: [String]) {
+            self.method = method
+            self.pattern = path.split(separator: "/")
+            self.names = names
+        }
+    }
+
+    /// The routes served: a path no route serves is left to the router's 404 or 405.
+    let routes: RouteTable
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        let query = request.uri.queryParameters
+        guard !query.isEmpty, request.uri.path.hasPrefix("/v1/"), routes.methods(for: request.uri.path).contains("\(request.method)") else {
+            return try await next(request, context)
+        }
+        let names = Self.names(request.method, request.uri.path)
+        var seen = Set<Substring>()
+        for (name, _) in query {
+            guard names.contains(String(name)) else {
+                let taken = names.isEmpty ? "this route takes no query parameters" : "use \(names.joined(separator: ", "))"
+                throw LedgerInputError(field: String(name), problem: "is not a query parameter of \(request.method) \(request.uri.path); \(taken)")
+            }
+            guard seen.insert(name).inserted else {
+                throw LedgerInputError(field: String(name), problem: "is given more than once; give it once")
+            }
+        }
+        return try await next(request, context)
+    }
+
+    /// The query parameters `method` on `path` takes.
+    static func names(_ method: HTTPRequest.Method, _ path: String) -> [String] {
+        let segments = path.split(separator: "/")
+        return parameters.first { entry in
+            entry.method == method && entry.pattern.count == segments.count
+                && zip(entry.pattern, segments).allSatisfy { pattern, segment in pattern.hasPrefix("{") || pattern == segment }
+        }?.names ?? []
+    }
+}
