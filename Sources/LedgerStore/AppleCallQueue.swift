@@ -249,11 +249,13 @@ public struct AppleCallQueue: Sendable {
     }
 
     /// A subscription's renewal pays no order: its facts are those of the order its subscription's
-    /// start paid (delivered once that order was).
+    /// start paid (delivered once that order was). The refund preference is the product's, else
+    /// its app's.
     public func consumptionFacts(_ transaction: TransactionID) async throws -> ConsumptionFacts {
         let rows = try await database.query(
             """
-            SELECT o.state, o.failure_reason, d.percentage, d.stream_id IS NOT NULL, p.sample_content_provided, p.refund_preference,
+            SELECT o.state, o.failure_reason, d.percentage, d.stream_id IS NOT NULL, p.sample_content_provided,
+                   coalesce(p.refund_preference, a.refund_preference),
                    sp.transaction_id IS NOT NULL OR coalesce(p.type = 'auto-renewable', false)
                        OR coalesce(t.verification->'transaction'->>'type' = 'Auto-Renewable Subscription', false)
               FROM (SELECT \(transaction.rawValue)::text AS transaction_id) x
@@ -263,6 +265,8 @@ public struct AppleCallQueue: Sendable {
                   (SELECT s.order_id FROM apple_transactions s WHERE s.transaction_id = sp.original_transaction_id))
               LEFT JOIN products p ON p.product_id = coalesce(o.product_id, t.product_id)
                                   AND p.bundle_id IS NOT DISTINCT FROM coalesce(o.bundle_id, t.bundle_id)
+              -- The app's preference where the product has none.
+              LEFT JOIN apps a ON a.bundle_id = coalesce(o.bundle_id, t.bundle_id)
               LEFT JOIN LATERAL (
                   SELECT e.stream_id, (e.data->>'consumptionPercentage')::int AS percentage FROM events e
                    WHERE e.stream_id = 'order-' || o.order_id AND e.type = 'delivered'

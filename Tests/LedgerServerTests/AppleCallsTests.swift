@@ -170,9 +170,23 @@ struct AppleCallsTests {
             let writesAfter = await standIn.writes.count
             #expect(later.calls.isEmpty && writesAfter == requests.count)
 
+            // The app's refund preference where the product has none; the product's comes first.
+            let (patched, app) = try await http.send(.patch, "/v1/apps/\(TestApple.bundleId)", json: ["refundPreference": "GRANT_FULL"])
+            #expect(patched == .ok && app["refundPreference"] as? String == "GRANT_FULL", "\(app)")
+            for (id, product) in [("8200005", "coins.5"), ("8200006", "gems.100")] {
+                let transaction = try await verifiedOrder(http, "c-app-\(id)", id, product: product)
+                _ = try await http.notifyAppleTaken(try await apple.notification(
+                    "CONSUMPTION_REQUEST", transaction: transaction, consumptionRequestReason: "UNINTENDED_PURCHASE"))
+            }
+            let appLevel = try await drain(calls, db)
+            #expect(appLevel.calls == ["consumption sent": 2], "\(appLevel)")
+            let withApp = await consumptionBodies()
+            #expect(withApp["8200005"]?["refundPreference"] as? String == "GRANT_FULL", "the app's: \(withApp["8200005"] ?? [:])")
+            #expect(withApp["8200006"]?["refundPreference"] as? String == "DECLINE", "the product's: \(withApp["8200006"] ?? [:])")
+
             let (_, report) = try await http.send(.get, "/v1/reports/reconciliation")
             let totals = report["sandboxTotals"] as? [String: Any] ?? [:]
-            #expect(totals["consumptionAnswered"] as? Int == requests.count, "\(totals)")
+            #expect(totals["consumptionAnswered"] as? Int == requests.count + 2, "\(totals)")
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
         }
     }
