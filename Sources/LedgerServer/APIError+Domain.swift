@@ -12,8 +12,12 @@ extension APIError {
         case let error as OrderDecisionError:
             switch error {
             case .transitionNotAllowed(let state, let type, let allowed):
-                return APIError(.conflict, code: error.code, message: error.description, details: [
-                    "state": .string(state.rawValue), "type": .string(type.rawValue), "allowed": .strings(allowed.map(\.rawValue)),
+                // A client's event is told the types a client may send; the ledger's own
+                // (`pairing-undone`) are not among them.
+                let told = type.isWrittenByClients ? allowed.filter(\.isWrittenByClients) : allowed
+                return APIError(.conflict, code: error.code,
+                                message: OrderDecisionError.transitionNotAllowed(state: state, type: type, allowed: told).description, details: [
+                    "state": .string(state.rawValue), "type": .string(type.rawValue), "allowed": .strings(told.map(\.rawValue)),
                 ])
             case .orderExists:
                 return APIError(.conflict, code: error.code, message: error.description)

@@ -91,7 +91,17 @@ struct AppendEvent: ClosedBody {
         } catch let error as DecodingError {
             throw EventCoding.inputError(error, field: "data", within: CodingKeys.data.stringValue)
         }
-        if case .refunded(let refund) = event { try Self.checkClientRefund(refund) }
+        if case .refunded(let refund) = event {
+            // Stored events read any other value as the notification type the ledger once wrote
+            // there; from a client, only those two (REFUND, REVOKE) are: a misspelt
+            // REFUND_PRORATED would otherwise be a full refund.
+            struct Typed: Decodable { let revocationType: String? }
+            if let given = (try? body.decode(Typed.self, forKey: .data))?.revocationType, RevocationType(rawValue: given) == nil,
+               !AppleTransactionRecord.isRefund(given) {
+                throw LedgerInputError(field: "revocationType", problem: "is \(given); use REFUND_FULL or REFUND_PRORATED")
+            }
+            try Self.checkClientRefund(refund)
+        }
         if case .receiptReceived(let receipt) = event, receipt.matchedBy == .support {
             // Support's hand is the one exemption from the Apple-account rule (issue 41).
             throw LedgerInputError(field: "data.matchedBy", problem: "support is the ledger's own: support pairs by hand with POST /v1/transactions/{transactionId}/match")

@@ -24,7 +24,7 @@ public struct SupportDesk: Sendable {
     public func match(
         _ transactionId: TransactionID, to orderId: OrderID, force: Bool, reason: String?, metadata: Data
     ) async throws -> Order {
-        if force, (reason ?? "").isEmpty { throw SupportMatchError.reasonRequired }
+        if force, Self.isBlank(reason) { throw SupportMatchError.reasonRequired }
         return try await database.transaction { tx in
             try await writer.lock([transactionId.streamID, orderId.streamID], in: tx)
             let snapshot = try await writer.read(orders: [orderId], transactions: [transactionId], in: tx)
@@ -34,7 +34,7 @@ public struct SupportDesk: Sendable {
             }
             // An Apple-account conflict is support's to decide, between the two users, with a reason.
             let conflict = known.isHeldForSupport ? try known.pooled().map { Set([$0.userId, $0.knownUserId].compactMap { $0 }) } : nil
-            if conflict != nil, (reason ?? "").isEmpty { throw SupportMatchError.conflictReasonRequired(transactionId) }
+            if conflict != nil, Self.isBlank(reason) { throw SupportMatchError.conflictReasonRequired(transactionId) }
             guard let order = snapshot.order(orderId) else { throw OrderDecisionError.noSuchOrder }
             guard order.isOpen else { throw SupportMatchError.orderNotOpen(orderId, state: order.state) }
             if !force {
@@ -69,6 +69,11 @@ public struct SupportDesk: Sendable {
 }
 
 extension SupportDesk {
+    /// A reason that says nothing: none, or only whitespace (and byte-order marks).
+    static func isBlank(_ reason: String?) -> Bool {
+        !(reason ?? "").unicodeScalars.contains { !$0.properties.isWhitespace && $0 != "\u{FEFF}" }
+    }
+
     /// Undoes the pairing of `transactionId` with its order, made from the pool (by the
     /// reconciler or support), while the order is not delivered: `pairing-undone` on the order,
     /// which returns to the state it had before the receipt, and `transaction-unmatched` (reason
@@ -76,9 +81,7 @@ extension SupportDesk {
     /// that order by the reconciler again. Both in one write; who did it is in the metadata.
     /// Answers the order as it leaves it.
     public func unmatch(_ transactionId: TransactionID, reason: String, metadata: Data) async throws -> Order {
-        guard reason.unicodeScalars.contains(where: { !$0.properties.isWhitespace && $0 != "\u{FEFF}" }) else {
-            throw SupportUnmatchError.reasonRequired
-        }
+        guard !Self.isBlank(reason) else { throw SupportUnmatchError.reasonRequired }
         // Counted in code points, as the API's schema counts.
         guard reason.unicodeScalars.count <= 1_000 else { throw SupportUnmatchError.reasonTooLong }
         // The transaction's lock, then its order's: a writer that took them the other way round

@@ -19,7 +19,7 @@ import PostgresNIO
 ///
 /// Writes that arrive together share steps 1 and 3 (group commit): `append(_:)` answers after
 /// COMMIT, so an acknowledged write is durable, and a single write is a group of one.
-/// `append(_:on:)` runs the same steps inside a transaction the caller holds.
+/// `append(_:in:knowing:)` runs the same steps inside a transaction the caller holds.
 public final class LedgerWriter: Sendable {
     public let database: Database
     private let queue: GroupCommit<Write, Written>

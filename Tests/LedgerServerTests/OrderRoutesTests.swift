@@ -66,6 +66,12 @@ struct OrderRoutesTests {
                 #expect(order["state"] as? String == state)
                 #expect(order["version"] as? Int == version + 1)
                 #expect(order["finishTransaction"] as? Bool == finish)
+                if type == "receipt-received" {
+                    // The ledger's own types (pairing-undone) are not offered to a client.
+                    let (early, earlyError) = try await http.send(.post, "/v1/orders/o-1/events", json: ["type": "finished", "data": [:]])
+                    #expect(early == .conflict && errorOf(earlyError)["allowed"] as? [String] == ["verified", "failed"], "\(earlyError)")
+                    #expect(!(errorOf(earlyError)["message"] as? String ?? "").contains("pairing-undone"), "\(earlyError)")
+                }
             }
             let (readStatus, order) = try await http.send(.get, "/v1/orders/o-1")
             #expect(readStatus == .ok)

@@ -43,7 +43,7 @@ struct RefundRoutesTests {
         }
     }
 
-    @Test("a client's refunded event: FAMILY_REVOKE is no order's refund, and REFUND_PRORATED needs its share; both 400 naming the field")
+    @Test("a client's refunded event: FAMILY_REVOKE is no order's refund, REFUND_PRORATED needs its share, another type is refused; each 400 naming the field")
     func clientRefundChecks() async throws {
         try await withReceiptsApplication(apple) { http, _ in
             try await http.send(.post, "/v1/orders", json: newOrder("o-client-refund"))
@@ -54,6 +54,8 @@ struct RefundRoutesTests {
                 (["revocationDate": date, "revocationType": "FAMILY_REVOKE"], "revocationType"),
                 (["revocationDate": date, "revocationType": "REFUND_PRORATED"], "revocationPercentage"),
                 (["revocationDate": date, "revocationType": "REFUND_PRORATED", "revocationPercentage": 100_001], "revocationPercentage"),
+                // Misspelt: never read as a full refund.
+                (["revocationDate": date, "revocationType": "REFUND_PRORATE", "revocationPercentage": 40_000], "revocationType is REFUND_PRORATE; use REFUND_FULL or REFUND_PRORATED"),
             ]
             for (data, field) in cases {
                 let (status, answer) = try await http.send(.post, "/v1/orders/o-client-refund/events", json: ["type": "refunded", "data": data])

@@ -73,6 +73,10 @@ struct SupportRoutesTests {
             #expect(refused == .conflict && errorOf(error)["code"] as? String == "user-mismatch")
             let (noReason, _) = try await http.send(.post, "/v1/transactions/7000010/match", json: ["orderId": "s-other", "force": true])
             #expect(noReason == .badRequest)
+            for blank in ["", "   ", "\u{FEFF}\t"] {
+                let (blankReason, why) = try await http.send(.post, "/v1/transactions/7000010/match", json: ["orderId": "s-other", "force": true, "reason": blank])
+                #expect(blankReason == .badRequest && errorOf(why)["code"] as? String == "reason-required", "\(blank.unicodeScalars.map(\.value)): \(why)")
+            }
             for force: Any in ["yes", 1, ["on"]] {
                 let (notBoolean, why) = try await http.send(.post, "/v1/transactions/7000010/match", json: ["orderId": "s-own", "force": force, "reason": "r"])
                 #expect(notBoolean == .badRequest && (errorOf(why)["message"] as? String ?? "").contains("force"), "force: \(force)")
