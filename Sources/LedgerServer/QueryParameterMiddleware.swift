@@ -42,7 +42,7 @@ struct QueryParameterMiddleware: RouterMiddleware {
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         let query = request.uri.queryParameters
-        guard !query.isEmpty, request.uri.path.hasPrefix("/v1/"), routes.methods(for: request.uri.path).contains("\(request.method)") else {
+        guard !query.isEmpty, request.uri.path.split(separator: "/").first == "v1", routes.methods(for: request.uri.path).contains("\(request.method)") else {
             return try await next(request, context)
         }
         let names = Self.names(request.method, request.uri.path)

@@ -48,6 +48,8 @@ struct SupportRoutesTests {
                 ("/v1/transactions/unmatched?userID=s-1", "userID", "is not a query parameter of GET /v1/transactions/unmatched; use userId, productId"),
                 ("/v1/transactions/unmatched?userId=s-1&userId=s-2", "userId", "is given more than once"),
                 ("/v1/reports/reconciliation?frm=2020-01-01", "frm", "use from, to"),
+                // The router ignores empty segments; so does the check.
+                ("//v1//reports/reconciliation/?frm=2020-01-01", "frm", "use from, to"),
                 ("/v1/orders/s-1?bundleId=com.example.game", "bundleId", "this route takes no query parameters"),
             ]
             for (path, field, message) in refusals {
