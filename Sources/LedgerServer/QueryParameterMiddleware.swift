@@ -62,9 +62,6 @@ struct QueryParameterMiddleware: RouterMiddleware {
     /// The query parameters `method` on `path` takes.
     static func names(_ method: HTTPRequest.Method, _ path: String) -> [String] {
         let segments = path.split(separator: "/")
-        return parameters.first { entry in
-            entry.method == method && entry.pattern.count == segments.count
-                && zip(entry.pattern, segments).allSatisfy { pattern, segment in pattern.hasPrefix("{") || pattern == segment }
-        }?.names ?? []
+        return parameters.first { $0.method == method && RouteTable.matches($0.pattern, segments) }?.names ?? []
     }
 }

@@ -103,13 +103,16 @@ final class RouteTable: Sendable {
     func methods(for path: String) -> [String] {
         let segments = path.split(separator: "/")
         let methods = entries.withLock { entries in
-            entries.filter { entry in
-                entry.segments.count == segments.count
-                    && zip(entry.segments, segments).allSatisfy { pattern, segment in
-                        (pattern.hasPrefix("{") && pattern.hasSuffix("}")) || pattern == segment
-                    }
-            }.map(\.method)
+            entries.filter { Self.matches($0.segments, segments) }.map(\.method)
         }
         return Set(methods).sorted()
+    }
+
+    /// Whether a path's segments fit a route pattern's (`{name}` takes any one segment).
+    static func matches(_ pattern: [Substring], _ segments: [Substring]) -> Bool {
+        pattern.count == segments.count
+            && zip(pattern, segments).allSatisfy { pattern, segment in
+                (pattern.hasPrefix("{") && pattern.hasSuffix("}")) || pattern == segment
+            }
     }
 }
