@@ -42,7 +42,10 @@ struct QueryParameterMiddleware: RouterMiddleware {
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         let query = request.uri.queryParameters
-        guard !query.isEmpty, request.uri.path.split(separator: "/").first == "v1", routes.methods(for: request.uri.path).contains("\(request.method)") else {
+        let segments = request.uri.path.split(separator: "/")
+        // Apple's notification URL is the operator's to write in App Store Connect: a query
+        // there (a tag) must never cost a notification.
+        guard !query.isEmpty, segments.first == "v1", segments.dropFirst().first != "notifications", routes.methods(for: request.uri.path).contains("\(request.method)") else {
             return try await next(request, context)
         }
         let names = Self.names(request.method, request.uri.path)
