@@ -48,7 +48,7 @@ struct QueryParameterMiddleware: RouterMiddleware {
         guard !query.isEmpty, segments.first == "v1", segments.dropFirst().first != "notifications", routes.methods(for: request.uri.path).contains("\(request.method)") else {
             return try await next(request, context)
         }
-        let names = Self.names(request.method, request.uri.path)
+        let names = Self.names(request.method, segments)
         var seen = Set<Substring>()
         for (name, _) in query {
             guard names.contains(String(name)) else {
@@ -62,9 +62,8 @@ struct QueryParameterMiddleware: RouterMiddleware {
         return try await next(request, context)
     }
 
-    /// The query parameters `method` on `path` takes.
-    static func names(_ method: HTTPRequest.Method, _ path: String) -> [String] {
-        let segments = path.split(separator: "/")
-        return parameters.first { $0.method == method && RouteTable.matches($0.pattern, segments) }?.names ?? []
+    /// The query parameters `method` takes on the path of `segments`.
+    static func names(_ method: HTTPRequest.Method, _ segments: [Substring]) -> [String] {
+        parameters.first { $0.method == method && RouteTable.matches($0.pattern, segments) }?.names ?? []
     }
 }
