@@ -49,8 +49,16 @@ struct Demo: AsyncParsableCommand {
             handler.logLevel = .error
             return handler
         }
+        let progress = DemoProgress()
+        let watcher = progress.watch()
+        defer { watcher.cancel() }
+        progress.enter("starting its private PostgreSQL")
         let opened = try await OpenedDatabase.open(.privateCluster(dataDirectory: dataDir), logger: logger)
-        defer { try? opened.close(logger: logger) }
+        defer {
+            progress.enter("stopping its private PostgreSQL")
+            try? opened.close(logger: logger)
+        }
+        progress.enter("preparing its database")
         var demoDatabase = opened.clientConfiguration
         demoDatabase.database = Self.database
         var demoProbe = opened.connectionConfiguration
@@ -97,6 +105,7 @@ struct Demo: AsyncParsableCommand {
         configuration.refundCatchUpInterval = 0
         let settings = configuration
         let (seed, users, lostRate, database, probe) = (seed, users, lostRate, demoDatabase, demoProbe)
+        progress.enter("starting its Apple stand-ins")
         try await AppStoreServerStandIn.run([standIn, second]) { productionURL in
             try await AppStoreServerStandIn.run(sandboxes) { sandboxURL in
                 var configuration = settings
@@ -104,11 +113,12 @@ struct Demo: AsyncParsableCommand {
                 configuration.apple.apiSandboxURL = sandboxURL
                 try await Self.serveAndPlay(
                     configuration, database: database, probing: probe, chain: chain, standIn: standIn, second: second,
-                    sandboxes: sandboxes, seed: seed, users: users, lostRate: lostRate, logger: logger)
+                    sandboxes: sandboxes, seed: seed, users: users, lostRate: lostRate, progress: progress, logger: logger)
             }
         }
         let psql = opened.privateCluster.map { _ in PrivateCluster(directory: dataDir).psqlCommand(database: Self.database) } ?? "psql"
         if explore {
+            progress.enter(nil)
             print("Explore the data while this waits (Enter stops the database): \(psql)")
             _ = readLine()
         } else {
@@ -122,8 +132,10 @@ extension Demo {
     static func serveAndPlay(
         _ configuration: LedgerConfiguration, database demoDatabase: PostgresClient.Configuration,
         probing: PostgresConnection.Configuration, chain: ThrowawaySigningChain, standIn: AppStoreServerStandIn,
-        second: AppStoreServerStandIn, sandboxes: [AppStoreServerStandIn], seed: UInt64, users: Int, lostRate: Double, logger: Logger
+        second: AppStoreServerStandIn, sandboxes: [AppStoreServerStandIn], seed: UInt64, users: Int, lostRate: Double,
+        progress: DemoProgress, logger: Logger
     ) async throws {
+        progress.enter("starting the ledger's server")
         let client = PostgresClient(configuration: demoDatabase, backgroundLogger: logger)
         let application = try buildApplication(configuration: configuration, client: client, probing: probing, logger: logger)
         let group = ServiceGroup(configuration: .init(services: [application], gracefulShutdownSignals: [], logger: logger))
@@ -134,6 +146,7 @@ extension Demo {
         let played: Result<Void, any Error>
         do {
             try await Self.waitUntilReady(http, base)
+            progress.enter("making an API key")
             let key = try await withPostgresClient(demoDatabase, logger: logger) { client in
                 try await APIKeyStore(database: Database(client: client, logger: logger)).create(name: "demo", scopes: [.admin])
             }
@@ -143,14 +156,22 @@ extension Demo {
             story.history = { id, order in
                 try await orders.create(id, order, tokenGiven: false, metadata: Data(#"{"actor":"demo: the team's earlier backend"}"#.utf8)).order
             }
+            progress.enter("adding the second app")
             try await story.addSecondApp()
+            progress.enter("importing the team's history")
             try await story.importHistory()
+            progress.enter("playing the users' purchases")
             try await story.play(users: users)
+            progress.enter("playing App Review's purchase")
             try await story.playAppReview()
+            progress.enter("playing the subscription")
             try await story.playSubscription()
+            progress.enter("answering a consumption request")
             try await story.answerConsumptionRequest()
+            progress.enter("preparing a missed notification")
             try await story.prepareMissedNotification()
             // Every app's backfill in every environment it accepts, each with its app's key.
+            progress.enter("backfilling notifications")
             let database = Database(client: client, logger: logger)
             let apps = AppDirectory(catalog: AppCatalog(database: database), maximumAge: .seconds(configuration.appsMaximumAge), logger: logger)
             let backfills = try await ServiceAssembly(database: database).notificationBackfills(
@@ -164,7 +185,9 @@ extension Demo {
                 backfilled.repeated += summary.repeated
             }
             story.backfill = backfilled
+            progress.enter("comparing Apple's sales report")
             try await Self.playSales(&story, configuration: configuration, services: ServiceAssembly(database: database), logger: logger)
+            progress.enter("reading the reconciliation report")
             story.report = try await story.requestJSON("GET", "/v1/reports/reconciliation")
             var secondKey = (asked: 0, refused: 0)
             for host in [second, sandboxes[1]] {
@@ -180,9 +203,11 @@ extension Demo {
             played = .failure(error)
         }
         // Stopped the same way whether the story ran to its end or not.
+        progress.enter("stopping the ledger's server")
         try? await http.shutdown()
         await group.triggerGracefulShutdown()
         _ = try? await server.value
+        progress.enter("stopping its Apple stand-ins")
         try played.get()
     }
 

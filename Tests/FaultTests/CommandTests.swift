@@ -151,10 +151,11 @@ struct DemoCommandTests {
         // A folder the postgres account can enter (the checkout may be under a private folder).
         let work = URL(fileURLWithPath: "/var/tmp/ledger-demo-test-\(UUID().uuidString.prefix(8))")
         try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o755])
-        defer { try? FileManager.default.removeItem(at: work) }
+        // Kept when the demo does not end (its data and log show where it stopped).
         let (status, output) = try await LedgerChild.run(
             ["demo", "--users", "8", "--data-dir", work.appendingPathComponent("data").path], environment: [:],
             log: work.appendingPathComponent("demo.log"))
+        defer { try? FileManager.default.removeItem(at: work) }
         #expect(status == 0, "\(output)")
         #expect(output.contains("clients deleted before uploading: 1"), "\(output)")
         #expect(output.contains("purchases no client sent: matched 1"), "\(output)")

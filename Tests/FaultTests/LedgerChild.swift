@@ -81,8 +81,14 @@ final class LedgerChild: Sendable {
     /// Runs a `ledger` command to its end and answers its exit status and output.
     static func run(_ arguments: [String], environment: [String: String], log: URL) async throws -> (Int32, String) {
         let child = try LedgerChild(arguments, environment: environment, log: log)
-        let status = try await child.wait(seconds: 300)
-        return (status, child.logText())
+        do {
+            return (try await child.wait(seconds: 300), child.logText())
+        } catch {
+            // SIGQUIT: Swift's backtracer writes every thread's stack into the log.
+            child.kill(SIGQUIT)
+            if (try? await child.wait(seconds: 60)) == nil { child.kill(SIGKILL) }
+            throw FaultTestError("\(error); its output (all of it in \(log.path)):\n\(child.logText().prefix(12000))")
+        }
     }
 }
 
