@@ -50,7 +50,8 @@ struct QueryParameterMiddleware: RouterMiddleware {
         }
         let names = Self.names(request.method, segments)
         var seen = Set<Substring>()
-        for (name, _) in query {
+        // An empty name (`?&limit=3`, a trailing `&` from a URL builder) names nothing.
+        for (name, _) in query where !name.isEmpty {
             guard names.contains(String(name)) else {
                 let taken = names.isEmpty ? "this route takes no query parameters" : "use \(names.joined(separator: ", "))"
                 throw LedgerInputError(field: String(name), problem: "is not a query parameter of \(request.method) \(request.uri.path); \(taken)")

@@ -38,6 +38,9 @@ struct SupportRoutesTests {
             #expect((future["transactions"] as? [[String: Any]])?.isEmpty == true)
             let (_, page) = try await http.send(.get, "/v1/transactions/unmatched?limit=3")
             #expect(page["next"] as? String == "7000003")
+            // Empty pieces of a query (a leading, doubled or trailing `&`) name nothing.
+            let (loose, same) = try await http.send(.get, "/v1/transactions/unmatched?&limit=3&&")
+            #expect(loose == .ok && same["next"] as? String == "7000003", "\(same)")
             let (_, rest) = try await http.send(.get, "/v1/transactions/unmatched?limit=3&after=7000003")
             #expect((rest["transactions"] as? [[String: Any]])?.map { $0["transactionId"] as? String } == ["7000004"])
             let (bad, error) = try await http.send(.get, "/v1/transactions/unmatched?from=yesterday")
