@@ -103,14 +103,19 @@ struct ConfigurationOptions: ParsableArguments {
     }
 
     /// The settings, validated; a bad value given as a flag is named by its flag, one from the
-    /// environment by its variable.
+    /// environment by its variable, and a missing one by both ways of giving it.
     func configuration(environment: [String: String] = ProcessInfo.processInfo.environment) throws -> LedgerConfiguration {
         do {
             return try LedgerConfiguration.load(values(environment: environment))
         } catch {
             let given = Dictionary(flags.compactMap { $0.value == nil ? nil : ($0.key, $0.flag) }, uniquingKeysWith: { first, _ in first })
+            let offered = Dictionary(flags.map { ($0.key, $0.flag) }, uniquingKeysWith: { first, _ in first })
             throw LedgerConfigurationError(problems: error.problems.map { problem in
-                given[problem.setting].map { LedgerConfigurationProblem($0, problem.problem) } ?? problem
+                if let flag = given[problem.setting] { return LedgerConfigurationProblem(flag, problem.problem) }
+                if environment[problem.setting] == nil, let flag = offered[problem.setting] {
+                    return LedgerConfigurationProblem("\(flag) (or \(problem.setting))", problem.problem)
+                }
+                return problem
             })
         }
     }

@@ -259,5 +259,13 @@ struct SettingsCommandTests {
             ["report", "--reconcile-settle", "x"], environment: environment, log: work.appendingPathComponent("2.log"))
         #expect(reported != 0)
         #expect(operatorOutput.contains("--reconcile-settle is x") && !operatorOutput.contains("LEDGER_RECONCILE_SETTLE"), "\(operatorOutput)")
+
+        // A setting that goes with one given but is given neither way is named both ways.
+        let (partial, partialOutput) = try await LedgerChild.run(
+            ["serve", "--apple-api-key-id", "KEY123"], environment: ["LEDGER_DATABASE_URL": "postgres://nobody@127.0.0.1:1/none"],
+            log: work.appendingPathComponent("3.log"))
+        #expect(partial != 0)
+        #expect(partialOutput.contains("--apple-api-issuer-id (or LEDGER_APPLE_API_ISSUER_ID) is missing"), "\(partialOutput)")
+        #expect(partialOutput.contains("--apple-api-private-key (or LEDGER_APPLE_API_PRIVATE_KEY) is missing"), "\(partialOutput)")
     }
 }
