@@ -112,6 +112,9 @@ public struct HistoryFile: Sendable {
         guard let object = try? JSONDecoder().decode([String: Member].self, from: data) else {
             return .failure(LedgerInputError(field: "line", problem: "is not a JSON object whose members are strings, numbers or null"))
         }
+        if let twice = DuplicateMembers.first(in: data) {
+            return .failure(LedgerInputError(field: twice, problem: "is given more than once on the line; give it once"))
+        }
         var fields: [String: String] = [:]
         for (name, member) in object {
             switch member {

@@ -6,9 +6,9 @@ import NIOCore
 /// the server's CPU per event; finding it in the body takes under one.
 ///
 /// Only for a body `JSONDecoder` has accepted: this finds members, it does not check JSON. Nil
-/// where the decoder and PostgreSQL could read the member otherwise than as written: the member
-/// given twice (the decoder reads the first), a key with an escape (it may spell the name), a key
-/// repeated within the member (PostgreSQL keeps the last, the decoder the first), a number with
+/// where the decoder and PostgreSQL could read the member otherwise than as written (a body with
+/// a member given twice is refused before, by `LedgerRequestDecoder`): a key with an escape (it
+/// may spell the name), two keys of one hash within the member, a number with
 /// an exponent or of more than 38 characters (PostgreSQL stores it, but the ledger reads stored
 /// data through `Decimal`, which may not hold it). The caller then writes the member again from
 /// what the decoder read, which refuses what `Decimal` cannot hold.

@@ -75,5 +75,10 @@ struct HistoryFileTests {
             try read[1].fields.get()
         }
         #expect(try read[2].fields.get() == ["transactionId": "3000000003", "price": "100"], "a number is its decimal value")
+        // A member named twice: which value was meant cannot be known.
+        let twice = try lines("{\"orderId\":\"a\",\"price\":\"1.99\",\"price\":\"0.99\"}\n", .jsonLines)
+        #expect(throws: LedgerInputError(field: "price", problem: "is given more than once on the line; give it once")) {
+            try twice[0].fields.get()
+        }
     }
 }
