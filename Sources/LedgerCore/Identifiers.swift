@@ -52,6 +52,17 @@ extension ValidatedIdentifier {
     }
 
     public var description: String { rawValue }
+
+    // Equal when their bytes are, as PostgreSQL compares them: Swift's String == takes two
+    // spellings of one accented letter (NFC and NFD) for one, which the log and the projections
+    // keep apart. A repeated creation with a user id spelled the other way is another order's
+    // user, not the same order's.
+    public static func == (lhs: Self, rhs: Self) -> Bool { lhs.rawValue.utf8.elementsEqual(rhs.rawValue.utf8) }
+
+    public func hash(into hasher: inout Hasher) {
+        var text = rawValue
+        text.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
+    }
 }
 
 /// The client-chosen id of an order (the value once put in `applicationUsername`).

@@ -95,8 +95,31 @@ struct OrdersController {
 func pathParameter(_ context: LedgerRequestContext, _ name: String) throws(LedgerInputError) -> String {
     let raw = context.parameters.get(name) ?? ""
     guard raw.utf8.contains(UInt8(ascii: "%")) else { return raw }
-    guard let decoded = raw.removingPercentEncoding else {
-        throw LedgerInputError(field: name, problem: "is not valid percent-encoding")
+    guard let decoded = percentDecoded(raw) else {
+        throw LedgerInputError(field: name, problem: "is not valid percent-encoding of UTF-8 text")
     }
     return decoded
+}
+
+/// `text` with its `%XX` escapes decoded, byte for byte: Foundation's `removingPercentEncoding`
+/// drops a leading byte-order mark, which would take `%EF%BB%BFa` for another id's path (`a`).
+/// Nil for a `%` not followed by two hex digits, or bytes that are not UTF-8.
+func percentDecoded(_ text: String) -> String? {
+    func hex(_ byte: UInt8) -> UInt8? {
+        switch byte {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): byte - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): byte - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): byte - UInt8(ascii: "A") + 10
+        default: nil
+        }
+    }
+    var bytes: [UInt8] = []
+    bytes.reserveCapacity(text.utf8.count)
+    var input = text.utf8.makeIterator()
+    while let byte = input.next() {
+        guard byte == UInt8(ascii: "%") else { bytes.append(byte); continue }
+        guard let high = input.next().flatMap(hex), let low = input.next().flatMap(hex) else { return nil }
+        bytes.append(high << 4 | low)
+    }
+    return String(validating: bytes, as: UTF8.self)
 }

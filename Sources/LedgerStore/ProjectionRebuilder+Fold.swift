@@ -63,7 +63,7 @@ extension ProjectionRebuilder {
             }
             switch body {
             case .order(let event):
-                let id = order?.orderId ?? OrderID(unchecked: String(row.stream.dropFirst("order-".count)))
+                let id = order?.orderId ?? OrderID(unchecked: StreamID.id(in: row.stream, after: "order-") ?? row.stream)
                 let claimedID = event.touchedTransaction
                 if case .receiptReceived(let receipt) = event, let held = transactions[receipt.transactionId],
                    let holder = held.orderId, holder != id {
@@ -78,7 +78,7 @@ extension ProjectionRebuilder {
                     transactions[undone.transactionId] = held
                 }
             case .transaction(let event):
-                let id = TransactionID(unchecked: String(row.stream.dropFirst("transaction-".count)))
+                let id = TransactionID(unchecked: StreamID.id(in: row.stream, after: "transaction-") ?? row.stream)
                 transactions[id] = Projection.apply(event, data: Data(row.data.utf8), to: transactions[id], at: row.recordedAt)
             case .subscription(let event):
                 guard let id = StreamID(unchecked: row.stream).subscriptionID else { return }

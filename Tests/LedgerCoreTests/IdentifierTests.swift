@@ -64,4 +64,20 @@ struct IdentifierTests {
         }
         #expect(mismatches.isEmpty, "differ from category Cc: \(mismatches.prefix(10).map { String($0, radix: 16) })")
     }
+
+    @Test("ids are told apart by their bytes, as PostgreSQL tells them: two spellings of one letter, a leading combining mark")
+    func bytes() throws {
+        let composed = try UserID("caf\u{E9}"), decomposed = try UserID("cafe\u{301}")
+        #expect(composed.rawValue == decomposed.rawValue, "Swift's String takes them for one")
+        #expect(composed != decomposed && Set([composed, decomposed]).count == 2)
+        #expect(try UserID("caf\u{E9}") == composed)
+        // "order-" + U+0301 is one Character ending in "-" and the mark: still an order's stream.
+        let marked = try OrderID("\u{301}abc")
+        #expect(marked.streamID.isOrder && marked.streamID.orderID == marked)
+        #expect(marked.streamID.orderID?.rawValue.unicodeScalars.first == "\u{301}")
+        let transaction = TransactionID(unchecked: "\u{200D}1")
+        #expect(transaction.streamID.isTransaction && transaction.streamID.transactionID == transaction)
+        #expect(StreamID.subscription("\u{FE0F}9").subscriptionID == "\u{FE0F}9")
+        #expect(!StreamID(unchecked: "orders-1").isOrder && StreamID(unchecked: "order-").orderID?.rawValue == "")
+    }
 }
