@@ -109,11 +109,16 @@ public struct HistoryFile: Sendable {
 
     /// One JSON object's members as text: strings as they are, numbers as written, null as absent.
     static func jsonFields(_ data: Data) -> Result<[String: String], LedgerInputError> {
-        guard let object = try? JSONDecoder().decode([String: Member].self, from: data) else {
-            return .failure(LedgerInputError(field: "line", problem: "is not a JSON object whose members are strings, numbers or null"))
+        if let shape = JSONShape.problem(in: data) {
+            return .failure(LedgerInputError(field: shape.path, problem: shape.problem))
         }
-        if let twice = DuplicateMembers.first(in: data) {
-            return .failure(LedgerInputError(field: twice, problem: "is given more than once on the line; give it once"))
+        let object: [String: Member]
+        do {
+            object = try JSONDecoder().decode([String: Member].self, from: data)
+        } catch let DecodingError.typeMismatch(_, context) where !context.codingPath.isEmpty {
+            return .failure(LedgerInputError(field: context.codingPath[0].stringValue, problem: "must be a string, a number or null"))
+        } catch {
+            return .failure(LedgerInputError(field: "line", problem: "is not a JSON object whose members are strings, numbers or null"))
         }
         var fields: [String: String] = [:]
         for (name, member) in object {

@@ -39,7 +39,8 @@ public struct LedgerRequestContext: RequestContext {
 
 /// Reads a request's JSON body with `EventCoding.decoder`, turning what is wrong with it into the
 /// API's errors: too large (413), not a JSON object (400 `invalid-json`), a field missing, of
-/// the wrong type or given twice (400 `invalid-input` naming the field).
+/// the wrong type, given twice, nested too deep or a number the ledger cannot keep exactly
+/// (400 `invalid-input` naming the field; `JSONShape`).
 public struct LedgerRequestDecoder: RequestDecoder {
     public func decode<T: Decodable>(_ type: T.Type, from request: Request, context: some RequestContext) async throws -> T {
         try Self.decode(type, from: try await Self.body(of: request, context: context))
@@ -61,16 +62,13 @@ public struct LedgerRequestDecoder: RequestDecoder {
     }
 
     static func decode<T: Decodable>(_ type: T.Type, from buffer: ByteBuffer) throws -> T {
+        // A member given twice, nesting too deep, a number `Decimal` would round: named first.
+        if let shape = buffer.withUnsafeReadableBytes({ JSONShape.problem(in: $0) }) {
+            throw LedgerInputError(field: shape.path, problem: shape.problem)
+        }
         do {
-            let body: T
-            if let closed = T.self as? any ClosedBody.Type { body = try decodeClosed(closed, from: buffer) as! T } else {
-                body = try EventCoding.decoder.decode(T.self, from: buffer)
-            }
-            // The decoder keeps one of a member's two values; which one the client meant is unknown.
-            if let twice = buffer.withUnsafeReadableBytes({ DuplicateMembers.first(in: $0) }) {
-                throw LedgerInputError(field: twice, problem: "is given more than once; give it once")
-            }
-            return body
+            if let closed = T.self as? any ClosedBody.Type { return try decodeClosed(closed, from: buffer) as! T }
+            return try EventCoding.decoder.decode(T.self, from: buffer)
         } catch DecodingError.dataCorrupted(let context) where context.codingPath.isEmpty {
             throw APIError(.badRequest, code: "invalid-json", message: "the body is not valid JSON")
         } catch DecodingError.typeMismatch(_, let context) where context.codingPath.isEmpty {

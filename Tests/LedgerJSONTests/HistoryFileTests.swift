@@ -77,8 +77,15 @@ struct HistoryFileTests {
         #expect(try read[2].fields.get() == ["transactionId": "3000000003", "price": "100"], "a number is its decimal value")
         // A member named twice: which value was meant cannot be known.
         let twice = try lines("{\"orderId\":\"a\",\"price\":\"1.99\",\"price\":\"0.99\"}\n", .jsonLines)
-        #expect(throws: LedgerInputError(field: "price", problem: "is given more than once on the line; give it once")) {
+        #expect(throws: LedgerInputError(field: "price", problem: "is given more than once; give it once")) {
             try twice[0].fields.get()
+        }
+        // A member of another type is named; a number past 38 digits is refused, never rounded.
+        let odd = try lines("{\"orderId\":\"a\",\"userId\":true}\n{\"transactionId\":12345678901234567890123456789012345678901}\n", .jsonLines)
+        #expect(throws: LedgerInputError(field: "userId", problem: "must be a string, a number or null")) { try odd[0].fields.get() }
+        #expect(throws: LedgerInputError(
+            field: "transactionId", problem: "has 41 significant digits; the ledger keeps numbers of up to 38 exactly (send it as a string)")) {
+            try odd[1].fields.get()
         }
     }
 }

@@ -413,6 +413,11 @@ struct OrderRoutesTests {
                 // A member given twice, at the top or in `data`: which value was meant cannot be known.
                 (.post, "/v1/orders", nil, #"{"orderId":"o-9","userId":"u","productId":"p","userId":"v"}"#, .badRequest, "invalid-input", "userId"),
                 (.post, "/v1/orders/o-1/events", nil, #"{"type":"failed","data":{"reason":"a","reason":"b"}}"#, .badRequest, "invalid-input", "data.reason"),
+                // Data too deep to be answered again, numbers Decimal would round or cannot hold.
+                (.post, "/v1/orders/o-1/events", nil, #"{"type":"failed","data":{"reason":"r","x":"# + String(repeating: "[", count: 510) + String(repeating: "]", count: 510) + "}}",
+                 .badRequest, "invalid-input", "data.x"),
+                (.post, "/v1/orders/o-1/events", nil, #"{"type":"failed","data":{"reason":"r","n":1111111111111111111111111111111111111111}}"#, .badRequest, "invalid-input", "data.n"),
+                (.post, "/v1/orders", nil, #"{"orderId":"o-9","userId":"u","productId":"p","quantity":1e400}"#, .badRequest, "invalid-input", "quantity"),
                 (.post, "/v1/orders/o-1/events", ["data": [:]], nil, .badRequest, "invalid-input", "type"),
                 (.post, "/v1/orders/o-1/events", ["type": "teleported", "data": [:]], nil, .badRequest, "unknown-event-type", nil),
                 (.post, "/v1/orders/o-1/events", ["type": "payment-added", "data": ["queuedAt": "soon"]], nil, .badRequest, "invalid-input", "queuedAt"),

@@ -1,0 +1,162 @@
+import Foundation
+
+/// What a JSON text holds that the ledger cannot keep as sent, found before it is decoded: a
+/// member named twice in one object (Foundation's decoder keeps one of the two values, PostgreSQL
+/// the other), nesting deeper than `maximumDepth` (a stored body that deep breaks the answers and
+/// the feed that read it again), a number `Decimal` cannot hold exactly (more than 38 significant
+/// digits, or an exponent beyond its range: the decoder would round it, or refuse it with a
+/// message about another type). Request bodies and import lines are refused naming the member.
+public enum JSONShape {
+    /// The most objects and arrays one inside another, the outermost counted.
+    public static let maximumDepth = 32
+
+    /// A member at `path` (`data.productId`; `body` when it is no member's) and what is wrong with it.
+    public struct Problem: Error, Equatable, Sendable {
+        public let path: String
+        public let problem: String
+
+        public init(path: String, problem: String) {
+            self.path = path
+            self.problem = problem
+        }
+    }
+
+    /// The first problem of the text, or nil. Reads the structure only: text that is not JSON
+    /// gives nil or a guess, and is left to the decoder to refuse.
+    public static func problem(in bytes: UnsafeRawBufferPointer) -> Problem? {
+        // One frame per open object or array: an object's member names so far, and the name of
+        // the member it is the value of (nil for an element of an array).
+        struct Frame {
+            var names: Set<String>?
+            var name: String?
+        }
+        var frames: [Frame] = []
+        var expectingName = false
+        var lastName: String?
+        func path(_ last: String? = nil) -> String {
+            let names = frames.compactMap(\.name) + (last.map { [$0] } ?? [])
+            return names.isEmpty ? "body" : names.joined(separator: ".")
+        }
+        // The member a value belongs to: the object's last name, else the array's own.
+        func owner() -> String? { frames.last?.names != nil ? lastName : nil }
+        var index = 0
+        let count = bytes.count
+        while index < count {
+            switch bytes[index] {
+            case UInt8(ascii: "\""):
+                let start = index + 1
+                var end = start
+                var escaped = false
+                while end < count, bytes[end] != UInt8(ascii: "\"") {
+                    if bytes[end] == UInt8(ascii: "\\") { escaped = true; end += 1 }
+                    end += 1
+                }
+                if expectingName, frames.last?.names != nil {
+                    let raw = UnsafeRawBufferPointer(rebasing: bytes[start..<min(end, count)])
+                    let name = escaped ? unescaped(raw) : String(decoding: raw, as: UTF8.self)
+                    guard frames[frames.count - 1].names!.insert(name).inserted else {
+                        return Problem(path: path(name), problem: "is given more than once; give it once")
+                    }
+                    lastName = name
+                    expectingName = false
+                }
+                index = end + 1
+                continue
+            case UInt8(ascii: "{"), UInt8(ascii: "["):
+                let isObject = bytes[index] == UInt8(ascii: "{")
+                let name = owner()
+                guard frames.count < maximumDepth else {
+                    return Problem(path: path(name), problem: "is nested deeper than \(maximumDepth) levels of objects and arrays")
+                }
+                frames.append(Frame(names: isObject ? [] : nil, name: name))
+                expectingName = isObject
+            case UInt8(ascii: "}"), UInt8(ascii: "]"):
+                if !frames.isEmpty { frames.removeLast() }
+                expectingName = false
+            case UInt8(ascii: ","):
+                expectingName = frames.last?.names != nil
+            case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"):
+                var end = index
+                while end < count, Self.isNumberByte(bytes[end]) { end += 1 }
+                if let problem = numberProblem(UnsafeRawBufferPointer(rebasing: bytes[index..<end])) {
+                    return Problem(path: path(owner()), problem: problem)
+                }
+                index = end
+                continue
+            default:
+                break
+            }
+            index += 1
+        }
+        return nil
+    }
+
+    public static func problem(in data: Data) -> Problem? {
+        data.withUnsafeBytes { problem(in: $0) }
+    }
+
+    private static func isNumberByte(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "+"), UInt8(ascii: "."), UInt8(ascii: "e"), UInt8(ascii: "E"): true
+        default: false
+        }
+    }
+
+    /// Why `Decimal` cannot hold the number written `text` exactly, or nil. `Decimal` keeps 38
+    /// significant digits and an exponent from -128 to 127.
+    static func numberProblem(_ text: UnsafeRawBufferPointer) -> String? {
+        var significant = 0  // digits from the first non-zero one, trailing zeros counted apart
+        var zeros = 0  // zeros after the last non-zero digit
+        var fraction = 0  // digits after the point
+        var inFraction = false
+        var index = 0
+        if index < text.count, text[index] == UInt8(ascii: "-") { index += 1 }
+        while index < text.count {
+            let byte = text[index]
+            if byte == UInt8(ascii: ".") {
+                inFraction = true
+            } else if (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) {
+                if inFraction { fraction += 1 }
+                if byte == UInt8(ascii: "0") {
+                    if significant > 0 { zeros += 1 }
+                } else {
+                    significant += zeros + 1
+                    zeros = 0
+                }
+            } else {
+                break  // the exponent
+            }
+            index += 1
+        }
+        var exponent = 0
+        if index < text.count, text[index] == UInt8(ascii: "e") || text[index] == UInt8(ascii: "E") {
+            index += 1
+            var negative = false
+            if index < text.count, text[index] == UInt8(ascii: "-") || text[index] == UInt8(ascii: "+") {
+                negative = text[index] == UInt8(ascii: "-")
+                index += 1
+            }
+            while index < text.count, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(text[index]) {
+                exponent = min(exponent * 10 + Int(text[index] - UInt8(ascii: "0")), 100_000)
+                index += 1
+            }
+            if negative { exponent = -exponent }
+        }
+        guard significant > 0 else { return nil }  // zero
+        guard significant <= 38 else {
+            return "has \(significant) significant digits; the ledger keeps numbers of up to 38 exactly (send it as a string)"
+        }
+        // The power of ten of the last significant digit.
+        let last = exponent - fraction + zeros
+        guard last >= -128, last + significant <= 165 else {
+            return "is beyond the range of numbers the ledger keeps (about 1e-128 to 1e165)"
+        }
+        return nil
+    }
+
+    /// A name written with escapes (`\u0061`), as the decoder reads it.
+    private static func unescaped(_ raw: UnsafeRawBufferPointer) -> String {
+        let quoted = Data([UInt8(ascii: "\"")] + raw + [UInt8(ascii: "\"")])
+        return (try? JSONDecoder().decode(String.self, from: quoted)) ?? String(decoding: raw, as: UTF8.self)
+    }
+}

@@ -1,0 +1,51 @@
+import Foundation
+import LedgerJSON
+import Testing
+
+@Suite("What a JSON text holds that the ledger cannot keep as sent")
+struct JSONShapeTests {
+    func problem(_ json: String) -> JSONShape.Problem? { JSONShape.problem(in: Data(json.utf8)) }
+    func path(_ json: String) -> String? { problem(json)?.path }
+
+    @Test("a member named twice, by its path, in objects at any depth and in arrays; escapes read as the decoder reads them")
+    func twice() {
+        #expect(problem(#"{"a":1,"b":2,"a":3}"#) == .init(path: "a", problem: "is given more than once; give it once"))
+        #expect(path(#"{"data":{"x":"1","y":{"z":[]},"x":null}}"#) == "data.x")
+        #expect(path(#"{"items":[{"id":1},{"id":2,"id":3}]}"#) == "items.id")
+        #expect(path(#"{"a\u0062":1,"ab":2}"#) == "ab")
+        #expect(path(#"[{"k":1},{"k":2},{"k":3,"k":4}]"#) == "k")
+    }
+
+    @Test("nesting deeper than 32 objects and arrays, named by the member that goes deeper")
+    func depth() {
+        let deep = #"{"type":"failed","data":{"x":"# + String(repeating: "[", count: 40) + String(repeating: "]", count: 40) + "}}"
+        #expect(problem(deep) == .init(path: "data.x", problem: "is nested deeper than 32 levels of objects and arrays"))
+        let atLimit = String(repeating: "[", count: 32) + String(repeating: "]", count: 32)
+        #expect(problem(atLimit) == nil)
+        #expect(path("[" + atLimit + "]") == "body")
+    }
+
+    @Test("a number Decimal cannot hold exactly: more than 38 significant digits, or beyond its exponent's range")
+    func numbers() {
+        #expect(path(#"{"n":1111111111111111111111111111111111111111}"#) == "n")
+        #expect(problem(#"{"data":{"n":[0.1000000000000000000000000000000000000001]}}"#)?.path == "data.n")
+        #expect(problem(#"{"quantity":1e400}"#)?.problem.contains("beyond the range") == true)
+        #expect(path(#"{"q":1e-400}"#) == "q")
+        // What it holds: 38 digits, zeros around them, exponents within range, zero itself.
+        for number in ["12345678901234567890123456789012345678", "-0.00000000000000000000000000000000000000000001", "1e150",
+                       "100000000000000000000000000000000000000000000000000", "0", "-0.0", "0e999", "2.5", "1E+2", "99999999999999999999999999999999999999e127"] {
+            #expect(problem(#"{"n":\#(number)}"#) == nil, "\(number)")
+        }
+        #expect(path(#"{"n":9e165}"#) == "n")
+    }
+
+    @Test("nothing where every object names each member once, whatever the strings hold")
+    func none() {
+        #expect(problem(#"{"a":1,"b":{"a":2},"c":[{"a":3},{"a":4}]}"#) == nil)
+        #expect(problem(#"{"a":"\"a\":{,}[]","b":"a","c":["a","a"],"d":"1111111111111111111111111111111111111111"}"#) == nil)
+        #expect(problem(#"{"s":"x\\","t":"{\"a\":1,\"a\":2}"}"#) == nil)
+        #expect(problem(#"{}"#) == nil)
+        #expect(problem(#""#) == nil)
+        #expect(problem(#"{"unterminated"#) == nil)
+    }
+}
