@@ -24,7 +24,7 @@ public enum EventCoding {
             let container = try decoder.singleValueContainer()
             let text = try container.decode(String.self)
             guard let date = parseDate(text) else {
-                throw DecodingError.dataCorruptedError(in: container, debugDescription: "must be an ISO 8601 time such as 2026-11-21T10:00:00Z (a real day and time, from 1970 on)")
+                throw DecodingError.dataCorruptedError(in: container, debugDescription: "must be an ISO 8601 time such as 2026-11-21T10:00:00Z (a real day and time, from 1970 to 9999)")
             }
             return date
         }
@@ -37,33 +37,12 @@ public enum EventCoding {
     public static func formatDate(_ date: Date) -> String { date.formatted(dateFormat) }
 
     /// An ISO 8601 time (`2026-11-21T10:00:00Z`, `…:00.123456Z`, `…:00+08:00`), or nil; times
-    /// before 1970 are refused (no App Store time is older: such a time is a client's mistake),
-    /// and so are days and times no calendar has (`2026-11-31`, `T25:00`), which the format style
-    /// would roll over into the next ones.
+    /// outside 1970 to 9999 are refused (no App Store time is older: such a time is a client's
+    /// mistake; a later one could not be read back), and so are days and times no calendar has
+    /// (`2026-11-31`, `T25:00`), which the format style would roll over into the next ones.
     public static func parseDate(_ text: String) -> Date? {
-        guard let date = try? dateFormat.parse(text), date.timeIntervalSince1970 >= 0, isCalendarTime(text) else { return nil }
+        guard let date = try? dateFormat.parse(text), CalendarTime.isInRange(date), CalendarTime.isCalendarTime(text) else { return nil }
         return date
-    }
-
-    /// Whether the fields of a time the format style read (`YYYY-MM-DDTHH:MM:SS` first, always)
-    /// name a day of its month and a time of its day.
-    static func isCalendarTime(_ text: String) -> Bool {
-        let bytes = Array(text.utf8.prefix(19))
-        guard bytes.count == 19 else { return false }
-        func number(_ range: Range<Int>) -> Int? {
-            var value = 0
-            for index in range {
-                guard (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(bytes[index]) else { return nil }
-                value = value * 10 + Int(bytes[index] - UInt8(ascii: "0"))
-            }
-            return value
-        }
-        guard let year = number(0..<4), let month = number(5..<7), let day = number(8..<10),
-              let hour = number(11..<13), let minute = number(14..<16), let second = number(17..<19),
-              (1...12).contains(month), hour < 24, minute < 60, second < 60 else { return false }
-        let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0)
-        let days = [31, leap ? 29 : 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31][month - 1]
-        return (1...days).contains(day)
     }
 
     /// The typed body of a stored event: what the projections read of it.

@@ -39,6 +39,17 @@ public struct HistoryFile: Sendable {
         guard self.data.contains(where: { !($0 == 0x20 || $0 == 0x09 || $0 == 0x0D || $0 == 0x0A) }) else {
             throw LedgerInputError(field: "header", problem: "is missing: the file is empty")
         }
+        // The CSV reader would take bytes that are not UTF-8 as U+FFFD, and stop at a misplaced
+        // quote without a word (a quoted field then runs to the file's end): the file is refused
+        // whole, naming the line, before any of it is imported.
+        if let line = Self.firstLineNotUTF8(self.data) {
+            throw LedgerInputError(field: "line \(line)", problem: "is not UTF-8 text; save the file as UTF-8")
+        }
+        if let line = Self.misquotedLine(self.data) {
+            throw LedgerInputError(
+                field: "line \(line)",
+                problem: "has a quoted value that does not end where it should: a quote inside quotes is written twice (\"\"), and a closing quote is followed by a comma or the line's end")
+        }
         let reader: CSVReader
         do { reader = try CSVReader(string: String(decoding: self.data, as: UTF8.self), hasHeaderRow: true) } catch {
             throw LedgerInputError(field: "header", problem: "cannot be read as CSV: the first line must name the columns, separated by commas")
@@ -63,6 +74,53 @@ public struct HistoryFile: Sendable {
             case .csv: Self.csvLines(data)
             case .jsonLines: Self.jsonLines(data)
             }
+        }
+    }
+
+    /// The line of the first byte that is not UTF-8, or nil.
+    static func firstLineNotUTF8(_ data: Data) -> Int? {
+        guard String(validating: data, as: UTF8.self) == nil else { return nil }
+        var number = 0
+        for line in data.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false) {
+            number += 1
+            if String(validating: line, as: UTF8.self) == nil { return number }
+        }
+        return number
+    }
+
+    /// The line of the first quoted value RFC 4180 would not end there: a closing quote followed
+    /// by anything but a comma or a line break, or a quote never closed (the line it opened on).
+    /// A quote inside an unquoted value is a character of it, as the reader takes it.
+    static func misquotedLine(_ data: Data) -> Int? {
+        data.withUnsafeBytes { bytes in
+            let (quote, comma, cr, lf) = (UInt8(ascii: "\""), UInt8(ascii: ","), UInt8(ascii: "\r"), UInt8(ascii: "\n"))
+            var line = 1
+            var opened = 0
+            var atStart = true
+            var quoted = false
+            var index = 0
+            while index < bytes.count {
+                let byte = bytes[index]
+                if byte == lf || (byte == cr && (index + 1 == bytes.count || bytes[index + 1] != lf)) { line += 1 }
+                if quoted {
+                    if byte == quote {
+                        if index + 1 < bytes.count, bytes[index + 1] == quote {
+                            index += 2
+                            continue
+                        }
+                        quoted = false
+                        atStart = false
+                        if index + 1 < bytes.count, ![comma, cr, lf].contains(bytes[index + 1]) { return line }
+                    }
+                } else if byte == quote, atStart {
+                    quoted = true
+                    opened = line
+                } else {
+                    atStart = byte == comma || byte == cr || byte == lf
+                }
+                index += 1
+            }
+            return quoted ? opened : nil
         }
     }
 

@@ -127,7 +127,13 @@ public struct HistoryImport: Sendable {
                     if case .failure(let error) = apps[record.bundleId] { summary.refuse(line.number, error.code, error.description) }
                     continue
                 }
-                let planned = try Self.plan(record, app: app, source: source)
+                // Whatever else a line's events cannot hold refuses that line, never the import.
+                let planned: Planned
+                do { planned = try Self.plan(record, app: app, source: source) } catch {
+                    let input = EventCoding.inputError(error, field: "line")
+                    summary.refuse(line.number, input.code, input.description)
+                    continue
+                }
                 // A batch's writes share no order and no transaction, nor with the batches in flight.
                 if !batch.keys.isDisjoint(with: planned.keys) || flying.values.contains(where: { !$0.isDisjoint(with: planned.keys) }) {
                     try await submit()

@@ -41,6 +41,22 @@ struct HistoryFileTests {
         }
     }
 
+    @Test("a misplaced quote or bytes that are not UTF-8 refuse the file, naming the line, rather than end or change it unseen")
+    func wholeFile() throws {
+        let misquoted = "line 2 has a quoted value that does not end where it should: a quote inside quotes is written twice (\"\"), and a closing quote is followed by a comma or the line's end"
+        func refusal(_ text: [UInt8]) -> String? {
+            do { _ = try HistoryFile(Data(text), format: .csv) } catch { return error.description }
+            return nil
+        }
+        #expect(refusal(Array("orderId,userId\n@1,\"u-1\"x\n@2,u-2\n".utf8)) == misquoted)
+        #expect(refusal(Array("orderId,userId\r\n@1,u\r\n@2,\"u-1\n@3,u-3\n".utf8))?.hasPrefix("line 3 has a quoted value") == true)
+        #expect(refusal(Array("orderId,userId\n@1,u-".utf8) + [0xFF, 0xFE] + Array("1\n".utf8)) == "line 2 is not UTF-8 text; save the file as UTF-8")
+        // Quotes RFC 4180 allows, and one inside an unquoted value (a character of it).
+        let fine = "orderId,userId\n\"a\"\"b\",\"two\nlines\"\nc,5\" screen\n\"\",\"\"\r\n"
+        #expect(refusal(Array(fine.utf8)) == nil)
+        #expect(try lines(fine).map { try $0.fields.get()["userId"] } == ["two\nlines", "5\" screen", nil])
+    }
+
     @Test("a line's record: its state's rules, times in ISO 8601, the column of each problem")
     func records() throws {
         let order = ["orderId": "o", "userId": "u", "productId": "p", "createdAt": "2025-01-01T00:00:00Z"]
@@ -58,6 +74,12 @@ struct HistoryFileTests {
         #expect(problem(["state": "created", "transactionId": "1"]) == "transactionId")
         #expect(problem(["state": "created", "createdAt": "yesterday"]) == "createdAt")
         #expect(problem(["state": "created", "createdAt": "1969-12-31T23:59:59Z"]) == "createdAt")
+        // Past 9999 (the ledger's JSON could not read it back: it stopped the import), or a day
+        // or time no calendar has (the format style rolls it over).
+        for time in ["10000-01-01T00:00:00Z", "9999-12-31T23:00:00-05:00", "2023-02-30T10:00:00Z", "2023-01-02T25:00:00Z", "2023-01-02T10:00:60Z"] {
+            #expect(problem(["state": "created", "createdAt": time]) == "createdAt", "\(time)")
+        }
+        #expect(problem(["state": "created", "createdAt": "9999-12-31T23:59:59Z"]) == nil)
         #expect(problem(["state": "created", "price": "1,99"]) == "price")
         #expect(problem(["state": "created", "environment": "Xcode"]) == "environment")
         #expect(problem(["state": "created", "userId": nil]) == "userId")

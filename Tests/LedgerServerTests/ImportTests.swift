@@ -195,6 +195,12 @@ struct ImportTests {
 
             let (badHeader, headerError) = try await post(http, "orderId,userId,coupon\nx,u,1\n")
             #expect(badHeader == .badRequest && (errorOf(headerError)["message"] as? String)?.contains("coupon") == true, "\(headerError)")
+            // A quote that swallows the rest of the file refuses it whole, naming its line.
+            let (misquoted, quoteError) = try await post(http, "orderId,userId,productId,createdAt,state\nq-1,\"u-1\"x,p,2025-01-01T00:00:00Z,created\nq-2,u,p,2025-01-01T00:00:00Z,created\n")
+            #expect(misquoted == .badRequest && (errorOf(quoteError)["message"] as? String)?.hasPrefix("line 2 has a quoted value") == true, "\(quoteError)")
+            // A time past 9999 refuses its line, never the import (it stopped it: a 500).
+            let (late, lateSummary) = try await post(http, "orderId,userId,productId,createdAt,state\nq-3,u,p,10000-01-01T00:00:00Z,created\nq-4,u,p,2025-01-01T00:00:00Z,created\n")
+            #expect(late == .ok && lateSummary["imported"] as? Int == 1 && Self.refusals(lateSummary) == [2: "invalid-input"], "\(lateSummary)")
             for type in ["text/csv", "application/x-ndjson"] {
                 // An empty body is named as the history it lacks, not as JSON.
                 let (empty, emptyError) = try await post(http, "", type: type)

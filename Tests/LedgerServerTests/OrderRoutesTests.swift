@@ -436,6 +436,8 @@ struct OrderRoutesTests {
                 (.post, "/v1/orders/o-1/events", ["type": "payment-added", "data": ["queuedAt": "2026-11-31T10:00:00Z"]], nil, .badRequest, "invalid-input", "queuedAt"),
                 (.post, "/v1/orders/o-1/events", ["type": "payment-added", "data": ["queuedAt": "2026-11-01T25:00:00Z"]], nil, .badRequest, "invalid-input", "queuedAt"),
                 (.post, "/v1/orders/o-1/events", ["type": "payment-added", "data": ["queuedAt": "2025-02-29T10:00:00Z"]], nil, .badRequest, "invalid-input", "queuedAt"),
+                // In year 10000 once in UTC: the ledger could not read it back.
+                (.post, "/v1/orders/o-1/events", ["type": "payment-added", "data": ["queuedAt": "9999-12-31T23:00:00-05:00"]], nil, .badRequest, "invalid-input", "queuedAt"),
                 (.get, "/v1/reports/reconciliation?to=2026-11-31", nil, nil, .badRequest, "invalid-input", "to"),
                 (.get, "/v1/reports/reconciliation?from=2026-11-01T10:60:00Z", nil, nil, .badRequest, "invalid-input", "from"),
                 (.get, "/v1/transactions/unmatched?from=2026-02-30T00:00:00Z", nil, nil, .badRequest, "invalid-input", "from"),

@@ -60,9 +60,16 @@ public struct HistoryRecord: Sendable, Equatable {
             guard let date = Self.date(value) else {
                 throw LedgerInputError(field: name, problem: "is \(value.debugDescription), not an ISO 8601 time such as 2024-05-01T12:00:00Z")
             }
-            // The ledger reads no time before 1970 back (its JSON times): refused here, not lost later.
+            guard CalendarTime.isCalendarTime(value) else {
+                throw LedgerInputError(field: name, problem: "is \(value.debugDescription), not a day and time a calendar has")
+            }
+            // The ledger reads no time before 1970 or after 9999 back (its JSON times): refused
+            // here, not lost later.
             guard date.timeIntervalSince1970 >= 0 else {
                 throw LedgerInputError(field: name, problem: "is \(value.debugDescription), before 1970")
+            }
+            guard date < CalendarTime.end else {
+                throw LedgerInputError(field: name, problem: "is \(value.debugDescription), after 9999")
             }
             return date
         }
