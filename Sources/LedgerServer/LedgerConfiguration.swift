@@ -103,6 +103,11 @@ public struct LedgerConfiguration: Sendable {
     public var appStoreConnect: AppStoreConnect?
     /// Seconds between the background reconciler's passes inside `ledger serve`; 0: none.
     public var reconcileInterval = 60
+    /// Seconds a connection may sit idle, or send a request's head or body no further, before
+    /// the server closes it (a reply being made is never cut off). Longer than the 60 s an
+    /// HTTP client pool keeps an idle connection (async-http-client's), so that the client,
+    /// not the server, closes a quiet keep-alive connection. Not a setting.
+    public var connectionIdleTimeout = 75
     public var reconciler = Reconciler.Settings()
     /// Whether the reconciler creates a recovery order for an orphan with no candidate (active catalog products only).
     public var recoveryOrders = false

@@ -1,4 +1,7 @@
 import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
 import Hummingbird
 import HummingbirdTesting
 import LedgerServer
@@ -117,6 +120,57 @@ struct HealthTests {
             let (missing, missingBody) = try await http.send(.get, "/v1/nothing-here")
             #expect(missing == .notFound)
             #expect(errorOf(missingBody)["code"] as? String == "not-found")
+        }
+    }
+}
+
+/// Connections the server closes: one that sends nothing, half a request's head, or less body
+/// than it announced, once it has sat idle for the configured time (1 s here; 75 s shipped).
+@Suite("Idle and slow connections over HTTP")
+struct IdleConnectionTests {
+    /// Connects to `port`, sends `text`, and answers whether the server closed the connection
+    /// (read 0 bytes) within 30 s, and what it sent before.
+    static func closedBy(_ port: Int, after text: String) -> (closed: Bool, received: String) {
+        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard descriptor >= 0 else { return (false, "no socket") }
+        defer { close(descriptor) }
+        var timeout = timeval(tv_sec: 30, tv_usec: 0)
+        setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+        }
+        guard connected else { return (false, "not connected") }
+        if !text.isEmpty { _ = text.withCString { send(descriptor, $0, strlen($0), 0) } }
+        var received = [UInt8]()
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let count = recv(descriptor, &buffer, buffer.count, 0)
+            if count == 0 { return (true, String(decoding: received, as: UTF8.self)) }
+            if count < 0 { return (false, String(decoding: received, as: UTF8.self)) }  // the 30 s passed
+            received += buffer[0..<count]
+        }
+    }
+
+    @Test("a connection that sends nothing, stops in a request's head or sends less body than announced is closed")
+    func slowClientsAreClosed() async throws {
+        try await withLiveApplication(configure: { $0.connectionIdleTimeout = 1 }) { http, _ in
+            let port = http.client.port
+            let cases = [
+                "",
+                "POST /v1/orders HTTP/1.1\r\nHost: localhost\r\n",
+                "POST /v1/orders HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"orderId\":",
+            ]
+            for text in cases {
+                let (closed, _) = await Task.detached { Self.closedBy(port, after: text) }.value
+                #expect(closed, "not closed after: \(text.debugDescription)")
+            }
+            // A request answered on a connection that then sits idle: its answer, then the close.
+            let (closed, received) = await Task.detached { Self.closedBy(port, after: "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n") }.value
+            #expect(closed && received.hasPrefix("HTTP/1.1 200"), "\(received)")
         }
     }
 }

@@ -12,6 +12,8 @@ import Synchronization
 /// longer than that on a loaded machine; this client waits as long as the test runs.
 struct LiveClient: Sendable {
     let client: TestClient
+    /// The server's port, for a test that speaks to it without this client.
+    let port: Int
 
     struct Response: Sendable {
         let status: HTTPResponse.Status
@@ -48,7 +50,7 @@ func withLiveServer<App: ApplicationProtocol, Value: Sendable>(
         client.connect()
         let outcome: Result<Value, any Error>
         do {
-            outcome = .success(try await test(LiveClient(client: client)))
+            outcome = .success(try await test(LiveClient(client: client, port: bound)))
         } catch {
             outcome = .failure(error)
         }
