@@ -17,7 +17,9 @@ struct AuthMiddleware: RouterMiddleware {
         guard let scope = Self.requiredScope(request.method, request.uri.path) else {
             return try await next(request, context)
         }
-        guard let header = request.headers[.authorization], header.hasPrefix("Bearer "),
+        // The scheme's name in any case (RFC 9110: `bearer` is `Bearer`).
+        guard let header = request.headers[.authorization], header.utf8.count > 7,
+              header.utf8.prefix(7).map({ $0 | 0x20 }).elementsEqual("bearer ".utf8),
               case let key = Self.trimmed(header.utf8.dropFirst("Bearer ".count)), !key.isEmpty, key.utf8.count <= 256
         else {
             throw APIError(.unauthorized, code: "unauthorized", message: "send an API key as Authorization: Bearer <key>",

@@ -3,6 +3,7 @@ import Hummingbird
 import LedgerCore
 import LedgerJSON
 import LedgerStore
+import NIOCore
 import NIOFoundationCompat
 
 /// The request context of every ledger route: Hummingbird's core plus the request id, with the
@@ -54,8 +55,11 @@ public struct LedgerRequestDecoder: RequestDecoder {
         let buffer: ByteBuffer
         do {
             buffer = try await request.body.collect(upTo: context.maxUploadSize)
-        } catch {
+        } catch is NIOTooManyBytesError {
             throw APIError(.contentTooLarge, code: "body-too-large", message: "the body is larger than \(context.maxUploadSize / 1024) KiB")
+        } catch {
+            // A malformed chunk, or a connection that ended before its body did.
+            throw APIError(.badRequest, code: "bad-request", message: "the body could not be read: \(error)")
         }
         guard buffer.readableBytes > 0 else { throw empty() }
         return buffer

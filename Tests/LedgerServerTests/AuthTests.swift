@@ -38,6 +38,11 @@ struct AuthTests {
             #expect(adminReads == .ok)
             let (malformed, _) = try await http.send(.get, "/v1/orders/o-1", key: .some(""))
             #expect(malformed == .unauthorized)
+            // The scheme's name in any case (RFC 9110); another scheme is no key.
+            for (scheme, status) in [("bearer", HTTPResponse.Status.ok), ("BEARER", .ok), ("Basic", .unauthorized), ("Bearerx", .unauthorized)] {
+                let response = try await http.client.execute(uri: "/v1/orders/o-1", method: .get, headers: [.authorization: "\(scheme) \(reader)"])
+                #expect(response.status == status, "\(scheme)")
+            }
             // Health needs no key.
             let health = try await http.client.execute(uri: "/healthz", method: .get)
             #expect(health.status == .ok)

@@ -429,6 +429,8 @@ struct OrderRoutesTests {
                 (.post, "/v1/orders/o-missing/events", ["type": "finished", "data": [:]], nil, .notFound, "order-not-found", nil),
                 (.get, "/v1/orders/o-missing", nil, nil, .notFound, "order-not-found", nil),
                 (.get, "/v1/orders?limit=0", nil, nil, .badRequest, "invalid-input", "limit"),
+                (.get, "/v1/orders?after=\(long)", nil, nil, .badRequest, "invalid-input", "after"),
+                (.get, "/v1/transactions/unmatched?after=\(long)", nil, nil, .badRequest, "invalid-input", "after"),
                 (.get, "/v1/orders?state=lost", nil, nil, .badRequest, "invalid-input", "state"),
                 (.get, "/v1/events?after=x", nil, nil, .badRequest, "invalid-input", "after"),
                 (.get, "/v1/events?limit=5000", nil, nil, .badRequest, "invalid-input", "limit"),
