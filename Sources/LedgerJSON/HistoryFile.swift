@@ -58,6 +58,9 @@ public struct HistoryFile: Sendable {
             throw LedgerInputError(field: "header", problem: "is missing: the first line is blank; it must name the columns")
         }
         let header = names.map { $0.trimmingCharacters(in: .whitespaces) }
+        if let blank = header.firstIndex(of: "") {
+            throw LedgerInputError(field: "header", problem: "has no name for column \(blank + 1) (a comma too many?)")
+        }
         for name in header where !HistoryRecord.columns.contains(name) {
             throw LedgerInputError(field: name, problem: "is not a column of an import; use \(HistoryRecord.columns.joined(separator: ", "))")
         }

@@ -28,6 +28,9 @@ struct HistoryFileTests {
         #expect(throws: LedgerInputError(field: "coupon", problem: "is not a column of an import; use \(HistoryRecord.columns.joined(separator: ", "))")) {
             try HistoryFile(Data("orderId,coupon\n".utf8), format: .csv)
         }
+        #expect(throws: LedgerInputError(field: "header", problem: "has no name for column 3 (a comma too many?)")) {
+            try HistoryFile(Data("orderId,userId,\n".utf8), format: .csv)
+        }
         #expect(throws: LedgerInputError(field: "orderId", problem: "is a column twice in the header")) {
             try HistoryFile(Data("orderId,orderId\n".utf8), format: .csv)
         }
