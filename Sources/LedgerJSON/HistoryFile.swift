@@ -83,10 +83,18 @@ public struct HistoryFile: Sendable {
     /// The line of the first byte that is not UTF-8, or nil.
     static func firstLineNotUTF8(_ data: Data) -> Int? {
         guard String(validating: data, as: UTF8.self) == nil else { return nil }
-        var number = 0
-        for line in data.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false) {
-            number += 1
-            if String(validating: line, as: UTF8.self) == nil { return number }
+        // Lines end at LF, CRLF or a lone CR, as the CSV reader ends them.
+        var (number, start) = (1, data.startIndex)
+        var index = data.startIndex
+        while index < data.endIndex {
+            let byte = data[index]
+            let next = data.index(after: index)
+            if byte == UInt8(ascii: "\n") || (byte == UInt8(ascii: "\r") && (next == data.endIndex || data[next] != UInt8(ascii: "\n"))) {
+                if String(validating: data[start..<index], as: UTF8.self) == nil { return number }
+                number += 1
+                start = next
+            }
+            index = next
         }
         return number
     }
@@ -170,7 +178,7 @@ public struct HistoryFile: Sendable {
 
     /// One JSON object's members as text: strings as they are, numbers as written, null as absent.
     static func jsonFields(_ data: Data) -> Result<[String: String], LedgerInputError> {
-        if let shape = JSONShape.problem(in: data) {
+        if let shape = JSONShape.problem(in: data, root: "line") {
             return .failure(LedgerInputError(field: shape.path, problem: shape.problem))
         }
         let object: [String: Member]

@@ -10,7 +10,8 @@ public enum JSONShape {
     /// The most objects and arrays one inside another, the outermost counted.
     public static let maximumDepth = 32
 
-    /// A member at `path` (`data.productId`; `body` when it is no member's) and what is wrong with it.
+    /// A member at `path` (`data.productId`; the root's name, `body` or `line`, when it is no
+    /// member's) and what is wrong with it.
     public struct Problem: Error, Equatable, Sendable {
         public let path: String
         public let problem: String
@@ -21,9 +22,10 @@ public enum JSONShape {
         }
     }
 
-    /// The first problem of the text, or nil. Reads the structure only: text that is not JSON
-    /// gives nil or a guess, and is left to the decoder to refuse.
-    public static func problem(in bytes: UnsafeRawBufferPointer) -> Problem? {
+    /// The first problem of the text, or nil. Reads the structure only, before the decoder: of
+    /// text that is not JSON, what it finds first is named (a member given twice before the
+    /// text breaks off), else the decoder refuses it.
+    public static func problem(in bytes: UnsafeRawBufferPointer, root: String = "body") -> Problem? {
         // One frame per open object or array: an object's member names so far, and the name of
         // the member it is the value of (nil for an element of an array).
         struct Frame {
@@ -35,7 +37,7 @@ public enum JSONShape {
         var lastName: String?
         func path(_ last: String? = nil) -> String {
             let names = frames.compactMap(\.name) + (last.map { [$0] } ?? [])
-            return names.isEmpty ? "body" : names.joined(separator: ".")
+            return names.isEmpty ? root : names.joined(separator: ".")
         }
         // The member a value belongs to: the object's last name, else the array's own.
         func owner() -> String? { frames.last?.names != nil ? lastName : nil }
@@ -91,8 +93,8 @@ public enum JSONShape {
         return nil
     }
 
-    public static func problem(in data: Data) -> Problem? {
-        data.withUnsafeBytes { problem(in: $0) }
+    public static func problem(in data: Data, root: String = "body") -> Problem? {
+        data.withUnsafeBytes { problem(in: $0, root: root) }
     }
 
     private static func isNumberByte(_ byte: UInt8) -> Bool {
@@ -102,21 +104,18 @@ public enum JSONShape {
         }
     }
 
-    /// Why `Decimal` cannot hold the number written `text` exactly, or nil. `Decimal` keeps 38
-    /// significant digits and an exponent from -128 to 127.
+    /// Why `Decimal` cannot hold the number written `text` exactly, or nil: more than 38
+    /// significant digits (it would round them), or an exponent its parser refuses.
     static func numberProblem(_ text: UnsafeRawBufferPointer) -> String? {
         var significant = 0  // digits from the first non-zero one, trailing zeros counted apart
         var zeros = 0  // zeros after the last non-zero digit
-        var fraction = 0  // digits after the point
-        var inFraction = false
         var index = 0
         if index < text.count, text[index] == UInt8(ascii: "-") { index += 1 }
         while index < text.count {
             let byte = text[index]
             if byte == UInt8(ascii: ".") {
-                inFraction = true
+                // The point counts for nothing here: significant digits run across it.
             } else if (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) {
-                if inFraction { fraction += 1 }
                 if byte == UInt8(ascii: "0") {
                     if significant > 0 { zeros += 1 }
                 } else {
@@ -128,35 +127,24 @@ public enum JSONShape {
             }
             index += 1
         }
-        var exponent = 0
-        if index < text.count, text[index] == UInt8(ascii: "e") || text[index] == UInt8(ascii: "E") {
-            index += 1
-            var negative = false
-            if index < text.count, text[index] == UInt8(ascii: "-") || text[index] == UInt8(ascii: "+") {
-                negative = text[index] == UInt8(ascii: "-")
-                index += 1
-            }
-            while index < text.count, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(text[index]) {
-                exponent = min(exponent * 10 + Int(text[index] - UInt8(ascii: "0")), 100_000)
-                index += 1
-            }
-            if negative { exponent = -exponent }
-        }
-        guard significant > 0 else { return nil }  // zero
         guard significant <= 38 else {
             return "has \(significant) significant digits; the ledger keeps numbers of up to 38 exactly (send it as a string)"
         }
-        // The power of ten of the last significant digit.
-        let last = exponent - fraction + zeros
-        guard last >= -128, last + significant <= 165 else {
-            return "is beyond the range of numbers the ledger keeps (about 1e-128 to 1e165)"
+        // Foundation's parser keeps the digits as written and refuses an exponent it cannot store:
+        // where one may be out of its range (an exponent is written, or many digits), it is asked.
+        let digits = text.reduce(0) { (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($1) ? $0 + 1 : $0 }
+        guard index < text.count || digits > 38 else { return nil }
+        guard (try? decimalDecoder.decode(Decimal.self, from: Data(text))) != nil else {
+            return "is beyond the range of numbers the ledger keeps"
         }
         return nil
     }
 
+    private static let decimalDecoder = JSONDecoder()
+
     /// A name written with escapes (`\u0061`), as the decoder reads it.
     private static func unescaped(_ raw: UnsafeRawBufferPointer) -> String {
         let quoted = Data([UInt8(ascii: "\"")] + raw + [UInt8(ascii: "\"")])
-        return (try? JSONDecoder().decode(String.self, from: quoted)) ?? String(decoding: raw, as: UTF8.self)
+        return (try? decimalDecoder.decode(String.self, from: quoted)) ?? String(decoding: raw, as: UTF8.self)
     }
 }

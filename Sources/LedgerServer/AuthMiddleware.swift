@@ -19,7 +19,7 @@ struct AuthMiddleware: RouterMiddleware {
         }
         // The scheme's name in any case (RFC 9110: `bearer` is `Bearer`).
         guard let header = request.headers[.authorization], header.utf8.count > 7,
-              header.utf8.prefix(7).map({ $0 | 0x20 }).elementsEqual("bearer ".utf8),
+              header.utf8.prefix(6).map({ $0 | 0x20 }).elementsEqual("bearer".utf8), header.utf8.dropFirst(6).first == UInt8(ascii: " "),
               case let key = Self.trimmed(header.utf8.dropFirst("Bearer ".count)), !key.isEmpty, key.utf8.count <= 256
         else {
             throw APIError(.unauthorized, code: "unauthorized", message: "send an API key as Authorization: Bearer <key>",

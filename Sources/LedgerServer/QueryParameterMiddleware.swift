@@ -48,6 +48,14 @@ struct QueryParameterMiddleware: RouterMiddleware {
         guard !query.isEmpty, segments.first == "v1", segments.dropFirst().first != "notifications", routes.methods(for: request.uri.path).contains("\(request.method)") else {
             return try await next(request, context)
         }
+        // Hummingbird reads `%FF` as U+FFFD and keeps `%zz` as written: a filter on either would
+        // be on text the client never sent. Decoded as a path id is, or refused.
+        for piece in (request.uri.query ?? "").split(separator: "&") {
+            let parts = piece.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+            guard parts.allSatisfy({ percentDecoded(String($0)) != nil }) else {
+                throw LedgerInputError(field: percentDecoded(String(parts[0])) ?? String(parts[0]), problem: "is not valid percent-encoding of UTF-8 text")
+            }
+        }
         let names = Self.names(request.method, segments)
         var seen = Set<Substring>()
         // An empty name (`?&limit=3`, a trailing `&` from a URL builder) names nothing.

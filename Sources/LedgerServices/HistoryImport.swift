@@ -130,7 +130,8 @@ public struct HistoryImport: Sendable {
                 // Whatever else a line's events cannot hold refuses that line, never the import.
                 let planned: Planned
                 do { planned = try Self.plan(record, app: app, source: source) } catch {
-                    let input = EventCoding.inputError(error, field: "line")
+                    let input = error is DecodingError || error is LedgerInputError
+                        ? EventCoding.inputError(error, field: "line") : LedgerInputError(field: "line", problem: "cannot be stored: \(error)")
                     summary.refuse(line.number, input.code, input.description)
                     continue
                 }

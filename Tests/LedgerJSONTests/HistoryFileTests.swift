@@ -54,6 +54,7 @@ struct HistoryFileTests {
         #expect(refusal(Array("orderId,userId\n@1,\"u-1\"x\n@2,u-2\n".utf8)) == misquoted)
         #expect(refusal(Array("orderId,userId\r\n@1,u\r\n@2,\"u-1\n@3,u-3\n".utf8))?.hasPrefix("line 3 has a quoted value") == true)
         #expect(refusal(Array("orderId,userId\n@1,u-".utf8) + [0xFF, 0xFE] + Array("1\n".utf8)) == "line 2 is not UTF-8 text; save the file as UTF-8")
+        #expect(refusal(Array("orderId,userId\r@1,u\r@2,u-".utf8) + [0xC3] + Array("\r".utf8)) == "line 3 is not UTF-8 text; save the file as UTF-8", "lines ended by CR alone")
         // Quotes RFC 4180 allows, and one inside an unquoted value (a character of it).
         let fine = "orderId,userId\n\"a\"\"b\",\"two\nlines\"\nc,5\" screen\n\"\",\"\"\r\n"
         #expect(refusal(Array(fine.utf8)) == nil)

@@ -60,6 +60,11 @@ struct SupportRoutesTests {
                 #expect(status == .badRequest && errorOf(refused)["code"] as? String == "invalid-input", "\(path)")
                 #expect(errorOf(refused)["field"] as? String == field && (errorOf(refused)["message"] as? String ?? "").contains(message), "\(path): \(refused)")
             }
+            // A value that is not percent-encoded UTF-8 is refused, never read as U+FFFD or as written.
+            for query in ["userId=%FF", "userId=%zz", "user%FFId=1"] {
+                let (status, refused) = try await http.send(.get, "/v1/transactions/unmatched?\(query)")
+                #expect(status == .badRequest && (errorOf(refused)["message"] as? String ?? "").contains("percent-encoding"), "\(query): \(refused)")
+            }
             let (unknownRoute, _) = try await http.send(.get, "/v1/nowhere?x=1")
             #expect(unknownRoute == .notFound)
         }
