@@ -80,16 +80,20 @@ public struct HistoryFile: Sendable {
         }
     }
 
+    /// Whether `byte`, followed by `next`, ends a line: LF, or CR alone (CRLF ends at its LF), as
+    /// the CSV reader ends them.
+    static func endsLine(_ byte: UInt8, before next: UInt8?) -> Bool {
+        byte == UInt8(ascii: "\n") || (byte == UInt8(ascii: "\r") && next != UInt8(ascii: "\n"))
+    }
+
     /// The line of the first byte that is not UTF-8, or nil.
     static func firstLineNotUTF8(_ data: Data) -> Int? {
         guard String(validating: data, as: UTF8.self) == nil else { return nil }
-        // Lines end at LF, CRLF or a lone CR, as the CSV reader ends them.
         var (number, start) = (1, data.startIndex)
         var index = data.startIndex
         while index < data.endIndex {
-            let byte = data[index]
             let next = data.index(after: index)
-            if byte == UInt8(ascii: "\n") || (byte == UInt8(ascii: "\r") && (next == data.endIndex || data[next] != UInt8(ascii: "\n"))) {
+            if Self.endsLine(data[index], before: next == data.endIndex ? nil : data[next]) {
                 if String(validating: data[start..<index], as: UTF8.self) == nil { return number }
                 number += 1
                 start = next
@@ -112,7 +116,7 @@ public struct HistoryFile: Sendable {
             var index = 0
             while index < bytes.count {
                 let byte = bytes[index]
-                if byte == lf || (byte == cr && (index + 1 == bytes.count || bytes[index + 1] != lf)) { line += 1 }
+                if Self.endsLine(byte, before: index + 1 < bytes.count ? bytes[index + 1] : nil) { line += 1 }
                 if quoted {
                     if byte == quote {
                         if index + 1 < bytes.count, bytes[index + 1] == quote {

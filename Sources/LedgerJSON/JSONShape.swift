@@ -109,6 +109,7 @@ public enum JSONShape {
     static func numberProblem(_ text: UnsafeRawBufferPointer) -> String? {
         var significant = 0  // digits from the first non-zero one, trailing zeros counted apart
         var zeros = 0  // zeros after the last non-zero digit
+        var digits = 0  // every digit written before the exponent
         var index = 0
         if index < text.count, text[index] == UInt8(ascii: "-") { index += 1 }
         while index < text.count {
@@ -116,6 +117,7 @@ public enum JSONShape {
             if byte == UInt8(ascii: ".") {
                 // The point counts for nothing here: significant digits run across it.
             } else if (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) {
+                digits += 1
                 if byte == UInt8(ascii: "0") {
                     if significant > 0 { zeros += 1 }
                 } else {
@@ -132,19 +134,19 @@ public enum JSONShape {
         }
         // Foundation's parser keeps the digits as written and refuses an exponent it cannot store:
         // where one may be out of its range (an exponent is written, or many digits), it is asked.
-        let digits = text.reduce(0) { (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($1) ? $0 + 1 : $0 }
         guard index < text.count || digits > 38 else { return nil }
-        guard (try? decimalDecoder.decode(Decimal.self, from: Data(text))) != nil else {
+        guard (try? decoder.decode(Decimal.self, from: Data(text))) != nil else {
             return "is beyond the range of numbers the ledger keeps"
         }
         return nil
     }
 
-    private static let decimalDecoder = JSONDecoder()
+    /// Foundation's, as the routes decode: for a number that may be out of range, an escaped name.
+    private static let decoder = JSONDecoder()
 
     /// A name written with escapes (`\u0061`), as the decoder reads it.
     private static func unescaped(_ raw: UnsafeRawBufferPointer) -> String {
         let quoted = Data([UInt8(ascii: "\"")] + raw + [UInt8(ascii: "\"")])
-        return (try? decimalDecoder.decode(String.self, from: quoted)) ?? String(decoding: raw, as: UTF8.self)
+        return (try? decoder.decode(String.self, from: quoted)) ?? String(decoding: raw, as: UTF8.self)
     }
 }

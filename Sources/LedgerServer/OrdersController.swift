@@ -64,8 +64,7 @@ struct OrdersController {
         let user = try query["userId"].map { try UserID(String($0)) }
         let product = try query["productId"].map { try ProductID(String($0)) }
         // Named as the query names it (an order id's problem would say orderId).
-        let after: OrderID?
-        do { after = try query["after"].map { try OrderID(String($0)) } } catch let error as LedgerInputError { throw LedgerInputError(field: "after", problem: error.problem) }
+        let after = try query["after"].map { OrderID(unchecked: try Identifier.validate(String($0), field: "after")) }
         let states: [OrderState]? = try query["state"].map { text in
             if text == "open" { return OrderState.allCases.filter { ![.finished, .failed, .refunded].contains($0) } }
             guard let state = OrderState(rawValue: String(text)) else {

@@ -23,10 +23,7 @@ struct TransactionsController {
         let user = try query["userId"].map { try UserID(String($0)) }
         let product = try query["productId"].map { try ProductID(String($0)) }
         let transaction = try query["transactionId"].map { try TransactionID(String($0)) }
-        let after: TransactionID?
-        do { after = try query["after"].map { try TransactionID(String($0)) } } catch let error as LedgerInputError {
-            throw LedgerInputError(field: "after", problem: error.problem)
-        }
+        let after = try query["after"].map { TransactionID(unchecked: try Identifier.validate(String($0), field: "after")) }
         let from = try query["from"].map { try Self.date(String($0), field: "from") }
         let to = try query["to"].map { try Self.date(String($0), field: "to") }
         if let from, let to, to < from { throw LedgerInputError(field: "to", problem: "must not be before from") }
