@@ -34,7 +34,8 @@ func buildRouter(
     subscriptionRefresh: SubscriptionRefresh? = nil
 ) -> Router<LedgerRequestContext> {
     let database = services.database
-    let router = Router(context: LedgerRequestContext.self)
+    // HEAD is answered wherever GET is (RFC 9110 §9.3.2): uptime monitors probe with it.
+    let router = Router(context: LedgerRequestContext.self, options: .autoGenerateHeadEndpoints)
     router.add(middleware: MetricsMiddleware(metrics: metrics))
     let routes = RouteTable()
     router.add(middleware: RequestIDMiddleware(routes: routes))

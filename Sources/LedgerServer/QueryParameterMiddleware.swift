@@ -71,8 +71,9 @@ struct QueryParameterMiddleware: RouterMiddleware {
         return try await next(request, context)
     }
 
-    /// The query parameters `method` takes on the path of `segments`.
+    /// The query parameters `method` takes on the path of `segments` (HEAD takes GET's).
     static func names(_ method: HTTPRequest.Method, _ segments: [Substring]) -> [String] {
-        parameters.first { $0.method == method && RouteTable.matches($0.pattern, segments) }?.names ?? []
+        let method = method == .head ? .get : method
+        return parameters.first { $0.method == method && RouteTable.matches($0.pattern, segments) }?.names ?? []
     }
 }

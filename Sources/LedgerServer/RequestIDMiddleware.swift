@@ -91,12 +91,13 @@ struct RequestIDMiddleware: RouterMiddleware {
 }
 
 /// The routes a router serves, as method and path pattern (`/v1/orders/{orderId}`), filled in
-/// once the router is built.
+/// once the router is built; HEAD wherever GET is, as the router answers it.
 final class RouteTable: Sendable {
     private let entries = Mutex<[(method: String, segments: [Substring])]>([])
 
     func set(_ routes: [(method: String, path: String)]) {
-        entries.withLock { $0 = routes.map { ($0.method, $0.path.split(separator: "/")) } }
+        let heads = routes.filter { $0.method == "GET" }.map { (method: "HEAD", path: $0.path) }
+        entries.withLock { $0 = (routes + heads).map { ($0.method, $0.path.split(separator: "/")) } }
     }
 
     /// The methods served on a path, sorted; empty when no route has this path.

@@ -119,10 +119,41 @@ struct HealthTests {
             #expect(errorOf(body)["code"] as? String == "method-not-allowed")
             let response = try await http.client.execute(uri: "/v1/orders", method: .put, headers: [.authorization: "Bearer \(http.key)"])
             #expect(response.status == .methodNotAllowed)
-            #expect(response.headers[.allow] == "GET, POST")
+            #expect(response.headers[.allow] == "GET, HEAD, POST")
             let (missing, missingBody) = try await http.send(.get, "/v1/nothing-here")
             #expect(missing == .notFound)
             #expect(errorOf(missingBody)["code"] as? String == "not-found")
+            let (notHead, _) = try await http.send(.head, "/v1/receipts")
+            #expect(notHead == .methodNotAllowed)
+        }
+    }
+
+    @Test("HEAD is answered wherever GET is: GET's status and headers, no body, the same key and query checks")
+    func head() async throws {
+        try await withLiveApplication { http, _ in
+            let health = try await http.client.execute(uri: "/healthz", method: .head, headers: [:])
+            #expect(health.status == .ok)
+            #expect(health.body.readableBytes == 0)
+            let orders = try await http.client.execute(uri: "/v1/orders?limit=2", method: .head, headers: [.authorization: "Bearer \(http.key)"])
+            #expect(orders.status == .ok)
+            #expect(orders.body.readableBytes == 0)
+            #expect(orders.headers[.contentType]?.hasPrefix("application/json") == true)
+            let unknown = try await http.client.execute(uri: "/v1/orders?frm=2", method: .head, headers: [.authorization: "Bearer \(http.key)"])
+            #expect(unknown.status == .badRequest)
+            let keyless = try await http.client.execute(uri: "/v1/orders", method: .head, headers: [:])
+            #expect(keyless.status == .unauthorized)
+            let missing = try await http.client.execute(uri: "/v1/orders/nobody", method: .head, headers: [.authorization: "Bearer \(http.key)"])
+            #expect(missing.status == .notFound)
+            // On the wire (NIO drops a HEAD answer's body): the error's head with its Content-Length,
+            // no body, and the connection's next answer right after it.
+            let port = http.client.port
+            let (closed, received) = await IdleConnectionTests.onThread {
+                IdleConnectionTests.closedBy(port, after: "HEAD /v1/orders/nobody HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer \(http.key)\r\n\r\n"
+                    + "GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            }
+            let answers = received.components(separatedBy: "\r\n\r\n")
+            #expect(closed && answers.count == 3 && answers[0].hasPrefix("HTTP/1.1 404") && answers[1].hasPrefix("HTTP/1.1 200"), "\(received)")
+            #expect(answers[0].lowercased().contains("content-length: 0") == false, "\(received)")
         }
     }
 }
