@@ -66,7 +66,8 @@ extension NotificationLedger {
         return Applied(appended: true, streamId: .subscription(id), type: event.type.rawValue)
     }
 
-    /// A family member's shared subscription ended (`REVOKE`, `FAMILY_REVOKE`):
+    /// A family member's shared subscription ended (`REVOKE`, `FAMILY_REVOKE`): the transaction's
+    /// period (so that its `DID_RENEW` arriving later is no news), then
     /// `subscription-family-share-revoked` on the member's subscription, which ends the member's
     /// access alone; the purchaser's subscription and order are untouched. Nil when the
     /// transaction is no shared subscription's, or the ledger does not know the member's
@@ -80,7 +81,10 @@ extension NotificationLedger {
         let event = SubscriptionEvent.familyShareRevoked(SubscriptionFamilyShareRevoked(
             transactionId: transaction.transactionId, revocationDate: revocation.date,
             notificationUUID: notification.fromRefundHistory ? nil : notification.record.notificationUUID))
-        let recorded = try await subscriptions.record([(event, eventID)], on: id, metadata: metadata, in: tx)
+        let kind: SubscriptionPeriodKind = transaction.transactionId.rawValue == id ? .start : .renewal
+        let period = SubscriptionEvent.period(SubscriptionPeriodRecorded(transaction: transaction, kind: kind))
+        let recorded = try await subscriptions.record(
+            [(period, SubscriptionLedger.periodEventID(id, transaction)), (event, eventID)], on: id, metadata: metadata, in: tx)
         guard recorded.subscription != nil else { return nil }
         return Applied(appended: true, streamId: .subscription(id), type: event.type.rawValue)
     }

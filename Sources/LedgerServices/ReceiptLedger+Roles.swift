@@ -65,13 +65,13 @@ extension ReceiptLedger {
         }
         let user = holder?.userId ?? renewals.lazy.compactMap(\.userId).first
         let started = SubscriptionStarted(originalTransactionId: id, transaction: transaction, userId: user, familyShared: false)
-        var events: [(SubscriptionEvent, EventID)] = [(.started(started), SubscriptionLedger.startedEventID(id))]
-        // A start recorded from its order's receipt (`startHeldSubscription`) has its period under
-        // the transaction's id: Apple's signed start, arriving later, names it otherwise.
+        // A start recorded from its order's receipt (`startHeldSubscription`) keeps its period
+        // (`SubscriptionLedger.record` records a transaction's period once).
+        var events: [(SubscriptionEvent, EventID)] = [
+            (.started(started), SubscriptionLedger.startedEventID(id)),
+            (.period(SubscriptionPeriodRecorded(transaction: transaction, kind: .start)), SubscriptionLedger.periodEventID(id, transaction)),
+        ]
         let before = try await subscriptions.store.subscription(id, in: tx)
-        if before?.periods.contains(where: { $0.transactionId == transaction.transactionId }) != true {
-            events.append((.period(SubscriptionPeriodRecorded(transaction: transaction, kind: .start)), SubscriptionLedger.periodEventID(id, transaction)))
-        }
         if let before, before.userId == nil, let user = holder?.userId {
             // Started before anyone claimed it (Apple's notification first): its user is now the
             // one its start is held for, the order's that took it or the pool entry's.
@@ -142,6 +142,13 @@ extension ReceiptLedger {
             let pooled = try Self.poolAppend(
                 transaction, userId: member, claimedOrder: claim.orderId, reason: AppleTransactionRecord.familySharedReason, metadata: metadata)
             _ = try await writer.append(LedgerWriter.Write(pooled), in: tx, knowing: snapshot)
+        } else if let holder, holder.status == .shared, holder.orderId == nil, holder.userId == nil, let member = claim.userId {
+            // Kept before anyone claimed it (Apple's notification first): the member who uploads
+            // it is the one it is shared with, once (as a shared subscription learns its user).
+            let named = try Self.poolAppend(
+                transaction, userId: member, claimedOrder: claim.orderId, reason: AppleTransactionRecord.familySharedReason,
+                id: EventID.named("shared-user", transaction.transactionId.rawValue), metadata: metadata)
+            _ = try await writer.append(LedgerWriter.Write(named), in: tx, knowing: snapshot)
         }
         if let id {
             let started = SubscriptionStarted(originalTransactionId: id, transaction: transaction, userId: member, familyShared: true)

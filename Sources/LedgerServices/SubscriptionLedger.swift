@@ -71,12 +71,30 @@ public struct SubscriptionLedger: Sendable {
         let before = try await store.subscription(id, in: tx)
         var started = before != nil
         let stored = try await events.storedIDs(new.map(\.1), in: tx)
+        // A transaction has one period: one recorded under another key (a start known from its
+        // order's receipt has its transaction's id; Apple's signed start names it by its
+        // `webOrderLineItemId`) is not recorded again, and what is said of it names that key.
+        var keys = Dictionary(before?.periods.map { ($0.transactionId, $0.periodKey) } ?? [], uniquingKeysWith: { first, _ in first })
         var chosen: [(SubscriptionEvent, EventID)] = []
         for (event, eventID) in new {
             if chosen.contains(where: { $0.1 == eventID }) { continue }
             if stored.contains(eventID) { continue }
             if !started, event.type != .started { continue }
             started = true
+            var event = event
+            switch event {
+            case .period(let body):
+                if let key = keys[body.transaction.transactionId], key != body.periodKey { continue }
+                keys[body.transaction.transactionId] = body.periodKey
+            case .periodRefunded(var body):
+                body.periodKey = keys[body.transactionId] ?? body.periodKey
+                event = .periodRefunded(body)
+            case .periodRefundReversed(var body):
+                body.periodKey = keys[body.transactionId] ?? body.periodKey
+                event = .periodRefundReversed(body)
+            default:
+                break
+            }
             chosen.append((event, eventID))
         }
         guard !chosen.isEmpty else { return Recorded(subscription: before, appended: []) }

@@ -83,6 +83,35 @@ struct HeldSubscriptionStartTests {
         }
     }
 
+    @Test("Apple's notifications carrying the held start (its period under another key) apply to its one period: renewal status, refund, reversal", arguments: Grant.allCases)
+    func notificationsAboutHeldStart(_ grant: Grant) async throws {
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
+            let now = Date()
+            try await self.grant(grant, http, purchased: now.addingTimeInterval(-31 * Self.day))
+            let renewal = SubscriptionNotificationTests.period(otid, 1, purchased: now.addingTimeInterval(-Self.day), expires: now.addingTimeInterval(29 * Self.day))
+            _ = try await http.notifyAppleTaken(try await apple.notification("DID_RENEW", transaction: renewal, renewalInfo: TestApple.renewalInfo(otid)))
+            let start = SubscriptionNotificationTests.period(otid, 0, purchased: now.addingTimeInterval(-31 * Self.day), expires: now.addingTimeInterval(-Self.day))
+
+            let status = try await http.notifyAppleTaken(try await apple.notification(
+                "DID_CHANGE_RENEWAL_STATUS", subtype: "AUTO_RENEW_DISABLED", transaction: start,
+                renewalInfo: TestApple.renewalInfo(otid, product: "pro.monthly", autoRenew: false)))
+            #expect(status["type"] as? String == "subscription-renewal-changed", "\(status)")
+            let refunded = try await http.notifyAppleTaken(try await apple.notification("REFUND", transaction: SubscriptionNotificationTests.revoked(start)))
+            #expect(refunded["streamId"] as? String == "order-h-sub" && refunded["type"] as? String == "refunded", "\(refunded)")
+            var s = try #require(try await SubscriptionStore(database: db.database).subscription(otid))
+            #expect(s.periods.map(\.transactionId.rawValue) == [otid, "\(otid)1"], "one period a transaction")
+            #expect(s.periods.map { $0.refundedAt != nil } == [true, false] && s.status(at: now) == .active, "\(s)")
+            let (_, order) = try await http.send(.get, "/v1/orders/h-sub")
+            #expect(order["state"] as? String == "refunded")
+
+            let reversed = try await http.notifyAppleTaken(try await apple.notification("REFUND_REVERSED", transaction: start))
+            #expect(reversed["type"] as? String == "refund-reversed", "\(reversed)")
+            s = try #require(try await SubscriptionStore(database: db.database).subscription(otid))
+            #expect(s.periods.allSatisfy { $0.refundedAt == nil })
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("a renewal that waited before the start was imported is tied when the next renewal starts the subscription")
     func waitingRenewalIsTied() async throws {
         try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in

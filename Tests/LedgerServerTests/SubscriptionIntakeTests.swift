@@ -161,6 +161,32 @@ struct SubscriptionIntakeTests {
         }
     }
 
+    @Test("a shared non-consumable Apple told of first (no user) is the member's once the member uploads it, once; another's later upload changes nothing")
+    func sharedNotifiedFirst() async throws {
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
+            var shared = TestApple.transaction("8100021", product: "lifetime")
+            shared.type = "Non-Consumable"
+            shared.inAppOwnershipType = "FAMILY_SHARED"
+            let (told, _) = try await http.notifyApple(try await apple.notification("ONE_TIME_CHARGE", transaction: shared))
+            #expect(told == .ok)
+            #expect(try await rowStatus(db, "8100021") == "shared")
+            let (_, nobody) = try await http.send(.get, "/v1/users/u-3/entitlements")
+            #expect((nobody["nonConsumables"] as? [Any])?.isEmpty == true, "\(nobody)")
+
+            let (_, uploaded) = try await upload(http, shared, user: "u-3")
+            #expect(uploaded["outcome"] as? String == "recorded" && uploaded["reason"] as? String == "family-shared", "\(uploaded)")
+            let (_, owned) = try await http.send(.get, "/v1/users/u-3/entitlements")
+            let items = owned["nonConsumables"] as? [[String: Any]] ?? []
+            #expect(items.map { $0["transactionId"] as? String } == ["8100021"] && items.first?["source"] as? String == "family-shared", "\(owned)")
+            let count = try await eventCount(db)
+            _ = try await upload(http, shared, user: "u-3")
+            _ = try await upload(http, shared, user: "u-4")
+            #expect(try await eventCount(db) == count, "the member is learned once")
+            #expect(try await scalar(db, "SELECT user_id FROM apple_transactions WHERE transaction_id = '8100021'", as: String.self) == "u-3")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("a renewal or a family share pooled before the ledger knew subscriptions (unmatched, no Apple type) is never paired; a purchase pooled then still is")
     func pooledBeforeSubscriptions() async throws {
         try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in

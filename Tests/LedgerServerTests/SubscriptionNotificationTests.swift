@@ -355,6 +355,19 @@ struct SubscriptionNotificationTests {
             #expect(try await subscription(db).status(at: now) == .active)
             let (_, order) = try await http.send(.get, "/v1/orders/o-sub")
             #expect(order["state"] as? String == "delivered")
+
+            // Apple's notifications of family shares come in no set order: the revocation of a
+            // later period, then that period's DID_RENEW, sent before it, leaves access ended.
+            let renewed = Self.period(
+                "8000001", 1, purchased: now.addingTimeInterval(-Self.day), expires: now.addingTimeInterval(29 * Self.day), ownership: "FAMILY_SHARED")
+            let (_, later) = try await http.notifyApple(try await apple.notification("REVOKE", transaction: Self.revoked(renewed, type: "FAMILY_REVOKE")))
+            #expect(later["type"] as? String == "subscription-family-share-revoked", "\(later)")
+            let (_, late) = try await http.notifyApple(try await apple.notification("DID_RENEW", transaction: renewed, renewalInfo: TestApple.renewalInfo("8000001")))
+            #expect(late["applied"] as? Bool == true, "\(late)")
+            let member = try await subscription(db, "8000001")
+            #expect(member.status(at: now) == .revoked && member.revokedAt != nil, "\(member)")
+            #expect(member.periods.count == 2)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
 
