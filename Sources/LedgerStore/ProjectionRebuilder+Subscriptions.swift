@@ -8,7 +8,7 @@ extension ProjectionRebuilder {
     static let subscriptionColumns = [
         "original_transaction_id", "bundle_id", "environment", "user_id", "product_id", "subscription_group", "family_shared",
         "started_at", "expires_at", "auto_renew", "auto_renew_product_id", "expiration_intent", "grace_period_expires_at",
-        "in_billing_retry", "expired", "revoked_at", "version", "updated_at",
+        "in_billing_retry", "expired", "revoked_at", "version", "updated_at", "renewal_signed_at",
     ]
     static let periodColumns = [
         "original_transaction_id", "period_key", "transaction_id", "kind", "product_id", "purchase_date", "expires_at", "price",
@@ -62,6 +62,7 @@ extension BinaryCopyRows {
         timestamp(s.revokedAt)
         int64(s.version)
         timestamp(s.updatedAt)
+        timestamp(s.renewalSignedAt)
     }
 
     /// A `subscription_periods` row of subscription `id`, in `ProjectionRebuilder.periodColumns`' order.

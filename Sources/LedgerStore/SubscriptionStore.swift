@@ -116,7 +116,7 @@ public struct SubscriptionStore: Sendable {
                 values.cell(s.familyShared), values.cell(t(s.startedAt)), values.cell(t(s.expiresAt)),
                 values.cell(s.autoRenew), values.cell(s.autoRenewProductId), values.cell(s.expirationIntent),
                 values.cell(t(s.gracePeriodExpiresAt)), values.cell(s.inBillingRetry), values.cell(s.expired),
-                values.cell(t(s.revokedAt)), values.cell(s.version), values.cell(t(s.updatedAt)),
+                values.cell(t(s.revokedAt)), values.cell(s.version), values.cell(t(s.updatedAt)), values.cell(t(s.renewalSignedAt)),
             ]))
             let known = before?.periods ?? []
             for p in s.periods where !known.contains(p) {
@@ -132,7 +132,8 @@ public struct SubscriptionStore: Sendable {
         let upsert = """
             INSERT INTO subscriptions (original_transaction_id, bundle_id, environment, user_id, product_id, subscription_group,
                                        family_shared, started_at, expires_at, auto_renew, auto_renew_product_id, expiration_intent,
-                                       grace_period_expires_at, in_billing_retry, expired, revoked_at, version, updated_at)
+                                       grace_period_expires_at, in_billing_retry, expired, revoked_at, version, updated_at,
+                                       renewal_signed_at)
             VALUES \(subscriptions.joined(separator: ", "))
             ON CONFLICT (original_transaction_id) DO UPDATE SET
                 bundle_id = EXCLUDED.bundle_id, environment = EXCLUDED.environment, user_id = EXCLUDED.user_id,
@@ -141,7 +142,7 @@ public struct SubscriptionStore: Sendable {
                 auto_renew = EXCLUDED.auto_renew, auto_renew_product_id = EXCLUDED.auto_renew_product_id,
                 expiration_intent = EXCLUDED.expiration_intent, grace_period_expires_at = EXCLUDED.grace_period_expires_at,
                 in_billing_retry = EXCLUDED.in_billing_retry, expired = EXCLUDED.expired, revoked_at = EXCLUDED.revoked_at,
-                version = EXCLUDED.version, updated_at = EXCLUDED.updated_at
+                version = EXCLUDED.version, updated_at = EXCLUDED.updated_at, renewal_signed_at = EXCLUDED.renewal_signed_at
             """
         guard !periods.isEmpty else {
             try await transaction.connection.guardedQuery(values.query(upsert), logger: database.logger)
@@ -185,7 +186,7 @@ public struct SubscriptionStore: Sendable {
     static let columns = """
         original_transaction_id, bundle_id, environment, user_id, product_id, subscription_group, family_shared, started_at, \
         expires_at, auto_renew, auto_renew_product_id, expiration_intent, grace_period_expires_at, in_billing_retry, expired, \
-        revoked_at, version, updated_at
+        revoked_at, version, updated_at, renewal_signed_at
         """
     static let periodColumns = """
         period_key, transaction_id, kind, product_id, purchase_date, expires_at, price::text, currency, refunded_at, refund_percentage
@@ -218,7 +219,8 @@ public struct SubscriptionStore: Sendable {
             autoRenew: try r[9].decode(Bool?.self), autoRenewProductId: try r[10].decode(String?.self),
             expirationIntent: try r[11].decode(Int?.self), gracePeriodExpiresAt: try r[12].decode(Date?.self),
             inBillingRetry: try r[13].decode(Bool.self), expired: try r[14].decode(Bool.self), revokedAt: try r[15].decode(Date?.self),
-            version: try r[16].decode(Int64.self), updatedAt: try r[17].decode(Date.self), periods: [])
+            renewalSignedAt: try r[18].decode(Date?.self), version: try r[16].decode(Int64.self), updatedAt: try r[17].decode(Date.self),
+            periods: [])
     }
 
     static func decodePeriods(_ rows: some AsyncSequence<PostgresRow, any Error>) async throws -> [Subscription.Period] {

@@ -334,6 +334,33 @@ struct SubscriptionNotificationTests {
         }
     }
 
+    @Test("renewal info Apple signed before the one held, arriving later, changes no renewal field; newer info does")
+    func olderRenewalInfo() async throws {
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
+            let now = Date()
+            let start = try await subscribe(http, db, end: now.addingTimeInterval(-Self.day))
+            var expired = TestApple.renewalInfo(otid, autoRenew: false, signedDate: now.addingTimeInterval(-3600))
+            expired.expirationIntent = 1
+            #expect(try await http.notifyApple(try await apple.notification(
+                "EXPIRED", subtype: "VOLUNTARY", transaction: start, signedDate: now.addingTimeInterval(-3600), renewalInfo: expired)).0 == .ok)
+            // Sent before the EXPIRED, delivered after it: what it says of renewal is older.
+            let stale = TestApple.renewalInfo(otid, autoRenew: true, signedDate: now.addingTimeInterval(-2 * Self.day))
+            let (_, late) = try await http.notifyApple(try await apple.notification(
+                "DID_CHANGE_RENEWAL_STATUS", subtype: "AUTO_RENEW_ENABLED", transaction: start,
+                signedDate: now.addingTimeInterval(-2 * Self.day), renewalInfo: stale))
+            #expect(late["type"] as? String == "subscription-renewal-changed", "\(late)")
+            var s = try await subscription(db)
+            #expect(s.autoRenew == false && s.expirationIntent == 1 && s.status(at: now) == .expired, "\(s)")
+
+            let newer = TestApple.renewalInfo(otid, autoRenew: true, signedDate: now)
+            #expect(try await http.notifyApple(try await apple.notification(
+                "DID_CHANGE_RENEWAL_STATUS", subtype: "AUTO_RENEW_ENABLED", transaction: start, signedDate: now, renewalInfo: newer)).0 == .ok)
+            s = try await subscription(db)
+            #expect(s.autoRenew == true, "\(s)")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("REVOKE with FAMILY_REVOKE ends a family member's shared subscription only; the purchaser's and its order stay")
     func familyRevoke() async throws {
         try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in

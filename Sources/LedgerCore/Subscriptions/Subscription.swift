@@ -25,6 +25,8 @@ public struct Subscription: Sendable, Equatable {
     public var expired: Bool
     /// Refunded or revoked (its latest period), or a family member's share ended.
     public var revokedAt: Date?
+    /// When Apple signed the renewal info `autoRenew` and the other renewal fields come from.
+    public var renewalSignedAt: Date?
     public var version: Int64
     public var updatedAt: Date
     public var periods: [Period]
@@ -33,7 +35,7 @@ public struct Subscription: Sendable, Equatable {
         originalTransactionId: String, bundleId: BundleID?, environment: String, userId: UserID?, productId: ProductID,
         subscriptionGroup: String?, familyShared: Bool, startedAt: Date, expiresAt: Date?, autoRenew: Bool?,
         autoRenewProductId: String?, expirationIntent: Int?, gracePeriodExpiresAt: Date?, inBillingRetry: Bool, expired: Bool,
-        revokedAt: Date?, version: Int64, updatedAt: Date, periods: [Period]
+        revokedAt: Date?, renewalSignedAt: Date? = nil, version: Int64, updatedAt: Date, periods: [Period]
     ) {
         self.originalTransactionId = originalTransactionId
         self.bundleId = bundleId
@@ -51,6 +53,7 @@ public struct Subscription: Sendable, Equatable {
         self.inBillingRetry = inBillingRetry
         self.expired = expired
         self.revokedAt = revokedAt
+        self.renewalSignedAt = renewalSignedAt
         self.version = version
         self.updatedAt = updatedAt
         self.periods = periods
@@ -171,7 +174,10 @@ public struct Subscription: Sendable, Equatable {
                 next.gracePeriodExpiresAt = nil
                 next.expired = false
             }
-            if let info = body.renewalInfo {
+            // Renewal info Apple signed before the one held (a notification that arrived late)
+            // is older news: the renewal fields stay.
+            if let info = body.renewalInfo, !Self.isOlder(info.signedDate, than: next.renewalSignedAt) {
+                next.renewalSignedAt = info.signedDate ?? next.renewalSignedAt
                 next.autoRenew = info.autoRenew ?? next.autoRenew
                 next.autoRenewProductId = info.autoRenewProductId ?? next.autoRenewProductId
                 next.expirationIntent = info.expirationIntent ?? next.expirationIntent
@@ -217,6 +223,13 @@ public struct Subscription: Sendable, Equatable {
             next.userId = body.userId
         }
         return next
+    }
+
+    /// Whether renewal info signed at `signed` is older than that signed at `held`, to Apple's
+    /// millisecond (`held` is read back from PostgreSQL's microseconds); unknown times are never older.
+    static func isOlder(_ signed: Date?, than held: Date?) -> Bool {
+        guard let signed, let held else { return false }
+        return (signed.timeIntervalSince1970 * 1000).rounded() < (held.timeIntervalSince1970 * 1000).rounded()
     }
 
     /// Whether period `index` is the latest one bought (by purchase date, as `evolve` lets it
