@@ -267,6 +267,15 @@ public struct ReceiptLedger: Sendable {
             let append = try Self.poolAppend(
                 transaction, userId: claim.userId ?? candidate?.userId ?? claim.poolUserId, claimedOrder: claim.orderId, reason: reason, metadata: metadata)
             _ = try await writer.append(LedgerWriter.Write(append), in: tx, knowing: snapshot)
+        } else if let holder, holder.isPooled, holder.userId == nil, let claimant {
+            // Pooled before any client claimed it (Apple's notification names no user): the user
+            // the first client names is the one the reconciler pairs it for, as if that client
+            // had come first. Once: a later claim changes nothing.
+            let entry = try? holder.pooled()
+            let append = try Self.poolAppend(
+                entry?.transaction ?? transaction, userId: claimant, claimedOrder: claim.orderId,
+                reason: entry?.reason ?? reason, id: EventID.named("pool-user", id.rawValue), metadata: metadata)
+            _ = try await writer.append(LedgerWriter.Write(append), in: tx, knowing: snapshot)
         }
         return Answer(outcome: .unmatched, transactionId: id, orderId: candidate?.orderId, state: candidate?.state, finishTransaction: false, reason: reason)
     }

@@ -135,6 +135,36 @@ struct NotificationRoutesTests {
         }
     }
 
+    @Test("a purchase Apple told of before any client (no user) is the user's its client's upload names, once; the reconciler then pairs it")
+    func notifiedFirstThenClaimed() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-orphan", user: "u-orphan"))
+            try await http.send(.post, "/v1/orders/o-orphan/events", json: ["type": "payment-added", "data": [:]])
+            let purchase = TestApple.transaction("2000010")
+            let (told, _) = try await http.notifyApple(try await apple.notification("ONE_TIME_CHARGE", transaction: purchase))
+            #expect(told == .ok)
+            func userOf() async throws -> String? {
+                try await scalar(db, "SELECT coalesce(user_id, '-') FROM apple_transactions WHERE transaction_id = '2000010'", as: String.self)
+            }
+            #expect(try await userOf() == "-")
+
+            // The client lost the order id (applicationUsername): it sends its user's id alone.
+            let (_, uploaded) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-orphan", "signedTransaction": try await apple.sign(purchase)])
+            #expect(uploaded["outcome"] as? String == "unmatched", "\(uploaded)")
+            #expect(try await userOf() == "u-orphan")
+            let count = try await eventCount(db)
+            _ = try await http.send(.post, "/v1/receipts", json: ["userId": "u-other", "signedTransaction": try await apple.sign(purchase)])
+            #expect(try await userOf() == "u-orphan", "the first claim stands")
+            #expect(try await eventCount(db) == count)
+
+            let (_, pass) = try await http.send(.post, "/v1/reconcile", raw: "")
+            #expect(pass["paired"] as? Int == 1, "\(pass)")
+            let (_, order) = try await http.send(.get, "/v1/orders/o-orphan")
+            #expect(order["state"] as? String == "verified" && order["transactionId"] as? String == "2000010", "\(order)")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("a notification whose token finds an order ties the transaction to it")
     func notificationMatchesByToken() async throws {
         try await withReceiptsApplication(apple) { http, _ in
