@@ -69,7 +69,11 @@ public struct NotificationLedger: Sendable {
 
     public func apply(_ notification: Notification, metadata: Data) async throws -> Applied {
         if let applied = try await applyInGroup(notification, metadata: metadata) { return applied }
-        return try await database.transaction { tx in
+        // The transaction's lock, then its order's: a client's proof takes them together, and
+        // PostgreSQL may break a deadlock between the two here; the same notification delivered
+        // twice at once stores its event once. Again from the start, where the winner is visible
+        // (the event stored: `applied: false`).
+        return try await database.transactionAgainAfterLostRace(lost: ReceiptLedger.lostRace) { tx in
             let eventID = EventID(notification.record.notificationUUID)
             if let stored = try await events.event(eventID, in: tx) {
                 return Applied(appended: false, streamId: stored.streamID, type: stored.type)
@@ -83,7 +87,10 @@ public struct NotificationLedger: Sendable {
                 return Applied(appended: true, streamId: stream, type: OrderEventType.notificationReceived.rawValue)
             }
             let id = transaction.transactionId
-            try await receipts.lockTransaction(id, in: tx)
+            // With its order's lock, taken in one call as a client's proof takes the two: taken one
+            // after the other they deadlocked with a proof of the same transaction.
+            let holderOrder = try await writer.read(orders: [], transactions: [id], in: tx).transaction(id)?.orderId
+            try await writer.lock([id.streamID] + (holderOrder.map { [$0.streamID] } ?? []), in: tx)
             var known = try await writer.read(orders: [], transactions: [id], in: tx).transaction(id)
             let type = record.notificationType
             let revocation = notification.revocation ?? Revocation(date: record.signedDate)

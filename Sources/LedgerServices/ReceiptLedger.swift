@@ -88,17 +88,11 @@ public struct ReceiptLedger: Sendable {
         let role = try TransactionRole.of(transaction, catalogType: typing?.type)
         // Only a plain purchase takes the group commit: the others record more than an order's events.
         if role == .purchase, let answer = try await applyCommonCase(transaction, claim: claim, metadata: metadata) { return answer }
-        do {
-            return try await database.transaction { tx in
-                try await apply(transaction, as: role, typing: typing, claim: claim, metadata: metadata, in: tx)
-            }
-        } catch let error where Self.lostRace(error) {
-            // Another writer (a backend's own receipt-received naming this transaction, a
-            // reconciler's pairing) was first, or PostgreSQL broke a deadlock here. Again, from
-            // the start: the holder is now visible.
-            return try await database.transaction { tx in
-                try await apply(transaction, as: role, typing: typing, claim: claim, metadata: metadata, in: tx)
-            }
+        // Another writer (a backend's own receipt-received naming this transaction, a reconciler's
+        // pairing, a notification about it) was first, or PostgreSQL broke a deadlock here: again,
+        // from the start, where the holder is now visible.
+        return try await database.transactionAgainAfterLostRace(lost: Self.lostRace) { tx in
+            try await apply(transaction, as: role, typing: typing, claim: claim, metadata: metadata, in: tx)
         }
     }
 
@@ -287,8 +281,12 @@ public struct ReceiptLedger: Sendable {
         _ transaction: AppleTransaction, to order: Order, by matchedBy: MatchedBy, pairing: LedgerWriter.Pairing? = nil,
         metadata: Data, in tx: DatabaseTransaction, knowing snapshot: LedgerWriter.Snapshot? = nil
     ) async throws -> Order {
-        try await append(Self.matchEvents(transaction, order: order.orderId, by: matchedBy), to: order, pairing: pairing,
-                         metadata: metadata, in: tx, knowing: snapshot)
+        // Support may pair a transaction again with an order it undid the pairing with: that
+        // pairing's events are new ones, not the undone pairing's.
+        let undone = (try? snapshot?.transaction(transaction.transactionId)?.pooled())??.undoneOrderIds ?? []
+        let again = undone.filter { $0 == order.orderId }.count
+        return try await append(Self.matchEvents(transaction, order: order.orderId, by: matchedBy, again: again), to: order, pairing: pairing,
+                                metadata: metadata, in: tx, knowing: snapshot)
     }
 
     /// The write `match` makes, for a caller that writes several at once.
@@ -298,8 +296,9 @@ public struct ReceiptLedger: Sendable {
         LedgerWriter.Write(try orderAppend(Self.matchEvents(transaction, order: order, by: matchedBy), to: order, metadata: metadata), pairing: pairing)
     }
 
-    /// `receipt-received` and `verified` for `transaction` on order `order`, with their named ids.
-    static func matchEvents(_ transaction: AppleTransaction, order: OrderID, by matchedBy: MatchedBy) -> [(OrderEvent, EventID)] {
+    /// `receipt-received` and `verified` for `transaction` on order `order`, with their named ids
+    /// (`again`: how many pairings of the two support undid before this one).
+    static func matchEvents(_ transaction: AppleTransaction, order: OrderID, by matchedBy: MatchedBy, again: Int = 0) -> [(OrderEvent, EventID)] {
         let id = transaction.transactionId
         let received = OrderEvent.receiptReceived(ReceiptReceived(
             transactionId: id, productId: transaction.productId, purchaseDate: transaction.purchaseDate,
@@ -308,8 +307,8 @@ public struct ReceiptLedger: Sendable {
             appAccountToken: transaction.appAccountToken, environment: transaction.environment,
             bundleId: BundleID(unchecked: transaction.bundleId), storefront: transaction.storefront))
         let verified = OrderEvent.verified(Verified(transactionId: id, environment: transaction.environment))
-        return [(received, EventID.named("receipt-received", order.rawValue, id.rawValue)),
-                (verified, EventID.named("verified", order.rawValue, id.rawValue))]
+        let pairing = again == 0 ? [order.rawValue, id.rawValue] : [order.rawValue, id.rawValue, "again-\(again)"]
+        return [(received, EventID.named(["receipt-received"] + pairing)), (verified, EventID.named(["verified"] + pairing))]
     }
 
     /// Appends events the ledger decided to an order in the caller's transaction: the order they leave.

@@ -254,14 +254,17 @@ extension PostgresConnection {
 extension Database {
     /// `transaction(body)`, again from its start when it lost a race inside PostgreSQL: a deadlock
     /// PostgreSQL broke with a writer that took the same locks the other way round, or a unique
-    /// key taken meanwhile. Nothing of a failed attempt is stored; three attempts in all.
-    public func transactionAgainAfterLostRace<Result: Sendable>(_ body: (DatabaseTransaction) async throws -> Result) async throws -> Result {
+    /// key taken meanwhile (`lost`: what else the caller counts as a lost race). Nothing of a
+    /// failed attempt is stored; three attempts in all.
+    public func transactionAgainAfterLostRace<Result: Sendable>(
+        lost: (any Error) -> Bool = isLostRace, _ body: (DatabaseTransaction) async throws -> Result
+    ) async throws -> Result {
         var attempt = 0
         while true {
             attempt += 1
             do {
                 return try await transaction(body)
-            } catch where attempt < 3 && isLostRace(error) {
+            } catch where attempt < 3 && lost(error) {
                 logger.debug("a transaction lost a race; again", metadata: ["error": "\(String(reflecting: error))"])
             }
         }

@@ -7,6 +7,11 @@ extension EventID {
     /// each time the same thing happens (the same proof, pairing or pool entry), so a repeat that
     /// races the first is stored once.
     public static func named(_ parts: String...) -> EventID {
+        named(parts)
+    }
+
+    /// `named(_:)` of an array of parts.
+    public static func named(_ parts: [String]) -> EventID {
         var bytes = Array(SHA256.hash(data: Data(parts.joined(separator: "\u{1F}").utf8)).prefix(16))
         bytes[6] = (bytes[6] & 0x0F) | 0x80
         bytes[8] = (bytes[8] & 0x3F) | 0x80

@@ -217,7 +217,7 @@ extension LedgerWriter {
                                Reconciler.purchasedBeforeOrder(known.purchaseDate, created: order.createdAt, allowance: allowance) {
                                 throw OrderLedgerError.purchasedBeforeOrder(receipt.transactionId)
                             }
-                            plan.appends.append(try matched(receipt, order: id, known: known, snapshot, write.pairing, metadata: event.metadata))
+                            plan.appends.append(try matched(receipt, order: id, receiptID: event.id, known: known, snapshot, write.pairing, metadata: event.metadata))
                         } else {
                             plan.claim = receipt.transactionId
                         }
@@ -279,14 +279,15 @@ extension LedgerWriter {
     /// `transaction-matched` for a receipt of order `order` that takes `known` out of the pool
     /// (promise 8: a transaction leaves the pool only by that event).
     private static func matched(
-        _ receipt: ReceiptReceived, order: OrderID, known: AppleTransactionRecord, _ snapshot: Snapshot, _ pairing: Pairing?,
+        _ receipt: ReceiptReceived, order: OrderID, receiptID: EventID, known: AppleTransactionRecord, _ snapshot: Snapshot, _ pairing: Pairing?,
         metadata: Data
     ) throws -> (append: Append, expected: ExpectedVersion) {
         let body = TransactionMatched(
             orderId: order, matchedBy: receipt.matchedBy, candidates: pairing?.candidates ?? 1,
             rule: pairing?.rule ?? receipt.matchedBy.rawValue,
             otherCandidates: pairing.flatMap { $0.otherCandidates.isEmpty ? nil : $0.otherCandidates })
-        let id = EventID.named("matched", receipt.transactionId.rawValue, order.rawValue)
+        // Named by the claim's event as well: a pairing support undid and made again is another.
+        let id = EventID.named("matched", receipt.transactionId.rawValue, order.rawValue, receiptID.uuid.uuidString.lowercased())
         let event = try EventCoding.newEvent(.matched(body), id: id, metadata: metadata)
         let version = snapshot.transactionVersions[known.transactionId] ?? ExpectedVersion.noStreamVersion
         return (Append([event], to: receipt.transactionId.streamID), .exact(version))

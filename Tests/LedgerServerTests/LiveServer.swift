@@ -110,3 +110,21 @@ private final class PortPromise: Sendable {
         }
     }
 }
+
+extension LedgerHTTP {
+    /// `count` clients of the same server, each on a connection of its own, for the length of
+    /// `work`: requests sent through different ones are served at once (through one, in turn).
+    func withConnections<Value: Sendable>(_ count: Int, _ work: @Sendable ([LedgerHTTP]) async throws -> Value) async throws -> Value {
+        let port = client.port
+        let clients = (0..<count).map { _ in TestClient(host: "localhost", port: port, configuration: .init(timeout: .seconds(600))) }
+        for client in clients { client.connect() }
+        let outcome: Result<Value, any Error>
+        do {
+            outcome = .success(try await work(clients.map { LedgerHTTP(client: LiveClient(client: $0, port: port), key: key) }))
+        } catch {
+            outcome = .failure(error)
+        }
+        for client in clients { try? await client.shutdown() }
+        return try outcome.get()
+    }
+}

@@ -165,6 +165,57 @@ struct NotificationRoutesTests {
         }
     }
 
+    @Test("a REFUND delivered twice at once, racing its transaction's proofs, is taken each time (200) and refunds its order once")
+    func refundRacingItself() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let rounds = 12
+            var notifications: [String] = []
+            var proofs: [String] = []
+            for n in 0..<rounds {
+                let payload = TestApple.transaction("\(2_100_000 + n)")
+                try await http.deliveredOrder("race-r\(n)", paidWith: payload, apple: apple)
+                var revoked = payload
+                revoked.revocationDate = Date().millisecondsSince1970
+                revoked.revocationReason = 1
+                notifications.append(try await apple.notification("REFUND", transaction: revoked))
+                proofs.append(try await apple.sign(payload))
+            }
+            let (sent, proofsSent) = (notifications, proofs)
+            // Apple's delivery and its retry arrive at once; the client uploads the proof again meanwhile.
+            // Four connections: requests on one are served in turn, on different ones at once.
+            let answers = try await http.withConnections(4) { clients in
+                try await withThrowingTaskGroup(of: [(notification: Bool, status: HTTPResponse.Status, applied: Bool?)].self) { group in
+                    for (index, client) in clients.enumerated() {
+                        group.addTask {
+                            var mine: [(notification: Bool, status: HTTPResponse.Status, applied: Bool?)] = []
+                            for n in 0..<rounds {
+                                if index < 2 {
+                                    let (status, answer) = try await client.notifyApple(sent[n])
+                                    mine.append((true, status, answer["applied"] as? Bool))
+                                } else {
+                                    let (status, _) = try await client.send(
+                                        .post, "/v1/receipts", json: ["orderId": "race-r\(n)", "signedTransaction": proofsSent[n]])
+                                    mine.append((false, status, nil))
+                                }
+                            }
+                            return mine
+                        }
+                    }
+                    var all: [(notification: Bool, status: HTTPResponse.Status, applied: Bool?)] = []
+                    for try await answers in group { all += answers }
+                    return all
+                }
+            }
+            let notified = answers.filter(\.notification)
+            #expect(notified.count == 2 * rounds && notified.allSatisfy { $0.status == .ok }, "\(notified.map(\.status))")
+            #expect(notified.filter { $0.applied == true }.count == rounds && notified.filter { $0.applied == false }.count == rounds)
+            #expect(answers.allSatisfy { $0.status.code < 500 }, "\(answers.map(\.status))")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM orders WHERE order_id LIKE 'race-r%' AND state = 'refunded'", as: Int.self) == rounds)
+            #expect(try await scalar(db, "SELECT count(*)::int FROM events WHERE stream_id LIKE 'order-race-r%' AND type = 'refunded'", as: Int.self) == rounds)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("a notification whose token finds an order ties the transaction to it")
     func notificationMatchesByToken() async throws {
         try await withReceiptsApplication(apple) { http, _ in

@@ -259,6 +259,29 @@ extension ReconcileRoutesTests {
         }
     }
 
+    @Test("support may pair a transaction again, by hand, with the order it undid the pairing with, and again after a second undo")
+    func pairAgainAfterUndo() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("again-A", user: "u-again"))
+            try await http.send(.post, "/v1/orders/again-A/events", json: ["type": "payment-added", "data": ["queuedAt": LedgerJSONDate.now(minus: 300)]])
+            try await http.send(.post, "/v1/receipts", json: ["userId": "u-again", "signedTransaction": try await transaction("5000061", minutesAgo: 4)])
+            #expect(try await http.send(.post, "/v1/reconcile").1["paired"] as? Int == 1)
+            for round in 1...2 {
+                let (undone, _) = try await http.send(.post, "/v1/transactions/5000061/unmatch", json: ["reason": "checking, round \(round)"])
+                #expect(undone == .ok)
+                #expect(try await http.send(.post, "/v1/reconcile").1["paired"] as? Int == 0, "the reconciler never pairs them again")
+                let (status, order) = try await http.send(.post, "/v1/transactions/5000061/match", json: ["orderId": "again-A"])
+                #expect(status == .ok, "round \(round): \(order)")
+                #expect(order["state"] as? String == "verified" && order["transactionId"] as? String == "5000061", "\(order)")
+            }
+            let (_, stream) = try await http.send(.get, "/v1/streams/transaction-5000061/events")
+            let types = (stream["events"] as? [[String: Any]] ?? []).map { $0["type"] as? String ?? "?" }
+            #expect(types == ["transaction-unmatched", "transaction-matched", "transaction-unmatched", "transaction-matched",
+                              "transaction-unmatched", "transaction-matched"], "\(types)")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("a pairing its proof made at upload is not undone by support")
     func undoRefusesDirectMatches() async throws {
         try await withReceiptsApplication(apple) { http, _ in
