@@ -63,6 +63,7 @@ public enum LedgerSchema {
         Migration(name: "034_latest_period_index.sql", sql: String(decoding: PackageResources._34_latest_period_index_sql, as: UTF8.self)),
         Migration(name: "035_pool_refund_dates.sql", sql: String(decoding: PackageResources._35_pool_refund_dates_sql, as: UTF8.self)),
         Migration(name: "036_renewal_signed_at.sql", sql: String(decoding: PackageResources._36_renewal_signed_at_sql, as: UTF8.self)),
+        Migration(name: "037_first_app_as_owner.sql", sql: String(decoding: PackageResources._37_first_app_as_owner_sql, as: UTF8.self)),
     ]
 
     /// `sql/routines`: applied after the migrations, and again when a database has an earlier

@@ -20,7 +20,7 @@ extension LedgerConfiguration.Apple {
             key = AppCredentials.APIKey(issuerId: apiIssuerID, keyId: apiKeyID, privateKey: .reference(.file(path)))
         }
         return ConfiguredApp(app: AppCatalog.Configured(
-            bundleId: id, appAppleId: appID, environments: environments.compactMap { App.Environment(name: $0.rawValue) },
+            bundleId: id, appAppleId: appID, environments: environmentsGiven ? environments.compactMap { App.Environment(name: $0.rawValue) } : nil,
             sharedSecret: sharedSecret, apiKey: key, appAccountTokens: appAccountTokens))
     }
 }

@@ -23,6 +23,13 @@ public struct LedgerConfiguration: Sendable {
         /// The environments the app accepts signed data from (`LEDGER_APPLE_ENVIRONMENT`, a
         /// list): both by default, since App Review buys in the sandbox against production.
         public var environments: [AppleEnvironment] = [.production, .sandbox]
+        /// Whether `environments` was given (`LEDGER_APPLE_ENVIRONMENT`, or set otherwise than
+        /// the default): left out, the configured app keeps the environments it has.
+        public var environmentsGiven: Bool {
+            get { environmentsSet || environments != [.production, .sandbox] }
+            set { environmentsSet = newValue }
+        }
+        var environmentsSet = false
         public var verifyReceiptURL = "https://buy.itunes.apple.com/verifyReceipt"
         public var verifyReceiptSandboxURL = "https://sandbox.itunes.apple.com/verifyReceipt"
         public var sharedSecret: String?
@@ -224,7 +231,7 @@ extension LedgerConfiguration.Apple {
         }
         if let text = values[Key.appleEnvironment] {
             switch Self.environments(text) {
-            case .success(let list): environments = list
+            case .success(let list): (environments, environmentsGiven) = (list, true)
             case .failure(let problem): problems.append(problem)
             }
         }

@@ -133,14 +133,15 @@ public struct AppCatalog: Sendable {
     public struct Configured: Sendable, Equatable {
         public var bundleId: BundleID
         public var appAppleId: Int64?
-        public var environments: [App.Environment]
+        /// nil: as the app has them (a new one: both).
+        public var environments: [App.Environment]?
         public var sharedSecret: String?
         public var apiKey: AppCredentials.APIKey?
         /// `LEDGER_APPLE_ACCOUNT_TOKENS`; nil: as the app has it (a new one: per order).
         public var appAccountTokens: AppAccountTokenScope?
 
         public init(
-            bundleId: BundleID, appAppleId: Int64?, environments: [App.Environment], sharedSecret: String?, apiKey: AppCredentials.APIKey?,
+            bundleId: BundleID, appAppleId: Int64?, environments: [App.Environment]?, sharedSecret: String?, apiKey: AppCredentials.APIKey?,
             appAccountTokens: AppAccountTokenScope? = nil
         ) {
             self.appAccountTokens = appAccountTokens
@@ -178,7 +179,7 @@ public struct AppCatalog: Sendable {
                 }
             }
             let unchanged = (configured.appAppleId == nil || configured.appAppleId == app.appAppleId)
-                && configured.environments == app.environments
+                && (configured.environments == nil || configured.environments == app.environments)
                 && (configured.appAccountTokens == nil || configured.appAccountTokens == app.appAccountTokens)
                 && (configured.sharedSecret == nil || configured.sharedSecret == credentials.sharedSecret)
                 && (configured.apiKey == nil || configured.apiKey == credentials.apiKey)

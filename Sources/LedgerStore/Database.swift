@@ -206,6 +206,16 @@ public func isConnectionFailure(_ error: any Error) -> Bool {
     return state.raw.hasPrefix("08") || [.adminShutdown, .crashShutdown, .cannotConnectNow].contains(state)
 }
 
+/// What PostgreSQL said of `error`, for a person: its message and SQLSTATE (postgres-nio's own
+/// description of a server error is a generic sentence), or nil when `error` is no database error.
+public func databaseErrorDescription(_ error: any Error) -> String? {
+    guard let error = error as? PSQLError else { return nil }
+    if let message = error.serverMessage {
+        return "the database refused a statement: \(message) (SQLSTATE \(error.sqlState?.raw ?? "?"))"
+    }
+    return "the database could not be used: \(error.code)"
+}
+
 extension PSQLError {
     /// The SQLSTATE of a server error, if this is one.
     public var sqlState: PostgresError.Code? { serverInfo?[.sqlState].map(PostgresError.Code.init(raw:)) }

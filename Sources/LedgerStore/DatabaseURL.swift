@@ -28,6 +28,9 @@ public struct DatabaseURL: Sendable, Equatable, CustomStringConvertible {
         host = items["host"] ?? components.host ?? ""
         guard !host.isEmpty else { throw LedgerConfigurationProblem("LEDGER_DATABASE_URL", "names no host") }
         port = components.port ?? 5432
+        guard (1...65535).contains(port) else {
+            throw LedgerConfigurationProblem("LEDGER_DATABASE_URL", "has port \(port); a port is 1 to 65535")
+        }
         guard let user = components.user, !user.isEmpty else {
             throw LedgerConfigurationProblem("LEDGER_DATABASE_URL", "names no user")
         }

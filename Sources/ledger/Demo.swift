@@ -40,7 +40,7 @@ struct Demo: AsyncParsableCommand {
     static let database = "ledger_demo"
 
     func run() async throws {
-        guard (0...1).contains(lostRate) else { throw CommandFailure("--lost-rate must be from 0 to 1") }
+        guard (0...1).contains(lostRate) else { throw ValidationError("--lost-rate must be from 0 to 1") }
         var quiet = Logger(label: "ledger-demo")
         quiet.logLevel = .error
         let logger = quiet

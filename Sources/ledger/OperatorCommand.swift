@@ -18,8 +18,26 @@ func terminalProgress(_ unit: String) -> (@Sendable (Int, Int) -> Void)? {
 /// The metadata of the events a command appends: who ran it, as `ledger <command>` and the
 /// operating-system user (over HTTP, a key's name is recorded instead).
 func operatorMetadata(_ command: String) throws -> Data {
-    let who = "ledger \(command) (\(ProcessInfo.processInfo.environment["USER"] ?? "unknown user"))"
+    let who = "ledger \(command) (\(operatingSystemUser()))"
     return try JSONSerialization.data(withJSONObject: ["appendedBy": who])
+}
+
+/// `body`'s value; a bad option's value it refuses (`LedgerInputError`) is a usage error (exit 64).
+func optionValue<Value>(_ body: () throws -> Value) throws -> Value {
+    do {
+        return try body()
+    } catch let error as LedgerInputError {
+        throw ValidationError("--\(error.field) \(error.problem)")
+    }
+}
+
+/// The operating-system user running the command: `$USER`, else the name of the process's user id
+/// (systemd, cron and `docker exec` set no `USER`), else its number.
+func operatingSystemUser() -> String {
+    if let name = ProcessInfo.processInfo.environment["USER"], !name.isEmpty { return name }
+    let uid = getuid()
+    if let entry = getpwuid(uid), let name = entry.pointee.pw_name { return String(cString: name) }
+    return "uid \(uid)"
 }
 
 /// What a command that asks Apple works with: its configuration, the apps' App Store Server API

@@ -22,16 +22,16 @@ struct Products: AsyncParsableCommand {
         @Option(help: "An auto-renewable product's subscription group (Apple's subscriptionGroupIdentifier)") var subscriptionGroup: String?
 
         func run() async throws {
-            guard let status = ProductCatalog.Status(rawValue: status) else { throw CommandFailure("--status must be active or retired") }
+            guard let status = ProductCatalog.Status(rawValue: status) else { throw ValidationError("--status must be active or retired") }
             let preference = try refundPreference.map { text in
                 guard let preference = RefundPreference(rawValue: text) else {
-                    throw CommandFailure("--refund-preference must be DECLINE, GRANT_FULL or GRANT_PRORATED")
+                    throw ValidationError("--refund-preference must be DECLINE, GRANT_FULL or GRANT_PRORATED")
                 }
                 return preference
             }
             let productType = try type.map { text in
                 guard let productType = ProductType(rawValue: text) else {
-                    throw CommandFailure("--type must be \(ProductType.allCases.map(\.rawValue).joined(separator: ", "))")
+                    throw ValidationError("--type must be \(ProductType.allCases.map(\.rawValue).joined(separator: ", "))")
                 }
                 return productType
             }

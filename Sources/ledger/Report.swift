@@ -20,8 +20,8 @@ struct AppleSales: AsyncParsableCommand {
     @Option(help: "table, csv or json") var format = "table"
 
     func run() async throws {
-        guard ["table", "csv", "json"].contains(format) else { throw CommandFailure("--format must be table, csv or json") }
-        let (start, end) = try ReportPeriod.days(from: from, to: to)
+        guard ["table", "csv", "json"].contains(format) else { throw ValidationError("--format must be table, csv or json") }
+        let (start, end) = try optionValue { try ReportPeriod.days(from: from, to: to) }
         let report = try await withLedgerDatabase(options) { client, logger in
             try await AppleSalesComparison.make(database: Database(client: client, logger: logger), from: start, to: end)
         }
@@ -46,8 +46,8 @@ struct Reconciliation: AsyncParsableCommand {
     @Option(help: "csv or json") var format = "csv"
 
     func run() async throws {
-        guard ["csv", "json"].contains(format) else { throw CommandFailure("--format must be csv or json") }
-        let (start, end) = try ReportPeriod.parse(from: from, to: to)
+        guard ["csv", "json"].contains(format) else { throw ValidationError("--format must be csv or json") }
+        let (start, end) = try optionValue { try ReportPeriod.parse(from: from, to: to) }
         let report = try await withLedgerDatabase(options) { client, logger in
             try await ReconciliationReport.make(database: Database(client: client, logger: logger), from: start, to: end)
         }

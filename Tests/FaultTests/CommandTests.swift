@@ -268,4 +268,27 @@ struct SettingsCommandTests {
         #expect(partialOutput.contains("--apple-api-issuer-id (or LEDGER_APPLE_API_ISSUER_ID) is missing"), "\(partialOutput)")
         #expect(partialOutput.contains("--apple-api-private-key (or LEDGER_APPLE_API_PRIVATE_KEY) is missing"), "\(partialOutput)")
     }
+
+    @Test("a bad option's value is a usage error (64) with the command's own usage, before opening any database")
+    func badValuesAreUsageErrors() async throws {
+        let work = FileManager.default.temporaryDirectory.appendingPathComponent("ledger-usage-\(UUID().uuidString.prefix(8))")
+        try FileManager.default.createDirectory(at: work, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: work) }
+        let environment = ["LEDGER_DATABASE_URL": "postgres://nobody@127.0.0.1:1/none"]
+        let cases: [([String], String, String)] = [
+            (["report", "--format", "xml"], "--format must be csv or json", "ledger report reconciliation"),
+            (["report", "apple", "--from", "2026-13-01"], "--from must be a day", "ledger report apple"),
+            (["keys", "create", "--name", "k", "--scopes", "bogus"], "unknown scope bogus", "ledger keys create"),
+            (["products", "set", "--product", "p", "--status", "gone"], "--status must be active or retired", "ledger products set"),
+        ]
+        for (index, (arguments, problem, command)) in cases.enumerated() {
+            let (status, output) = try await LedgerChild.run(arguments, environment: environment, log: work.appendingPathComponent("\(index).log"))
+            #expect(status == 64, "\(arguments): \(output)")
+            #expect(output.contains("Error: \(problem)") && output.contains("Usage: \(command) "), "\(arguments): \(output)")
+        }
+        // A port no TCP has is refused at once, not after a minute of failed connections.
+        let (port, portOutput) = try await LedgerChild.run(
+            ["keys", "list"], environment: ["LEDGER_DATABASE_URL": "postgres://nobody@127.0.0.1:99999/none"], log: work.appendingPathComponent("port.log"))
+        #expect(port != 0 && portOutput.contains("has port 99999"), "\(portOutput)")
+    }
 }

@@ -55,6 +55,11 @@ struct ConfigurationTests {
         #expect(try both.apple.verifier(logger: TestServer.logger).app.environments == [.production, .sandbox])
         #expect(both.apple.apiEnvironment == .production)
         #expect(try LedgerConfiguration.load([Key.appleEnvironment: "Sandbox"]).apple.apiEnvironment == .sandbox)
+        // Left out, the configured app keeps the environments it has; given, even as the default, they are set.
+        let app = "com.example.game"
+        #expect(try LedgerConfiguration.load([Key.appleBundleID: app]).apple.configuredApp()?.app.environments == nil)
+        #expect(try LedgerConfiguration.load([Key.appleBundleID: app, Key.appleEnvironment: "Production,Sandbox"]).apple.configuredApp()?.app.environments
+            == [.production, .sandbox])
     }
 
     @Test("Apple roots: a missing file is a configuration error; a file without a certificate stops the application from being built")
@@ -114,6 +119,11 @@ struct ConfigurationTests {
 
         #expect(throws: LedgerConfigurationProblem.self) { try DatabaseURL("postgres://db.internal/x") }
         #expect(throws: LedgerConfigurationProblem.self) { try DatabaseURL("postgres://u@h/x?sslmode=maybe") }
+        // Refused at once, not after a minute of failed connections.
+        #expect(throws: LedgerConfigurationProblem("LEDGER_DATABASE_URL", "has port 99999; a port is 1 to 65535")) {
+            try DatabaseURL("postgres://u@127.0.0.1:99999/x")
+        }
+        #expect(throws: LedgerConfigurationProblem.self) { try DatabaseURL("postgres://u@127.0.0.1:0/x") }
     }
 
     @Test("an empty setting counts as unset")

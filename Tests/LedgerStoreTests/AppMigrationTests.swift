@@ -60,6 +60,11 @@ struct AppMigrationTests {
             configured.sharedSecret = nil
             configured.apiKey = nil
             #expect(try await catalog.configure(configured) == .unchanged, "settings left out clear nothing")
+            configured.environments = [.production]
+            #expect(try await catalog.configure(configured) == .updated)
+            configured.environments = nil
+            #expect(try await catalog.configure(configured) == .unchanged, "environments left out keep Production alone")
+            #expect(try await catalog.app(id)?.environments == [.production])
             let credentials = try #require(try await catalog.credentials(of: BundleID("COM.example.GAME")))
             #expect(credentials.sharedSecret == "s3cr3t-value" && credentials.apiKey == key)
             #expect(!"\(credentials)".contains("s3cr3t-value") && !String(reflecting: credentials).contains("s3cr3t-value"), "printing credentials shows no secret")

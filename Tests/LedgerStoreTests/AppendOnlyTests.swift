@@ -34,6 +34,32 @@ struct AppendOnlyTests {
         }
     }
 
+    @Test("the service role of docs/operations.md adds a ledger's first app: the trigger recording it runs with its owner's rights")
+    func serviceRoleAddsFirstApp() async throws {
+        try await withTestDatabase { db in
+            let connection = try await db.connect()
+            let log = TestServer.logger
+            let role = "ledger_app_\(UInt32.random(in: 0...UInt32.max))"
+            // As the recipe grants it (roles are the cluster's: this one is the test's own).
+            for statement in [
+                "CREATE ROLE \(role) IN ROLE ledger_writer",
+                "GRANT SELECT, INSERT, UPDATE ON orders, apple_transactions, products, apps, app_credentials TO \(role)",
+            ] { try await connection.query(PostgresQuery(unsafeSQL: statement), logger: log) }
+            try await connection.query(PostgresQuery(unsafeSQL: "SET ROLE \(role)"), logger: log)
+            let added = await sqlState { try await connection.query("INSERT INTO apps (bundle_id) VALUES ('com.example.first')", logger: log) }
+            try await connection.query("RESET ROLE", logger: log)
+            for statement in ["REVOKE ALL ON orders, apple_transactions, products, apps, app_credentials FROM \(role)", "DROP ROLE \(role)"] {
+                try await connection.query(PostgresQuery(unsafeSQL: statement), logger: log)
+            }
+            #expect(added == nil)
+            let first = try await connection.query("SELECT bundle_id FROM ledger_first_app", logger: log)
+            var ids: [String] = []
+            for try await id in first.decode(String.self) { ids.append(id) }
+            #expect(ids == ["com.example.first"])
+            try await connection.close()
+        }
+    }
+
     @Test("ledger_writer may append and read but not change the log")
     func writerRole() async throws {
         try await withTestDatabase { db in
