@@ -71,9 +71,10 @@ struct QueryParameterMiddleware: RouterMiddleware {
         return try await next(request, context)
     }
 
-    /// The query parameters `method` takes on the path of `segments` (HEAD takes GET's).
+    /// The query parameters `method` takes on the path of `segments`. HEAD takes GET's but
+    /// `refresh`, which asks Apple and records what it answers: a HEAD changes nothing.
     static func names(_ method: HTTPRequest.Method, _ segments: [Substring]) -> [String] {
-        let method = method == .head ? .get : method
-        return parameters.first { $0.method == method && RouteTable.matches($0.pattern, segments) }?.names ?? []
+        let names = parameters.first { $0.method == (method == .head ? .get : method) && RouteTable.matches($0.pattern, segments) }?.names ?? []
+        return method == .head ? names.filter { $0 != "refresh" } : names
     }
 }

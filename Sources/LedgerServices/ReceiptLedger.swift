@@ -175,7 +175,9 @@ public struct ReceiptLedger: Sendable {
                     // Held unverified (its backend's own receipt-received): this proof verifies it,
                     // with the environment Apple signed, which reports count the order under.
                     let verified = OrderEvent.verified(Verified(transactionId: id, environment: transaction.environment))
-                    state = try await append([(verified, EventID.named("verified", holderOrder.rawValue, id.rawValue))], to: candidate,
+                    let again = try await undonePairings(of: id, on: holderOrder, in: tx)
+                    let named = EventID.named(["verified", holderOrder.rawValue, id.rawValue] + (again == 0 ? [] : ["again-\(again)"]))
+                    state = try await append([(verified, named)], to: candidate,
                                              metadata: metadata, in: tx, knowing: snapshot).state
                 }
                 return Answer(outcome: .matched, transactionId: id, orderId: holderOrder, state: state,
@@ -221,6 +223,8 @@ public struct ReceiptLedger: Sendable {
             let append = try Self.poolAppend(
                 holder.flatMap { try? $0.verifiedTransaction() } ?? transaction, userId: claimant, claimedOrder: claim.orderId,
                 reason: AppleTransactionRecord.accountConflictReason, knownUserId: known,
+                // The orders support undid its pairing with stay barred to the reconciler.
+                undoneOrderIds: (try? holder?.pooled())??.undoneOrderIds,
                 id: holder == nil ? nil : EventID.named("account-conflict", id.rawValue, claimant.rawValue), metadata: metadata)
             _ = try await writer.append(LedgerWriter.Write(append), in: tx, knowing: snapshot)
             return Answer(outcome: .unmatched, transactionId: id, orderId: candidate?.orderId, state: candidate?.state,
@@ -268,7 +272,7 @@ public struct ReceiptLedger: Sendable {
             let entry = try? holder.pooled()
             let append = try Self.poolAppend(
                 entry?.transaction ?? transaction, userId: claimant, claimedOrder: claim.orderId,
-                reason: entry?.reason ?? reason, id: EventID.named("pool-user", id.rawValue), metadata: metadata)
+                reason: entry?.reason ?? reason, undoneOrderIds: entry?.undoneOrderIds, id: EventID.named("pool-user", id.rawValue), metadata: metadata)
             _ = try await writer.append(LedgerWriter.Write(append), in: tx, knowing: snapshot)
         }
         return Answer(outcome: .unmatched, transactionId: id, orderId: candidate?.orderId, state: candidate?.state, finishTransaction: false, reason: reason)
@@ -281,10 +285,7 @@ public struct ReceiptLedger: Sendable {
         _ transaction: AppleTransaction, to order: Order, by matchedBy: MatchedBy, pairing: LedgerWriter.Pairing? = nil,
         metadata: Data, in tx: DatabaseTransaction, knowing snapshot: LedgerWriter.Snapshot? = nil
     ) async throws -> Order {
-        // Support may pair a transaction again with an order it undid the pairing with: that
-        // pairing's events are new ones, not the undone pairing's.
-        let undone = (try? snapshot?.transaction(transaction.transactionId)?.pooled())??.undoneOrderIds ?? []
-        let again = undone.filter { $0 == order.orderId }.count
+        let again = try await undonePairings(of: transaction.transactionId, on: order.orderId, in: tx)
         return try await append(Self.matchEvents(transaction, order: order.orderId, by: matchedBy, again: again), to: order, pairing: pairing,
                                 metadata: metadata, in: tx, knowing: snapshot)
     }
@@ -330,9 +331,11 @@ public struct ReceiptLedger: Sendable {
     /// first event (`id` nil) or a later one named `id`; `knownUserId` with `account-conflict`.
     static func poolAppend(
         _ transaction: AppleTransaction, userId: UserID?, claimedOrder: OrderID?, reason: String, knownUserId: UserID? = nil,
-        id: EventID? = nil, metadata: Data
+        undoneOrderIds: [OrderID]? = nil, id: EventID? = nil, metadata: Data
     ) throws -> LedgerWriter.Append {
-        let body = TransactionUnmatched(transaction: transaction, userId: userId, claimedOrderId: claimedOrder, reason: reason, knownUserId: knownUserId)
+        let body = TransactionUnmatched(
+            transaction: transaction, userId: userId, claimedOrderId: claimedOrder, reason: reason, undoneOrderIds: undoneOrderIds,
+            knownUserId: knownUserId)
         let event = try EventCoding.newEvent(
             .unmatched(body), id: id ?? EventID.named("unmatched", transaction.transactionId.rawValue), metadata: metadata)
         return LedgerWriter.Append([event], to: transaction.transactionId.streamID)
@@ -391,6 +394,12 @@ public struct ReceiptLedger: Sendable {
     }
 
     /// Locks Apple transaction `id` in the caller's transaction, as every writer of it does.
+    /// How many pairings of `transaction` with `order` support undid: a pairing made again (by
+    /// support, or the order's own proof) has events of its own, not the undone pairing's ids.
+    func undonePairings(of transaction: TransactionID, on order: OrderID, in tx: DatabaseTransaction) async throws -> Int {
+        try await EventStore(database: database).undonePairings(of: transaction.rawValue, on: order.streamID, in: tx)
+    }
+
     func lockTransaction(_ id: TransactionID, in tx: DatabaseTransaction) async throws {
         try await writer.lock([id.streamID], in: tx)
     }

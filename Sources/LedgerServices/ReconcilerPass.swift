@@ -184,9 +184,11 @@ public struct ReconcilerPass: Sendable {
         var writes: [LedgerWriter.Write] = []
         var kept: [(pairing: Reconciler.Pairing, transaction: AppleTransaction, order: Order)] = []
         for pairing in pairings {
+            // As the pass read it, under the locks: still pooled, its order open and fitting, and no
+            // client's claim named another user meanwhile (`pool-user`).
             guard let pooled = snapshot.transaction(pairing.transactionId), pooled.isPooled,
                   let transaction = try pooled.verifiedTransaction(), let order = snapshot.order(pairing.orderId),
-                  order.isOpen, ReceiptLedger.mismatch(transaction, order) == nil
+                  order.isOpen, ReceiptLedger.mismatch(transaction, order) == nil, pooled.userId.map({ $0 == order.userId }) ?? true
             else {
                 counts.lostRaces += 1
                 continue

@@ -42,6 +42,18 @@ public struct EventStore: Sendable {
         return try await Self.decode(rows).first
     }
 
+    /// How many times support undid a pairing of `transaction` with the order of stream `order`
+    /// (`pairing-undone` events there naming it), as the caller's transaction sees the log.
+    public func undonePairings(of transaction: String, on order: StreamID, in tx: DatabaseTransaction) async throws -> Int {
+        let rows = try await tx.connection.guardedQuery(
+            """
+            SELECT count(*)::int FROM events
+             WHERE stream_id = \(order.rawValue) AND type = 'pairing-undone' AND data->>'transactionId' = \(transaction)
+            """, logger: database.logger)
+        for try await count in rows.decode(Int.self) { return count }
+        return 0
+    }
+
     /// Which of `ids` the log holds, as the caller's transaction sees it: one round trip for many.
     public func storedIDs(_ ids: [EventID], in transaction: DatabaseTransaction) async throws -> Set<EventID> {
         guard !ids.isEmpty else { return [] }

@@ -140,6 +140,9 @@ struct HealthTests {
             #expect(orders.headers[.contentType]?.hasPrefix("application/json") == true)
             let unknown = try await http.client.execute(uri: "/v1/orders?frm=2", method: .head, headers: [.authorization: "Bearer \(http.key)"])
             #expect(unknown.status == .badRequest)
+            // A HEAD changes nothing: no catch-up from Apple.
+            let refresh = try await http.client.execute(uri: "/v1/subscriptions/1?refresh=true", method: .head, headers: [.authorization: "Bearer \(http.key)"])
+            #expect(refresh.status == .badRequest)
             let keyless = try await http.client.execute(uri: "/v1/orders", method: .head, headers: [:])
             #expect(keyless.status == .unauthorized)
             let missing = try await http.client.execute(uri: "/v1/orders/nobody", method: .head, headers: [.authorization: "Bearer \(http.key)"])

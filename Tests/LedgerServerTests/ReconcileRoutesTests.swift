@@ -278,6 +278,30 @@ extension ReconcileRoutesTests {
             let types = (stream["events"] as? [[String: Any]] ?? []).map { $0["type"] as? String ?? "?" }
             #expect(types == ["transaction-unmatched", "transaction-matched", "transaction-unmatched", "transaction-matched",
                               "transaction-unmatched", "transaction-matched"], "\(types)")
+
+            // Undone again, then held for support when another user claims it (its Apple account is
+            // u-again's by another purchase): support still pairs it with again-A, with a reason.
+            try await http.send(.post, "/v1/orders", json: newOrder("again-B", user: "u-again"))
+            let sibling = try await transaction("5000062", appTransactionId: "app-tx-5000061", minutesAgo: 1)
+            #expect(try await http.send(.post, "/v1/receipts", json: ["orderId": "again-B", "signedTransaction": sibling]).1["outcome"] as? String == "matched")
+            #expect(try await http.send(.post, "/v1/transactions/5000061/unmatch", json: ["reason": "round 3"]).0 == .ok)
+            let (_, claimed) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-other", "signedTransaction": try await transaction("5000061", minutesAgo: 4)])
+            #expect(claimed["reason"] as? String == "account-conflict", "\(claimed)")
+            let (held, heldOrder) = try await http.send(.post, "/v1/transactions/5000061/match", json: ["orderId": "again-A", "reason": "the account's owner"])
+            #expect(held == .ok && heldOrder["state"] as? String == "verified", "\(heldOrder)")
+
+            // Undone once more; the order's backend claims it itself, and the client's proof verifies it.
+            #expect(try await http.send(.post, "/v1/transactions/5000061/unmatch", json: ["reason": "round 4"]).0 == .ok)
+            let received: [String: Any] = [
+                "transactionId": "5000061", "productId": "gems.100", "purchaseDate": LedgerJSONDate.now(minus: 240),
+                "receiptSha256": String(repeating: "a", count: 64), "format": "jws", "matchedBy": "applicationUsername",
+            ]
+            let (claimedByBackend, _) = try await http.send(.post, "/v1/orders/again-A/events", json: ["type": "receipt-received", "data": received])
+            #expect(claimedByBackend == .created)
+            let (_, proof) = try await http.send(.post, "/v1/receipts", json: ["orderId": "again-A", "signedTransaction": try await transaction("5000061", minutesAgo: 4)])
+            #expect(proof["outcome"] as? String == "matched" && proof["state"] as? String == "verified", "\(proof)")
+            let (_, order) = try await http.send(.get, "/v1/orders/again-A")
+            #expect(order["state"] as? String == "verified", "the answer is the order's: \(order)")
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
