@@ -89,7 +89,8 @@ struct ReceiptsController {
         var forOrder: TransactionID?
         if let orderID = claim.orderId {
             let holders = try await pool.holders(of: transactions.map(\.transactionId))
-            let product = try await orders.order(orderID)?.productId
+            // An order the key does not reach is as one that does not exist (docs/apps.md).
+            let product = try await orders.order(orderID).flatMap { claim.reaches($0) ? $0 : nil }?.productId
             forOrder = transactions.first(where: { holders[$0.transactionId] == .some(orderID) })?.transactionId
                 ?? transactions.first(where: { (holders[$0.transactionId] ?? nil) == nil && $0.productId == product })?.transactionId
         }
@@ -97,7 +98,8 @@ struct ReceiptsController {
         for transaction in transactions {
             let mine = transaction.transactionId == forOrder
             let answer = try await receipts.apply(
-                transaction, claim: .init(userId: claim.userId, orderId: mine ? claim.orderId : nil), metadata: metadata)
+                transaction, claim: .init(userId: claim.userId, orderId: mine ? claim.orderId : nil, poolUserId: claim.poolUserId, apps: claim.apps),
+                metadata: metadata)
             all.append(answer)
         }
         let primary = all.first { $0.transactionId == forOrder } ?? all.first

@@ -61,7 +61,7 @@ public struct ReceiptLedger: Sendable {
         }
 
         /// Whether the caller may learn of `order` at all.
-        func reaches(_ order: Order) -> Bool {
+        public func reaches(_ order: Order) -> Bool {
             guard let apps else { return true }
             return order.bundleId.map(apps.contains) ?? false
         }
@@ -188,7 +188,8 @@ public struct ReceiptLedger: Sendable {
             // order was left in (docs/import.md): the client finishes the transaction.
             let ownerMayFinish = holder.matchedBy == .imported || (owner?.state.clientMayFinish ?? false)
             guard let loser = candidate else {
-                let sameUser = claim.userId == nil || owner?.userId == claim.userId
+                // The holder's order, told only to a caller that reaches its app.
+                let sameUser = (claim.userId == nil || owner?.userId == claim.userId) && (owner.map(claim.reaches) ?? false)
                 return sameUser
                     ? Answer(outcome: .matched, transactionId: id, orderId: holderOrder, state: owner?.state, finishTransaction: ownerMayFinish, reason: nil)
                     : Answer(outcome: .duplicate, transactionId: id, orderId: nil, state: nil, finishTransaction: ownerMayFinish, reason: "duplicate-transaction")

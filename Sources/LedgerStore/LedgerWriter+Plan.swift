@@ -203,6 +203,12 @@ extension LedgerWriter {
                     let claimed = orderEvent.touchedTransaction.flatMap(transaction)
                     if case .receiptReceived(let receipt) = orderEvent {
                         if let known = claimed {
+                            // Another app's transaction is refused as that before anything else of it
+                            // (held, its product, its quantity) is told (docs/apps.md); the append
+                            // routine refuses it too (LE394).
+                            if let app = known.bundleId, let orderApp = order?.bundleId, app != orderApp {
+                                throw OrderLedgerError.appMismatch(receipt.transactionId)
+                            }
                             // Held for support (an Apple-account conflict): support's pairing alone takes it.
                             if known.isHeldForSupport, receipt.matchedBy != .support {
                                 throw OrderLedgerError.accountConflict(receipt.transactionId)

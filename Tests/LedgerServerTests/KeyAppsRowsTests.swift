@@ -114,6 +114,17 @@ struct KeyAppsRowsTests {
             #expect(conflict == .conflict && conflictAnswer["orderId"] == nil, "\(conflictAnswer)")
             let (replay, replayAnswer) = try await http.send(.post, "/v1/orders", json: newOrder("b-1"), key: .some(alpha))
             #expect(replay == .conflict && replayAnswer["orderId"] == nil, "a retry of beta's own body is no way in: \(replayAnswer)")
+
+            // A backend's own claim of beta's pooled transaction on alpha's order: refused as
+            // another app's, before its product (or whether an order holds it) is told.
+            let claim: [String: Any] = [
+                "type": "receipt-received",
+                "data": ["transactionId": "9200001", "productId": "gems.100", "purchaseDate": LedgerJSONDate.now(minus: 60),
+                         "receiptSha256": String(repeating: "0", count: 64), "format": "jws", "matchedBy": "applicationUsername"],
+            ]
+            let (claimed, claimedAnswer) = try await http.send(.post, "/v1/orders/a-1/events", json: claim, key: .some(alpha))
+            #expect(claimed == .conflict && errorOf(claimedAnswer)["code"] as? String == "app-mismatch", "\(claimedAnswer)")
+            #expect(!"\(claimedAnswer)".contains("gems.500"), "\(claimedAnswer)")
         }
     }
 }
