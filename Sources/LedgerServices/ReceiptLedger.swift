@@ -126,7 +126,8 @@ public struct ReceiptLedger: Sendable {
             return Answer(outcome: .matched, transactionId: transaction.transactionId, orderId: named.0, state: after.state,
                           finishTransaction: after.state.clientMayFinish, reason: nil)
         } catch let error where Self.lostRace(error) || error is OrderDecisionError || error is LedgerWriter.WriteConditionFailed
-                    || error as? OrderLedgerError == .accountConflict(transaction.transactionId) {
+                    || error as? OrderLedgerError == .accountConflict(transaction.transactionId)
+                    || error as? OrderLedgerError == .appMismatch(transaction.transactionId) {
             return nil
         }
     }
@@ -193,6 +194,13 @@ public struct ReceiptLedger: Sendable {
                 return sameUser
                     ? Answer(outcome: .matched, transactionId: id, orderId: holderOrder, state: owner?.state, finishTransaction: ownerMayFinish, reason: nil)
                     : Answer(outcome: .duplicate, transactionId: id, orderId: nil, state: nil, finishTransaction: ownerMayFinish, reason: "duplicate-transaction")
+            }
+            if let ownerApp = owner?.bundleId, ownerApp.rawValue.lowercased() != transaction.bundleId.lowercased() {
+                // Apple signed it for another app than the order holding it, whose claim (its
+                // backend's own receipt-received) cannot be right: the order this proof names is
+                // not failed for it, and the client keeps the transaction until a person decides.
+                return Answer(outcome: .unmatched, transactionId: id, orderId: loser.orderId, state: loser.state,
+                              finishTransaction: false, reason: OrderLedgerError.appMismatch(id).code)
             }
             var state = loser.state
             if loser.isOpen {

@@ -125,6 +125,17 @@ struct KeyAppsRowsTests {
             let (claimed, claimedAnswer) = try await http.send(.post, "/v1/orders/a-1/events", json: claim, key: .some(alpha))
             #expect(claimed == .conflict && errorOf(claimedAnswer)["code"] as? String == "app-mismatch", "\(claimedAnswer)")
             #expect(!"\(claimedAnswer)".contains("gems.500"), "\(claimedAnswer)")
+
+            // Alpha's backend claims a transaction id the ledger does not know yet; Apple signs it
+            // for beta: beta's order is not failed for alpha's claim.
+            var squat = claim
+            squat["data"] = (claim["data"] as? [String: Any] ?? [:]).merging(["transactionId": "9200009"]) { $1 }
+            #expect(try await http.send(.post, "/v1/orders/a-1/events", json: squat, key: .some(alpha)).0 == .created)
+            let proof = try await apple.sign(TestApple.transaction("9200009"))
+            let (_, squatted) = try await http.send(.post, "/v1/receipts", json: ["orderId": "b-1", "signedTransaction": proof])
+            #expect(squatted["outcome"] as? String == "unmatched" && squatted["reason"] as? String == "app-mismatch", "\(squatted)")
+            #expect(squatted["finishTransaction"] as? Bool == false)
+            #expect(try await http.send(.get, "/v1/orders/b-1").1["state"] as? String == "created")
         }
     }
 }
