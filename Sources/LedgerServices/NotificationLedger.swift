@@ -87,8 +87,10 @@ public struct NotificationLedger: Sendable {
                 return Applied(appended: true, streamId: stream, type: OrderEventType.notificationReceived.rawValue)
             }
             let id = transaction.transactionId
-            // With its order's lock, taken in one call as a client's proof takes the two: taken one
-            // after the other they deadlocked with a proof of the same transaction.
+            // With the lock of the order holding it, taken in one call as a client's proof takes the
+            // two (one after the other, they deadlocked with a proof of the same transaction). An
+            // order that took it after this read is locked later, and a deadlock then is a lost
+            // race, run again.
             let holderOrder = try await writer.read(orders: [], transactions: [id], in: tx).transaction(id)?.orderId
             try await writer.lock([id.streamID] + (holderOrder.map { [$0.streamID] } ?? []), in: tx)
             var known = try await writer.read(orders: [], transactions: [id], in: tx).transaction(id)

@@ -51,13 +51,20 @@ struct HeldSubscriptionStartTests {
         #expect(try await http.send(.get, "/v1/subscriptions/\(otid)").0 == .notFound, "the grant alone starts no subscription")
     }
 
+    /// The start granted a month ago as `grant` says, then its renewal's `DID_RENEW`, which
+    /// starts the subscription: the notification's answer.
+    @discardableResult
+    func grantedThenRenewed(_ grant: Grant, _ http: LedgerHTTP, now: Date) async throws -> [String: Any] {
+        try await self.grant(grant, http, purchased: now.addingTimeInterval(-31 * Self.day))
+        let renewal = SubscriptionNotificationTests.period(otid, 1, purchased: now.addingTimeInterval(-Self.day), expires: now.addingTimeInterval(29 * Self.day))
+        return try await http.notifyAppleTaken(try await apple.notification("DID_RENEW", transaction: renewal, renewalInfo: TestApple.renewalInfo(otid)))
+    }
+
     @Test("DID_RENEW after the start was granted otherwise starts the subscription, tied to the start's order", arguments: Grant.allCases)
     func renewalStartsHeldSubscription(_ grant: Grant) async throws {
         try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
             let now = Date()
-            try await self.grant(grant, http, purchased: now.addingTimeInterval(-31 * Self.day))
-            let renewal = SubscriptionNotificationTests.period(otid, 1, purchased: now.addingTimeInterval(-Self.day), expires: now.addingTimeInterval(29 * Self.day))
-            let answer = try await http.notifyAppleTaken(try await apple.notification("DID_RENEW", transaction: renewal, renewalInfo: TestApple.renewalInfo(otid)))
+            let answer = try await grantedThenRenewed(grant, http, now: now)
             #expect(answer["streamId"] as? String == "subscription-\(otid)" && answer["type"] as? String == "subscription-renewal-changed", "\(answer)")
 
             let (status, one) = try await http.send(.get, "/v1/subscriptions/\(otid)")
@@ -87,9 +94,7 @@ struct HeldSubscriptionStartTests {
     func notificationsAboutHeldStart(_ grant: Grant) async throws {
         try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
             let now = Date()
-            try await self.grant(grant, http, purchased: now.addingTimeInterval(-31 * Self.day))
-            let renewal = SubscriptionNotificationTests.period(otid, 1, purchased: now.addingTimeInterval(-Self.day), expires: now.addingTimeInterval(29 * Self.day))
-            _ = try await http.notifyAppleTaken(try await apple.notification("DID_RENEW", transaction: renewal, renewalInfo: TestApple.renewalInfo(otid)))
+            try await grantedThenRenewed(grant, http, now: now)
             let start = SubscriptionNotificationTests.period(otid, 0, purchased: now.addingTimeInterval(-31 * Self.day), expires: now.addingTimeInterval(-Self.day))
 
             let status = try await http.notifyAppleTaken(try await apple.notification(
