@@ -23,6 +23,8 @@ public final class AppStoreServerStandIn: Sendable {
         case tooManyRequests(after: Duration)
         /// 429 without `Retry-After` (Apple documents the header, but a client must not wait on it).
         case tooManyRequestsWithoutRetryAfter
+        /// 429 with this `Retry-After` as given (a proxy's delay in seconds, a time already past).
+        case tooManyRequestsRetryAfter(String)
         case serverError
         /// Answers after this long.
         case slow(Duration)
@@ -379,6 +381,10 @@ public final class AppStoreServerStandIn: Sendable {
             return response
         case .tooManyRequestsWithoutRetryAfter?:
             return Self.json(429, #"{"errorCode": 4290000, "errorMessage": "Rate limit exceeded."}"#)
+        case .tooManyRequestsRetryAfter(let value)?:
+            var response = Self.json(429, #"{"errorCode": 4290000, "errorMessage": "Rate limit exceeded."}"#)
+            response.headers[.retryAfter] = value
+            return response
         case .serverError?:
             return Self.json(500, #"{"errorCode": 5000000, "errorMessage": "An unknown error occurred."}"#)
         case .slow(let duration)?:

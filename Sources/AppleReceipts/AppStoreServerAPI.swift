@@ -287,10 +287,9 @@ public final class AppStoreServerAPI: Sendable {
                 throw AppStoreServerAPIError(code: "apple-api-unauthorized", message: "the App Store Server API refused the token (check LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID, the key and the bundle id)", status: 401)
             case .rateLimited:
                 failures += 1
-                // Retry-After: the Unix time, in milliseconds, from which Apple takes requests
-                // again. Without one, the client's own backoff, which grows to its cap.
-                let until = retryAfter.flatMap(Double.init).map { Date(timeIntervalSince1970: $0 / 1000) }
-                let wait = until.map { Duration.seconds(max(0, $0.timeIntervalSinceNow)) } ?? Self.backoff(after: failures, settings)
+                // Without a usable Retry-After, the client's own backoff, which grows to its cap.
+                let until = Self.retryAt(retryAfter)
+                let wait = until.map { Duration.seconds($0.timeIntervalSinceNow) } ?? Self.backoff(after: failures, settings)
                 guard wait <= settings.longestWait, failures < settings.attempts else {
                     let when = until.map { "until \($0)" } ?? "after \(failures) tries"
                     throw AppStoreServerAPIError(
@@ -316,6 +315,16 @@ public final class AppStoreServerAPI: Sendable {
                     status: status, appleErrorCode: apple?.errorCode)
             }
         }
+    }
+
+    /// When a 429's `Retry-After` lets requests in again: Apple sends the Unix time in
+    /// milliseconds; a number too small to be one is HTTP's delay in seconds (as a proxy in front
+    /// of Apple would send it). A time already past, or no number, is no usable answer.
+    public static func retryAt(_ retryAfter: String?, now: Date = Date()) -> Date? {
+        guard let text = retryAfter?.trimmingCharacters(in: .whitespaces), let value = Double(text), value.isFinite, value >= 0 else { return nil }
+        // 10^11 ms is March 1973: no time Apple would name; 10^11 s is no delay anyone would.
+        let until = value < 1e11 ? now.addingTimeInterval(value) : Date(timeIntervalSince1970: value / 1000)
+        return until > now ? until : nil
     }
 
     /// `send`, and Apple's answer as the JSON it documents.
@@ -404,6 +413,16 @@ public struct AppStoreServerAPIError: Error, Sendable, Equatable, CustomStringCo
     /// as Apple's refusal.
     public var isAppleAway: Bool {
         ["apple-api-rate-limited", "apple-api-unavailable", "apple-api-not-found-retryable", "apple-api-timeout", "apple-api-unreachable"].contains(code)
+    }
+
+    /// Stops a read of Apple's pages whose answer says more follow but names the position it was
+    /// asked from again (`revision`, `paginationToken`): asking on would get the same page until
+    /// the read's page limit, and again at every run.
+    public static func requireMoved(_ answered: String?, from asked: String?, hasMore: Bool, reading what: String) throws {
+        guard hasMore, let asked, answered == asked else { return }
+        throw AppStoreServerAPIError(
+            code: "apple-api-position-unmoved",
+            message: "Apple's \(what) said more pages follow but named the position it was asked from (\(asked)) again; the read stopped there")
     }
 }
 

@@ -197,7 +197,8 @@ public struct HistorySweep: Sendable {
         // that the next sweep reads it again (what this one took in is then known).
         var held = false
         for _ in 0..<maximumPages {
-            let page = try await client.transactionHistory(account.id, revision: revision, startDate: cursor.startDate)
+            let asked = revision
+            let page = try await client.transactionHistory(account.id, revision: asked, startDate: cursor.startDate)
             summary.pages += 1
             let (ingested, refused) = try await ingest(page.signedTransactions, of: account, metadata: metadata, into: &summary)
             held = held || refused
@@ -208,6 +209,7 @@ public struct HistorySweep: Sendable {
                 return
             }
             try await cursors.advance(account.id, to: page.revision, holdingBack: held, found: ingested)
+            try AppStoreServerAPIError.requireMoved(page.revision, from: asked, hasMore: page.hasMore, reading: "transaction history")
             if !page.hasMore { break }
         }
     }

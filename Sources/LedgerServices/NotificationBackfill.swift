@@ -97,8 +97,10 @@ public struct NotificationBackfill: Sendable {
     static let restartReasons = [4000012: "StartDateTooFarInPast", 4000014: "InvalidPaginationToken", 4000017: "PaginationTokenExpired"]
 
     /// Apple's answer to this request, which it would give again: a 4xx other than 401 (the key,
-    /// which the operator can mend), 429 and Apple's "not found, try again" codes.
+    /// which the operator can mend), 429 and Apple's "not found, try again" codes, and a page
+    /// that names the token it was asked with again.
     static func isRefusal(_ error: AppStoreServerAPIError) -> Bool {
+        if error.code == "apple-api-position-unmoved" { return true }
         guard let status = error.status, (400..<500).contains(status), status != 401, status != 429, !error.isAppleAway else { return false }
         return ![4040002, 4040004, 4040006].contains(error.appleErrorCode ?? 0)
     }
@@ -230,6 +232,7 @@ public struct NotificationBackfill: Sendable {
             }
             progress?(summary.notifications)
             let done = !page.hasMore || page.paginationToken == nil
+            try AppStoreServerAPIError.requireMoved(page.paginationToken, from: token, hasMore: !done, reading: "notification history")
             token = page.paginationToken
             guard try await leases.renew(lease, for: Self.lease) else {
                 logger.warning("the notification backfill lost its lease; another server goes on")

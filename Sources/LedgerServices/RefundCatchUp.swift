@@ -174,6 +174,7 @@ public struct RefundCatchUp: Sendable {
             }
             holding = holding || held
             try await cursors.advance(account.key, to: page.revision, holdingBack: holding)
+            try AppStoreServerAPIError.requireMoved(page.revision, from: revision, hasMore: page.hasMore, reading: "refund history")
             revision = page.revision
             if !page.hasMore { return }
         }

@@ -121,6 +121,7 @@ public struct SubscriptionCatchUp: Sendable {
                         "subscription.id": "\(id)", "error": "\(error.code)", "error.message": "\(error.message)"])
                 }
             }
+            try AppStoreServerAPIError.requireMoved(page.revision, from: revision, hasMore: page.hasMore, reading: "transaction history")
             revision = page.revision
             if !page.hasMore { break }
         }

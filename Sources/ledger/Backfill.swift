@@ -37,7 +37,7 @@ struct Backfill: AsyncParsableCommand {
             var refusals: [String] = []
             for (name, summary) in summaries {
                 if summary.busy {
-                    print("\(name): another server is running its notification backfill; try again later")
+                    print("\(name): another server is running its notification backfill, or a run stopped part way still holds it (at most 10 minutes); try again later")
                     continue
                 }
                 let dates = [summary.startDate, summary.endDate].map { $0.map { ISO8601DateFormatter().string(from: $0) } ?? "-" }
@@ -49,10 +49,10 @@ struct Backfill: AsyncParsableCommand {
                 if let refusal = summary.refusal { refusals.append("\(name): Apple refused the request (\(refusal))") }
             }
             if summaries.contains(where: { $0.1.busy }) && summaries.allSatisfy({ $0.1.busy }) {
-                throw ValidationError("another server is running the notification backfill; try again later")
+                throw CommandFailure("another server is running the notification backfill, or a run stopped part way still holds it (at most 10 minutes); try again later")
             }
             if !refusals.isEmpty {
-                throw ValidationError("stopped: \(refusals.joined(separator: "; ")); the next run asks afresh instead of repeating it")
+                throw CommandFailure("stopped: \(refusals.joined(separator: "; ")); the next run asks afresh instead of repeating it")
             }
         }
     }
@@ -75,7 +75,7 @@ struct Backfill: AsyncParsableCommand {
             if summary.busy > 0 { print("\(summary.busy) accounts left to another server reading them") }
             if summary.failed > 0 {
                 let why = summary.failures.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
-                throw ValidationError("\(summary.failed) accounts could not be read (\(why)); the next run starts them where this one stopped")
+                throw CommandFailure("\(summary.failed) accounts could not be read (\(why)); the next run starts them where this one stopped")
             }
         }
     }

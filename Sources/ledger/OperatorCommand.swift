@@ -63,7 +63,7 @@ func withAppleWork<Result: Sendable>(
         let api = LazyAppStoreServerAPI(catalog: AppCatalog(database: database), hosts: configuration.apple.appStoreServerAPIHosts(), logger: logger)
         let hasKey = try await api.anyKey()
         guard hasKey || !requiringKey else {
-            throw ValidationError("the App Store Server API is not configured: set LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID and LEDGER_APPLE_API_PRIVATE_KEY, or give an app its key with `ledger apps set`")
+            throw CommandFailure("the App Store Server API is not configured: set LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID and LEDGER_APPLE_API_PRIVATE_KEY, or give an app its key with `ledger apps set`")
         }
         // What Apple signs is checked against the app the ledger holds for its bundle id.
         let apps = AppDirectory(catalog: AppCatalog(database: database), maximumAge: .seconds(configuration.appsMaximumAge), logger: logger)

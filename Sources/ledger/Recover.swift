@@ -32,6 +32,6 @@ struct Recover: AsyncParsableCommand {
             let why = summary.failures.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
             print("\(summary.failed) accounts could not be read (\(why)); the next sweep starts them where this one stopped")
         }
-        if let stop = summary.stoppedBy { throw ValidationError("the sweep stopped early: \(stop)") }
+        if let stop = summary.stoppedBy { throw CommandFailure("the sweep stopped early: \(stop)") }
     }
 }

@@ -20,7 +20,7 @@ struct Sales: AsyncParsableCommand {
         func run() async throws {
             let configuration = try options.configuration()
             guard configuration.appStoreConnect != nil else {
-                throw ValidationError("no App Store Connect key: set LEDGER_APP_STORE_CONNECT_ISSUER_ID, _KEY_ID, _PRIVATE_KEY and _VENDOR_NUMBER")
+                throw CommandFailure("no App Store Connect key: set LEDGER_APP_STORE_CONNECT_ISSUER_ID, _KEY_ID, _PRIVATE_KEY and _VENDOR_NUMBER")
             }
             let (first, last) = (try from.map { try Self.day($0, "--from") }, try to.map { try Self.day($0, "--to") })
             if let first, let last, last < first { throw ValidationError("--to must not be before --from") }

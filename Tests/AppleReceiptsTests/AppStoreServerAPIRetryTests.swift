@@ -89,6 +89,33 @@ struct AppStoreServerAPIRetryTests {
         }
     }
 
+    @Test("a Retry-After in seconds (a proxy's) is waited out; one already past is no answer: the backoff")
+    func rateLimitedByAProxy() async throws {
+        await standIn.setHistory("proxied", [.init(revision: "r1", hasMore: false, signedTransactions: [])])
+        try await standIn.run { base in
+            let api = try await client(base, attempts: 6)
+            await standIn.queue([.tooManyRequestsRetryAfter("1")])
+            let started = ContinuousClock.now
+            #expect(try await api.transactionHistory("proxied").revision == "r1")
+            #expect(ContinuousClock.now - started >= .seconds(1), "one second, not the Unix epoch's first millisecond")
+            #expect(await standIn.requests == 2)
+            // Apple's form, already past: retried after the client's own waits, within its tries.
+            let past = String(Int64(Date(timeIntervalSinceNow: -60).timeIntervalSince1970 * 1000))
+            await standIn.queue(Array(repeating: .tooManyRequestsRetryAfter(past), count: 6))
+            do {
+                _ = try await api.transactionHistory("proxied")
+                Issue.record("429s without end answered")
+            } catch {
+                #expect(error.api?.code == "apple-api-rate-limited" && error.api?.retryAt == nil && error.api?.message.contains("1970") == false, "\(error)")
+            }
+            #expect(await standIn.requests == 2 + 6)
+        }
+        let now = Date(timeIntervalSince1970: 1_800_000_000)
+        #expect(AppStoreServerAPI.retryAt("1800000005000", now: now) == now.addingTimeInterval(5), "Apple's: Unix milliseconds")
+        #expect(AppStoreServerAPI.retryAt(" 5 ", now: now) == now.addingTimeInterval(5), "HTTP's delay in seconds")
+        #expect([nil, "", "soon", "-5", "0", "1799999999000", "Wed, 21 Oct 2015 07:28:00 GMT"].map { AppStoreServerAPI.retryAt($0, now: now) } == Array(repeating: nil, count: 7))
+    }
+
     @Test("the backoff doubles from its first wait to its cap")
     func backoffSchedule() {
         let settings = standIn.settings(baseURL: "http://127.0.0.1:9", backoff: .milliseconds(20), longestBackoff: .milliseconds(80))

@@ -137,6 +137,12 @@ struct BackfillCommandTests {
                 let (refunds, summary) = try await LedgerChild.run(
                     ["backfill", "refunds", "--all"], environment: environment, log: work.appendingPathComponent("4.log"))
                 #expect(refunds == 0 && summary.contains("read the refund history of 0 Apple accounts"), "\(summary)")
+                // Apple's failure is not the command line's: no usage, not 64.
+                await standIn.setNotifications([.init(revision: "same", hasMore: true, signedTransactions: []), .init(revision: "same", hasMore: true, signedTransactions: [])])
+                let (stopped, why) = try await LedgerChild.run(
+                    ["backfill", "notifications", "--since", "2026-11-01"], environment: environment, log: work.appendingPathComponent("5.log"))
+                #expect(stopped == 1 && why.contains("Error: stopped: ") && why.contains("named the position it was asked from (same) again"), "\(why)")
+                #expect(!why.contains("Usage:"), "\(why)")
             }
             #expect(try await scalarText(db, "SELECT transaction_id FROM apple_transactions WHERE transaction_id = '9400001'") == "9400001")
         }

@@ -310,4 +310,50 @@ struct AppleAccountRoutesTests {
             #expect(status == .serviceUnavailable && errorOf(error)["code"] as? String == "apple-api-not-configured")
         }
     }
+
+    @Test("a page that says more follow but names the position it was asked from again ends each reader of Apple's pages after that page, as a failure")
+    func unmovedPosition() async throws {
+        try await withSweepApplication { http, db, base in
+            let (_, created) = try await http.send(.post, "/v1/orders", json: newOrder("o-u", user: "u-u"))
+            let token = try #require((created["appAccountToken"] as? String).flatMap(UUID.init(uuidString:)))
+            try await http.send(.post, "/v1/orders", json: newOrder("o-u2", user: "u-u", product: "gems.900"))
+            try await link(http, "u-u", try await apple.sign(TestApple.appTransaction("acct-u")))
+            var purchase = TestApple.transaction("7800001", appAccountToken: token)
+            purchase.appTransactionId = "acct-u"
+            let stuck = { (signed: [String]) in
+                [AppStoreServerStandIn.Page(revision: "same", hasMore: true, signedTransactions: signed),
+                 .init(revision: "same", hasMore: true, signedTransactions: [])]
+            }
+            await standIn.setHistory("acct-u", stuck([try await apple.sign(purchase)]))
+            var asked = await standIn.requests
+            let (status, sweep) = try await http.send(.post, "/v1/recover", raw: "")
+            #expect(status == .ok && sweep["pages"] as? Int == 2 && sweep["failures"] as? [String: Int] == ["apple-api-position-unmoved": 1], "\(sweep)")
+            #expect(await standIn.requests - asked == 2, "no third request for the same page")
+            let (_, order) = try await http.send(.get, "/v1/orders/o-u")
+            #expect(order["state"] as? String == "verified", "the page's purchase is taken in all the same")
+
+            await standIn.setHistory("7800001", stuck([try await apple.sign(purchase)]))
+            asked = await standIn.requests
+            let (refreshed, refusal) = try await http.send(.get, "/v1/subscriptions/7800001?refresh=true")
+            #expect(refreshed == .badGateway && errorOf(refusal)["code"] as? String == "apple-api-position-unmoved", "\(refusal)")
+            #expect(await standIn.requests - asked == 2)
+
+            let api = LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base), logger: TestServer.logger)
+            let configuration = trusting(apple)
+            let verifier = try configuration.apple.verifier(logger: TestServer.logger)
+            await standIn.setRefunds("7800001", stuck([]))
+            asked = await standIn.requests
+            let refunds = try await configuration.refundCatchUp(secondServer(db), api: api, verifier: verifier).run(all: true)
+            #expect(refunds.pages == 2 && refunds.failures == ["apple-api-position-unmoved": 1], "\(refunds)")
+            #expect(await standIn.requests - asked == 2)
+
+            await standIn.setNotifications(stuck([]))
+            asked = await standIn.requests
+            let backfill = try await secondServer(db).notificationBackfill(api: api, verifier: verifier).run(since: Date(timeIntervalSinceNow: -3600))
+            #expect(backfill.pages == 2 && backfill.refusal?.contains("named the position it was asked from (same) again") == true, "\(backfill)")
+            #expect(await standIn.requests - asked == 2)
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_notification_backfill WHERE abandoned_at IS NOT NULL", as: Int.self) == 1,
+                    "the next run asks afresh")
+        }
+    }
 }
