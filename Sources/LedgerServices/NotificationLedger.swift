@@ -166,7 +166,7 @@ extension NotificationLedger {
         let record = NotificationReceived(
             notificationUUID: notification.notificationUUID, notificationType: notification.notificationType,
             subtype: notification.subtype, transactionId: notification.transaction?.transactionId, signedDate: notification.signedDate,
-            consumptionRequestReason: notification.consumptionRequestReason)
+            consumptionRequestReason: notification.consumptionRequestReason, environment: notification.transaction?.environment)
         return try await apply(
             .init(record: record, transaction: notification.transaction, revocation: notification.revocation,
                   renewalInfo: notification.renewalInfo),

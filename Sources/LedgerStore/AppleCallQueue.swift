@@ -64,7 +64,7 @@ public struct AppleCallQueue: Sendable {
                 SELECT 'consumption:' || (r.data->>'notificationUUID'), 'consumption', r.data->>'transactionId', r.stream_id,
                        CASE WHEN r.stream_id LIKE 'order-%' THEN substr(r.stream_id, 7) END,
                        (r.data->>'notificationUUID')::uuid, (r.data->>'signedDate')::timestamptz + interval '12 hours',
-                       t.bundle_id, t.environment
+                       t.bundle_id, coalesce(r.data->>'environment', t.environment)
                   FROM read r LEFT JOIN apple_transactions t ON t.transaction_id = r.data->>'transactionId'
                  WHERE \(switches.consumption) AND r.type = 'notification-received'
                    AND r.data->>'notificationType' = 'CONSUMPTION_REQUEST' AND r.data->>'transactionId' IS NOT NULL

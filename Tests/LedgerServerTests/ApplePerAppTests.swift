@@ -148,6 +148,35 @@ struct ApplePerAppTests {
         }
     }
 
+    @Test("a consumption answer goes to the environment Apple signed the request's transaction in, although the backend named Production for it")
+    func consumptionGoesWhereAppleSigned() async throws {
+        let production = AppStoreServerStandIn(bundleID: TestApple.bundleId, environment: "Production")
+        let sandbox = try production.twin(in: "Sandbox")
+        await sandbox.setTransactions(["8900005"])
+        try await production.run { productionURL in
+            try await sandbox.run { sandboxURL in
+                try await withServer(key: production, production: productionURL, sandbox: sandboxURL) { http, db, configuration in
+                    // App Review's purchase, verified by the backend itself, which named Production.
+                    try await http.send(.post, "/v1/orders", json: newOrder("env-c"))
+                    var claimed = receipt("8900005")
+                    claimed["environment"] = "Production"
+                    for (type, data) in [("receipt-received", claimed), ("verified", ["environment": "Production"]), ("delivered", [:])] {
+                        let (status, answer) = try await http.send(.post, "/v1/orders/env-c/events", json: ["type": type, "data": data])
+                        #expect(status == .created, "\(type): \(answer)")
+                    }
+                    let request = try await apple.notification("CONSUMPTION_REQUEST", transaction: TestApple.transaction("8900005", environment: "Sandbox"))
+                    try await http.notifyAppleTaken(request)
+                    var settings = LedgerConfiguration()
+                    settings.appleCalls = .init(consumption: true)
+                    let summary = try await drain(settings.appleCalls(secondServer(db), api: clients(configuration, db)), db)
+                    #expect(summary.calls == ["consumption sent": 1], "\(summary)")
+                    #expect(await sandbox.writes.map(\.path) == ["/inApps/v2/transactions/consumption/8900005"])
+                    #expect(await production.writes.isEmpty)
+                }
+            }
+        }
+    }
+
     @Test("app B's lookups go with B's key and bundle id; bundleId is required with several apps; a key changed over HTTP is used at once")
     func appBWithItsKey() async throws {
         let standInA = AppStoreServerStandIn(bundleID: TestApple.bundleId)

@@ -203,6 +203,10 @@ public struct NotificationReceived: Codable, Sendable, Equatable {
     /// first, or the same refund (revoked at the same time) was recorded already and reversed
     /// since. It takes nothing back. Absent otherwise.
     public var reversedBefore: Bool?
+    /// The environment Apple signed the notification's transaction in (absent in events recorded
+    /// before it was kept): Apple's calls about the notification, such as a consumption answer,
+    /// go to that environment's host, whatever a backend claimed for the transaction.
+    public var environment: String?
 
     /// Whether this notification takes its transaction back: a refund or revocation Apple had not
     /// reversed before it arrived.
@@ -210,7 +214,7 @@ public struct NotificationReceived: Codable, Sendable, Equatable {
 
     public init(
         notificationUUID: UUID, notificationType: String, subtype: String?, transactionId: TransactionID?, signedDate: Date,
-        consumptionRequestReason: String? = nil, refund: Refunded? = nil
+        consumptionRequestReason: String? = nil, refund: Refunded? = nil, environment: String? = nil
     ) {
         self.notificationUUID = notificationUUID
         self.notificationType = notificationType
@@ -219,5 +223,6 @@ public struct NotificationReceived: Codable, Sendable, Equatable {
         self.signedDate = signedDate
         self.consumptionRequestReason = consumptionRequestReason
         self.refund = refund
+        self.environment = environment
     }
 }
