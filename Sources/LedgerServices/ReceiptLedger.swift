@@ -172,7 +172,11 @@ public struct ReceiptLedger: Sendable {
             // Already granted: to this order (a re-sent proof), or to another one.
             if let candidate, candidate.orderId == holderOrder {
                 var state = candidate.state
-                if state == .receiptReceived, Self.mismatch(transaction, candidate) == nil, !purchased(transaction, before: candidate) {
+                if state == .receiptReceived, let contradiction = try await contradiction(of: transaction, heldBy: candidate, in: tx) {
+                    // Held unverified, and what Apple signed says the backend's claim is wrong.
+                    return try await takeBack(transaction, from: candidate, contradiction, metadata: metadata, in: tx, knowing: snapshot)
+                }
+                if state == .receiptReceived {
                     // Held unverified (its backend's own receipt-received): this proof verifies it,
                     // with the environment Apple signed, which reports count the order under.
                     let verified = OrderEvent.verified(Verified(transactionId: id, environment: transaction.environment))
@@ -201,6 +205,15 @@ public struct ReceiptLedger: Sendable {
                 // not failed for it, and the client keeps the transaction until a person decides.
                 return Answer(outcome: .unmatched, transactionId: id, orderId: loser.orderId, state: loser.state,
                               finishTransaction: false, reason: OrderLedgerError.appMismatch(id).code)
+            }
+            if loser.isOpen, try await appleNames(loser, over: owner, for: transaction, in: tx) {
+                // Apple signed the token or the Apple account of the order this proof names, not
+                // of the order holding it (a backend's own claim, or support's): the named order is
+                // not failed for it, and the client keeps the transaction until a person decides.
+                database.logger.warning("a proof names an order Apple's signature points to, but another order holds its transaction", metadata: [
+                    "apple.transaction": "\(id)", "order.id": "\(loser.orderId)", "order.holder": "\(holderOrder)"])
+                return Answer(outcome: .unmatched, transactionId: id, orderId: loser.orderId, state: loser.state,
+                              finishTransaction: false, reason: Self.heldByAnotherOrder)
             }
             var state = loser.state
             if loser.isOpen {

@@ -1,0 +1,94 @@
+import AppleReceipts
+import Foundation
+import LedgerStore
+import LedgerTestSupport
+import Testing
+
+/// A backend's own `receipt-received` claims a transaction the ledger has not seen signed; when
+/// Apple's signed transaction arrives and says otherwise, Apple's word decides (issue 41).
+@Suite("What Apple signed against a backend's own claim")
+struct BackendClaimTests {
+    let apple: TestApple
+    init() throws { apple = try TestApple() }
+
+    /// Order `order` of `user`, claimed by its backend for `transaction` (then `steps` more).
+    func claimed(_ http: LedgerHTTP, _ order: String, user: String, transaction: String, steps: [String] = []) async throws {
+        try await http.send(.post, "/v1/orders", json: newOrder(order, user: user))
+        var own = receipt(transaction)
+        own["purchaseDate"] = ISO8601DateFormatter().string(from: Date())
+        for (type, data) in [("receipt-received", own)] + steps.map { ($0, [String: Any]()) } {
+            let (status, answer) = try await http.send(.post, "/v1/orders/\(order)/events", json: ["type": type, "data": data])
+            #expect(status == .created, "\(type): \(answer)")
+        }
+    }
+
+    @Test("Apple's account of another user: the claim is taken back and the transaction held for support; the order is open again and cannot be verified with it")
+    func anotherUsersAccount() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-alice", user: "alice"))
+            let (_, linked) = try await http.send(.post, "/v1/users/alice/app-transaction", json: ["signedAppTransaction": try await apple.sign(TestApple.appTransaction("acct-alice"))])
+            #expect(linked["outcome"] as? String == "linked")
+            try await claimed(http, "o-bob", user: "bob", transaction: "7900001")
+            var alices = TestApple.transaction("7900001")
+            alices.appTransactionId = "acct-alice"
+            let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-bob", "signedTransaction": try await apple.sign(alices)])
+            #expect(answer["outcome"] as? String == "unmatched" && answer["reason"] as? String == "account-conflict", "\(answer)")
+            #expect(answer["finishTransaction"] as? Bool == false && answer["state"] as? String == "created", "\(answer)")
+            let (refused, _) = try await http.send(.post, "/v1/orders/o-bob/events", json: ["type": "verified", "data": [:]])
+            #expect(refused == .conflict, "bob's order holds no transaction to verify")
+            #expect(try await scalar(db, """
+                SELECT claimed_by || ' ' || owner_user_id FROM dashboards.apple_account_conflicts WHERE transaction_id = '7900001'
+                """, as: String.self) == "bob alice")
+            // Sent again: held still, nothing more.
+            let events = try await eventCount(db)
+            let (_, again) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-bob", "signedTransaction": try await apple.sign(alices)])
+            #expect(again["reason"] as? String == "account-conflict" && again["finishTransaction"] as? Bool == false, "\(again)")
+            #expect(try await eventCount(db) == events)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
+    @Test("Apple's product, or a purchase before the order: the claim is taken back, the transaction waits in the pool, the order fails (product) or is open again (date)")
+    func appleSignedOtherwise() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await claimed(http, "o-product", user: "carol", transaction: "7900002")
+            let other = try await apple.sign(TestApple.transaction("7900002", product: "gems.500"))
+            let (_, product) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-product", "signedTransaction": other])
+            #expect(product["outcome"] as? String == "unmatched" && product["reason"] as? String == "product-mismatch", "\(product)")
+            #expect(product["state"] as? String == "failed" && product["finishTransaction"] as? Bool == false, "\(product)")
+
+            try await claimed(http, "o-old", user: "carol", transaction: "7900003")
+            let old = try await apple.sign(TestApple.transaction("7900003", purchaseDate: Date(timeIntervalSinceNow: -365 * 86_400)))
+            let (_, date) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-old", "signedTransaction": old])
+            #expect(date["outcome"] as? String == "unmatched" && date["reason"] as? String == "purchased-before-order", "\(date)")
+            #expect(date["state"] as? String == "created" && date["finishTransaction"] as? Bool == false, "\(date)")
+            let (refused, _) = try await http.send(.post, "/v1/orders/o-old/events", json: ["type": "verified", "data": [:]])
+            #expect(refused == .conflict)
+
+            // Both wait in the pool as Apple signed them, for carol, never again for their orders.
+            #expect(try await scalar(db, """
+                SELECT string_agg(transaction_id || ' ' || product_id || ' ' || user_id || ' ' || (verification->'undoneOrderIds'->>0), ',' ORDER BY transaction_id)
+                  FROM apple_transactions WHERE order_id IS NULL AND status = 'unmatched'
+                """, as: String.self) == "7900002 gems.500 carol o-product,7900003 gems.100 carol o-old")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
+    @Test("a proof naming the order whose token Apple signed, when a backend's claim gave the transaction to another: the named order is not failed, the client keeps the transaction")
+    func tokenOfAnotherOrder() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let (_, created) = try await http.send(.post, "/v1/orders", json: newOrder("o-payer", user: "dave"))
+            let token = try #require((created["appAccountToken"] as? String).flatMap(UUID.init(uuidString:)))
+            try await claimed(http, "o-claimer", user: "erin", transaction: "7900004", steps: ["verified", "delivered"])
+            let signed = try await apple.sign(TestApple.transaction("7900004", appAccountToken: token))
+            for body in [["orderId": "o-payer", "signedTransaction": signed], ["signedTransaction": signed]] {
+                let (_, answer) = try await http.send(.post, "/v1/receipts", json: body)
+                #expect(answer["outcome"] as? String == "unmatched" && answer["reason"] as? String == "held-by-another-order", "\(answer)")
+                #expect(answer["finishTransaction"] as? Bool == false && answer["state"] as? String == "created", "\(answer)")
+            }
+            let (_, payer) = try await http.send(.get, "/v1/orders/o-payer")
+            #expect(payer["state"] as? String == "created", "\(payer)")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM events WHERE stream_id = 'order-o-payer'", as: Int.self) == 1)
+        }
+    }
+}
