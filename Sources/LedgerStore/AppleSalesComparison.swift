@@ -85,10 +85,11 @@ public struct AppleSalesComparison: Sendable, Encodable, Equatable {
     public var csv: String {
         var text = "day,bundleId,productId,country,applePurchases,ledgerPurchases,purchaseDifference,appleRefunds,ledgerRefunds,refundDifference,cause,nextStep,sweep\n"
         for row in rows {
-            let cells = [row.day, row.bundleId ?? "", row.productId, row.country ?? "", String(row.applePurchases), String(row.ledgerPurchases),
-                         String(row.purchaseDifference), String(row.appleRefunds), String(row.ledgerRefunds), String(row.refundDifference),
-                         row.cause, row.nextStep, row.sweep]
-            text += cells.map(Self.field).joined(separator: ",") + "\n"
+            let cells = [CSVField.value(row.day), CSVField.text(row.bundleId ?? ""), CSVField.text(row.productId), CSVField.text(row.country ?? ""),
+                         String(row.applePurchases), String(row.ledgerPurchases), String(row.purchaseDifference), String(row.appleRefunds),
+                         String(row.ledgerRefunds), String(row.refundDifference), CSVField.value(row.cause), CSVField.value(row.nextStep),
+                         CSVField.value(row.sweep)]
+            text += cells.joined(separator: ",") + "\n"
         }
         return text
     }
@@ -106,10 +107,6 @@ public struct AppleSalesComparison: Sendable, Encodable, Equatable {
             lines.append(cells.joined(separator: " "))
         }
         return lines.joined(separator: "\n") + "\n"
-    }
-
-    static func field(_ text: String) -> String {
-        text.contains(",") || text.contains("\"") ? "\"" + text.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : text
     }
 }
 

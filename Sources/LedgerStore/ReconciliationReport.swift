@@ -157,6 +157,10 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
               AND event_time(e.recorded_at, e.metadata) < \(to)
               AND e.type IN ('created', 'verified', 'delivered', 'finished', 'failed', 'refunded', 'pairing-undone', 'consumption-answer')
               AND (\(apps)::text[] IS NULL OR o.bundle_id = ANY(\(apps)::text[]))
+              -- An order counts one refund at most, its first: a refund Apple reversed and then made
+              -- again takes the money back once, not twice.
+              AND (e.type <> 'refunded' OR NOT EXISTS (
+                   SELECT FROM events r WHERE r.stream_id = e.stream_id AND r.type = 'refunded' AND r.stream_version < e.stream_version))
             GROUP BY 1, 2, 3, 4, 5, 6, o.bundle_id, k.kind
             """)
         for try await (day, product, currency, environment, type, reason, count, amount, bundle, kind)
@@ -285,22 +289,18 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
     /// maps as `key=count` lists. Columns are only ever added at the end.
     public var csv: String {
         var lines = ["day,product_id,currency,orders_created,verified,delivered,finished,failed,failed_by_reason,refunded,revenue,pairings_by_rule,ambiguous_pairings,support_pairings,undone_pairings,consumption_answered,consumption_failed,consumption_too_late,refunds_caught_up,refunded_amount,environment,bundle_id,kind,periods,revenue_by_currency,refunded_amount_by_currency"]
-        func map(_ values: [String: some CustomStringConvertible]) -> String {
-            values.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ";")
-        }
-        func field(_ text: String) -> String {
-            text.contains(where: { $0 == "," || $0 == "\"" || $0 == "\n" }) ? "\"" + text.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : text
-        }
+        let (text, value, map) = (CSVField.text, CSVField.value, { (values: [String: Int]) in CSVField.text(CSVField.map(values)) })
+        let money = { (values: [String: String]?) in values.map { CSVField.text(CSVField.map($0)) } ?? "" }
         for row in rows + [totals, sandboxTotals] {
             let orders: [String] = [
-                row.day, row.productId, row.currency ?? "", String(row.ordersCreated), String(row.verified), String(row.delivered),
-                String(row.finished), String(row.failed), map(row.failedByReason), String(row.refunded), row.revenue ?? "",
+                value(row.day), text(row.productId), text(row.currency ?? ""), String(row.ordersCreated), String(row.verified), String(row.delivered),
+                String(row.finished), String(row.failed), map(row.failedByReason), String(row.refunded), value(row.revenue ?? ""),
             ]
             let pairings: [String] = [map(row.pairingsByRule), String(row.ambiguousPairings), String(row.supportPairings), String(row.undonePairings)]
             let apple: [Int] = [row.consumptionAnswered, row.consumptionFailed, row.consumptionTooLate, row.refundsCaughtUp]
-            let money = [row.revenueByCurrency.map(map) ?? "", row.refundedAmountByCurrency.map(map) ?? ""]
-            lines.append((orders + pairings + apple.map(String.init) + [row.refundedAmount ?? "", row.environment, row.bundleId ?? "", row.kind.rawValue, String(row.periods)] + money)
-                .map(field).joined(separator: ","))
+            let rest = [value(row.refundedAmount ?? ""), text(row.environment), text(row.bundleId ?? ""), value(row.kind.rawValue), String(row.periods)]
+            lines.append((orders + pairings + apple.map(String.init) + rest + [money(row.revenueByCurrency), money(row.refundedAmountByCurrency)])
+                .joined(separator: ","))
         }
         lines.append("")
         lines.append("unmatched_count,oldest_age_seconds,under_1h,1h_1d,1d_7d,over_7d")

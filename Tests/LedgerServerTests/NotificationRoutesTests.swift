@@ -43,6 +43,14 @@ struct NotificationRoutesTests {
             #expect(consumption["type"] as? String == "notification-received" && consumption["streamId"] as? String == "order-o-refund")
             let (_, after) = try await http.send(.get, "/v1/orders/o-refund")
             #expect(after["state"] as? String == "delivered")
+
+            // Refunded again after the reversal: refunded, and the report takes the money back once.
+            var refundAgain = transaction
+            refundAgain.revocationDate = Date().addingTimeInterval(1).millisecondsSince1970
+            let (_, refundedAgain) = try await http.notifyApple(try await apple.notification("REFUND", transaction: refundAgain))
+            #expect(refundedAgain["type"] as? String == "refunded")
+            let totals = try await http.send(.get, "/v1/reports/reconciliation").1["sandboxTotals"] as? [String: Any] ?? [:]
+            #expect(totals["refunded"] as? Int == 1 && totals["refundedAmount"] as? String == "0.99" && totals["revenue"] as? String == "0", "\(totals)")
         }
     }
 

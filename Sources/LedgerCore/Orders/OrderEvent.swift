@@ -93,6 +93,10 @@ public enum OrderEvent: Sendable, Equatable {
             guard !body.reason.isEmpty, body.reason.count <= 64 else {
                 throw LedgerInputError(field: "reason", problem: "must have 1 to 64 characters")
             }
+            // A reason is counted by in reports and dashboards: one line of text.
+            guard !body.reason.unicodeScalars.contains(where: { $0.value < 0x20 || (0x7F...0x9F).contains($0.value) }) else {
+                throw LedgerInputError(field: "reason", problem: "contains a control character")
+            }
         default:
             break
         }
