@@ -191,10 +191,35 @@ public struct PrivateCluster: Sendable {
               let pid = Int32(firstLine.trimmingCharacters(in: .whitespaces)), pid > 0
         else { return nil }
         guard kill(pid, 0) == 0 || errno == EPERM else { return nil }
-        // The pid may have been reused by an unrelated process after a crash.
+        // The pid may have been reused after a crash: by an unrelated process, or by another
+        // cluster's postmaster (which `pg_ctl stop` on this folder would then shut down); or the
+        // postmaster was killed and is a zombie its parent has not reaped yet.
         let command = (try? String(contentsOfFile: "/proc/\(pid)/comm", encoding: .utf8))?
             .trimmingCharacters(in: .whitespacesAndNewlines)
-        return command == "postgres" || command == "postmaster" ? pid : nil
+        guard command == "postgres" || command == "postmaster", !Self.isDead(pid), servesThisFolder(pid) else { return nil }
+        return pid
+    }
+
+    /// Whether process `pid` has ended (a zombie, or dead) though `kill(pid, 0)` still finds it.
+    static func isDead(_ pid: Int32) -> Bool {
+        // `pid (comm) S …`: the state follows the last parenthesis (a name may hold one).
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+              let close = stat.lastIndex(of: ")") else { return false }
+        let state = stat[stat.index(after: close)...].trimmingCharacters(in: .whitespaces).first
+        return state == "Z" || state == "X" || state == "x"
+    }
+
+    /// Whether postmaster `pid` serves this data folder: PostgreSQL works in its data folder (its
+    /// working directory), and its command line names it (`-D`), which is read when the working
+    /// directory cannot be (another user's process).
+    private func servesThisFolder(_ pid: Int32) -> Bool {
+        let folder = URL(fileURLWithPath: dataPath).resolvingSymlinksInPath().path
+        if let cwd = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/cwd") {
+            return URL(fileURLWithPath: cwd).resolvingSymlinksInPath().path == folder
+        }
+        guard let line = FileManager.default.contents(atPath: "/proc/\(pid)/cmdline") else { return false }
+        let arguments = line.split(separator: 0).map { URL(fileURLWithPath: String(decoding: $0, as: UTF8.self)).resolvingSymlinksInPath().path }
+        return arguments.contains(folder)
     }
 
     /// Removes lock files of a PostgreSQL that is no longer running: PostgreSQL refuses to start

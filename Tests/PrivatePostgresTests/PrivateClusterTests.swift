@@ -71,6 +71,47 @@ struct PrivateClusterTests {
         try await running.stop(logger: TestServer.logger)
     }
 
+    @Test("a pid file naming another cluster's postmaster, or a killed postmaster not yet reaped, is stale: the start leaves the other cluster running")
+    func pidOfAnotherCluster() async throws {
+        let (directory, otherDirectory) = (try clusterDirectory(), try clusterDirectory())
+        defer { for path in [directory, otherDirectory] { try? FileManager.default.removeItem(atPath: path) } }
+        let cluster = PrivateCluster(directory: directory, durable: false)
+        try await cluster.start(logger: TestServer.logger).stop(logger: TestServer.logger)
+        let other = PrivateCluster(directory: otherDirectory, durable: false)
+        let otherRunning = try await other.start(logger: TestServer.logger)
+        let otherPID = try #require(other.runningServerPID())
+
+        // After a crash and a reboot, this folder's old pid is the other cluster's postmaster's.
+        let stale = "\(otherPID)\n\(cluster.dataPath)\n1700000000\n5432\n\(cluster.socketDirectory)\n\n  5432001         0\nready   \n"
+        try stale.write(toFile: cluster.dataPath + "/postmaster.pid", atomically: true, encoding: .utf8)
+        #expect(cluster.runningServerPID() == nil)
+        let running = try await cluster.start(logger: TestServer.logger)
+        #expect(running.isOwner)
+        #expect(try await count(cluster) == 1)
+        try await running.stop(logger: TestServer.logger)
+        #expect(other.runningServerPID() == otherPID && kill(otherPID, 0) == 0, "the other cluster still runs")
+        #expect(try await count(other) == 1)
+        try await otherRunning.stop(logger: TestServer.logger)
+
+        // A postmaster killed a moment ago: a zombie named postgres until its parent reaps it.
+        let program = directory + "/postgres"
+        try FileManager.default.copyItem(atPath: "/bin/true", toPath: program)
+        var pid: pid_t = 0
+        let arguments: [UnsafeMutablePointer<CChar>?] = [strdup(program), nil]
+        defer { arguments.forEach { free($0) } }
+        #expect(posix_spawn(&pid, program, nil, nil, arguments, nil) == 0)
+        var zombie = false
+        for _ in 0..<200 where !zombie {
+            zombie = (try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8))?.contains(") Z") == true
+            if !zombie { try await Task.sleep(for: .milliseconds(10)) }
+        }
+        #expect(zombie, "the child ended and was not reaped")
+        try "\(pid)\n\(cluster.dataPath)\n".write(toFile: cluster.dataPath + "/postmaster.pid", atomically: true, encoding: .utf8)
+        #expect(cluster.runningServerPID() == nil)
+        var status: Int32 = 0
+        waitpid(pid, &status, 0)
+    }
+
     @Test("a data directory too long for a Unix socket is refused with a clear reason")
     func longPathIsRefused() async throws {
         let cluster = PrivateCluster(directory: "/tmp/" + String(repeating: "x", count: 120))
