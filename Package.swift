@@ -48,6 +48,8 @@ let package = Package(
             dependencies: [
                 "LedgerCore", "LedgerJSON", "LedgerSchema",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
+                // The pool's errors (`ConnectionPoolError`), which postgres-nio's client throws as they are.
+                .product(name: "_ConnectionPoolModule", package: "postgres-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
@@ -173,6 +175,7 @@ let package = Package(
             dependencies: [
                 "LedgerStore", "LedgerJSON", "LedgerTestSupport",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "_ConnectionPoolModule", package: "postgres-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ]
         ),

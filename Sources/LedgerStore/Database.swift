@@ -4,6 +4,7 @@ import LedgerCore
 import Logging
 import NIOCore
 import PostgresNIO
+import _ConnectionPoolModule
 import Synchronization
 
 /// A PostgreSQL connection pool with the ledger's transaction helper.
@@ -197,6 +198,10 @@ public struct Database: Sendable {
 /// refusing a statement.
 public func isConnectionFailure(_ error: any Error) -> Bool {
     if error is ConnectionClosedError { return true }
+    // The pool made no connection for a while: PostgreSQL refuses new ones ("too many clients",
+    // a connection limit) or cannot be reached. The request is answered 503; whether PostgreSQL
+    // is down, the health's probe decides.
+    if let error = error as? ConnectionPoolError, error == .connectionCreationCircuitBreakerTripped { return true }
     guard let error = error as? PSQLError else { return false }
     if [.connectionError, .serverClosedConnection, .clientClosedConnection, .poolClosed, .uncleanShutdown].contains(error.code) {
         return true

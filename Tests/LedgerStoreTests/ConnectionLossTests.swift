@@ -3,6 +3,7 @@ import LedgerTestSupport
 import PostgresNIO
 import Synchronization
 import Testing
+import _ConnectionPoolModule
 
 /// A statement sent on a connection PostgreSQL has already closed fails at once (postgres-nio
 /// alone would leave it waiting forever), and a transaction on it does not wait on a ROLLBACK.
@@ -18,6 +19,9 @@ struct ConnectionLossTests {
                 try await connection.guardedQuery("SELECT 1", logger: TestServer.logger)
             }
             #expect(isConnectionFailure(ConnectionClosedError()))
+            // The pool's "no connection made for a while" ("too many clients"): answered 503, not 500.
+            #expect(isConnectionFailure(ConnectionPoolError.connectionCreationCircuitBreakerTripped))
+            #expect(!isConnectionFailure(ConnectionPoolError.requestCancelled))
         }
     }
 
