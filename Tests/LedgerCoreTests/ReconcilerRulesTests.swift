@@ -22,6 +22,19 @@ struct ReconcilerRulesTests {
         Reconciler.pair(orphans, with: orders, settings: settings).map { "\($0.transactionId)→\($0.orderId)" }
     }
 
+    @Test("the purchase-date guard compares whole milliseconds: a purchase exactly the allowance before the createdAt the API shows is not before the order")
+    func guardInMilliseconds() {
+        // Kept to the microsecond (…00.534533), shown to the millisecond (…00.534Z).
+        let created = Date(timeIntervalSince1970: 1_800_000_000.534_533)
+        let atTheEdge = Date(timeIntervalSince1970: Double(1_800_000_000_534 - 300_000) / 1000)
+        #expect(!Reconciler.purchasedBeforeOrder(atTheEdge, created: created, allowance: 300))
+        #expect(Reconciler.purchasedBeforeOrder(atTheEdge.addingTimeInterval(-0.001), created: created, allowance: 300))
+        // Apple's .900, held as a binary fraction just below it, against an order created at .900.
+        let apple = Date(timeIntervalSince1970: Double(1_790_985_599_900) / 1000)
+        #expect(!Reconciler.purchasedBeforeOrder(apple, created: Date(timeIntervalSince1970: 1_790_985_599.9), allowance: 0))
+        #expect(Reconciler.purchasedBeforeOrder(apple, created: Date(timeIntervalSince1970: 1_790_985_599.901), allowance: 0))
+    }
+
     @Test("the queue entry nearest before the purchase wins; the rule, the candidate count and the others are recorded")
     func nearestQueued() {
         let pairings = Reconciler.pair([orphan("t")], with: [

@@ -129,8 +129,15 @@ public enum Reconciler {
     /// `purchased` was made before an order created at `created`, beyond `allowance` (the clocks'
     /// disagreement, `Settings.clockSkew`), so it cannot be what paid that order (an old purchase
     /// replayed, or granted before by another backend); only support's explicit override ties them.
+    /// Compared in whole milliseconds, as Apple dates a purchase and the API shows an order's
+    /// `createdAt` (the database keeps microseconds): a purchase dated exactly `allowance` before
+    /// the `createdAt` a client read is not before it.
     public static func purchasedBeforeOrder(_ purchased: Date, created: Date, allowance: TimeInterval) -> Bool {
-        purchased < created.addingTimeInterval(-allowance)
+        let purchasedAt = (purchased.timeIntervalSince1970 * 1000).rounded()
+        // As the API shows it: cut to the millisecond (half a microsecond spares a binary
+        // fraction held just below its millisecond).
+        let shown = ((created.timeIntervalSince1970 + 0.000_000_5) * 1000).rounded(.down)
+        return purchasedAt < shown - (allowance * 1000).rounded()
     }
 
     /// The alignment of one user's and product's purchases with their open orders.
