@@ -129,7 +129,7 @@ public struct HistoryImport: Sendable {
                 }
                 // Whatever else a line's events cannot hold refuses that line, never the import.
                 let planned: Planned
-                do { planned = try Self.plan(record, app: app, source: source) } catch {
+                do { planned = try Self.plan(record, app: app, source: source, purchaseAllowance: orders.purchaseAllowance) } catch {
                     let input = error is DecodingError || error is LedgerInputError
                         ? EventCoding.inputError(error, field: "line") : LedgerInputError(field: "line", problem: "cannot be stored: \(error)")
                     summary.refuse(line.number, input.code, input.description)
@@ -234,7 +234,14 @@ public struct HistoryImport: Sendable {
 
 
     /// A line's order and its events, named by the order and the event type.
-    static func plan(_ record: HistoryRecord, app: BundleID?, source: MetadataWriter) throws -> Planned {
+    static func plan(_ record: HistoryRecord, app: BundleID?, source: MetadataWriter, purchaseAllowance: TimeInterval? = nil) throws -> Planned {
+        // The purchase-date guard, as for any order: a purchase never pays an order created after
+        // it (beyond the clocks' allowance). A granted transaction alone has no order to guard.
+        if let allowance = purchaseAllowance, record.orderId != nil, let purchased = record.purchaseDate,
+           Reconciler.purchasedBeforeOrder(purchased, created: record.createdAt, allowance: allowance) {
+            throw LedgerInputError(
+                field: "purchaseDate", problem: "is before createdAt (beyond the \(Int(allowance)) s the clocks may disagree): a purchase cannot pay an order created after it")
+        }
         let orderID = record.orderId ?? record.transactionId.map(orderID(ofTransaction:)) ?? OrderID(unchecked: "imported")
         let user = record.userId ?? UserID(unchecked: HistoryRecord.unknownUser)
         let product = record.productId ?? ProductID(unchecked: HistoryRecord.unknownProduct)
@@ -278,7 +285,9 @@ public struct HistoryImport: Sendable {
         }
         return Planned(
             line: record.line, orderId: orderID, userId: user, transactionId: record.transactionId,
-            write: LedgerWriter.Write(LedgerWriter.Append(newEvents, to: orderID.streamID, expected: .noStream)), createdEvent: created)
+            // Apple's signed purchase date of a transaction waiting in the pool guards the order too.
+            write: LedgerWriter.Write(LedgerWriter.Append(newEvents, to: orderID.streamID, expected: .noStream), purchaseAllowance: purchaseAllowance),
+            createdEvent: created)
     }
 
     /// Each imported event's metadata, where it came from, as `EventCoding.encoder` writes it

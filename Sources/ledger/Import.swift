@@ -36,8 +36,9 @@ struct Import: AsyncParsableCommand {
             }
         }
         let chosen = inputs
+        let allowance = try options.configuration().reconciler.clockSkew
         let summaries = try await withLedgerDatabase(options) { client, logger in
-            let history = HistoryImport(orders: ServiceAssembly(database: Database(client: client, logger: logger)).orders)
+            let history = HistoryImport(orders: ServiceAssembly(database: Database(client: client, logger: logger), purchaseAllowance: allowance).orders)
             var summaries: [(String, HistoryImport.Summary)] = []
             for input in chosen {
                 let bar = ProgressBar(name: URL(fileURLWithPath: input.name).lastPathComponent, total: max(1, input.lines - (input.file.format == .csv ? 1 : 0)))

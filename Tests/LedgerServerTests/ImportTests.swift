@@ -150,6 +150,36 @@ struct ImportTests {
         }
     }
 
+    @Test("a line whose times cannot have been, or whose order was created after the purchase (its own date, or Apple's of a pooled one), is refused")
+    func impossibleTimes() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            // Bought 100 days ago (Apple's signature), waiting in the pool for u-7.
+            let old = TestApple.transaction("5400001", purchaseDate: Date(timeIntervalSinceNow: -100 * 86_400))
+            let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-7", "signedTransaction": try await apple.sign(old)])
+            #expect(pooled["outcome"] as? String == "unmatched", "\(pooled)")
+            let now = EventCoding.formatDate(Date(timeIntervalSinceNow: -60))
+            let lines = """
+                \(Self.header)
+                t-1,u-7,gems.100,,\(now),finished,0.99,USD,5400001,,\(now),Sandbox,
+                t-2,u-7,gems.100,,2024-05-01T00:00:00Z,refunded,0.99,USD,5400002,,2024-05-02T00:00:00Z,Sandbox,2020-01-01T00:00:00Z
+                t-3,u-7,gems.100,,2024-05-01T00:00:00Z,finished,0.99,USD,5400003,,2019-05-02T00:00:00Z,Sandbox,
+                t-4,u-7,gems.100,,2024-05-01T00:00:00Z,finished,0.99,USD,5400004,,2099-05-02T00:00:00Z,Sandbox,
+                ,,,,,,,,5400005,,1999-05-02T00:00:00Z,Sandbox,
+                t-6,u-7,gems.100,,2024-05-01T00:00:00Z,finished,0.99,USD,5400006,,2024-05-01T00:04:00Z,Sandbox,
+
+                """
+            let (status, summary) = try await post(http, lines)
+            #expect(status == .ok && summary["imported"] as? Int == 1, "\(summary)")
+            #expect(Self.refusals(summary) == [2: "purchased-before-order", 3: "invalid-input", 4: "invalid-input", 5: "invalid-input", 6: "invalid-input"], "\(summary)")
+            let messages = (summary["refusals"] as? [[String: Any]] ?? []).compactMap { $0["message"] as? String }
+            #expect(messages.count == 5 && messages[1] == "refundedAt is before purchaseDate: a purchase is refunded after it was bought", "\(messages)")
+            #expect(messages[2].hasPrefix("purchaseDate is before createdAt") && messages[3] == "purchaseDate is in the future", "\(messages)")
+            #expect(messages[4] == "purchaseDate is before the App Store opened (2008-07-10)", "\(messages)")
+            #expect(try await scalar(db, "SELECT coalesce(order_id, '-') || ' ' || status FROM apple_transactions WHERE transaction_id = '5400001'", as: String.self)
+                    == "- unmatched", "the pooled purchase still waits")
+        }
+    }
+
     @Test("an import stopped part way leaves whole orders, and the next run goes on where it stopped")
     func resumes() async throws {
         try await withReceiptsApplication(apple) { http, db in

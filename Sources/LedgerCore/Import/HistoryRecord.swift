@@ -143,7 +143,22 @@ public struct HistoryRecord: Sendable, Equatable {
         } else if refundedAt != nil {
             throw LedgerInputError(field: "refundedAt", problem: "is given for a \(self.state.rawValue) order; its state is then refunded")
         }
+        // Times that cannot have been (a mistyped year, a column shifted): the reports would date
+        // sales and refunds by them.
+        let latest = Date().addingTimeInterval(86_400)
+        for (field, time) in [("createdAt", createdAt), ("purchaseDate", purchaseDate), ("refundedAt", refundedAt)] {
+            if let time, time > latest { throw LedgerInputError(field: field, problem: "is in the future") }
+        }
+        if let purchaseDate, purchaseDate != Self.unknownDate, purchaseDate < Self.appStoreOpened {
+            throw LedgerInputError(field: "purchaseDate", problem: "is before the App Store opened (2008-07-10)")
+        }
+        if let purchaseDate, let refundedAt, refundedAt < purchaseDate {
+            throw LedgerInputError(field: "refundedAt", problem: "is before purchaseDate: a purchase is refunded after it was bought")
+        }
     }
+
+    /// The App Store's first day (2008-07-10, UTC): no purchase of it is older.
+    public static let appStoreOpened = Date(timeIntervalSince1970: 1_215_648_000)
 
     /// An ISO 8601 time, with or without fractional seconds.
     static func date(_ text: String) -> Date? {
