@@ -219,7 +219,7 @@ public struct HistoryImport: Sendable {
         case OrderLedgerError.duplicateTransaction(let id):
             ("transaction-granted", "Apple transaction \(id) is granted to another order already")
         case OrderLedgerError.accountConflict(let id):
-            ("account-conflict", "Apple transaction \(id) waits for support in an Apple-account conflict")
+            ("account-conflict", "Apple transaction \(id) is of an Apple account or token the ledger knows for another user than the line's: only support pairs it")
         case let error as OrderLedgerError: (error.code, error.description)
         case let error as OrderDecisionError: ("order-exists", "order \(planned.orderId) is in the ledger already: \(error)")
         case let error as AppendError: ("order-exists", "order \(planned.orderId) is in the ledger already: \(error)")
