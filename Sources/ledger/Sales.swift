@@ -24,6 +24,11 @@ struct Sales: AsyncParsableCommand {
             }
             let (first, last) = (try from.map { try Self.day($0, "--from") }, try to.map { try Self.day($0, "--to") })
             if let first, let last, last < first { throw ValidationError("--to must not be before --from") }
+            // A day not over in Pacific time has no report yet: an answer for it would be stored
+            // as the day's and never asked again.
+            if let last, last > SalesReportFetch.lastPublishedDay() {
+                throw ValidationError("--to must be at most \(SalesReportFetch.lastPublishedDay()), yesterday in Pacific time: Apple publishes a day's report once the day is over there")
+            }
             let again = again
             let (summary, swept) = try await withAppleWork(options, requiringKey: false) { work in
                 let logger = work.services.database.logger

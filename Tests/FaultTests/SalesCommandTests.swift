@@ -27,6 +27,9 @@ struct SalesCommandTests {
                 let (status, output) = try await LedgerChild.run(["sales", "fetch", "--from", d1, "--to", d2], environment: environment, log: work.appendingPathComponent("1.log"))
                 #expect(status == 0 && output.contains("sales reports: 1 new, 0 restated, 0 unchanged, 0 without sales, 1 not published yet"), "\(output)")
                 #expect(!output.contains("BEGIN PRIVATE KEY"))
+                // Today is not over in Pacific time: no report yet, and nothing asked.
+                let (early, notYet) = try await LedgerChild.run(["sales", "fetch", "--from", d1, "--to", Self.day(1)], environment: environment, log: work.appendingPathComponent("0.log"))
+                #expect(early == 64 && notYet.contains("yesterday in Pacific time"), "\(notYet)")
                 await standIn.publish(d2)
                 let (again, second) = try await LedgerChild.run(["sales", "fetch", "--from", d1, "--to", d2], environment: environment, log: work.appendingPathComponent("2.log"))
                 #expect(again == 0 && second.contains("sales reports: 0 new, 0 restated, 0 unchanged, 1 without sales"), "\(second)")
