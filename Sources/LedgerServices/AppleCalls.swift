@@ -48,6 +48,9 @@ public struct AppleCalls: Sendable {
             let calls = try await queue.claim(batch: batch, lease: lease)
             if calls.isEmpty { break }
             for call in calls {
+                // Apple slow on the calls before it: a call whose lease ran out meanwhile may be
+                // another server's now, and is left to it (made twice, Apple would be asked twice).
+                guard try await queue.leases.renew(call.lease, for: lease) else { continue }
                 let outcome = try await make(call, metadata: metadata)
                 summary.calls["\(call.kind.rawValue) \(outcome)", default: 0] += 1
             }

@@ -376,6 +376,47 @@ struct AppleCallsTests {
         }
     }
 
+    @Test("a call whose lease ran out while Apple held the one before it is left to the server that took it: made once")
+    func leaseRunsOutInABatch() async throws {
+        try await withCallsApplication { http, db, base in
+            for (order, id) in [("l-1", "8500001"), ("l-2", "8500002")] {
+                _ = try await verifiedOrder(http, order, id)
+                try await http.send(.post, "/v1/orders/\(order)/events", json: ["type": "delivered", "data": [:]])
+            }
+            var slow = appleCalls(standIn, base, db, switches: .init(finishAfterDelivery: true), timeout: .seconds(120))
+            slow.lease = 1
+            let other = appleCalls(standIn, base, db, switches: .init(finishAfterDelivery: true))
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_calls", as: Int.self) == 0)
+            // The feed reads up to the gap-safe position, which other suites' open transactions may hold back.
+            for _ in 0..<300 where try await scalar(db, "SELECT count(*)::int FROM apple_calls", as: Int.self) != 2 {
+                _ = try await other.queue.catchUp(.init(finishAfterDelivery: true))
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_calls", as: Int.self) == 2)
+            // The slow server takes both and Apple holds its first call; both leases run out.
+            await standIn.queue([.held])
+            async let first = slow.run()
+            var holding = 0
+            for _ in 0..<2400 where holding == 0 {
+                try await Task.sleep(for: .milliseconds(50))
+                holding = await standIn.holding
+            }
+            #expect(holding == 1, "the first call reached Apple within 2 minutes")
+            for _ in 0..<600 where try await scalar(db, "SELECT count(*)::int FROM leases WHERE name LIKE 'apple-call/%' AND expires_at > now()", as: Int.self) != 0 {
+                try await Task.sleep(for: .milliseconds(50))
+            }
+            // Another server takes both and makes them; then Apple answers the held one.
+            let taken = try await other.run()
+            #expect(taken.calls == ["finish sent": 2], "\(taken)")
+            await standIn.release()
+            let slowSummary = try await first
+            #expect(slowSummary.calls == ["finish sent": 1], "only the call it had in flight: \(slowSummary)")
+            let finishes = await standIn.writes.filter { $0.path.hasSuffix("/finish") }.map(\.path)
+            #expect(finishes.filter { $0.contains("8500002") }.count == 1, "the second call made once: \(finishes)")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM events WHERE stream_id LIKE 'apple-calls-85000%'", as: Int.self) == 2, "each recorded once")
+        }
+    }
+
     @Test("a client cannot append consumption-answer: refused, naming who records it, and nothing is stored")
     func clientsCannotAnswer() async throws {
         try await withReceiptsApplication(apple) { http, db in
