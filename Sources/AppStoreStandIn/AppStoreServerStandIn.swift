@@ -140,6 +140,16 @@ public final class AppStoreServerStandIn: Sendable {
     public func queue(_ faults: [Fault]) async { await state.queue(faults) }
     /// How many requests wait on a `held` fault.
     public var holding: Int { get async { await state.held.count } }
+    /// Waits until a request waits on a `held` fault, two minutes at most (however slow the
+    /// machine, no test races a sleep against it); answers how many wait.
+    public func untilHolding() async throws -> Int {
+        var holding = 0
+        for _ in 0..<2400 where holding == 0 {
+            try await Task.sleep(for: .milliseconds(50))
+            holding = await self.holding
+        }
+        return holding
+    }
     /// Lets every request held by a `held` fault go on.
     public func release() async { await state.release() }
     /// Requests that reached a route, with a valid token or not.

@@ -167,11 +167,7 @@ struct AppleAccountRoutesTests {
             }
             await standIn.queue([.held])
             async let first = sweeps[0].run()
-            var holding = 0
-            for _ in 0..<2400 where holding == 0 {
-                try await Task.sleep(for: .milliseconds(50))
-                holding = await standIn.holding
-            }
+            let holding = try await standIn.untilHolding()
             #expect(holding == 1, "the first sweep's request reached Apple within 2 minutes")
             // Promise 10: a sweep waiting on Apple holds no database transaction that would keep
             // the gap-safe feed from reaching what commits meanwhile (other tests' transactions
@@ -217,12 +213,7 @@ struct AppleAccountRoutesTests {
                 verifier: try configuration.apple.verifier(logger: TestServer.logger))
             await standIn.queue([.held])
             async let swept = sweep.run()
-            var holding = 0
-            // However slow the machine: the test's whole run has its own time limit.
-            for _ in 0..<2400 where holding == 0 {
-                try await Task.sleep(for: .milliseconds(50))
-                holding = await standIn.holding
-            }
+            let holding = try await standIn.untilHolding()
             #expect(holding == 1, "the sweep's request reached Apple within 120 s")
             // The lease runs out while Apple holds the answer, and another server takes it.
             try await db.client.query("UPDATE leases SET expires_at = now() WHERE name = 'history-sweep/acct-l'", logger: TestServer.logger)

@@ -396,11 +396,7 @@ struct AppleCallsTests {
             // The slow server takes both and Apple holds its first call; both leases run out.
             await standIn.queue([.held])
             async let first = slow.run()
-            var holding = 0
-            for _ in 0..<2400 where holding == 0 {
-                try await Task.sleep(for: .milliseconds(50))
-                holding = await standIn.holding
-            }
+            let holding = try await standIn.untilHolding()
             #expect(holding == 1, "the first call reached Apple within 2 minutes")
             for _ in 0..<600 where try await scalar(db, "SELECT count(*)::int FROM leases WHERE name LIKE 'apple-call/%' AND expires_at > now()", as: Int.self) != 0 {
                 try await Task.sleep(for: .milliseconds(50))
