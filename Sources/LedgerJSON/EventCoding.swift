@@ -71,11 +71,14 @@ public enum EventCoding {
 
     /// A client's order event of `type`, read from `data` (which is stored as sent).
     public static func orderEvent(_ type: OrderEventType, from data: Data) throws(LedgerInputError) -> OrderEvent {
+        let event: OrderEvent
         do {
-            return try OrderEvent(type: type, body: JSONReader(data: data))
+            event = try OrderEvent(type: type, body: JSONReader(data: data))
         } catch {
             throw inputError(error, field: "data")
         }
+        try event.validateNew()
+        return event
     }
 
     /// An event the ledger writes itself, as it is stored, with its body read back from that JSON:

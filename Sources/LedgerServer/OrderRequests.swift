@@ -91,6 +91,7 @@ struct AppendEvent: ClosedBody {
         } catch let error as DecodingError {
             throw EventCoding.inputError(error, field: "data", within: CodingKeys.data.stringValue)
         }
+        try event.validateNew()
         if case .refunded(let refund) = event {
             // Stored events read any other value as the notification type the ledger once wrote
             // there; from a client, only those two (REFUND, REVOKE) are: a misspelt

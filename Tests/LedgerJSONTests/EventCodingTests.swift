@@ -62,6 +62,14 @@ struct EventCodingTests {
         #expect(try EventCoding.body(stream: StreamID("order-o-1"), type: "no-such-type", data: Data("{}".utf8)) == .opaque(type: "no-such-type"))
     }
 
+    @Test("a failure's reason with a control character is refused from a client, and still read from the log, which may hold one from before the rule")
+    func controlCharacterInReason() throws {
+        let body = #"{"reason":"card\tdeclined"}"#
+        #expect(throws: LedgerInputError(field: "reason", problem: "contains a control character")) { try decode(.failed, body) }
+        let stored = try EventCoding.body(stream: StreamID(unchecked: "order-o-1"), type: "failed", data: Data(body.utf8))
+        #expect(stored == .order(.failed(Failed(reason: "card\tdeclined"))))
+    }
+
     @Test("bad bodies are refused naming the field")
     func badBodies() {
         let cases: [(OrderEventType, String, String)] = [
