@@ -121,8 +121,9 @@ public struct Database: Sendable {
             }
         } catch {
             // On a connection the server dropped, a ROLLBACK can wait forever (it is queued on
-            // a connection that is closing); PostgreSQL rolls the transaction back anyway.
-            if !connection.isClosed, !isConnectionFailure(error) {
+            // a connection that is closing); PostgreSQL rolls the transaction back anyway. The
+            // pool's own error (no new connection made) says nothing of this open one.
+            if !connection.isClosed, !isConnectionFailure(error) || error is ConnectionPoolError {
                 _ = try? await connection.guardedQuery("ROLLBACK", logger: logger)
             }
             throw error

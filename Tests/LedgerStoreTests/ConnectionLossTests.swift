@@ -25,6 +25,27 @@ struct ConnectionLossTests {
         }
     }
 
+    @Test("a transaction that fails with the pool's own error (no new connection) is rolled back: its connection goes back clean")
+    func poolErrorRollsBack() async throws {
+        try await withTestDatabase { db in
+            try await db.database.query("CREATE TABLE rolled (n int)")
+            await #expect(throws: ConnectionPoolError.self) {
+                try await db.database.transaction { tx in
+                    try await tx.connection.guardedQuery("INSERT INTO rolled VALUES (1)", logger: TestServer.logger)
+                    throw ConnectionPoolError.connectionCreationCircuitBreakerTripped
+                }
+            }
+            // Left open, the next transaction on that connection would run inside it and commit the row.
+            for _ in 0..<5 {
+                try await db.database.transaction { tx in try await tx.connection.guardedQuery("SELECT 1", logger: TestServer.logger) }
+            }
+            let rows = try await db.database.query("SELECT count(*)::int FROM rolled")
+            var count = -1
+            for try await n in rows.decode(Int.self) { count = n }
+            #expect(count == 0)
+        }
+    }
+
     @Test("a transaction whose connection is terminated midway fails as a connection failure and commits nothing")
     func transactionOnTerminatedConnection() async throws {
         try await withTestDatabase { db in
