@@ -235,13 +235,6 @@ public struct HistoryImport: Sendable {
 
     /// A line's order and its events, named by the order and the event type.
     static func plan(_ record: HistoryRecord, app: BundleID?, source: MetadataWriter, purchaseAllowance: TimeInterval? = nil) throws -> Planned {
-        // The purchase-date guard, as for any order: a purchase never pays an order created after
-        // it (beyond the clocks' allowance). A granted transaction alone has no order to guard.
-        if let allowance = purchaseAllowance, record.orderId != nil, let purchased = record.purchaseDate,
-           Reconciler.purchasedBeforeOrder(purchased, created: record.createdAt, allowance: allowance) {
-            throw LedgerInputError(
-                field: "purchaseDate", problem: "is before createdAt (beyond the \(Int(allowance)) s the clocks may disagree): a purchase cannot pay an order created after it")
-        }
         let orderID = record.orderId ?? record.transactionId.map(orderID(ofTransaction:)) ?? OrderID(unchecked: "imported")
         let user = record.userId ?? UserID(unchecked: HistoryRecord.unknownUser)
         let product = record.productId ?? ProductID(unchecked: HistoryRecord.unknownProduct)
