@@ -247,14 +247,23 @@ public struct HistorySweep: Sendable {
         let known = try await pool.holders(of: transactions.map(\.transactionId))
         let new = transactions.filter { known.index(forKey: $0.transactionId) == nil }
         summary.known += transactions.count - new.count
+        // The purchase's own token decides its order (another user's, it may be); the account's
+        // user is whom one no order takes is pooled for.
+        let claim = ReceiptLedger.Claim(userId: nil, orderId: nil, poolUserId: account.user)
+        // An order holding one on its backend's own claim, unverified, that what Apple signed
+        // contradicts yields it: taken back, then taken in as a new one would be (counted so).
+        let claimed = known.compactMap { $0.value == nil ? nil : $0.key }
+        let unverified = claimed.isEmpty ? [] : try await pool.unverifiedClaims(of: claimed)
+        for transaction in transactions where unverified.contains(transaction.transactionId) {
+            guard let answer = try await receipts.takeBackContradictedClaim(transaction, claim: claim, metadata: metadata) else { continue }
+            summary.known -= 1
+            summary.ingested[answer.outcome.rawValue, default: 0] += 1
+        }
         // A subscription whose start an order holds but never started (an imported or
         // pre-subscription grant): started from it, with the renewals that waited; the new ones
         // taken in below find it (the intake starts it for those too).
         _ = try await receipts.startHeldSubscriptions(
             of: transactions.filter { known.index(forKey: $0.transactionId) != nil }, metadata: metadata)
-        // The purchase's own token decides its order (another user's, it may be); the account's
-        // user is whom one no order takes is pooled for.
-        let claim = ReceiptLedger.Claim(userId: nil, orderId: nil, poolUserId: account.user)
         let outcomes = try await withThrowingTaskGroup(of: ReceiptOutcome?.self) { group in
             for transaction in new {
                 group.addTask {

@@ -41,6 +41,41 @@ extension ReceiptLedger {
         return nil
     }
 
+    /// The order holding Apple transaction `id` on its backend's own claim, not yet verified
+    /// (state `receipt-received`; never an imported grant or support's pairing), with its lock
+    /// taken: what `takeBack` needs. The caller holds the transaction's lock, and `holder` is
+    /// the transaction's record it read under it.
+    func unverifiedClaim(of id: TransactionID, holder: AppleTransactionRecord?, in tx: DatabaseTransaction) async throws -> (order: Order, snapshot: LedgerWriter.Snapshot)? {
+        guard let holder, let orderId = holder.orderId, holder.matchedBy != .imported, holder.matchedBy != .support else { return nil }
+        let snapshot = try await writer.read(locking: [orderId.streamID], orders: [orderId], transactions: [id], in: tx)
+        guard snapshot.transaction(id)?.orderId == orderId, let order = snapshot.order(orderId), order.state == .receiptReceived else { return nil }
+        return (order, snapshot)
+    }
+
+    /// Apple refunded or revoked (`notificationType`) a transaction a backend claimed before its
+    /// order was verified: the order fails, and the transaction leaves the pool with the refund.
+    static func refundedBeforeVerified(_ id: TransactionID, _ order: Order, notificationType: String) -> Contradiction {
+        let reason = notificationType == "REVOKE" ? "transaction-revoked" : "transaction-refunded"
+        return Contradiction(
+            reason: reason, detail: "Apple \(notificationType == "REVOKE" ? "revoked" : "refunded") transaction \(id) before order \(order.orderId) was verified",
+            failsOrder: true, knownUser: nil)
+    }
+
+    /// A backend's unverified claim of `transaction` that what Apple signed contradicts, taken
+    /// back (`takeBack`); then the transaction is taken in for `claim` as if that claim had never
+    /// been. For Apple's word that arrives without a client's proof (a history sweep). Nil, and
+    /// nothing written, when no such claim holds it.
+    public func takeBackContradictedClaim(_ transaction: AppleTransaction, claim: Claim, metadata: Data) async throws -> Answer? {
+        try await database.transactionAgainAfterLostRace(lost: Self.lostRace) { tx in
+            let id = transaction.transactionId
+            try await lockTransaction(id, in: tx)
+            guard let (order, snapshot) = try await unverifiedClaim(of: id, holder: try await writer.read(orders: [], transactions: [id], in: tx).transaction(id), in: tx),
+                  let contradiction = try await contradiction(of: transaction, heldBy: order, in: tx) else { return nil }
+            _ = try await takeBack(transaction, from: order, contradiction, metadata: metadata, in: tx, knowing: snapshot)
+            return try await apply(transaction, claim: claim, metadata: metadata, in: tx)
+        }
+    }
+
     /// Takes a backend's contradicted claim back, in one write: `pairing-undone` on the order
     /// (back to the state before the receipt; then `failed` when Apple's product or quantity is
     /// not the order's) and `transaction-unmatched` with what Apple signed on the transaction,
@@ -63,11 +98,18 @@ extension ReceiptLedger {
             LedgerWriter.Append(try events.map { try EventCoding.newEvent($0.0, id: $0.1, metadata: metadata) }, to: order.orderId.streamID),
             try Self.poolAppend(
                 transaction, userId: order.userId, claimedOrder: order.orderId, reason: contradiction.reason, knownUserId: contradiction.knownUser,
-                undoneOrderIds: [order.orderId], id: EventID.named("undone", id.rawValue, order.orderId.rawValue, version), metadata: metadata),
+                undoneOrderIds: Self.barred(order.orderId, after: snapshot.transaction(id)), id: EventID.named("undone", id.rawValue, order.orderId.rawValue, version), metadata: metadata),
         ])
         let written = try await writer.append(write, in: tx, knowing: snapshot)
         return Answer(outcome: .unmatched, transactionId: id, orderId: order.orderId, state: written.appends[0].order?.state ?? order.state,
                       finishTransaction: false, reason: contradiction.reason)
+    }
+
+    /// The orders a transaction taken back from `order` is barred from: `order`, and those it was
+    /// undone from while it waited in the pool before (`record`'s pool entry).
+    static func barred(_ order: OrderID, after record: AppleTransactionRecord?) -> [OrderID] {
+        let before = (try? record?.pooled())??.undoneOrderIds ?? []
+        return before.contains(order) ? before : before + [order]
     }
 
     /// Whether Apple's signature points to `named` rather than to `holder`, the order holding the

@@ -25,6 +25,19 @@ public struct TransactionPool: Sendable {
         return holders
     }
 
+    /// Which of `ids` an order holds on its backend's own claim, not yet verified: the order in
+    /// `receipt-received`, the transaction neither an imported grant nor support's pairing.
+    public func unverifiedClaims(of ids: [TransactionID]) async throws -> Set<TransactionID> {
+        let rows = try await database.query("""
+            SELECT t.transaction_id FROM apple_transactions t JOIN orders o ON o.order_id = t.order_id
+            WHERE t.transaction_id = ANY(\(ids.map(\.rawValue))) AND o.state = 'receipt-received'
+              AND t.matched_by IS DISTINCT FROM 'imported' AND t.matched_by IS DISTINCT FROM 'support'
+            """)
+        var claims = Set<TransactionID>()
+        for try await id in rows.decode(String.self) { claims.insert(TransactionID(unchecked: id)) }
+        return claims
+    }
+
     /// The app of each of `ids` the ledger has (nil: a transaction of no app), for a key limited
     /// to apps.
     public func apps(of ids: [TransactionID]) async throws -> [TransactionID: BundleID?] {

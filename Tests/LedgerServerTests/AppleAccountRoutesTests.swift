@@ -276,6 +276,34 @@ struct AppleAccountRoutesTests {
         }
     }
 
+    @Test("a sweep's signed transaction that a backend claimed, unverified, for an order of another product: the claim is taken back, the order its token names takes it")
+    func sweepTakesBackAClaim() async throws {
+        try await withSweepApplication { http, db, _ in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-claimed", user: "u-c"))
+            var own = receipt("7400050")
+            own["purchaseDate"] = ISO8601DateFormatter().string(from: Date())
+            let (claimed, _) = try await http.send(.post, "/v1/orders/o-claimed/events", json: ["type": "receipt-received", "data": own])
+            #expect(claimed == .created)
+            let (_, created) = try await http.send(.post, "/v1/orders", json: newOrder("o-500", user: "u-c", product: "gems.500"))
+            let token = try #require((created["appAccountToken"] as? String).flatMap(UUID.init(uuidString:)))
+            try await link(http, "u-c", try await apple.sign(TestApple.appTransaction("acct-c")))
+            var purchase = TestApple.transaction("7400050", product: "gems.500", appAccountToken: token)
+            purchase.appTransactionId = "acct-c"
+            await standIn.setHistory("acct-c", [.init(revision: "c1", hasMore: false, signedTransactions: [try await apple.sign(purchase)])])
+            let (_, summary) = try await http.send(.post, "/v1/recover", raw: "")
+            #expect(summary["known"] as? Int == 0 && summary["ingested"] as? [String: Int] == ["matched": 1], "\(summary)")
+            #expect(try await scalar(db, "SELECT state || ' ' || coalesce(failure_reason, '') FROM orders WHERE order_id = 'o-claimed'", as: String.self)
+                == "failed product-mismatch")
+            let (_, paid) = try await http.send(.get, "/v1/orders/o-500")
+            #expect(paid["state"] as? String == "verified" && paid["transactionId"] as? String == "7400050", "\(paid)")
+            let events = try await eventCount(db)
+            let (_, again) = try await http.send(.post, "/v1/recover", json: ["userId": "u-c"])
+            #expect((again["ingested"] as? [String: Int] ?? [:]).isEmpty, "\(again)")
+            #expect(try await eventCount(db) == events)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("ledger serve sweeps on its own every LEDGER_RECOVERY_INTERVAL seconds")
     func sweepsInTheBackground() async throws {
         try await withSweepApplication(interval: 1) { http, _, _ in

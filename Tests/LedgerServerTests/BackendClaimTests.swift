@@ -91,4 +91,61 @@ struct BackendClaimTests {
             #expect(try await scalar(db, "SELECT count(*)::int FROM events WHERE stream_id = 'order-o-payer'", as: Int.self) == 1)
         }
     }
+
+    @Test("a proof naming another order, or none, of a transaction a backend claimed otherwise than Apple signed: the claim is taken back, then the proof is taken as if it had never been")
+    func proofOfAnotherOrder() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await claimed(http, "o-wrong", user: "frank", transaction: "7900005")
+            try await http.send(.post, "/v1/orders", json: newOrder("o-right", user: "frank", product: "gems.500"))
+            let signed = try await apple.sign(TestApple.transaction("7900005", product: "gems.500"))
+            let (_, right) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-right", "signedTransaction": signed])
+            #expect(right["outcome"] as? String == "matched" && right["orderId"] as? String == "o-right", "\(right)")
+            let (_, wrong) = try await http.send(.get, "/v1/orders/o-wrong")
+            #expect(wrong["state"] as? String == "failed", "\(wrong)")
+            #expect(try await scalar(db, "SELECT failure_reason FROM orders WHERE order_id = 'o-wrong'", as: String.self) == "product-mismatch")
+
+            // Named by no order (a user alone): bought a year before the order that claimed it, it
+            // waits in the pool for that user, barred from that order.
+            try await claimed(http, "o-late", user: "frank", transaction: "7900006")
+            let old = try await apple.sign(TestApple.transaction("7900006", purchaseDate: Date(timeIntervalSinceNow: -365 * 86_400)))
+            let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["userId": "frank", "signedTransaction": old])
+            #expect(pooled["outcome"] as? String == "unmatched" && pooled["finishTransaction"] as? Bool == false, "\(pooled)")
+            #expect(try await scalar(db, """
+                SELECT user_id || ' ' || (verification->'undoneOrderIds'->>0) FROM apple_transactions WHERE transaction_id = '7900006' AND order_id IS NULL
+                """, as: String.self) == "frank o-late")
+            let (_, late) = try await http.send(.get, "/v1/orders/o-late")
+            #expect(late["state"] as? String == "created", "\(late)")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
+    @Test("Apple's notification about a claimed, unverified transaction: another product takes the claim back; a refund fails the order and the transaction leaves the pool refunded")
+    func notificationsDecide() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await claimed(http, "o-gina", user: "gina", transaction: "7900007")
+            let (_, charge) = try await http.notifyApple(try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("7900007", product: "gems.500")))
+            #expect(charge["applied"] as? Bool == true, "\(charge)")
+            let (_, gina) = try await http.send(.get, "/v1/orders/o-gina")
+            #expect(gina["state"] as? String == "failed", "\(gina)")
+            #expect(try await scalar(db, "SELECT failure_reason FROM orders WHERE order_id = 'o-gina'", as: String.self) == "product-mismatch")
+            #expect(try await scalar(db, "SELECT product_id || ' ' || status FROM apple_transactions WHERE transaction_id = '7900007' AND order_id IS NULL", as: String.self)
+                == "gems.500 unmatched")
+
+            try await claimed(http, "o-hal", user: "hal", transaction: "7900008")
+            var refunded = TestApple.transaction("7900008")
+            refunded.revocationDate = Date().millisecondsSince1970
+            refunded.revocationReason = 0
+            let (_, refund) = try await http.notifyApple(try await apple.notification("REFUND", transaction: refunded))
+            #expect(refund["applied"] as? Bool == true && refund["streamId"] as? String == "transaction-7900008", "\(refund)")
+            let (_, hal) = try await http.send(.get, "/v1/orders/o-hal")
+            #expect(hal["state"] as? String == "failed", "\(hal)")
+            #expect(try await scalar(db, "SELECT failure_reason FROM orders WHERE order_id = 'o-hal'", as: String.self) == "transaction-refunded")
+            let (refused, _) = try await http.send(.post, "/v1/orders/o-hal/events", json: ["type": "verified", "data": [:]])
+            #expect(refused == .conflict, "a refunded purchase is never verified")
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '7900008' AND order_id IS NULL", as: String.self) == "refunded")
+            let (_, proof) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-hal", "signedTransaction": try await apple.sign(refunded)])
+            #expect(proof["outcome"] as? String == "rejected" && proof["finishTransaction"] as? Bool == true, "\(proof)")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
 }
