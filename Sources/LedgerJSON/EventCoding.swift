@@ -34,7 +34,7 @@ public enum EventCoding {
     private static let dateFormat = Date.ISO8601FormatStyle(includingFractionalSeconds: true)
 
     /// `2026-11-21T10:00:00.123Z`.
-    public static func formatDate(_ date: Date) -> String { date.formatted(dateFormat) }
+    public static func formatDate(_ date: Date) -> String { date.addingTimeInterval(0.000_000_5).formatted(dateFormat) }
 
     /// An ISO 8601 time (`2026-11-21T10:00:00Z`, `…:00.123456Z`, `…:00+08:00`), or nil; times
     /// outside 1970 to 9999 are refused (no App Store time is older: such a time is a client's

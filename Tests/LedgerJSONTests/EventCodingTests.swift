@@ -133,4 +133,15 @@ struct EventCodingTests {
             #expect(EventCoding.parseDate(EventCoding.formatDate(original)) == original)
         }
     }
+
+    @Test("Apple's milliseconds are written as Apple signed them, never a millisecond early")
+    func applesMilliseconds() throws {
+        var wrong: [String] = []
+        for ms in Int64(1_795_255_200_000)..<1_795_255_202_000 {
+            // As a signed transaction's date is read: milliseconds since 1970, as a Date.
+            let text = EventCoding.formatDate(Date(timeIntervalSince1970: Double(ms) / 1000))
+            if !text.hasSuffix(String(format: ".%03dZ", Int(ms % 1000))) { wrong.append(text) }
+        }
+        #expect(wrong.isEmpty, "\(wrong.count) of 2000 written otherwise, e.g. \(wrong.prefix(3))")
+    }
 }

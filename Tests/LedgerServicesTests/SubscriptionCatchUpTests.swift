@@ -96,7 +96,7 @@ struct SubscriptionCatchUpTests {
                 let first = try await catchUp.refresh(
                     originalTransactionId: "7200001", bundleId: BundleID(unchecked: TestApple.bundleId), environment: .sandbox, metadata: metadata)
                 #expect(first.transactions == 2 && first.known == 1 && first.ingested.values.reduce(0, +) == 1, "\(first)")
-                #expect(first.appleStatus == 1 && first.status == .recorded)
+                #expect(first.appleStatus == 1 && first.status == .recorded, "\(first)")
                 #expect(try await services.pool.holders(of: [TransactionID(unchecked: "7200002")]).count == 1, "the renewal is taken in")
                 #expect(try await services.pool.holders(of: [TransactionID(unchecked: "7200900")]).isEmpty, "another purchase is not")
                 let row = try #require(try await services.subscriptionStore.subscription("7200001"))

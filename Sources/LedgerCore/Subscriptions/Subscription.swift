@@ -145,7 +145,7 @@ public struct Subscription: Sendable, Equatable {
             // The latest period Apple signed, by purchase date, not by end: an upgrade to a product
             // of a shorter period ends earlier than the period it replaced, and is the one that
             // counts from then on. A period Apple marks upgraded never decides.
-            if let end = t.periodEnd, latest.map({ t.purchaseDate >= $0 }) ?? true {
+            if let end = t.periodEnd, latest.map({ Self.ms(t.purchaseDate) >= Self.ms($0) }) ?? true {
                 // The latest period: it decides the product, and a paid period ends any retry.
                 next.expiresAt = end
                 next.productId = t.productId
@@ -155,18 +155,18 @@ public struct Subscription: Sendable, Equatable {
                 next.revokedAt = nil
             }
         case .renewalChanged(let body):
-            if let purchased = body.purchaseDate, let latest = next.periods.map(\.purchaseDate).max(), purchased < latest {
+            if let purchased = body.purchaseDate, let latest = next.periods.map(\.purchaseDate).max(), Self.ms(purchased) < Self.ms(latest) {
                 // About a period a later one replaced (an upgrade to a shorter period ends before
                 // the period it replaced, so its end alone cannot tell): older news, nothing changes.
                 return next
             }
-            if let end = body.expiresDate, let known = next.expiresAt, end < known {
+            if let end = body.expiresDate, let known = next.expiresAt, Self.ms(end) < Self.ms(known) {
                 // About an earlier period than the latest one recorded (Apple's notifications may
                 // arrive out of order): what it says of renewal is older than what that period
                 // brought, so it changes nothing but the version.
                 return next
             }
-            if let end = body.expiresDate, next.expiresAt.map({ end > $0 }) ?? true {
+            if let end = body.expiresDate, next.expiresAt.map({ Self.ms(end) > Self.ms($0) }) ?? true {
                 // A later end (a renewal whose period is not recorded, RENEWAL_EXTENDED): service
                 // goes on, as a new period's would.
                 next.expiresAt = end
@@ -229,8 +229,13 @@ public struct Subscription: Sendable, Equatable {
     /// millisecond (`held` is read back from PostgreSQL's microseconds); unknown times are never older.
     static func isOlder(_ signed: Date?, than held: Date?) -> Bool {
         guard let signed, let held else { return false }
-        return (signed.timeIntervalSince1970 * 1000).rounded() < (held.timeIntervalSince1970 * 1000).rounded()
+        return ms(signed) < ms(held)
     }
+
+    /// `date` to Apple's whole millisecond: Apple signs milliseconds, which a `Date` holds as a
+    /// binary fraction and PostgreSQL gives back as microseconds, so two readings of one time
+    /// may differ below it. Apple's times are compared in these.
+    static func ms(_ date: Date) -> Double { (date.timeIntervalSince1970 * 1000).rounded() }
 
     /// Whether period `index` is the latest one bought (by purchase date, as `evolve` lets it
     /// decide the product and end): the one paying for the subscription's current term, even when
@@ -240,6 +245,6 @@ public struct Subscription: Sendable, Equatable {
     func isLatest(_ index: Int) -> Bool {
         guard periods[index].expiresAt != nil else { return false }
         let bought = periods[index].purchaseDate
-        return !periods.contains { $0.expiresAt != nil && $0.purchaseDate > bought }
+        return !periods.contains { $0.expiresAt != nil && Self.ms($0.purchaseDate) > Self.ms(bought) }
     }
 }
