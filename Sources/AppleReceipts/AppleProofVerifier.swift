@@ -91,12 +91,15 @@ public struct AppleProofVerifier: Sendable {
     /// (StoreKit hands such transactions to the app too) is refused with `transaction-revoked`.
     public func verifiedPurchase(signed jws: String) async throws(AppleVerificationError) -> AppleTransaction {
         let (transaction, revocation) = try await transactionAndRevocation(signed: jws)
-        if let revocation {
-            throw AppleVerificationError(
-                code: "transaction-revoked",
-                message: "Apple refunded or revoked transaction \(transaction.transactionId) at \(revocation.date.ISO8601Format()): it is never granted")
-        }
+        if let revocation { throw Self.revoked(transaction, revocation) }
         return transaction
+    }
+
+    /// The refusal of a purchase Apple refunded or revoked (`verifiedPurchase(signed:)`).
+    public static func revoked(_ transaction: AppleTransaction, _ revocation: Revocation) -> AppleVerificationError {
+        AppleVerificationError(
+            code: "transaction-revoked",
+            message: "Apple refunded or revoked transaction \(transaction.transactionId) at \(revocation.date.ISO8601Format()): it is never granted")
     }
 
     /// `transaction(signed:)`, with how Apple refunded or revoked it, if it did (Apple's

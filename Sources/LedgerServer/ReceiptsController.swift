@@ -40,9 +40,14 @@ struct ReceiptsController {
         switch (body.signedTransaction, body.receiptData) {
         case (let jws?, nil):
             do {
-                let transaction = try await verifier.verifiedPurchase(signed: jws)
+                let (transaction, revocation) = try await verifier.transactionAndRevocation(signed: jws)
                 // A key limited to apps sends proofs of its apps alone; nothing else is stored.
                 try context.requireReach(bundleId: transaction.bundleId)
+                if let revocation {
+                    // Never granted; a backend's unverified claim of it is taken back first.
+                    try await receipts.takeBackRefundedClaim(transaction, metadata: metadata)
+                    throw AppleProofVerifier.revoked(transaction, revocation)
+                }
                 let answer = try await receipts.apply(transaction, claim: claim, metadata: metadata)
                 metrics.receiptAnswered(answer.outcome.rawValue)
                 return try Self.response(

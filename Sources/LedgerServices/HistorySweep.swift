@@ -254,10 +254,22 @@ public struct HistorySweep: Sendable {
         // contradicts yields it: taken back, then taken in as a new one would be (counted so).
         let claimed = known.compactMap { $0.value == nil ? nil : $0.key }
         let unverified = claimed.isEmpty ? [] : try await pool.unverifiedClaims(of: claimed)
+        var takenBack = 0
         for transaction in transactions where unverified.contains(transaction.transactionId) {
-            guard let answer = try await receipts.takeBackContradictedClaim(transaction, claim: claim, metadata: metadata) else { continue }
-            summary.known -= 1
-            summary.ingested[answer.outcome.rawValue, default: 0] += 1
+            do {
+                guard let answer = try await receipts.takeBackContradictedClaim(transaction, claim: claim, metadata: metadata) else { continue }
+                summary.known -= 1
+                summary.ingested[answer.outcome.rawValue, default: 0] += 1
+                takenBack += 1
+            } catch let error as LedgerInputError {
+                // As for a new one below: nothing of it is written (the claim stays), and the
+                // cursor waits until the catalog is mended.
+                logger.warning("a transaction in Apple's transaction history was refused", metadata: [
+                    "apple.account": "\(account.id)", "apple.transaction": "\(transaction.transactionId)",
+                    "error": "\(error.code)", "error.message": "\(error)"])
+                summary.refused += 1
+                refused = true
+            }
         }
         // A subscription whose start an order holds but never started (an imported or
         // pre-subscription grant): started from it, with the renewals that waited; the new ones
@@ -284,7 +296,7 @@ public struct HistorySweep: Sendable {
         let taken = outcomes.compactMap { $0 }
         for outcome in taken { summary.ingested[outcome.rawValue, default: 0] += 1 }
         summary.refused += outcomes.count - taken.count
-        return (taken.count, refused || taken.count < outcomes.count)
+        return (taken.count + takenBack, refused || taken.count < outcomes.count)
     }
 
     /// The account's failure, counted by code: Apple's, verification's, or `internal-error`.

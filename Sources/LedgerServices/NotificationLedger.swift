@@ -97,7 +97,7 @@ public struct NotificationLedger: Sendable {
             let type = record.notificationType
             let revocation = notification.revocation ?? Revocation(date: record.signedDate)
             let role = try await self.role(of: transaction, in: tx)
-            if role.paysOrder, let (claimant, snapshot) = try await receipts.unverifiedClaim(of: id, holder: known, in: tx) {
+            if role.paysOrder || transaction.inAppOwnershipType == "FAMILY_SHARED", let (claimant, snapshot) = try await receipts.unverifiedClaim(of: id, holder: known, in: tx) {
                 // Held on its backend's own claim, unverified: Apple's word decides. What Apple
                 // signed contradicts the claim, or Apple took the purchase back before the order was
                 // verified: taken back, then taken in as if that claim had never been (a refund's

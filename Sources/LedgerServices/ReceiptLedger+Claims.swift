@@ -12,7 +12,7 @@ extension ReceiptLedger {
     static let heldByAnotherOrder = "held-by-another-order"
 
     /// Why a backend's claim of `transaction` for `order` (held, not yet verified) cannot stand
-    /// as Apple signed it: the Apple account or token is another user's, Apple's product or
+    /// as Apple signed it: Apple signed it for another app, the Apple account or token is another user's, Apple's product or
     /// quantity is not the order's, or it was bought before the order. Nil when it stands.
     struct Contradiction {
         let reason: String
@@ -21,10 +21,33 @@ extension ReceiptLedger {
         let failsOrder: Bool
         /// The user the ledger knows for the transaction, when it is another than the order's.
         let knownUser: UserID?
+        /// Whom the transaction waits in the pool for (nil: the order's user).
+        var poolUser: UserID? = nil
     }
 
     func contradiction(of transaction: AppleTransaction, heldBy order: Order, in tx: DatabaseTransaction) async throws -> Contradiction? {
         let id = transaction.transactionId
+        if !Self.sameApp(order, transaction) {
+            // Apple signed it for another app: the order's claim cannot be right, whatever else.
+            return Contradiction(
+                reason: OrderLedgerError.appMismatch(id).code, detail: "Apple transaction \(id) is of app \(transaction.bundleId), not of order \(order.orderId)'s",
+                failsOrder: false, knownUser: nil)
+        }
+        if transaction.inAppOwnershipType == "FAMILY_SHARED" {
+            // A family member's access to another's purchase never pays an order (issue 40).
+            return Contradiction(
+                reason: AppleTransactionRecord.familySharedReason, detail: "Apple transaction \(id) is a family member's shared access, never an order's",
+                failsOrder: false, knownUser: nil)
+        }
+        if let token = transaction.appAccountToken, token != order.appAccountToken,
+           let named = try await orders.orderID(appAccountToken: token, bundleId: transaction.bundleId, in: tx),
+           let owner = try await writer.read(orders: [named], transactions: [], in: tx).order(named), owner.userId != order.userId {
+            // Apple signed the token of another user's order: bought for that order, no doubt a
+            // person must settle (as a shared Apple account leaves). It waits for that user.
+            return Contradiction(
+                reason: "user-mismatch", detail: "Apple transaction \(id) carries the appAccountToken of order \(named), another user's",
+                failsOrder: false, knownUser: nil, poolUser: owner.userId)
+        }
         if let known = try await TransactionPool(database: database).knownUser(of: transaction, in: tx), known != order.userId {
             return Contradiction(
                 reason: AppleTransactionRecord.accountConflictReason, detail: "Apple transaction \(id) is of an Apple account or token of another user",
@@ -76,6 +99,20 @@ extension ReceiptLedger {
         }
     }
 
+    /// A backend's unverified claim of `transaction`, which Apple refunded or revoked (a client's
+    /// proof says so), taken back: the order fails (`refundedBeforeVerified`) and the transaction
+    /// waits refunded. Nothing written when no such claim holds it.
+    public func takeBackRefundedClaim(_ transaction: AppleTransaction, metadata: Data) async throws {
+        try await database.transactionAgainAfterLostRace(lost: Self.lostRace) { tx in
+            let id = transaction.transactionId
+            try await lockTransaction(id, in: tx)
+            guard let (order, snapshot) = try await unverifiedClaim(of: id, holder: try await writer.read(orders: [], transactions: [id], in: tx).transaction(id), in: tx)
+            else { return }
+            let type = transaction.inAppOwnershipType == "FAMILY_SHARED" ? "REVOKE" : "REFUND"
+            _ = try await takeBack(transaction, from: order, Self.refundedBeforeVerified(id, order, notificationType: type), metadata: metadata, in: tx, knowing: snapshot)
+        }
+    }
+
     /// Takes a backend's contradicted claim back, in one write: `pairing-undone` on the order
     /// (back to the state before the receipt; then `failed` when Apple's product or quantity is
     /// not the order's) and `transaction-unmatched` with what Apple signed on the transaction,
@@ -97,7 +134,7 @@ extension ReceiptLedger {
         let write = LedgerWriter.Write([
             LedgerWriter.Append(try events.map { try EventCoding.newEvent($0.0, id: $0.1, metadata: metadata) }, to: order.orderId.streamID),
             try Self.poolAppend(
-                transaction, userId: order.userId, claimedOrder: order.orderId, reason: contradiction.reason, knownUserId: contradiction.knownUser,
+                transaction, userId: contradiction.poolUser ?? order.userId, claimedOrder: order.orderId, reason: contradiction.reason, knownUserId: contradiction.knownUser,
                 undoneOrderIds: Self.barred(order.orderId, after: snapshot.transaction(id)), id: EventID.named("undone", id.rawValue, order.orderId.rawValue, version), metadata: metadata),
         ])
         let written = try await writer.append(write, in: tx, knowing: snapshot)

@@ -135,4 +135,25 @@ struct AppOrdersTests {
             #expect(pass["paired"] as? Int == 0, "\(pass)")
         }
     }
+
+    @Test("a backend's unverified claim of a transaction Apple signed for another app is taken back: the order of Apple's app whose proof names it takes it")
+    func claimOfAnotherApp() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/apps", json: ["bundleId": "com.example.other"])
+            try await http.send(.post, "/v1/orders", json: newOrder("b-claimer").merging(["bundleId": "com.example.other"]) { $1 })
+            var own = receipt("9900010")
+            own["purchaseDate"] = ISO8601DateFormatter().string(from: Date())
+            let (claimed, claim) = try await http.send(.post, "/v1/orders/b-claimer/events", json: ["type": "receipt-received", "data": own])
+            #expect(claimed == .created, "\(claim)")
+            try await http.send(.post, "/v1/orders", json: newOrder("a-payer").merging(["bundleId": TestApple.bundleId]) { $1 })
+            let signed = try await apple.sign(TestApple.transaction("9900010"))
+            let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": "a-payer", "signedTransaction": signed])
+            #expect(answer["outcome"] as? String == "matched" && answer["orderId"] as? String == "a-payer", "\(answer)")
+            let (_, claimer) = try await http.send(.get, "/v1/orders/b-claimer")
+            #expect(claimer["state"] as? String == "created" && claimer["transactionId"] is NSNull, "\(claimer)")
+            #expect(try await scalar(db, "SELECT order_id || ' ' || bundle_id FROM apple_transactions WHERE transaction_id = '9900010'", as: String.self)
+                == "a-payer \(TestApple.bundleId)")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
 }

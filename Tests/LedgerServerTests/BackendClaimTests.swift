@@ -148,4 +148,74 @@ struct BackendClaimTests {
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
+
+    @Test("a client's proof that Apple refunded a claimed, unverified transaction: rejected, and the claim is taken back (the order fails, the transaction waits refunded); a reversal frees it")
+    func refundedProof() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await claimed(http, "o-ivy", user: "ivy", transaction: "7900009")
+            var refunded = TestApple.transaction("7900009")
+            refunded.revocationDate = Date().millisecondsSince1970
+            refunded.revocationReason = 0
+            let (_, proof) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-ivy", "signedTransaction": try await apple.sign(refunded)])
+            #expect(proof["outcome"] as? String == "rejected" && proof["reason"] as? String == "transaction-revoked", "\(proof)")
+            #expect(try await scalar(db, "SELECT state || ' ' || failure_reason FROM orders WHERE order_id = 'o-ivy'", as: String.self) == "failed transaction-refunded")
+            let (refused, _) = try await http.send(.post, "/v1/orders/o-ivy/events", json: ["type": "verified", "data": [:]])
+            #expect(refused == .conflict, "a refunded purchase is never verified")
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '7900009' AND order_id IS NULL", as: String.self) == "refunded")
+            let (_, reversal) = try await http.notifyApple(try await apple.notification("REFUND_REVERSED", transaction: TestApple.transaction("7900009")))
+            #expect(reversal["applied"] as? Bool == true, "\(reversal)")
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '7900009' AND order_id IS NULL", as: String.self) == "unmatched")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
+    @Test("Apple signed the appAccountToken of another user's order than the one a backend claimed it for, unverified: the claim is taken back and that order takes it, by its proof or by Apple's notification")
+    func tokenOfAnotherUsersOrder() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            for (payer, claimer, id, byNotification) in [("o-jo", "o-kim", "7900010", false), ("o-lee", "o-max", "7900011", true)] {
+                let (_, created) = try await http.send(.post, "/v1/orders", json: newOrder(payer, user: "u-\(payer)"))
+                let token = try #require((created["appAccountToken"] as? String).flatMap(UUID.init(uuidString:)))
+                try await claimed(http, claimer, user: "u-\(claimer)", transaction: id)
+                let signed = TestApple.transaction(id, appAccountToken: token)
+                if byNotification {
+                    let (_, applied) = try await http.notifyApple(try await apple.notification("ONE_TIME_CHARGE", transaction: signed))
+                    #expect(applied["applied"] as? Bool == true, "\(applied)")
+                } else {
+                    let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": payer, "signedTransaction": try await apple.sign(signed)])
+                    #expect(answer["outcome"] as? String == "matched" && answer["orderId"] as? String == payer, "\(answer)")
+                }
+                let (_, paid) = try await http.send(.get, "/v1/orders/\(payer)")
+                #expect(paid["state"] as? String == "verified" && paid["transactionId"] as? String == id, "\(paid)")
+                let (_, other) = try await http.send(.get, "/v1/orders/\(claimer)")
+                #expect(other["state"] as? String == "created", "\(other)")
+            }
+            #expect(try await scalar(db, "SELECT count(*)::int FROM dashboards.apple_account_conflicts", as: Int.self) == 0)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
+    @Test("a family member's shared access a backend claimed for an order, unverified: the claim is taken back, by the proof or by Apple's notification; no order is paid, no revenue counted")
+    func familySharedClaim() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            for (order, id, byNotification) in [("o-nia", "7900012", false), ("o-oz", "7900013", true)] {
+                try await claimed(http, order, user: "u-\(order)", transaction: id)
+                var shared = TestApple.transaction(id)
+                shared.inAppOwnershipType = "FAMILY_SHARED"
+                if byNotification {
+                    let (_, applied) = try await http.notifyApple(try await apple.notification("ONE_TIME_CHARGE", transaction: shared))
+                    #expect(applied["applied"] as? Bool == true, "\(applied)")
+                } else {
+                    let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": order, "signedTransaction": try await apple.sign(shared)])
+                    #expect(answer["outcome"] as? String == "recorded" && answer["reason"] as? String == "family-shared", "\(answer)")
+                }
+                let (_, after) = try await http.send(.get, "/v1/orders/\(order)")
+                #expect(after["state"] as? String == "created" && after["transactionId"] is NSNull, "\(after)")
+                let (refused, _) = try await http.send(.post, "/v1/orders/\(order)/events", json: ["type": "verified", "data": [:]])
+                #expect(refused == .conflict)
+                #expect(try await scalar(db, "SELECT string_agg(transaction_id || ' ' || status, ',' ORDER BY transaction_id) FROM apple_transactions WHERE order_id IS NULL", as: String.self)
+                    == (byNotification ? "7900012 shared,7900013 shared" : "7900012 shared"))
+            }
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
 }

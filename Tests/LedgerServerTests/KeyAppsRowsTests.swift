@@ -127,15 +127,15 @@ struct KeyAppsRowsTests {
             #expect(!"\(claimedAnswer)".contains("gems.500"), "\(claimedAnswer)")
 
             // Alpha's backend claims a transaction id the ledger does not know yet; Apple signs it
-            // for beta: beta's order is not failed for alpha's claim.
+            // for beta: alpha's unverified claim is taken back, and beta's order takes it.
             var squat = claim
             squat["data"] = (claim["data"] as? [String: Any] ?? [:]).merging(["transactionId": "9200009"]) { $1 }
             #expect(try await http.send(.post, "/v1/orders/a-1/events", json: squat, key: .some(alpha)).0 == .created)
             let proof = try await apple.sign(TestApple.transaction("9200009"))
             let (_, squatted) = try await http.send(.post, "/v1/receipts", json: ["orderId": "b-1", "signedTransaction": proof])
-            #expect(squatted["outcome"] as? String == "unmatched" && squatted["reason"] as? String == "app-mismatch", "\(squatted)")
-            #expect(squatted["finishTransaction"] as? Bool == false)
-            #expect(try await http.send(.get, "/v1/orders/b-1").1["state"] as? String == "created")
+            #expect(squatted["outcome"] as? String == "matched" && squatted["orderId"] as? String == "b-1", "\(squatted)")
+            #expect(try await http.send(.get, "/v1/orders/b-1").1["state"] as? String == "verified")
+            #expect(try await http.send(.get, "/v1/orders/a-1", key: .some(alpha)).1["state"] as? String == "created")
         }
     }
 }

@@ -121,6 +121,9 @@ public struct AppleTransactionRecord: Sendable, Equatable {
     public static let accountConflictReason = "account-conflict"
     /// A family member's transaction the ledger first heard of when Apple revoked it: refunded at once.
     public static let familyShareRevokedReason = "family-share-revoked"
+    /// Apple refunded or revoked a purchase a backend claimed before its order was verified: the
+    /// claim is taken back, and the transaction waits refunded (a reversal frees it).
+    public static let refundedBeforeVerifiedReasons: Set<String> = ["transaction-refunded", "transaction-revoked"]
 
     /// The status `transaction-unmatched` with `reason` gives: `renewal` and `shared` for what
     /// never pays an order, else `unmatched`.
@@ -129,6 +132,7 @@ public struct AppleTransactionRecord: Sendable, Equatable {
         case subscriptionRenewalReason: .renewal
         case familySharedReason: .shared
         case accountConflictReason: .conflict
+        case _ where refundedBeforeVerifiedReasons.contains(reason): .refunded
         default: .unmatched
         }
     }
