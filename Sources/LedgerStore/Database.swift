@@ -268,10 +268,15 @@ extension PostgresConnection {
 }
 
 extension Database {
+    /// How many times `transactionAgainAfterLostRace` runs a transaction that keeps losing: a
+    /// notification, two proofs, a sweep and the backend's own event of one transaction at once
+    /// deadlocked a request through three.
+    static let raceAttempts = 8
+
     /// `transaction(body)`, again from its start when it lost a race inside PostgreSQL: a deadlock
     /// PostgreSQL broke with a writer that took the same locks the other way round, or a unique
     /// key taken meanwhile (`lost`: what else the caller counts as a lost race). Nothing of a
-    /// failed attempt is stored; three attempts in all.
+    /// failed attempt is stored; `raceAttempts` in all, a few milliseconds apart.
     public func transactionAgainAfterLostRace<Result: Sendable>(
         lost: (any Error) -> Bool = isLostRace, _ body: (DatabaseTransaction) async throws -> Result
     ) async throws -> Result {
@@ -280,8 +285,10 @@ extension Database {
             attempt += 1
             do {
                 return try await transaction(body)
-            } catch where attempt < 3 && lost(error) {
+            } catch where attempt < Self.raceAttempts && lost(error) {
                 logger.debug("a transaction lost a race; again", metadata: ["error": "\(String(reflecting: error))"])
+                // Apart, a little at random: writers that deadlocked once meet again less often.
+                try await Task.sleep(for: .milliseconds(Int.random(in: 1...10) * attempt))
             }
         }
     }
