@@ -42,8 +42,8 @@ extension ReceiptLedger {
         if let token = transaction.appAccountToken, token != order.appAccountToken,
            let named = try await orders.orderID(appAccountToken: token, bundleId: transaction.bundleId, in: tx),
            let owner = try await writer.read(orders: [named], transactions: [], in: tx).order(named), owner.userId != order.userId {
-            // Apple signed the token of another user's order: bought for that order, no doubt a
-            // person must settle (as a shared Apple account leaves). It waits for that user.
+            // Apple signed the token of another user's order: bought for that order, with no
+            // doubt for a person to settle (as a shared Apple account leaves). It waits for that user.
             return Contradiction(
                 reason: "user-mismatch", detail: "Apple transaction \(id) carries the appAccountToken of order \(named), another user's",
                 failsOrder: false, knownUser: nil, poolUser: owner.userId)
