@@ -45,7 +45,7 @@ struct ReceiptsController {
                 try context.requireReach(bundleId: transaction.bundleId)
                 if let revocation {
                     // Never granted; a backend's unverified claim of it is taken back first.
-                    try await receipts.takeBackRefundedClaim(transaction, metadata: metadata)
+                    _ = try await receipts.takeBackClaim(of: transaction, claim: claim, refunded: true, metadata: metadata)
                     throw AppleProofVerifier.revoked(transaction, revocation)
                 }
                 let answer = try await receipts.apply(transaction, claim: claim, metadata: metadata)

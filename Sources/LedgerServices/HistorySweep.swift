@@ -257,7 +257,7 @@ public struct HistorySweep: Sendable {
         var takenBack = 0
         for transaction in transactions where unverified.contains(transaction.transactionId) {
             do {
-                guard let answer = try await receipts.takeBackContradictedClaim(transaction, claim: claim, metadata: metadata) else { continue }
+                guard let answer = try await receipts.takeBackClaim(of: transaction, claim: claim, metadata: metadata) else { continue }
                 summary.known -= 1
                 summary.ingested[answer.outcome.rawValue, default: 0] += 1
                 takenBack += 1

@@ -97,19 +97,17 @@ public struct NotificationLedger: Sendable {
             let type = record.notificationType
             let revocation = notification.revocation ?? Revocation(date: record.signedDate)
             let role = try await self.role(of: transaction, in: tx)
-            if role.paysOrder || transaction.inAppOwnershipType == "FAMILY_SHARED", let (claimant, snapshot) = try await receipts.unverifiedClaim(of: id, holder: known, in: tx) {
-                // Held on its backend's own claim, unverified: Apple's word decides. What Apple
-                // signed contradicts the claim, or Apple took the purchase back before the order was
-                // verified: taken back, then taken in as if that claim had never been (a refund's
-                // transaction leaves the pool with its refund, below).
+            if role.paysOrder || transaction.isFamilyShared, let claimant = known?.orderId {
+                // Held by an order, perhaps on its backend's own claim, unverified: Apple's word
+                // decides. What Apple signed contradicts the claim, or Apple took the purchase back
+                // before the order was verified (a refund not reversed already): taken back, then
+                // taken in as if that claim had never been (a refund's transaction leaves the pool
+                // with its refund, below).
                 var refunded = AppleTransactionRecord.isRefund(type)
                 if refunded {
-                    refunded = try await !events.refundReversed(id.rawValue, revokedAt: revocation.date, on: [id.streamID, claimant.orderId.streamID], in: tx)
+                    refunded = try await !events.refundReversed(id.rawValue, revokedAt: revocation.date, on: [id.streamID, claimant.streamID], in: tx)
                 }
-                var contradiction = try await receipts.contradiction(of: transaction, heldBy: claimant, in: tx)
-                if contradiction == nil, refunded { contradiction = ReceiptLedger.refundedBeforeVerified(id, claimant, notificationType: type) }
-                if let contradiction {
-                    _ = try await receipts.takeBack(transaction, from: claimant, contradiction, metadata: metadata, in: tx, knowing: snapshot)
+                if try await receipts.takeBackClaim(of: transaction, holder: known, refund: refunded ? .notification(type) : nil, metadata: metadata, in: tx) {
                     if !refunded {
                         _ = try await receipts.apply(transaction, claim: .init(userId: nil, orderId: nil), metadata: metadata, in: tx)
                     }

@@ -33,7 +33,7 @@ extension ReceiptLedger {
                 reason: OrderLedgerError.appMismatch(id).code, detail: "Apple transaction \(id) is of app \(transaction.bundleId), not of order \(order.orderId)'s",
                 failsOrder: false, knownUser: nil)
         }
-        if transaction.inAppOwnershipType == "FAMILY_SHARED" {
+        if transaction.isFamilyShared {
             // A family member's access to another's purchase never pays an order (issue 40).
             return Contradiction(
                 reason: AppleTransactionRecord.familySharedReason, detail: "Apple transaction \(id) is a family member's shared access, never an order's",
@@ -84,32 +84,44 @@ extension ReceiptLedger {
             failsOrder: true, knownUser: nil)
     }
 
-    /// A backend's unverified claim of `transaction` that what Apple signed contradicts, taken
-    /// back (`takeBack`); then the transaction is taken in for `claim` as if that claim had never
-    /// been. For Apple's word that arrives without a client's proof (a history sweep). Nil, and
-    /// nothing written, when no such claim holds it.
-    public func takeBackContradictedClaim(_ transaction: AppleTransaction, claim: Claim, metadata: Data) async throws -> Answer? {
-        try await database.transactionAgainAfterLostRace(lost: Self.lostRace) { tx in
-            let id = transaction.transactionId
-            try await lockTransaction(id, in: tx)
-            guard let (order, snapshot) = try await unverifiedClaim(of: id, holder: try await writer.read(orders: [], transactions: [id], in: tx).transaction(id), in: tx),
-                  let contradiction = try await contradiction(of: transaction, heldBy: order, in: tx) else { return nil }
-            _ = try await takeBack(transaction, from: order, contradiction, metadata: metadata, in: tx, knowing: snapshot)
-            return try await apply(transaction, claim: claim, metadata: metadata, in: tx)
-        }
+    /// What Apple said of a refund of the transaction, for `takeBackClaim`.
+    enum RefundSaid {
+        /// Apple's `REFUND` or `REVOKE` (`type`): it takes the claim back when nothing else does.
+        case notification(String)
+        /// The signed transaction itself is refunded or revoked: that alone decides.
+        case signed
     }
 
-    /// A backend's unverified claim of `transaction`, which Apple refunded or revoked (a client's
-    /// proof says so), taken back: the order fails (`refundedBeforeVerified`) and the transaction
-    /// waits refunded. Nothing written when no such claim holds it.
-    public func takeBackRefundedClaim(_ transaction: AppleTransaction, metadata: Data) async throws {
+    /// Takes back a backend's unverified claim of `transaction` (`holder`: its record, read under
+    /// its lock), when what Apple signed contradicts it or Apple took the purchase back (`refund`):
+    /// the one rule every way in applies. False, and nothing written, when no such claim holds it
+    /// or it stands.
+    func takeBackClaim(
+        of transaction: AppleTransaction, holder: AppleTransactionRecord?, refund: RefundSaid? = nil, metadata: Data, in tx: DatabaseTransaction
+    ) async throws -> Bool {
+        let id = transaction.transactionId
+        guard let (order, snapshot) = try await unverifiedClaim(of: id, holder: holder, in: tx) else { return false }
+        let contradiction: Contradiction? = switch refund {
+        case .signed?: Self.refundedBeforeVerified(id, order, notificationType: transaction.isFamilyShared ? "REVOKE" : "REFUND")
+        case .notification(let type)?: try await contradiction(of: transaction, heldBy: order, in: tx) ?? Self.refundedBeforeVerified(id, order, notificationType: type)
+        case nil: try await contradiction(of: transaction, heldBy: order, in: tx)
+        }
+        guard let contradiction else { return false }
+        _ = try await takeBack(transaction, from: order, contradiction, metadata: metadata, in: tx, knowing: snapshot)
+        return true
+    }
+
+    /// `takeBackClaim` in a transaction of its own; then the transaction is taken in for `claim`
+    /// as if that claim had never been (nothing more for a signed refund, which is never granted).
+    /// For Apple's word that arrives without a notification: a history sweep's, a client's refunded
+    /// proof. Nil, and nothing written, when no such claim was taken back.
+    public func takeBackClaim(of transaction: AppleTransaction, claim: Claim, refunded: Bool = false, metadata: Data) async throws -> Answer? {
         try await database.transactionAgainAfterLostRace(lost: Self.lostRace) { tx in
             let id = transaction.transactionId
             try await lockTransaction(id, in: tx)
-            guard let (order, snapshot) = try await unverifiedClaim(of: id, holder: try await writer.read(orders: [], transactions: [id], in: tx).transaction(id), in: tx)
-            else { return }
-            let type = transaction.inAppOwnershipType == "FAMILY_SHARED" ? "REVOKE" : "REFUND"
-            _ = try await takeBack(transaction, from: order, Self.refundedBeforeVerified(id, order, notificationType: type), metadata: metadata, in: tx, knowing: snapshot)
+            let holder = try await writer.read(orders: [], transactions: [id], in: tx).transaction(id)
+            guard try await takeBackClaim(of: transaction, holder: holder, refund: refunded ? .signed : nil, metadata: metadata, in: tx) else { return nil }
+            return refunded ? nil : try await apply(transaction, claim: claim, metadata: metadata, in: tx)
         }
     }
 

@@ -136,10 +136,8 @@ extension ReceiptLedger {
     ) async throws -> Answer {
         let (snapshot, named, _, _) = try await lookUp(transaction, claim: claim, in: tx)
         let holder = snapshot.transaction(transaction.transactionId)
-        if let (claimant, locked) = try await unverifiedClaim(of: transaction.transactionId, holder: holder, in: tx),
-           let contradiction = try await contradiction(of: transaction, heldBy: claimant, in: tx) {
+        if try await takeBackClaim(of: transaction, holder: holder, metadata: metadata, in: tx) {
             // A backend's unverified claim of it: taken back, then recorded as if never claimed.
-            _ = try await takeBack(transaction, from: claimant, contradiction, metadata: metadata, in: tx, knowing: locked)
             return try await applyShared(transaction, subscription: id, claim: claim, metadata: metadata, in: tx)
         }
         if let refused = Self.refusedAsRefunded(holder, transaction, named) { return refused }

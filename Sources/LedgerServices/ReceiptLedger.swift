@@ -189,11 +189,9 @@ public struct ReceiptLedger: Sendable {
                               finishTransaction: state.clientMayFinish, reason: nil)
             }
             let owner = try await writer.read(orders: [holderOrder], transactions: [], in: tx).order(holderOrder)
-            if owner?.state == .receiptReceived, let (claimant, locked) = try await unverifiedClaim(of: id, holder: holder, in: tx),
-               let contradiction = try await contradiction(of: transaction, heldBy: claimant, in: tx) {
+            if owner?.state == .receiptReceived, try await takeBackClaim(of: transaction, holder: holder, metadata: metadata, in: tx) {
                 // Held on its backend's own claim, unverified, which Apple's signature contradicts:
                 // taken back, then this proof is taken as if that claim had never been.
-                _ = try await takeBack(transaction, from: claimant, contradiction, metadata: metadata, in: tx, knowing: locked)
                 return try await applyPurchase(transaction, claim: claim, metadata: metadata, in: tx)
             }
             // An imported grant was granted by the team's earlier backend, whatever state its
