@@ -97,7 +97,7 @@ public struct NotificationLedger: Sendable {
             let type = record.notificationType
             let revocation = notification.revocation ?? Revocation(date: record.signedDate)
             let role = try await self.role(of: transaction, in: tx)
-            if role.paysOrder || transaction.isFamilyShared, let claimant = known?.orderId {
+            if let claimant = known?.orderId {
                 // Held by an order, perhaps on its backend's own claim, unverified: Apple's word
                 // decides. What Apple signed contradicts the claim, or Apple took the purchase back
                 // before the order was verified (a refund not reversed already): taken back, then

@@ -12,8 +12,9 @@ extension ReceiptLedger {
     static let heldByAnotherOrder = "held-by-another-order"
 
     /// Why a backend's claim of `transaction` for `order` (held, not yet verified) cannot stand
-    /// as Apple signed it: Apple signed it for another app, the Apple account or token is another user's, Apple's product or
-    /// quantity is not the order's, or it was bought before the order. Nil when it stands.
+    /// as Apple signed it: Apple signed it for another app, it is a family member's share or a
+    /// subscription's later period, the Apple account or token is another user's, Apple's product
+    /// or quantity is not the order's, or it was bought before the order. Nil when it stands.
     struct Contradiction {
         let reason: String
         let detail: String
@@ -38,6 +39,10 @@ extension ReceiptLedger {
             return Contradiction(
                 reason: AppleTransactionRecord.familySharedReason, detail: "Apple transaction \(id) is a family member's shared access, never an order's",
                 failsOrder: false, knownUser: nil)
+        }
+        if case .subscriptionPeriod(let subscription) = try await role(of: transaction, in: tx).0 {
+            // A later period of a subscription is recorded on it and never pays an order (issue 40).
+            return Self.renewalClaimed(id, subscription)
         }
         if let token = transaction.appAccountToken, token != order.appAccountToken,
            let named = try await orders.orderID(appAccountToken: token, bundleId: transaction.bundleId, in: tx),
@@ -75,6 +80,14 @@ extension ReceiptLedger {
         return (order, snapshot)
     }
 
+    /// A later period of subscription `subscription` a backend claimed for an order: kept as the
+    /// renewal it is (`subscription-renewal`), the order open again.
+    static func renewalClaimed(_ id: TransactionID, _ subscription: String) -> Contradiction {
+        Contradiction(
+            reason: AppleTransactionRecord.subscriptionRenewalReason,
+            detail: "Apple transaction \(id) is a later period of subscription \(subscription), never an order's", failsOrder: false, knownUser: nil)
+    }
+
     /// Apple refunded or revoked (`notificationType`) a transaction a backend claimed before its
     /// order was verified: the order fails, and the transaction leaves the pool with the refund.
     static func refundedBeforeVerified(_ id: TransactionID, _ order: Order, notificationType: String) -> Contradiction {
@@ -102,7 +115,9 @@ extension ReceiptLedger {
         let id = transaction.transactionId
         guard let (order, snapshot) = try await unverifiedClaim(of: id, holder: holder, in: tx) else { return false }
         let contradiction: Contradiction? = switch refund {
-        case .signed?: Self.refundedBeforeVerified(id, order, notificationType: transaction.isFamilyShared ? "REVOKE" : "REFUND")
+        case .signed?:
+            if case .subscriptionPeriod(let subscription) = try await role(of: transaction, in: tx).0 { Self.renewalClaimed(id, subscription) }
+            else { Self.refundedBeforeVerified(id, order, notificationType: transaction.isFamilyShared ? "REVOKE" : "REFUND") }
         case .notification(let type)?: try await contradiction(of: transaction, heldBy: order, in: tx) ?? Self.refundedBeforeVerified(id, order, notificationType: type)
         case nil: try await contradiction(of: transaction, heldBy: order, in: tx)
         }

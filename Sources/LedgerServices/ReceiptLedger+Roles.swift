@@ -102,6 +102,10 @@ extension ReceiptLedger {
     ) async throws -> Answer {
         let (snapshot, named, _, _) = try await lookUp(transaction, claim: claim, in: tx)
         let holder = snapshot.transaction(transaction.transactionId)
+        if try await takeBackClaim(of: transaction, holder: holder, metadata: metadata, in: tx) {
+            // A backend's unverified claim of it for an order: taken back, then recorded as if never claimed.
+            return try await applyRenewal(transaction, of: id, typing: typing, claim: claim, metadata: metadata, in: tx)
+        }
         if let refused = Self.refusedAsRefunded(holder, transaction, named) { return refused }
         try await startHeldSubscription(id, seen: transaction, metadata: metadata, in: tx)
         try await writer.lock([StreamID.subscription(id)], in: tx)

@@ -304,6 +304,38 @@ struct AppleAccountRoutesTests {
         }
     }
 
+    @Test("a sweep finds a subscription's later period a backend claimed for an order, unverified: the claim is taken back, the period recorded on its subscription")
+    func sweepTakesBackARenewalClaim() async throws {
+        try await withSweepApplication { http, db, _ in
+            let now = Date()
+            // An order the user abandoned, which the sweep is for, of the same product: it stays open.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-abandoned", user: "u-r", product: "pro.monthly"))
+            try await http.send(.post, "/v1/orders", json: newOrder("o-start", user: "u-r", product: "pro.monthly"))
+            var start = TestApple.subscriptionPeriod("7400060", of: "7400060", purchaseDate: now, expires: now + 30 * 86_400)
+            start.appTransactionId = "acct-r"
+            let (_, started) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-start", "signedTransaction": try await apple.sign(start)])
+            #expect(started["outcome"] as? String == "matched", "\(started)")
+            try await http.send(.post, "/v1/orders", json: newOrder("o-claims", user: "u-r", product: "pro.monthly"))
+            var own = receipt("7400061", product: "pro.monthly")
+            own["purchaseDate"] = ISO8601DateFormatter().string(from: Date())
+            let (claimed, _) = try await http.send(.post, "/v1/orders/o-claims/events", json: ["type": "receipt-received", "data": own])
+            #expect(claimed == .created)
+            try await link(http, "u-r", try await apple.sign(TestApple.appTransaction("acct-r")))
+            var renewal = TestApple.subscriptionPeriod("7400061", of: "7400060", purchaseDate: Date(), expires: now + 60 * 86_400)
+            renewal.appTransactionId = "acct-r"
+            await standIn.setHistory("acct-r", [.init(revision: "r1", hasMore: false, signedTransactions: [try await apple.sign(start), try await apple.sign(renewal)])])
+            let (_, summary) = try await http.send(.post, "/v1/recover", raw: "")
+            #expect(summary["known"] as? Int == 1 && summary["ingested"] as? [String: Int] == ["recorded": 1], "\(summary)")
+            let (_, order) = try await http.send(.get, "/v1/orders/o-claims")
+            #expect(order["state"] as? String == "created" && order["transactionId"] is NSNull, "\(order)")
+            let (_, abandoned) = try await http.send(.get, "/v1/orders/o-abandoned")
+            #expect(abandoned["state"] as? String == "created", "\(abandoned)")
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '7400061' AND order_id IS NULL", as: String.self) == "renewal")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM subscription_periods WHERE original_transaction_id = '7400060'", as: Int.self) == 2)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("ledger serve sweeps on its own every LEDGER_RECOVERY_INTERVAL seconds")
     func sweepsInTheBackground() async throws {
         try await withSweepApplication(interval: 1) { http, _, _ in

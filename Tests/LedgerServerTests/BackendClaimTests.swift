@@ -218,4 +218,61 @@ struct BackendClaimTests {
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
+    @Test("a later period of a subscription a backend claimed for an order, unverified: the claim is taken back and the period recorded on its subscription, by the proof, Apple's notification or a proof naming no order; no order is paid")
+    func renewalClaim() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let now = Date()
+            try await http.send(.post, "/v1/orders", json: newOrder("o-sub", user: "pat", product: "pro.monthly"))
+            let start = TestApple.subscriptionPeriod("7900030", of: "7900030", purchaseDate: now, expires: now + 30 * 86_400)
+            let (_, started) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-sub", "signedTransaction": try await apple.sign(start)])
+            #expect(started["outcome"] as? String == "matched", "\(started)")
+            for (step, (order, id)) in [("o-r1", "7900031"), ("o-r2", "7900032"), ("o-r3", "7900033"), ("o-r4", "7900034"), ("o-r5", "7900035")].enumerated() {
+                try await http.send(.post, "/v1/orders", json: newOrder(order, user: "pat", product: "pro.monthly"))
+                var own = receipt(id)
+                own["productId"] = "pro.monthly"
+                own["purchaseDate"] = ISO8601DateFormatter().string(from: Date())
+                let (claimedStatus, claim) = try await http.send(.post, "/v1/orders/\(order)/events", json: ["type": "receipt-received", "data": own])
+                #expect(claimedStatus == .created, "\(claim)")
+                let renewal = TestApple.subscriptionPeriod(
+                    id, of: "7900030", purchaseDate: Date(), expires: now + Double(60 + 30 * step) * 86_400)
+                switch step {
+                case 0:
+                    let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": order, "signedTransaction": try await apple.sign(renewal)])
+                    #expect(answer["outcome"] as? String == "recorded" && answer["reason"] as? String == "subscription-renewal", "\(answer)")
+                case 1:
+                    let (_, applied) = try await http.notifyApple(try await apple.notification("DID_RENEW", transaction: renewal, renewalInfo: TestApple.renewalInfo("7900030")))
+                    #expect(applied["applied"] as? Bool == true, "\(applied)")
+                case 3:
+                    // Apple refunded it: the order is open again (it never paid it), the period refunded.
+                    var refunded = renewal
+                    refunded.revocationDate = Date().millisecondsSince1970
+                    refunded.revocationReason = 0
+                    let (_, applied) = try await http.notifyApple(try await apple.notification("REFUND", transaction: refunded))
+                    #expect(applied["applied"] as? Bool == true, "\(applied)")
+                case 4:
+                    // A client's proof that Apple revoked it: never granted, and the order is open
+                    // again rather than failed, as it never paid it.
+                    var revoked = renewal
+                    revoked.revocationDate = Date().millisecondsSince1970
+                    revoked.revocationReason = 0
+                    let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": order, "signedTransaction": try await apple.sign(revoked)])
+                    #expect(answer["outcome"] as? String == "rejected", "\(answer)")
+                default:
+                    let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["userId": "pat", "signedTransaction": try await apple.sign(renewal)])
+                    #expect(answer["outcome"] as? String == "recorded" && answer["reason"] as? String == "subscription-renewal", "\(answer)")
+                }
+                let (_, after) = try await http.send(.get, "/v1/orders/\(order)")
+                #expect(after["state"] as? String == "created" && after["transactionId"] is NSNull, "\(order): \(after)")
+                let (refused, _) = try await http.send(.post, "/v1/orders/\(order)/events", json: ["type": "verified", "data": [:]])
+                #expect(refused == .conflict, "\(order) holds no transaction to verify")
+            }
+            #expect(try await scalar(db, "SELECT string_agg(transaction_id || ' ' || status, ',' ORDER BY transaction_id) FROM apple_transactions WHERE order_id IS NULL", as: String.self)
+                == "7900031 renewal,7900032 renewal,7900033 renewal,7900034 renewal,7900035 renewal")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM subscription_periods WHERE original_transaction_id = '7900030'", as: Int.self) == 5)
+            #expect(try await scalar(db, """
+                SELECT string_agg(transaction_id, ',') FROM subscription_periods WHERE original_transaction_id = '7900030' AND refunded_at IS NOT NULL
+                """, as: String.self) == "7900034")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
 }
