@@ -15,7 +15,8 @@ extension ReceiptLedger {
     /// is taken from it when it is the start, else from its pool entry, else from its order's
     /// `receipt-received`. Only a product the ledger knows as auto-renewable starts one: the
     /// catalog's type of the start's product, else Apple's signed type of `seen`
-    /// (`TransactionRole.of`'s rule). Answers whether it started the subscription.
+    /// (`TransactionRole.of`'s rule). A start its order's backend claimed and nobody verified yet
+    /// starts nothing from a later period. Answers whether it started the subscription.
     @discardableResult
     func startHeldSubscription(_ id: String, seen: AppleTransaction, metadata: Data, in tx: DatabaseTransaction) async throws -> Bool {
         guard try await subscriptions.store.subscription(id, in: tx) == nil else { return false }
@@ -26,6 +27,10 @@ extension ReceiptLedger {
               let order = holder.orderId, holder.status == .claimed, (holder.originalTransactionId ?? id) == id,
               let start = try await heldStart(holder, of: id, order: order, seen: seen, in: tx), !start.isFamilyShared
         else { return false }
+        // A backend's own claim of the start, not yet verified, is no one's until Apple's signed
+        // start or the backend's `verified` stands by it: its renewals wait (Apple's start may be
+        // another user's, and take the claim back).
+        if seen.transactionId != startID, try await unverifiedClaim(of: startID, holder: holder, in: tx) != nil { return false }
         let typing = try await catalog.typing(of: start.productId, bundleId: start.bundleId, in: tx)
         guard (typing?.type ?? seen.type.flatMap(ProductType.init(appleType:))) == .autoRenewable else { return false }
         try await recordStart(start, of: id, typing: typing, metadata: metadata, in: tx)

@@ -117,6 +117,46 @@ struct HeldSubscriptionStartTests {
         }
     }
 
+    @Test("a renewal of a start its backend claimed, unverified, waits: Apple's start then starts the subscription with it, or, another user's, none", arguments: [false, true])
+    func unverifiedClaimStartsNone(_ anotherUsers: Bool) async throws {
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
+            let now = Date()
+            if anotherUsers {
+                let (_, linked) = try await http.send(.post, "/v1/users/u-other/app-transaction", json: [
+                    "signedAppTransaction": try await apple.sign(TestApple.appTransaction("app-tx-\(otid)"))])
+                #expect(linked["outcome"] as? String == "linked", "\(linked)")
+            }
+            try await http.send(.post, "/v1/orders", json: newOrder("h-sub", user: "u-h", product: "pro.monthly"))
+            let purchased = now.addingTimeInterval(-31 * Self.day)
+            let received: [String: Any] = [
+                "transactionId": otid, "originalTransactionId": otid, "productId": "pro.monthly", "purchaseDate": purchased.formatted(Date.ISO8601FormatStyle()),
+                "receiptSha256": sha, "format": "jws", "matchedBy": "applicationUsername", "environment": "Sandbox",
+            ]
+            let (claimed, claim) = try await http.send(.post, "/v1/orders/h-sub/events", json: ["type": "receipt-received", "data": received])
+            #expect(claimed == .created, "\(claim)")
+            let renewal = SubscriptionNotificationTests.period(otid, 1, purchased: now.addingTimeInterval(-Self.day), expires: now.addingTimeInterval(29 * Self.day))
+            let waited = try await http.notifyAppleTaken(try await apple.notification("DID_RENEW", transaction: renewal, renewalInfo: TestApple.renewalInfo(otid)))
+            #expect(waited["streamId"] as? String == "transaction-\(otid)1", "an unverified claim starts nothing: \(waited)")
+            #expect(try await http.send(.get, "/v1/subscriptions/\(otid)").0 == .notFound)
+
+            let start = SubscriptionNotificationTests.period(otid, 0, purchased: purchased, expires: now.addingTimeInterval(-Self.day))
+            let (_, proof) = try await http.send(.post, "/v1/receipts", json: ["orderId": "h-sub", "signedTransaction": try await apple.sign(start)])
+            let (_, mine) = try await http.send(.get, "/v1/users/u-h/subscriptions")
+            let listed = (mine["subscriptions"] as? [[String: Any]] ?? []).compactMap { $0["originalTransactionId"] as? String }
+            if anotherUsers {
+                #expect(proof["reason"] as? String == "account-conflict", "\(proof)")
+                #expect(listed.isEmpty, "the claimant holds no subscription: \(mine)")
+                #expect(try await http.send(.get, "/v1/subscriptions/\(otid)").0 == .notFound)
+            } else {
+                #expect(proof["outcome"] as? String == "matched" && proof["state"] as? String == "verified", "\(proof)")
+                #expect(listed == [otid], "\(mine)")
+                let s = try #require(try await SubscriptionStore(database: db.database).subscription(otid))
+                #expect(s.periods.map(\.transactionId.rawValue) == [otid, "\(otid)1"] && s.userId?.rawValue == "u-h" && s.status(at: now) == .active)
+            }
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("a renewal that waited before the start was imported is tied when the next renewal starts the subscription")
     func waitingRenewalIsTied() async throws {
         try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
