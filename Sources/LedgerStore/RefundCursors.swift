@@ -23,7 +23,8 @@ public struct RefundCursors: Sendable {
         public var environment: String? = nil
     }
 
-    /// The accounts with transactions granted in the last `lookbackDays` whose refund history was
+    /// The accounts with transactions granted in the last `lookbackDays`, or claimed by a backend
+    /// for an order not yet verified (a refund takes that claim back), whose refund history was
     /// not read in the last `recheckAfter` seconds (`all`: however recently), by key.
     public func dueAccounts(lookbackDays: Int, recheckAfter: TimeInterval, all: Bool) async throws -> [DueAccount] {
         let rows = try await database.query(
@@ -33,7 +34,7 @@ public struct RefundCursors: Sendable {
                     SELECT coalesce(t.app_transaction_id, t.original_transaction_id, t.transaction_id) AS account_id,
                            t.transaction_id, t.purchase_date, t.bundle_id, t.environment
                       FROM apple_transactions t JOIN orders o ON o.order_id = t.order_id
-                     WHERE o.state IN ('verified', 'delivered', 'finished')
+                     WHERE o.state IN ('receipt-received', 'verified', 'delivered', 'finished')
                        AND t.purchase_date >= now() - make_interval(days => \(lookbackDays)::int)) granted
                  ORDER BY account_id, purchase_date DESC) a
               LEFT JOIN apple_refund_cursors c ON c.account_id = a.account_id

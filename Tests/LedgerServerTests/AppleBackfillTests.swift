@@ -345,6 +345,29 @@ struct AppleBackfillTests {
         }
     }
 
+    @Test("the refund catch-up reads the account of a backend's own claim, unverified: Apple's refund fails the order, which is then never verified")
+    func refundOfUnverifiedClaim() async throws {
+        try await withBackfillApplication { http, db, base in
+            let catchUp = try refundCatchUp(base, db)
+            try await http.send(.post, "/v1/orders", json: newOrder("u-claim", user: "u-c"))
+            var own = receipt("8800010")
+            own["purchaseDate"] = ISO8601DateFormatter().string(from: Date())
+            own["appTransactionId"] = "acct-c"
+            let (claimed, _) = try await http.send(.post, "/v1/orders/u-claim/events", json: ["type": "receipt-received", "data": own])
+            #expect(claimed == .created)
+            var bought = TestApple.transaction("8800010")
+            bought.appTransactionId = "acct-c"
+            await standIn.setRefunds("8800010", [.init(revision: "c1", hasMore: false, signedTransactions: [try await apple.sign(refunded(bought))])])
+
+            let summary = try await catchUp.run()
+            #expect(summary.accounts == 1 && summary.applied == 1 && summary.failed == 0, "\(summary)")
+            #expect(try await scalar(db, "SELECT state || ' ' || failure_reason FROM orders WHERE order_id = 'u-claim'", as: String.self) == "failed transaction-refunded")
+            let (refused, _) = try await http.send(.post, "/v1/orders/u-claim/events", json: ["type": "verified", "data": [:]])
+            #expect(refused == .conflict, "a refunded purchase is never verified")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [], "promise 9")
+        }
+    }
+
     @Test("a renewal's refund that came by notification is known to the refund catch-up; the report counts it once, even from a log holding it twice")
     func renewalRefundCaughtUpOnce() async throws {
         try await withAppleAPIApplication(apple, standIn, configure: { configuration in
