@@ -64,6 +64,14 @@ extension ReceiptLedger {
             renewals.append(waiting)
         }
         let user = holder?.userId ?? renewals.lazy.compactMap(\.userId).first
+        if let holder, holder.isPooled, holder.userId == nil, let user, let entry = try holder.pooled() {
+            // Pooled for no one (Apple's notification), while a client named the user of a renewal
+            // that waited: the start waits for that user, as `nameUser` has it.
+            let append = try Self.poolAppend(
+                entry.transaction, userId: user, claimedOrder: nil, reason: entry.reason, undoneOrderIds: entry.undoneOrderIds,
+                id: EventID.named("pool-user", id), metadata: metadata)
+            _ = try await writer.append(LedgerWriter.Write(append), in: tx)
+        }
         let started = SubscriptionStarted(originalTransactionId: id, transaction: transaction, userId: user, familyShared: false)
         // A start recorded from its order's receipt (`startHeldSubscription`) keeps its period
         // (`SubscriptionLedger.record` records a transaction's period once).
@@ -108,6 +116,9 @@ extension ReceiptLedger {
         }
         if let refused = Self.refusedAsRefunded(holder, transaction, named) { return refused }
         try await startHeldSubscription(id, seen: transaction, metadata: metadata, in: tx)
+        // The start's lock before the subscription's, as its intake takes them: a client naming
+        // its user may name the start's too (`nameUser`).
+        if claim.userId != nil { try await lockTransaction(TransactionID(unchecked: id), in: tx) }
         try await writer.lock([StreamID.subscription(id)], in: tx)
         let subscription = try await subscriptions.store.subscription(id, in: tx)
         if let subscription { try await checkGroup(transaction, typing: typing, of: subscription, in: tx) }
@@ -119,6 +130,7 @@ extension ReceiptLedger {
         }
         let period = SubscriptionEvent.period(SubscriptionPeriodRecorded(transaction: transaction, kind: .renewal))
         _ = try await subscriptions.record([(period, SubscriptionLedger.periodEventID(id, transaction))], on: id, metadata: metadata, in: tx)
+        if let user = claim.userId { try await nameUser(user, of: id, from: transaction, metadata: metadata, in: tx) }
         var order = named ?? holder?.orderId.flatMap { snapshot.order($0) }
         if order == nil, holder?.orderId == nil {
             // The order that bought the subscription, for the client to show.
@@ -129,6 +141,23 @@ extension ReceiptLedger {
         }
         return Answer(outcome: .recorded, transactionId: transaction.transactionId, orderId: order?.orderId ?? holder?.orderId,
                       state: order?.state, finishTransaction: true, reason: AppleTransactionRecord.subscriptionRenewalReason)
+    }
+
+    /// A client uploading a later period of subscription `id` for `user` (StoreKit's latest
+    /// transaction of it) when Apple told of the subscription first, with no user: the
+    /// subscription is that user's (`subscription-user-recorded`), and its start, waiting in the
+    /// pool for no one, waits for that user, whose open order the reconciler may then pair it
+    /// with, as when the client uploads the start itself. Once each: a later claim changes
+    /// nothing. The caller holds the start's lock and the subscription's.
+    private func nameUser(_ user: UserID, of id: String, from transaction: AppleTransaction, metadata: Data, in tx: DatabaseTransaction) async throws {
+        try await subscriptions.recordUser(user, from: transaction.transactionId, order: nil, on: id, metadata: metadata, in: tx)
+        let startID = TransactionID(unchecked: id)
+        let snapshot = try await writer.read(orders: [], transactions: [startID], in: tx)
+        guard let start = snapshot.transaction(startID), start.isPooled, start.userId == nil, let entry = try start.pooled() else { return }
+        let append = try Self.poolAppend(
+            entry.transaction, userId: user, claimedOrder: nil, reason: entry.reason, undoneOrderIds: entry.undoneOrderIds,
+            id: EventID.named("pool-user", id), metadata: metadata)
+        _ = try await writer.append(LedgerWriter.Write(append), in: tx, knowing: snapshot)
     }
 
     /// A family member's shared access (`FAMILY_SHARED`): kept as `shared` for the member as

@@ -242,6 +242,8 @@ struct SubscriptionIntakeTests {
             #expect(try await periods(db, "8200001") == 2)
             // Its user: none came with the start, the renewal's client named one.
             #expect(try await scalar(db, "SELECT user_id FROM subscriptions WHERE original_transaction_id = '8200001'", as: String.self) == "u-3")
+            #expect(try await scalar(db, "SELECT user_id FROM apple_transactions WHERE transaction_id = '8200001' AND order_id IS NULL", as: String.self) == "u-3",
+                    "the start waits for that user too")
             let recorded = "SELECT count(*)::int FROM events WHERE type IN ('transaction-unmatched', 'subscription-started', 'subscription-period')"
             let events = try await scalar(db, PostgresQuery(unsafeSQL: recorded), as: Int.self)
             let (_, again) = try await upload(http, renewal, user: "u-3")

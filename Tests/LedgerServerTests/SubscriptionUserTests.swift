@@ -86,6 +86,41 @@ struct SubscriptionUserTests {
         }
     }
 
+    @Test("SUBSCRIBED and DID_RENEW before any upload, then the client uploads the renewal (StoreKit's latest) for its user: the subscription is that user's, and the reconciler pairs the start with the user's open order")
+    func notificationsFirstThenRenewalUpload() async throws {
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
+            let now = Date(), otid = "7400301"
+            try await http.send(.post, "/v1/orders", json: newOrder("o-paid", user: "u-ren", product: "pro.monthly"))
+            try await http.send(.post, "/v1/orders/o-paid/events", json: ["type": "payment-added", "data": ["queuedAt": LedgerJSONDate.now(minus: 300)]])
+            let start = SubscriptionNotificationTests.period(otid, 0, purchased: now.addingTimeInterval(-31 * Self.day), expires: now.addingTimeInterval(-Self.day))
+            let renewal = SubscriptionNotificationTests.period(otid, 1, purchased: now.addingTimeInterval(-Self.day), expires: now.addingTimeInterval(29 * Self.day))
+            _ = try await http.notifyAppleTaken(try await apple.notification(
+                "SUBSCRIBED", subtype: "INITIAL_BUY", transaction: start, renewalInfo: TestApple.renewalInfo(otid)))
+            _ = try await http.notifyAppleTaken(try await apple.notification("DID_RENEW", transaction: renewal, renewalInfo: TestApple.renewalInfo(otid)))
+            #expect(try await listed(http, "u-ren").isEmpty)
+
+            let (_, answer) = try await http.send(.post, "/v1/receipts", json: [
+                "userId": "u-ren", "orderId": "o-paid", "signedTransaction": try await apple.sign(renewal),
+            ])
+            #expect(answer["outcome"] as? String == "recorded" && answer["reason"] as? String == "subscription-renewal", "\(answer)")
+            #expect(try await listed(http, "u-ren") == [otid])
+            let (_, entitled) = try await http.send(.get, "/v1/users/u-ren/entitlements")
+            #expect((entitled["subscriptions"] as? [[String: Any]])?.count == 1, "\(entitled)")
+            #expect(try await scalar(db, "SELECT user_id FROM apple_transactions WHERE transaction_id = '7400301'", as: String.self) == "u-ren")
+
+            let (_, summary) = try await http.send(.post, "/v1/reconcile")
+            #expect(summary["paired"] as? Int == 1, "\(summary)")
+            let (_, order) = try await http.send(.get, "/v1/orders/o-paid")
+            #expect(order["state"] as? String == "verified" && order["transactionId"] as? String == otid, "the start pays its order: \(order)")
+
+            // Sent again: nothing more.
+            let events = try await eventCount(db)
+            try await http.send(.post, "/v1/receipts", json: ["userId": "u-ren", "signedTransaction": try await apple.sign(renewal)])
+            #expect(try await eventCount(db) == events)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("a family member's shared subscription first seen by notification becomes the member's when the member's client uploads it")
     func sharedNotificationFirst() async throws {
         try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
