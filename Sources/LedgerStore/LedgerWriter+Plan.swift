@@ -213,6 +213,11 @@ extension LedgerWriter {
                             if known.isHeldForSupport, receipt.matchedBy != .support {
                                 throw OrderLedgerError.accountConflict(receipt.transactionId)
                             }
+                            if known.orderId == nil, known.status == .renewal || known.status == .shared {
+                                // A subscription's later period or a family member's share, as Apple
+                                // signed it: never an order's (issue 40), told as that.
+                                throw OrderLedgerError.laterTransaction(receipt.transactionId, original: known.originalTransactionId ?? receipt.transactionId.rawValue)
+                            }
                             guard known.isPooled || known.isHeldForSupport else { throw OrderLedgerError.duplicateTransaction(receipt.transactionId) }
                             if receipt.matchedBy == .imported, let order, let refusal = importRefusal(receipt, of: order, known: known) { throw refusal }
                             // What Apple signed outranks the claim: another product or quantity never pays the order.

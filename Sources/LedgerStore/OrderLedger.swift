@@ -215,8 +215,9 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
     /// quantity, than the order's, as Apple signed it (promise 7).
     case productMismatch(TransactionID, apple: ProductID, order: ProductID)
     case quantityMismatch(TransactionID, apple: Int, order: Int)
-    /// A client's `receipt-received` of a transaction whose `originalTransactionId` is another's: a
-    /// later transaction of a purchase, which never pays an order (issue 40).
+    /// A client's `receipt-received` of a transaction whose `originalTransactionId` is another's (by
+    /// the client's word, or as the ledger holds it signed): a later transaction of a purchase, or
+    /// a family member's share (`original` its own id then), which never pays an order (issue 40).
     case laterTransaction(TransactionID, original: String)
 
     public var code: String {
@@ -252,6 +253,8 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
             "Apple transaction \(id) was purchased before the order was created: it did not pay for it (support may tie it with an explicit override)"
         case .productMismatch(let id, let apple, let order): "Apple transaction \(id) is for \(apple), the order for \(order)"
         case .quantityMismatch(let id, let apple, let order): "Apple transaction \(id) is for \(apple) units, the order for \(order)"
+        case .laterTransaction(let id, let original) where original == id.rawValue:
+            "Apple transaction \(id) is a family member's shared access: it never pays an order"
         case .laterTransaction(let id, let original):
             "Apple transaction \(id) is a later transaction of \(original) (a renewal, restore, upgrade or family member's share): it never pays an order"
         }

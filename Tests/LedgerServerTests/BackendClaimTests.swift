@@ -268,6 +268,10 @@ struct BackendClaimTests {
             }
             #expect(try await scalar(db, "SELECT string_agg(transaction_id || ' ' || status, ',' ORDER BY transaction_id) FROM apple_transactions WHERE order_id IS NULL", as: String.self)
                 == "7900031 renewal,7900032 renewal,7900033 renewal,7900034 renewal,7900035 renewal")
+            // A backend's claim of one the ledger holds as a renewal, without its originalTransactionId: told what it is.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-r6", user: "pat", product: "pro.monthly"))
+            let (status, refused) = try await http.send(.post, "/v1/orders/o-r6/events", json: ["type": "receipt-received", "data": receipt("7900031", product: "pro.monthly")])
+            #expect(status == .conflict && (refused["error"] as? [String: Any])?["code"] as? String == "later-transaction", "\(refused)")
             #expect(try await scalar(db, "SELECT count(*)::int FROM subscription_periods WHERE original_transaction_id = '7900030'", as: Int.self) == 5)
             #expect(try await scalar(db, """
                 SELECT string_agg(transaction_id, ',') FROM subscription_periods WHERE original_transaction_id = '7900030' AND refunded_at IS NOT NULL
