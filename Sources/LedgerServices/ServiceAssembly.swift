@@ -84,7 +84,8 @@ public struct ServiceAssembly: Sendable {
     /// The catch-up of single subscriptions from Apple, asking through `api`.
     public func subscriptionCatchUp(api: LazyAppStoreServerAPI, verifier: AppleProofVerifier) -> SubscriptionCatchUp {
         SubscriptionCatchUp(
-            api: api, verifier: verifier, database: database, receipts: receipts, pool: pool, subscriptions: subscriptions, logger: logger)
+            api: api, verifier: verifier, database: database, receipts: receipts, pool: pool, subscriptions: subscriptions,
+            notifications: notifications, logger: logger)
     }
 
     /// A notification backfill of `app` (nil: `api`'s one app, else the ledger's first) asking

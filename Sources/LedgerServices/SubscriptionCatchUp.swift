@@ -22,13 +22,15 @@ public struct SubscriptionCatchUp: Sendable {
     let receipts: ReceiptLedger
     let pool: TransactionPool
     let subscriptions: SubscriptionLedger
+    /// Where a refund Apple reversed, whose `REFUND_REVERSED` the ledger missed, is applied.
+    let notifications: NotificationLedger
     let logger: Logger
     /// Pages of the customer's history read at most (Apple's pages hold 20 transactions).
     public var maximumPages = 100
 
     public init(
         api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, database: Database, receipts: ReceiptLedger, pool: TransactionPool,
-        subscriptions: SubscriptionLedger, logger: Logger
+        subscriptions: SubscriptionLedger, notifications: NotificationLedger, logger: Logger
     ) {
         self.api = api
         self.verifier = verifier
@@ -36,6 +38,7 @@ public struct SubscriptionCatchUp: Sendable {
         self.receipts = receipts
         self.pool = pool
         self.subscriptions = subscriptions
+        self.notifications = notifications
         self.logger = logger
     }
 
@@ -63,6 +66,9 @@ public struct SubscriptionCatchUp: Sendable {
         public var refused = 0
         /// Apple's status: 1 active, 2 expired, 3 billing retry, 4 grace period, 5 revoked.
         public var appleStatus: Int?
+        /// A refund of the latest period the ledger holds, which Apple's latest signed
+        /// transaction no longer carries: reversed now, as its missed `REFUND_REVERSED` would.
+        public var refundReversed = false
         public var status: Status = .noStatus
         public init() {}
     }
@@ -87,6 +93,7 @@ public struct SubscriptionCatchUp: Sendable {
         let statuses = try await verifier.subscriptionStatuses(try await client.subscriptionStatuses(id))
         guard let status = statuses.first(where: { $0.originalTransactionId == id }) else { return summary }
         summary.appleStatus = status.status
+        summary.refundReversed = try await reverseMissedRefund(status, on: id, metadata: metadata)
         summary.status = try await record(status, on: id, metadata: metadata)
         if summary.status != .unchanged {
             logger.info("subscription caught up from Apple", metadata: [
@@ -142,6 +149,27 @@ public struct SubscriptionCatchUp: Sendable {
             let answer = try await receipts.apply(transaction, claim: claim, metadata: metadata)
             summary.ingested[answer.outcome.rawValue, default: 0] += 1
         }
+    }
+
+    /// Apple's latest signed transaction of the subscription carries no revocation, while the
+    /// ledger holds its period refunded: Apple reversed that refund, and its `REFUND_REVERSED`
+    /// never arrived. Applied as that notification would be (the period, and the order its start
+    /// paid), named after the refund it reverses, so it is applied once. Whether it was applied now.
+    private func reverseMissedRefund(_ status: VerifiedSubscriptionStatus, on id: String, metadata: Data) async throws -> Bool {
+        guard let latest = status.transaction, status.revocation == nil,
+              let held = try await subscriptions.store.subscription(id),
+              let refunded = held.periods.first(where: { $0.transactionId == latest.transactionId })?.refundedAt
+        else { return false }
+        let record = NotificationReceived(
+            notificationUUID: EventID.named("refund-reversed-by-status", latest.transactionId.rawValue, String(refunded.millisecondsSince1970)).uuid,
+            notificationType: "REFUND_REVERSED", subtype: nil, transactionId: latest.transactionId,
+            signedDate: status.renewalInfo?.info.signedDate ?? Date())
+        let applied = try await notifications.apply(.init(record: record, transaction: latest, revocation: nil, fromRefundHistory: true), metadata: metadata)
+        if applied.appended {
+            logger.info("a refund Apple reversed, whose notification never arrived, reversed from Apple's subscription status", metadata: [
+                "subscription.id": "\(id)", "apple.transaction": "\(latest.transactionId)"])
+        }
+        return applied.appended
     }
 
     /// Apple's status of the subscription as `subscription-renewal-changed`, when it changes what

@@ -132,6 +132,48 @@ struct SubscriptionCatchUpTests {
         }
     }
 
+    @Test("a refresh reverses the refund of the latest period whose REFUND_REVERSED the ledger missed, once; Apple's status 5 read before gives way to 1")
+    func missedRefundReversal() async throws {
+        try await withTestDatabase { db in
+            let services = ServiceAssembly(database: db.database, purchaseAllowance: 400 * 86_400)
+            let start = period("7200101", of: "7200101", number: 1)
+            let renewal = period("7200102", of: "7200101", number: 2)
+            try await boughtThroughOrder(services, start)
+            await standIn.setHistory("7200101", [.init(revision: "r1", hasMore: false, signedTransactions: [try await apple.sign(start), try await apple.sign(renewal)])])
+            let info = TestApple.renewalInfo("7200101")
+            await standIn.setSubscriptionStatuses(for: ["7200101"], try await status("7200101", latest: renewal, status: 1, renewal: info))
+            try await standIn.run { base in
+                let catchUp = try makeCatchUp(services, base)
+                _ = try await catchUp.refresh(originalTransactionId: "7200101", bundleId: nil, environment: nil, metadata: metadata)
+                // Apple refunds the renewal (the ledger hears it), then reverses the refund (the ledger does not).
+                let transaction = try await verifier.transaction(signed: try await apple.sign(renewal))
+                let refund = NotificationReceived(
+                    notificationUUID: UUID(), notificationType: "REFUND", subtype: nil, transactionId: transaction.transactionId, signedDate: Date())
+                _ = try await services.notifications.apply(
+                    .init(record: refund, transaction: transaction, revocation: Revocation(date: Date(), reason: 0)), metadata: metadata)
+                #expect(try await services.subscriptionStore.subscription("7200101")?.status(at: Date()) == .revoked)
+
+                let first = try await catchUp.refresh(originalTransactionId: "7200101", bundleId: nil, environment: nil, metadata: metadata)
+                #expect(first.refundReversed, "\(first)")
+                let row = try #require(try await services.subscriptionStore.subscription("7200101"))
+                #expect(row.status(at: Date()) == .active && row.periods.allSatisfy { $0.refundedAt == nil }, "\(row)")
+                let again = try await catchUp.refresh(originalTransactionId: "7200101", bundleId: nil, environment: nil, metadata: metadata)
+                #expect(!again.refundReversed, "once: \(again)")
+
+                // Apple's status 5 (revoked) read once, then 1 (active): active again.
+                let later = TestApple.renewalInfo("7200101", signedDate: Date().addingTimeInterval(1))
+                await standIn.setSubscriptionStatuses(for: ["7200101"], try await status("7200101", latest: renewal, status: 5, renewal: later))
+                _ = try await catchUp.refresh(originalTransactionId: "7200101", bundleId: nil, environment: nil, metadata: metadata)
+                #expect(try await services.subscriptionStore.subscription("7200101")?.status(at: Date()) == .revoked)
+                let latest = TestApple.renewalInfo("7200101", signedDate: Date().addingTimeInterval(2))
+                await standIn.setSubscriptionStatuses(for: ["7200101"], try await status("7200101", latest: renewal, status: 1, renewal: latest))
+                _ = try await catchUp.refresh(originalTransactionId: "7200101", bundleId: nil, environment: nil, metadata: metadata)
+                #expect(try await services.subscriptionStore.subscription("7200101")?.status(at: Date()) == .active)
+            }
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("Apple's status of a subscription the ledger has not started is not recorded: subscription-unknown, nothing half-written")
     func unknownSubscription() async throws {
         try await withTestDatabase { db in

@@ -201,6 +201,11 @@ public struct Subscription: Sendable, Equatable {
                 break
             }
             switch body.appleStatus {
+            case 1:
+                // Active, as Apple answers now: a revocation the ledger holds without a refund of
+                // the latest period (Apple's status 5 read before) no longer stands.
+                if !next.periods.indices.contains(where: { next.isLatest($0) && next.periods[$0].refundedAt != nil }) { next.revokedAt = nil }
+                next.expired = false
             case 2: next.expired = true
             case 5: next.revokedAt = next.revokedAt ?? date
             default: break
