@@ -48,8 +48,20 @@ public actor TestServer {
         let server = try await prepare()
         let name = "ledger_t_" + UUID().uuidString.prefix(12).lowercased().replacingOccurrences(of: "-", with: "")
         let template = migrated ? " TEMPLATE \(Self.templateName)" : ""
-        try await Self.admin(server) { connection in
-            try await connection.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name)\(template)"), logger: Self.logger)
+        // Again after a failure, a few times: twice a full run saw some twenty tests fail here at
+        // once with a PSQLError, and never since; what it was is written out when it comes.
+        for attempt in 1... {
+            do {
+                try await Self.admin(server) { connection in
+                    try await connection.query(PostgresQuery(unsafeSQL: "CREATE DATABASE \(name)\(template)"), logger: Self.logger)
+                }
+                break
+            } catch {
+                FileHandle.standardError.write(Data("TestServer: CREATE DATABASE \(name), attempt \(attempt): \(String(reflecting: error))\n".utf8))
+                if attempt == 4 { throw error }
+                await dropDatabase(name)
+                try await Task.sleep(for: .milliseconds(250 * attempt))
+            }
         }
         return (name, server.make(name))
     }
