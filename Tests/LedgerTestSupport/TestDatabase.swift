@@ -40,7 +40,9 @@ public struct TestDatabase: Sendable {
 
     /// Opens a single connection of its own (for tests that hold transactions open).
     public func connect(id: Int = 1) async throws -> PostgresConnection {
-        try await PostgresConnection.connect(configuration: .init(configuration), id: id, logger: TestServer.logger)
+        var single = PostgresConnection.Configuration(configuration)
+        single.options.connectTimeout = .seconds(TestServer.connectTimeoutSeconds)
+        return try await PostgresConnection.connect(configuration: single, id: id, logger: TestServer.logger)
     }
 
     /// `body` with a `Database` on a pool of at most one connection of this database: each
@@ -61,7 +63,10 @@ public func withTestDatabase<Result: Sendable>(
     migrated: Bool = true, _ body: @Sendable (TestDatabase) async throws -> Result
 ) async throws -> Result {
     let (name, configuration) = try await TestServer.shared.makeDatabase(migrated: migrated)
-    let client = PostgresClient(configuration: configuration, backgroundLogger: TestServer.clientLogger)
+    // The test's own pool waits longer for a connection than a server under test's does.
+    var own = configuration
+    own.options.connectTimeout = .seconds(TestServer.connectTimeoutSeconds)
+    let client = PostgresClient(configuration: own, backgroundLogger: TestServer.clientLogger)
     // Not a child task: a statement postgres-nio (1.33) never answers (one written to a
     // connection that had closed; Database.query and Database.withConnection guard against it)
     // holds its lease, and the pool's run() would not end; a task group would wait for it forever.

@@ -48,8 +48,8 @@ public actor TestServer {
         let server = try await prepare()
         let name = "ledger_t_" + UUID().uuidString.prefix(12).lowercased().replacingOccurrences(of: "-", with: "")
         let template = migrated ? " TEMPLATE \(Self.templateName)" : ""
-        // Again after a failure, a few times: twice a full run saw some twenty tests fail here at
-        // once with a PSQLError, and never since; what it was is written out when it comes.
+        // Again after a failure, a few times: under a CPU hog a full run saw some twenty tests
+        // fail here at once, their connections not opened within 10 s; what fails is written out.
         for attempt in 1... {
             do {
                 try await Self.admin(server) { connection in
@@ -135,8 +135,15 @@ public actor TestServer {
         PrivateCluster(directory: scratchRoot.appendingPathComponent(".ledger-test").path, durable: false)
     }
 
+    /// How long the tests' own connections may take to open: on a machine whose every core is
+    /// busy, a full run's first minute (a hundred databases made at once) took longer than
+    /// postgres-nio's 10 s. The configuration handed to a server under test keeps its default.
+    public static let connectTimeoutSeconds: Int64 = 60
+
     private static func admin(_ server: URLTemplate, _ body: (PostgresConnection) async throws -> Void) async throws {
-        let connection = try await PostgresConnection.connect(configuration: .init(server.make(server.admin)), id: 1, logger: logger)
+        var configuration = PostgresConnection.Configuration(server.make(server.admin))
+        configuration.options.connectTimeout = .seconds(connectTimeoutSeconds)
+        let connection = try await PostgresConnection.connect(configuration: configuration, id: 1, logger: logger)
         do {
             try await body(connection)
         } catch {
