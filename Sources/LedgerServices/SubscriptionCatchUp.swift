@@ -151,19 +151,21 @@ public struct SubscriptionCatchUp: Sendable {
         }
     }
 
-    /// Apple's latest signed transaction of the subscription carries no revocation, while the
-    /// ledger holds its period refunded: Apple reversed that refund, and its `REFUND_REVERSED`
-    /// never arrived. Applied as that notification would be (the period, and the order its start
+    /// Apple's latest signed transaction of the subscription carries no revocation, in an answer
+    /// Apple signed after the refund the ledger holds of that period: Apple reversed that refund,
+    /// and its `REFUND_REVERSED` never arrived. Applied as that notification would be (the period, and the order its start
     /// paid), named after the refund it reverses, so it is applied once. Whether it was applied now.
     private func reverseMissedRefund(_ status: VerifiedSubscriptionStatus, on id: String, metadata: Data) async throws -> Bool {
-        guard let latest = status.transaction, status.revocation == nil,
+        guard let latest = status.transaction, status.revocation == nil, let signed = status.renewalInfo?.info.signedDate,
               let held = try await subscriptions.store.subscription(id),
-              let refunded = held.periods.first(where: { $0.transactionId == latest.transactionId })?.refundedAt
+              let refunded = held.periods.first(where: { $0.transactionId == latest.transactionId })?.refundedAt,
+              // Apple signed its answer after the refund: a refund recorded since Apple answered
+              // (its notification arriving meanwhile) is not what this answer knew of.
+              signed > refunded
         else { return false }
         let record = NotificationReceived(
             notificationUUID: EventID.named("refund-reversed-by-status", latest.transactionId.rawValue, String(refunded.millisecondsSince1970)).uuid,
-            notificationType: "REFUND_REVERSED", subtype: nil, transactionId: latest.transactionId,
-            signedDate: status.renewalInfo?.info.signedDate ?? Date())
+            notificationType: "REFUND_REVERSED", subtype: nil, transactionId: latest.transactionId, signedDate: signed)
         let applied = try await notifications.apply(.init(record: record, transaction: latest, revocation: nil, fromRefundHistory: true), metadata: metadata)
         if applied.appended {
             logger.info("a refund Apple reversed, whose notification never arrived, reversed from Apple's subscription status", metadata: [

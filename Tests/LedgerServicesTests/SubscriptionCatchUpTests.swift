@@ -152,7 +152,13 @@ struct SubscriptionCatchUpTests {
                 _ = try await services.notifications.apply(
                     .init(record: refund, transaction: transaction, revocation: Revocation(date: Date(), reason: 0)), metadata: metadata)
                 #expect(try await services.subscriptionStore.subscription("7200101")?.status(at: Date()) == .revoked)
+                // Apple's answer signed before the refund knew nothing of it: nothing is reversed.
+                let stale = try await catchUp.refresh(originalTransactionId: "7200101", bundleId: nil, environment: nil, metadata: metadata)
+                #expect(!stale.refundReversed, "\(stale)")
+                #expect(try await services.subscriptionStore.subscription("7200101")?.status(at: Date()) == .revoked)
 
+                let reversed = TestApple.renewalInfo("7200101", signedDate: Date().addingTimeInterval(0.5))
+                await standIn.setSubscriptionStatuses(for: ["7200101"], try await status("7200101", latest: renewal, status: 1, renewal: reversed))
                 let first = try await catchUp.refresh(originalTransactionId: "7200101", bundleId: nil, environment: nil, metadata: metadata)
                 #expect(first.refundReversed, "\(first)")
                 let row = try #require(try await services.subscriptionStore.subscription("7200101"))
