@@ -28,21 +28,23 @@ extension ReceiptLedger {
 
     func contradiction(of transaction: AppleTransaction, heldBy order: Order, in tx: DatabaseTransaction) async throws -> Contradiction? {
         let id = transaction.transactionId
-        if !Self.sameApp(order, transaction) {
-            // Apple signed it for another app: the order's claim cannot be right, whatever else.
-            return Contradiction(
-                reason: OrderLedgerError.appMismatch(id).code, detail: "Apple transaction \(id) is of app \(transaction.bundleId), not of order \(order.orderId)'s",
-                failsOrder: false, knownUser: nil)
-        }
         if transaction.isFamilyShared {
-            // A family member's access to another's purchase never pays an order (issue 40).
+            // A family member's access to another's purchase never pays an order (issue 40),
+            // whichever app's: kept as that.
             return Contradiction(
                 reason: AppleTransactionRecord.familySharedReason, detail: "Apple transaction \(id) is a family member's shared access, never an order's",
                 failsOrder: false, knownUser: nil)
         }
         if case .subscriptionPeriod(let subscription) = try await role(of: transaction, in: tx).0 {
-            // A later period of a subscription is recorded on it and never pays an order (issue 40).
+            // A later period of a subscription is recorded on it and never pays an order (issue 40),
+            // whichever app's.
             return Self.renewalClaimed(id, subscription)
+        }
+        if !Self.sameApp(order, transaction) {
+            // Apple signed it for another app: the order's claim cannot be right.
+            return Contradiction(
+                reason: OrderLedgerError.appMismatch(id).code, detail: "Apple transaction \(id) is of app \(transaction.bundleId), not of order \(order.orderId)'s",
+                failsOrder: false, knownUser: nil)
         }
         if let token = transaction.appAccountToken, token != order.appAccountToken,
            let named = try await orders.orderID(appAccountToken: token, bundleId: transaction.bundleId, in: tx),

@@ -31,6 +31,9 @@ extension ReceiptLedger {
         // start or the backend's `verified` stands by it: its renewals wait (Apple's start may be
         // another user's, and take the claim back).
         if seen.transactionId != startID, try await unverifiedClaim(of: startID, holder: holder, in: tx) != nil { return false }
+        // Apple's signed start at hand (a refresh's, a sweep's): a claim it contradicts is taken
+        // back first, and starts nothing.
+        if seen.transactionId == startID, try await takeBackClaim(of: seen, holder: holder, metadata: metadata, in: tx) { return false }
         let typing = try await catalog.typing(of: start.productId, bundleId: start.bundleId, in: tx)
         guard (typing?.type ?? seen.type.flatMap(ProductType.init(appleType:))) == .autoRenewable else { return false }
         try await recordStart(start, of: id, typing: typing, metadata: metadata, in: tx)

@@ -64,7 +64,8 @@ extension ReceiptLedger {
             renewals.append(waiting)
         }
         let user = holder?.userId ?? renewals.lazy.compactMap(\.userId).first
-        if let holder, holder.isPooled, holder.userId == nil, let user, let entry = try holder.pooled() {
+        if let holder, holder.isPooled, holder.userId == nil, let user, let entry = try holder.pooled(),
+           try await TransactionPool(database: database).knownUser(of: transaction, in: tx).map({ $0 == user }) ?? true {
             // Pooled for no one (Apple's notification), while a client named the user of a renewal
             // that waited: the start waits for that user, as `nameUser` has it.
             let append = try Self.poolAppend(
@@ -148,8 +149,11 @@ extension ReceiptLedger {
     /// subscription is that user's (`subscription-user-recorded`), and its start, waiting in the
     /// pool for no one, waits for that user, whose open order the reconciler may then pair it
     /// with, as when the client uploads the start itself. Once each: a later claim changes
-    /// nothing. The caller holds the start's lock and the subscription's.
+    /// nothing, and neither does a claim against the user the ledger knows for the Apple account
+    /// or token. The caller holds the start's lock and the subscription's.
     private func nameUser(_ user: UserID, of id: String, from transaction: AppleTransaction, metadata: Data, in tx: DatabaseTransaction) async throws {
+        // The user the ledger knows for its Apple account or token decides, never a client's word against it.
+        if let known = try await TransactionPool(database: database).knownUser(of: transaction, in: tx), known != user { return }
         try await subscriptions.recordUser(user, from: transaction.transactionId, order: nil, on: id, metadata: metadata, in: tx)
         let startID = TransactionID(unchecked: id)
         let snapshot = try await writer.read(orders: [], transactions: [startID], in: tx)

@@ -127,7 +127,8 @@ public struct ReceiptLedger: Sendable {
                           finishTransaction: after.state.clientMayFinish, reason: nil)
         } catch let error where Self.lostRace(error) || error is OrderDecisionError || error is LedgerWriter.WriteConditionFailed
                     || error as? OrderLedgerError == .accountConflict(transaction.transactionId)
-                    || error as? OrderLedgerError == .appMismatch(transaction.transactionId) {
+                    || error as? OrderLedgerError == .appMismatch(transaction.transactionId)
+                    || (error as? OrderLedgerError)?.code == "later-transaction" {
             return nil
         }
     }

@@ -32,11 +32,12 @@ public struct RefundCursors: Sendable {
             SELECT a.account_id, a.transaction_id, a.bundle_id, a.environment FROM (
                 SELECT DISTINCT ON (account_id) account_id, transaction_id, bundle_id, environment FROM (
                     SELECT coalesce(t.app_transaction_id, t.original_transaction_id, t.transaction_id) AS account_id,
-                           t.transaction_id, t.purchase_date, t.bundle_id, t.environment
+                           t.transaction_id, t.purchase_date, t.bundle_id, t.environment, o.state = 'receipt-received' AS claimed
                       FROM apple_transactions t JOIN orders o ON o.order_id = t.order_id
                      WHERE o.state IN ('receipt-received', 'verified', 'delivered', 'finished')
                        AND t.purchase_date >= now() - make_interval(days => \(lookbackDays)::int)) granted
-                 ORDER BY account_id, purchase_date DESC) a
+                 -- Asked by a granted transaction, what Apple signed, before a backend's unchecked claim.
+                 ORDER BY account_id, claimed, purchase_date DESC) a
               LEFT JOIN apple_refund_cursors c ON c.account_id = a.account_id
              WHERE \(all) OR c.checked_at IS NULL OR c.checked_at < now() - make_interval(secs => \(recheckAfter))
              ORDER BY a.account_id

@@ -49,6 +49,34 @@ struct SubscriptionRulesTests {
 
     func renewal(_ n: Int) -> SubscriptionEvent { .period(SubscriptionPeriodRecorded(transaction: transaction(n), kind: .renewal)) }
 
+    @Test("Apple's status 1 ends a revocation or an expiry signed before it, never one after it")
+    func activeStatusAgainstNewerNews() throws {
+        func status(_ code: Int, signed: Date) -> SubscriptionEvent {
+            .renewalChanged(SubscriptionRenewalChanged(
+                notification: nil, appleStatus: code, renewalInfo: RenewalInfo(autoRenew: true, signedDate: signed),
+                expiresDate: transaction(0).expiresDate, purchaseDate: transaction(0).purchaseDate))
+        }
+        let now = start.addingTimeInterval(86_400)
+        let revoked = SubscriptionEvent.familyShareRevoked(SubscriptionFamilyShareRevoked(
+            transactionId: transaction(0).transactionId, revocationDate: start.addingTimeInterval(2 * 3600), notificationUUID: UUID()))
+        // Read before the revocation, written after it: the revocation stands.
+        let stale = try #require(fold(started + [revoked, status(1, signed: start.addingTimeInterval(3600))]))
+        #expect(stale.status(at: now) == .revoked)
+        // Signed after it: active.
+        let later = try #require(fold(started + [revoked, status(1, signed: start.addingTimeInterval(3 * 3600))]))
+        #expect(later.status(at: now) == .active)
+        // Apple's status 5, then 1 signed later: active again.
+        let back = try #require(fold(started + [status(5, signed: start.addingTimeInterval(3600)), status(1, signed: start.addingTimeInterval(3 * 3600))]))
+        #expect(back.status(at: now) == .active)
+        // EXPIRED with renewal info signed after the status Apple answered: expired.
+        let expired = SubscriptionEvent.renewalChanged(SubscriptionRenewalChanged(
+            notification: NotificationReceived(
+                notificationUUID: UUID(), notificationType: "EXPIRED", subtype: "VOLUNTARY", transactionId: transaction(0).transactionId, signedDate: start),
+            renewalInfo: RenewalInfo(autoRenew: false, signedDate: start.addingTimeInterval(2 * 3600)), expiresDate: transaction(0).expiresDate))
+        let ended = try #require(fold(started + [expired, status(1, signed: start.addingTimeInterval(3600))]))
+        #expect(ended.status(at: now) == .expired)
+    }
+
     @Test("a billing retry whose EXPIRED never arrives ends 60 days after the period's end")
     func billingRetryEnds() throws {
         let failed = try #require(fold(started + [notified("DID_FAIL_TO_RENEW", period: 0, info: RenewalInfo(autoRenew: true, isInBillingRetryPeriod: true))]))

@@ -368,6 +368,25 @@ struct AppleBackfillTests {
         }
     }
 
+    @Test("the refund catch-up asks Apple by an account's granted transaction, not by a backend's newer, unchecked claim")
+    func claimDoesNotStandForItsAccount() async throws {
+        try await withBackfillApplication { http, db, base in
+            let catchUp = try refundCatchUp(base, db)
+            var granted = TestApple.transaction("8800020")
+            granted.appTransactionId = "acct-g"
+            try await order(http, "u-g", granted)
+            try await http.send(.post, "/v1/orders", json: newOrder("u-bogus"))
+            var own = receipt("8800029")
+            own["purchaseDate"] = ISO8601DateFormatter().string(from: Date(timeIntervalSinceNow: 120))  // the account's latest
+            own["appTransactionId"] = "acct-g"
+            let (claimed, claim) = try await http.send(.post, "/v1/orders/u-bogus/events", json: ["type": "receipt-received", "data": own])
+            #expect(claimed == .created, "\(claim)")
+            await standIn.setRefunds("8800020", [.init(revision: "g1", hasMore: false, signedTransactions: [try await apple.sign(refunded(granted))])])
+            let summary = try await catchUp.run()
+            #expect(summary.accounts == 1 && summary.applied == 1 && summary.failed == 0, "\(summary)")
+        }
+    }
+
     @Test("a renewal's refund that came by notification is known to the refund catch-up; the report counts it once, even from a log holding it twice")
     func renewalRefundCaughtUpOnce() async throws {
         try await withAppleAPIApplication(apple, standIn, configure: { configuration in

@@ -121,6 +121,26 @@ struct SubscriptionUserTests {
         }
     }
 
+    @Test("a renewal uploaded for another user than the one its Apple account is linked to names no one: the account's user decides")
+    func renewalUploadAgainstKnownUser() async throws {
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
+            let now = Date(), otid = "7400401"
+            let start = SubscriptionNotificationTests.period(otid, 0, purchased: now.addingTimeInterval(-31 * Self.day), expires: now.addingTimeInterval(-Self.day))
+            let renewal = SubscriptionNotificationTests.period(otid, 1, purchased: now.addingTimeInterval(-Self.day), expires: now.addingTimeInterval(29 * Self.day))
+            let (linked, _) = try await http.send(.post, "/v1/users/u-owner/app-transaction", json: [
+                "signedAppTransaction": try await apple.sign(TestApple.appTransaction(start.appTransactionId))])
+            #expect(linked == .ok)
+            _ = try await http.notifyAppleTaken(try await apple.notification(
+                "SUBSCRIBED", subtype: "INITIAL_BUY", transaction: start, renewalInfo: TestApple.renewalInfo(otid)))
+            _ = try await http.notifyAppleTaken(try await apple.notification("DID_RENEW", transaction: renewal, renewalInfo: TestApple.renewalInfo(otid)))
+            let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-other", "signedTransaction": try await apple.sign(renewal)])
+            #expect(answer["outcome"] as? String == "recorded", "\(answer)")
+            #expect(try await listed(http, "u-other").isEmpty, "another user's Apple account")
+            #expect(try await scalar(db, "SELECT coalesce(user_id, '-') FROM apple_transactions WHERE transaction_id = '7400401'", as: String.self) != "u-other")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("a family member's shared subscription first seen by notification becomes the member's when the member's client uploads it")
     func sharedNotificationFirst() async throws {
         try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in

@@ -155,6 +155,9 @@ public struct Subscription: Sendable, Equatable {
                 next.revokedAt = nil
             }
         case .renewalChanged(let body):
+            // When Apple signed what this says of renewal, against what the ledger held before it.
+            let signed = body.renewalInfo?.signedDate
+            let fresh = signed != nil && !Self.isOlder(signed, than: subscription?.renewalSignedAt)
             if let purchased = body.purchaseDate, let latest = next.periods.map(\.purchaseDate).max(), Self.ms(purchased) < Self.ms(latest) {
                 // About a period a later one replaced (an upgrade to a shorter period ends before
                 // the period it replaced, so its end alone cannot tell): older news, nothing changes.
@@ -201,10 +204,14 @@ public struct Subscription: Sendable, Equatable {
                 break
             }
             switch body.appleStatus {
-            case 1:
-                // Active, as Apple answers now: a revocation the ledger holds without a refund of
-                // the latest period (Apple's status 5 read before) no longer stands.
-                if !next.periods.indices.contains(where: { next.isLatest($0) && next.periods[$0].refundedAt != nil }) { next.revokedAt = nil }
+            case 1 where fresh:
+                // Active, as Apple signed it after the renewal news the ledger held: a revocation
+                // before that signature, without a refund of the latest period (Apple's status 5
+                // read before), no longer stands, nor an expiry.
+                if let signed, let revoked = next.revokedAt, Self.ms(signed) > Self.ms(revoked),
+                   !next.periods.indices.contains(where: { next.isLatest($0) && next.periods[$0].refundedAt != nil }) {
+                    next.revokedAt = nil
+                }
                 next.expired = false
             case 2: next.expired = true
             case 5: next.revokedAt = next.revokedAt ?? date
