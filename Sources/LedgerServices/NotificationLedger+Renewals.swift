@@ -118,6 +118,7 @@ extension NotificationLedger {
             // The intake's rule: the catalog's type first (a product it types otherwise is no renewal).
             guard case .subscriptionPeriod(renewal.subscription)? = try? TransactionRole.of(transaction, catalogType: typing?.type),
                   !stored.contains(notificationID), let before = subscriptions[renewal.subscription],
+                  before.bundleId.map({ $0.rawValue.lowercased() == transaction.bundleId.lowercased() }) ?? true,
                   sameGroup(transaction, typing: typing, as: before) else { continue }
             let holder = snapshot.transaction(transaction.transactionId)
             if let holder, holder.status != .renewal || holder.orderId != nil { continue }

@@ -122,7 +122,10 @@ extension ReceiptLedger {
         if claim.userId != nil { try await lockTransaction(TransactionID(unchecked: id), in: tx) }
         try await writer.lock([StreamID.subscription(id)], in: tx)
         let subscription = try await subscriptions.store.subscription(id, in: tx)
-        if let subscription { try await checkGroup(transaction, typing: typing, of: subscription, in: tx) }
+        if let subscription {
+            try Self.checkApp(transaction, of: subscription)
+            try await checkGroup(transaction, typing: typing, of: subscription, in: tx)
+        }
         if holder == nil {
             let pooled = try Self.poolAppend(
                 transaction, userId: claim.userId ?? subscription?.userId ?? claim.poolUserId, claimedOrder: claim.orderId,
@@ -192,6 +195,7 @@ extension ReceiptLedger {
             _ = try await writer.append(LedgerWriter.Write(named), in: tx, knowing: snapshot)
         }
         if let id {
+            if let existing = try await subscriptions.store.subscription(id, in: tx) { try Self.checkApp(transaction, of: existing) }
             let started = SubscriptionStarted(originalTransactionId: id, transaction: transaction, userId: member, familyShared: true)
             let kind: SubscriptionPeriodKind = transaction.transactionId.rawValue == id ? .start : .renewal
             _ = try await subscriptions.record([
@@ -212,6 +216,15 @@ extension ReceiptLedger {
         guard let holder, holder.orderId == nil, holder.status == .refunded else { return nil }
         return Answer(outcome: .rejected, transactionId: transaction.transactionId, orderId: named?.orderId, state: named?.state,
                       finishTransaction: true, reason: "transaction-\(holder.status.rawValue)")
+    }
+
+    /// Refuses a later transaction Apple signed for another app than its subscription's: a
+    /// subscription is one app's, and never takes another's periods (issue 39).
+    static func checkApp(_ transaction: AppleTransaction, of subscription: Subscription) throws {
+        guard let app = subscription.bundleId, app.rawValue.lowercased() != transaction.bundleId.lowercased() else { return }
+        throw LedgerInputError(
+            field: "originalTransactionId",
+            problem: "\(subscription.originalTransactionId) is a subscription of another app than \(transaction.bundleId)")
     }
 
     /// Refuses a renewal whose product is in another subscription group than its subscription's

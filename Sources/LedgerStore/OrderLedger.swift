@@ -174,7 +174,7 @@ public struct OrderLedger: Sendable {
         let rows = try await database.query(
             """
             SELECT \(unescaped: ProjectionRows.orderAnswerColumns) FROM \(unescaped: ProjectionRows.ordersWithEnvironment)
-            WHERE (\(bundleID?.rawValue)::text IS NULL OR o.bundle_id = \(bundleID?.rawValue))
+            WHERE (\(bundleID?.rawValue)::text IS NULL OR lower(o.bundle_id) = lower(\(bundleID?.rawValue)))
               AND (\(userID?.rawValue)::text IS NULL OR o.user_id = \(userID?.rawValue))
               AND (\(productID?.rawValue)::text IS NULL OR o.product_id = \(productID?.rawValue))
               AND (\(states)::text[] IS NULL OR o.state = ANY(\(states)::text[]))

@@ -108,7 +108,7 @@ public struct TransactionPool: Sendable {
             SELECT transaction_id, user_id, product_id, purchase_date, environment, app_account_token, received_at, verification::text,
                    bundle_id
             FROM unmatched_transactions
-            WHERE (\(bundleId?.rawValue)::text IS NULL OR bundle_id = \(bundleId?.rawValue))
+            WHERE (\(bundleId?.rawValue)::text IS NULL OR lower(bundle_id) = lower(\(bundleId?.rawValue)))
               AND (\(userId?.rawValue)::text IS NULL OR user_id = \(userId?.rawValue))
               AND (\(productId?.rawValue)::text IS NULL OR product_id = \(productId?.rawValue))
               AND (\(from)::timestamptz IS NULL OR purchase_date >= \(from))

@@ -72,6 +72,11 @@ struct AppOrdersTests {
             // Lists and event answers show it too; user ids are per app: the search takes the app.
             let (_, list) = try await http.send(.get, "/v1/orders?userId=u-1&bundleId=com.example.other")
             #expect((list["orders"] as? [[String: Any]])?.map { $0["orderId"] as? String } == ["other-1"], "\(list)")
+            // A bundle id is found in any case (docs/apps.md), in the pool's list too.
+            let (_, upper) = try await http.send(.get, "/v1/orders?userId=u-1&bundleId=COM.EXAMPLE.OTHER")
+            #expect((upper["orders"] as? [[String: Any]])?.map { $0["orderId"] as? String } == ["other-1"], "\(upper)")
+            let (pooled, _) = try await http.send(.get, "/v1/transactions/unmatched?bundleId=COM.EXAMPLE.OTHER")
+            #expect(pooled == .ok)
             let (_, appended) = try await http.send(.post, "/v1/orders/one-app/events", json: ["type": "payment-added", "data": ["queuedAt": "2026-11-21T10:00:00Z"]])
             #expect(appended["bundleId"] as? String == TestApple.bundleId, "\(appended)")
         }
@@ -154,6 +159,23 @@ struct AppOrdersTests {
             #expect(try await scalar(db, "SELECT order_id || ' ' || bundle_id FROM apple_transactions WHERE transaction_id = '9900010'", as: String.self)
                 == "a-payer \(TestApple.bundleId)")
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
+    @Test("a later transaction of one app naming another app's subscription is refused, and that subscription is left as it was")
+    func renewalOfAnotherAppsSubscription() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/apps", json: ["bundleId": "com.example.other"])
+            let now = Date()
+            var start = TestApple.subscriptionPeriod("9900020", of: "9900020", purchaseDate: now, expires: now + 30 * 86_400)
+            start.bundleId = "com.example.other"
+            let (_, started) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-b", "signedTransaction": try await apple.sign(start)])
+            #expect(started["outcome"] as? String == "unmatched", "\(started)")
+            let renewal = TestApple.subscriptionPeriod("9900021", of: "9900020", purchaseDate: now + 60, expires: now + 60 * 86_400)
+            let (status, refused) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-a", "signedTransaction": try await apple.sign(renewal)])
+            #expect(status == .badRequest, "\(refused)")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM subscription_periods WHERE original_transaction_id = '9900020'", as: Int.self) == 1)
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_transactions WHERE transaction_id = '9900021'", as: Int.self) == 0)
         }
     }
 }
