@@ -46,6 +46,32 @@ struct AppleBackfillTests {
         try await http.send(.post, "/v1/orders/\(id)/events", json: ["type": "delivered", "data": [:]])
     }
 
+    /// Order `id`, paid by `transaction` of Apple account `account` and delivered: what it was paid with.
+    @discardableResult
+    func grantedOrder(_ http: LedgerHTTP, _ id: String, transaction: String, account: String) async throws -> SignedTransactionPayload {
+        let granted = self.transaction(transaction, account: account)
+        try await order(http, id, granted)
+        return granted
+    }
+
+    /// Apple's transaction `id` of Apple account `account`.
+    func transaction(_ id: String, account: String) -> SignedTransactionPayload {
+        var transaction = TestApple.transaction(id)
+        transaction.appTransactionId = account
+        return transaction
+    }
+
+    /// Order `order` (of u-1) its backend claimed with its own `receipt-received` of `transaction`,
+    /// of Apple account `account`, bought at `date`: held unverified.
+    func claimed(_ http: LedgerHTTP, _ order: String, transaction: String, account: String, at date: Date = Date()) async throws {
+        try await http.send(.post, "/v1/orders", json: newOrder(order))
+        var own = receipt(transaction)
+        own["purchaseDate"] = ISO8601DateFormatter().string(from: date)
+        own["appTransactionId"] = account
+        let (status, answer) = try await http.send(.post, "/v1/orders/\(order)/events", json: ["type": "receipt-received", "data": own])
+        #expect(status == .created, "\(answer)")
+    }
+
     func refunded(_ transaction: SignedTransactionPayload) -> SignedTransactionPayload {
         var refunded = transaction
         refunded.revocationDate = Date().millisecondsSince1970
@@ -325,11 +351,8 @@ struct AppleBackfillTests {
         try await withBackfillApplication { http, db, base in
             let catchUp = try refundCatchUp(base, db)
             // The account is due for its granted purchase; its refund history holds another one no client sent.
-            var granted = TestApple.transaction("8800001")
-            granted.appTransactionId = "acct-u"
-            try await order(http, "u-1", granted)
-            var unseen = TestApple.transaction("8800002")
-            unseen.appTransactionId = "acct-u"
+            try await grantedOrder(http, "u-1", transaction: "8800001", account: "acct-u")
+            let unseen = transaction("8800002", account: "acct-u")
             await standIn.setRefunds("8800001", [.init(revision: "u1", hasMore: false, signedTransactions: [try await apple.sign(refunded(unseen))])])
 
             let summary = try await catchUp.run()
@@ -349,14 +372,8 @@ struct AppleBackfillTests {
     func refundOfUnverifiedClaim() async throws {
         try await withBackfillApplication { http, db, base in
             let catchUp = try refundCatchUp(base, db)
-            try await http.send(.post, "/v1/orders", json: newOrder("u-claim", user: "u-c"))
-            var own = receipt("8800010")
-            own["purchaseDate"] = ISO8601DateFormatter().string(from: Date())
-            own["appTransactionId"] = "acct-c"
-            let (claimed, _) = try await http.send(.post, "/v1/orders/u-claim/events", json: ["type": "receipt-received", "data": own])
-            #expect(claimed == .created)
-            var bought = TestApple.transaction("8800010")
-            bought.appTransactionId = "acct-c"
+            try await claimed(http, "u-claim", transaction: "8800010", account: "acct-c")
+            let bought = transaction("8800010", account: "acct-c")
             await standIn.setRefunds("8800010", [.init(revision: "c1", hasMore: false, signedTransactions: [try await apple.sign(refunded(bought))])])
 
             let summary = try await catchUp.run()
@@ -372,15 +389,9 @@ struct AppleBackfillTests {
     func claimDoesNotStandForItsAccount() async throws {
         try await withBackfillApplication { http, db, base in
             let catchUp = try refundCatchUp(base, db)
-            var granted = TestApple.transaction("8800020")
-            granted.appTransactionId = "acct-g"
-            try await order(http, "u-g", granted)
-            try await http.send(.post, "/v1/orders", json: newOrder("u-bogus"))
-            var own = receipt("8800029")
-            own["purchaseDate"] = ISO8601DateFormatter().string(from: Date(timeIntervalSinceNow: 120))  // the account's latest
-            own["appTransactionId"] = "acct-g"
-            let (claimed, claim) = try await http.send(.post, "/v1/orders/u-bogus/events", json: ["type": "receipt-received", "data": own])
-            #expect(claimed == .created, "\(claim)")
+            let granted = try await grantedOrder(http, "u-g", transaction: "8800020", account: "acct-g")
+            // The account's latest: a claim of a transaction Apple does not know.
+            try await claimed(http, "u-bogus", transaction: "8800029", account: "acct-g", at: Date(timeIntervalSinceNow: 120))
             await standIn.setRefunds("8800020", [.init(revision: "g1", hasMore: false, signedTransactions: [try await apple.sign(refunded(granted))])])
             let summary = try await catchUp.run()
             #expect(summary.accounts == 1 && summary.applied == 1 && summary.failed == 0, "\(summary)")
