@@ -134,7 +134,7 @@ extension ReceiptLedger {
         }
         let period = SubscriptionEvent.period(SubscriptionPeriodRecorded(transaction: transaction, kind: .renewal))
         _ = try await subscriptions.record([(period, SubscriptionLedger.periodEventID(id, transaction))], on: id, metadata: metadata, in: tx)
-        if let user = claim.userId { try await nameUser(user, of: id, from: transaction, metadata: metadata, in: tx) }
+        if let user = claim.userId { try await nameUser(user, of: id, held: subscription, from: transaction, metadata: metadata, in: tx) }
         var order = named ?? holder?.orderId.flatMap { snapshot.order($0) }
         if order == nil, holder?.orderId == nil {
             // The order that bought the subscription, for the client to show.
@@ -153,14 +153,21 @@ extension ReceiptLedger {
     /// pool for no one, waits for that user, whose open order the reconciler may then pair it
     /// with, as when the client uploads the start itself. Once each: a later claim changes
     /// nothing, and neither does a claim against the user the ledger knows for the Apple account
-    /// or token. The caller holds the start's lock and the subscription's.
-    private func nameUser(_ user: UserID, of id: String, from transaction: AppleTransaction, metadata: Data, in tx: DatabaseTransaction) async throws {
-        // The user the ledger knows for its Apple account or token decides, never a client's word against it.
-        if let known = try await TransactionPool(database: database).knownUser(of: transaction, in: tx), known != user { return }
-        try await subscriptions.recordUser(user, from: transaction.transactionId, order: nil, on: id, metadata: metadata, in: tx)
+    /// or token. `subscription`: as the caller read it under the locks it holds, the start's and
+    /// the subscription's.
+    private func nameUser(
+        _ user: UserID, of id: String, held subscription: Subscription?, from transaction: AppleTransaction, metadata: Data, in tx: DatabaseTransaction
+    ) async throws {
+        let unnamed = subscription.map { $0.userId == nil } ?? false
         let startID = TransactionID(unchecked: id)
         let snapshot = try await writer.read(orders: [], transactions: [startID], in: tx)
-        guard let start = snapshot.transaction(startID), start.isPooled, start.userId == nil, let entry = try start.pooled() else { return }
+        let waiting = try snapshot.transaction(startID).flatMap { $0.isPooled && $0.userId == nil ? try $0.pooled() : nil }
+        // Most uploads find both named: nothing more is asked.
+        guard unnamed || waiting != nil else { return }
+        // The user the ledger knows for its Apple account or token decides, never a client's word against it.
+        if let known = try await TransactionPool(database: database).knownUser(of: transaction, in: tx), known != user { return }
+        if unnamed { try await subscriptions.recordUser(user, from: transaction.transactionId, order: nil, on: id, metadata: metadata, in: tx) }
+        guard let entry = waiting else { return }
         let append = try Self.poolAppend(
             entry.transaction, userId: user, claimedOrder: nil, reason: entry.reason, undoneOrderIds: entry.undoneOrderIds,
             id: EventID.named("pool-user", id), metadata: metadata)
