@@ -35,11 +35,8 @@ extension ReceiptLedger {
                 reason: AppleTransactionRecord.familySharedReason, detail: "Apple transaction \(id) is a family member's shared access, never an order's",
                 failsOrder: false, knownUser: nil)
         }
-        if case .subscriptionPeriod(let subscription) = try await role(of: transaction, in: tx).0 {
-            // A later period of a subscription is recorded on it and never pays an order (issue 40),
-            // whichever app's.
-            return Self.renewalClaimed(id, subscription)
-        }
+        // A subscription's later period, whichever app's.
+        if let period = try await laterPeriod(transaction, in: tx) { return period }
         if !Self.sameApp(order, transaction) {
             // Apple signed it for another app: the order's claim cannot be right.
             return Contradiction(
@@ -82,12 +79,15 @@ extension ReceiptLedger {
         return (order, snapshot)
     }
 
-    /// A later period of subscription `subscription` a backend claimed for an order: kept as the
-    /// renewal it is (`subscription-renewal`), the order open again.
-    static func renewalClaimed(_ id: TransactionID, _ subscription: String) -> Contradiction {
-        Contradiction(
+    /// When `transaction` is a later period of a subscription (its role, by the intake's rule),
+    /// which is recorded on it and never pays an order (issue 40): a backend's claim of it is kept
+    /// as the renewal it is (`subscription-renewal`), the order open again. Else nil.
+    func laterPeriod(_ transaction: AppleTransaction, in tx: DatabaseTransaction) async throws -> Contradiction? {
+        guard case .subscriptionPeriod(let subscription) = try await role(of: transaction, in: tx).0 else { return nil }
+        return Contradiction(
             reason: AppleTransactionRecord.subscriptionRenewalReason,
-            detail: "Apple transaction \(id) is a later period of subscription \(subscription), never an order's", failsOrder: false, knownUser: nil)
+            detail: "Apple transaction \(transaction.transactionId) is a later period of subscription \(subscription), never an order's",
+            failsOrder: false, knownUser: nil)
     }
 
     /// Apple refunded or revoked (`notificationType`) a transaction a backend claimed before its
@@ -118,8 +118,7 @@ extension ReceiptLedger {
         guard let (order, snapshot) = try await unverifiedClaim(of: id, holder: holder, in: tx) else { return false }
         let contradiction: Contradiction? = switch refund {
         case .signed?:
-            if case .subscriptionPeriod(let subscription) = try await role(of: transaction, in: tx).0 { Self.renewalClaimed(id, subscription) }
-            else { Self.refundedBeforeVerified(id, order, notificationType: transaction.isFamilyShared ? "REVOKE" : "REFUND") }
+            try await laterPeriod(transaction, in: tx) ?? Self.refundedBeforeVerified(id, order, notificationType: transaction.isFamilyShared ? "REVOKE" : "REFUND")
         case .notification(let type)?: try await contradiction(of: transaction, heldBy: order, in: tx) ?? Self.refundedBeforeVerified(id, order, notificationType: type)
         case nil: try await contradiction(of: transaction, heldBy: order, in: tx)
         }

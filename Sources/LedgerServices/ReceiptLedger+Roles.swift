@@ -68,10 +68,7 @@ extension ReceiptLedger {
            try await TransactionPool(database: database).knownUser(of: transaction, in: tx).map({ $0 == user }) ?? true {
             // Pooled for no one (Apple's notification), while a client named the user of a renewal
             // that waited: the start waits for that user, as `nameUser` has it.
-            let append = try Self.poolAppend(
-                entry.transaction, userId: user, claimedOrder: nil, reason: entry.reason, undoneOrderIds: entry.undoneOrderIds,
-                id: EventID.named("pool-user", id), metadata: metadata)
-            _ = try await writer.append(LedgerWriter.Write(append), in: tx)
+            _ = try await writer.append(LedgerWriter.Write(try Self.poolUser(user, of: entry, metadata: metadata)), in: tx)
         }
         let started = SubscriptionStarted(originalTransactionId: id, transaction: transaction, userId: user, familyShared: false)
         // A start recorded from its order's receipt (`startHeldSubscription`) keeps its period
@@ -168,10 +165,15 @@ extension ReceiptLedger {
         if let known = try await TransactionPool(database: database).knownUser(of: transaction, in: tx), known != user { return }
         if unnamed { try await subscriptions.recordUser(user, from: transaction.transactionId, order: nil, on: id, metadata: metadata, in: tx) }
         guard let entry = waiting else { return }
-        let append = try Self.poolAppend(
+        _ = try await writer.append(LedgerWriter.Write(try Self.poolUser(user, of: entry, metadata: metadata)), in: tx, knowing: snapshot)
+    }
+
+    /// A subscription's start waiting in the pool for no one (`entry`), now for `user`: the
+    /// `pool-user` event, as an upload of the start writes it, once.
+    static func poolUser(_ user: UserID, of entry: TransactionUnmatched, metadata: Data) throws -> LedgerWriter.Append {
+        try poolAppend(
             entry.transaction, userId: user, claimedOrder: nil, reason: entry.reason, undoneOrderIds: entry.undoneOrderIds,
-            id: EventID.named("pool-user", id), metadata: metadata)
-        _ = try await writer.append(LedgerWriter.Write(append), in: tx, knowing: snapshot)
+            id: EventID.named("pool-user", entry.transaction.transactionId.rawValue), metadata: metadata)
     }
 
     /// A family member's shared access (`FAMILY_SHARED`): kept as `shared` for the member as
