@@ -178,4 +178,23 @@ struct AppOrdersTests {
             #expect(try await scalar(db, "SELECT count(*)::int FROM apple_transactions WHERE transaction_id = '9900021'", as: Int.self) == 0)
         }
     }
+
+    @Test("a renewal another app's order claimed, unverified, is taken back as the renewal it is, never left payable")
+    func renewalClaimedByAnotherApp() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/apps", json: ["bundleId": "com.example.other"])
+            try await http.send(.post, "/v1/orders", json: newOrder("b-renewal", product: "pro.monthly").merging(["bundleId": "com.example.other"]) { $1 })
+            var own = receipt("9900031", product: "pro.monthly")
+            own["purchaseDate"] = ISO8601DateFormatter().string(from: Date())
+            let (claimed, claim) = try await http.send(.post, "/v1/orders/b-renewal/events", json: ["type": "receipt-received", "data": own])
+            #expect(claimed == .created, "\(claim)")
+            let now = Date()
+            let renewal = TestApple.subscriptionPeriod("9900031", of: "9900030", purchaseDate: now, expires: now + 30 * 86_400)
+            let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-1", "signedTransaction": try await apple.sign(renewal)])
+            #expect(answer["outcome"] as? String == "recorded", "\(answer)")
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '9900031' AND order_id IS NULL", as: String.self) == "renewal")
+            let (_, order) = try await http.send(.get, "/v1/orders/b-renewal")
+            #expect(order["state"] as? String == "created", "\(order)")
+        }
+    }
 }
