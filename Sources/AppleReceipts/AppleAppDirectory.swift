@@ -17,6 +17,15 @@ extension AppleVerificationError {
             message: "\(part) for bundle \"\(bundleId ?? "")\", which this ledger does not hold (ledger apps add, or POST /v1/apps)")
     }
 
+    /// The code of `notReached`.
+    public static let notReachedCode = "app-not-allowed"
+
+    /// A proof for an app the sender may not reach (`AppleProofVerifier.reaching`): refused
+    /// before anything of its app is looked at, whether the ledger holds it or not.
+    static func notReached(_ bundleId: String?) -> Self {
+        Self(code: notReachedCode, message: "the proof is for bundle \"\(bundleId ?? "")\", which the sender does not reach", bundleId: bundleId ?? "")
+    }
+
     /// Production-signed data of an app without its Apple id: Apple's verifier refuses to check
     /// production without one. Retryable: the operator sets it, and the proof is fine.
     static func appAppleIdMissing(_ bundleId: String) -> Self {

@@ -52,6 +52,10 @@ public struct AppleProofVerifier: Sendable {
     /// The apps the ledger holds, each proof checked against the one its signed bundle id names.
     public private(set) var apps: (any AppleAppDirectory)?
     public let signedData: SignedDataVerifier
+    /// The bundle ids (in lower case) the proofs' sender may reach; nil: every one. A proof of
+    /// another is refused once its signature (or Apple's answer) is checked, before its app is
+    /// looked up, so that the refusal is the same whether the ledger holds that app or not.
+    public private(set) var reachable: Set<String>?
     public let verifyReceipt: VerifyReceiptClient?
 
     public init(app: App, signedData: SignedDataVerifier, verifyReceipt: VerifyReceiptClient?) {
@@ -68,10 +72,25 @@ public struct AppleProofVerifier: Sendable {
         return chosen
     }
 
+    /// This verifier, refusing (`app-not-allowed`) the proofs of bundle ids other than
+    /// `bundleIds` (any case); nil: refusing none.
+    public func reaching(_ bundleIds: [String]?) -> AppleProofVerifier {
+        var limited = self
+        limited.reachable = bundleIds.map { Set($0.map { $0.lowercased() }) }
+        return limited
+    }
+
+    /// Refuses a proof of `bundleId` when the sender does not reach it.
+    static func requireReach(_ bundleId: String?, _ reachable: Set<String>?) throws(AppleVerificationError) {
+        if let reachable, !reachable.contains((bundleId ?? "").lowercased()) { throw .notReached(bundleId) }
+    }
+
     /// The app a proof signed for `bundleId` is checked against: with `apps`, the one held for
     /// it (`unknown-app` otherwise; Production-signed data of one without its Apple id waits
-    /// for it, `app-apple-id-missing`); else `app`, which `check` compares.
+    /// for it, `app-apple-id-missing`); else `app`, which `check` compares. A bundle id the
+    /// sender does not reach is refused first.
     func heldApp(for bundleId: String?, environment: String?, part: String = "signed") async throws(AppleVerificationError) -> App {
+        try Self.requireReach(bundleId, reachable)
         guard let apps else { return app }
         // Found whatever the case, and kept in the ledger's spelling: what the proof yields
         // names its app as the apps table does, which the database compares exactly.
@@ -199,9 +218,10 @@ public struct AppleProofVerifier: Sendable {
         }
         let response: VerifyReceiptResponse
         if let apps {
-            response = try await Self.askedWithItsSecret(receiptData, verifyReceipt, apps)
+            response = try await Self.askedWithItsSecret(receiptData, verifyReceipt, apps, reachable: reachable)
         } else {
             response = try await verifyReceipt.verify(receiptData: receiptData)
+            try Self.requireReach(response.receipt?.bundleId, reachable)
         }
         var bundleId = response.receipt?.bundleId ?? ""
         if let apps, let held = try await apps.app(bundleId: bundleId)?.bundleId { bundleId = held }
@@ -239,14 +259,16 @@ public struct AppleProofVerifier: Sendable {
     /// is known from Apple's answer only: the first ask sends the ledger's one shared secret
     /// (none when its apps hold several, or none), and when the app Apple's answer names holds
     /// another (or none), the receipt is asked again with that one, so that Apple's answer is the
-    /// one made with the receipt's own secret. A ledger of one app asks once, as before.
+    /// one made with the receipt's own secret. A ledger of one app asks once, as before. A
+    /// receipt of an app the sender does not reach is refused before it is asked again.
     static func askedWithItsSecret(
-        _ receiptData: String, _ client: VerifyReceiptClient, _ apps: any AppleAppDirectory
+        _ receiptData: String, _ client: VerifyReceiptClient, _ apps: any AppleAppDirectory, reachable: Set<String>? = nil
     ) async throws(AppleVerificationError) -> VerifyReceiptResponse {
         let secrets = try await apps.sharedSecrets()
         let sent = secrets.count == 1 ? secrets.values.first : nil
         let response = try await client.verify(receiptData: receiptData, sharedSecret: sent)
         let bundleId = response.receipt?.bundleId ?? ""
+        try requireReach(bundleId, reachable)
         guard try await apps.app(bundleId: bundleId) != nil else { throw .unknownApp(bundleId, part: "the receipt is") }
         let own = secrets[bundleId.lowercased()]
         guard own != sent else { return response }

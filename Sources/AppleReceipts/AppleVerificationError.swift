@@ -6,12 +6,15 @@ public struct AppleVerificationError: Error, Sendable, Equatable, CustomStringCo
     public let isRetryable: Bool
     /// Apple's verifyReceipt status, when the answer came from there.
     public let appleStatus: Int?
+    /// The app the proof is for, when the refusal is of its app (`notReached`).
+    public let bundleId: String?
 
-    public init(code: String, message: String, isRetryable: Bool = false, appleStatus: Int? = nil) {
+    public init(code: String, message: String, isRetryable: Bool = false, appleStatus: Int? = nil, bundleId: String? = nil) {
         self.code = code
         self.message = message
         self.isRetryable = isRetryable
         self.appleStatus = appleStatus
+        self.bundleId = bundleId
     }
 
     public var description: String { "\(code): \(message)" }

@@ -36,12 +36,14 @@ struct AppleAccountsController {
         let claim = try await request.decode(as: Claim.self, context: context)
         let account: AppleAccount
         do {
-            account = try await verifier.appTransaction(signed: claim.signedAppTransaction)
+            // A key limited to apps links accounts of its apps alone, refused before the app is looked at.
+            account = try await verifier.reaching(context.keyApps?.map(\.rawValue)).appTransaction(signed: claim.signedAppTransaction)
+        } catch where error.code == AppleVerificationError.notReachedCode {
+            throw context.notReached(error.bundleId ?? "")
         } catch {
             if error.isRetryable { throw APIError(.serviceUnavailable, code: error.code, message: error.message) }
             throw APIError(.unprocessableContent, code: error.code, message: "signedAppTransaction was refused: \(error.message)")
         }
-        try context.requireReach(bundleId: account.bundleId)
         let answer = try await links.link(account, to: user, metadata: context.eventMetadata)
         return Answer(Linked(outcome: answer.outcome, appTransactionId: answer.appTransactionId, userId: answer.userId, ownerUserId: answer.ownerUserId))
     }

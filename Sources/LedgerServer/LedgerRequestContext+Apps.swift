@@ -21,9 +21,14 @@ extension LedgerRequestContext {
         // Apple holds bundle ids case-insensitive, and so does the apps table.
         let folded = bundleId.lowercased()
         guard !keyApps.contains(where: { $0.rawValue.lowercased() == folded }) else { return }
-        throw APIError(.forbidden, code: "app-not-allowed",
-                       message: "the key \(apiKeyName ?? "") does not reach the app \(bundleId); it reaches \(keyApps.map(\.rawValue).joined(separator: ", "))",
-                       details: ["bundleId": .string(bundleId), "apps": .strings(keyApps.map(\.rawValue))])
+        throw notReached(bundleId)
+    }
+
+    /// The 403 `app-not-allowed` of `requireReach`.
+    func notReached(_ bundleId: String) -> APIError {
+        APIError(.forbidden, code: "app-not-allowed",
+                 message: "the key \(apiKeyName ?? "") does not reach the app \(bundleId); it reaches \((keyApps ?? []).map(\.rawValue).joined(separator: ", "))",
+                 details: ["bundleId": .string(bundleId), "apps": .strings((keyApps ?? []).map(\.rawValue))])
     }
 
     /// The apps a user's rows are read from (or swept for). User ids are per app, so a request

@@ -36,13 +36,14 @@ struct ReceiptsController {
         let claimedID = body.transactionId
         let claim = ReceiptLedger.Claim(userId: body.userId, orderId: body.orderId, apps: context.keyApps)
         let metadata = context.eventMetadata
+        // A key limited to apps sends proofs of its apps alone: another's is refused before its
+        // app is looked at (held or not, the answer is the same), and nothing of it is stored.
+        let verifier = verifier.reaching(context.keyApps?.map(\.rawValue))
 
         switch (body.signedTransaction, body.receiptData) {
         case (let jws?, nil):
             do {
                 let (transaction, revocation) = try await verifier.transactionAndRevocation(signed: jws)
-                // A key limited to apps sends proofs of its apps alone; nothing else is stored.
-                try context.requireReach(bundleId: transaction.bundleId)
                 if let revocation {
                     // Never granted; a backend's unverified claim of it is taken back first.
                     _ = try await receipts.takeBackClaim(of: transaction, claim: claim, refunded: true, metadata: metadata)
@@ -53,13 +54,14 @@ struct ReceiptsController {
                 return try Self.response(
                     answer, environments: [transaction.transactionId: transaction.environment],
                     bundles: [transaction.transactionId: transaction.bundleId], request, context)
+            } catch let error as AppleVerificationError where error.code == AppleVerificationError.notReachedCode {
+                throw context.notReached(error.bundleId ?? "")
             } catch let error as AppleVerificationError {
                 return try await refuse(error, format: .jws, proof: jws, claim: claim, transactionId: claimedID, metadata: metadata, request, context)
             }
         case (nil, let receipt?):
             do {
                 let transactions = try await verifier.transactions(receipt: receipt)
-                for transaction in transactions { try context.requireReach(bundleId: transaction.bundleId) }
                 let answers = try await applyReceipt(transactions, claim: claim, claimedID: claimedID, metadata: metadata)
                 guard let primary = answers.primary else {
                     throw AppleVerificationError(
@@ -71,6 +73,8 @@ struct ReceiptsController {
                 let environments = Dictionary(transactions.map { ($0.transactionId, $0.environment) }) { first, _ in first }
                 let bundles = Dictionary(transactions.map { ($0.transactionId, $0.bundleId) }) { first, _ in first }
                 return try Self.response(primary, transactions: answers.all, environments: environments, bundles: bundles, request, context)
+            } catch let error as AppleVerificationError where error.code == AppleVerificationError.notReachedCode {
+                throw context.notReached(error.bundleId ?? "")
             } catch let error as AppleVerificationError {
                 return try await refuse(error, format: .receipt, proof: receipt, claim: claim, transactionId: claimedID, metadata: metadata, request, context)
             }

@@ -95,6 +95,44 @@ struct KeyAppsTests {
         }
     }
 
+    @Test("a proof of an app the key does not reach is refused alike whether the ledger holds that app or not, before its app is checked")
+    func proofsOfAppsBeyondReach() async throws {
+        let apple = try TestApple()
+        let purchase = Int64(Date().timeIntervalSince1970 * 1000) - 60_000
+        let standIn = VerifyReceiptStandIn(answers: [
+            "production:TESTS": VerifyReceiptStandIn.valid(transactions: [("9100031", "gems.100", purchase)]),
+            "production:STRANGER": VerifyReceiptStandIn.valid(bundleId: "com.example.gamma", transactions: [("9100032", "gems.100", purchase)]),
+        ])
+        try await standIn.run { production, sandbox in
+            try await withReceiptsApplication(apple, production: production, sandbox: sandbox, configure: { $0.apple.sharedSecret = "secret-of-tests" }) { http, db in
+                _ = try await AppCatalog(database: db.database).add(try BundleID(TwoApps.alpha), AppChanges())
+                let alphaOnly = try await APIKeyStore(database: db.database).create(
+                    name: "alpha-backend", scopes: [.append, .read], apps: [try BundleID(TwoApps.alpha)])
+                // Another app's proof would be told apart by its app's checks: one the ledger does
+                // not hold (unknown-app), one signed in an environment its app refuses (the tests'
+                // app takes the sandbox alone: wrong-environment).
+                let gamma = "com.example.gamma"
+                let proofs: [(String, [String: Any], String)] = [
+                    ("/v1/receipts", ["userId": "u-1", "signedTransaction": try await apple.sign(TestApple.transaction("9100021", bundleId: gamma))], gamma),
+                    ("/v1/receipts", ["userId": "u-1", "signedTransaction": try await apple.sign(TestApple.transaction("9100022", environment: "Production"))], TestApple.bundleId),
+                    ("/v1/receipts", ["userId": "u-1", "receiptData": "STRANGER"], gamma),
+                    ("/v1/receipts", ["userId": "u-1", "receiptData": "TESTS"], TestApple.bundleId),
+                    ("/v1/users/u-1/app-transaction", ["signedAppTransaction": try await apple.sign(TestApple.appTransaction("account-2", bundleId: gamma))], gamma),
+                    ("/v1/users/u-1/app-transaction", ["signedAppTransaction": try await apple.sign(TestApple.appTransaction("account-3", environment: "Production"))], TestApple.bundleId),
+                ]
+                for (route, body, app) in proofs {
+                    let (status, answer) = try await http.send(.post, route, json: body, key: .some(alphaOnly))
+                    #expect(status == .forbidden && errorOf(answer)["code"] as? String == "app-not-allowed", "\(route) \(app): \(status) \(answer)")
+                    #expect(errorOf(answer)["bundleId"] as? String == app, "\(answer)")
+                }
+                #expect(try await scalar(db, "SELECT count(*)::int FROM events", as: Int.self) == 0, "nothing refused was stored")
+            }
+        }
+        // Each receipt was asked once: not again with its own app's secret for a key that cannot have it.
+        #expect(await standIn.calls("production:TESTS") == 1)
+        #expect(await standIn.calls("production:STRANGER") == 1)
+    }
+
     @Test("a proof of the key's app naming another app's order, by id or token, is answered as for an order that does not exist")
     func proofNamingAnotherAppsOrder() async throws {
         let apple = try TestApple()
