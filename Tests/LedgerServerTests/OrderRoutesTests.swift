@@ -421,6 +421,9 @@ struct OrderRoutesTests {
                 (.post, "/v1/orders/o-1/events", ["data": [:]], nil, .badRequest, "invalid-input", "type"),
                 (.post, "/v1/orders/o-1/events", ["type": "teleported", "data": [:]], nil, .badRequest, "unknown-event-type", nil),
                 (.post, "/v1/orders/o-1/events", ["type": "payment-added", "data": ["queuedAt": "soon"]], nil, .badRequest, "invalid-input", "queuedAt"),
+                // The reports count a purchase under Apple's two environments alone.
+                (.post, "/v1/orders/o-1/events", ["type": "receipt-received", "data": receipt("e-1").merging(["environment": "Staging"]) { $1 }], nil, .badRequest, "invalid-input", "data.environment"),
+                (.post, "/v1/orders/o-1/events", ["type": "verified", "data": ["environment": "Xcode"]], nil, .badRequest, "invalid-input", "data.environment"),
                 (.post, "/v1/orders/o-1/events", ["type": "payment-added", "data": "x"], nil, .badRequest, "invalid-input", "data"),
                 (.post, "/v1/orders/o-1/events", ["type": "finished", "eventId": "nope", "data": [:]], nil, .badRequest, "invalid-input", "eventId"),
                 (.post, "/v1/orders/o-1/events", ["type": "finished", "expectedVersion": true, "data": [:]], nil, .badRequest, "invalid-input", "expectedVersion"),
@@ -475,6 +478,12 @@ struct OrderRoutesTests {
             let (tooLarge, error) = try await http.send(.post, "/v1/orders", raw: big)
             #expect(tooLarge == .contentTooLarge)
             #expect(errorOf(error)["code"] as? String == "body-too-large")
+            // An environment in another case is Apple's, spelled as Apple does.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-env"))
+            let claim = receipt("e-2").merging(["environment": "sandbox", "purchaseDate": ISO8601DateFormatter().string(from: Date())]) { $1 }
+            let (spelled, spelledAnswer) = try await http.send(.post, "/v1/orders/o-env/events", json: ["type": "receipt-received", "data": claim])
+            #expect(spelled == .created, "\(spelledAnswer)")
+            #expect(try await http.send(.get, "/v1/orders/o-env").1["environment"] as? String == "Sandbox")
         }
     }
 }

@@ -97,7 +97,7 @@ public struct HistoryRecord: Sendable, Equatable {
         purchaseDate = try date("purchaseDate")
         refundedAt = try date("refundedAt")
         let environmentName = text("environment") ?? "Production"
-        guard let environment = ["Production", "Sandbox"].first(where: { $0.lowercased() == environmentName.lowercased() }) else {
+        guard let environment = OrderEvent.environmentName(environmentName) else {
             throw LedgerInputError(field: "environment", problem: "is \(environmentName.debugDescription); use Production or Sandbox")
         }
         self.environment = environment

@@ -227,3 +227,33 @@ public struct Failed: Codable, Sendable, Equatable {
 public struct NoFields: Codable, Sendable, Equatable {
     public init() {}
 }
+
+extension OrderEvent {
+    /// The environments a purchase is counted under, as Apple spells them: `given` in any case,
+    /// or nil for any other name (the reports would count it under neither).
+    public static func environmentName(_ given: String) -> String? {
+        ["Production", "Sandbox"].first { $0.lowercased() == given.lowercased() }
+    }
+
+    /// This event with the environment it names (`receipt-received`, `verified`) spelled as
+    /// Apple does; another name is refused.
+    public func withEnvironmentSpelledAsApple() throws(LedgerInputError) -> OrderEvent {
+        func spelled(_ given: String?) throws(LedgerInputError) -> String? {
+            guard let given else { return nil }
+            guard let name = Self.environmentName(given) else {
+                throw LedgerInputError(field: "data.environment", problem: "is \(given.debugDescription); use Production or Sandbox")
+            }
+            return name
+        }
+        switch self {
+        case .receiptReceived(var receipt):
+            receipt.environment = try spelled(receipt.environment)
+            return .receiptReceived(receipt)
+        case .verified(var verified):
+            verified.environment = try spelled(verified.environment)
+            return .verified(verified)
+        default:
+            return self
+        }
+    }
+}
