@@ -42,8 +42,14 @@ public struct SupportDesk: Sendable {
                     if !conflict.contains(order.userId) {
                         throw SupportMatchError.userMismatch(transaction: known.userId ?? order.userId, order: order.userId)
                     }
-                } else if let user = known.userId, user != order.userId {
-                    throw SupportMatchError.userMismatch(transaction: user, order: order.userId)
+                } else {
+                    // Pooled for no one, its user is the one the ledger knows for its token or Apple
+                    // account (`ledger_known_user`), as the reconciler reads it.
+                    var user = known.userId
+                    if user == nil { user = try await TransactionPool(database: database).knownUser(of: transaction, in: tx) }
+                    if let user, user != order.userId {
+                        throw SupportMatchError.userMismatch(transaction: user, order: order.userId)
+                    }
                 }
                 switch order.mismatch(product: transaction.productId, quantity: transaction.quantity) {
                 case .product?: throw SupportMatchError.productMismatch(transaction: transaction.productId, order: order.productId)

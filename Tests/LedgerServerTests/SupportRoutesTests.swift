@@ -70,6 +70,26 @@ struct SupportRoutesTests {
         }
     }
 
+    @Test("a pooled purchase of no user whose Apple account the ledger knows for a user: support pairs it with another user's order only with force and a reason")
+    func matchAgainstTheKnownUser() async throws {
+        try await withReceiptsApplication(apple) { http, _ in
+            // s-1 owns the Apple account; its purchase arrives with no user.
+            let (linked, _) = try await http.send(
+                .post, "/v1/users/s-1/app-transaction", json: ["signedAppTransaction": try await apple.sign(TestApple.appTransaction("app-tx-7000020"))])
+            #expect(linked == .ok)
+            var purchase = TestApple.transaction("7000020")
+            purchase.appTransactionId = "app-tx-7000020"
+            try await http.send(.post, "/v1/receipts", json: ["signedTransaction": try await apple.sign(purchase)])
+            try await http.send(.post, "/v1/orders", json: newOrder("k-other", user: "s-2"))
+            let (refused, error) = try await http.send(.post, "/v1/transactions/7000020/match", json: ["orderId": "k-other"])
+            #expect(refused == .conflict && errorOf(error)["code"] as? String == "user-mismatch", "\(refused) \(error)")
+            let (_, order) = try await http.send(.get, "/v1/orders/k-other")
+            #expect(order["state"] as? String == "created")
+            let (forced, _) = try await http.send(.post, "/v1/transactions/7000020/match", json: ["orderId": "k-other", "force": true, "reason": "ticket 7: the account was sold with the device"])
+            #expect(forced == .ok)
+        }
+    }
+
     @Test("support pairs by hand; another user's or product's order needs force and a reason; who did it is recorded")
     func matchByHand() async throws {
         try await withReceiptsApplication(apple) { http, db in
