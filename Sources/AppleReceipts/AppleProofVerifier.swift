@@ -224,14 +224,22 @@ public struct AppleProofVerifier: Sendable {
             try Self.requireReach(response.receipt?.bundleId, reachable)
         }
         var bundleId = response.receipt?.bundleId ?? ""
-        if let apps, let held = try await apps.app(bundleId: bundleId)?.bundleId { bundleId = held }
+        var held = app
+        if let apps, let found = try await apps.app(bundleId: bundleId) { held = found }
+        if let spelled = held.bundleId, apps != nil { bundleId = spelled }
         if apps == nil, let expected = app.bundleId, bundleId != expected {
             throw AppleVerificationError(code: "wrong-bundle-id", message: "the receipt is for bundle \"\(bundleId)\", not \"\(expected)\"")
         }
         let sha = Self.sha256(receiptData)
         // Apple vouched for the receipt, whichever environment answered (21007 sends App Review's
-        // sandbox receipts on to the sandbox), so the environment is recorded, not enforced.
+        // sandbox receipts on to the sandbox). A sandbox receipt of an app that refuses the
+        // sandbox is refused, as its signed transactions are: its purchases cost nothing, and its
+        // refunds could never be taken. A production receipt is real money, and always taken.
         let environment = response.environment ?? "Production"
+        if AppleEnvironment(name: environment) != .production, !held.accepts(environment) {
+            throw AppleVerificationError(
+                code: "wrong-environment", message: "the receipt is from the \(environment) environment; the app \(bundleId) accepts \(held.environmentList)")
+        }
         return try response.transactions.map { item throws(AppleVerificationError) in
             guard let id = try? TransactionID(item.transactionId), let product = try? ProductID(item.productId),
                   let millis = item.purchaseDateMs.flatMap(Int64.init) else {

@@ -9,7 +9,7 @@ import Testing
 /// A verifier that asks `standIn`'s URLs, with a short time-out.
 func legacyVerifier(_ production: String, _ sandbox: String, timeout: TimeAmount = .seconds(30)) -> AppleProofVerifier {
     AppleProofVerifier(
-        app: .init(bundleId: TestApple.bundleId, appAppleId: nil, environment: .production),
+        app: .init(bundleId: TestApple.bundleId, appAppleId: nil, environments: [.production, .sandbox]),
         signedData: SignedDataVerifier(rootCertificates: []),
         verifyReceipt: VerifyReceiptClient(
             settings: .init(productionURL: production, sandboxURL: sandbox, sharedSecret: "s3cret", timeout: timeout),

@@ -147,6 +147,27 @@ struct SandboxPurchaseTests {
         #expect(await standIn.calls("sandbox:REVIEW") == 1)
     }
 
+    @Test("an app that refuses the sandbox refuses a receipt the sandbox answered (wrong-environment), and takes a production one")
+    func legacySandboxReceiptRefused() async throws {
+        let purchase = Date().millisecondsSince1970 - 60_000
+        let standIn = VerifyReceiptStandIn(answers: [
+            "production:REVIEW": .json(#"{"status": 21007}"#),
+            "sandbox:REVIEW": VerifyReceiptStandIn.valid(environment: "Sandbox", transactions: [("8800031", "gems.100", purchase)]),
+            "production:PAID": VerifyReceiptStandIn.valid(transactions: [("8800032", "gems.100", purchase)]),
+        ])
+        try await standIn.run { production, sandbox in
+            try await withReceiptsApplication(apple, production: production, sandbox: sandbox, configure: { $0.apple.environments = [.production]; $0.apple.appID = TestApple.appAppleId }) { http, db in
+                try await http.send(.post, "/v1/orders", json: newOrder("review-4"))
+                let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": "review-4", "receiptData": "REVIEW"])
+                #expect(answer["outcome"] as? String == "rejected" && answer["reason"] as? String == "wrong-environment", "\(answer)")
+                #expect(try await http.send(.get, "/v1/orders/review-4").1["state"] as? String == "created")
+                #expect(try await scalar(db, "SELECT count(*)::int FROM apple_transactions WHERE transaction_id = '8800031'", as: Int.self) == 0)
+                let (_, paid) = try await http.send(.post, "/v1/receipts", json: ["orderId": "review-4", "receiptData": "PAID"])
+                #expect(paid["outcome"] as? String == "matched" && paid["environment"] as? String == "Production", "\(paid)")
+            }
+        }
+    }
+
     @Test(
         "a backend's own receipt-received names no environment, or Production: the client's proof verifies the order, and the sandbox's purchase counts as the sandbox's",
         arguments: ["", "Production"])
