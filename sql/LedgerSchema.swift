@@ -64,6 +64,7 @@ public enum LedgerSchema {
         Migration(name: "035_pool_refund_dates.sql", sql: String(decoding: PackageResources._35_pool_refund_dates_sql, as: UTF8.self)),
         Migration(name: "036_renewal_signed_at.sql", sql: String(decoding: PackageResources._36_renewal_signed_at_sql, as: UTF8.self)),
         Migration(name: "037_first_app_as_owner.sql", sql: String(decoding: PackageResources._37_first_app_as_owner_sql, as: UTF8.self)),
+        Migration(name: "038_pool_shows_conflicts.sql", sql: String(decoding: PackageResources._38_pool_shows_conflicts_sql, as: UTF8.self)),
     ]
 
     /// `sql/routines`: applied after the migrations, and again when a database has an earlier

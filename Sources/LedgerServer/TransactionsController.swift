@@ -42,7 +42,7 @@ struct TransactionsController {
         init(_ pooled: TransactionPool.PooledTransaction) { self.pooled = pooled }
 
         enum CodingKeys: String, CodingKey {
-            case transactionId, userId, productId, purchaseDate, environment, appAccountToken, receivedAt, verification, bundleId
+            case transactionId, userId, productId, purchaseDate, environment, appAccountToken, receivedAt, verification, bundleId, status
         }
 
         func encode(to encoder: any Encoder) throws {
@@ -56,6 +56,7 @@ struct TransactionsController {
             try json.encode(pooled.receivedAt, forKey: .receivedAt)
             try json.encode(pooled.verification.map { JSONValue(json: $0) }, forKey: .verification)
             try json.encode(pooled.bundleId, forKey: .bundleId)
+            try json.encode(pooled.status, forKey: .status)
         }
     }
 

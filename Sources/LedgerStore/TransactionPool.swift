@@ -92,6 +92,9 @@ public struct TransactionPool: Sendable {
         public let verification: Data?
         /// The app Apple signed it for.
         public var bundleId: BundleID? = nil
+        /// `unmatched`, or `conflict`: held for support, as its Apple account or token is known
+        /// for another user than the one claimed (no automatic path pairs it).
+        public var status: String = "unmatched"
     }
 
     /// The pool filtered by user, product, purchase time (`from` inclusive, `to` exclusive) and
@@ -106,7 +109,7 @@ public struct TransactionPool: Sendable {
         let rows = try await database.query(
             """
             SELECT transaction_id, user_id, product_id, purchase_date, environment, app_account_token, received_at, verification::text,
-                   bundle_id
+                   bundle_id, status
             FROM unmatched_transactions
             WHERE (\(bundleId?.rawValue)::text IS NULL OR lower(bundle_id) = lower(\(bundleId?.rawValue)))
               AND (\(userId?.rawValue)::text IS NULL OR user_id = \(userId?.rawValue))
@@ -119,12 +122,12 @@ public struct TransactionPool: Sendable {
             ORDER BY transaction_id LIMIT \(min(max(limit, 1), 1000))
             """)
         var found: [PooledTransaction] = []
-        for try await (id, user, product, purchase, environment, token, received, verification, bundle)
-            in rows.decode((String, String?, String, Date, String?, UUID?, Date, String?, String?).self) {
+        for try await (id, user, product, purchase, environment, token, received, verification, bundle, status)
+            in rows.decode((String, String?, String, Date, String?, UUID?, Date, String?, String?, String).self) {
             found.append(PooledTransaction(
                 transactionId: TransactionID(unchecked: id), userId: user.map(UserID.init(unchecked:)), productId: ProductID(unchecked: product),
                 purchaseDate: purchase, environment: environment, appAccountToken: token, receivedAt: received,
-                verification: verification.map { Data($0.utf8) }, bundleId: bundle.map(BundleID.init(unchecked:))))
+                verification: verification.map { Data($0.utf8) }, bundleId: bundle.map(BundleID.init(unchecked:)), status: status))
         }
         return found
     }

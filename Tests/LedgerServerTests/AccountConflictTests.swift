@@ -60,6 +60,15 @@ struct AccountConflictTests {
                 shown.append([claimed, owner, account, source])
             }
             #expect(shown == [["u-bob", "u-alice", "acct-alice", "transaction"]])
+            // Support finds it in the pool, with both users; the report counts it as paid and not delivered.
+            let (_, found) = try await http.send(.get, "/v1/transactions/unmatched?userId=u-bob")
+            let pooled = found["transactions"] as? [[String: Any]] ?? []
+            #expect(pooled.map { $0["transactionId"] as? String } == ["4200002"], "\(found)")
+            #expect(pooled.first?["status"] as? String == "conflict")
+            #expect((pooled.first?["verification"] as? [String: Any])?["knownUserId"] as? String == "u-alice", "\(pooled)")
+            let (_, report) = try await http.send(.get, "/v1/reports/reconciliation")
+            #expect((report["unmatched"] as? [String: Any])?["count"] as? Int == 1, "\(report)")
+            #expect(try await scalar(db, "SELECT status FROM dashboards.unmatched_transactions WHERE transaction_id = '4200002'", as: String.self) == "conflict")
 
             // Support decides, with a reason.
             let (refused, refusal) = try await http.send(.post, "/v1/transactions/4200002/match", json: ["orderId": "o-bob"])
@@ -72,6 +81,8 @@ struct AccountConflictTests {
                 """, as: String.self)
             #expect(rule == "support-conflict: \(reason)")
             #expect(try await scalar(db, "SELECT count(*)::int FROM dashboards.apple_account_conflicts WHERE transaction_id = '4200002'", as: Int.self) == 0)
+            let (_, after) = try await http.send(.get, "/v1/transactions/unmatched?userId=u-bob")
+            #expect((after["transactions"] as? [[String: Any]])?.isEmpty == true, "\(after)")
         }
     }
 
