@@ -186,3 +186,25 @@ extension ReceiptLedger {
         return known == named.userId && known != holder?.userId
     }
 }
+
+extension ReceiptLedger {
+    /// Holds for support (status `conflict`, issue 41) every pooled transaction whose user is
+    /// not the one the ledger now knows for its token or Apple account: an account linked to
+    /// another user, or tied to another user's order, after it was pooled. The reconciler's pool
+    /// leaves such a transaction out, so it would wait where no one looks. Each is applied as its
+    /// own user's proof again, by the one rule the intake holds conflicts by. Answers how many
+    /// were held.
+    public func holdConflicts(metadata: Data) async throws -> Int {
+        var held = 0
+        for id in try await TransactionPool(database: database).unheldConflicts() {
+            let pooled = try await database.transaction { tx in
+                try await writer.read(orders: [], transactions: [id], in: tx).transaction(id)
+            }
+            guard let pooled, pooled.isPooled, let user = pooled.userId, let transaction = try pooled.verifiedTransaction() else { continue }
+            let answer = try await apply(transaction, claim: Claim(userId: user, orderId: nil), metadata: metadata)
+            if answer.reason == AppleTransactionRecord.accountConflictReason { held += 1 }
+        }
+        if held > 0 { database.logger.warning("pooled transactions of an Apple account or token known for another user held for support", metadata: ["held": "\(held)"]) }
+        return held
+    }
+}

@@ -28,6 +28,9 @@ public struct ReconcilerPass: Sendable {
     /// order of its own (`recovery-<transactionId>`, priced from the catalog), but only for a
     /// product the catalog lists as active: never a retired or unknown one.
     public var recoveryOrders = false
+    /// Where pooled transactions that turned out to be of another user's Apple account or token
+    /// are held for support before each pass (`ReceiptLedger.holdConflicts`); nil: not looked for.
+    public var receipts: ReceiptLedger?
     var logger: Logger { database.logger }
 
     public init(
@@ -67,6 +70,9 @@ public struct ReconcilerPass: Sendable {
         /// Orphans with no candidate left in the pool because their product is retired or not in
         /// the catalog, or because they were purchased before the order they named.
         public var notRecovered = 0
+        /// Pooled transactions held for support before the pass: their own user is not the one
+        /// the ledger came to know for their Apple account or token (a link, a tie made since).
+        public var heldForSupport = 0
         public var seconds = 0.0
         public init() {}
     }
@@ -75,6 +81,7 @@ public struct ReconcilerPass: Sendable {
     public func run(metadata: Data = Data(#"{"appendedBy":"reconciler"}"#.utf8), progress: (@Sendable (Int, Int) -> Void)? = nil) async throws -> Summary {
         let started = ContinuousClock.now
         var summary = Summary()
+        if let receipts { summary.heldForSupport = try await receipts.holdConflicts(metadata: metadata) }
         let view = try await pool.reconcilerView(settle: settings.settle)
         summary.unknownUser = view.unknownUser
         summary.usersResolved = view.usersResolved

@@ -64,6 +64,7 @@ public struct ServiceAssembly: Sendable {
         var pass = ReconcilerPass(
             database: database, writer: writer, pool: pool, catalog: catalog, subscriptions: subscriptions, settings: settings)
         pass.recoveryOrders = recoveryOrders
+        pass.receipts = receipts
         return pass
     }
 

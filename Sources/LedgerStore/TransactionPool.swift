@@ -206,6 +206,27 @@ extension TransactionPool {
         return nil
     }
 
+    /// Pooled transactions whose own user is not the one the ledger now knows for them
+    /// (`ledger_known_user`: their token's order, their Apple account's link, an earlier tie, any
+    /// of which may come after they were pooled), oldest first. The reconciler's pool leaves them
+    /// out; the intake's rule holds them for support. A family member's share and a
+    /// subscription's later period are never an order's and are not listed.
+    public func unheldConflicts(limit: Int = 500) async throws -> [TransactionID] {
+        let rows = try await database.query(
+            """
+            SELECT t.transaction_id FROM apple_transactions t
+             WHERE t.order_id IS NULL AND t.status = 'unmatched' AND t.user_id IS NOT NULL
+               AND (t.app_account_token IS NOT NULL OR t.app_transaction_id IS NOT NULL)
+               AND coalesce(t.verification -> 'transaction' ->> 'inAppOwnershipType', '') <> 'FAMILY_SHARED'
+               AND t.transaction_id = coalesce(t.original_transaction_id, t.transaction_id)
+               AND ledger_known_user(t.app_account_token, t.app_transaction_id, t.bundle_id, t.transaction_id) <> t.user_id
+             ORDER BY t.received_at, t.transaction_id LIMIT \(limit)
+            """)
+        var found: [TransactionID] = []
+        for try await id in rows.decode(String.self) { found.append(TransactionID(unchecked: id)) }
+        return found
+    }
+
     /// The users of `users` the caller's transaction now holds until it ends, as the one
     /// reconciler pairing them; a user another reconciler holds is skipped, not waited for.
     public func claimUsers(_ users: [UserID], in transaction: DatabaseTransaction) async throws -> [UserID] {

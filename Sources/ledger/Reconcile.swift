@@ -25,6 +25,9 @@ struct Reconcile: AsyncParsableCommand {
         if configuration.recoveryOrders {
             print("\(summary.recoveryOrders) recovery orders created; \(summary.notRecovered) orphans left for support (retired or unknown products, purchased before their order)")
         }
+        if summary.heldForSupport > 0 {
+            print("\(summary.heldForSupport) pooled transactions of an Apple account or token known for another user held for support (dashboards.apple_account_conflicts)")
+        }
         print("\(summary.usersResolved) users found through earlier transactions; \(summary.unknownUser) orphans without a user left for support; \(summary.lostRaces) pairings taken by another writer first; \(String(format: "%.2f", summary.seconds)) s")
     }
 }

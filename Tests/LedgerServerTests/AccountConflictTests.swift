@@ -86,6 +86,25 @@ struct AccountConflictTests {
         }
     }
 
+    @Test("a purchase pooled for Bob before Alice linked its Apple account is held for support at the next reconciler pass, not left where no one looks")
+    func pooledThenLinked() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let pooled = try await upload(http, try await signed("4200031", account: "acct-late"), user: "u-bob")
+            #expect(pooled["outcome"] as? String == "unmatched" && pooled["reason"] as? String == "no-order", "\(pooled)")
+            let (linked, _) = try await http.send(
+                .post, "/v1/users/u-alice/app-transaction", json: ["signedAppTransaction": try await apple.sign(TestApple.appTransaction("acct-late"))])
+            #expect(linked == .ok)
+            try await http.send(.post, "/v1/orders", json: newOrder("o-bob-late", user: "u-bob"))
+            let (_, summary) = try await http.send(.post, "/v1/reconcile")
+            #expect(summary["paired"] as? Int == 0 && summary["heldForSupport"] as? Int == 1, "\(summary)")
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '4200031'", as: String.self) == "conflict")
+            #expect(try await scalar(db, "SELECT owner_user_id FROM dashboards.apple_account_conflicts WHERE transaction_id = '4200031'", as: String.self) == "u-alice")
+            let (_, again) = try await http.send(.post, "/v1/reconcile")
+            #expect(again["heldForSupport"] as? Int == 0, "\(again)")
+            #expect(try await http.send(.get, "/v1/orders/o-bob-late").1["state"] as? String == "created")
+        }
+    }
+
     @Test("a held transaction refunded by Apple, then its refund reversed, is held for support again: no automatic path pairs it")
     func heldRefundReversed() async throws {
         try await withReceiptsApplication(apple) { http, db in
