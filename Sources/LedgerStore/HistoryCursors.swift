@@ -28,7 +28,7 @@ public struct HistoryCursors: Sendable {
 
     /// The accounts of users with an open order older than `openFor` seconds (of `user` alone,
     /// when given; of the apps `apps` alone, any case, when given, as user ids are per app): those they linked, those named by their transactions, and for a user with
-    /// neither but with a transaction of an unknown account, that transaction's id.
+    /// neither but with transactions of an unknown account, the earliest one's id in each environment.
     public func dueAccounts(user: UserID?, apps: [BundleID]? = nil, openFor: TimeInterval) async throws -> [DueAccount] {
         let apps = apps?.map { $0.rawValue.lowercased() }
         let rows = try await database.query(
@@ -55,13 +55,14 @@ public struct HistoryCursors: Sendable {
                 SELECT t.app_transaction_id, d.user_id, d.oldest, 1, d.bundle_id, t.environment
                   FROM due d JOIN apple_transactions t ON t.user_id = d.user_id AND t.order_id IS NULL AND t.bundle_id IS NOT DISTINCT FROM d.bundle_id
                  WHERE t.app_transaction_id IS NOT NULL),
+            -- One transaction per environment: each environment keeps its own history (a host each).
             fallback AS (
-                SELECT DISTINCT ON (d.bundle_id, d.user_id) t.transaction_id AS account_id, d.user_id, d.oldest, 2 AS strength,
-                       d.bundle_id, t.environment
+                SELECT DISTINCT ON (d.bundle_id, d.user_id, coalesce(t.environment, 'Production'))
+                       t.transaction_id AS account_id, d.user_id, d.oldest, 2 AS strength, d.bundle_id, t.environment
                   FROM due d JOIN orders o ON o.user_id = d.user_id AND o.bundle_id IS NOT DISTINCT FROM d.bundle_id
                   JOIN apple_transactions t ON t.order_id = o.order_id
                  WHERE NOT EXISTS (SELECT FROM accounts a WHERE a.user_id = d.user_id AND a.bundle_id IS NOT DISTINCT FROM d.bundle_id)
-                 ORDER BY d.bundle_id, d.user_id, t.purchase_date)
+                 ORDER BY d.bundle_id, d.user_id, coalesce(t.environment, 'Production'), t.purchase_date)
             SELECT DISTINCT ON (account_id) account_id, user_id, oldest, bundle_id, environment
               FROM (SELECT * FROM accounts UNION ALL SELECT * FROM fallback) a
              ORDER BY account_id, strength, oldest

@@ -336,6 +336,22 @@ struct AppleAccountRoutesTests {
         }
     }
 
+    @Test("a user with neither a linked account nor an appTransactionId is swept by one transaction of each environment")
+    func fallbackPerEnvironment() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            // Two purchases a backend claimed, one in each environment, with no Apple account.
+            for (order, id, environment) in [("o-fp-1", "9300001", "Sandbox"), ("o-fp-2", "9300002", "Production")] {
+                try await http.send(.post, "/v1/orders", json: newOrder(order, user: "u-fp"))
+                let claim = receipt(id).merging(["environment": environment, "purchaseDate": ISO8601DateFormatter().string(from: Date())]) { $1 }
+                let (status, answer) = try await http.send(.post, "/v1/orders/\(order)/events", json: ["type": "receipt-received", "data": claim])
+                #expect(status == .created, "\(answer)")
+            }
+            try await http.send(.post, "/v1/orders", json: newOrder("o-fp-open", user: "u-fp"))
+            let due = try await HistoryCursors(database: db.database).dueAccounts(user: UserID("u-fp"), openFor: 0)
+            #expect(due.map { "\($0.id) \($0.environment ?? "-")" }.sorted() == ["9300001 Sandbox", "9300002 Production"], "\(due)")
+        }
+    }
+
     @Test("ledger serve sweeps on its own every LEDGER_RECOVERY_INTERVAL seconds")
     func sweepsInTheBackground() async throws {
         try await withSweepApplication(interval: 1) { http, _, _ in
