@@ -290,8 +290,13 @@ public struct ReceiptLedger: Sendable {
         }
         let reason = candidate == nil ? noOrderReason : "order-closed"
         if holder == nil {
-            let append = try Self.poolAppend(
-                transaction, userId: claim.userId ?? candidate?.userId ?? claim.poolUserId, claimedOrder: claim.orderId, reason: reason, metadata: metadata)
+            // Named by no one, it waits under the user its per-user token names (its owner, as
+            // Apple signed it), where support's search by user finds it.
+            var user = claim.userId ?? candidate?.userId ?? claim.poolUserId
+            if user == nil, let token = transaction.appAccountToken {
+                user = try await orders.user(ofAccountToken: token, bundleId: transaction.bundleId, in: tx)
+            }
+            let append = try Self.poolAppend(transaction, userId: user, claimedOrder: claim.orderId, reason: reason, metadata: metadata)
             _ = try await writer.append(LedgerWriter.Write(append), in: tx, knowing: snapshot)
         } else if let holder, holder.isPooled, holder.userId == nil, let claimant {
             // Pooled before any client claimed it (Apple's notification names no user): the user

@@ -145,6 +145,21 @@ public struct OrderLedger: Sendable {
         """
     }
 
+    /// The user whose per-user token `token` is in app `bundleId` (any case; a token of no app,
+    /// in a ledger without apps, too), in the caller's transaction, as the reconciler's pool
+    /// resolves it: nil for an order's token, or one the ledger does not hold.
+    public func user(ofAccountToken token: UUID, bundleId: String, in transaction: DatabaseTransaction) async throws -> UserID? {
+        let rows = try await transaction.connection.guardedQuery(
+            """
+            SELECT user_id FROM app_account_tokens
+             WHERE app_account_token = \(token) AND order_id IS NULL AND (bundle_id IS NULL OR lower(bundle_id) = lower(\(bundleId)))
+             ORDER BY bundle_id IS NULL LIMIT 1
+            """,
+            logger: database.logger)
+        for try await user in rows.decode(String.self) { return UserID(unchecked: user) }
+        return nil
+    }
+
     /// The per-user token the user's orders in app `bundleID` carry, if they carry one.
     func userToken(_ user: UserID, in bundleID: BundleID?) async throws -> UUID? {
         let rows = try await database.query(

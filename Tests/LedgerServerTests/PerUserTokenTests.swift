@@ -106,6 +106,8 @@ struct PerUserTokenTests {
             let second = try await apple.sign(TestApple.transaction("4300002", appAccountToken: token))
             let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": second])
             #expect(pooled["outcome"] as? String == "unmatched", "\(pooled)")
+            let (_, search) = try await http.send(.get, "/v1/transactions/unmatched?userId=u-1")
+            #expect((search["transactions"] as? [[String: Any]])?.map { $0["transactionId"] as? String } == ["4300002"], "\(search)")
             let (_, paired) = try await http.send(.post, "/v1/reconcile")
             #expect(paired["paired"] as? Int == 1, "\(paired)")
             let (_, one) = try await http.send(.get, "/v1/orders/o-1")
