@@ -138,7 +138,8 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
         // A refund's amount is its share of the order's (sql/migrations/010_prorated_refunds.sql
         // states the same rule for dashboards.daily_orders): a prorated refund's percentage (in
         // thousandths), a family revocation none, any other (a full refund, or one stored when
-        // `revocationType` held the notification's type) all.
+        // `revocationType` held the notification's type) all. An order paid by a subscription's
+        // free start (a trial: Apple's price 0) has no money (039_free_starts_bill_nothing.sql).
         let orderRows = try await database.query(
             """
             SELECT to_char(event_time(e.recorded_at, e.metadata) AT TIME ZONE 'UTC', 'YYYY-MM-DD'), o.product_id, o.currency,
@@ -147,7 +148,7 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
                                WHEN 'consumption-answer' THEN coalesce(e.data->>'outcome', '')
                                WHEN 'refunded' THEN CASE WHEN e.metadata ? 'refundCatchUp' THEN 'caught-up' ELSE '' END ELSE '' END,
                    count(*)::int,
-                   trim_scale(coalesce(sum(o.price * o.quantity * CASE
+                   trim_scale(coalesce(sum(o.price * o.quantity * order_billed_share(k.kind, k.price) * CASE
                        WHEN e.type <> 'refunded' THEN 1 ELSE refund_share(e.data) END), 0))::text,
                    o.bundle_id, coalesce(k.kind, 'purchase')
             FROM events e JOIN orders o ON o.order_id = substr(e.stream_id, 7)

@@ -126,6 +126,40 @@ struct SubscriptionReportTests {
         }
     }
 
+    @Test("a free trial's start pays its order with no money, its refund gives none back; the first billed renewal counts its price")
+    func freeTrialStart() async throws {
+        try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
+            let services = secondServer(db)
+            try await http.send(.post, "/v1/orders", json: ["orderId": "trial", "userId": "su-trial", "productId": "pro.monthly", "price": "9.99", "currency": "USD"])
+            // Apple priced the trial's period 0, the renewal after it 9.99.
+            let periods = [SubscriptionFixture.signed("9300401", period: 0, price: 0), SubscriptionFixture.signed("9300401", period: 1)]
+            let (_, started) = try await http.send(.post, "/v1/receipts", json: ["orderId": "trial", "signedTransaction": try await apple.sign(periods[0])])
+            #expect(started["state"] as? String == "verified", "\(started)")
+            try await SubscriptionFixture.record(services, periods, user: "su-trial")
+            // A refund of the trial's order (Apple refunds a period it never billed as nothing).
+            var revoked = periods[0]
+            revoked.revocationDate = Date().millisecondsSince1970
+            revoked.revocationType = "REFUND_FULL"
+            let (refundStatus, _) = try await http.notifyApple(try await apple.notification("REFUND", transaction: revoked, environment: "Production"))
+            #expect(refundStatus == .ok)
+
+            let (_, report) = try await http.send(.get, "/v1/reports/reconciliation?from=2000-01-01")
+            let rows = report["rows"] as? [[String: Any]] ?? []
+            func decimal(_ value: Any?) -> Decimal? { Decimal(string: value as? String ?? "") }
+            let starts = rows.filter { $0["kind"] as? String == "subscription-start" }
+            #expect(starts.map { $0["verified"] as? Int ?? 0 }.reduce(0, +) == 1, "\(starts)")
+            #expect(starts.allSatisfy { decimal($0["revenue"]) == 0 && decimal($0["refundedAmount"]) == 0 }, "\(starts)")
+            let totals = report["totals"] as? [String: Any] ?? [:]
+            #expect(decimal(totals["revenue"]) == Decimal(string: "9.99"), "the renewal alone: \(totals)")
+            #expect(try await scalar(db, """
+                SELECT coalesce(sum(amount), 0)::text FROM dashboards.daily_orders WHERE kind = 'subscription-start'
+                """, as: String.self).flatMap { Decimal(string: $0) } == 0)
+            #expect(try await scalar(db, """
+                SELECT coalesce(sum(amount), 0)::text FROM dashboards.daily_orders WHERE kind = 'subscription-renewal'
+                """, as: String.self).flatMap { Decimal(string: $0) } == Decimal(string: "9.99"))
+        }
+    }
+
     @Test("a monthly subscription's periods count in their day, currency and kind; a refund takes back its period only; the start counts once; family-shared never; the sandbox apart")
     func billedPeriods() async throws {
         try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
