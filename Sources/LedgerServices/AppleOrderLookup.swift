@@ -30,6 +30,9 @@ public struct AppleOrderLookup: Sendable {
             public var orderId: String?
             public var state: String?
             public var reason: String?
+            /// The environment and the app Apple signed the transaction for (absent when it did not verify).
+            public var environment: String? = nil
+            public var bundleId: String? = nil
         }
     }
 
@@ -47,7 +50,7 @@ public struct AppleOrderLookup: Sendable {
                 let answer = try await receipts.apply(transaction, claim: .init(userId: nil, orderId: nil, poolUserId: user), metadata: metadata)
                 entries.append(.init(
                     transactionId: answer.transactionId.rawValue, outcome: answer.outcome.rawValue, orderId: answer.orderId?.rawValue,
-                    state: answer.state?.rawValue, reason: answer.reason))
+                    state: answer.state?.rawValue, reason: answer.reason, environment: transaction.environment, bundleId: transaction.bundleId))
             } catch let error as AppleVerificationError {
                 logger.warning(
                     "a signed transaction from Look Up Order ID was refused", metadata: ["apple.order": "\(orderID)", "error": "\(error.code)"])

@@ -32,6 +32,7 @@ struct AppleLookupRoutesTests {
             let entries = found["transactions"] as? [[String: Any]] ?? []
             #expect(entries.count == 3)
             #expect(entries.first?["outcome"] as? String == "matched" && entries.first?["orderId"] as? String == "lk-1")
+            #expect(entries.first?["environment"] as? String == "Sandbox" && entries.first?["bundleId"] as? String == TestApple.bundleId, "\(entries)")
             #expect(entries.dropFirst().first?["outcome"] as? String == "unmatched")
             #expect(entries.last?["outcome"] as? String == "rejected" && entries.last?["transactionId"] == nil)
             let (_, pool) = try await http.send(.get, "/v1/transactions/unmatched?userId=u-lk")
