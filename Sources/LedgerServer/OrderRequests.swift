@@ -86,15 +86,14 @@ struct AppendEvent: ClosedBody {
         guard (try? body.nestedContainer(keyedBy: MemberKey.self, forKey: .data)) != nil else {
             throw LedgerInputError(field: "data", problem: "must be a JSON object")
         }
-        let decoded: OrderEvent
         do {
-            decoded = try OrderEvent(type: type, body: Member(container: body, key: .data))
+            event = try OrderEvent(type: type, body: Member(container: body, key: .data))
         } catch let error as DecodingError {
             throw EventCoding.inputError(error, field: "data", within: CodingKeys.data.stringValue)
         }
-        // The reports count a purchase under the environment it names: Apple's two, in Apple's spelling.
-        event = try decoded.withEnvironmentSpelledAsApple()
         try event.validateNew()
+        // The reports count a purchase under the environment it names: Apple's two, spelled as Apple does.
+        try event.checkEnvironmentSpelling()
         if case .refunded(let refund) = event {
             // Stored events read any other value as the notification type the ledger once wrote
             // there; from a client, only those two (REFUND, REVOKE) are: a misspelt

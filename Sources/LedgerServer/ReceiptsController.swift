@@ -96,24 +96,22 @@ struct ReceiptsController {
             return (answer, [answer])
         }
         var forOrder: TransactionID?
-        var poolUser = claim.poolUserId
         // An order the key does not reach is as one that does not exist (docs/apps.md).
         if let orderID = claim.orderId, let order = try await orders.order(orderID).flatMap({ claim.reaches($0) ? $0 : nil }) {
             let holders = try await pool.holders(of: transactions.map(\.transactionId))
             let new = transactions.filter { (holders[$0.transactionId] ?? nil) == nil && $0.productId == order.productId }
-            // The order's own purchase is one bought after it was created: an older purchase of
-            // the product on the same receipt (the purchase-date guard refuses it) leaves it.
+            // The order's own purchase is the earliest bought after it was created: an older
+            // purchase of the product on the same receipt (the purchase-date guard refuses it)
+            // leaves it, and a later one waits for the next order.
             forOrder = transactions.first(where: { holders[$0.transactionId] == .some(orderID) })?.transactionId
-                ?? new.first(where: { !receipts.purchased($0, before: order) })?.transactionId
+                ?? new.filter({ !receipts.purchased($0, before: order) }).min(by: { $0.purchaseDate < $1.purchaseDate })?.transactionId
                 ?? new.first?.transactionId
-            // The receipt is the claimant's: what no order takes waits for the order's user.
-            if claim.userId == nil, poolUser == nil { poolUser = order.userId }
         }
         var all: [ReceiptLedger.Answer] = []
         for transaction in transactions {
             let mine = transaction.transactionId == forOrder
             let answer = try await receipts.apply(
-                transaction, claim: .init(userId: claim.userId, orderId: mine ? claim.orderId : nil, poolUserId: poolUser, apps: claim.apps),
+                transaction, claim: .init(userId: claim.userId, orderId: mine ? claim.orderId : nil, poolUserId: claim.poolUserId, apps: claim.apps),
                 metadata: metadata)
             all.append(answer)
         }

@@ -197,12 +197,21 @@ extension ReceiptLedger {
     public func holdConflicts(metadata: Data) async throws -> Int {
         var held = 0
         for id in try await TransactionPool(database: database).unheldConflicts() {
-            let pooled = try await database.transaction { tx in
-                try await writer.read(orders: [], transactions: [id], in: tx).transaction(id)
+            // One row that cannot be applied (its product retyped since, say) is logged and left:
+            // it never stops the others, nor the reconciler's pass.
+            do {
+                let pooled = try await database.transaction { tx in
+                    try await writer.read(orders: [], transactions: [id], in: tx).transaction(id)
+                }
+                guard let pooled, pooled.isPooled, let user = pooled.userId, let transaction = try pooled.verifiedTransaction() else { continue }
+                let answer = try await apply(transaction, claim: Claim(userId: user, orderId: nil), metadata: metadata)
+                // Counted by this pass; one another server held meanwhile may be counted by both.
+                if answer.reason == AppleTransactionRecord.accountConflictReason { held += 1 }
+            } catch {
+                database.logger.warning(
+                    "a pooled transaction of an Apple account or token known for another user could not be held for support",
+                    metadata: ["apple.transaction": "\(id)", "error": "\(String(reflecting: error))"])
             }
-            guard let pooled, pooled.isPooled, let user = pooled.userId, let transaction = try pooled.verifiedTransaction() else { continue }
-            let answer = try await apply(transaction, claim: Claim(userId: user, orderId: nil), metadata: metadata)
-            if answer.reason == AppleTransactionRecord.accountConflictReason { held += 1 }
         }
         if held > 0 { database.logger.warning("pooled transactions of an Apple account or token known for another user held for support", metadata: ["held": "\(held)"]) }
         return held

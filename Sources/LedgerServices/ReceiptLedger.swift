@@ -185,6 +185,13 @@ public struct ReceiptLedger: Sendable {
                     let named = EventID.named(["verified", holderOrder.rawValue, id.rawValue] + (again == 0 ? [] : ["again-\(again)"]))
                     state = try await append([(verified, named)], to: candidate,
                                              metadata: metadata, in: tx, knowing: snapshot).state
+                } else if (holder.environment ?? "Production") != transaction.environment {
+                    // The backend verified it itself, naming another environment than Apple signed:
+                    // its word stands (docs/apple.md), and finance is told where to look.
+                    database.logger.warning(
+                        "Apple signed a transaction its backend verified in another environment: the order counts under the backend's",
+                        metadata: ["apple.transaction": "\(id)", "order.id": "\(holderOrder)",
+                                   "environment.recorded": "\(holder.environment ?? "none")", "environment.signed": "\(transaction.environment)"])
                 }
                 return Answer(outcome: .matched, transactionId: id, orderId: holderOrder, state: state,
                               finishTransaction: state.clientMayFinish, reason: nil)

@@ -25,7 +25,9 @@ public struct SupportDesk: Sendable {
         _ transactionId: TransactionID, to orderId: OrderID, force: Bool, reason: String?, metadata: Data
     ) async throws -> Order {
         if force, Self.isBlank(reason) { throw SupportMatchError.reasonRequired }
-        return try await database.transaction { tx in
+        // The Apple account's lock comes after the transaction's and the order's: a writer that
+        // took them the other way round may deadlock with this, and the attempt then runs again.
+        return try await database.transactionAgainAfterLostRace { tx in
             try await writer.lock([transactionId.streamID, orderId.streamID], in: tx)
             let snapshot = try await writer.read(orders: [orderId], transactions: [transactionId], in: tx)
             guard let known = snapshot.transaction(transactionId) else { throw SupportMatchError.transactionNotFound(transactionId) }
@@ -33,7 +35,17 @@ public struct SupportDesk: Sendable {
                 throw SupportMatchError.notInPool(transactionId, status: known.status.rawValue)
             }
             // An Apple-account conflict is support's to decide, between the two users, with a reason.
-            let conflict = known.isHeldForSupport ? try known.pooled().map { Set([$0.userId, $0.knownUserId].compactMap { $0 }) } : nil
+            var conflict = known.isHeldForSupport ? try known.pooled().map { Set([$0.userId, $0.knownUserId].compactMap { $0 }) } : nil
+            // The user the ledger knows for its token or Apple account (`ledger_known_user`), as the
+            // reconciler reads it, under the account's lock (a link being made waits or is seen).
+            var accountUser: UserID?
+            if conflict == nil, transaction.appAccountToken != nil || transaction.appTransactionId != nil {
+                if let account = transaction.appTransactionId { try await writer.lock([AppTransactionID(unchecked: account).streamID], in: tx) }
+                accountUser = try await TransactionPool(database: database).knownUser(of: transaction, in: tx)
+                // Pooled for one user, of an account the ledger knows for another: a conflict in all
+                // but its status (the reconciler's next pass holds it).
+                if let pooledUser = known.userId, let accountUser, accountUser != pooledUser { conflict = [pooledUser, accountUser] }
+            }
             if conflict != nil, Self.isBlank(reason) { throw SupportMatchError.conflictReasonRequired(transactionId) }
             guard let order = snapshot.order(orderId) else { throw OrderDecisionError.noSuchOrder }
             guard order.isOpen else { throw SupportMatchError.orderNotOpen(orderId, state: order.state) }
@@ -42,14 +54,9 @@ public struct SupportDesk: Sendable {
                     if !conflict.contains(order.userId) {
                         throw SupportMatchError.userMismatch(transaction: known.userId ?? order.userId, order: order.userId)
                     }
-                } else {
-                    // Pooled for no one, its user is the one the ledger knows for its token or Apple
-                    // account (`ledger_known_user`), as the reconciler reads it.
-                    var user = known.userId
-                    if user == nil { user = try await TransactionPool(database: database).knownUser(of: transaction, in: tx) }
-                    if let user, user != order.userId {
-                        throw SupportMatchError.userMismatch(transaction: user, order: order.userId)
-                    }
+                } else if let user = known.userId ?? accountUser, user != order.userId {
+                    // Pooled for no one, its user is the one the ledger knows for its token or account.
+                    throw SupportMatchError.userMismatch(transaction: user, order: order.userId)
                 }
                 switch order.mismatch(product: transaction.productId, quantity: transaction.quantity) {
                 case .product?: throw SupportMatchError.productMismatch(transaction: transaction.productId, order: order.productId)

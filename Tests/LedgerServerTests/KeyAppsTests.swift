@@ -105,7 +105,9 @@ struct KeyAppsTests {
         ])
         try await standIn.run { production, sandbox in
             try await withReceiptsApplication(apple, production: production, sandbox: sandbox, configure: { $0.apple.sharedSecret = "secret-of-tests" }) { http, db in
-                _ = try await AppCatalog(database: db.database).add(try BundleID(TwoApps.alpha), AppChanges())
+                // Both apps hold a shared secret: a receipt is first asked with none, then again
+                // with its own app's, which a key of another app never has it asked with.
+                _ = try await AppCatalog(database: db.database).add(try BundleID(TwoApps.alpha), AppChanges(sharedSecret: "secret-of-alpha"))
                 let alphaOnly = try await APIKeyStore(database: db.database).create(
                     name: "alpha-backend", scopes: [.append, .read], apps: [try BundleID(TwoApps.alpha)])
                 // Another app's proof would be told apart by its app's checks: one the ledger does
@@ -128,9 +130,10 @@ struct KeyAppsTests {
                 #expect(try await scalar(db, "SELECT count(*)::int FROM events", as: Int.self) == 0, "nothing refused was stored")
             }
         }
-        // Each receipt was asked once: not again with its own app's secret for a key that cannot have it.
+        // Each receipt was asked once, with no secret: not again with its own app's for a key that cannot have it.
         #expect(await standIn.calls("production:TESTS") == 1)
         #expect(await standIn.calls("production:STRANGER") == 1)
+        #expect(await standIn.calls("password:secret-of-tests") == 0)
     }
 
     @Test("a proof of the key's app naming another app's order, by id or token, is answered as for an order that does not exist")

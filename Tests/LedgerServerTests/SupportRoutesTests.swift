@@ -12,9 +12,10 @@ struct SupportRoutesTests {
     let apple: TestApple
     init() throws { apple = try TestApple() }
 
-    func pool(_ http: LedgerHTTP, _ id: String, user: String?, product: String = "gems.100") async throws {
-        var body: [String: Any] = ["signedTransaction": try await apple.sign(TestApple.transaction(id, product: product))]
-        if let user { body["userId"] = user }
+    func pool(_ http: LedgerHTTP, _ id: String, user: String?, product: String = "gems.100", signed: String? = nil, as sender: String? = nil) async throws {
+        let jws = if let signed { signed } else { try await apple.sign(TestApple.transaction(id, product: product)) }
+        var body: [String: Any] = ["signedTransaction": jws]
+        if let user = user ?? sender { body["userId"] = user }
         let (_, answer) = try await http.send(.post, "/v1/receipts", json: body)
         #expect(answer["outcome"] as? String == "unmatched")
     }
@@ -87,6 +88,26 @@ struct SupportRoutesTests {
             #expect(order["state"] as? String == "created")
             let (forced, _) = try await http.send(.post, "/v1/transactions/7000020/match", json: ["orderId": "k-other", "force": true, "reason": "ticket 7: the account was sold with the device"])
             #expect(forced == .ok)
+        }
+    }
+
+    @Test("a purchase pooled for one user, of an Apple account linked since to another, is a conflict to support before any pass holds it: a reason, and one of the two users")
+    func matchPooledAgainstALaterLink() async throws {
+        try await withReceiptsApplication(apple) { http, _ in
+            var purchase = TestApple.transaction("7000030")
+            purchase.appTransactionId = "app-tx-7000030"
+            try await pool(http, "7000030", user: nil, product: "gems.100", signed: try await apple.sign(purchase), as: "s-bob")
+            let (linked, _) = try await http.send(
+                .post, "/v1/users/s-alice/app-transaction", json: ["signedAppTransaction": try await apple.sign(TestApple.appTransaction("app-tx-7000030"))])
+            #expect(linked == .ok)
+            try await http.send(.post, "/v1/orders", json: newOrder("c-bob", user: "s-bob"))
+            try await http.send(.post, "/v1/orders", json: newOrder("c-carol", user: "s-carol"))
+            let (noReason, why) = try await http.send(.post, "/v1/transactions/7000030/match", json: ["orderId": "c-bob"])
+            #expect(noReason == .badRequest && errorOf(why)["code"] as? String == "reason-required", "\(noReason) \(why)")
+            let (third, thirdWhy) = try await http.send(.post, "/v1/transactions/7000030/match", json: ["orderId": "c-carol", "reason": "ticket 9"])
+            #expect(third == .conflict && errorOf(thirdWhy)["code"] as? String == "user-mismatch", "\(third) \(thirdWhy)")
+            let (paired, order) = try await http.send(.post, "/v1/transactions/7000030/match", json: ["orderId": "c-bob", "reason": "ticket 9: Alice gave Bob the device"])
+            #expect(paired == .ok && order["state"] as? String == "verified", "\(order)")
         }
     }
 

@@ -235,25 +235,18 @@ extension OrderEvent {
         ["Production", "Sandbox"].first { $0.lowercased() == given.lowercased() }
     }
 
-    /// This event with the environment it names (`receipt-received`, `verified`) spelled as
-    /// Apple does; another name is refused.
-    public func withEnvironmentSpelledAsApple() throws(LedgerInputError) -> OrderEvent {
-        func spelled(_ given: String?) throws(LedgerInputError) -> String? {
-            guard let given else { return nil }
-            guard let name = Self.environmentName(given) else {
-                throw LedgerInputError(field: "data.environment", problem: "is \(given.debugDescription); use Production or Sandbox")
-            }
-            return name
-        }
+    /// Refuses an environment (`receipt-received`, `verified`) not spelled as Apple spells it:
+    /// the reports count `Production` and `Sandbox` alone, and the log keeps the event's data as
+    /// sent, so another spelling would be read as it was written whenever the log is read again.
+    public func checkEnvironmentSpelling() throws(LedgerInputError) {
+        let given: String?
         switch self {
-        case .receiptReceived(var receipt):
-            receipt.environment = try spelled(receipt.environment)
-            return .receiptReceived(receipt)
-        case .verified(var verified):
-            verified.environment = try spelled(verified.environment)
-            return .verified(verified)
-        default:
-            return self
+        case .receiptReceived(let receipt): given = receipt.environment
+        case .verified(let verified): given = verified.environment
+        default: given = nil
         }
+        guard let given, given != "Production", given != "Sandbox" else { return }
+        let hint = Self.environmentName(given).map { "; write \($0), as Apple spells it" } ?? "; use Production or Sandbox"
+        throw LedgerInputError(field: "data.environment", problem: "is \(given.debugDescription)\(hint)")
     }
 }
