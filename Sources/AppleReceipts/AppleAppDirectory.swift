@@ -17,8 +17,11 @@ extension AppleVerificationError {
             message: "\(part) for bundle \"\(bundleId ?? "")\", which this ledger does not hold (ledger apps add, or POST /v1/apps)")
     }
 
-    /// The code of `notReached`.
+    /// The code of `notReached`, the API's for any app a key does not reach.
     public static let notReachedCode = "app-not-allowed"
+
+    /// Whether this refuses a proof of an app its sender does not reach (`bundleId` names it).
+    public var isNotReached: Bool { code == Self.notReachedCode }
 
     /// A proof for an app the sender may not reach (`AppleProofVerifier.reaching`): refused
     /// before anything of its app is looked at, whether the ledger holds it or not.

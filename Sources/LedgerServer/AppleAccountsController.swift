@@ -38,7 +38,7 @@ struct AppleAccountsController {
         do {
             // A key limited to apps links accounts of its apps alone, refused before the app is looked at.
             account = try await verifier.reaching(context.keyApps?.map(\.rawValue)).appTransaction(signed: claim.signedAppTransaction)
-        } catch where error.code == AppleVerificationError.notReachedCode {
+        } catch where error.isNotReached {
             throw context.notReached(error.bundleId ?? "")
         } catch {
             if error.isRetryable { throw APIError(.serviceUnavailable, code: error.code, message: error.message) }

@@ -1,3 +1,4 @@
+import AppleReceipts
 import Hummingbird
 import LedgerCore
 import LedgerStore
@@ -26,7 +27,7 @@ extension LedgerRequestContext {
 
     /// The 403 `app-not-allowed` of `requireReach`.
     func notReached(_ bundleId: String) -> APIError {
-        APIError(.forbidden, code: "app-not-allowed",
+        APIError(.forbidden, code: AppleVerificationError.notReachedCode,
                  message: "the key \(apiKeyName ?? "") does not reach the app \(bundleId); it reaches \((keyApps ?? []).map(\.rawValue).joined(separator: ", "))",
                  details: ["bundleId": .string(bundleId), "apps": .strings((keyApps ?? []).map(\.rawValue))])
     }

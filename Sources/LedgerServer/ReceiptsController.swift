@@ -54,7 +54,7 @@ struct ReceiptsController {
                 return try Self.response(
                     answer, environments: [transaction.transactionId: transaction.environment],
                     bundles: [transaction.transactionId: transaction.bundleId], request, context)
-            } catch let error as AppleVerificationError where error.code == AppleVerificationError.notReachedCode {
+            } catch let error as AppleVerificationError where error.isNotReached {
                 throw context.notReached(error.bundleId ?? "")
             } catch let error as AppleVerificationError {
                 return try await refuse(error, format: .jws, proof: jws, claim: claim, transactionId: claimedID, metadata: metadata, request, context)
@@ -73,7 +73,7 @@ struct ReceiptsController {
                 let environments = Dictionary(transactions.map { ($0.transactionId, $0.environment) }) { first, _ in first }
                 let bundles = Dictionary(transactions.map { ($0.transactionId, $0.bundleId) }) { first, _ in first }
                 return try Self.response(primary, transactions: answers.all, environments: environments, bundles: bundles, request, context)
-            } catch let error as AppleVerificationError where error.code == AppleVerificationError.notReachedCode {
+            } catch let error as AppleVerificationError where error.isNotReached {
                 throw context.notReached(error.bundleId ?? "")
             } catch let error as AppleVerificationError {
                 return try await refuse(error, format: .receipt, proof: receipt, claim: claim, transactionId: claimedID, metadata: metadata, request, context)
