@@ -52,6 +52,9 @@ public struct RefundCatchUp: Sendable {
         public var known = 0
         /// Signed transactions that failed verification: logged, not applied.
         public var refused = 0
+        /// Accounts asked by a backend's unverified claim of a transaction Apple does not know
+        /// (404, 4040010): nothing to read; logged, and asked again after `recheckAfter`.
+        public var unknownClaims = 0
         public var failures: [String: Int] = [:]
         public init() {}
     }
@@ -94,6 +97,9 @@ public struct RefundCatchUp: Sendable {
 
     static let lease: TimeInterval = 600
 
+    /// Apple's `TransactionIdNotFoundError`.
+    static let transactionIdNotFound = 4040010
+
     private func catchUp(_ account: Account, metadata: Data, into summary: inout Summary) async {
         do {
             // The account's app's key, at its environment's host; an app without a key is skipped.
@@ -106,7 +112,18 @@ public struct RefundCatchUp: Sendable {
             }
             let read: Void? = try await leases.withLease("refund-catch-up/" + account.key, for: Self.lease) { lease in
                 let start = try await cursors.revision(of: account.key, bundleId: account.bundleId, environment: account.environment)
-                try await self.read(account, with: client, from: start, under: lease, metadata: metadata, into: &summary)
+                do {
+                    try await self.read(account, with: client, from: start, under: lease, metadata: metadata, into: &summary)
+                } catch let error as AppStoreServerAPIError where account.claimed && error.appleErrorCode == Self.transactionIdNotFound {
+                    // A backend claimed a transaction Apple does not know (a mistyped id, another
+                    // environment's, or made up): no refund of it to find. Not a failure of the
+                    // read, which would ask again at every run; the claim stays unverified.
+                    try await cursors.checked(account.key)
+                    summary.unknownClaims += 1
+                    logger.warning("Apple does not know the transaction a backend claimed for an order; its account's refund history was not read", metadata: [
+                        "apple.account": "\(account.key)", "apple.transaction": "\(account.transactionId)",
+                        "apple.environment": "\(account.environment ?? AppleEnvironment.production.rawValue)"])
+                }
             }
             guard read != nil else {
                 summary.busy += 1

@@ -21,6 +21,9 @@ public struct RefundCursors: Sendable {
         /// key and host its refund history is asked with.
         public var bundleId: BundleID? = nil
         public var environment: String? = nil
+        /// Asked by a backend's own claim, not yet verified (the account has no granted
+        /// transaction in the look-back): Apple may know no such transaction.
+        public var claimed = false
     }
 
     /// The accounts with transactions granted in the last `lookbackDays`, or claimed by a backend
@@ -29,8 +32,8 @@ public struct RefundCursors: Sendable {
     public func dueAccounts(lookbackDays: Int, recheckAfter: TimeInterval, all: Bool) async throws -> [DueAccount] {
         let rows = try await database.query(
             """
-            SELECT a.account_id, a.transaction_id, a.bundle_id, a.environment FROM (
-                SELECT DISTINCT ON (account_id) account_id, transaction_id, bundle_id, environment FROM (
+            SELECT a.account_id, a.transaction_id, a.bundle_id, a.environment, a.claimed FROM (
+                SELECT DISTINCT ON (account_id) account_id, transaction_id, bundle_id, environment, claimed FROM (
                     SELECT coalesce(t.app_transaction_id, t.original_transaction_id, t.transaction_id) AS account_id,
                            t.transaction_id, t.purchase_date, t.bundle_id, t.environment, o.state = 'receipt-received' AS claimed
                       FROM apple_transactions t JOIN orders o ON o.order_id = t.order_id
@@ -43,8 +46,9 @@ public struct RefundCursors: Sendable {
              ORDER BY a.account_id
             """)
         var accounts: [DueAccount] = []
-        for try await (key, transaction, bundle, environment) in rows.decode((String, String, String?, String?).self) {
-            accounts.append(DueAccount(key: key, transactionId: transaction, bundleId: bundle.map(BundleID.init(unchecked:)), environment: environment))
+        for try await (key, transaction, bundle, environment, claimed) in rows.decode((String, String, String?, String?, Bool).self) {
+            accounts.append(DueAccount(
+                key: key, transactionId: transaction, bundleId: bundle.map(BundleID.init(unchecked:)), environment: environment, claimed: claimed))
         }
         return accounts
     }
@@ -61,6 +65,11 @@ public struct RefundCursors: Sendable {
             """)
         for try await revision in rows.decode(String?.self) { return revision }
         return nil
+    }
+
+    /// Records the account read now, its cursor where it was: Apple knows nothing to read of it.
+    public func checked(_ account: String) async throws {
+        try await database.query("UPDATE apple_refund_cursors SET checked_at = now() WHERE account_id = \(account)")
     }
 
     /// Records a page read now: the cursor moves to `revision` unless `holdingBack` (a page held

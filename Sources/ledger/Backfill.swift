@@ -73,6 +73,9 @@ struct Backfill: AsyncParsableCommand {
             print("read the refund history of \(summary.accounts) Apple accounts: \(summary.pages) pages, \(summary.transactions) refunded transactions")
             print("applied \(summary.applied) refunds new to the ledger; \(summary.known) recorded before; \(summary.refused) refused by verification")
             if summary.busy > 0 { print("\(summary.busy) accounts left to another server reading them") }
+            if summary.unknownClaims > 0 {
+                print("\(summary.unknownClaims) accounts not read: Apple does not know the transaction a backend claimed for an order (logged)")
+            }
             if summary.failed > 0 {
                 let why = summary.failures.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
                 throw CommandFailure("\(summary.failed) accounts could not be read (\(why)); the next run starts them where this one stopped")

@@ -398,6 +398,20 @@ struct AppleBackfillTests {
         }
     }
 
+    @Test("an account asked by a backend's claim of a transaction Apple does not know is no failed read: counted, and asked again a day later")
+    func claimAppleDoesNotKnow() async throws {
+        try await withBackfillApplication { http, db, base in
+            let catchUp = try refundCatchUp(base, db)
+            try await claimed(http, "u-unknown", transaction: "8800039", account: "acct-u")
+            let summary = try await catchUp.run()
+            #expect(summary.accounts == 1 && summary.unknownClaims == 1 && summary.failed == 0, "\(summary)")
+            let again = try await catchUp.run()
+            #expect(again.accounts == 0 && again.unknownClaims == 0 && again.failed == 0, "read today: due tomorrow, \(again)")
+            #expect(try await scalar(db, "SELECT state FROM orders WHERE order_id = 'u-unknown'", as: String.self) == "receipt-received",
+                    "the claim stays for its backend to verify or fail")
+        }
+    }
+
     @Test("a renewal's refund that came by notification is known to the refund catch-up; the report counts it once, even from a log holding it twice")
     func renewalRefundCaughtUpOnce() async throws {
         try await withAppleAPIApplication(apple, standIn, configure: { configuration in
