@@ -140,6 +140,19 @@ struct SubscriptionRulesTests {
         #expect(state?.expiresAt == monthly.expiresDate && state?.expired == true && state?.productId.rawValue == "pro.monthly", "\(String(describing: state))")
     }
 
+    @Test("a DID_FAIL_TO_RENEW arriving after the EXPIRED that Apple signed later starts no billing retry, with or without its renewal info")
+    func failureAfterExpiry() throws {
+        let failedAt = start.addingTimeInterval(month), expiredAt = start.addingTimeInterval(1.1 * month)
+        let expired = notified("EXPIRED", "BILLING_RETRY", period: 0, info: RenewalInfo(autoRenew: false, expirationIntent: 2, isInBillingRetryPeriod: false, signedDate: expiredAt))
+        for info in [RenewalInfo(autoRenew: true, isInBillingRetryPeriod: true, signedDate: failedAt), nil] {
+            let late = try #require(fold(started + [expired, notified("DID_FAIL_TO_RENEW", period: 0, info: info)]))
+            #expect(late.status(at: start.addingTimeInterval(1.2 * month)) == .expired && !late.inBillingRetry && late.autoRenew == false,
+                    "\(late)")
+        }
+        let inOrder = try #require(fold(started + [notified("DID_FAIL_TO_RENEW", period: 0, info: RenewalInfo(autoRenew: true, isInBillingRetryPeriod: true, signedDate: failedAt))]))
+        #expect(inOrder.status(at: start.addingTimeInterval(1.05 * month)) == .billingRetry && inOrder.inBillingRetry)
+    }
+
     @Test("EXPIRED ends the subscription at once; a resubscription whose period the ledger lacks brings it back")
     func expiredThenResubscribed() throws {
         let expired = try #require(fold(started + [notified("EXPIRED", "VOLUNTARY", period: 0, info: RenewalInfo(autoRenew: false, expirationIntent: 1))]))

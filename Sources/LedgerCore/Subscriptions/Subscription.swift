@@ -189,7 +189,11 @@ public struct Subscription: Sendable, Equatable {
             }
             switch body.notification?.notificationType {
             case "DID_FAIL_TO_RENEW":
-                next.inBillingRetry = true
+                // Apple retries billing until it says EXPIRED: a failure signed before the
+                // renewal news held (arriving after that EXPIRED, say) starts no retry.
+                if !next.expired, body.renewalInfo.map({ !Self.isOlder($0.signedDate, than: subscription?.renewalSignedAt) }) ?? true {
+                    next.inBillingRetry = true
+                }
             case "GRACE_PERIOD_EXPIRED":
                 next.gracePeriodExpiresAt = nil
             case "EXPIRED":
