@@ -97,6 +97,28 @@ public struct TransactionID: ValidatedIdentifier {
 
     /// The transaction's event stream, once it enters the pool.
     public var streamID: StreamID { StreamID(unchecked: "transaction-" + rawValue) }
+
+    /// Refuses an Apple transaction id a backend or a history file wrote in a way Apple never
+    /// does, which the ledger would keep apart from Apple's own (and grant that one again): a
+    /// space at either end (a padded export), or a long number a spreadsheet rounded to exponent
+    /// notation (`7.00471509000800E+12`). Not checked when the log is read: it keeps what it took.
+    public static func checkSpelling(_ value: String, field: String) throws(LedgerInputError) {
+        if let first = value.unicodeScalars.first, let last = value.unicodeScalars.last,
+           first.properties.isWhitespace || last.properties.isWhitespace {
+            throw LedgerInputError(field: field, problem: "is \(value.debugDescription), with a space at its start or end; Apple's transaction ids have none")
+        }
+        let bytes = Array(value.utf8)
+        if let e = bytes.firstIndex(where: { $0 == UInt8(ascii: "E") || $0 == UInt8(ascii: "e") }), e > 0,
+           bytes[..<e].allSatisfy({ Self.isDigit($0) || $0 == UInt8(ascii: ".") }), bytes[..<e].contains(where: Self.isDigit),
+           bytes[(e + 1)...].drop(while: { $0 == UInt8(ascii: "+") || $0 == UInt8(ascii: "-") }).allSatisfy(Self.isDigit),
+           bytes.count > e + 1 {
+            throw LedgerInputError(
+                field: field,
+                problem: "is \(value.debugDescription), a number in exponent notation (a spreadsheet's rounding of a long id); Apple's transaction ids are whole digit strings: export the column as text")
+        }
+    }
+
+    private static func isDigit(_ byte: UInt8) -> Bool { (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) }
 }
 
 /// An app's bundle id, the key of an app: Apple's rule, letters, digits, hyphens and periods only

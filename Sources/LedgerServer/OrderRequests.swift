@@ -94,6 +94,7 @@ struct AppendEvent: ClosedBody {
         try event.validateNew()
         // The reports count a purchase under the environment it names: Apple's two, spelled as Apple does.
         try event.checkEnvironmentSpelling()
+        try event.checkTransactionIdSpelling()
         if case .refunded(let refund) = event {
             // Stored events read any other value as the notification type the ledger once wrote
             // there; from a client, only those two (REFUND, REVOKE) are: a misspelt

@@ -91,6 +91,15 @@ struct HistoryFileTests {
         #expect(problem(["state": "created", "environment": "Xcode"]) == "environment")
         #expect(problem(["state": "created", "userId": nil]) == "userId")
         #expect(problem(["state": "gone"]) == "state")
+        // Apple's ids as a padded export or a spreadsheet wrote them: another id than Apple's own,
+        // which would be granted again.
+        for id in ["7075100180001 ", " 7075100180001", "7075100180001\u{A0}", "7.00471509000800E+12", "7E12", "7e+12"] {
+            #expect(problem(["state": "finished", "transactionId": id, "purchaseDate": "2025-01-01T00:00:01Z"]) == "transactionId", "\(id)")
+        }
+        #expect(problem(["state": "finished", "transactionId": "1", "originalTransactionId": "1 ", "purchaseDate": "2025-01-01T00:00:01Z"]) == "originalTransactionId")
+        for id in ["7075100180001", "E12", "1-E2", "1.5"] {
+            #expect(problem(["state": "finished", "transactionId": id, "purchaseDate": "2025-01-01T00:00:01Z"]) == nil, "\(id)")
+        }
         let alone = try HistoryRecord(["transactionId": "9"], line: 3)
         #expect(alone.state == .finished && alone.purchaseDate == HistoryRecord.unknownDate && alone.orderId == nil)
     }

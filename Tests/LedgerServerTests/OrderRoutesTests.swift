@@ -424,6 +424,11 @@ struct OrderRoutesTests {
                 // The reports count a purchase under Apple's two environments alone.
                 (.post, "/v1/orders/o-1/events", ["type": "receipt-received", "data": receipt("e-1").merging(["environment": "Staging"]) { $1 }], nil, .badRequest, "invalid-input", "data.environment"),
                 (.post, "/v1/orders/o-1/events", ["type": "verified", "data": ["environment": "Xcode"]], nil, .badRequest, "invalid-input", "data.environment"),
+                // Apple's ids as Apple never writes them: kept apart from Apple's own, which would be granted again.
+                (.post, "/v1/orders/o-1/events", ["type": "receipt-received", "data": receipt("7075100180001 ")], nil, .badRequest, "invalid-input", "data.transactionId"),
+                (.post, "/v1/orders/o-1/events", ["type": "receipt-received", "data": receipt("7.00471509000800E+12")], nil, .badRequest, "invalid-input", "data.transactionId"),
+                (.post, "/v1/orders/o-1/events", ["type": "receipt-received", "data": receipt("e-2").merging(["originalTransactionId": " 70751"]) { $1 }], nil, .badRequest, "invalid-input", "data.originalTransactionId"),
+                (.post, "/v1/orders/o-1/events", ["type": "verified", "data": ["transactionId": "\u{A0}7075100180001"]], nil, .badRequest, "invalid-input", "data.transactionId"),
                 (.post, "/v1/orders/o-1/events", ["type": "payment-added", "data": "x"], nil, .badRequest, "invalid-input", "data"),
                 (.post, "/v1/orders/o-1/events", ["type": "finished", "eventId": "nope", "data": [:]], nil, .badRequest, "invalid-input", "eventId"),
                 (.post, "/v1/orders/o-1/events", ["type": "finished", "expectedVersion": true, "data": [:]], nil, .badRequest, "invalid-input", "expectedVersion"),

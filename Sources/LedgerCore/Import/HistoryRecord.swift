@@ -82,9 +82,13 @@ public struct HistoryRecord: Sendable, Equatable {
         userId = try text("userId").map { v throws(LedgerInputError) in try UserID(v) }
         productId = try text("productId").map { v throws(LedgerInputError) in try ProductID(v) }
         bundleId = try text("bundleId").map { v throws(LedgerInputError) in try BundleID(v) }
-        transactionId = try text("transactionId").map { v throws(LedgerInputError) in try TransactionID(v) }
+        transactionId = try text("transactionId").map { v throws(LedgerInputError) in
+            try TransactionID.checkSpelling(v, field: "transactionId")
+            return try TransactionID(v)
+        }
         originalTransactionId = try text("originalTransactionId").map { v throws(LedgerInputError) in
-            try Identifier.validate(v, field: "originalTransactionId")
+            try TransactionID.checkSpelling(v, field: "originalTransactionId")
+            return try Identifier.validate(v, field: "originalTransactionId")
         }
         price = text("price")
         currency = text("currency")

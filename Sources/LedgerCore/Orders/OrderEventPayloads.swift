@@ -249,4 +249,18 @@ extension OrderEvent {
         let hint = Self.environmentName(given).map { "; write \($0), as Apple spells it" } ?? "; use Production or Sandbox"
         throw LedgerInputError(field: "data.environment", problem: "is \(given.debugDescription)\(hint)")
     }
+
+    /// Refuses Apple transaction ids (`receipt-received`, `verified`) written as Apple never
+    /// writes them (`TransactionID.checkSpelling`).
+    public func checkTransactionIdSpelling() throws(LedgerInputError) {
+        switch self {
+        case .receiptReceived(let receipt):
+            try TransactionID.checkSpelling(receipt.transactionId.rawValue, field: "data.transactionId")
+            if let original = receipt.originalTransactionId { try TransactionID.checkSpelling(original, field: "data.originalTransactionId") }
+        case .verified(let verified):
+            if let id = verified.transactionId { try TransactionID.checkSpelling(id.rawValue, field: "data.transactionId") }
+        default:
+            break
+        }
+    }
 }
