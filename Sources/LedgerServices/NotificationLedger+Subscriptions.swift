@@ -28,10 +28,12 @@ extension NotificationLedger {
     /// Nil when the rest of `apply` goes on as before: the transaction is no subscription's, the
     /// subscription is not known yet (the notification is then recorded on the transaction's or
     /// order's stream as before, and the catch-up fills the subscription in), the type says
-    /// nothing of it, or the transaction started the subscription and also paid an order, whose
-    /// refund (or its reversal) follows under the notification's UUID.
+    /// nothing of it, or the transaction started the subscription (it pays an order, or waits in
+    /// the pool for one), or an order holds it (`heldByOrder`: a renewal a backend claimed and
+    /// verified for an order of its own): its refund (or the reversal) follows on the order's or the
+    /// transaction's stream under the notification's UUID.
     func recordOnSubscription(
-        _ notification: Notification, _ transaction: AppleTransaction, role: TransactionRole, revocation: Revocation,
+        _ notification: Notification, _ transaction: AppleTransaction, role: TransactionRole, heldByOrder: Bool, revocation: Revocation,
         eventID: EventID, metadata: Data, in tx: DatabaseTransaction
     ) async throws -> Applied? {
         guard let id = role.subscription else { return nil }
@@ -54,9 +56,10 @@ extension NotificationLedger {
         } else {
             return nil
         }
-        // The refund of the start (or its reversal) is its order's too, whose event takes the
-        // notification's UUID: the subscription's is named after it.
-        let orderToo = role.paysOrder && event.type != .renewalChanged
+        // The refund of the start, or of a period an order holds (or its reversal), is that order's
+        // or pool entry's too, whose event takes the notification's UUID: the subscription's is
+        // named after it.
+        let orderToo = (role.paysOrder || heldByOrder) && event.type != .renewalChanged
         let ownID = orderToo ? SubscriptionLedger.notificationEventID(id, eventID.uuid) : eventID
         let kind: SubscriptionPeriodKind = transaction.transactionId.rawValue == id ? .start : .renewal
         let period = SubscriptionEvent.period(SubscriptionPeriodRecorded(transaction: transaction, kind: kind))

@@ -146,7 +146,8 @@ public struct NotificationLedger: Sendable {
             var told = record
             if reversed { told.reversedBefore = true }
             if !reversed, let applied = try await recordOnSubscription(
-                notification, transaction, role: role, revocation: revocation, eventID: eventID, metadata: metadata, in: tx) {
+                notification, transaction, role: role, heldByOrder: holder.orderId != nil, revocation: revocation, eventID: eventID,
+                metadata: metadata, in: tx) {
                 return applied
             }
             if let orderID = holder.orderId {

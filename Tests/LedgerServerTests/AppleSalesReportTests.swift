@@ -330,6 +330,69 @@ struct AppleSalesReportTests {
         }
     }
 
+    @Test("refunds count as Apple counts units: a third of an order of three is one, a renewal refund reversed since still counts, a renewal an order holds counts once")
+    func refundsAsAppleCountsThem() async throws {
+        try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
+            try await http.send(.patch, "/v1/apps/\(TestApple.bundleId)", json: ["sku": "GAME1"])
+            let services = secondServer(db)
+            let now = Date()
+            // Three gems.100 bought in the United States; Apple refunds one of them.
+            var body = newOrder("three", user: "u-3")
+            body["quantity"] = 3
+            try await http.send(.post, "/v1/orders", json: body)
+            var three = TestApple.transaction("8710001", environment: "Production", purchaseDate: now.addingTimeInterval(-7200))
+            three.storefront = "USA"
+            three.quantity = 3
+            let (_, bought) = try await http.send(.post, "/v1/receipts", json: ["orderId": "three", "signedTransaction": try await apple.sign(three)])
+            #expect(bought["state"] as? String == "verified", "\(bought)")
+            three.revocationDate = now.millisecondsSince1970
+            three.revocationReason = 0
+            three.revocationType = "REFUND_PRORATED"
+            three.revocationPercentage = 33_333
+            #expect(try await http.notifyApple(try await apple.notification("REFUND", transaction: three, environment: "Production")).0 == .ok)
+
+            // pro.monthly: a renewal refunded and the refund reversed; another subscription's
+            // renewal, held by the backend's own order, refunded.
+            for original in ["9400101", "9400201"] {
+                try await http.send(.post, "/v1/orders", json: ["orderId": "s-\(original)", "userId": "su-\(original)", "productId": "pro.monthly", "price": "9.99", "currency": "USD"])
+                var periods = (0..<2).map { SubscriptionFixture.signed(original, period: $0) }
+                periods[0].storefront = "USA"
+                periods[1].storefront = "USA"
+                let (_, started) = try await http.send(.post, "/v1/receipts", json: ["orderId": "s-\(original)", "signedTransaction": try await apple.sign(periods[0])])
+                #expect(started["state"] as? String == "verified", "\(started)")
+                if original == "9400201" {
+                    try await http.send(.post, "/v1/orders", json: ["orderId": "held-\(original)", "userId": "su-\(original)", "productId": "pro.monthly", "price": "9.99", "currency": "USD"])
+                    var own = receipt(periods[1].transactionId, product: "pro.monthly")
+                    own["purchaseDate"] = EventCoding.formatDate(Date(millisecondsSince1970: periods[1].purchaseDate))
+                    own["storefront"] = "USA"
+                    #expect(try await http.send(.post, "/v1/orders/held-\(original)/events", json: ["type": "receipt-received", "data": own]).0 == .created)
+                    #expect(try await http.send(.post, "/v1/orders/held-\(original)/events", json: [
+                        "type": "verified", "data": ["transactionId": periods[1].transactionId, "environment": "Production"]]).0 == .created)
+                }
+                try await SubscriptionFixture.record(services, periods, user: "su-\(original)")
+                var refunded = periods[1]
+                refunded.revocationDate = now.millisecondsSince1970
+                refunded.revocationType = "REFUND_FULL"
+                #expect(try await http.notifyApple(try await apple.notification("REFUND", transaction: refunded, environment: "Production")).0 == .ok)
+                if original == "9400101" {
+                    let (reversed, answer) = try await http.notifyApple(try await apple.notification("REFUND_REVERSED", transaction: periods[1], environment: "Production"))
+                    #expect(reversed == .ok && answer["type"] as? String == "subscription-period-refund-reversed", "\(answer)")
+                }
+            }
+            #expect(try await scalar(db, "SELECT state FROM orders WHERE order_id = 'held-9400201'", as: String.self) == "refunded")
+
+            let day = pacificDay(now)
+            let tsv = AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", -1, "US"), ("pro.monthly", "GAME1", "IAY", -2, "US")], day: day)
+            #expect(try await recordReport(tsv, day: day, db) == .new)
+            let (status, compared) = try await http.send(.get, "/v1/reports/apple?from=\(day)&to=\(day)")
+            #expect(status == .ok, "\(compared)")
+            let refunds = (compared["rows"] as? [[String: Any]] ?? []).filter { $0["country"] as? String == "US" }.map {
+                [$0["productId"] as? String ?? "", "\($0["appleRefunds"] ?? "")", "\($0["ledgerRefunds"] ?? "")"]
+            }
+            #expect(refunds == [["gems.100", "1", "1"], ["pro.monthly", "2", "2"]], "\(compared)")
+        }
+    }
+
     /// Apple's report of `day` (its TSV), stored as the sales fetch stores it.
     @discardableResult
     func recordReport(_ tsv: String, day: String, _ db: TestDatabase) async throws -> AppleSalesStore.Recorded {

@@ -126,6 +126,48 @@ struct SubscriptionReportTests {
         }
     }
 
+    @Test("Apple's refund of a renewal an order holds refunds that order and the period, and the report takes the money back once")
+    func refundOfAHeldRenewal() async throws {
+        try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
+            let services = secondServer(db)
+            let periods = (0..<2).map { SubscriptionFixture.signed("9300501", period: $0) }
+            try await http.send(.post, "/v1/orders", json: ["orderId": "hr-start", "userId": "su-hr", "productId": "pro.monthly", "price": "9.99", "currency": "USD"])
+            let (_, started) = try await http.send(.post, "/v1/receipts", json: ["orderId": "hr-start", "signedTransaction": try await apple.sign(periods[0])])
+            #expect(started["state"] as? String == "verified", "\(started)")
+            // The backend's own order for the renewal, claimed and verified by the backend itself.
+            try await http.send(.post, "/v1/orders", json: ["orderId": "hr-renewal", "userId": "su-hr", "productId": "pro.monthly", "price": "9.99", "currency": "USD"])
+            let renewalID = periods[1].transactionId
+            var own = receipt(renewalID, product: "pro.monthly")
+            own["purchaseDate"] = EventCoding.formatDate(Date(millisecondsSince1970: periods[1].purchaseDate))
+            #expect(try await http.send(.post, "/v1/orders/hr-renewal/events", json: ["type": "receipt-received", "data": own]).0 == .created)
+            #expect(try await http.send(.post, "/v1/orders/hr-renewal/events", json: [
+                "type": "verified", "data": ["transactionId": renewalID, "environment": "Production"]]).0 == .created)
+            try await SubscriptionFixture.record(services, periods, user: "su-hr")
+
+            var refunded = periods[1]
+            refunded.revocationDate = Date().millisecondsSince1970
+            refunded.revocationType = "REFUND_FULL"
+            let (status, answer) = try await http.notifyApple(try await apple.notification("REFUND", transaction: refunded, environment: "Production"))
+            #expect(status == .ok, "\(answer)")
+            #expect(try await scalar(db, "SELECT state FROM orders WHERE order_id = 'hr-renewal'", as: String.self) == "refunded",
+                    "the order the renewal paid is refunded with its period")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM subscription_periods WHERE transaction_id = \(renewalID) AND refunded_at IS NOT NULL", as: Int.self) == 1)
+            #expect(try await scalar(db, "SELECT state FROM orders WHERE order_id = 'hr-start'", as: String.self) == "verified")
+
+            let (_, report) = try await http.send(.get, "/v1/reports/reconciliation?from=2000-01-01")
+            let renewals = (report["rows"] as? [[String: Any]] ?? []).filter { $0["kind"] as? String == "subscription-renewal" }
+            func decimal(_ value: Any?) -> Decimal { Decimal(string: value as? String ?? "") ?? -1 }
+            #expect(renewals.map { decimal($0["revenue"]) }.reduce(0, +) == 0, "9.99 billed, 9.99 back: \(renewals)")
+            #expect(renewals.map { decimal($0["refundedAmount"]) }.reduce(0, +) == Decimal(string: "9.99"), "\(renewals)")
+            let dashboard = try await scalar(db, """
+                SELECT sum(amount)::text || ' ' || sum(refunded_amount)::text FROM dashboards.daily_orders WHERE kind = 'subscription-renewal'
+                """, as: String.self)
+            #expect(dashboard?.split(separator: " ").map { Decimal(string: String($0)) } == [Decimal(string: "9.99"), Decimal(string: "9.99")],
+                    "billed once, given back once: \(dashboard ?? "none")")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("a free trial's start pays its order with no money, its refund gives none back; the first billed renewal counts its price")
     func freeTrialStart() async throws {
         try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
