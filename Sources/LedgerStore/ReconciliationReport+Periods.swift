@@ -29,8 +29,9 @@ extension ReconciliationReport {
     /// `verified` has its money; its refund, recorded on the period, counts here unless it refunded
     /// that order too (it does since the order holds it; an order refunded counts it). A refund's share is
     /// `refund_share`'s of its `subscription-period-refunded` event, the rule of orders' refunds.
-    /// A period counts one refund at most, its first: a log may hold a second (the refund catch-up
-    /// of earlier versions recorded a refund that came by notification again).
+    /// A period counts one refund at most, Apple's latest (by revocation date), as an order does;
+    /// of copies of one refund (the refund catch-up of earlier versions recorded a refund that came
+    /// by notification again), the first recorded.
     static func periodCounts(database: Database, from: Date, to: Date, apps: [String]?) async throws -> [PeriodCount] {
         var counts: [String: PeriodCount] = [:]
         func add(_ day: String, _ product: String, _ currency: String?, _ environment: String, _ bundle: String?, _ kind: String,
@@ -73,7 +74,10 @@ extension ReconciliationReport {
                AND (\(apps)::text[] IS NULL OR s.bundle_id = ANY(\(apps)::text[]))
                AND NOT EXISTS (SELECT 1 FROM events f
                                 WHERE f.stream_id = e.stream_id AND f.type = 'subscription-period-refunded'
-                                  AND f.data->>'periodKey' = e.data->>'periodKey' AND f.stream_version < e.stream_version)
+                                  AND f.data->>'periodKey' = e.data->>'periodKey' AND f.stream_version <> e.stream_version
+                                  AND (coalesce((f.data->>'revocationDate')::timestamptz, f.recorded_at) > coalesce((e.data->>'revocationDate')::timestamptz, e.recorded_at)
+                                       OR (coalesce((f.data->>'revocationDate')::timestamptz, f.recorded_at) = coalesce((e.data->>'revocationDate')::timestamptz, e.recorded_at)
+                                           AND f.stream_version < e.stream_version)))
                -- Held by an order Apple's refund refunded too: the money went back with the order.
                AND NOT EXISTS (SELECT 1 FROM apple_transactions h JOIN orders ho ON ho.order_id = h.order_id
                                 WHERE h.transaction_id = p.transaction_id AND ho.state = 'refunded')

@@ -158,10 +158,13 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
               AND event_time(e.recorded_at, e.metadata) < \(to)
               AND e.type IN ('created', 'verified', 'delivered', 'finished', 'failed', 'refunded', 'pairing-undone', 'consumption-answer')
               AND (\(apps)::text[] IS NULL OR o.bundle_id = ANY(\(apps)::text[]))
-              -- An order counts one refund at most, its first: a refund Apple reversed and then made
-              -- again takes the money back once, not twice.
+              -- An order counts one refund at most, Apple's latest (by revocation date; of copies of it,
+              -- the first recorded): a refund Apple reversed and then made again takes the money back
+              -- once, not twice, and by the share of the refund that stands.
               AND (e.type <> 'refunded' OR NOT EXISTS (
-                   SELECT FROM events r WHERE r.stream_id = e.stream_id AND r.type = 'refunded' AND r.stream_version < e.stream_version))
+                   SELECT FROM events r WHERE r.stream_id = e.stream_id AND r.type = 'refunded' AND r.stream_version <> e.stream_version
+                      AND (coalesce((r.data->>'revocationDate')::timestamptz, r.recorded_at) > coalesce((e.data->>'revocationDate')::timestamptz, e.recorded_at)
+                           OR (coalesce((r.data->>'revocationDate')::timestamptz, r.recorded_at) = coalesce((e.data->>'revocationDate')::timestamptz, e.recorded_at) AND r.stream_version < e.stream_version))))
             GROUP BY 1, 2, 3, 4, 5, 6, o.bundle_id, k.kind
             """)
         for try await (day, product, currency, environment, type, reason, count, amount, bundle, kind)

@@ -44,13 +44,18 @@ struct NotificationRoutesTests {
             let (_, after) = try await http.send(.get, "/v1/orders/o-refund")
             #expect(after["state"] as? String == "delivered")
 
-            // Refunded again after the reversal: refunded, and the report takes the money back once.
+            // Refunded again after the reversal, by half: refunded, and the report takes the money
+            // back once, by the refund that stands.
             var refundAgain = transaction
             refundAgain.revocationDate = Date().addingTimeInterval(1).millisecondsSince1970
+            refundAgain.revocationType = "REFUND_PRORATED"
+            refundAgain.revocationPercentage = 50_000
             let (_, refundedAgain) = try await http.notifyApple(try await apple.notification("REFUND", transaction: refundAgain))
             #expect(refundedAgain["type"] as? String == "refunded")
             let totals = try await http.send(.get, "/v1/reports/reconciliation").1["sandboxTotals"] as? [String: Any] ?? [:]
-            #expect(totals["refunded"] as? Int == 1 && totals["refundedAmount"] as? String == "0.99" && totals["revenue"] as? String == "0", "\(totals)")
+            #expect(totals["refunded"] as? Int == 1 && totals["refundedAmount"] as? String == "0.495" && totals["revenue"] as? String == "0.495", "\(totals)")
+            #expect(try await scalar(db, "SELECT refunded_amount::text FROM dashboards.daily_orders WHERE state = 'refunded'", as: String.self)
+                        .flatMap { Decimal(string: $0) } == Decimal(string: "0.495"), "the dashboard says the same")
         }
     }
 

@@ -168,6 +168,27 @@ struct SubscriptionReportTests {
         }
     }
 
+    @Test("a renewal refunded by half, the refund reversed, then refunded in full: the report takes the whole price back once")
+    func renewalRefundedAgain() async throws {
+        try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
+            let services = secondServer(db)
+            let periods = (0..<2).map { SubscriptionFixture.signed("9300601", period: $0) }
+            try await SubscriptionFixture.record(services, periods, user: "su-again")
+            try await SubscriptionFixture.refund(services, periods[1], percentage: 50_000)
+            let reversed = SubscriptionPeriodRefundReversed(
+                transactionId: TransactionID(unchecked: periods[1].transactionId), periodKey: periods[1].webOrderLineItemId ?? "", notificationUUID: UUID())
+            try await services.database.transaction { tx in
+                _ = try await services.subscriptions.record([(.periodRefundReversed(reversed), EventID(UUID()))], on: "9300601", metadata: Data("{}".utf8), in: tx)
+            }
+            try await SubscriptionFixture.refund(services, periods[1])
+
+            let (_, report) = try await http.send(.get, "/v1/reports/reconciliation?from=2000-01-01")
+            let renewals = (report["rows"] as? [[String: Any]] ?? []).filter { $0["kind"] as? String == "subscription-renewal" }
+            #expect(renewals.map { $0["refunded"] as? Int ?? 0 }.reduce(0, +) == 1, "\(renewals)")
+            #expect(renewals.compactMap { Decimal(string: $0["refundedAmount"] as? String ?? "") }.reduce(0, +) == Decimal(string: "9.99"), "\(renewals)")
+        }
+    }
+
     @Test("a free trial's start pays its order with no money, its refund gives none back; the first billed renewal counts its price")
     func freeTrialStart() async throws {
         try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
