@@ -35,16 +35,17 @@ public struct HistoryFile: Sendable {
         self.format = format
         // A byte-order mark (spreadsheets write one) is no part of the first column's name.
         self.data = data.starts(with: [0xEF, 0xBB, 0xBF]) ? data.dropFirst(3) : data
+        // Readers take bytes that are not UTF-8 as U+FFFD (a JSON line's string then reads as no
+        // string at all): the file is refused whole, naming the line, before any of it is imported.
+        if let line = Self.firstLineNotUTF8(self.data) {
+            throw LedgerInputError(field: "line \(line)", problem: "is not UTF-8 text; save the file as UTF-8")
+        }
         guard format == .csv else { return }
         guard self.data.contains(where: { !($0 == 0x20 || $0 == 0x09 || $0 == 0x0D || $0 == 0x0A) }) else {
             throw LedgerInputError(field: "header", problem: "is missing: the file is empty")
         }
-        // The CSV reader would take bytes that are not UTF-8 as U+FFFD, and stop at a misplaced
-        // quote without a word (a quoted field then runs to the file's end): the file is refused
-        // whole, naming the line, before any of it is imported.
-        if let line = Self.firstLineNotUTF8(self.data) {
-            throw LedgerInputError(field: "line \(line)", problem: "is not UTF-8 text; save the file as UTF-8")
-        }
+        // The CSV reader would also stop at a misplaced quote without a word (a quoted field then
+        // runs to the file's end): that file is refused whole too.
         if let line = Self.misquotedLine(self.data) {
             throw LedgerInputError(
                 field: "line \(line)",

@@ -44,7 +44,7 @@ struct HistoryFileTests {
         }
     }
 
-    @Test("a misplaced quote or bytes that are not UTF-8 refuse the file, naming the line, rather than end or change it unseen")
+    @Test("a misplaced quote, or bytes that are not UTF-8 (CSV or JSON Lines), refuse the file, naming the line, rather than end or change it unseen")
     func wholeFile() throws {
         let misquoted = "line 2 has a quoted value that does not end where it should: a quote inside quotes is written twice (\"\"), and a closing quote is followed by a comma or the line's end"
         func refusal(_ text: [UInt8]) -> String? {
@@ -55,6 +55,11 @@ struct HistoryFileTests {
         #expect(refusal(Array("orderId,userId\r\n@1,u\r\n@2,\"u-1\n@3,u-3\n".utf8))?.hasPrefix("line 3 has a quoted value") == true)
         #expect(refusal(Array("orderId,userId\n@1,u-".utf8) + [0xFF, 0xFE] + Array("1\n".utf8)) == "line 2 is not UTF-8 text; save the file as UTF-8")
         #expect(refusal(Array("orderId,userId\r@1,u\r@2,u-".utf8) + [0xC3] + Array("\r".utf8)) == "line 3 is not UTF-8 text; save the file as UTF-8", "lines ended by CR alone")
+        // JSON Lines too: its string would read as no string at all, and the line be refused for another reason.
+        let jsonLine = Array("{\"orderId\":\"a\"}\n{\"userId\":\"u-".utf8) + [0xFF] + Array("\"}\n".utf8)
+        #expect(throws: LedgerInputError(field: "line 2", problem: "is not UTF-8 text; save the file as UTF-8")) {
+            try HistoryFile(Data(jsonLine), format: .jsonLines)
+        }
         // Quotes RFC 4180 allows, and one inside an unquoted value (a character of it).
         let fine = "orderId,userId\n\"a\"\"b\",\"two\nlines\"\nc,5\" screen\n\"\",\"\"\r\n"
         #expect(refusal(Array(fine.utf8)) == nil)
