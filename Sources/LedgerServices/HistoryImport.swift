@@ -218,6 +218,8 @@ public struct HistoryImport: Sendable {
         switch error {
         case OrderLedgerError.duplicateTransaction(let id):
             ("transaction-granted", "Apple transaction \(id) is granted to another order already")
+        case OrderLedgerError.refundedInPool(let id):
+            ("transaction-refunded", "Apple refunded transaction \(id) while it waited in the pool, paid to no order: the line's order is not imported")
         case OrderLedgerError.accountConflict(let id):
             ("account-conflict", "Apple transaction \(id) is of an Apple account or token the ledger knows for another user than the line's: only support pairs it")
         case let error as OrderLedgerError: (error.code, error.description)

@@ -203,8 +203,11 @@ public struct OrderLedger: Sendable {
 
 /// Refusals of the ledger beyond the state machine, with stable codes.
 public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertible {
-    /// The Apple transaction already belongs to another order (or Apple refunded it in the pool).
+    /// The Apple transaction already belongs to another order.
     case duplicateTransaction(TransactionID)
+    /// Apple refunded (or revoked) the transaction while it waited in the pool: no order ever
+    /// takes it.
+    case refundedInPool(TransactionID)
     /// Another order already uses this appAccountToken.
     case appAccountTokenTaken(UUID)
     /// An order that names no app, in a ledger that holds several.
@@ -238,6 +241,7 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
     public var code: String {
         switch self {
         case .duplicateTransaction: "duplicate-transaction"
+        case .refundedInPool: "transaction-refunded"
         case .appAccountTokenTaken: "app-account-token-taken"
         case .bundleIDRequired: "bundle-id-required"
         case .unknownApp: "unknown-app"
@@ -255,6 +259,7 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
     public var description: String {
         switch self {
         case .duplicateTransaction(let id): "Apple transaction \(id) already belongs to another order"
+        case .refundedInPool(let id): "Apple refunded transaction \(id) while it waited in the pool, paid to no order: it is never granted"
         case .appAccountTokenTaken(let token): "appAccountToken \(token.uuidString.lowercased()) already belongs to another order"
         case .bundleIDRequired: "bundleId is required: the ledger holds several apps"
         case .unknownApp(let id): "the ledger holds no app \(id)"

@@ -115,7 +115,7 @@ struct ImportTests {
         }
     }
 
-    @Test("a line granting a transaction that waits in the pool for another user or product is refused; one that agrees, or names neither, takes it")
+    @Test("a line granting a transaction that waits in the pool for another user or product, or that Apple refunded there, is refused; one that agrees, or names neither, takes it")
     func pooledTransactions() async throws {
         try await withReceiptsApplication(apple) { http, db in
             // Four paid purchases waiting in the pool: u-7's gems.100 ones, and one of gems.500.
@@ -125,6 +125,11 @@ struct ImportTests {
                 ])
                 #expect(pooled["outcome"] as? String == "unmatched", "\(pooled)")
             }
+            // A fifth, refunded by Apple while it waited: never granted.
+            var refunded = TestApple.transaction("5300005")
+            #expect(try await http.send(.post, "/v1/receipts", json: ["userId": "u-7", "signedTransaction": try await apple.sign(refunded)]).0 == .ok)
+            refunded.revocationDate = Date().millisecondsSince1970
+            #expect(try await http.notifyApple(try await apple.notification("REFUND", transaction: refunded)).0 == .ok)
             let stamp = EventCoding.formatDate(Date(timeIntervalSinceNow: -3_600))
             let lines = """
                 \(Self.header)
@@ -132,11 +137,12 @@ struct ImportTests {
                 p-2,u-7,gems.500,,\(stamp),finished,4.99,USD,5300002,,\(stamp),Sandbox,
                 p-3,u-7,gems.500,,\(stamp),finished,4.99,USD,5300003,,\(stamp),Sandbox,
                 ,,,,,,,,5300004,,\(stamp),Sandbox,
+                p-5,u-7,gems.100,,\(stamp),finished,0.99,USD,5300005,,\(stamp),Sandbox,
 
                 """
             let (status, summary) = try await post(http, lines)
             #expect(status == .ok && summary["imported"] as? Int == 2, "\(summary)")
-            #expect(Self.refusals(summary) == [2: "transaction-pooled", 3: "transaction-pooled"], "\(summary)")
+            #expect(Self.refusals(summary) == [2: "transaction-pooled", 3: "transaction-pooled", 6: "transaction-refunded"], "\(summary)")
             let refusals = summary["refusals"] as? [[String: Any]] ?? []
             #expect((refusals.first?["message"] as? String)?.contains("user u-7, product gems.100") == true, "\(refusals)")
             // The refused lines' purchases still wait for u-7, untouched; the others are granted.
@@ -144,8 +150,8 @@ struct ImportTests {
                 SELECT string_agg(transaction_id || ' ' || coalesce(order_id, '-') || ' ' || coalesce(user_id, '-'), ', ' ORDER BY transaction_id)
                   FROM apple_transactions WHERE transaction_id LIKE '53000%'
                 """, as: String.self)
-            #expect(rows == "5300001 - u-7, 5300002 - u-7, 5300003 p-3 u-7, 5300004 imported-5300004 imported", "\(rows ?? "")")
-            #expect(try await scalar(db, "SELECT count(*)::int FROM orders WHERE order_id IN ('p-1', 'p-2')", as: Int.self) == 0)
+            #expect(rows == "5300001 - u-7, 5300002 - u-7, 5300003 p-3 u-7, 5300004 imported-5300004 imported, 5300005 - u-7", "\(rows ?? "")")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM orders WHERE order_id IN ('p-1', 'p-2', 'p-5')", as: Int.self) == 0)
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
