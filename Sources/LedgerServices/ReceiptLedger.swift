@@ -128,6 +128,7 @@ public struct ReceiptLedger: Sendable {
         } catch let error where Self.lostRace(error) || error is OrderDecisionError || error is LedgerWriter.WriteConditionFailed
                     || error as? OrderLedgerError == .accountConflict(transaction.transactionId)
                     || error as? OrderLedgerError == .appMismatch(transaction.transactionId)
+                    || error as? OrderLedgerError == .refundedInPool(transaction.transactionId)
                     || (error as? OrderLedgerError)?.code == "later-transaction" {
             return nil
         }
