@@ -229,6 +229,7 @@ extension LedgerWriter {
                                Reconciler.purchasedBeforeOrder(known.purchaseDate, created: order.createdAt, allowance: allowance) {
                                 throw OrderLedgerError.purchasedBeforeOrder(receipt.transactionId)
                             }
+                            if receipt.matchedBy == .imported, let refusal = importSignedOtherwise(receipt, known: known) { throw refusal }
                             plan.appends.append(try matched(receipt, order: id, receiptID: event.id, known: known, snapshot, write.pairing, metadata: event.metadata))
                         } else {
                             plan.claim = receipt.transactionId
@@ -269,6 +270,21 @@ extension LedgerWriter {
         let otherUser = order.userId.rawValue != HistoryRecord.unknownUser && known.userId.map { $0 != order.userId } == true
         let otherProduct = receipt.productId.rawValue != HistoryRecord.unknownProduct && receipt.productId != known.productId
         return otherUser || otherProduct ? .pooledOtherwise(receipt.transactionId, user: known.userId, product: known.productId) : nil
+    }
+
+    /// The refusal of an imported grant of `known`, which waits in the pool, whose line says
+    /// another purchase date or environment than Apple signed: the reports date and place the sale
+    /// by the line's order.
+    private static func importSignedOtherwise(_ receipt: ReceiptReceived, known: AppleTransactionRecord) -> OrderLedgerError? {
+        // A line's time has whole seconds at least; a line of a grant alone may have none.
+        if receipt.purchaseDate != HistoryRecord.unknownDate, abs(receipt.purchaseDate.timeIntervalSince(known.purchaseDate)) >= 1 {
+            return .pooledSignedOtherwise(
+                receipt.transactionId, field: "purchaseDate", apple: EventCoding.formatDate(known.purchaseDate), line: EventCoding.formatDate(receipt.purchaseDate))
+        }
+        if let apple = known.environment, let line = receipt.environment, apple != line {
+            return .pooledSignedOtherwise(receipt.transactionId, field: "environment", apple: apple, line: line)
+        }
+        return nil
     }
 
     /// The refusal of a claim of `known`, which waits in the pool, by `order` of another product or

@@ -225,6 +225,10 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
     /// product than the history's line says (issue 41: a conflicting line is refused, never
     /// written over what Apple signed or a client claimed).
     case pooledOtherwise(TransactionID, user: UserID?, product: ProductID)
+    /// An imported grant of an Apple transaction waiting in the pool whose purchase date or
+    /// environment, as Apple signed it, is not the line's (`field`): the reports would date or
+    /// place the sale by the line.
+    case pooledSignedOtherwise(TransactionID, field: String, apple: String, line: String)
     /// A client's `receipt-received` of a transaction Apple signed as purchased before the order
     /// was created, beyond the clock-skew allowance (issue 41): it never pays that order but by
     /// support's hand, with an explicit override.
@@ -248,7 +252,7 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
         case .appRetired: "app-retired"
         case .appMismatch: "app-mismatch"
         case .accountConflict: "account-conflict"
-        case .pooledOtherwise: "transaction-pooled"
+        case .pooledOtherwise, .pooledSignedOtherwise: "transaction-pooled"
         case .purchasedBeforeOrder: "purchased-before-order"
         case .productMismatch: "product-mismatch"
         case .quantityMismatch: "quantity-mismatch"
@@ -269,6 +273,8 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
             "Apple transaction \(id) is of an Apple account the ledger knows for another user: support decides (POST /v1/transactions/\(id)/match with a reason)"
         case .pooledOtherwise(let id, let user, let product):
             "Apple transaction \(id) waits in the pool for \(user.map { "user \($0)" } ?? "no user yet"), product \(product): the line says otherwise"
+        case .pooledSignedOtherwise(let id, let field, let apple, let line):
+            "Apple transaction \(id) waits in the pool with the \(field) Apple signed, \(apple); the line says \(line)"
         case .purchasedBeforeOrder(let id):
             "Apple transaction \(id) was purchased before the order was created: it did not pay for it (support may tie it with an explicit override)"
         case .productMismatch(let id, let apple, let order): "Apple transaction \(id) is for \(apple), the order for \(order)"

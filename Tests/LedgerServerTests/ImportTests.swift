@@ -115,13 +115,16 @@ struct ImportTests {
         }
     }
 
-    @Test("a line granting a transaction that waits in the pool for another user or product, or that Apple refunded there, is refused; one that agrees, or names neither, takes it")
+    @Test("a line granting a transaction that waits in the pool for another user or product, or that Apple refunded there, or says another purchase date or environment than Apple signed, is refused; one that agrees, or names neither, takes it")
     func pooledTransactions() async throws {
         try await withReceiptsApplication(apple) { http, db in
             // Four paid purchases waiting in the pool: u-7's gems.100 ones, and one of gems.500.
-            for (id, product) in [("5300001", "gems.100"), ("5300002", "gems.100"), ("5300003", "gems.500"), ("5300004", "gems.100")] {
+            let bought = Date(timeIntervalSince1970: (Date().timeIntervalSince1970 - 3_600).rounded(.down))
+            // Two more that agree with their lines but for what Apple signed: the day, the environment.
+            for (id, product) in [("5300001", "gems.100"), ("5300002", "gems.100"), ("5300003", "gems.500"), ("5300004", "gems.100"),
+                                  ("5300006", "gems.100"), ("5300007", "gems.100")] {
                 let (_, pooled) = try await http.send(.post, "/v1/receipts", json: [
-                    "userId": "u-7", "signedTransaction": try await apple.sign(TestApple.transaction(id, product: product)),
+                    "userId": "u-7", "signedTransaction": try await apple.sign(TestApple.transaction(id, product: product, purchaseDate: bought)),
                 ])
                 #expect(pooled["outcome"] as? String == "unmatched", "\(pooled)")
             }
@@ -130,7 +133,7 @@ struct ImportTests {
             #expect(try await http.send(.post, "/v1/receipts", json: ["userId": "u-7", "signedTransaction": try await apple.sign(refunded)]).0 == .ok)
             refunded.revocationDate = Date().millisecondsSince1970
             #expect(try await http.notifyApple(try await apple.notification("REFUND", transaction: refunded)).0 == .ok)
-            let stamp = EventCoding.formatDate(Date(timeIntervalSinceNow: -3_600))
+            let stamp = EventCoding.formatDate(bought)
             let lines = """
                 \(Self.header)
                 p-1,u-9,gems.100,,\(stamp),finished,0.99,USD,5300001,,\(stamp),Sandbox,
@@ -138,20 +141,26 @@ struct ImportTests {
                 p-3,u-7,gems.500,,\(stamp),finished,4.99,USD,5300003,,\(stamp),Sandbox,
                 ,,,,,,,,5300004,,\(stamp),Sandbox,
                 p-5,u-7,gems.100,,\(stamp),finished,0.99,USD,5300005,,\(stamp),Sandbox,
+                p-6,u-7,gems.100,,\(EventCoding.formatDate(bought.addingTimeInterval(-86_400))),finished,0.99,USD,5300006,,\(EventCoding.formatDate(bought.addingTimeInterval(-86_400))),Sandbox,
+                p-7,u-7,gems.100,,\(stamp),finished,0.99,USD,5300007,,\(stamp),Production,
 
                 """
             let (status, summary) = try await post(http, lines)
             #expect(status == .ok && summary["imported"] as? Int == 2, "\(summary)")
-            #expect(Self.refusals(summary) == [2: "transaction-pooled", 3: "transaction-pooled", 6: "transaction-refunded"], "\(summary)")
+            #expect(Self.refusals(summary) == [2: "transaction-pooled", 3: "transaction-pooled", 6: "transaction-refunded", 7: "transaction-pooled", 8: "transaction-pooled"],
+                    "\(summary)")
             let refusals = summary["refusals"] as? [[String: Any]] ?? []
             #expect((refusals.first?["message"] as? String)?.contains("user u-7, product gems.100") == true, "\(refusals)")
+            let signed = refusals.compactMap { $0["message"] as? String }.suffix(2)
+            #expect(signed.first == "Apple transaction 5300006 waits in the pool with the purchaseDate Apple signed, \(stamp); the line says \(EventCoding.formatDate(bought.addingTimeInterval(-86_400)))", "\(signed)")
+            #expect(signed.last == "Apple transaction 5300007 waits in the pool with the environment Apple signed, Sandbox; the line says Production", "\(signed)")
             // The refused lines' purchases still wait for u-7, untouched; the others are granted.
             let rows = try await scalar(db, """
                 SELECT string_agg(transaction_id || ' ' || coalesce(order_id, '-') || ' ' || coalesce(user_id, '-'), ', ' ORDER BY transaction_id)
                   FROM apple_transactions WHERE transaction_id LIKE '53000%'
                 """, as: String.self)
-            #expect(rows == "5300001 - u-7, 5300002 - u-7, 5300003 p-3 u-7, 5300004 imported-5300004 imported, 5300005 - u-7", "\(rows ?? "")")
-            #expect(try await scalar(db, "SELECT count(*)::int FROM orders WHERE order_id IN ('p-1', 'p-2', 'p-5')", as: Int.self) == 0)
+            #expect(rows == "5300001 - u-7, 5300002 - u-7, 5300003 p-3 u-7, 5300004 imported-5300004 imported, 5300005 - u-7, 5300006 - u-7, 5300007 - u-7", "\(rows ?? "")")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM orders WHERE order_id IN ('p-1', 'p-2', 'p-5', 'p-6', 'p-7')", as: Int.self) == 0)
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
