@@ -41,7 +41,8 @@ extension APIError {
             return APIError(status, code: error.code, message: error.description)
         case let error as OrderLedgerError:
             let status: HTTPResponse.Status = switch error {
-            case .bundleIDRequired, .unknownApp: .badRequest
+            // wrong-environment as a notification of that environment is answered.
+            case .bundleIDRequired, .unknownApp, .environmentRefused: .badRequest
             default: .conflict
             }
             return APIError(status, code: error.code, message: error.description)

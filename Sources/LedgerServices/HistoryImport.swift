@@ -86,7 +86,7 @@ public struct HistoryImport: Sendable {
         var summary = Summary()
         var batch = Batch()
         let source = try MetadataWriter(source: source)
-        var apps: [BundleID?: Result<BundleID?, OrderLedgerError>] = [:]
+        var apps: [BundleID?: Result<App?, OrderLedgerError>] = [:]
         try await withThrowingTaskGroup(of: (Int, Summary).self) { group in
             // The orders and transactions of each batch in flight, by its number: a line that
             // shares one with them waits until they are stored, so the file's first line wins.
@@ -127,9 +127,15 @@ public struct HistoryImport: Sendable {
                     if case .failure(let error) = apps[record.bundleId] { summary.refuse(line.number, error.code, error.description) }
                     continue
                 }
+                // An app set to Production alone takes no sandbox purchase, as it takes no sandbox proof.
+                if let app, record.transactionId != nil, let named = App.Environment(name: record.environment), !app.environments.contains(named) {
+                    let refused = OrderLedgerError.environmentRefused(app.bundleId, environment: named.rawValue)
+                    summary.refuse(line.number, refused.code, refused.description)
+                    continue
+                }
                 // Whatever else a line's events cannot hold refuses that line, never the import.
                 let planned: Planned
-                do { planned = try Self.plan(record, app: app, source: source, purchaseAllowance: orders.purchaseAllowance) } catch {
+                do { planned = try Self.plan(record, app: app?.bundleId, source: source, purchaseAllowance: orders.purchaseAllowance) } catch {
                     let input = error is DecodingError || error is LedgerInputError
                         ? EventCoding.inputError(error, field: "line") : LedgerInputError(field: "line", problem: "cannot be stored: \(error)")
                     summary.refuse(line.number, input.code, input.description)
@@ -151,9 +157,9 @@ public struct HistoryImport: Sendable {
         return summary
     }
 
-    /// The app a line names (nil: the ledger's only one), or why none.
-    func app(of named: BundleID?) async -> Result<BundleID?, OrderLedgerError> {
-        do { return .success(try await orders.apps.app(of: named)?.bundleId) } catch let error as OrderLedgerError {
+    /// The app a line names (nil: the ledger's only one, or none while it holds none), or why none.
+    func app(of named: BundleID?) async -> Result<App?, OrderLedgerError> {
+        do { return .success(try await orders.apps.app(of: named)) } catch let error as OrderLedgerError {
             return .failure(error)
         } catch {
             return .failure(.unknownApp(named ?? BundleID(unchecked: "")))

@@ -39,6 +39,15 @@ public final class OrderApps: Sendable {
         return apps.first
     }
 
+    /// The app an existing order of `bundle` belongs to (nil: the ledger's only app, as for an
+    /// order made before it held apps), retired or not; nil when the ledger holds no such app.
+    public func app(ofOrder bundle: BundleID?) async throws -> App? {
+        var apps = try await self.apps(fresh: false)
+        guard let bundle else { return apps.count == 1 ? apps.first : nil }
+        if Self.find(bundle, in: apps) == nil { apps = try await self.apps(fresh: true) }
+        return Self.find(bundle, in: apps)
+    }
+
     /// Forgets the copy: the apps changed (`POST /v1/apps`, `PATCH /v1/apps/{bundleId}`).
     public func forget() {
         known.withLock { $0 = nil }

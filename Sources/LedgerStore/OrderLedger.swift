@@ -96,6 +96,11 @@ public struct OrderLedger: Sendable {
             // upgrade, a family member's share): never an order's (issue 40).
             throw OrderLedgerError.laterTransaction(receipt.transactionId, original: original)
         }
+        if let named = Self.environment(of: event), named != App.Environment.production.rawValue,
+           let app = try await apps.app(ofOrder: try await order(id)?.bundleId),
+           !app.environments.contains(where: { $0.rawValue == named }) {
+            throw OrderLedgerError.environmentRefused(app.bundleId, environment: named)
+        }
         let newEvent = try data.map { NewEvent(id: eventID, body: .order(event), data: $0, metadata: metadata) }
             ?? EventCoding.newEvent(event, id: eventID, metadata: metadata)
         let write = LedgerWriter.Write(LedgerWriter.Append([newEvent], to: id.streamID, expected: expected ?? .any), purchaseAllowance: purchaseAllowance)
@@ -104,6 +109,15 @@ public struct OrderLedger: Sendable {
             return Outcome(order: try await orderAsOf(id, version: appended.result.streamVersion), appended: false)
         }
         return Outcome(order: order, appended: true)
+    }
+
+    /// The environment a backend's own purchase names (`receipt-received`, `verified`), if any.
+    static func environment(of event: OrderEvent) -> String? {
+        switch event {
+        case .receiptReceived(let receipt): receipt.environment
+        case .verified(let verified): verified.environment
+        default: nil
+        }
     }
 
     /// The order as it stood right after its event `version`: what the first answer to an append
@@ -237,6 +251,10 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
     /// quantity, than the order's, as Apple signed it (promise 7).
     case productMismatch(TransactionID, apple: ProductID, order: ProductID)
     case quantityMismatch(TransactionID, apple: Int, order: Int)
+    /// A backend's own purchase (`receipt-received`, `verified`, an imported line) in an
+    /// environment its app refuses: an app set to `Production` alone takes no sandbox purchase by
+    /// any way, as it takes no sandbox proof.
+    case environmentRefused(BundleID, environment: String)
     /// A client's `receipt-received` of a transaction whose `originalTransactionId` is another's (by
     /// the client's word, or as the ledger holds it signed): a later transaction of a purchase, or
     /// a family member's share (`original` its own id then), which never pays an order (issue 40).
@@ -257,6 +275,7 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
         case .productMismatch: "product-mismatch"
         case .quantityMismatch: "quantity-mismatch"
         case .laterTransaction: "later-transaction"
+        case .environmentRefused: "wrong-environment"
         }
     }
 
@@ -279,6 +298,8 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
             "Apple transaction \(id) was purchased before the order was created: it did not pay for it (support may tie it with an explicit override)"
         case .productMismatch(let id, let apple, let order): "Apple transaction \(id) is for \(apple), the order for \(order)"
         case .quantityMismatch(let id, let apple, let order): "Apple transaction \(id) is for \(apple) units, the order for \(order)"
+        case .environmentRefused(let app, let environment):
+            "app \(app) does not take the \(environment) environment (its environments: ledger apps set --environments, docs/apps.md)"
         case .laterTransaction(let id, let original) where original == id.rawValue:
             "Apple transaction \(id) is a family member's shared access: it never pays an order"
         case .laterTransaction(let id, let original):

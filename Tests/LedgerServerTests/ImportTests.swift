@@ -47,7 +47,7 @@ struct ImportTests {
 
     @Test("each line becomes its order's events; refused lines are named; importing again adds nothing")
     func importsOnceAndReportsRefusals() async throws {
-        try await withReceiptsApplication(apple) { http, db in
+        try await withReceiptsApplication(apple, configure: bothEnvironments) { http, db in
             // An order of the ledger's own that a line of the history names with another user.
             try await http.send(.post, "/v1/orders", json: newOrder("h-10", user: "u-other"))
             let (status, summary) = try await post(http, Self.history)
@@ -95,7 +95,7 @@ struct ImportTests {
 
     @Test("a proof of an imported grant is already granted: duplicate for a new order, finishTransaction true")
     func importedGrantIsNotGrantedAgain() async throws {
-        try await withReceiptsApplication(apple) { http, _ in
+        try await withReceiptsApplication(apple, configure: bothEnvironments) { http, _ in
             _ = try await post(http, Self.history)
             try await http.send(.post, "/v1/orders", json: newOrder("o-new", user: "u-1"))
             let jws = try await apple.sign(TestApple.transaction("5100001"))
@@ -117,7 +117,7 @@ struct ImportTests {
 
     @Test("a line granting a transaction that waits in the pool for another user or product, or that Apple refunded there, or says another purchase date or environment than Apple signed, is refused; one that agrees, or names neither, takes it")
     func pooledTransactions() async throws {
-        try await withReceiptsApplication(apple) { http, db in
+        try await withReceiptsApplication(apple, configure: bothEnvironments) { http, db in
             // Four paid purchases waiting in the pool: u-7's gems.100 ones, and one of gems.500.
             let bought = Date(timeIntervalSince1970: (Date().timeIntervalSince1970 - 3_600).rounded(.down))
             // Two more that agree with their lines but for what Apple signed: the day, the environment.
@@ -165,9 +165,27 @@ struct ImportTests {
         }
     }
 
+    @Test("an app set to Production alone takes no sandbox line")
+    func sandboxLineOfAProductionApp() async throws {
+        try await withReceiptsApplication(apple, configure: { $0.apple.environments = [.production]; $0.apple.appID = TestApple.appAppleId }) { http, db in
+            let stamp = EventCoding.formatDate(Date(timeIntervalSinceNow: -3_600))
+            let lines = """
+                \(Self.header)
+                e-1,u-1,gems.100,,\(stamp),finished,0.99,USD,5500001,,\(stamp),Sandbox,
+                e-2,u-1,gems.100,,\(stamp),finished,0.99,USD,5500002,,\(stamp),Production,
+                e-3,u-1,gems.100,,\(stamp),created,0.99,USD,,,,Sandbox,
+
+                """
+            let (status, summary) = try await post(http, lines)
+            #expect(status == .ok && summary["imported"] as? Int == 2, "\(summary)")
+            #expect(Self.refusals(summary) == [2: "wrong-environment"], "\(summary)")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_transactions WHERE transaction_id = '5500001'", as: Int.self) == 0)
+        }
+    }
+
     @Test("a line whose times cannot have been, or whose order was created after the purchase Apple signed for a pooled one, is refused; an order row made when its receipt came is not")
     func impossibleTimes() async throws {
-        try await withReceiptsApplication(apple) { http, db in
+        try await withReceiptsApplication(apple, configure: bothEnvironments) { http, db in
             // Bought 100 days ago (Apple's signature), waiting in the pool for u-7.
             let old = TestApple.transaction("5400001", purchaseDate: Date(timeIntervalSinceNow: -100 * 86_400))
             let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-7", "signedTransaction": try await apple.sign(old)])
@@ -198,7 +216,7 @@ struct ImportTests {
 
     @Test("an import stopped part way leaves whole orders, and the next run goes on where it stopped")
     func resumes() async throws {
-        try await withReceiptsApplication(apple) { http, db in
+        try await withReceiptsApplication(apple, configure: bothEnvironments) { http, db in
             let lines = Self.history.split(separator: "\n").map(String.init)
             // The first three orders made it before the stop.
             let (_, first) = try await post(http, lines.prefix(4).joined(separator: "\n"))
@@ -212,7 +230,7 @@ struct ImportTests {
 
     @Test("JSON Lines with numbers and nulls; a bad header, an unknown member, an empty body, a wrong content type and a read key are refused")
     func formatsAndRefusals() async throws {
-        try await withReceiptsApplication(apple) { http, db in
+        try await withReceiptsApplication(apple, configure: bothEnvironments) { http, db in
             let lines = """
                 {"orderId":"j-1","userId":"u-1","productId":"gems.100","createdAt":"2025-01-01T00:00:00Z","state":"finished","price":0.99,"currency":"USD","transactionId":"5200001","purchaseDate":"2025-01-01T00:00:05Z","refundedAt":null,"storefront":"deu"}
 

@@ -107,7 +107,7 @@ struct SandboxPurchaseTests {
         }
     }
 
-    @Test("set to Production alone, the ledger refuses the same purchase as wrong-environment, and the order stays created")
+    @Test("set to Production alone, the ledger refuses the same purchase as wrong-environment, and the order stays created; a backend's own sandbox purchase too")
     func productionOnlyRefuses() async throws {
         try await withReceiptsApplication(apple, configure: { configuration in
             configuration.apple.environments = [.production]
@@ -124,6 +124,20 @@ struct SandboxPurchaseTests {
             let note = try await apple.notification("REFUND", transaction: TestApple.transaction("8800012"), environment: "Sandbox")
             let (status, refusal) = try await http.notifyApple(note)
             #expect(status == .badRequest && errorOf(refusal)["code"] as? String == "wrong-environment", "\(refusal)")
+
+            // A backend's own purchase in the sandbox is refused the same way; in production, taken.
+            try await http.send(.post, "/v1/orders", json: newOrder("review-3"))
+            var own = receipt("8800013")
+            own["environment"] = "Sandbox"
+            let (claimed, claim) = try await http.send(.post, "/v1/orders/review-3/events", json: ["type": "receipt-received", "data": own])
+            #expect(claimed == .badRequest && errorOf(claim)["code"] as? String == "wrong-environment", "\(claim)")
+            own["environment"] = "Production"
+            #expect(try await http.send(.post, "/v1/orders/review-3/events", json: ["type": "receipt-received", "data": own]).0 == .created)
+            let (verified, verifiedAnswer) = try await http.send(.post, "/v1/orders/review-3/events", json: [
+                "type": "verified", "data": ["transactionId": "8800013", "environment": "Sandbox"]])
+            #expect(verified == .badRequest && errorOf(verifiedAnswer)["code"] as? String == "wrong-environment", "\(verifiedAnswer)")
+            let (_, held) = try await http.send(.get, "/v1/orders/review-3")
+            #expect(held["state"] as? String == "receipt-received", "\(held)")
         }
     }
 
