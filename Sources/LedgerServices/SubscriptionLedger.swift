@@ -97,6 +97,27 @@ public struct SubscriptionLedger: Sendable {
             }
             chosen.append((event, eventID))
         }
+        // A period an order holds whose refund refunded that order before the ledger knew the
+        // subscription (Apple's refund of a renewal a backend claimed for an order of its own): it
+        // is recorded refunded, as that refund would have recorded it, under the same id.
+        let periods = chosen.compactMap { event, _ -> TransactionID? in
+            if case .period(let body) = event { return body.transaction.transactionId } else { return nil }
+        }
+        if started, !periods.isEmpty {
+            let refunds = try await store.refundsOfHoldingOrders(periods, in: tx)
+            let named = refunds.mapValues { Self.notificationEventID(id, $0.0.uuid) }
+            let told = try await events.storedIDs(Array(named.values), in: tx)
+            for (transaction, (refundID, refund)) in refunds {
+                guard let eventID = named[transaction], !told.contains(eventID), !chosen.contains(where: { $0.1 == eventID }),
+                      let at = chosen.firstIndex(where: { if case .period(let body) = $0.0 { body.transaction.transactionId == transaction } else { false } }),
+                      case .period(let period) = chosen[at].0 else { continue }
+                let body = SubscriptionPeriodRefunded(
+                    transactionId: transaction, periodKey: period.periodKey,
+                    revocation: Revocation(date: refund.revocationDate, reason: refund.revocationReason, type: refund.revocationType, percentage: refund.revocationPercentage),
+                    notificationType: refund.notificationType, notificationUUID: refundID.uuid)
+                chosen.insert((.periodRefunded(body), eventID), at: at + 1)
+            }
+        }
         guard !chosen.isEmpty else { return Recorded(subscription: before, appended: []) }
         let appends = try chosen.map { try EventCoding.newEvent($0.0, id: $0.1, metadata: metadata) }
         let expected: ExpectedVersion = before.map { .exact($0.version) } ?? .noStream

@@ -25,6 +25,30 @@ extension SubscriptionStore {
 }
 
 extension SubscriptionStore {
+    /// Of `transactions`, those an order holds that is refunded now (a backend's own claim of a
+    /// renewal, which Apple's refund refunded before the ledger knew its subscription), each with
+    /// that order's latest `refunded`: its event's id and body. Read in the caller's transaction.
+    public func refundsOfHoldingOrders(
+        _ transactions: [TransactionID], in transaction: DatabaseTransaction
+    ) async throws -> [TransactionID: (EventID, Refunded)] {
+        guard !transactions.isEmpty else { return [:] }
+        let rows = try await transaction.connection.guardedQuery(
+            """
+            SELECT t.transaction_id, e.event_id, e.data::text
+              FROM apple_transactions t JOIN orders o ON o.order_id = t.order_id
+              JOIN LATERAL (SELECT r.event_id, r.data FROM events r WHERE r.stream_id = 'order-' || o.order_id AND r.type = 'refunded'
+                             ORDER BY r.stream_version DESC LIMIT 1) e ON true
+             WHERE t.transaction_id = ANY(\(transactions.map(\.rawValue))::text[]) AND o.state = 'refunded'
+            """, logger: database.logger)
+        var refunds: [TransactionID: (EventID, Refunded)] = [:]
+        for try await (id, eventID, text) in rows.decode((String, UUID, String).self) {
+            refunds[TransactionID(unchecked: id)] = (EventID(eventID), try StoredBodyDecoder.decode(Refunded.self, from: text))
+        }
+        return refunds
+    }
+}
+
+extension SubscriptionStore {
     /// The refunds, revocations and reversals recorded on the streams of `transactions` while no
     /// order or subscription held them (`notification-received` of `REFUND`, `REVOKE`,
     /// `REFUND_REVERSED`), each transaction's in the log's order: what the renewals that waited

@@ -168,6 +168,43 @@ struct SubscriptionReportTests {
         }
     }
 
+    @Test("a renewal an order holds, refunded before the ledger knew its subscription: once the subscription is known, that period is refunded and the service ended")
+    func heldRenewalRefundedBeforeItsSubscription() async throws {
+        try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
+            let otid = "9300701", day: TimeInterval = 86_400, now = Date()
+            let start = SubscriptionNotificationTests.period(otid, 0, purchased: now.addingTimeInterval(-40 * day), expires: now.addingTimeInterval(-10 * day))
+            let renewal = SubscriptionNotificationTests.period(otid, 1, purchased: now.addingTimeInterval(-10 * day), expires: now.addingTimeInterval(20 * day))
+            // The backend's own order for the renewal, claimed and verified by the backend itself.
+            try await http.send(.post, "/v1/orders", json: ["orderId": "hb-renewal", "userId": "su-hb", "productId": "pro.monthly", "price": "4.99", "currency": "USD"])
+            var own = receipt(renewal.transactionId, product: "pro.monthly")
+            own["purchaseDate"] = EventCoding.formatDate(Date(millisecondsSince1970: renewal.purchaseDate))
+            #expect(try await http.send(.post, "/v1/orders/hb-renewal/events", json: ["type": "receipt-received", "data": own]).0 == .created)
+            #expect(try await http.send(.post, "/v1/orders/hb-renewal/events", json: [
+                "type": "verified", "data": ["transactionId": renewal.transactionId, "environment": "Sandbox"]]).0 == .created)
+            // Apple refunds the renewal; the ledger does not know its subscription yet.
+            var refunded = renewal
+            refunded.revocationDate = now.millisecondsSince1970
+            refunded.revocationReason = 0
+            #expect(try await http.notifyApple(try await apple.notification("REFUND", transaction: refunded)).0 == .ok)
+            #expect(try await scalar(db, "SELECT state FROM orders WHERE order_id = 'hb-renewal'", as: String.self) == "refunded")
+            // Then the start, through its order, and Apple's DID_RENEW of the renewal.
+            try await http.send(.post, "/v1/orders", json: ["orderId": "hb-start", "userId": "su-hb", "productId": "pro.monthly", "price": "4.99", "currency": "USD"])
+            let (_, started) = try await http.send(.post, "/v1/receipts", json: ["orderId": "hb-start", "signedTransaction": try await apple.sign(start)])
+            #expect(started["state"] as? String == "verified", "\(started)")
+            let (renewed, answer) = try await http.notifyApple(try await apple.notification("DID_RENEW", transaction: renewal, renewalInfo: TestApple.renewalInfo(otid)))
+            #expect(renewed == .ok, "\(answer)")
+
+            let (_, subscription) = try await http.send(.get, "/v1/subscriptions/\(otid)")
+            #expect(subscription["status"] as? String == "revoked", "the refunded period ended the service: \(subscription)")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM subscription_periods WHERE transaction_id = \(renewal.transactionId) AND refunded_at IS NOT NULL", as: Int.self) == 1)
+            let (_, again) = try await http.notifyApple(try await apple.notification("DID_RENEW", transaction: renewal, renewalInfo: TestApple.renewalInfo(otid)))
+            #expect(again["applied"] as? Bool == true || again["applied"] as? Bool == false, "\(again)")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM events WHERE stream_id = \("subscription-\(otid)") AND type = 'subscription-period-refunded'", as: Int.self) == 1,
+                    "recorded once")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("a renewal refunded by half, the refund reversed, then refunded in full: the report takes the whole price back once")
     func renewalRefundedAgain() async throws {
         try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
