@@ -226,6 +226,8 @@ public struct HistoryImport: Sendable {
             ("transaction-granted", "Apple transaction \(id) is granted to another order already")
         case OrderLedgerError.refundedInPool(let id):
             ("transaction-refunded", "Apple refunded transaction \(id) while it waited in the pool, paid to no order: the line's order is not imported")
+        case OrderLedgerError.accountConflict(let id) where planned.userId.rawValue == HistoryRecord.unknownUser:
+            ("account-conflict", "Apple transaction \(id) is of an Apple account or token the ledger knows for a user, and the line names none: give its userId, or support pairs it")
         case OrderLedgerError.accountConflict(let id):
             ("account-conflict", "Apple transaction \(id) is of an Apple account or token the ledger knows for another user than the line's: only support pairs it")
         case let error as OrderLedgerError: (error.code, error.description)

@@ -162,6 +162,8 @@ public enum SupportUnmatchError: Error, Sendable, Equatable, CustomStringConvert
         switch self {
         case .transactionNotFound(let id): "Apple transaction \(id) is not known to the ledger"
         case .notPaired(let id, let status): "Apple transaction \(id) is paired with no order (it is \(status))"
+        case .notFromPool(let id, let order, MatchedBy.imported.rawValue):
+            "Apple transaction \(id) was granted to order \(order) in an imported history; only pairings made from the pool (reconciler, support) can be undone"
         case .notFromPool(let id, let order, let matchedBy):
             "Apple transaction \(id) was tied to order \(order) by \(matchedBy) when it was uploaded; only pairings made from the pool (reconciler, support) can be undone"
         case .delivered(let id, let state):

@@ -112,6 +112,10 @@ struct ImportTests {
             let verified = try await apple.sign(TestApple.transaction("5100005"))
             let (_, third) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": verified, "orderId": "o-new-3", "userId": "u-3"])
             #expect(third["outcome"] as? String == "duplicate" && third["finishTransaction"] as? Bool == true, "\(third)")
+            // An imported grant is no pairing support can undo, and the refusal says where it came from.
+            let (undo, refusal) = try await http.send(.post, "/v1/transactions/5100001/unmatch", json: ["reason": "test"])
+            #expect(undo == .conflict && errorOf(refusal)["code"] as? String == "not-a-pool-pairing", "\(refusal)")
+            #expect((errorOf(refusal)["message"] as? String ?? "").contains("in an imported history"), "\(refusal)")
         }
     }
 
