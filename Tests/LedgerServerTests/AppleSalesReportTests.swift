@@ -361,13 +361,7 @@ struct AppleSalesReportTests {
                 let (_, started) = try await http.send(.post, "/v1/receipts", json: ["orderId": "s-\(original)", "signedTransaction": try await apple.sign(periods[0])])
                 #expect(started["state"] as? String == "verified", "\(started)")
                 if original == "9400201" {
-                    try await http.send(.post, "/v1/orders", json: ["orderId": "held-\(original)", "userId": "su-\(original)", "productId": "pro.monthly", "price": "9.99", "currency": "USD"])
-                    var own = receipt(periods[1].transactionId, product: "pro.monthly")
-                    own["purchaseDate"] = EventCoding.formatDate(Date(millisecondsSince1970: periods[1].purchaseDate))
-                    own["storefront"] = "USA"
-                    #expect(try await http.send(.post, "/v1/orders/held-\(original)/events", json: ["type": "receipt-received", "data": own]).0 == .created)
-                    #expect(try await http.send(.post, "/v1/orders/held-\(original)/events", json: [
-                        "type": "verified", "data": ["transactionId": periods[1].transactionId, "environment": "Production"]]).0 == .created)
+                    try await SubscriptionFixture.heldByOwnOrder(http, "held-\(original)", user: "su-\(original)", renewal: periods[1], storefront: "USA")
                 }
                 try await SubscriptionFixture.record(services, periods, user: "su-\(original)")
                 var refunded = periods[1]

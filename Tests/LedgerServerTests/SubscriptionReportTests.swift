@@ -63,6 +63,22 @@ struct SubscriptionFixture {
         }
     }
 
+    /// Order `order` of `user` for `renewal`, which its backend claims and verifies itself (its own
+    /// `receipt-received` and `verified`, in `environment`, `storefront` when given): a renewal an
+    /// order holds.
+    static func heldByOwnOrder(
+        _ http: LedgerHTTP, _ order: String, user: String, renewal: SignedTransactionPayload, environment: String = "Production",
+        storefront: String? = nil
+    ) async throws {
+        try await http.send(.post, "/v1/orders", json: ["orderId": order, "userId": user, "productId": renewal.productId, "price": "9.99", "currency": "USD"])
+        var own = receipt(renewal.transactionId, product: renewal.productId)
+        own["purchaseDate"] = EventCoding.formatDate(Date(millisecondsSince1970: renewal.purchaseDate))
+        if let storefront { own["storefront"] = storefront }
+        #expect(try await http.send(.post, "/v1/orders/\(order)/events", json: ["type": "receipt-received", "data": own]).0 == .created)
+        #expect(try await http.send(.post, "/v1/orders/\(order)/events", json: [
+            "type": "verified", "data": ["transactionId": renewal.transactionId, "environment": environment]]).0 == .created)
+    }
+
     /// Records Apple's refund of one period (`percentage`: a prorated one's share, in thousandths).
     static func refund(_ services: ServiceAssembly, _ payload: SignedTransactionPayload, percentage: Int? = nil) async throws {
         let original = payload.originalTransactionId ?? payload.transactionId
@@ -135,13 +151,8 @@ struct SubscriptionReportTests {
             let (_, started) = try await http.send(.post, "/v1/receipts", json: ["orderId": "hr-start", "signedTransaction": try await apple.sign(periods[0])])
             #expect(started["state"] as? String == "verified", "\(started)")
             // The backend's own order for the renewal, claimed and verified by the backend itself.
-            try await http.send(.post, "/v1/orders", json: ["orderId": "hr-renewal", "userId": "su-hr", "productId": "pro.monthly", "price": "9.99", "currency": "USD"])
+            try await SubscriptionFixture.heldByOwnOrder(http, "hr-renewal", user: "su-hr", renewal: periods[1])
             let renewalID = periods[1].transactionId
-            var own = receipt(renewalID, product: "pro.monthly")
-            own["purchaseDate"] = EventCoding.formatDate(Date(millisecondsSince1970: periods[1].purchaseDate))
-            #expect(try await http.send(.post, "/v1/orders/hr-renewal/events", json: ["type": "receipt-received", "data": own]).0 == .created)
-            #expect(try await http.send(.post, "/v1/orders/hr-renewal/events", json: [
-                "type": "verified", "data": ["transactionId": renewalID, "environment": "Production"]]).0 == .created)
             try await SubscriptionFixture.record(services, periods, user: "su-hr")
 
             var refunded = periods[1]
@@ -175,12 +186,7 @@ struct SubscriptionReportTests {
             let start = SubscriptionNotificationTests.period(otid, 0, purchased: now.addingTimeInterval(-40 * day), expires: now.addingTimeInterval(-10 * day))
             let renewal = SubscriptionNotificationTests.period(otid, 1, purchased: now.addingTimeInterval(-10 * day), expires: now.addingTimeInterval(20 * day))
             // The backend's own order for the renewal, claimed and verified by the backend itself.
-            try await http.send(.post, "/v1/orders", json: ["orderId": "hb-renewal", "userId": "su-hb", "productId": "pro.monthly", "price": "4.99", "currency": "USD"])
-            var own = receipt(renewal.transactionId, product: "pro.monthly")
-            own["purchaseDate"] = EventCoding.formatDate(Date(millisecondsSince1970: renewal.purchaseDate))
-            #expect(try await http.send(.post, "/v1/orders/hb-renewal/events", json: ["type": "receipt-received", "data": own]).0 == .created)
-            #expect(try await http.send(.post, "/v1/orders/hb-renewal/events", json: [
-                "type": "verified", "data": ["transactionId": renewal.transactionId, "environment": "Sandbox"]]).0 == .created)
+            try await SubscriptionFixture.heldByOwnOrder(http, "hb-renewal", user: "su-hb", renewal: renewal, environment: "Sandbox")
             // Apple refunds the renewal; the ledger does not know its subscription yet.
             var refunded = renewal
             refunded.revocationDate = now.millisecondsSince1970
