@@ -1,3 +1,4 @@
+import AppleReceipts
 import Foundation
 import LedgerCore
 import LedgerStore
@@ -31,6 +32,8 @@ public struct SalesShortfallSweep: Sendable {
         public var found: Int
         /// Accounts whose history could not be read.
         public var failed: Int
+        /// Not swept: the app has no App Store Server API key (nothing recorded beside the comparison).
+        public var noKey = false
 
         public init(day: String, bundleId: String?, productId: String, missing: Int, users: Int, accounts: Int, found: Int, failed: Int) {
             (self.day, self.bundleId, self.productId, self.missing) = (day, bundleId, productId, missing)
@@ -44,6 +47,17 @@ public struct SalesShortfallSweep: Sendable {
         var done: [String: HistorySweep.Summary] = [:]
         var results: [Swept] = []
         for shortfall in shortfalls {
+            do {
+                _ = try await sweep.api.client(for: shortfall.bundleId)
+            } catch let error as AppStoreServerAPIError where error.code == "apple-api-no-key" {
+                // Its app cannot ask Apple: no sweep, and none said to have run.
+                var skipped = Swept(
+                    day: shortfall.day, bundleId: shortfall.bundleId?.rawValue, productId: shortfall.productId.rawValue, missing: shortfall.missing,
+                    users: 0, accounts: 0, found: 0, failed: 0)
+                skipped.noKey = true
+                results.append(skipped)
+                continue
+            }
             let users = try await store.openOrderUsers(shortfall)
             var summary = HistorySweep.Summary()
             for user in users {

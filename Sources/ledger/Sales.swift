@@ -84,6 +84,10 @@ struct Sales: AsyncParsableCommand {
                 return
             }
             for row in swept {
+                if row.noKey {
+                    Swift.print("\(row.day) \(row.bundleId ?? "-") \(row.productId): Apple counted \(row.missing) more; not swept: the app has no App Store Server API key (ledger apps set)")
+                    continue
+                }
                 Swift.print("\(row.day) \(row.bundleId ?? "-") \(row.productId): Apple counted \(row.missing) more; swept \(row.users) user(s), \(row.accounts) Apple account(s): \(row.found) transaction(s) new to the ledger\(row.failed > 0 ? ", \(row.failed) account(s) not read" : "")")
             }
         }
