@@ -36,7 +36,7 @@ public enum AppendError: Error, Hashable, Sendable, CustomStringConvertible {
             let currentText = current == ExpectedVersion.noStreamVersion ? "does not exist" : "is at version \(current)"
             return "stream \(stream) \(currentText), expected \(expected)"
         case .eventIDConflict(let id):
-            return "event id \(id) was already appended with a different body"
+            return "event id \(id) names another event already (an event id is unique in the whole ledger): a retry sends the same event, a new event a new id"
         case .invalidBatch(let reason):
             return reason
         }
