@@ -26,8 +26,8 @@ extension ReconciliationReport {
     /// to `to` (purchase date), and the refunds of renewal periods recorded then: a start period's
     /// refund is its order's `refunded`, counted with the order. A renewal an order holds and
     /// verified (an imported history's, a backend's own claim) bills nothing here: that
-    /// `verified` has its money; its refund, recorded on the period, counts here unless it refunded
-    /// that order too (it does since the order holds it; an order refunded counts it). A refund's share is
+    /// `verified` has its money; its refund, recorded on the period, counts here unless that order
+    /// has a `refunded` (Apple's refund refunds the order holding it too, which counts it). A refund's share is
     /// `refund_share`'s of its `subscription-period-refunded` event, the rule of orders' refunds.
     /// A period counts one refund at most, Apple's latest (by revocation date), as an order does;
     /// of copies of one refund (the refund catch-up of earlier versions recorded a refund that came
@@ -78,9 +78,10 @@ extension ReconciliationReport {
                                   AND (coalesce((f.data->>'revocationDate')::timestamptz, f.recorded_at) > coalesce((e.data->>'revocationDate')::timestamptz, e.recorded_at)
                                        OR (coalesce((f.data->>'revocationDate')::timestamptz, f.recorded_at) = coalesce((e.data->>'revocationDate')::timestamptz, e.recorded_at)
                                            AND f.stream_version < e.stream_version)))
-               -- Held by an order Apple's refund refunded too: the money went back with the order.
-               AND NOT EXISTS (SELECT 1 FROM apple_transactions h JOIN orders ho ON ho.order_id = h.order_id
-                                WHERE h.transaction_id = p.transaction_id AND ho.state = 'refunded')
+               -- Held by an order Apple's refund refunded too: the money went back with the order's
+               -- `refunded`, which counts here even once reversed (as this period's would).
+               AND NOT EXISTS (SELECT 1 FROM apple_transactions h JOIN events v ON v.stream_id = 'order-' || h.order_id AND v.type = 'refunded'
+                                WHERE h.transaction_id = p.transaction_id)
              GROUP BY 1, 2, 3, 4, 5, 6
             """)
         for try await (day, product, currency, environment, bundle, kind, count, amount)

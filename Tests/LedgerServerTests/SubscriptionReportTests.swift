@@ -175,6 +175,18 @@ struct SubscriptionReportTests {
                 """, as: String.self)
             #expect(dashboard?.split(separator: " ").map { Decimal(string: String($0)) } == [Decimal(string: "9.99"), Decimal(string: "9.99")],
                     "billed once, given back once: \(dashboard ?? "none")")
+
+            // Apple reverses the refund: the order and the period take it back; the report counts
+            // the refund once still (a reversal gives nothing back there), the dashboard none.
+            let (reversed, reversal) = try await http.notifyApple(try await apple.notification("REFUND_REVERSED", transaction: periods[1], environment: "Production"))
+            #expect(reversed == .ok, "\(reversal)")
+            #expect(try await scalar(db, "SELECT state FROM orders WHERE order_id = 'hr-renewal'", as: String.self) == "verified")
+            let (_, later) = try await http.send(.get, "/v1/reports/reconciliation?from=2000-01-01")
+            let after = (later["rows"] as? [[String: Any]] ?? []).filter { $0["kind"] as? String == "subscription-renewal" }
+            #expect(after.map { $0["refunded"] as? Int ?? 0 }.reduce(0, +) == 1 && after.map { decimal($0["refundedAmount"]) }.reduce(0, +) == Decimal(string: "9.99"),
+                    "\(after)")
+            #expect(try await scalar(db, "SELECT coalesce(sum(refunded_amount), 0)::text FROM dashboards.daily_orders WHERE kind = 'subscription-renewal'", as: String.self)
+                        .flatMap { Decimal(string: $0) } == 0)
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
