@@ -40,9 +40,12 @@ extension APIError {
             }
             return APIError(status, code: error.code, message: error.description)
         case let error as OrderLedgerError:
+            if case .environmentRefused = error {
+                // As a notification of that environment is answered, naming what the request said.
+                return APIError(.badRequest, code: error.code, message: error.description, details: ["field": .string("data.environment")])
+            }
             let status: HTTPResponse.Status = switch error {
-            // wrong-environment as a notification of that environment is answered.
-            case .bundleIDRequired, .unknownApp, .environmentRefused: .badRequest
+            case .bundleIDRequired, .unknownApp: .badRequest
             default: .conflict
             }
             return APIError(status, code: error.code, message: error.description)

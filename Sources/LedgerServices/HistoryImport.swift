@@ -69,6 +69,9 @@ public struct HistoryImport: Sendable {
         let transactionId: TransactionID?
         let write: LedgerWriter.Write
         let createdEvent: EventID
+        /// Why the line is refused unless its order is present already (imported before: a
+        /// resumed or repeated import counts it present, whatever changed since).
+        var refusal: OrderLedgerError? = nil
 
         /// The order and the transaction it writes, as keys no two writes in flight may share.
         var keys: Set<String> {
@@ -127,19 +130,19 @@ public struct HistoryImport: Sendable {
                     if case .failure(let error) = apps[record.bundleId] { summary.refuse(line.number, error.code, error.description) }
                     continue
                 }
-                // An app set to Production alone takes no sandbox purchase, as it takes no sandbox proof.
-                if let app, record.transactionId != nil, let named = App.Environment(name: record.environment), !app.environments.contains(named) {
-                    let refused = OrderLedgerError.environmentRefused(app.bundleId, environment: named.rawValue)
-                    summary.refuse(line.number, refused.code, refused.description)
-                    continue
-                }
                 // Whatever else a line's events cannot hold refuses that line, never the import.
-                let planned: Planned
+                var planned: Planned
                 do { planned = try Self.plan(record, app: app?.bundleId, source: source, purchaseAllowance: orders.purchaseAllowance) } catch {
                     let input = error is DecodingError || error is LedgerInputError
                         ? EventCoding.inputError(error, field: "line") : LedgerInputError(field: "line", problem: "cannot be stored: \(error)")
                     summary.refuse(line.number, input.code, input.description)
                     continue
+                }
+                // An app set to Production alone takes no sandbox purchase, as it takes no sandbox
+                // proof (and the other way round); a line that names no environment claims none.
+                if let app, record.transactionId != nil, let given = record.givenEnvironment, let named = App.Environment(name: given),
+                   !app.environments.contains(named) {
+                    planned.refusal = .environmentRefused(app.bundleId, environment: named.rawValue)
                 }
                 // A batch's writes share no order and no transaction, nor with the batches in flight.
                 if !batch.keys.isDisjoint(with: planned.keys) || flying.values.contains(where: { !$0.isDisjoint(with: planned.keys) }) {
@@ -187,7 +190,11 @@ public struct HistoryImport: Sendable {
         var writing: [Planned] = []
         for planned in batch {
             guard let found = present[planned.orderId] else {
-                writing.append(planned)
+                if let refusal = planned.refusal {
+                    summary.refuse(planned.line, refusal.code, refusal.description)
+                } else {
+                    writing.append(planned)
+                }
                 continue
             }
             if found.imported {
@@ -261,9 +268,9 @@ public struct HistoryImport: Sendable {
             events.append((.receiptReceived(ReceiptReceived(
                 transactionId: transaction, productId: product, purchaseDate: purchased,
                 receiptSha256: namedDigest("import-receipt", transaction.rawValue), format: .imported, matchedBy: .imported,
-                originalTransactionId: record.originalTransactionId, environment: record.environment, bundleId: app,
+                originalTransactionId: record.originalTransactionId, environment: record.givenEnvironment, bundleId: app,
                 storefront: record.storefront)), "receipt-received", purchased))
-            events.append((.verified(Verified(transactionId: transaction, environment: record.environment)), "verified", purchased))
+            events.append((.verified(Verified(transactionId: transaction, environment: record.givenEnvironment)), "verified", purchased))
             if record.state != .verified {
                 events.append((.delivered, "delivered", purchased))
                 events.append((.finished, "finished", purchased))

@@ -48,6 +48,11 @@ public final class OrderApps: Sendable {
         return Self.find(bundle, in: apps)
     }
 
+    /// Whether an app the ledger holds does not take `environment` (from the copy).
+    public func anyRefuses(_ environment: App.Environment) async throws -> Bool {
+        try await apps(fresh: false).contains { !$0.environments.contains(environment) }
+    }
+
     /// Forgets the copy: the apps changed (`POST /v1/apps`, `PATCH /v1/apps/{bundleId}`).
     public func forget() {
         known.withLock { $0 = nil }

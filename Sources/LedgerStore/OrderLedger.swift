@@ -96,11 +96,7 @@ public struct OrderLedger: Sendable {
             // upgrade, a family member's share): never an order's (issue 40).
             throw OrderLedgerError.laterTransaction(receipt.transactionId, original: original)
         }
-        if let named = Self.environment(of: event), named != App.Environment.production.rawValue,
-           let app = try await apps.app(ofOrder: try await order(id)?.bundleId),
-           !app.environments.contains(where: { $0.rawValue == named }) {
-            throw OrderLedgerError.environmentRefused(app.bundleId, environment: named)
-        }
+        try await checkEnvironment(of: event, eventID: eventID, on: id)
         let newEvent = try data.map { NewEvent(id: eventID, body: .order(event), data: $0, metadata: metadata) }
             ?? EventCoding.newEvent(event, id: eventID, metadata: metadata)
         let write = LedgerWriter.Write(LedgerWriter.Append([newEvent], to: id.streamID, expected: expected ?? .any), purchaseAllowance: purchaseAllowance)
@@ -109,6 +105,20 @@ public struct OrderLedger: Sendable {
             return Outcome(order: try await orderAsOf(id, version: appended.result.streamVersion), appended: false)
         }
         return Outcome(order: order, appended: true)
+    }
+
+    /// Refuses a backend's own purchase in an environment its order's app does not take (an app
+    /// set to `Production` alone takes no `Sandbox` purchase, and the other way round), as its
+    /// proofs of that environment are refused. Asked of the apps' copy first, so that a ledger
+    /// whose apps take both environments reads nothing more; a retry of an event stored before the
+    /// app's environments changed, and an order that does not exist, are left to the writer.
+    func checkEnvironment(of event: OrderEvent, eventID: EventID, on id: OrderID) async throws {
+        guard let named = Self.environment(of: event).flatMap(App.Environment.init(name:)), try await apps.anyRefuses(named),
+              let order = try await order(id), let app = try await apps.app(ofOrder: order.bundleId), !app.environments.contains(named)
+        else { return }
+        let stored = try await database.transaction { tx in try await store.event(eventID, in: tx) }
+        guard stored == nil else { return }
+        throw OrderLedgerError.environmentRefused(app.bundleId, environment: named.rawValue)
     }
 
     /// The environment a backend's own purchase names (`receipt-received`, `verified`), if any.

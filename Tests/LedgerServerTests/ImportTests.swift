@@ -124,9 +124,10 @@ struct ImportTests {
         try await withReceiptsApplication(apple, configure: bothEnvironments) { http, db in
             // Four paid purchases waiting in the pool: u-7's gems.100 ones, and one of gems.500.
             let bought = Date(timeIntervalSince1970: (Date().timeIntervalSince1970 - 3_600).rounded(.down))
-            // Two more that agree with their lines but for what Apple signed: the day, the environment.
+            // Two more that agree with their lines but for what Apple signed: the day, the environment;
+            // and one whose line names no environment, which claims none.
             for (id, product) in [("5300001", "gems.100"), ("5300002", "gems.100"), ("5300003", "gems.500"), ("5300004", "gems.100"),
-                                  ("5300006", "gems.100"), ("5300007", "gems.100")] {
+                                  ("5300006", "gems.100"), ("5300007", "gems.100"), ("5300008", "gems.100")] {
                 let (_, pooled) = try await http.send(.post, "/v1/receipts", json: [
                     "userId": "u-7", "signedTransaction": try await apple.sign(TestApple.transaction(id, product: product, purchaseDate: bought)),
                 ])
@@ -147,10 +148,11 @@ struct ImportTests {
                 p-5,u-7,gems.100,,\(stamp),finished,0.99,USD,5300005,,\(stamp),Sandbox,
                 p-6,u-7,gems.100,,\(EventCoding.formatDate(bought.addingTimeInterval(-86_400))),finished,0.99,USD,5300006,,\(EventCoding.formatDate(bought.addingTimeInterval(-86_400))),Sandbox,
                 p-7,u-7,gems.100,,\(stamp),finished,0.99,USD,5300007,,\(stamp),Production,
+                p-8,u-7,gems.100,,\(stamp),finished,0.99,USD,5300008,,\(stamp),,
 
                 """
             let (status, summary) = try await post(http, lines)
-            #expect(status == .ok && summary["imported"] as? Int == 2, "\(summary)")
+            #expect(status == .ok && summary["imported"] as? Int == 3, "\(summary)")
             #expect(Self.refusals(summary) == [2: "transaction-pooled", 3: "transaction-pooled", 6: "transaction-refunded", 7: "transaction-pooled", 8: "transaction-pooled"],
                     "\(summary)")
             let refusals = summary["refusals"] as? [[String: Any]] ?? []
@@ -163,26 +165,31 @@ struct ImportTests {
                 SELECT string_agg(transaction_id || ' ' || coalesce(order_id, '-') || ' ' || coalesce(user_id, '-'), ', ' ORDER BY transaction_id)
                   FROM apple_transactions WHERE transaction_id LIKE '53000%'
                 """, as: String.self)
-            #expect(rows == "5300001 - u-7, 5300002 - u-7, 5300003 p-3 u-7, 5300004 imported-5300004 imported, 5300005 - u-7, 5300006 - u-7, 5300007 - u-7", "\(rows ?? "")")
+            #expect(rows == "5300001 - u-7, 5300002 - u-7, 5300003 p-3 u-7, 5300004 imported-5300004 imported, 5300005 - u-7, 5300006 - u-7, 5300007 - u-7, 5300008 p-8 u-7", "\(rows ?? "")")
             #expect(try await scalar(db, "SELECT count(*)::int FROM orders WHERE order_id IN ('p-1', 'p-2', 'p-5', 'p-6', 'p-7')", as: Int.self) == 0)
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
 
-    @Test("an app set to Production alone takes no sandbox line")
+    @Test("an app set to Production alone takes no sandbox line; one imported before it was is present, not refused, when the file is imported again")
     func sandboxLineOfAProductionApp() async throws {
-        try await withReceiptsApplication(apple, configure: { $0.apple.environments = [.production]; $0.apple.appID = TestApple.appAppleId }) { http, db in
+        try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); $0.apple.appID = TestApple.appAppleId }) { http, db in
             let stamp = EventCoding.formatDate(Date(timeIntervalSinceNow: -3_600))
+            let first = "e-0,u-1,gems.100,,\(stamp),finished,0.99,USD,5500000,,\(stamp),Sandbox,"
+            #expect(try await post(http, "\(Self.header)\n\(first)\n").1["imported"] as? Int == 1)
+            #expect(try await http.send(.patch, "/v1/apps/\(TestApple.bundleId)", json: ["environments": ["Production"]]).0 == .ok)
             let lines = """
                 \(Self.header)
+                \(first)
                 e-1,u-1,gems.100,,\(stamp),finished,0.99,USD,5500001,,\(stamp),Sandbox,
                 e-2,u-1,gems.100,,\(stamp),finished,0.99,USD,5500002,,\(stamp),Production,
                 e-3,u-1,gems.100,,\(stamp),created,0.99,USD,,,,Sandbox,
+                e-4,u-1,gems.100,,\(stamp),finished,0.99,USD,5500004,,\(stamp),,
 
                 """
             let (status, summary) = try await post(http, lines)
-            #expect(status == .ok && summary["imported"] as? Int == 2, "\(summary)")
-            #expect(Self.refusals(summary) == [2: "wrong-environment"], "\(summary)")
+            #expect(status == .ok && summary["imported"] as? Int == 3 && summary["alreadyPresent"] as? Int == 1, "\(summary)")
+            #expect(Self.refusals(summary) == [3: "wrong-environment"], "\(summary)")
             #expect(try await scalar(db, "SELECT count(*)::int FROM apple_transactions WHERE transaction_id = '5500001'", as: Int.self) == 0)
         }
     }

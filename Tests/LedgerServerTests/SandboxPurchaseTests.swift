@@ -141,6 +141,33 @@ struct SandboxPurchaseTests {
         }
     }
 
+    @Test("a backend's own purchase in an environment its app no longer takes: 400 naming the field, but its retry answers as before; an order that does not exist is 404")
+    func ownPurchaseAfterTheAppNarrowed() async throws {
+        try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); $0.apple.appID = TestApple.appAppleId }) { http, _ in
+            try await http.send(.post, "/v1/orders", json: newOrder("narrow-1"))
+            var own = receipt("8800041")
+            own["environment"] = "Sandbox"
+            let event: [String: Any] = ["type": "receipt-received", "eventId": "6f1c1e9a-5d43-4c6e-9f6c-0d4c2c1b7a01", "data": own]
+            #expect(try await http.send(.post, "/v1/orders/narrow-1/events", json: event).0 == .created)
+            #expect(try await http.send(.patch, "/v1/apps/\(TestApple.bundleId)", json: ["environments": ["Production"]]).0 == .ok)
+            let (again, answer) = try await http.send(.post, "/v1/orders/narrow-1/events", json: event)
+            #expect(again == .ok && answer["state"] as? String == "receipt-received", "a retry is answered as it was: \(answer)")
+            try await http.send(.post, "/v1/orders", json: newOrder("narrow-2"))
+            var other = receipt("8800042")
+            other["environment"] = "Sandbox"
+            let (refused, refusal) = try await http.send(.post, "/v1/orders/narrow-2/events", json: ["type": "receipt-received", "data": other])
+            #expect(refused == .badRequest && errorOf(refusal)["code"] as? String == "wrong-environment" && errorOf(refusal)["field"] as? String == "data.environment",
+                    "\(refusal)")
+            let (missing, _) = try await http.send(.post, "/v1/orders/narrow-none/events", json: ["type": "receipt-received", "data": other])
+            #expect(missing == .notFound)
+            // And the other way round: an app set to Sandbox alone takes no production purchase.
+            #expect(try await http.send(.patch, "/v1/apps/\(TestApple.bundleId)", json: ["environments": ["Sandbox"]]).0 == .ok)
+            other["environment"] = "Production"
+            let (production, productionRefusal) = try await http.send(.post, "/v1/orders/narrow-2/events", json: ["type": "receipt-received", "data": other])
+            #expect(production == .badRequest && errorOf(productionRefusal)["code"] as? String == "wrong-environment", "\(productionRefusal)")
+        }
+    }
+
     @Test("a legacy receipt keeps Apple's 21007 routing: production first, then the sandbox, and the transaction is the sandbox's")
     func legacySandboxReceipt() async throws {
         let purchase = Date().millisecondsSince1970 - 60_000

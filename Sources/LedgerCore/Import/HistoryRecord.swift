@@ -41,6 +41,9 @@ public struct HistoryRecord: Sendable, Equatable {
     public var purchaseDate: Date?
     /// `Production` or `Sandbox`, as Apple names them.
     public var environment: String
+    /// The environment the line names, in Apple's spelling; nil when it names none (`environment`
+    /// is then `Production`, and the line claims nothing against what Apple signed).
+    public var givenEnvironment: String?
     public var refundedAt: Date?
     /// The storefront's country as Apple names it in a transaction, ISO 3166-1 alpha-3 (`USA`).
     public var storefront: String?
@@ -105,6 +108,7 @@ public struct HistoryRecord: Sendable, Equatable {
             throw LedgerInputError(field: "environment", problem: "is \(environmentName.debugDescription); use Production or Sandbox")
         }
         self.environment = environment
+        givenEnvironment = text("environment") == nil ? nil : environment
         if let given = text("storefront") {
             let letters = given.uppercased()
             guard letters.utf8.count == 3, letters.utf8.allSatisfy({ (65...90).contains($0) }) else {
