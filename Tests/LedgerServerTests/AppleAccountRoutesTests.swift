@@ -338,7 +338,7 @@ struct AppleAccountRoutesTests {
 
     @Test("a user with neither a linked account nor an appTransactionId is swept by one transaction of each environment")
     func fallbackPerEnvironment() async throws {
-        try await withReceiptsApplication(apple) { http, db in
+        try await withReceiptsApplication(apple, configure: bothEnvironments) { http, db in
             // Two purchases a backend claimed, one in each environment, with no Apple account.
             for (order, id, environment) in [("o-fp-1", "9300001", "Sandbox"), ("o-fp-2", "9300002", "Production")] {
                 try await http.send(.post, "/v1/orders", json: newOrder(order, user: "u-fp"))
