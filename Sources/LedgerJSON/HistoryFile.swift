@@ -199,10 +199,27 @@ public struct HistoryFile: Sendable {
             switch member {
             case .null: continue
             case .text(let text): fields[name] = text
-            case .number(let number): fields[name] = "\(number)"
+            case .number(let number):
+                // An id a spreadsheet rounded to a number with a fraction or an exponent reads as
+                // digits here, another id than Apple's: refused as its text would be.
+                if name.hasSuffix("ransactionId"), let written = numberText(of: name, in: data), written.contains(where: { ".eE".contains($0) }) {
+                    return .failure(LedgerInputError(
+                        field: name,
+                        problem: "is \(written), a number with a fraction or an exponent (a spreadsheet's rounding of a long id); Apple's transaction ids are whole digit strings: write them as strings"))
+                }
+                fields[name] = "\(number)"
             }
         }
         return .success(fields)
+    }
+
+    /// The number member `name` of a JSON object as written in `data` (its first occurrence).
+    static func numberText(of name: String, in data: Data) -> String? {
+        let text = String(decoding: data, as: UTF8.self)
+        guard let key = text.range(of: "\"\(name)\"") else { return nil }
+        let rest = text[key.upperBound...].drop(while: { $0 == " " || $0 == "\t" || $0 == ":" })
+        let number = rest.prefix(while: { "0123456789+-.eE".contains($0) })
+        return number.isEmpty ? nil : String(number)
     }
 
     /// A member of a JSON Lines object: a string, a number or null.

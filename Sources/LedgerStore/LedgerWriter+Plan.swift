@@ -218,7 +218,14 @@ extension LedgerWriter {
                                 // signed it: never an order's (issue 40), told as that.
                                 throw OrderLedgerError.laterTransaction(receipt.transactionId, original: known.originalTransactionId ?? receipt.transactionId.rawValue)
                             }
-                            if known.orderId == nil, known.status == .refunded { throw OrderLedgerError.refundedInPool(receipt.transactionId) }
+                            if known.orderId == nil, known.status == .refunded {
+                                // A family member's share whose access Apple ended is a share still, never an order's.
+                                if let entry = (try? known.pooled()) ?? nil,
+                                   entry.reason == AppleTransactionRecord.familyShareRevokedReason || entry.transaction.isFamilyShared {
+                                    throw OrderLedgerError.laterTransaction(receipt.transactionId, original: receipt.transactionId.rawValue)
+                                }
+                                throw OrderLedgerError.refundedInPool(receipt.transactionId)
+                            }
                             guard known.isPooled || known.isHeldForSupport else { throw OrderLedgerError.duplicateTransaction(receipt.transactionId) }
                             if receipt.matchedBy == .imported, let order, let refusal = importRefusal(receipt, of: order, known: known) { throw refusal }
                             // What Apple signed outranks the claim: another product or quantity never pays the order.

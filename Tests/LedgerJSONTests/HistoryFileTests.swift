@@ -111,6 +111,10 @@ struct HistoryFileTests {
 
     @Test("JSON Lines: numbers as their decimal value, null as absent, blank lines skipped, a line that is no object named")
     func jsonLines() throws {
+        // An id as a spreadsheet rounded it, written as a number: refused, not read as its digits.
+        let rounded = try lines("{\"transactionId\": 7.00471509000800E+12}\n{\"transactionId\":7004715090008}\n", .jsonLines)
+        #expect(throws: LedgerInputError.self) { try rounded[0].fields.get() }
+        #expect(try rounded[1].fields.get() == ["transactionId": "7004715090008"])
         let read = try lines("{\"orderId\":\"a\",\"price\":4.99,\"currency\":null}\n\n[1]\n{\"transactionId\":3000000003,\"price\":1e2}\n", .jsonLines)
         #expect(read.map(\.number) == [1, 3, 4])
         #expect(try read[0].fields.get() == ["orderId": "a", "price": "4.99"])

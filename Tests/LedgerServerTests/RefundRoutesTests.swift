@@ -115,6 +115,10 @@ struct RefundRoutesTests {
             #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '5000103'", as: String.self) == "refunded")
             let (_, late) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-open", "signedTransaction": try await apple.sign(stranger)])
             #expect(late["outcome"] as? String == "rejected" && late["reason"] as? String == "transaction-refunded", "\(late)")
+            // A backend claiming it for its own order is told what it is: a family member's share.
+            let (claimed, claim) = try await http.send(.post, "/v1/orders/o-open/events", json: ["type": "receipt-received", "data": receipt("5000103")])
+            #expect(claimed == .conflict && errorOf(claim)["code"] as? String == "later-transaction"
+                    && (errorOf(claim)["message"] as? String ?? "").contains("family member's shared access"), "\(claim)")
 
             let (_, after) = try await http.send(.get, "/v1/reports/reconciliation")
             let totals = after["sandboxTotals"] as? [String: Any] ?? [:]

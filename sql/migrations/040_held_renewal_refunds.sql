@@ -8,8 +8,9 @@
 --   Two more changes, from comparing it with Apple's reports by hand:
 --   * An order's refund counts the units Apple refunded: a REFUND_PRORATED of 33333 thousandths
 --     of a percent of an order of 3 is 1 unit (Apple's report: -1), not 3; at least 1.
---   * A renewal period counts each refund Apple made of it, one per revocation date (a copy of
---     one refund recorded twice counts once), as an order counts each of its `refunded` events:
+--   * A renewal period counts each refund Apple made of it, one per revocation date to the second
+--     (a copy of one refund recorded twice, even a millisecond apart as older logs may hold it,
+--     counts once), as an order counts each of its `refunded` events:
 --     a refund reversed since still counts on its day, as it did for orders. Before, a period
 --     counted only the refund it holds now, so a reversed renewal refund Apple counted was
 --     "not recorded" and sent finance to the refund catch-up.
@@ -147,7 +148,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $fn$
         -- A renewal's refunds are its period's (it pays no order; one an order holds has them
         -- counted with that order's above), each by its revocation date, in the renewal's
         -- storefront as its purchase counts.
-        SELECT DISTINCT ON (p.original_transaction_id, p.period_key, e.data->>'revocationDate')
+        SELECT DISTINCT ON (p.original_transaction_id, p.period_key, date_trunc('second', (e.data->>'revocationDate')::timestamptz))
                ((e.data->>'revocationDate')::timestamptz AT TIME ZONE 'America/Los_Angeles')::date, s.bundle_id, p.product_id,
                coalesce((SELECT x.storefront FROM apple_transactions x WHERE x.transaction_id = p.transaction_id),
                         (SELECT x.storefront FROM apple_transactions x WHERE x.transaction_id = p.original_transaction_id)),
