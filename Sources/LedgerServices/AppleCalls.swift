@@ -51,13 +51,27 @@ public struct AppleCalls: Sendable {
                 // Apple slow on the calls before it: a call whose lease ran out meanwhile may be
                 // another server's now, and is left to it (made twice, Apple would be asked twice).
                 guard try await queue.leases.renew(call.lease, for: lease) else { continue }
-                let outcome = try await make(call, metadata: metadata)
+                let outcome: String
+                do {
+                    outcome = try await make(call, metadata: metadata)
+                } catch let error where !(error is CancellationError) {
+                    // A call the ledger cannot make (its facts unreadable) is tried again later,
+                    // and the calls after it go on; a database that does not answer fails the
+                    // pass here too.
+                    logger.error("a call to Apple could not be made; it is tried again later", metadata: [
+                        "apple.call": "\(call.kind.rawValue)", "apple.transaction": "\(call.transactionId)", "error.message": "\(String(describing: error))"])
+                    try await queue.retry(call, at: Date().addingTimeInterval(Self.afterFailure), error: "\(error)", appleErrorCode: nil)
+                    outcome = "failed"
+                }
                 summary.calls["\(call.kind.rawValue) \(outcome)", default: 0] += 1
             }
             if calls.count < batch { break }
         }
         return summary
     }
+
+    /// How long a call the ledger could not make waits before it is tried again.
+    static let afterFailure: TimeInterval = 300
 
     /// Makes one call with the key of the transaction's app, at its environment's host, and
     /// settles or reschedules it; answers its outcome. An app without a key (or whose key cannot

@@ -268,7 +268,10 @@ public struct AppleCallQueue: Sendable {
               -- The app's preference where the product has none.
               LEFT JOIN apps a ON a.bundle_id = coalesce(o.bundle_id, t.bundle_id)
               LEFT JOIN LATERAL (
-                  SELECT e.stream_id, (e.data->>'consumptionPercentage')::int AS percentage FROM events e
+                  -- A whole number, however the client wrote it (25000.0 is taken as 25000).
+                  SELECT e.stream_id,
+                         CASE WHEN jsonb_typeof(e.data->'consumptionPercentage') = 'number'
+                              THEN round((e.data->'consumptionPercentage')::numeric)::int END AS percentage FROM events e
                    WHERE e.stream_id = 'order-' || o.order_id AND e.type = 'delivered'
                    ORDER BY e.stream_version DESC LIMIT 1) d ON true
             """)
