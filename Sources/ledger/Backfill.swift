@@ -26,13 +26,20 @@ struct Backfill: AsyncParsableCommand {
             let metadata = try operatorMetadata("backfill notifications")
             let progress = terminalProgress("notifications").map { report in { @Sendable (seen: Int) in report(seen, seen + 1) } }
             // One backfill per app with a key and environment it accepts, each from its own position.
-            let summaries = try await withAppleWork(options) { work in
+            // One's failure (Apple away for that app or environment) leaves the others to run.
+            let (summaries, failures) = try await withAppleWork(options) { work in
                 var summaries: [(String, NotificationBackfill.Summary)] = []
+                var failures: [String] = []
                 for backfill in try await work.services.notificationBackfills(api: work.api, verifier: work.verifier) {
                     let name = "\(backfill.app?.rawValue ?? "the first app") (\(backfill.environment.rawValue))"
-                    summaries.append((name, try await backfill.run(since: start, metadata: metadata, progress: progress)))
+                    do {
+                        summaries.append((name, try await backfill.run(since: start, metadata: metadata, progress: progress)))
+                    } catch let error where !(error is CancellationError) {
+                        print("\(name): failed, \(error); the next run resumes where it stopped")
+                        failures.append(name)
+                    }
                 }
-                return summaries
+                return (summaries, failures)
             }
             var refusals: [String] = []
             for (name, summary) in summaries {
@@ -53,6 +60,9 @@ struct Backfill: AsyncParsableCommand {
             }
             if !refusals.isEmpty {
                 throw CommandFailure("stopped: \(refusals.joined(separator: "; ")); the next run asks afresh instead of repeating it")
+            }
+            if !failures.isEmpty {
+                throw CommandFailure("\(failures.count) of \(failures.count + summaries.count) backfills failed (\(failures.joined(separator: ", "))); the others ran")
             }
         }
     }

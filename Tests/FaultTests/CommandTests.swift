@@ -149,6 +149,36 @@ struct BackfillCommandTests {
     }
 }
 
+extension BackfillCommandTests {
+    @Test("one backfill's failure (Apple down for production) leaves the other environment's to run, and the command exits 1 naming it")
+    func oneFailureLeavesTheOthers() async throws {
+        let apple = try TestApple()
+        let standIn = AppStoreServerStandIn(bundleID: TestApple.bundleId)
+        try await withTestDatabase { db in
+            let missed = try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("9400011"))
+            await standIn.setNotifications([.init(revision: "end", hasMore: false, signedTransactions: [missed])])
+            // Production's host is down: 500 to each of the client's five tries.
+            let down = try standIn.twin(in: "Production")
+            await down.queue(Array(repeating: .serverError, count: 5))
+            try await withAppleCommandEnvironment("backfill-two", apple, standIn, db) { environment, work in
+                try await down.run { downBase in
+                    var both = environment
+                    both["LEDGER_APPLE_ENVIRONMENT"] = "Production,Sandbox"
+                    both["LEDGER_APPLE_APP_ID"] = "\(TestApple.appAppleId)"
+                    both["LEDGER_APPLE_API_SANDBOX_URL"] = environment["LEDGER_APPLE_API_URL"]
+                    both["LEDGER_APPLE_API_URL"] = downBase
+                    let (status, output) = try await LedgerChild.run(
+                        ["backfill", "notifications", "--since", "2026-11-01"], environment: both, log: work.appendingPathComponent("1.log"))
+                    #expect(status == 1, "\(output)")
+                    #expect(output.contains("(Production): failed") && output.contains("(Sandbox): read Apple's notification history"), "\(output)")
+                    #expect(output.contains("1 of 2 backfills failed"), "\(output)")
+                }
+            }
+            #expect(try await scalarText(db, "SELECT transaction_id FROM apple_transactions WHERE transaction_id = '9400011'") == "9400011")
+        }
+    }
+}
+
 /// `ledger demo`, as a newcomer runs it: its own private cluster, its own Apple stand-ins.
 @Suite("ledger demo")
 struct DemoCommandTests {
