@@ -85,6 +85,10 @@ struct SubscriptionsController {
         } catch let error as AppStoreServerAPIError {
             if error.code == "apple-api-no-key" { throw APIError.appleAPINotConfigured }
             throw APIError.from(error)
+        } catch let error as AppleVerificationError {
+            // What Apple answered did not verify: Apple's answer refused, named by the check's
+            // code (verification that cannot run now: try again later).
+            throw APIError(error.isRetryable ? .serviceUnavailable : .badGateway, code: error.code, message: "Apple's answer did not verify: \(error.message)")
         }
     }
 

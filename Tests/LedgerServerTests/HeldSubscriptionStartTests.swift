@@ -200,6 +200,13 @@ struct HeldSubscriptionStartTests {
             #expect(periods.map { $0["transactionId"] as? String } == [otid, "\(otid)1", "\(otid)2"], "\(periods)")
             #expect(periods.first?["periodKey"] as? String == "\(otid)-w0", "Apple's signed start, with its billing period")
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+
+            // Apple's status answer with a part that does not verify: refused, a bad gateway named by its code, no 500.
+            await standIn.setSubscriptionStatuses(for: [otid], [.init(subscriptionGroupIdentifier: "g-pro", lastTransactions: [
+                .init(status: 1, originalTransactionId: otid, signedTransactionInfo: "a.b.c", signedRenewalInfo: try await apple.sign(TestApple.renewalInfo(otid))),
+            ])])
+            let (refused, refusal) = try await http.send(.get, "/v1/subscriptions/\(otid)?refresh=true")
+            #expect(refused == .badGateway && (errorOf(refusal)["message"] as? String ?? "").hasPrefix("Apple's answer did not verify"), "\(refusal)")
         }
     }
 }
