@@ -28,10 +28,11 @@ struct Recover: AsyncParsableCommand {
         print("swept \(summary.accounts) Apple accounts, \(summary.pages) pages, \(summary.transactions) transactions in \(String(format: "%.2f", summary.seconds)) s")
         print("new to the ledger: \(ingested.isEmpty ? "none" : ingested); \(summary.known) known already; \(summary.refused) refused by verification")
         if summary.busy > 0 { print("\(summary.busy) accounts left to another server sweeping them") }
-        if summary.failed > 0 {
-            let why = summary.failures.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
-            print("\(summary.failed) accounts could not be read (\(why)); the next sweep starts them where this one stopped")
-        }
         if let stop = summary.stoppedBy { throw CommandFailure("the sweep stopped early: \(stop)") }
+        if summary.failed > 0 {
+            // As `ledger backfill refunds`: a scheduler sees that work was left.
+            let why = summary.failures.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
+            throw CommandFailure("\(summary.failed) accounts could not be read (\(why)); the next sweep starts them where this one stopped")
+        }
     }
 }

@@ -107,6 +107,11 @@ struct RecoverCommandTests {
                 let (bad, refusal) = try await LedgerChild.run(
                     ["recover", "--user", ""], environment: environment, log: work.appendingPathComponent("3.log"))
                 #expect(bad != 0 && refusal.contains("userId"), "\(refusal)")
+                // Apple down for the account: work left, and the exit status says so.
+                await standIn.queue(Array(repeating: .serverError, count: 5))
+                let (failed, failure) = try await LedgerChild.run(
+                    ["recover", "--user", "cli-user"], environment: environment, log: work.appendingPathComponent("4.log"))
+                #expect(failed == 1 && failure.contains("1 accounts could not be read (apple-api-unavailable 1)"), "\(failure)")
             }
             #expect(try await scalarText(db, "SELECT user_id FROM apple_transactions WHERE transaction_id = '9300001'") == "cli-user")
         }
