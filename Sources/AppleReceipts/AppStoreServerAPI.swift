@@ -419,10 +419,19 @@ public struct AppStoreServerAPIError: Error, Sendable, Equatable, CustomStringCo
     /// asked from again (`revision`, `paginationToken`): asking on would get the same page until
     /// the read's page limit, and again at every run.
     public static func requireMoved(_ answered: String?, from asked: String?, hasMore: Bool, reading what: String) throws {
-        guard hasMore, let asked, answered == asked else { return }
+        var seen = Set<String>()
+        try requireMoved(answered, from: asked, hasMore: hasMore, reading: what, seen: &seen)
+    }
+
+    /// `requireMoved`, and no position of this read's asked again (`seen`: those asked so far):
+    /// positions that go round (A, B, A) would be read until the page limit at every run.
+    public static func requireMoved(_ answered: String?, from asked: String?, hasMore: Bool, reading what: String, seen: inout Set<String>) throws {
+        if let asked { seen.insert(asked) }
+        guard hasMore, let answered, seen.contains(answered) else { return }
+        let again = answered == asked ? "the position it was asked from (\(answered)) again" : "a position it was asked from before (\(answered))"
         throw AppStoreServerAPIError(
             code: "apple-api-position-unmoved",
-            message: "Apple's \(what) said more pages follow but named the position it was asked from (\(asked)) again; the read stopped there")
+            message: "Apple's \(what) said more pages follow but named \(again); the read stopped there")
     }
 }
 

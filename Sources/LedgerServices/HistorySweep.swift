@@ -196,6 +196,8 @@ public struct HistorySweep: Sendable {
         // Once a page held an entry that did not verify, the stored cursor stays before it, so
         // that the next sweep reads it again (what this one took in is then known).
         var held = false
+        // The positions asked in this read: one named again ends it.
+        var seen = Set<String>()
         for _ in 0..<maximumPages {
             let asked = revision
             let page = try await client.transactionHistory(account.id, revision: asked, startDate: cursor.startDate)
@@ -209,7 +211,7 @@ public struct HistorySweep: Sendable {
                 return
             }
             try await cursors.advance(account.id, to: page.revision, holdingBack: held, found: ingested)
-            try AppStoreServerAPIError.requireMoved(page.revision, from: asked, hasMore: page.hasMore, reading: "transaction history")
+            try AppStoreServerAPIError.requireMoved(page.revision, from: asked, hasMore: page.hasMore, reading: "transaction history", seen: &seen)
             if !page.hasMore { break }
         }
     }

@@ -206,6 +206,8 @@ public struct NotificationBackfill: Sendable {
     ) async throws {
         let client = try await api.client(for: app, environment: environment)
         var token = request.token
+        // The positions asked in this read: one named again ends it.
+        var seen = Set<String>()
         for _ in 0..<maximumPages {
             let page = try await client.notificationHistory(startDate: request.start, endDate: request.end, paginationToken: token)
             summary.pages += 1
@@ -232,7 +234,7 @@ public struct NotificationBackfill: Sendable {
             }
             progress?(summary.notifications)
             let done = !page.hasMore || page.paginationToken == nil
-            try AppStoreServerAPIError.requireMoved(page.paginationToken, from: token, hasMore: !done, reading: "notification history")
+            try AppStoreServerAPIError.requireMoved(page.paginationToken, from: token, hasMore: !done, reading: "notification history", seen: &seen)
             token = page.paginationToken
             guard try await leases.renew(lease, for: Self.lease) else {
                 logger.warning("the notification backfill lost its lease; another server goes on")

@@ -150,6 +150,8 @@ public struct RefundCatchUp: Sendable {
         var revision = start
         // Since a page held an entry back, the cursor stays where it was.
         var holding = false
+        // The positions asked in this read: one named again ends it.
+        var seen = Set<String>()
         for _ in 0..<maximumPages {
             let page = try await client.refundHistory(account.transactionId, revision: revision)
             summary.pages += 1
@@ -191,7 +193,7 @@ public struct RefundCatchUp: Sendable {
             }
             holding = holding || held
             try await cursors.advance(account.key, to: page.revision, holdingBack: holding)
-            try AppStoreServerAPIError.requireMoved(page.revision, from: revision, hasMore: page.hasMore, reading: "refund history")
+            try AppStoreServerAPIError.requireMoved(page.revision, from: revision, hasMore: page.hasMore, reading: "refund history", seen: &seen)
             revision = page.revision
             if !page.hasMore { return }
         }

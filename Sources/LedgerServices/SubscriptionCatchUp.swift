@@ -109,6 +109,8 @@ public struct SubscriptionCatchUp: Sendable {
     private func history(of id: String, from client: AppStoreServerAPI, into summary: inout Summary) async throws -> [AppleTransaction] {
         var transactions: [AppleTransaction] = []
         var revision: String?
+        // The positions asked in this read: one named again ends it.
+        var seen = Set<String>()
         for _ in 0..<maximumPages {
             let page = try await client.transactionHistory(id, revision: revision)
             for jws in page.signedTransactions {
@@ -128,7 +130,7 @@ public struct SubscriptionCatchUp: Sendable {
                         "subscription.id": "\(id)", "error": "\(error.code)", "error.message": "\(error.message)"])
                 }
             }
-            try AppStoreServerAPIError.requireMoved(page.revision, from: revision, hasMore: page.hasMore, reading: "transaction history")
+            try AppStoreServerAPIError.requireMoved(page.revision, from: revision, hasMore: page.hasMore, reading: "transaction history", seen: &seen)
             revision = page.revision
             if !page.hasMore { break }
         }

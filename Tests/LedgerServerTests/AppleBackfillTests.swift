@@ -398,6 +398,20 @@ struct AppleBackfillTests {
         }
     }
 
+    @Test("a refund history whose positions go round (A, B, A) ends at the first one named again: the account failed, not read to the page limit")
+    func positionsGoingRound() async throws {
+        try await withBackfillApplication { http, db, base in
+            let catchUp = try refundCatchUp(base, db)
+            _ = try await grantedOrder(http, "u-round", transaction: "8800051", account: "acct-round")
+            await standIn.setRefunds("8800051", [
+                .init(revision: "A", hasMore: true, signedTransactions: []), .init(revision: "B", hasMore: true, signedTransactions: []),
+                .init(revision: "A", hasMore: true, signedTransactions: []), .init(revision: "B", hasMore: true, signedTransactions: []),
+            ])
+            let summary = try await catchUp.run()
+            #expect(summary.failed == 1 && summary.failures == ["apple-api-position-unmoved": 1] && summary.pages == 3, "\(summary)")
+        }
+    }
+
     @Test("an account asked by a backend's claim of a transaction Apple does not know is no failed read: counted, and asked again a day later")
     func claimAppleDoesNotKnow() async throws {
         try await withBackfillApplication { http, db, base in
