@@ -98,6 +98,9 @@ struct AppleCallsTests {
             let delivered = try await verifiedOrder(http, "c-delivered", "8200001")
             let (tooMuch, error) = try await http.send(.post, "/v1/orders/c-delivered/events", json: ["type": "delivered", "data": ["consumptionPercentage": 100_001]])
             #expect(tooMuch == .badRequest && (errorOf(error)["message"] as? String ?? "").contains("consumptionPercentage"))
+            let (fraction, fractionError) = try await http.send(.post, "/v1/orders/c-delivered/events", json: ["type": "delivered", "data": ["consumptionPercentage": 0.5]])
+            #expect(fraction == .badRequest && errorOf(fractionError)["code"] as? String == "invalid-input" && errorOf(fractionError)["field"] as? String == "consumptionPercentage",
+                    "\(fractionError)")
             // Written as a JSON number with a fraction, as some encoders write every number: the
             // ledger takes it (a whole number) and must read it back as one.
             let written = try await http.client.execute(

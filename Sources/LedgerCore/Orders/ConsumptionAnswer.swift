@@ -162,4 +162,23 @@ public struct DeliveredFields: Codable, Sendable, Equatable {
     /// as Apple takes it in a consumption answer.
     public var consumptionPercentage: Int?
     public init(consumptionPercentage: Int? = nil) { self.consumptionPercentage = consumptionPercentage }
+
+    enum CodingKeys: String, CodingKey { case consumptionPercentage }
+
+    /// A share with a fraction (`0.5`) is named as what it is, not taken for JSON that does not
+    /// parse (the decoder's own error for it names no field).
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        guard container.contains(.consumptionPercentage), try !container.decodeNil(forKey: .consumptionPercentage) else {
+            consumptionPercentage = nil
+            return
+        }
+        if let whole = try? container.decode(Int.self, forKey: .consumptionPercentage) {
+            consumptionPercentage = whole
+        } else if let number = try? container.decode(Double.self, forKey: .consumptionPercentage) {
+            throw LedgerInputError(field: "consumptionPercentage", problem: "is \(number); it must be a whole number from 0 to 100000 (thousandths of a percent)")
+        } else {
+            consumptionPercentage = try container.decode(Int.self, forKey: .consumptionPercentage)
+        }
+    }
 }
