@@ -3,7 +3,7 @@
 -- its money goes back once, with the order. Until now only the period was refunded, and the order
 -- stayed verified.
 -- - dashboards.daily_orders (039's): such a period's refund gives back nothing of its own once its
---   order is refunded.
+--   order has a `refunded`.
 -- - ledger_apple_sales (035's): such a period's refunds are its order's, counted with the order.
 --   Two more changes, from comparing it with Apple's reports by hand:
 --   * An order's refund counts the units Apple refunded: a REFUND_PRORATED of 33333 thousandths
@@ -37,15 +37,18 @@ CREATE OR REPLACE VIEW dashboards.daily_orders AS
     SELECT (p.purchase_date AT TIME ZONE 'UTC')::date, p.product_id,
            CASE WHEN p.refunded_at IS NULL THEN 'billed' ELSE 'refunded' END, count(*),
            sum(CASE WHEN h.order_id IS NOT NULL THEN 0 ELSE p.price END),
-           p.currency, trim_scale(sum(CASE WHEN h.state = 'refunded' THEN 0 ELSE p.price * coalesce(r.share, 0) END)),
+           p.currency, trim_scale(sum(CASE WHEN h.refunded THEN 0 ELSE p.price * coalesce(r.share, 0) END)),
            s.environment, s.bundle_id, p.kind
       FROM public.subscription_periods p
       JOIN public.subscriptions s ON s.original_transaction_id = p.original_transaction_id
-      -- The order holding the period, if any (its key: one order holds a transaction at most).
+      -- The order holding the period, if any (its key: one order holds a transaction at most),
+      -- and whether it has a `refunded`: the period's refund is then that order's, by the rule
+      -- ledger_apple_sales and the reconciliation report apply.
       LEFT JOIN LATERAL (
-            SELECT t.order_id, o.state
-              FROM public.apple_transactions t JOIN public.orders o ON o.order_id = t.order_id
-             WHERE t.transaction_id = p.transaction_id) h ON true
+            SELECT t.order_id,
+                   EXISTS (SELECT 1 FROM public.events v WHERE v.stream_id = 'order-' || t.order_id AND v.type = 'refunded') AS refunded
+              FROM public.apple_transactions t
+             WHERE t.transaction_id = p.transaction_id AND t.order_id IS NOT NULL) h ON true
       LEFT JOIN LATERAL (
             SELECT public.refund_share(e.data) AS share
               FROM public.events e

@@ -39,11 +39,11 @@ public struct HistoryRecord: Sendable, Equatable {
     public var transactionId: TransactionID?
     public var originalTransactionId: String?
     public var purchaseDate: Date?
-    /// `Production` or `Sandbox`, as Apple names them.
-    public var environment: String
-    /// The environment the line names, in Apple's spelling; nil when it names none (`environment`
-    /// is then `Production`, and the line claims nothing against what Apple signed).
+    /// The environment the line names, in Apple's spelling; nil when it names none (the line then
+    /// claims nothing against what Apple signed).
     public var givenEnvironment: String?
+    /// The environment the line counts under, as Apple names it: the one it names, else `Production`.
+    public var environment: String { givenEnvironment ?? "Production" }
     public var refundedAt: Date?
     /// The storefront's country as Apple names it in a transaction, ISO 3166-1 alpha-3 (`USA`).
     public var storefront: String?
@@ -103,12 +103,12 @@ public struct HistoryRecord: Sendable, Equatable {
         }
         purchaseDate = try date("purchaseDate")
         refundedAt = try date("refundedAt")
-        let environmentName = text("environment") ?? "Production"
-        guard let environment = OrderEvent.environmentName(environmentName) else {
-            throw LedgerInputError(field: "environment", problem: "is \(environmentName.debugDescription); use Production or Sandbox")
+        givenEnvironment = try text("environment").map { given throws(LedgerInputError) in
+            guard let named = OrderEvent.environmentName(given) else {
+                throw LedgerInputError(field: "environment", problem: "is \(given.debugDescription); use Production or Sandbox")
+            }
+            return named
         }
-        self.environment = environment
-        givenEnvironment = text("environment") == nil ? nil : environment
         if let given = text("storefront") {
             let letters = given.uppercased()
             guard letters.utf8.count == 3, letters.utf8.allSatisfy({ (65...90).contains($0) }) else {
