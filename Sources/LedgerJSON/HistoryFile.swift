@@ -37,7 +37,7 @@ public struct HistoryFile: Sendable {
         self.data = data.starts(with: [0xEF, 0xBB, 0xBF]) ? data.dropFirst(3) : data
         // Readers take bytes that are not UTF-8 as U+FFFD (a JSON line's string then reads as no
         // string at all): the file is refused whole, naming the line, before any of it is imported.
-        if let line = Self.firstLineNotUTF8(self.data) {
+        if let line = Self.firstLineNotUTF8(self.data, format: format) {
             throw LedgerInputError(field: "line \(line)", problem: "is not UTF-8 text; save the file as UTF-8")
         }
         guard format == .csv else { return }
@@ -87,14 +87,17 @@ public struct HistoryFile: Sendable {
         byte == UInt8(ascii: "\n") || (byte == UInt8(ascii: "\r") && next != UInt8(ascii: "\n"))
     }
 
-    /// The line of the first byte that is not UTF-8, or nil.
-    static func firstLineNotUTF8(_ data: Data) -> Int? {
+    /// The line of the first byte that is not UTF-8, or nil, numbered as `format`'s reader numbers
+    /// them (JSON Lines end at LF alone).
+    static func firstLineNotUTF8(_ data: Data, format: Format) -> Int? {
         guard String(validating: data, as: UTF8.self) == nil else { return nil }
         var (number, start) = (1, data.startIndex)
         var index = data.startIndex
         while index < data.endIndex {
             let next = data.index(after: index)
-            if Self.endsLine(data[index], before: next == data.endIndex ? nil : data[next]) {
+            let ends = format == .csv
+                ? Self.endsLine(data[index], before: next == data.endIndex ? nil : data[next]) : data[index] == UInt8(ascii: "\n")
+            if ends {
                 if String(validating: data[start..<index], as: UTF8.self) == nil { return number }
                 number += 1
                 start = next

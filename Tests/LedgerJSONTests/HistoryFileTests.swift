@@ -60,6 +60,11 @@ struct HistoryFileTests {
         #expect(throws: LedgerInputError(field: "line 2", problem: "is not UTF-8 text; save the file as UTF-8")) {
             try HistoryFile(Data(jsonLine), format: .jsonLines)
         }
+        // A JSON line ends at LF alone, as the reader takes it: a CR inside a line starts none.
+        let crInside = Array("{\"orderId\":\"a\"}\r{\"userId\":\"u-".utf8) + [0xFF] + Array("\"}\n".utf8)
+        #expect(throws: LedgerInputError(field: "line 1", problem: "is not UTF-8 text; save the file as UTF-8")) {
+            try HistoryFile(Data(crInside), format: .jsonLines)
+        }
         // Quotes RFC 4180 allows, and one inside an unquoted value (a character of it).
         let fine = "orderId,userId\n\"a\"\"b\",\"two\nlines\"\nc,5\" screen\n\"\",\"\"\r\n"
         #expect(refusal(Array(fine.utf8)) == nil)
