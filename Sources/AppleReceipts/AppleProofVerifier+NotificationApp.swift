@@ -25,7 +25,7 @@ extension AppleProofVerifier {
         guard app.accepts(named.environment) else {
             throw AppleVerificationError(
                 code: "wrong-environment",
-                message: "the notification's \(named.part) is from the \(named.environment ?? "unnamed") environment; this ledger accepts \(app.environmentList)")
+                message: "the notification's \(named.part) is from the \(named.environment ?? "unnamed") environment; \(app.accepting)")
         }
         if app.checksAppAppleId(named.environment), let expected = app.appAppleId, named.appAppleId != expected {
             throw AppleVerificationError(

@@ -94,7 +94,7 @@ extension AppleProofVerifier {
         guard let environment = payload.environment, app.accepts(environment) else {
             throw AppleVerificationError(
                 code: "wrong-environment",
-                message: "the renewal info is from the \(payload.environment ?? "unnamed") environment; this ledger accepts \(app.environmentList)")
+                message: "the renewal info is from the \(payload.environment ?? "unnamed") environment; \(app.accepting)")
         }
         guard let original = payload.originalTransactionId, !original.isEmpty else {
             throw .malformed("the renewal info has no originalTransactionId, so it names no subscription")

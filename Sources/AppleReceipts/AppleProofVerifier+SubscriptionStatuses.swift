@@ -32,7 +32,7 @@ extension AppleProofVerifier {
         guard let environment = response.environment, app.accepts(environment) else {
             throw AppleVerificationError(
                 code: "wrong-environment",
-                message: "\(part) from the \(response.environment ?? "unnamed") environment; this ledger accepts \(app.environmentList)")
+                message: "\(part) from the \(response.environment ?? "unnamed") environment; \(app.accepting)")
         }
         if app.checksAppAppleId(environment), let expected = app.appAppleId, response.appAppleId != expected {
             throw AppleVerificationError(

@@ -35,6 +35,12 @@ public struct AppleProofVerifier: Sendable {
             AppleEnvironment.allCases.filter(environments.contains).map(\.rawValue).joined(separator: ",")
         }
 
+        /// Who accepts what, for a refusal: the app by name (the data may have named another app than
+        /// the one asked about), else the ledger.
+        public var accepting: String {
+            "\(bundleId.map { "the app \($0)" } ?? "this ledger") accepts \(environmentList)"
+        }
+
         /// Whether data signed in `environment` (Apple's name, any case) is accepted.
         public func accepts(_ environment: String?) -> Bool {
             environment.flatMap(AppleEnvironment.init(name:)).map(environments.contains) ?? false
@@ -293,7 +299,7 @@ public struct AppleProofVerifier: Sendable {
         }
         guard app.accepts(environment) else {
             throw AppleVerificationError(
-                code: "wrong-environment", message: "signed in the \(environment) environment; this ledger accepts \(app.environmentList)")
+                code: "wrong-environment", message: "signed in the \(environment) environment; \(app.accepting)")
         }
     }
 

@@ -118,7 +118,7 @@ struct SandboxPurchaseTests {
             let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": "review-2", "signedTransaction": reviewer])
             #expect(answer["outcome"] as? String == "rejected" && answer["reason"] as? String == "wrong-environment", "\(answer)")
             #expect(answer["finishTransaction"] as? Bool == true)
-            #expect((answer["message"] as? String ?? "").contains("accepts Production"), "\(answer)")
+            #expect((answer["message"] as? String ?? "").hasSuffix("the app \(TestApple.bundleId) accepts Production"), "\(answer)")
             let (_, order) = try await http.send(.get, "/v1/orders/review-2")
             #expect(order["state"] as? String == "created" && order["environment"] is NSNull, "\(order)")
             let note = try await apple.notification("REFUND", transaction: TestApple.transaction("8800012"), environment: "Sandbox")
