@@ -5,6 +5,10 @@ import LedgerCore
 /// ledger reads. It names no bundle or app: it is checked against the app of the notification or
 /// answer that carried it.
 public struct SignedRenewalInfoPayload: AppleSignedPayload, Equatable {
+    public var dates: KeyValuePairs<String, Int64?> {
+        ["signedDate": signedDate, "gracePeriodExpiresDate": gracePeriodExpiresDate, "renewalDate": renewalDate,
+         "recentSubscriptionStartDate": recentSubscriptionStartDate]
+    }
     public var originalTransactionId: String?
     public var autoRenewProductId: String?
     public var productId: String?

@@ -248,14 +248,14 @@ public struct AppleProofVerifier: Sendable {
         }
         return try response.transactions.map { item throws(AppleVerificationError) in
             guard let id = try? TransactionID(item.transactionId), let product = try? ProductID(item.productId),
-                  let millis = item.purchaseDateMs.flatMap(Int64.init) else {
-                throw AppleVerificationError(code: "apple-answer-malformed", message: "a transaction in verifyReceipt's answer lacks an id, product or purchase date", isRetryable: true)
+                  let millis = item.purchaseDateMs.flatMap(Int64.init), SignedDataVerifier.keptDates.contains(millis) else {
+                throw AppleVerificationError(code: "apple-answer-malformed", message: "a transaction in verifyReceipt's answer lacks an id, a product or a purchase date of the years 1970 to 9999", isRetryable: true)
             }
             // A legacy receipt names no product type: the catalog decides whether it is a subscription's.
             var expires: Date?
             if let text = item.expiresDateMs {
-                guard let expiresMillis = Int64(text) else {
-                    throw AppleVerificationError(code: "apple-answer-malformed", message: "expires_date_ms of transaction \(id) in verifyReceipt's answer is not a number", isRetryable: true)
+                guard let expiresMillis = Int64(text), SignedDataVerifier.keptDates.contains(expiresMillis) else {
+                    throw AppleVerificationError(code: "apple-answer-malformed", message: "expires_date_ms of transaction \(id) in verifyReceipt's answer is not a date of the years 1970 to 9999", isRetryable: true)
                 }
                 expires = Date(millisecondsSince1970: expiresMillis)
             }

@@ -75,6 +75,7 @@ public final class SignedDataVerifier: Sendable {
                 throw .malformed("the payload is not base64url JSON of a signed Apple payload")
             }
             unverified = decoded
+            try Self.checkDates(of: unverified)
             chain = known
         } else {
             let header: JWTHeader
@@ -83,6 +84,7 @@ public final class SignedDataVerifier: Sendable {
             } catch {
                 throw .malformed("the token is not a JWS with a base64url JSON header and payload (\(Self.reason(error)))")
             }
+            try Self.checkDates(of: unverified)
             guard header.alg == "ES256" else { throw .unsupportedAlgorithm(header.alg) }
             guard let x5c = header.x5c, x5c.count == 3 else {
                 throw .chain("the x5c header must hold exactly 3 certificates; it holds \(header.x5c?.count ?? 0)")
@@ -99,6 +101,20 @@ public final class SignedDataVerifier: Sendable {
               chain.key.isValidSignature(signature, for: SHA256.hash(data: bytes[..<dots[1]]))
         else { throw .badSignature }
         return unverified
+    }
+
+    /// The milliseconds since 1970 of the dates the ledger keeps: the years 1970 to 9999, as its
+    /// events' ISO 8601 times are written.
+    public static let keptDates: ClosedRange<Int64> = 0...253_402_300_799_999
+
+    /// Refuses a payload with a date outside `keptDates`, naming it: such a date could never be
+    /// stored, and Apple never signs one.
+    static func checkDates(of payload: some AppleSignedPayload) throws(AppleVerificationError) {
+        for (name, milliseconds) in payload.dates {
+            if let milliseconds, !keptDates.contains(milliseconds) {
+                throw .malformed("the payload's \(name) (\(milliseconds) ms since 1970) is outside the years 1970 to 9999")
+            }
+        }
     }
 
     /// Validates the chain at `date` and caches it under the token's encoded header.

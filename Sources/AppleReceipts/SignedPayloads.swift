@@ -5,9 +5,14 @@ import JWTKit
 public protocol AppleSignedPayload: JWTPayload {
     /// When Apple signed it, in milliseconds since 1970; the certificates are checked at this time.
     var signedDate: Int64 { get }
+    /// Every date the payload carries, by Apple's name: each must fall in the years the ledger
+    /// keeps (1970 to 9999), or the payload is refused as malformed.
+    var dates: KeyValuePairs<String, Int64?> { get }
 }
 
 extension AppleSignedPayload {
+    public var dates: KeyValuePairs<String, Int64?> { ["signedDate": signedDate] }
+
     /// Signature and chain are checked by `SignedDataVerifier`; the payload's own fields by the
     /// caller, which knows the configured bundle and environment.
     public func verify(using algorithm: some JWTAlgorithm) async throws {}
@@ -18,6 +23,9 @@ extension AppleSignedPayload {
 /// A StoreKit 2 signed transaction's payload (Apple's JWSTransactionDecodedPayload), the fields
 /// the ledger reads.
 public struct SignedTransactionPayload: AppleSignedPayload, Equatable {
+    public var dates: KeyValuePairs<String, Int64?> {
+        ["purchaseDate": purchaseDate, "signedDate": signedDate, "expiresDate": expiresDate, "revocationDate": revocationDate]
+    }
     public var transactionId: String
     public var originalTransactionId: String?
     public var bundleId: String
@@ -167,6 +175,9 @@ public struct SignedAppTransactionPayload: AppleSignedPayload, Equatable {
     public var originalPlatform: String?
 
     public var signedDate: Int64 { receiptCreationDate }
+    public var dates: KeyValuePairs<String, Int64?> {
+        ["receiptCreationDate": receiptCreationDate, "originalPurchaseDate": originalPurchaseDate]
+    }
 
     public init(
         appTransactionId: String?, bundleId: String, receiptType: String, receiptCreationDate: Int64, appAppleId: Int64? = nil,

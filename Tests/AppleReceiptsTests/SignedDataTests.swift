@@ -204,6 +204,35 @@ struct SignedDataTests {
         #expect(await refusal(token, try verifier(trusting: apple)) == "malformed-token")
     }
 
+    @Test("a date outside the years 1970 to 9999 is refused as malformed, naming it: it could never be stored")
+    func datesOutOfRange() async throws {
+        let verifier = try verifier(trusting: apple)
+        func message(_ change: (inout SignedTransactionPayload) -> Void) async throws -> String? {
+            var payload = TestApple.transaction("2000000050")
+            change(&payload)
+            do {
+                _ = try await verifier.transaction(signed: try await apple.sign(payload))
+                return nil
+            } catch let error as AppleVerificationError {
+                #expect(error.code == "malformed-token")
+                return error.message
+            }
+        }
+        #expect(try await message { $0.purchaseDate = -1 } == "the payload's purchaseDate (-1 ms since 1970) is outside the years 1970 to 9999")
+        #expect(try await message { $0.signedDate = 253_402_300_800_000 }?.hasPrefix("the payload's signedDate") == true)
+        #expect(try await message { $0.expiresDate = 10_000_000_000_000_000 }?.hasPrefix("the payload's expiresDate") == true)
+        #expect(try await message { $0.revocationDate = -10_000_000_000_000_000 }?.hasPrefix("the payload's revocationDate") == true)
+        #expect(try await message { $0.purchaseDate = 253_402_300_799_999 } == nil, "the last millisecond of 9999 is kept")
+        var info = TestApple.renewalInfo("2000000050")
+        info.gracePeriodExpiresDate = 253_402_300_800_000
+        do {
+            _ = try await verifier.renewalInfo(signed: try await apple.sign(info), app: verifier.app, originalTransactionId: "2000000050")
+            Issue.record("a renewal info of the year 10000 verified")
+        } catch let error as AppleVerificationError {
+            #expect(error.message.hasPrefix("the payload's gracePeriodExpiresDate"), "\(error)")
+        }
+    }
+
     @Test("an oversized token is refused before it is parsed")
     func oversized() async throws {
         let token = String(repeating: "a", count: SignedDataVerifier.maximumTokenBytes + 1)

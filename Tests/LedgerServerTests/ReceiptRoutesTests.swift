@@ -327,6 +327,26 @@ struct ReceiptRoutesTests {
         }
     }
 
+    @Test("a proof or a notification signed with a date outside the years 1970 to 9999 is refused by name, never a 500")
+    func datesOutOfRange() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-year-10000"))
+            var transaction = TestApple.transaction("1000070")
+            transaction.purchaseDate = 253_402_300_800_000
+            let (status, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-year-10000", "signedTransaction": try await apple.sign(transaction)])
+            #expect(status == .ok && answer["outcome"] as? String == "rejected" && answer["reason"] as? String == "malformed-token", "\(answer)")
+            #expect((answer["message"] as? String)?.contains("purchaseDate") == true, "\(answer)")
+            var refunded = TestApple.transaction("1000071")
+            refunded.revocationDate = -1
+            let (noteStatus, refusal) = try await http.notifyApple(try await apple.notification("REFUND", transaction: refunded))
+            #expect(noteStatus == .badRequest && errorOf(refusal)["code"] as? String == "malformed-token", "\(refusal)")
+            #expect((errorOf(refusal)["message"] as? String)?.contains("revocationDate") == true, "\(refusal)")
+            let (_, order) = try await http.send(.get, "/v1/orders/o-year-10000")
+            #expect(order["state"] as? String == "created", "\(order)")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_transactions", as: Int.self) == 0)
+        }
+    }
+
     @Test("with no Apple root configured: retry-later with Retry-After, nothing recorded")
     func noRootsConfigured() async throws {
         try await withLiveApplication { http, db in
