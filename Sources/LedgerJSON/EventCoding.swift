@@ -150,7 +150,9 @@ public enum EventCoding {
             return LedgerInputError(field: path(context), problem: "must be \(describe(type)), not null")
         case .dataCorrupted(let context):
             if context.codingPath.isEmpty { return LedgerInputError(field: field, problem: "is not valid JSON") }
-            let reason = (context.underlyingError as? LedgerInputError)?.problem ?? context.debugDescription
+            var reason = (context.underlyingError as? LedgerInputError)?.problem ?? context.debugDescription
+            // Foundation's own words for a UUID it cannot read.
+            if reason.hasPrefix("Attempted to decode UUID") { reason = "must be a UUID (8-4-4-4-12 hexadecimal digits)" }
             return LedgerInputError(field: path(context), problem: reason.isEmpty ? "is invalid" : reason)
         @unknown default:
             return LedgerInputError(field: field, problem: "is invalid")

@@ -464,6 +464,9 @@ struct OrderRoutesTests {
             let allowed = errorOf(unknownType)["allowed"] as? [String] ?? []
             #expect(allowed.contains("payment-added") && !allowed.contains("created") && !allowed.contains("notification-received"),
                     "only the types a client may post: \(allowed)")
+            let (_, badToken) = try await http.send(.post, "/v1/orders", json: ["orderId": "o-9", "userId": "u", "productId": "p", "appAccountToken": "token-1"])
+            #expect(errorOf(badToken)["field"] as? String == "appAccountToken", "\(badToken)")
+            #expect(errorOf(badToken)["message"] as? String == "appAccountToken must be a UUID (8-4-4-4-12 hexadecimal digits)", "Foundation's words are not the answer: \(badToken)")
             let (leap, _) = try await http.send(.post, "/v1/orders/o-1/events", json: ["type": "payment-added", "data": ["queuedAt": "2024-02-29T10:00:00Z"]])
             #expect(leap == .created, "a leap day is a day")
             let (_, unknownMember) = try await http.send(.post, "/v1/orders", json: ["orderId": "o-9", "userId": "u", "productId": "p", "colour": 1])
