@@ -16,6 +16,8 @@ import Logging
 /// its key at that environment's host (Apple's history is per app and environment), and keeps
 /// its own request and position.
 public struct NotificationBackfill: Sendable {
+    /// The `appendedBy` of what a backfill inside `ledger serve` records.
+    public static let appendedBy = "notification-backfill"
     let api: LazyAppStoreServerAPI
     /// The app whose history this reads (nil: the ledger's first app).
     public let app: BundleID?
@@ -108,7 +110,7 @@ public struct NotificationBackfill: Sendable {
     /// Backfills from `since` (nil: a stopped backfill's place, else from the last notification
     /// the ledger recorded, less `overlap`) to now; `progress` gets the notifications seen.
     public func run(
-        since: Date? = nil, metadata: Data = Data(#"{"appendedBy":"notification-backfill"}"#.utf8),
+        since: Date? = nil, metadata: Data = Data(#"{"appendedBy":"\#(NotificationBackfill.appendedBy)"}"#.utf8),
         progress: (@Sendable (Int) -> Void)? = nil
     ) async throws -> Summary {
         var summary = Summary()

@@ -74,9 +74,18 @@ public struct NotificationLedger: Sendable {
         // twice at once stores its event once. Again from the start, where the winner is visible
         // (the event stored: `applied: false`).
         return try await database.transactionAgainAfterLostRace(lost: ReceiptLedger.lostRace) { tx in
-            let eventID = EventID(notification.record.notificationUUID)
+            var eventID = EventID(notification.record.notificationUUID)
             if let stored = try await events.event(eventID, in: tx) {
-                return Applied(appended: false, streamId: stored.streamID, type: stored.type)
+                guard !notification.fromRefundHistory, Self.isBackendsOwn(stored) else {
+                    return Applied(appended: false, streamId: stored.streamID, type: stored.type)
+                }
+                // A backend's own event took Apple's notificationUUID as its id, and keeps it: the
+                // notification is recorded under an id named after its UUID, where Apple's retries
+                // find it.
+                eventID = EventID.named("apple-notification", notification.record.notificationUUID.uuidString.lowercased())
+                if let stored = try await events.event(eventID, in: tx) {
+                    return Applied(appended: false, streamId: stored.streamID, type: stored.type)
+                }
             }
             let record = notification.record
             guard let transaction = notification.transaction else {
@@ -179,6 +188,22 @@ public struct NotificationLedger: Sendable {
 }
 
 extension NotificationLedger {
+    /// Whether `stored`, found under a notification's UUID, is a backend's own event rather than
+    /// the notification applied before: one a backend may append, on an order's stream, that no
+    /// notification path wrote (those mark their events with the notification's type or the
+    /// backfill that read them).
+    static func isBackendsOwn(_ stored: RecordedEvent) -> Bool {
+        guard stored.streamID.isOrder, let type = OrderEventType(rawValue: stored.type), type.isWrittenByClients else { return false }
+        struct Marks: Decodable {
+            let notificationType: String?
+            let appendedBy: String?
+        }
+        guard let marks = try? JSONDecoder().decode(Marks.self, from: stored.metadata) else { return false }
+        if marks.notificationType != nil { return false }
+        if let by = marks.appendedBy, by == NotificationBackfill.appendedBy || by.hasPrefix("ledger backfill notifications") { return false }
+        return true
+    }
+
     /// A verified notification applied, whether it arrived or came from Apple's history.
     public func apply(_ notification: VerifiedNotification, metadata: Data) async throws -> Applied {
         let record = NotificationReceived(

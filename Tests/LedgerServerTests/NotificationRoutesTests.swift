@@ -59,6 +59,35 @@ struct NotificationRoutesTests {
         }
     }
 
+    @Test("a backend's own event under Apple's notificationUUID never swallows the notification: it refunds the order, once")
+    func backendTookTheNotificationsUUID() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let uuid = UUID()
+            let transaction = TestApple.transaction("2000060")
+            try await http.send(.post, "/v1/orders", json: newOrder("o-uuid"))
+            try await http.send(.post, "/v1/receipts", json: ["orderId": "o-uuid", "signedTransaction": try await apple.sign(transaction)])
+            let (delivered, _) = try await http.send(
+                .post, "/v1/orders/o-uuid/events", json: ["type": "delivered", "eventId": uuid.uuidString, "data": [:]])
+            #expect(delivered == .created)
+            var refunded = transaction
+            refunded.revocationDate = Date().millisecondsSince1970
+            let refund = try await apple.notification("REFUND", uuid: uuid, transaction: refunded)
+            let (status, first) = try await http.notifyApple(refund)
+            #expect(status == .ok && first["applied"] as? Bool == true && first["type"] as? String == "refunded", "\(first)")
+            let count = try await eventCount(db)
+            let (_, again) = try await http.notifyApple(refund)
+            #expect(again["applied"] as? Bool == false && again["type"] as? String == "refunded", "Apple's retry: \(again)")
+            #expect(try await eventCount(db) == count)
+            let (_, order) = try await http.send(.get, "/v1/orders/o-uuid")
+            #expect(order["state"] as? String == "refunded", "\(order)")
+            // The backend's retry of its own event is answered as before.
+            let (retried, _) = try await http.send(
+                .post, "/v1/orders/o-uuid/events", json: ["type": "delivered", "eventId": uuid.uuidString, "data": [:]])
+            #expect(retried == .ok)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("a REFUND that arrives after the REFUND_REVERSED Apple signed later refunds nothing (an order's, a pooled one's); a later refund does")
     func refundAfterItsReversal() async throws {
         try await withReceiptsApplication(apple) { http, db in
