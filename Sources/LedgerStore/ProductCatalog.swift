@@ -38,6 +38,27 @@ public struct ProductCatalog: Sendable {
         public var subscriptionGroup: String? = nil
     }
 
+    /// Refuses an entry's values before anything is stored, naming the field (`fields` maps the
+    /// catalog's names to the caller's, such as a command's options).
+    public static func check(
+        price: String?, currency: String?, type: ProductType?, subscriptionGroup: String?, fields: [String: String] = [:]
+    ) throws(LedgerInputError) {
+        func field(_ name: String) -> String { fields[name] ?? name }
+        if let price, !OrderEvent.isValidPrice(price) {
+            throw LedgerInputError(field: field("price"), problem: "must be a decimal string such as \"0.99\"")
+        }
+        if let currency, !OrderEvent.isValidCurrency(currency) {
+            throw LedgerInputError(field: field("currency"), problem: "must be an ISO 4217 code such as \"USD\"")
+        }
+        if let subscriptionGroup {
+            // A renewal is checked against its subscription's group; no other type is sold in one.
+            guard type == .autoRenewable else {
+                throw LedgerInputError(field: field("subscriptionGroup"), problem: "is only for an auto-renewable product (type auto-renewable)")
+            }
+            _ = try Identifier.validate(subscriptionGroup, field: field("subscriptionGroup"))
+        }
+    }
+
     /// Creates or replaces a product's entry in app `bundleId` (nil: the ledger's first app, or
     /// none while it holds no app). Only an auto-renewable product has a `subscriptionGroup`.
     @discardableResult
@@ -45,19 +66,7 @@ public struct ProductCatalog: Sendable {
         _ id: ProductID, status: Status, price: String?, currency: String?, sampleContentProvided: Bool? = nil,
         refundPreference: RefundPreference? = nil, bundleId: BundleID? = nil, type: ProductType? = nil, subscriptionGroup: String? = nil
     ) async throws -> Product {
-        if let price, !OrderEvent.isValidPrice(price) {
-            throw LedgerInputError(field: "price", problem: "must be a decimal string such as \"0.99\"")
-        }
-        if let currency, !OrderEvent.isValidCurrency(currency) {
-            throw LedgerInputError(field: "currency", problem: "must be an ISO 4217 code such as \"USD\"")
-        }
-        if let subscriptionGroup {
-            // A renewal is checked against its subscription's group; no other type is sold in one.
-            guard type == .autoRenewable else {
-                throw LedgerInputError(field: "subscriptionGroup", problem: "is only for an auto-renewable product (type auto-renewable)")
-            }
-            _ = try Identifier.validate(subscriptionGroup, field: "subscriptionGroup")
-        }
+        try Self.check(price: price, currency: currency, type: type, subscriptionGroup: subscriptionGroup)
         // Whatever the answer, this catalog's copy of the types is read again.
         defer { typings?.forget() }
         let rows = try await database.query(

@@ -91,8 +91,8 @@ struct Apps: AsyncParsableCommand {
         @OptionGroup var app: AppOptions
 
         func run() async throws {
-            let id = try BundleID.option(bundleId)
-            let changes = try app.changes()
+            let id = try optionValue { try BundleID.option(bundleId) }
+            let changes = try optionValue { try app.changes() }
             let added = try await withLedgerDatabase(options) { client, logger in
                 try await AppCatalog(database: Database(client: client, logger: logger)).add(id, changes)
             }
@@ -110,8 +110,8 @@ struct Apps: AsyncParsableCommand {
         var clear: String?
 
         func run() async throws {
-            let id = try BundleID.option(bundleId)
-            var changes = try app.changes()
+            let id = try optionValue { try BundleID.option(bundleId) }
+            var changes = try optionValue { try app.changes() }
             changes.retired = retired
             for name in (clear ?? "").split(separator: ",").map({ $0.trimmingCharacters(in: .whitespaces) }) where !name.isEmpty {
                 switch name {
@@ -120,7 +120,7 @@ struct Apps: AsyncParsableCommand {
                 case "shared-secret": changes.sharedSecret = .some(nil)
                 case "api-key": changes.apiKey = .some(nil)
                 case "sku": changes.sku = .some(nil)
-                default: throw LedgerInputError(field: "--clear", problem: "names \(name); use app-apple-id, refund-preference, shared-secret, api-key or sku")
+                default: throw ValidationError("--clear names \(name); use app-apple-id, refund-preference, shared-secret, api-key or sku")
                 }
             }
             let changed = changes

@@ -27,7 +27,7 @@ func optionValue<Value>(_ body: () throws -> Value) throws -> Value {
     do {
         return try body()
     } catch let error as LedgerInputError {
-        throw ValidationError("--\(error.field) \(error.problem)")
+        throw ValidationError("\(error.field.hasPrefix("--") ? "" : "--")\(error.field) \(error.problem)")
     }
 }
 

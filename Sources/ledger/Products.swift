@@ -35,8 +35,15 @@ struct Products: AsyncParsableCommand {
                 }
                 return productType
             }
-            let id = try ProductID(product)
-            let app = try bundleId.map { try BundleID($0) }
+            let id = try optionValue {
+                do { return try ProductID(product) } catch let error as LedgerInputError { throw LedgerInputError(field: "--product", problem: error.problem) }
+            }
+            let app = try optionValue { try bundleId.map(BundleID.option) }
+            try optionValue {
+                try ProductCatalog.check(
+                    price: price, currency: currency, type: productType, subscriptionGroup: subscriptionGroup,
+                    fields: ["price": "--price", "currency": "--currency", "subscriptionGroup": "--subscription-group"])
+            }
             let saved = try await withLedgerDatabase(options) { client, logger in
                 let database = Database(client: client, logger: logger)
                 // The app as the ledger spells it, as PUT /v1/products reads it; one it does not hold is named.

@@ -63,7 +63,9 @@ struct AppsCommandTests {
             let (badType, badTypeOutput) = try await ledger(["products", "set", "--product", "pro.monthly", "--type", "subscription"])
             #expect(badType != 0 && badTypeOutput.contains("--type"), "\(badTypeOutput)")
             let (badGroup, badGroupOutput) = try await ledger(["products", "set", "--product", "lifetime", "--type", "non-consumable", "--subscription-group", "21000001"])
-            #expect(badGroup != 0 && badGroupOutput.contains("subscriptionGroup"), "\(badGroupOutput)")
+            #expect(badGroup == 64 && badGroupOutput.contains("Error: --subscription-group is only for an auto-renewable product"), "\(badGroupOutput)")
+            let (badPrice, badPriceOutput) = try await ledger(["products", "set", "--product", "lifetime", "--price", "abc"])
+            #expect(badPrice == 64 && badPriceOutput.contains("Error: --price must be a decimal string"), "a usage error: \(badPriceOutput)")
             #expect(try await scalarText(db, "SELECT type || ' ' || subscription_group FROM products WHERE product_id = 'pro.monthly'") == "auto-renewable 21000001")
 
             for (arguments, named) in [
@@ -81,6 +83,10 @@ struct AppsCommandTests {
             ] {
                 let (status, output) = try await ledger(arguments)
                 #expect(status != 0 && output.contains(named), "\(arguments): \(output)")
+                // A value of an option is a usage error, with the usage (operations.md); what the
+                // database holds is not.
+                let usage = named.hasPrefix("--")
+                #expect((status == 64) == usage && output.contains("Usage: ledger apps") == usage, "\(arguments): \(status) \(output)")
             }
             for run in 1...step {
                 let text = (try? String(contentsOf: work.appendingPathComponent("\(run).log"), encoding: .utf8)) ?? ""
