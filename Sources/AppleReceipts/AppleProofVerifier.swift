@@ -116,7 +116,11 @@ public struct AppleProofVerifier: Sendable {
     /// (StoreKit hands such transactions to the app too) is refused with `transaction-revoked`.
     public func verifiedPurchase(signed jws: String) async throws(AppleVerificationError) -> AppleTransaction {
         let (transaction, revocation) = try await transactionAndRevocation(signed: jws)
-        if let revocation { throw Self.revoked(transaction, revocation) }
+        if let revocation {
+            var refusal = Self.revoked(transaction, revocation)
+            refusal.transactionId = transaction.transactionId.rawValue
+            throw refusal
+        }
         return transaction
     }
 
@@ -133,9 +137,16 @@ public struct AppleProofVerifier: Sendable {
         signed jws: String
     ) async throws(AppleVerificationError) -> (transaction: AppleTransaction, revocation: Revocation?) {
         let payload = try await signedData.verify(jws, as: SignedTransactionPayload.self)
-        let app = try await heldApp(for: payload.bundleId, environment: payload.environment)
-        try check(bundleId: payload.bundleId, environment: payload.environment, app: app)
-        return (try Self.transaction(payload, sha256: Self.sha256(jws), app: app), Self.revocation(payload))
+        do {
+            let app = try await heldApp(for: payload.bundleId, environment: payload.environment)
+            try check(bundleId: payload.bundleId, environment: payload.environment, app: app)
+            return (try Self.transaction(payload, sha256: Self.sha256(jws), app: app), Self.revocation(payload))
+        } catch {
+            // Apple signed it: the refusal names its transaction.
+            var refusal = error
+            refusal.transactionId = payload.transactionId
+            throw refusal
+        }
     }
 
     /// What a signed transaction says of its refund or revocation: nil when it has no

@@ -8,6 +8,9 @@ public struct AppleVerificationError: Error, Sendable, Equatable, CustomStringCo
     public let appleStatus: Int?
     /// The app the proof is for, when the refusal is of its app (`notReached`).
     public let bundleId: String?
+    /// The transaction Apple signed, when its signature verified and what it says was refused
+    /// (another app or environment, a revoked purchase): support finds the refusal by it.
+    public var transactionId: String? = nil
 
     public init(code: String, message: String, isRetryable: Bool = false, appleStatus: Int? = nil, bundleId: String? = nil) {
         self.code = code

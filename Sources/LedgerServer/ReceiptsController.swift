@@ -129,6 +129,8 @@ struct ReceiptsController {
         transactionId: TransactionID?, metadata: Data, _ request: Request, _ context: LedgerRequestContext
     ) async throws -> Response {
         let outcome = error.isRetryable ? ReceiptOutcome.retryLater : .rejected
+        // What the client named, else what Apple signed when its signature verified.
+        let transactionId = transactionId ?? error.transactionId.flatMap { try? TransactionID($0) }
         let refusal = Refusal(
             outcome: outcome, reason: error.code, message: error.message,
             // A proof the receipt does not contain may appear once the client refreshes its receipt.

@@ -119,6 +119,9 @@ struct SandboxPurchaseTests {
             #expect(answer["outcome"] as? String == "rejected" && answer["reason"] as? String == "wrong-environment", "\(answer)")
             #expect(answer["finishTransaction"] as? Bool == true)
             #expect((answer["message"] as? String ?? "").hasSuffix("the app \(TestApple.bundleId) accepts Production"), "\(answer)")
+            // The client named no transaction; Apple's signature verified: support finds the refusal by Apple's id.
+            #expect(answer["transactionId"] as? String == "8800011", "\(answer)")
+            #expect(try await scalar(db, "SELECT transaction_id FROM dashboards.rejected_proofs WHERE reason = 'wrong-environment'", as: String.self) == "8800011")
             let (_, order) = try await http.send(.get, "/v1/orders/review-2")
             #expect(order["state"] as? String == "created" && order["environment"] is NSNull, "\(order)")
             let note = try await apple.notification("REFUND", transaction: TestApple.transaction("8800012"), environment: "Sandbox")
