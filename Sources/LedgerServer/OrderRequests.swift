@@ -58,12 +58,13 @@ struct AppendEvent: ClosedBody {
     init(from decoder: any Decoder) throws {
         let body = try decoder.container(keyedBy: CodingKeys.self)
         let typeName = try body.decode(String.self, forKey: .type)
+        // Every refusal of a type names the types a client may post.
+        let allowed: [String: JSONValue] = ["allowed": .strings(OrderEventType.allCases.filter { $0.isWrittenByClients && $0 != .created }.map(\.rawValue))]
         guard let type = OrderEventType(rawValue: typeName) else {
-            throw APIError(.badRequest, code: "unknown-event-type", message: "unknown event type \(typeName)",
-                           details: ["allowed": .strings(OrderEventType.allCases.filter { $0.isWrittenByClients && $0 != .created }.map(\.rawValue))])
+            throw APIError(.badRequest, code: "unknown-event-type", message: "unknown event type \(typeName)", details: allowed)
         }
         guard type != .created else {
-            throw APIError(.badRequest, code: "unknown-event-type", message: "orders are created with POST /v1/orders")
+            throw APIError(.badRequest, code: "unknown-event-type", message: "orders are created with POST /v1/orders", details: allowed)
         }
         guard type.isWrittenByClients else {
             let writer = switch type {
@@ -71,7 +72,7 @@ struct AppendEvent: ClosedBody {
             case .consumptionAnswer: "when it answers Apple's consumption request (LEDGER_APPLE_CONSUMPTION_CONSENT)"
             default: "from Apple's notifications (POST /v1/notifications/apple)"
             }
-            throw APIError(.badRequest, code: "unknown-event-type", message: "\(typeName) is recorded by the ledger \(writer)")
+            throw APIError(.badRequest, code: "unknown-event-type", message: "\(typeName) is recorded by the ledger \(writer)", details: allowed)
         }
         eventId = try body.decodeIfPresent(EventID.self, forKey: .eventId)
         expectedVersion = try body.decodeInteger(forKey: .expectedVersion).map { version throws(LedgerInputError) in

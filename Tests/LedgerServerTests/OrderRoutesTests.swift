@@ -464,6 +464,11 @@ struct OrderRoutesTests {
             let allowed = errorOf(unknownType)["allowed"] as? [String] ?? []
             #expect(allowed.contains("payment-added") && !allowed.contains("created") && !allowed.contains("notification-received"),
                     "only the types a client may post: \(allowed)")
+            for type in ["created", "notification-received", "pairing-undone", "consumption-answer"] {
+                let (_, ledgers) = try await http.send(.post, "/v1/orders/o-1/events", json: ["type": type, "data": [:]])
+                #expect(errorOf(ledgers)["code"] as? String == "unknown-event-type" && errorOf(ledgers)["allowed"] as? [String] == allowed,
+                        "a type the ledger writes names those a client may post too: \(ledgers)")
+            }
             let (_, badToken) = try await http.send(.post, "/v1/orders", json: ["orderId": "o-9", "userId": "u", "productId": "p", "appAccountToken": "token-1"])
             #expect(errorOf(badToken)["field"] as? String == "appAccountToken", "\(badToken)")
             #expect(errorOf(badToken)["message"] as? String == "appAccountToken must be a UUID (8-4-4-4-12 hexadecimal digits)", "Foundation's words are not the answer: \(badToken)")
