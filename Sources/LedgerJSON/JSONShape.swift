@@ -53,14 +53,17 @@ public enum JSONShape {
                     if bytes[end] == UInt8(ascii: "\\") { escaped = true; end += 1 }
                     end += 1
                 }
+                let raw = UnsafeRawBufferPointer(rebasing: bytes[start..<min(end, count)])
                 if expectingName, frames.last?.names != nil {
-                    let raw = UnsafeRawBufferPointer(rebasing: bytes[start..<min(end, count)])
                     let name = escaped ? unescaped(raw) : String(decoding: raw, as: UTF8.self)
+                    if escaped, let problem = escapeProblem(raw) { return Problem(path: path(name), problem: "is a name that \(problem)") }
                     guard frames[frames.count - 1].names!.insert(name).inserted else {
                         return Problem(path: path(name), problem: "is given more than once; give it once")
                     }
                     lastName = name
                     expectingName = false
+                } else if escaped, let problem = escapeProblem(raw) {
+                    return Problem(path: path(owner()), problem: problem)
                 }
                 index = end + 1
                 continue
@@ -78,6 +81,9 @@ public enum JSONShape {
             case UInt8(ascii: ","):
                 expectingName = frames.last?.names != nil
             case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"):
+                // A number starts a value: digits inside a bare word (a form's `a=eyJ0`) are no
+                // number, and the decoder names what is wrong with such text.
+                guard index == 0 || Self.precedesValue(bytes[index - 1]) else { break }
                 var end = index
                 while end < count, Self.isNumberByte(bytes[end]) { end += 1 }
                 if let problem = numberProblem(UnsafeRawBufferPointer(rebasing: bytes[index..<end])) {
@@ -95,6 +101,43 @@ public enum JSONShape {
 
     public static func problem(in data: Data, root: String = "body") -> Problem? {
         data.withUnsafeBytes { problem(in: $0, root: root) }
+    }
+
+    /// Whether a value may follow `byte`: a structural character or white space.
+    private static func precedesValue(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: ":"), UInt8(ascii: ","), UInt8(ascii: "["), UInt8(ascii: " "), UInt8(ascii: "\t"), UInt8(ascii: "\n"),
+             UInt8(ascii: "\r"): true
+        default: false
+        }
+    }
+
+    /// What a string's escapes hold that PostgreSQL cannot store as text, or nil: `\u0000`, or a
+    /// UTF-16 surrogate without its other half (no character at all).
+    static func escapeProblem(_ raw: UnsafeRawBufferPointer) -> String? {
+        func unit(at index: Int) -> UInt16? {
+            guard index + 6 <= raw.count, raw[index] == UInt8(ascii: "\\"), raw[index + 1] == UInt8(ascii: "u") else { return nil }
+            return UInt16(String(decoding: UnsafeRawBufferPointer(rebasing: raw[(index + 2)..<(index + 6)]), as: UTF8.self), radix: 16)
+        }
+        var index = 0
+        while index < raw.count {
+            guard raw[index] == UInt8(ascii: "\\") else { index += 1; continue }
+            guard let value = unit(at: index) else { index += 2; continue }
+            switch value {
+            case 0:
+                return "holds \\u0000, which cannot be stored as text"
+            case 0xD800...0xDBFF:
+                guard let low = unit(at: index + 6), (0xDC00...0xDFFF).contains(low) else {
+                    return "holds a lone UTF-16 surrogate (\\u\(String(value, radix: 16, uppercase: true))), which is no character"
+                }
+                index += 12
+            case 0xDC00...0xDFFF:
+                return "holds a lone UTF-16 surrogate (\\u\(String(value, radix: 16, uppercase: true))), which is no character"
+            default:
+                index += 6
+            }
+        }
+        return nil
     }
 
     private static func isNumberByte(_ byte: UInt8) -> Bool {

@@ -48,6 +48,19 @@ struct JSONShapeTests {
         #expect(problem(#"{"n":1e150}"#) != nil, "refused, as the decoder refuses it")
     }
 
+    @Test("a string escaping what PostgreSQL cannot store as text (\\u0000, a lone surrogate) is named by its member")
+    func escapes() {
+        #expect(problem(#"{"type":"failed","data":{"reason":"r","x":"a\u0000b"}}"#) == .init(path: "data.x", problem: "holds \\u0000, which cannot be stored as text"))
+        #expect(problem(#"{"data":{"x":["ok","\ud800"]}}"#)?.path == "data.x")
+        #expect(problem(#"{"x":"\udc00\ud800"}"#)?.problem == "holds a lone UTF-16 surrogate (\\uDC00), which is no character")
+        #expect(problem(#"{"x\u0000":1}"#)?.path == "x\u{0}")
+        // A pair is one character; other escapes are text.
+        #expect(problem(#"{"x":"\ud83d\ude00 \u00e9 \\u0000 \n"}"#) == nil)
+        // Digits inside a bare word are no number: the decoder names such text.
+        #expect(problem("signedPayload=eyJ0eXAiOiJKV1QiLCJhbGciOiJFUzI1NiJ9" + String(repeating: "1", count: 50)) == nil)
+        #expect(problem("[" + String(repeating: "1", count: 50) + "]") != nil)
+    }
+
     @Test("nothing where every object names each member once, whatever the strings hold")
     func none() {
         #expect(problem(#"{"a":1,"b":{"a":2},"c":[{"a":3},{"a":4}]}"#) == nil)

@@ -418,6 +418,10 @@ struct OrderRoutesTests {
                  .badRequest, "invalid-input", "data.x"),
                 (.post, "/v1/orders/o-1/events", nil, #"{"type":"failed","data":{"reason":"r","n":1111111111111111111111111111111111111111}}"#, .badRequest, "invalid-input", "data.n"),
                 (.post, "/v1/orders", nil, #"{"orderId":"o-9","userId":"u","productId":"p","quantity":1e400}"#, .badRequest, "invalid-input", "quantity"),
+                // What PostgreSQL cannot store as text, named by its member rather than left to the database.
+                (.post, "/v1/orders/o-1/events", nil, #"{"type":"failed","data":{"reason":"r","x":"a\u0000"}}"#, .badRequest, "invalid-input", "data.x"),
+                (.post, "/v1/orders/o-1/events", nil, #"{"type":"failed","data":{"reason":"r","x":"\ud800"}}"#, .badRequest, "invalid-input", "data.x"),
+                (.post, "/v1/notifications/apple", nil, "signedPayload=eyJ0eXAiOiJKV1Qi1234567890123456789012345678901234567890", .badRequest, "invalid-json", nil),
                 (.post, "/v1/orders/o-1/events", ["data": [:]], nil, .badRequest, "invalid-input", "type"),
                 (.post, "/v1/orders/o-1/events", ["type": "teleported", "data": [:]], nil, .badRequest, "unknown-event-type", nil),
                 (.post, "/v1/orders/o-1/events", ["type": "payment-added", "data": ["queuedAt": "soon"]], nil, .badRequest, "invalid-input", "queuedAt"),
