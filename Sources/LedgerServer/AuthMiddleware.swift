@@ -17,6 +17,11 @@ struct AuthMiddleware: RouterMiddleware {
         guard let scope = Self.requiredScope(request.method, request.uri.path) else {
             return try await next(request, context)
         }
+        // Two headers read as one list would be no key: which one was meant is not guessed.
+        guard request.headers[values: .authorization].count <= 1 else {
+            throw APIError(.unauthorized, code: "unauthorized", message: "send one Authorization header; this request has several",
+                           headers: [.wwwAuthenticate: "Bearer"])
+        }
         // The scheme's name in any case (RFC 9110: `bearer` is `Bearer`).
         guard let header = request.headers[.authorization], header.utf8.count > 7,
               header.utf8.prefix(6).map({ $0 | 0x20 }).elementsEqual("bearer".utf8), header.utf8.dropFirst(6).first == UInt8(ascii: " "),

@@ -1,5 +1,6 @@
 import Foundation
 import Hummingbird
+import HTTPTypes
 import HummingbirdTesting
 @testable import LedgerServer
 import LedgerStore
@@ -43,6 +44,12 @@ struct AuthTests {
                 let response = try await http.client.execute(uri: "/v1/orders/o-1", method: .get, headers: [.authorization: "\(scheme) \(reader)"])
                 #expect(response.status == status, "\(scheme)")
             }
+            var twice = HTTPFields()
+            twice.append(HTTPField(name: .authorization, value: "Bearer \(reader)"))
+            twice.append(HTTPField(name: .authorization, value: "Bearer \(reader)"))
+            let doubled = try await http.client.execute(uri: "/v1/orders/o-1", method: .get, headers: twice)
+            #expect(doubled.status == .unauthorized)
+            #expect(String(buffer: doubled.body).contains("send one Authorization header"), "not an unknown key: \(String(buffer: doubled.body))")
             // Health needs no key.
             let health = try await http.client.execute(uri: "/healthz", method: .get)
             #expect(health.status == .ok)
