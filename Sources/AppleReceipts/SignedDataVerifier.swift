@@ -70,11 +70,14 @@ public final class SignedDataVerifier: Sendable {
         let unverified: Payload
         let chain: VerifiedChain
         if let known = chains.withLock({ $0[headerKey] }) {
-            guard let payload = Self.base64URLDecoded(bytes[(dots[0] + 1)..<dots[1]]),
-                  let decoded = try? JSONDecoder().decode(Payload.self, from: Data(payload)) else {
+            guard let payload = Self.base64URLDecoded(bytes[(dots[0] + 1)..<dots[1]]) else {
                 throw .malformed("the payload is not base64url JSON of a signed Apple payload")
             }
-            unverified = decoded
+            do {
+                unverified = try JSONDecoder().decode(Payload.self, from: Data(payload))
+            } catch {
+                throw .malformed(Self.payloadProblem(error))
+            }
             try Self.checkDates(of: unverified)
             chain = known
         } else {
@@ -82,6 +85,12 @@ public final class SignedDataVerifier: Sendable {
             do {
                 (header, unverified, _) = try DefaultJWTParser().parse(bytes, as: Payload.self)
             } catch {
+                // jwt-kit's words wrap the decoder's: a payload of another shape is named by its field.
+                if let payload = Self.base64URLDecoded(bytes[(dots[0] + 1)..<dots[1]]) {
+                    do { _ = try JSONDecoder().decode(Payload.self, from: Data(payload)) } catch let decoding as DecodingError {
+                        if case .dataCorrupted = decoding {} else { throw .malformed(Self.payloadProblem(decoding)) }
+                    } catch {}
+                }
                 throw .malformed("the token is not a JWS with a base64url JSON header and payload (\(Self.reason(error)))")
             }
             try Self.checkDates(of: unverified)
@@ -180,6 +189,19 @@ public final class SignedDataVerifier: Sendable {
             }
         }
         return bits >= 6 ? nil : out
+    }
+
+    /// What is wrong with a payload that is not the one expected, by Apple's field names.
+    static func payloadProblem(_ error: any Error) -> String {
+        func path(_ context: DecodingError.Context, _ last: CodingKey? = nil) -> String {
+            (context.codingPath + (last.map { [$0] } ?? [])).map { $0.intValue.map { "[\($0)]" } ?? $0.stringValue }.joined(separator: ".")
+        }
+        switch error as? DecodingError {
+        case .keyNotFound(let key, let context)?: return "the payload has no \(path(context, key))"
+        case .typeMismatch(_, let context)? where !context.codingPath.isEmpty: return "the payload's \(path(context)) is not of the type Apple signs"
+        case .valueNotFound(_, let context)? where !context.codingPath.isEmpty: return "the payload's \(path(context)) is null"
+        default: return "the payload is not base64url JSON of a signed Apple payload"
+        }
     }
 
     static func reason(_ error: any Error) -> String {

@@ -233,6 +233,31 @@ struct SignedDataTests {
         }
     }
 
+    @Test("a payload that is JSON but not Apple's shape is named by its field, whether or not its chain is known already")
+    func payloadOfAnotherShape() async throws {
+        struct Odd: Encodable {
+            let transactionId = "2000000051", bundleId = TestApple.bundleId, productId = "gems.100", environment: String? = "Sandbox"
+            let purchaseDate: Int64 = 1, signedDate: String = "yesterday"
+        }
+        struct NoEnvironment: Encodable {
+            let transactionId = "2000000052", bundleId = TestApple.bundleId, productId = "gems.100"
+            let purchaseDate: Int64 = 1, signedDate: Int64 = Date().millisecondsSince1970
+        }
+        for warm in [false, true] {
+            let verifier = try verifier(trusting: apple)
+            if warm { _ = try await verifier.transaction(signed: try await apple.sign(TestApple.transaction("2000000053"))) }
+            for (token, expected) in [(try await apple.sign(Odd()), "the payload's signedDate is not of the type Apple signs"),
+                                      (try await apple.sign(NoEnvironment()), "the payload has no environment")] {
+                do {
+                    _ = try await verifier.transaction(signed: token)
+                    Issue.record("verified")
+                } catch let error as AppleVerificationError {
+                    #expect(error.code == "malformed-token" && error.message == expected, "chain known: \(warm): \(error)")
+                }
+            }
+        }
+    }
+
     @Test("an oversized token is refused before it is parsed")
     func oversized() async throws {
         let token = String(repeating: "a", count: SignedDataVerifier.maximumTokenBytes + 1)
