@@ -188,8 +188,12 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
                 refundedAmount[k, default: 0] += Decimal(string: amount) ?? 0
             case "pairing-undone":
                 row.undonePairings += count
-                // A verified order's revenue goes with its pairing (it counts again when paired anew).
-                if reason == OrderState.verified.rawValue { revenue[k, default: 0] -= Decimal(string: amount) ?? 0 }
+                // A verified order's revenue, and its count as verified, go with its pairing (both
+                // count again when it is paired anew): one purchase is one verified sale.
+                if reason == OrderState.verified.rawValue {
+                    row.verified -= count
+                    revenue[k, default: 0] -= Decimal(string: amount) ?? 0
+                }
             case "consumption-answer":
                 row.countConsumptionAnswer(reason, count)
             default: break
