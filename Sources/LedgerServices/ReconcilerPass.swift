@@ -174,7 +174,7 @@ public struct ReconcilerPass: Sendable {
                 summary.byRule["recovery", default: 0] += 1
             case .gone:
                 summary.lostRaces += 1
-            case .purchasedBeforeOrder:
+            case .purchasedBeforeOrder, .undone:
                 summary.notRecovered += 1
             }
         }
@@ -223,8 +223,11 @@ public struct ReconcilerPass: Sendable {
     /// What `recover` did with an orphan.
     enum Recovery {
         case created
-        /// No longer in the pool (paired or held meanwhile), or its recovery order exists.
+        /// No longer in the pool (paired or held meanwhile).
         case gone
+        /// Its recovery order exists: support undid their pairing, and the orphan waits for
+        /// support (no pass makes another order for it).
+        case undone
         /// It waits as `purchased-before-order`: it named an order created after Apple signed
         /// it, so it may be a purchase granted before (issue 41). An order made now would pay it
         /// all the same; support decides, with an explicit override.
@@ -237,8 +240,8 @@ public struct ReconcilerPass: Sendable {
             let id = try OrderID("recovery-" + orphan.transactionId.rawValue)
             try await writer.lock([orphan.transactionId.streamID, id.streamID], in: tx)
             let snapshot = try await writer.read(orders: [id], transactions: [orphan.transactionId], in: tx)
-            guard let pooled = snapshot.transaction(orphan.transactionId), pooled.isPooled,
-                  let entry = try pooled.pooled(), snapshot.order(id) == nil else { return .gone }
+            guard let pooled = snapshot.transaction(orphan.transactionId), pooled.isPooled, let entry = try pooled.pooled() else { return .gone }
+            guard snapshot.order(id) == nil else { return .undone }
             guard entry.reason != ReceiptLedger.purchasedBeforeOrder else { return .purchasedBeforeOrder }
             let transaction = entry.transaction
             let created = OrderEvent.created(OrderCreated(

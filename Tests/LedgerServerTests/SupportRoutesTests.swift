@@ -192,6 +192,12 @@ struct ProductRoutesTests {
             #expect(order["state"] as? String == "verified" && order["userId"] as? String == "r-1" && order["price"] as? String == "0.99")
             let (_, pool) = try await http.send(.get, "/v1/transactions/unmatched")
             #expect(Set((pool["transactions"] as? [[String: Any]] ?? []).compactMap { $0["transactionId"] as? String }) == ["8000002", "8000003"])
+            // Support undoes the recovery: the orphan waits for support, counted as not recovered
+            // at every pass, never as a race lost to another writer.
+            let (undone, _) = try await http.send(.post, "/v1/transactions/8000001/unmatch", json: ["reason": "not this user's"])
+            #expect(undone == .ok)
+            let (_, next) = try await http.send(.post, "/v1/reconcile")
+            #expect(next["recoveryOrders"] as? Int == 0 && next["lostRaces"] as? Int == 0 && next["notRecovered"] as? Int == 3, "\(next)")
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
