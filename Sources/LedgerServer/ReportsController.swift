@@ -25,12 +25,27 @@ struct ReportsController {
         }
     }
 
-    /// A report as JSON, or as CSV when the request accepts `text/csv`.
+    /// A report as JSON, or as CSV when the request accepts `text/csv` at least as well as
+    /// `application/json` (RFC 9110 quality values; `q=0` refuses it).
     static func answer(_ report: some Encodable, csv: String, to request: Request, context: LedgerRequestContext) throws -> Response {
-        if (request.headers[.accept] ?? "").contains("text/csv") {
+        if prefersCSV(request.headers[values: .accept]) {
             return Response(status: .ok, headers: [.contentType: "text/csv; charset=utf-8"], body: .init(byteBuffer: ByteBuffer(string: csv)))
         }
         return try EventCoding.encoder.encode(report, from: request, context: context)
+    }
+
+    /// Whether `accept` (the Accept headers' values) asks for CSV: `text/csv` with a quality above
+    /// 0, and no lower than `application/json`'s.
+    static func prefersCSV(_ accept: [String]) -> Bool {
+        var quality: [String: Double] = [:]
+        for range in accept.flatMap({ $0.split(separator: ",") }) {
+            let parts = range.split(separator: ";").map { $0.trimmingCharacters(in: .whitespaces).lowercased() }
+            guard let type = parts.first, !type.isEmpty else { continue }
+            let q = parts.dropFirst().first(where: { $0.hasPrefix("q=") }).flatMap { Double($0.dropFirst(2)) } ?? 1
+            quality[type] = max(quality[type] ?? 0, q)
+        }
+        guard let csv = quality["text/csv"], csv > 0 else { return false }
+        return csv >= (quality["application/json"] ?? 0)
     }
 }
 

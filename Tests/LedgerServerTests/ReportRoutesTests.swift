@@ -82,6 +82,13 @@ struct ReportRoutesTests {
             #expect(text.contains("\ntotal,total,,\(totals["ordersCreated"] as? Int ?? -1),"))
             let totalsLine = text.split(separator: "\n").first { $0.hasPrefix("total,") && $0.contains(",Production,") } ?? ""
             #expect(totalsLine.contains(",EUR=") && totalsLine.contains(";USD="), "\(totalsLine)")
+            // Quality values: CSV refused (q=0), or ranked below JSON, answers JSON.
+            for (accept, isCSV) in [("text/csv;q=0, application/json", false), ("application/json, text/csv;q=0.5", false),
+                                    ("application/json;q=0.5, text/csv", true), ("text/csv, application/json", true)] {
+                let answer = try await http.client.execute(
+                    uri: "/v1/reports/reconciliation?from=2000-01-01", method: .get, headers: [.authorization: "Bearer \(http.key)", .accept: accept])
+                #expect(answer.headers[.contentType]?.hasPrefix("text/csv") == isCSV, "\(accept)")
+            }
             let (bad, error) = try await http.send(.get, "/v1/reports/reconciliation?from=last-week")
             #expect(bad == .badRequest && errorOf(error)["field"] as? String == "from")
         }
