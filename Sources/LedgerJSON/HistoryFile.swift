@@ -205,10 +205,10 @@ public struct HistoryFile: Sendable {
             case .number(let number):
                 // An id a spreadsheet rounded to a number with a fraction or an exponent reads as
                 // digits here, another id than Apple's: refused as its text would be.
-                if name.hasSuffix("ransactionId"), let written = numberText(of: name, in: data), written.contains(where: { ".eE".contains($0) }) {
+                if name.hasSuffix("ransactionId"), let written = numberText(of: name, in: data), written.contains(where: { ".eE-+".contains($0) }) {
                     return .failure(LedgerInputError(
                         field: name,
-                        problem: "is \(written), a number with a fraction or an exponent (a spreadsheet's rounding of a long id); Apple's transaction ids are whole digit strings: write them as strings"))
+                        problem: "is \(written), a number with a sign, a fraction or an exponent (a spreadsheet's rounding of a long id); Apple's transaction ids are whole digit strings: write them as strings"))
                 }
                 fields[name] = "\(number)"
             }

@@ -120,6 +120,9 @@ struct HistoryFileTests {
         let rounded = try lines("{\"transactionId\": 7.00471509000800E+12}\n{\"transactionId\":7004715090008}\n", .jsonLines)
         #expect(throws: LedgerInputError.self) { try rounded[0].fields.get() }
         #expect(try rounded[1].fields.get() == ["transactionId": "7004715090008"])
+        // A sign is no part of Apple's ids either: -0 would be read as transaction "0".
+        let signed = try lines("{\"transactionId\": -0}\n{\"originalTransactionId\": -7004715090008}\n", .jsonLines)
+        #expect(signed.allSatisfy { (try? $0.fields.get()) == nil }, "\(signed.map(\.fields))")
         let read = try lines("{\"orderId\":\"a\",\"price\":4.99,\"currency\":null}\n\n[1]\n{\"transactionId\":3000000003,\"price\":1e2}\n", .jsonLines)
         #expect(read.map(\.number) == [1, 3, 4])
         #expect(try read[0].fields.get() == ["orderId": "a", "price": "4.99"])
