@@ -322,7 +322,9 @@ public struct AppleProofVerifier: Sendable {
         }
         return AppleTransaction(
             transactionId: id, originalTransactionId: payload.originalTransactionId, productId: product,
-            purchaseDate: Date(millisecondsSince1970: payload.purchaseDate), environment: payload.environment,
+            // Spelled as Apple does (the reports count `Production` and `Sandbox` by name).
+            purchaseDate: Date(millisecondsSince1970: payload.purchaseDate),
+            environment: AppleEnvironment(name: payload.environment)?.rawValue ?? payload.environment,
             bundleId: app?.bundleId ?? payload.bundleId, quantity: payload.quantity ?? 1,
             appAccountToken: payload.appAccountToken.flatMap(UUID.init(uuidString:)), appTransactionId: payload.appTransactionId,
             inAppOwnershipType: payload.inAppOwnershipType, price: payload.price.map(Self.decimal(milliUnits:)),

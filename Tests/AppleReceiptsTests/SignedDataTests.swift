@@ -45,6 +45,10 @@ struct SignedDataTests {
         #expect(transaction.price == "0.99")
         #expect(transaction.environment == "Sandbox")
         #expect(transaction.format == .jws)
+        // Another spelling of Apple's environment is read as Apple spells it: the reports count by name.
+        var lower = TestApple.transaction("2000000002")
+        lower.environment = "sandbox"
+        #expect(try await verifier(trusting: apple).transaction(signed: try await apple.sign(lower)).environment == "Sandbox")
         #expect(transaction.receiptSha256.count == 64)
     }
 
