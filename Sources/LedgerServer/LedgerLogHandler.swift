@@ -28,9 +28,15 @@ public struct LedgerLogHandler: LogHandler {
         set { metadata[key] = newValue }
     }
 
+    /// Whether `source` (the module that logged) is PostgreSQL's client library.
+    static func isDatabaseClient(_ source: String) -> Bool { source == "PostgresNIO" || source == "_ConnectionPoolModule" }
+
     /// The line as `StreamLogHandler` writes it, the logger's metadata given with the line's own
     /// (which wins on a shared key).
     public func log(event: LogEvent) {
+        // PostgreSQL's client library traces the rows it reads and the values it sends, an app's
+        // shared secret among them (docs/apps.md: never logged): its traces are never written.
+        if event.level == .trace, Self.isDatabaseClient(event.source) { return }
         var event = event
         if !metadata.isEmpty {
             event.metadata = metadata.merging(event.metadata ?? [:]) { _, explicit in explicit }

@@ -91,6 +91,9 @@ struct AppsCommandTests {
             for run in 1...step {
                 let text = (try? String(contentsOf: work.appendingPathComponent("\(run).log"), encoding: .utf8)) ?? ""
                 #expect(!text.contains(material) && !text.contains("cli-s3cr3t"), "run \(run) printed a secret")
+                // PostgreSQL's client library traces rows and values as hex bytes, a secret among them: never at any level.
+                #expect(!text.contains("cli-s3cr3t".utf8.map { String($0, radix: 16) }.joined()), "run \(run) printed a secret's bytes")
+                #expect(!text.split(separator: "\n").contains { $0.contains(" trace ") && $0.contains("[PostgresNIO]") }, "run \(run) wrote the database client's traces")
             }
         }
     }
