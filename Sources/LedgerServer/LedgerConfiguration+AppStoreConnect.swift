@@ -51,8 +51,8 @@ extension LedgerConfiguration {
                 problems.append(.init(key, "is missing: sales reports need the Team API key's issuer id, key id and key file, and the vendor number together"))
             }
             guard let issuer = given[0], let keyID = given[1], let file = given[2], let vendor = given[3] else { return (nil, problems) }
-            if !FileManager.default.isReadableFile(atPath: file) {
-                problems.append(.init(Key.appStoreConnectPrivateKey, "names \(file), which is missing or unreadable"))
+            if let problem = LedgerConfiguration.privateKeyProblem(file) {
+                problems.append(.init(Key.appStoreConnectPrivateKey, problem))
             }
             if vendor.isEmpty || !vendor.allSatisfy(\.isNumber) {
                 problems.append(.init(Key.appStoreConnectVendorNumber, "is \(vendor); use the vendor number App Store Connect shows (digits)"))

@@ -215,6 +215,21 @@ public struct LedgerConfiguration: Sendable {
     }
 }
 
+extension LedgerConfiguration {
+    /// What is wrong with a key file setting, or nil: missing, unreadable, or no P-256 private key
+    /// in PEM (the text of Apple's .p8 file). Checked as the settings are read, so that every
+    /// command refuses it, before any of them records it as the configured app's key.
+    static func privateKeyProblem(_ file: String) -> String? {
+        guard FileManager.default.isReadableFile(atPath: file), let pem = try? String(contentsOfFile: file, encoding: .utf8) else {
+            return "names \(file), which is missing or unreadable"
+        }
+        guard pem.utf8.count <= 16_384, (try? AppStoreServerAPI.key(pem)) != nil else {
+            return "names \(file), which holds no P-256 private key in PEM (the text of Apple's .p8 key file)"
+        }
+        return nil
+    }
+}
+
 extension LedgerConfiguration.Apple {
     mutating func load(_ values: [String: String]) -> [LedgerConfigurationProblem] {
         typealias Key = LedgerConfiguration.Key
@@ -289,8 +304,8 @@ extension LedgerConfiguration.Apple {
         if missing.count < 3 {
             for key in missing { problems.append(.init(key, "is missing: the App Store Server API needs the key id, the issuer id and the key file together")) }
         }
-        if let file = apiPrivateKeyFile, !FileManager.default.isReadableFile(atPath: file) {
-            problems.append(.init(Key.appleAPIPrivateKey, "names \(file), which is missing or unreadable"))
+        if let file = apiPrivateKeyFile, let problem = LedgerConfiguration.privateKeyProblem(file) {
+            problems.append(.init(Key.appleAPIPrivateKey, problem))
         }
         for (key, assign) in [(Key.appleAPIURL, \Self.apiURL), (Key.appleAPISandboxURL, \Self.apiSandboxURL)] {
             guard let text = values[key] else { continue }

@@ -167,11 +167,12 @@ extension ConfigurationTests {
         noBundle[Key.appleBundleID] = nil
         #expect(throws: LedgerConfigurationError.self) { _ = try LedgerConfiguration.load(noBundle) }
         try "not a key".write(toFile: file, atomically: true, encoding: .utf8)
+        // Refused as the settings are read, naming the setting: no command records it as the app's key.
         do {
-            _ = try LedgerConfiguration.load(values).apple.appStoreServerAPI()
+            _ = try LedgerConfiguration.load(values)
             Issue.record("a file without a key was taken")
-        } catch let error as AppStoreServerAPIError {
-            #expect(error.code == "apple-api-key-invalid")
+        } catch {
+            #expect(String(describing: error).contains("\(Key.appleAPIPrivateKey) names \(file), which holds no P-256 private key in PEM"), "\(error)")
         }
     }
 }
