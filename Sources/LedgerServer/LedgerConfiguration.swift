@@ -316,7 +316,10 @@ extension LedgerConfiguration.Apple {
             }
         }
         if let text = values[Key.appleAPIRate] {
-            if let rate = Double(text), rate > 0, rate <= 1_000 { apiRequestsPerSecond = rate } else {
+            // Digits with a point at most, as the other numbers: Double would also read 0x10 and 1e2.
+            if text.allSatisfy({ $0.isASCII && ($0.isNumber || $0 == ".") }), let rate = Double(text), rate > 0, rate <= 1_000 {
+                apiRequestsPerSecond = rate
+            } else {
                 problems.append(.init(Key.appleAPIRate, "is \(text); use a number of requests per second above 0, at most 1000"))
             }
         }

@@ -163,6 +163,11 @@ extension ConfigurationTests {
         elsewhere[Key.appleAPIRate] = "2.5"
         let local = try #require(try LedgerConfiguration.load(elsewhere).apple.appStoreServerAPI())
         #expect(local.baseURL == "http://127.0.0.1:9/" && local.requestsPerSecond == 2.5)
+        for rate in ["0x10", "1e2", " 5", "inf", "nan"] {
+            var odd = values
+            odd[Key.appleAPIRate] = rate
+            #expect(throws: LedgerConfigurationError.self, "\(rate)") { _ = try LedgerConfiguration.load(odd) }
+        }
         var noBundle = values
         noBundle[Key.appleBundleID] = nil
         #expect(throws: LedgerConfigurationError.self) { _ = try LedgerConfiguration.load(noBundle) }
