@@ -155,7 +155,13 @@ public struct LedgerConfiguration: Sendable {
         } else if let directory = values[Key.dataDirectory] {
             configuration.database = .privateCluster(dataDirectory: directory)
         }
-        if let host = values[Key.host] { configuration.host = host }
+        if let host = values[Key.host] {
+            if Self.isListenAddress(host) {
+                configuration.host = host
+            } else {
+                problems.append(.init(Key.host, "is \(host), not an IP address or a host name (such as 127.0.0.1, 0.0.0.0, ::1 or localhost)"))
+            }
+        }
         if let text = values[Key.port] {
             if let port = Int(text), (0...65535).contains(port) {
                 configuration.port = port
@@ -216,6 +222,19 @@ public struct LedgerConfiguration: Sendable {
 }
 
 extension LedgerConfiguration {
+    /// Whether `text` can be listened on by name: an IPv4 or IPv6 address, or a host name of
+    /// letters, digits and hyphens in dot-separated labels (RFC 1123). Checked with the other
+    /// settings rather than when the server binds, after its migrations ran.
+    static func isListenAddress(_ text: String) -> Bool {
+        var v4 = in_addr(), v6 = in6_addr()
+        if inet_pton(AF_INET, text, &v4) == 1 || inet_pton(AF_INET6, text, &v6) == 1 { return true }
+        guard !text.isEmpty, text.utf8.count <= 253 else { return false }
+        return text.split(separator: ".", omittingEmptySubsequences: false).allSatisfy { label in
+            (1...63).contains(label.utf8.count) && label.first != "-" && label.last != "-"
+                && label.utf8.allSatisfy { $0 == UInt8(ascii: "-") || (48...57).contains($0) || (65...90).contains($0) || (97...122).contains($0) }
+        }
+    }
+
     /// What is wrong with a key file setting, or nil: missing, unreadable, or no P-256 private key
     /// in PEM (the text of Apple's .p8 file). Checked as the settings are read, so that every
     /// command refuses it, before any of them records it as the configured app's key.

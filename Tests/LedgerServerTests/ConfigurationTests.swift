@@ -89,14 +89,14 @@ struct ConfigurationTests {
             _ = try LedgerConfiguration.load([
                 "LEDGER_DATABASE_URL": "mysql://x", "LEDGER_PORT": "80000", "LEDGER_APPLE_ENVIRONMENT": "Staging",
                 "LEDGER_APPLE_ROOT_CERTS": "/nonexistent/AppleRootCA-G3.cer", "LEDGER_APPLE_APP_ID": "abc",
-                "LEDGER_LOG_LEVEL": "loud", "LEDGER_APPLE_VERIFY_RECEIPT_URL": "ftp://x",
+                "LEDGER_LOG_LEVEL": "loud", "LEDGER_APPLE_VERIFY_RECEIPT_URL": "ftp://x", "LEDGER_HOST": "abc def",
             ])
             Issue.record("bad settings were accepted")
         } catch {
             let names = Set(error.problems.map(\.setting))
             #expect(names == [
                 "LEDGER_DATABASE_URL", "LEDGER_PORT", "LEDGER_APPLE_ENVIRONMENT", "LEDGER_APPLE_ROOT_CERTS",
-                "LEDGER_APPLE_APP_ID", "LEDGER_LOG_LEVEL", "LEDGER_APPLE_VERIFY_RECEIPT_URL", "LEDGER_APPLE_BUNDLE_ID",
+                "LEDGER_APPLE_APP_ID", "LEDGER_LOG_LEVEL", "LEDGER_APPLE_VERIFY_RECEIPT_URL", "LEDGER_APPLE_BUNDLE_ID", "LEDGER_HOST",
             ])
             #expect(error.problems.filter { $0.setting == "LEDGER_APPLE_APP_ID" }.count == 1, "a bad app id is not also called missing")
             #expect(error.description.contains("/nonexistent/AppleRootCA-G3.cer"))
@@ -124,6 +124,16 @@ struct ConfigurationTests {
             try DatabaseURL("postgres://u@127.0.0.1:99999/x")
         }
         #expect(throws: LedgerConfigurationProblem.self) { try DatabaseURL("postgres://u@127.0.0.1:0/x") }
+    }
+
+    @Test("LEDGER_HOST: an IP address or a host name, anything else named before the server starts")
+    func host() throws {
+        for host in ["127.0.0.1", "0.0.0.0", "::1", "::", "localhost", "ledger-1.internal"] {
+            #expect(try LedgerConfiguration.load(["LEDGER_HOST": host]).host == host)
+        }
+        for host in ["abc def", "-1", "a..b", "host_name", "1.2.3.4:80", String(repeating: "a", count: 64)] {
+            #expect(throws: LedgerConfigurationError.self, "\(host)") { _ = try LedgerConfiguration.load(["LEDGER_HOST": host]) }
+        }
     }
 
     @Test("an empty setting counts as unset")
