@@ -255,8 +255,12 @@ extension LedgerConfiguration.Apple {
         var problems: [LedgerConfigurationProblem] = []
         if let files = values[Key.appleRootCertificates] {
             rootCertificateFiles = files.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
-            for file in rootCertificateFiles where !FileManager.default.isReadableFile(atPath: file) {
-                problems.append(.init(Key.appleRootCertificates, "names \(file), which is missing or unreadable"))
+            for file in rootCertificateFiles {
+                if !FileManager.default.isReadableFile(atPath: file) {
+                    problems.append(.init(Key.appleRootCertificates, "names \(file), which is missing or unreadable"))
+                } else if (try? AppleRootCertificates.load(paths: [file])) == nil {
+                    problems.append(.init(Key.appleRootCertificates, "names \(file), which holds no PEM or DER certificate"))
+                }
             }
         }
         bundleID = values[Key.appleBundleID]
