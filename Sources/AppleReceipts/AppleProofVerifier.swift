@@ -290,8 +290,30 @@ public struct AppleProofVerifier: Sendable {
         _ receiptData: String, _ client: VerifyReceiptClient, _ apps: any AppleAppDirectory, reachable: Set<String>? = nil
     ) async throws(AppleVerificationError) -> VerifyReceiptResponse {
         let secrets = try await apps.sharedSecrets()
-        let sent = secrets.count == 1 ? secrets.values.first : nil
-        let response = try await client.verify(receiptData: receiptData, sharedSecret: sent)
+        var sent = secrets.count == 1 ? secrets.values.first : nil
+        var response: VerifyReceiptResponse
+        do {
+            response = try await client.verify(receiptData: receiptData, sharedSecret: sent)
+        } catch where error.appleStatus == 21004 && sent == nil && secrets.count > 1 {
+            // Apple wants the app's secret before it names the app (a receipt with a subscription):
+            // each app's in turn, until Apple takes one.
+            var found: (String, VerifyReceiptResponse)?
+            for secret in Set(secrets.values).sorted() {
+                do {
+                    found = (secret, try await client.verify(receiptData: receiptData, sharedSecret: secret))
+                    break
+                } catch where error.appleStatus == 21004 {
+                    continue
+                }
+            }
+            guard let found else {
+                throw AppleVerificationError(
+                    code: "apple-shared-secret-mismatch",
+                    message: "verifyReceipt took none of the apps' shared secrets (21004): set the receipt's app's with `ledger apps set --shared-secret`",
+                    isRetryable: true, appleStatus: 21004)
+            }
+            (sent, response) = found
+        }
         let bundleId = response.receipt?.bundleId ?? ""
         try requireReach(bundleId, reachable)
         guard try await apps.app(bundleId: bundleId) != nil else { throw .unknownApp(bundleId, part: "the receipt is") }

@@ -197,6 +197,9 @@ struct ProofAppTests {
             "production:SECOND": VerifyReceiptStandIn.valid(bundleId: Self.second, transactions: [("7600001", "gems.100", purchase)]),
             "production:FIRST": VerifyReceiptStandIn.valid(transactions: [("7600002", "gems.100", purchase)]),
             "production:STRANGER": VerifyReceiptStandIn.valid(bundleId: "com.example.not-held", transactions: [("7600003", "gems.100", purchase)]),
+            // Apple wants the app's secret first (21004 without it, or with another app's).
+            "production:SUBSCRIBED": .json(#"{"status": 21004}"#),
+            "production:SUBSCRIBED#secret-of-second": VerifyReceiptStandIn.valid(bundleId: Self.second, transactions: [("7600004", "gems.100", purchase)]),
         ])
         try await standIn.run { production, sandbox in
             try await withTwoApps(
@@ -212,9 +215,12 @@ struct ProofAppTests {
                 #expect(stranger["outcome"] as? String == "rejected" && stranger["reason"] as? String == "unknown-app", "\(stranger)")
                 #expect(try await eventCount(db) == before)
                 #expect(try await metric(http, #"ledger_apple_unknown_app_total{proof="receipt"} 1"#))
+                let (_, subscribed) = try await http.send(.post, "/v1/receipts", json: ["receiptData": "SUBSCRIBED"])
+                #expect(subscribed["outcome"] as? String == "unmatched" && subscribed["transactionId"] as? String == "7600004", "\(subscribed)")
             }
         }
-        #expect(await standIn.calls("password:secret-of-second") == 1)
-        #expect(await standIn.calls("password:secret-of-first") == 1)
+        // SUBSCRIBED: asked with none, then the apps' secrets in order until Apple took one.
+        #expect(await standIn.calls("password:secret-of-second") == 2)
+        #expect(await standIn.calls("password:secret-of-first") == 2)
     }
 }

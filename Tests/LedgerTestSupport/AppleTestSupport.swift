@@ -94,7 +94,8 @@ public final class VerifyReceiptStandIn: Sendable {
     private let answers: [String: Answer]
     private let calls = CallLog()
 
-    /// `answers` keyed by "production:<receipt-data>" or "sandbox:<receipt-data>".
+    /// `answers` keyed by "production:<receipt-data>" or "sandbox:<receipt-data>", or with the
+    /// password sent ("production:<receipt-data>#<password>"; none: "…#") for that password alone.
     public init(answers: [String: Answer]) {
         self.answers = answers
     }
@@ -114,7 +115,8 @@ public final class VerifyReceiptStandIn: Sendable {
                 let key = "\(environment):\(receipt)"
                 await self.calls.record(key)
                 await self.calls.record("password:\(object["password"] as? String ?? "")")
-                switch self.answers[key] ?? .json(#"{"status": 21002}"#) {
+                // An answer for the receipt with one password ("<key>#<password>") comes first.
+                switch self.answers["\(key)#\(object["password"] as? String ?? "")"] ?? self.answers[key] ?? .json(#"{"status": 21002}"#) {
                 case .json(let text), .raw(let text):
                     return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(string: text)))
                 case .hang:
