@@ -222,16 +222,22 @@ public struct LedgerConfiguration: Sendable {
 }
 
 extension LedgerConfiguration {
-    /// Whether `text` can be listened on by name: an IPv4 or IPv6 address, or a host name of
-    /// letters, digits and hyphens in dot-separated labels (RFC 1123). Checked with the other
-    /// settings rather than when the server binds, after its migrations ran.
+    /// Whether `text` can be listened on by name: an IPv4 or IPv6 address (with a zone, `fe80::1%eth0`),
+    /// or a host name of letters, digits, hyphens and underscores (container names have them) in
+    /// dot-separated labels, a final dot allowed. Checked with the other settings rather than when
+    /// the server binds, after its migrations ran.
     static func isListenAddress(_ text: String) -> Bool {
         var v4 = in_addr(), v6 = in6_addr()
-        if inet_pton(AF_INET, text, &v4) == 1 || inet_pton(AF_INET6, text, &v6) == 1 { return true }
-        guard !text.isEmpty, text.utf8.count <= 253 else { return false }
-        return text.split(separator: ".", omittingEmptySubsequences: false).allSatisfy { label in
+        let parts = text.split(separator: "%", maxSplits: 1, omittingEmptySubsequences: false)
+        if inet_pton(AF_INET, text, &v4) == 1 { return true }
+        if parts.count == 1 || !parts[1].isEmpty, inet_pton(AF_INET6, String(parts[0]), &v6) == 1 { return true }
+        let name = text.hasSuffix(".") ? String(text.dropLast()) : text
+        guard !name.isEmpty, name.utf8.count <= 253 else { return false }
+        return name.split(separator: ".", omittingEmptySubsequences: false).allSatisfy { label in
             (1...63).contains(label.utf8.count) && label.first != "-" && label.last != "-"
-                && label.utf8.allSatisfy { $0 == UInt8(ascii: "-") || (48...57).contains($0) || (65...90).contains($0) || (97...122).contains($0) }
+                && label.utf8.allSatisfy {
+                    $0 == UInt8(ascii: "-") || $0 == UInt8(ascii: "_") || (48...57).contains($0) || (65...90).contains($0) || (97...122).contains($0)
+                }
         }
     }
 

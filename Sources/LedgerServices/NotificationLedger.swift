@@ -191,9 +191,11 @@ extension NotificationLedger {
     /// Whether `stored`, found under a notification's UUID, is a backend's own event rather than
     /// the notification applied before: one a backend may append, on an order's stream, that no
     /// notification path wrote (those mark their events with the notification's type or the
-    /// backfill that read them).
+    /// backfill that read them). A backend's `refunded` or `refund-reversed` under that id is the
+    /// notification's own fact, forwarded: the notification counts as applied.
     static func isBackendsOwn(_ stored: RecordedEvent) -> Bool {
-        guard stored.streamID.isOrder, let type = OrderEventType(rawValue: stored.type), type.isWrittenByClients else { return false }
+        guard stored.streamID.isOrder, let type = OrderEventType(rawValue: stored.type), type.isWrittenByClients,
+              type != .refunded, type != .refundReversed else { return false }
         struct Marks: Decodable {
             let notificationType: String?
             let appendedBy: String?

@@ -23,7 +23,7 @@ struct Reconcile: AsyncParsableCommand {
             print("\(summary.settling) orphans left to settle (LEDGER_RECONCILE_SETTLE); \(summary.usersBusy) users left to another reconciler")
         }
         if configuration.recoveryOrders {
-            print("\(summary.recoveryOrders) recovery orders created; \(summary.notRecovered) orphans left for support (retired or unknown products, purchased before their order)")
+            print("\(summary.recoveryOrders) recovery orders created; \(summary.notRecovered) orphans left for support (retired or unknown products, purchased before their order, recovery undone)")
         }
         if summary.heldForSupport > 0 {
             print("\(summary.heldForSupport) pooled transactions of an Apple account or token known for another user held for support (dashboards.apple_account_conflicts)")

@@ -128,10 +128,10 @@ struct ConfigurationTests {
 
     @Test("LEDGER_HOST: an IP address or a host name, anything else named before the server starts")
     func host() throws {
-        for host in ["127.0.0.1", "0.0.0.0", "::1", "::", "localhost", "ledger-1.internal"] {
+        for host in ["127.0.0.1", "0.0.0.0", "::1", "::", "fe80::1%eth0", "localhost", "ledger-1.internal", "host.example.", "proj_ledger_1"] {
             #expect(try LedgerConfiguration.load(["LEDGER_HOST": host]).host == host)
         }
-        for host in ["abc def", "-1", "a..b", "host_name", "1.2.3.4:80", String(repeating: "a", count: 64)] {
+        for host in ["abc def", "-1", "a..b", ".", "1.2.3.4:80", "fe80::1%", String(repeating: "a", count: 64)] {
             #expect(throws: LedgerConfigurationError.self, "\(host)") { _ = try LedgerConfiguration.load(["LEDGER_HOST": host]) }
         }
     }

@@ -84,6 +84,22 @@ struct NotificationRoutesTests {
             let (retried, _) = try await http.send(
                 .post, "/v1/orders/o-uuid/events", json: ["type": "delivered", "eventId": uuid.uuidString, "data": [:]])
             #expect(retried == .ok)
+            // A backend that forwarded Apple's refund as its own `refunded` under the notification's
+            // UUID, then its reversal: the notification is that fact, applied already, never a second refund.
+            let forwarded = UUID()
+            let other = TestApple.transaction("2000061")
+            try await http.deliveredOrder("o-forwarded", paidWith: other, apple: apple)
+            let (ownRefund, ownRefundAnswer) = try await http.send(
+                .post, "/v1/orders/o-forwarded/events",
+                json: ["type": "refunded", "eventId": forwarded.uuidString, "data": ["revocationDate": "2026-11-01T10:00:00Z"]])
+            try await http.send(.post, "/v1/orders/o-forwarded/events", json: ["type": "refund-reversed", "data": [:]])
+            #expect(ownRefund == .created, "\(ownRefundAnswer)")
+            var otherRefunded = other
+            otherRefunded.revocationDate = Date().addingTimeInterval(-5).millisecondsSince1970
+            let (_, late) = try await http.notifyApple(try await apple.notification("REFUND", uuid: forwarded, transaction: otherRefunded))
+            #expect(late["applied"] as? Bool == false, "\(late)")
+            let (_, reversedOrder) = try await http.send(.get, "/v1/orders/o-forwarded")
+            #expect(reversedOrder["state"] as? String == "delivered", "\(reversedOrder)")
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
