@@ -13,26 +13,28 @@ struct AuthMiddleware: RouterMiddleware {
         self.keys = APIKeyCache(keys: keys, ttl: cacheTTL)
     }
 
+    /// A 401 saying `problem`; or, for a request with several Authorization headers (read as one
+    /// list, so no key: which one was meant is not guessed), saying that. Asked only once the
+    /// header found no key, so that an admitted request counts no headers.
+    static func unauthorized(_ problem: String, _ request: Request) -> APIError {
+        let several = request.headers[values: .authorization].count > 1
+        return APIError(.unauthorized, code: "unauthorized", message: several ? "send one Authorization header; this request has several" : problem,
+                        headers: [.wwwAuthenticate: "Bearer"])
+    }
+
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         guard let scope = Self.requiredScope(request.method, request.uri.path) else {
             return try await next(request, context)
-        }
-        // Two headers read as one list would be no key: which one was meant is not guessed.
-        guard request.headers[values: .authorization].count <= 1 else {
-            throw APIError(.unauthorized, code: "unauthorized", message: "send one Authorization header; this request has several",
-                           headers: [.wwwAuthenticate: "Bearer"])
         }
         // The scheme's name in any case (RFC 9110: `bearer` is `Bearer`).
         guard let header = request.headers[.authorization], header.utf8.count > 7,
               header.utf8.prefix(6).map({ $0 | 0x20 }).elementsEqual("bearer".utf8), header.utf8.dropFirst(6).first == UInt8(ascii: " "),
               case let key = Self.trimmed(header.utf8.dropFirst("Bearer ".count)), !key.isEmpty, key.utf8.count <= 256
         else {
-            throw APIError(.unauthorized, code: "unauthorized", message: "send an API key as Authorization: Bearer <key>",
-                           headers: [.wwwAuthenticate: "Bearer"])
+            throw Self.unauthorized("send an API key as Authorization: Bearer <key>", request)
         }
         guard let record = try await keys.find(key: key) else {
-            throw APIError(.unauthorized, code: "unauthorized", message: "the API key is unknown or revoked",
-                           headers: [.wwwAuthenticate: "Bearer"])
+            throw Self.unauthorized("the API key is unknown or revoked", request)
         }
         guard record.allows(scope) else {
             throw APIError(.forbidden, code: "forbidden", message: "the key \(record.name) lacks the \(scope.rawValue) scope",

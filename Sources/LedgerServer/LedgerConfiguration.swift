@@ -248,9 +248,8 @@ extension LedgerConfiguration {
         guard FileManager.default.isReadableFile(atPath: file), let pem = try? String(contentsOfFile: file, encoding: .utf8) else {
             return "names \(file), which is missing or unreadable"
         }
-        guard pem.utf8.count <= 16_384, (try? AppStoreServerAPI.key(pem)) != nil else {
-            return "names \(file), which holds no P-256 private key in PEM (the text of Apple's .p8 key file)"
-        }
+        // The rule a key given to `ledger apps` or `POST /v1/apps` is held to.
+        do { _ = try checkedPrivateKeyPEM(pem, field: file) } catch { return "names \(file), which \(error.problem)" }
         return nil
     }
 }

@@ -123,11 +123,7 @@ struct RecoverCommandTests {
 struct BackfillCommandTests {
     @Test("backfills notifications and refunds from the command line and says what it applied; again, nothing new; a bad date is named")
     func backfills() async throws {
-        let apple = try TestApple()
-        let standIn = AppStoreServerStandIn(bundleID: TestApple.bundleId)
-        try await withTestDatabase { db in
-            let missed = try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("9400001"))
-            await standIn.setNotifications([.init(revision: "end", hasMore: false, signedTransactions: [missed])])
+        try await Self.withMissedNotification(of: "9400001") { apple, standIn, db in
             try await withAppleCommandEnvironment("backfill", apple, standIn, db) { environment, work in
                 let (status, output) = try await LedgerChild.run(
                     ["backfill", "notifications", "--since", "2026-11-01"], environment: environment, log: work.appendingPathComponent("1.log"))
@@ -149,7 +145,21 @@ struct BackfillCommandTests {
                 #expect(stopped == 1 && why.contains("Error: stopped: ") && why.contains("named the position it was asked from (same) again"), "\(why)")
                 #expect(!why.contains("Usage:"), "\(why)")
             }
-            #expect(try await scalarText(db, "SELECT transaction_id FROM apple_transactions WHERE transaction_id = '9400001'") == "9400001")
+        }
+    }
+
+    /// `body` with a fresh database and a stand-in whose notification history holds one
+    /// `ONE_TIME_CHARGE` of transaction `id`, which the ledger missed; afterwards the ledger holds it.
+    static func withMissedNotification(
+        of id: String, _ body: @Sendable (TestApple, AppStoreServerStandIn, TestDatabase) async throws -> Void
+    ) async throws {
+        let apple = try TestApple()
+        let standIn = AppStoreServerStandIn(bundleID: TestApple.bundleId)
+        try await withTestDatabase { db in
+            let missed = try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction(id))
+            await standIn.setNotifications([.init(revision: "end", hasMore: false, signedTransactions: [missed])])
+            try await body(apple, standIn, db)
+            #expect(try await scalarText(db, "SELECT transaction_id FROM apple_transactions WHERE transaction_id = \(id)") == id)
         }
     }
 }
@@ -157,11 +167,7 @@ struct BackfillCommandTests {
 extension BackfillCommandTests {
     @Test("one backfill's failure (Apple down for production) leaves the other environment's to run, and the command exits 1 naming it")
     func oneFailureLeavesTheOthers() async throws {
-        let apple = try TestApple()
-        let standIn = AppStoreServerStandIn(bundleID: TestApple.bundleId)
-        try await withTestDatabase { db in
-            let missed = try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("9400011"))
-            await standIn.setNotifications([.init(revision: "end", hasMore: false, signedTransactions: [missed])])
+        try await Self.withMissedNotification(of: "9400011") { apple, standIn, db in
             // Production's host is down: 500 to each of the client's five tries.
             let down = try standIn.twin(in: "Production")
             await down.queue(Array(repeating: .serverError, count: 5))
@@ -179,7 +185,6 @@ extension BackfillCommandTests {
                     #expect(output.contains("1 of 2 backfills failed"), "\(output)")
                 }
             }
-            #expect(try await scalarText(db, "SELECT transaction_id FROM apple_transactions WHERE transaction_id = '9400011'") == "9400011")
         }
     }
 }
