@@ -107,7 +107,8 @@ public func buildApplication(
         router: buildRouter(
             services: services, migrator: migrator, apple: verifier,
             appStoreServerAPI: appStoreServerAPI, configuration: configuration, health: health, metrics: metrics, apps: appDirectory),
-        server: .http1(configuration: .init(idleTimeout: .seconds(Int64(configuration.connectionIdleTimeout)))),
+        server: .http1(configuration: .init(
+            additionalChannelHandlers: [ContinueHandler()], idleTimeout: .seconds(Int64(configuration.connectionIdleTimeout)))),
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "order-ledger"),
         services: [client, health],
         logger: logger
