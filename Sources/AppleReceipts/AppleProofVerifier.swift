@@ -230,6 +230,14 @@ public struct AppleProofVerifier: Sendable {
 
     /// The transactions of a legacy app receipt, as Apple's verifyReceipt reports them.
     public func transactions(receipt receiptData: String) async throws(AppleVerificationError) -> [AppleTransaction] {
+        try await transactionsAndRevocations(receipt: receiptData).map(\.transaction)
+    }
+
+    /// `transactions(receipt:)`, each with how Apple refunded or revoked it, if it did (its
+    /// `cancellation_date_ms`: Apple says to treat it as if no purchase had been made).
+    public func transactionsAndRevocations(
+        receipt receiptData: String
+    ) async throws(AppleVerificationError) -> [(transaction: AppleTransaction, revocation: Revocation?)] {
         guard let verifyReceipt else {
             throw AppleVerificationError(code: "verification-unavailable", message: "legacy receipts need LEDGER_APPLE_VERIFY_RECEIPT_URL", isRetryable: true)
         }
@@ -270,13 +278,20 @@ public struct AppleProofVerifier: Sendable {
                 }
                 expires = Date(millisecondsSince1970: expiresMillis)
             }
-            return AppleTransaction(
+            var revocation: Revocation?
+            if let text = item.cancellationDateMs {
+                guard let cancelledMillis = Int64(text), SignedDataVerifier.keptDates.contains(cancelledMillis) else {
+                    throw AppleVerificationError(code: "apple-answer-malformed", message: "cancellation_date_ms of transaction \(id) in verifyReceipt's answer is not a date of the years 1970 to 9999", isRetryable: true)
+                }
+                revocation = Revocation(date: Date(millisecondsSince1970: cancelledMillis), reason: item.cancellationReason.flatMap(Int.init))
+            }
+            return (AppleTransaction(
                 transactionId: id, originalTransactionId: item.originalTransactionId, productId: product,
                 purchaseDate: Date(millisecondsSince1970: millis), environment: environment, bundleId: bundleId,
                 quantity: item.quantity.flatMap(Int.init) ?? 1, appAccountToken: item.appAccountToken.flatMap(UUID.init(uuidString:)),
                 inAppOwnershipType: item.inAppOwnershipType, format: .receipt, receiptSha256: sha, expiresDate: expires,
                 webOrderLineItemId: item.webOrderLineItemId, subscriptionGroupIdentifier: item.subscriptionGroupIdentifier,
-                isUpgraded: item.isUpgraded.map { $0 == "true" })
+                isUpgraded: item.isUpgraded.map { $0 == "true" }), revocation)
         }
     }
 

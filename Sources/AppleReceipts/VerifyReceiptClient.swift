@@ -119,6 +119,10 @@ public struct VerifyReceiptResponse: Decodable, Sendable {
         public var subscriptionGroupIdentifier: String?
         /// `"true"` once the customer upgraded to another product of the group.
         public var isUpgraded: String?
+        /// When Apple refunded or revoked the transaction (its support, or a family share ended),
+        /// and why (`"1"`: an issue in the app, `"0"`: another reason).
+        public var cancellationDateMs: String?
+        public var cancellationReason: String?
         enum CodingKeys: String, CodingKey {
             case transactionId = "transaction_id", originalTransactionId = "original_transaction_id"
             case productId = "product_id", purchaseDateMs = "purchase_date_ms", quantity
@@ -126,6 +130,7 @@ public struct VerifyReceiptResponse: Decodable, Sendable {
             case expiresDateMs = "expires_date_ms", webOrderLineItemId = "web_order_line_item_id"
             case subscriptionGroupIdentifier = "subscription_group_identifier"
             case isUpgraded = "is_upgraded"
+            case cancellationDateMs = "cancellation_date_ms", cancellationReason = "cancellation_reason"
         }
     }
 

@@ -61,9 +61,30 @@ struct ReceiptsController {
             }
         case (nil, let receipt?):
             do {
-                let transactions = try await verifier.transactions(receipt: receipt)
+                let verified = try await verifier.transactionsAndRevocations(receipt: receipt)
+                // A transaction Apple refunded or revoked is never granted (as a signed one is
+                // not); a backend's unverified claim of it is taken back. The claimed one refused
+                // so is the answer; without a claim, the rest of the receipt is applied.
+                var revoked: (AppleTransaction, Revocation)?
+                for case let (transaction, revocation?) in verified where claimedID == nil || transaction.transactionId == claimedID {
+                    _ = try await receipts.takeBackClaim(of: transaction, claim: claim, refunded: true, metadata: metadata)
+                    revoked = revoked ?? (transaction, revocation)
+                }
+                let transactions = verified.filter { $0.revocation == nil }.map(\.transaction)
                 let answers = try await applyReceipt(transactions, claim: claim, claimedID: claimedID, metadata: metadata)
+                if answers.primary == nil, let (transaction, revocation) = revoked {
+                    var refusal = AppleProofVerifier.revoked(transaction, revocation)
+                    refusal.transactionId = transaction.transactionId.rawValue
+                    throw refusal
+                }
                 guard let primary = answers.primary else {
+                    if let order = answers.unpaid {
+                        // The receipt's other transactions are applied, but none is this order's:
+                        // never answered with another order's match.
+                        throw AppleVerificationError(
+                            code: "transaction-not-in-receipt",
+                            message: "the receipt holds no purchase of order \(order)'s product that no other order holds")
+                    }
                     throw AppleVerificationError(
                         code: claimedID == nil ? "receipt-empty" : "transaction-not-in-receipt",
                         message: claimedID.map { "transaction \($0) is not in the receipt's in_app or latest_receipt_info" }
@@ -87,17 +108,20 @@ struct ReceiptsController {
 
     /// A legacy receipt's transactions: the claimed one only, or else every one; the claimed
     /// order takes the transaction it already holds, or the first new one of its product.
+    /// `unpaid`: the order the proof names, when the receipt holds nothing for it (no primary then).
     private func applyReceipt(
         _ transactions: [AppleTransaction], claim: ReceiptLedger.Claim, claimedID: TransactionID?, metadata: Data
-    ) async throws -> (primary: ReceiptLedger.Answer?, all: [ReceiptLedger.Answer]) {
+    ) async throws -> (primary: ReceiptLedger.Answer?, all: [ReceiptLedger.Answer], unpaid: OrderID?) {
         if let claimedID {
-            guard let transaction = transactions.first(where: { $0.transactionId == claimedID }) else { return (nil, []) }
+            guard let transaction = transactions.first(where: { $0.transactionId == claimedID }) else { return (nil, [], nil) }
             let answer = try await receipts.apply(transaction, claim: claim, metadata: metadata)
-            return (answer, [answer])
+            return (answer, [answer], nil)
         }
         var forOrder: TransactionID?
+        var named: OrderID?
         // An order the key does not reach is as one that does not exist (docs/apps.md).
         if let orderID = claim.orderId, let order = try await orders.order(orderID).flatMap({ claim.reaches($0) ? $0 : nil }) {
+            named = orderID
             let holders = try await pool.holders(of: transactions.map(\.transactionId))
             let new = transactions.filter { (holders[$0.transactionId] ?? nil) == nil && $0.productId == order.productId }
             // The order's own purchase is the earliest bought after it was created: an older
@@ -115,8 +139,9 @@ struct ReceiptsController {
                 metadata: metadata)
             all.append(answer)
         }
+        guard named == nil || forOrder != nil else { return (nil, all, named) }
         let primary = all.first { $0.transactionId == forOrder } ?? all.first
-        return (primary, all)
+        return (primary, all, nil)
     }
 
     /// A proof that did not verify: `retry-later` when it may yet (Apple unavailable, no roots

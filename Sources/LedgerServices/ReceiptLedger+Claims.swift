@@ -37,6 +37,11 @@ extension ReceiptLedger {
         }
         // A subscription's later period, whichever app's.
         if let period = try await laterPeriod(transaction, in: tx) { return period }
+        if case .restore(let original) = try await role(of: transaction, in: tx).0 {
+            return Contradiction(
+                reason: AppleTransactionRecord.restoreReason, detail: "Apple transaction \(id) restores \(original): it pays no order",
+                failsOrder: false, knownUser: nil)
+        }
         if !Self.sameApp(order, transaction) {
             // Apple signed it for another app: the order's claim cannot be right.
             return Contradiction(

@@ -67,11 +67,11 @@ extension ReceiptLedger {
     }
 
     /// The subscription a transaction of `role` is a period of (its start or a later one); nil for
-    /// a purchase and a family member's share.
+    /// a purchase, a family member's share and a restore.
     static func purchasedSubscription(_ role: TransactionRole) -> String? {
         switch role {
         case .subscriptionStart(let id), .subscriptionPeriod(let id): id
-        case .purchase, .familyShared: nil
+        case .purchase, .familyShared, .restore: nil
         }
     }
 

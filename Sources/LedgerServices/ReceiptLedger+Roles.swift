@@ -30,15 +30,51 @@ extension ReceiptLedger {
             return try await applyRenewal(transaction, of: id, typing: typing, claim: claim, metadata: metadata, in: tx)
         case .familyShared(let id):
             return try await applyShared(transaction, subscription: id, claim: claim, metadata: metadata, in: tx)
+        case .restore(let original):
+            return try await applyRestore(transaction, of: original, claim: claim, metadata: metadata, in: tx)
         }
     }
 
-    /// The reason a row the ledger holds is never an order's (`renewal`, `shared`), else nil.
+    /// A restore pays no order: kept with the status `restore` (for the user sent, if any), as a
+    /// family member's share is, and the order the proof names is left as it is. The answer
+    /// names that order, else the one the original purchase paid. A backend's unverified claim of
+    /// it is taken back first; one an order took before restores were told apart is answered as
+    /// that order's.
+    private func applyRestore(
+        _ transaction: AppleTransaction, of original: String, claim: Claim, metadata: Data, in tx: DatabaseTransaction
+    ) async throws -> Answer {
+        let (snapshot, named, _, _) = try await lookUp(transaction, claim: claim, in: tx)
+        let holder = snapshot.transaction(transaction.transactionId)
+        if try await takeBackClaim(of: transaction, holder: holder, metadata: metadata, in: tx) {
+            return try await applyRestore(transaction, of: original, claim: claim, metadata: metadata, in: tx)
+        }
+        if holder?.orderId != nil { return try await applyPurchase(transaction, claim: claim, metadata: metadata, in: tx) }
+        var originalRecord: AppleTransactionRecord?
+        if let originalID = try? TransactionID(original) {
+            originalRecord = try await writer.read(orders: [], transactions: [originalID], in: tx).transaction(originalID)
+        }
+        if holder == nil {
+            // Without a user sent, the original purchase's (as a renewal takes its subscription's).
+            let kept = try Self.poolAppend(
+                transaction, userId: claim.userId ?? claim.poolUserId ?? originalRecord?.userId, claimedOrder: claim.orderId,
+                reason: AppleTransactionRecord.restoreReason, metadata: metadata)
+            _ = try await writer.append(LedgerWriter.Write(kept), in: tx, knowing: snapshot)
+        }
+        var order = named
+        if order == nil, let paid = originalRecord?.orderId {
+            order = try await writer.read(orders: [paid], transactions: [], in: tx).order(paid)
+        }
+        return Answer(outcome: .recorded, transactionId: transaction.transactionId, orderId: order?.orderId, state: order?.state,
+                      finishTransaction: true, reason: AppleTransactionRecord.restoreReason)
+    }
+
+    /// The reason a row the ledger holds is never an order's (`renewal`, `shared`, `restore`), else nil.
     static func neverAnOrders(_ row: AppleTransactionRecord) -> String? {
         guard row.orderId == nil else { return nil }
         switch row.status {
         case .renewal: return AppleTransactionRecord.subscriptionRenewalReason
         case .shared: return AppleTransactionRecord.familySharedReason
+        case .restore: return AppleTransactionRecord.restoreReason
         case .unmatched, .refunded, .claimed, .conflict: return nil
         }
     }

@@ -213,9 +213,9 @@ extension LedgerWriter {
                             if known.isHeldForSupport, receipt.matchedBy != .support {
                                 throw OrderLedgerError.accountConflict(receipt.transactionId)
                             }
-                            if known.orderId == nil, known.status == .renewal || known.status == .shared {
-                                // A subscription's later period or a family member's share, as Apple
-                                // signed it: never an order's (issue 40), told as that.
+                            if known.orderId == nil, known.status == .renewal || known.status == .shared || known.status == .restore {
+                                // A subscription's later period, a family member's share or a restore,
+                                // as Apple signed it: never an order's (issue 40), told as that.
                                 throw OrderLedgerError.laterTransaction(receipt.transactionId, original: known.originalTransactionId ?? receipt.transactionId.rawValue)
                             }
                             if known.orderId == nil, known.status == .refunded {

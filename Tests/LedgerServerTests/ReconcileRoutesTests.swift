@@ -114,22 +114,31 @@ enum LedgerJSONDate {
 }
 
 extension ReconcileRoutesTests {
-    @Test("an orphan without a user takes the user of an earlier transaction of the same subscription (originalTransactionId)")
-    func resolvesUserThroughOriginalTransaction() async throws {
-        try await withReceiptsApplication(apple) { http, _ in
+    @Test("a later transaction of a purchase (a restore) sent without a user is kept for its original's user, and pays none of that user's orders")
+    func restoreKeptForTheOriginalsUser() async throws {
+        try await withReceiptsApplication(apple) { http, db in
             try await http.send(.post, "/v1/orders", json: newOrder("o-sub-1", user: "u-8"))
             var first = TestApple.transaction("5000020", purchaseDate: Date(timeIntervalSinceNow: -180))
             first.appTransactionId = nil
             try await http.send(.post, "/v1/receipts", json: ["orderId": "o-sub-1", "signedTransaction": try await apple.sign(first)])
             try await http.send(.post, "/v1/orders", json: newOrder("o-sub-2", user: "u-8"))
-            var renewal = TestApple.transaction("5000021")
-            renewal.originalTransactionId = "5000020"
-            renewal.appTransactionId = nil
-            try await http.send(.post, "/v1/receipts", json: ["signedTransaction": try await apple.sign(renewal)])
+            var restore = TestApple.transaction("5000021")
+            restore.originalTransactionId = "5000020"
+            restore.appTransactionId = nil
+            let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": try await apple.sign(restore)])
+            #expect(answer["outcome"] as? String == "recorded" && answer["reason"] as? String == "restore", "\(answer)")
+            #expect(answer["orderId"] as? String == "o-sub-1", "\(answer)")
             let (_, summary) = try await http.send(.post, "/v1/reconcile")
-            #expect(summary["paired"] as? Int == 1 && summary["usersResolved"] as? Int == 1)
+            #expect(summary["paired"] as? Int == 0, "\(summary)")
             let (_, order) = try await http.send(.get, "/v1/orders/o-sub-2")
-            #expect(order["transactionId"] as? String == "5000021")
+            #expect(order["state"] as? String == "created" && order["transactionId"] as? String == nil, "\(order)")
+            #expect(try await scalar(db, "SELECT status || ' ' || user_id FROM apple_transactions WHERE transaction_id = '5000021'", as: String.self) == "restore u-8")
+            // A backend that claims it for the open order is refused: Apple signed it a restore.
+            let (status, refused) = try await http.send(.post, "/v1/orders/o-sub-2/events", json: [
+                "type": "receipt-received",
+                "data": ["transactionId": "5000021", "productId": "gems.100", "purchaseDate": LedgerJSONDate.now(minus: 60), "receiptSha256": String(repeating: "a", count: 64), "format": "jws", "matchedBy": "applicationUsername"],
+            ])
+            #expect(status == .conflict && errorOf(refused)["code"] as? String == "later-transaction", "\(status) \(refused)")
         }
     }
 }

@@ -18,19 +18,23 @@ public enum TransactionRole: Sendable, Equatable {
     /// paying an order, never paired; `subscription` names the member's subscription when the
     /// shared product is an auto-renewable one.
     case familyShared(subscription: String?)
+    /// A later transaction of a purchase that is no subscription's (its `originalTransactionId`
+    /// is another's): StoreKit's restore of a non-consumable, which gives the customer again what
+    /// the original purchase paid for, and pays nothing itself. Never an order's, never pooled.
+    case restore(originalTransactionId: String)
 
     /// Whether an order may take the transaction.
     public var paysOrder: Bool {
         switch self {
         case .purchase, .subscriptionStart: true
-        case .subscriptionPeriod, .familyShared: false
+        case .subscriptionPeriod, .familyShared, .restore: false
         }
     }
 
     /// The subscription the transaction is recorded on, if any.
     public var subscription: String? {
         switch self {
-        case .purchase: nil
+        case .purchase, .restore: nil
         case .subscriptionStart(let id), .subscriptionPeriod(let id): id
         case .familyShared(let id): id
         }
@@ -42,7 +46,11 @@ public enum TransactionRole: Sendable, Equatable {
     public static func of(_ transaction: AppleTransaction, catalogType: ProductType?) throws(LedgerInputError) -> TransactionRole {
         let type = catalogType ?? transaction.type.flatMap(ProductType.init(appleType:))
         guard type == .autoRenewable else {
-            return transaction.isFamilyShared ? .familyShared(subscription: nil) : .purchase
+            if transaction.isFamilyShared { return .familyShared(subscription: nil) }
+            if let original = transaction.originalTransactionId, !original.isEmpty, original != transaction.transactionId.rawValue {
+                return .restore(originalTransactionId: original)
+            }
+            return .purchase
         }
         guard let original = transaction.originalTransactionId, !original.isEmpty else {
             throw LedgerInputError(field: "originalTransactionId", problem: "an auto-renewable subscription's transaction must carry one")

@@ -20,6 +20,8 @@ public struct AppleTransactionRecord: Sendable, Equatable {
         /// the user the ledger knows for its Apple account or its token. No automatic path pairs
         /// it; support does, with a reason.
         case conflict
+        /// A restore of an earlier purchase (`restore`): never an order's, its money the original's.
+        case restore
     }
 
     public var transactionId: TransactionID
@@ -118,6 +120,8 @@ public struct AppleTransactionRecord: Sendable, Equatable {
     /// The reasons that put a transaction that never pays an order into the pool, each with its status.
     public static let subscriptionRenewalReason = "subscription-renewal"
     public static let familySharedReason = "family-shared"
+    /// A restore of an earlier purchase (`TransactionRole.restore`): kept, never an order's.
+    public static let restoreReason = "restore"
     public static let accountConflictReason = "account-conflict"
     /// A family member's transaction the ledger first heard of when Apple revoked it: refunded at once.
     public static let familyShareRevokedReason = "family-share-revoked"
@@ -125,12 +129,13 @@ public struct AppleTransactionRecord: Sendable, Equatable {
     /// claim is taken back, and the transaction waits refunded (a reversal frees it).
     public static let refundedBeforeVerifiedReasons: Set<String> = ["transaction-refunded", "transaction-revoked"]
 
-    /// The status `transaction-unmatched` with `reason` gives: `renewal` and `shared` for what
-    /// never pays an order, else `unmatched`.
+    /// The status `transaction-unmatched` with `reason` gives: `renewal`, `shared` and `restore`
+    /// for what never pays an order, `conflict` and `refunded` for what waits so, else `unmatched`.
     public static func poolStatus(reason: String) -> Status {
         switch reason {
         case subscriptionRenewalReason: .renewal
         case familySharedReason: .shared
+        case restoreReason: .restore
         case accountConflictReason: .conflict
         case _ where refundedBeforeVerifiedReasons.contains(reason): .refunded
         default: .unmatched
@@ -152,7 +157,7 @@ public struct AppleTransactionRecord: Sendable, Equatable {
 
     /// The status `REFUND_REVERSED` gives back to a row that waits in the pool: the one its pool
     /// entry (`verification`, the stored `transaction-unmatched`) gave it. A transaction held for
-    /// support is held again, never free for the reconciler. A family member's transaction stays
+    /// support is held again, never free for the reconciler, and a restore is one again. A family member's transaction stays
     /// refunded: its access ended by a revocation, which no reversed refund gives back, and it
     /// never pays an order.
     private var statusAfterReversal: Status {
@@ -160,7 +165,11 @@ public struct AppleTransactionRecord: Sendable, Equatable {
         if entry.transaction?.inAppOwnershipType == "FAMILY_SHARED" || entry.reason == Self.familyShareRevokedReason {
             return .refunded
         }
-        return Self.poolStatus(reason: entry.reason) == .conflict ? .conflict : .unmatched
+        switch Self.poolStatus(reason: entry.reason) {
+        case .conflict: return .conflict
+        case .restore: return .restore
+        default: return .unmatched
+        }
     }
 
     /// What `statusAfterReversal` reads of a stored `transaction-unmatched`.

@@ -1,0 +1,111 @@
+import Foundation
+import LedgerStore
+import LedgerTestSupport
+import Testing
+
+/// A verifyReceipt answer with status 0 whose in_app holds `items` as Apple writes them.
+private func answer(_ items: [String]) -> VerifyReceiptStandIn.Answer {
+    .json(#"{"status": 0, "environment": "Production", "receipt": {"bundle_id": "\#(TestApple.bundleId)", "in_app": [\#(items.joined(separator: ","))]}}"#)
+}
+
+/// One in_app entry: a purchase (`original` its own id), or a restore of `original`; cancelled
+/// by Apple at `cancelled` (ms) when given.
+private func item(_ id: String, original: String? = nil, product: String = "gems.100", purchased: Int64, cancelled: Int64? = nil) -> String {
+    let cancellation = cancelled.map { #", "cancellation_date_ms": "\#($0)", "cancellation_reason": "0""# } ?? ""
+    return #"{"transaction_id": "\#(id)", "original_transaction_id": "\#(original ?? id)", "product_id": "\#(product)", "purchase_date_ms": "\#(purchased)", "quantity": "1"\#(cancellation)}"#
+}
+
+@Suite("Legacy receipts: what Apple took back, restores, and orders a receipt holds nothing for")
+struct LegacyReceiptTests {
+    let apple: TestApple
+    init() throws { apple = try TestApple() }
+
+    @Test("a transaction whose cancellation_date Apple reports is never granted: refused when claimed, left out when not, never pooled")
+    func cancelledIsNeverGranted() async throws {
+        let now = Date().millisecondsSince1970
+        let standIn = VerifyReceiptStandIn(answers: [
+            "production:REFUNDED": answer([item("3000101", purchased: now - 60_000, cancelled: now - 1_000)]),
+            "production:MIXED": answer([item("3000102", purchased: now - 50_000, cancelled: now - 1_000), item("3000103", purchased: now - 40_000)]),
+        ])
+        try await standIn.run { production, sandbox in
+            try await withReceiptsApplication(apple, production: production, sandbox: sandbox) { http, db in
+                for id in ["o-refunded", "o-mixed"] { try await http.send(.post, "/v1/orders", json: newOrder(id, user: "u-r")) }
+                let (_, claimed) = try await http.send(
+                    .post, "/v1/receipts", json: ["userId": "u-r", "orderId": "o-refunded", "transactionId": "3000101", "receiptData": "REFUNDED"])
+                #expect(claimed["outcome"] as? String == "rejected" && claimed["reason"] as? String == "transaction-revoked", "\(claimed)")
+                #expect(claimed["finishTransaction"] as? Bool == true)
+                let (_, unclaimed) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-r", "receiptData": "REFUNDED"])
+                #expect(unclaimed["outcome"] as? String == "rejected" && unclaimed["reason"] as? String == "transaction-revoked", "\(unclaimed)")
+                let (_, order) = try await http.send(.get, "/v1/orders/o-refunded")
+                #expect(order["state"] as? String == "created" && order["version"] as? Int == 0, "\(order)")
+
+                let (_, mixed) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-r", "orderId": "o-mixed", "receiptData": "MIXED"])
+                #expect(mixed["outcome"] as? String == "matched" && mixed["transactionId"] as? String == "3000103", "\(mixed)")
+                #expect((mixed["transactions"] as? [[String: Any]])?.compactMap { $0["transactionId"] as? String } == ["3000103"], "\(mixed)")
+                #expect(try await scalar(db, "SELECT count(*)::int FROM apple_transactions WHERE transaction_id IN ('3000101', '3000102')", as: Int.self) == 0)
+                let (_, reconciled) = try await http.send(.post, "/v1/reconcile")
+                #expect(reconciled["paired"] as? Int == 0, "\(reconciled)")
+            }
+        }
+    }
+
+    @Test("a restore pays no order: answered recorded; the order the proof names stays open, else the answer names the original's order")
+    func restorePaysNoOrder() async throws {
+        let now = Date().millisecondsSince1970
+        let original = item("3000080", product: "lifetime", purchased: now - 60_000)
+        let restore = item("3000081", original: "3000080", product: "lifetime", purchased: now - 30_000)
+        let standIn = VerifyReceiptStandIn(answers: [
+            "production:FIRST": answer([original]),
+            "production:RESTORED": answer([original, restore]),
+        ])
+        try await standIn.run { production, sandbox in
+            try await withReceiptsApplication(apple, production: production, sandbox: sandbox) { http, db in
+                for id in ["r-1", "r-2", "r-3"] { try await http.send(.post, "/v1/orders", json: newOrder(id, user: "u-4", product: "lifetime")) }
+                let (_, first) = try await http.send(.post, "/v1/receipts", json: ["orderId": "r-1", "transactionId": "3000080", "receiptData": "FIRST"])
+                #expect(first["outcome"] as? String == "matched", "\(first)")
+                let (_, claimed) = try await http.send(.post, "/v1/receipts", json: ["orderId": "r-2", "transactionId": "3000081", "receiptData": "RESTORED"])
+                #expect(claimed["outcome"] as? String == "recorded" && claimed["reason"] as? String == "restore", "\(claimed)")
+                #expect(claimed["orderId"] as? String == "r-2" && claimed["state"] as? String == "created", "\(claimed)")
+                #expect(claimed["finishTransaction"] as? Bool == true, "\(claimed)")
+                let (_, alone) = try await http.send(.post, "/v1/receipts", json: ["transactionId": "3000081", "receiptData": "RESTORED"])
+                #expect(alone["outcome"] as? String == "recorded" && alone["orderId"] as? String == "r-1", "\(alone)")
+                let (_, unclaimed) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-4", "orderId": "r-3", "receiptData": "RESTORED"])
+                #expect(unclaimed["outcome"] as? String == "recorded" && unclaimed["reason"] as? String == "restore", "\(unclaimed)")
+                for id in ["r-2", "r-3"] {
+                    let (_, order) = try await http.send(.get, "/v1/orders/\(id)")
+                    #expect(order["state"] as? String == "created" && order["version"] as? Int == 0, "\(id): \(order)")
+                }
+                // Kept as a restore, for the user its original paid: no pool entry, never paired.
+                #expect(try await scalar(db, "SELECT status || ' ' || user_id FROM apple_transactions WHERE transaction_id = '3000081'", as: String.self) == "restore u-4")
+                #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions", as: Int.self) == 0)
+                #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+                let (_, reconciled) = try await http.send(.post, "/v1/reconcile")
+                #expect(reconciled["paired"] as? Int == 0, "\(reconciled)")
+                let (_, report) = try await http.send(.get, "/v1/reports/reconciliation?from=2000-01-01")
+                #expect((report["totals"] as? [String: Any])?["verified"] as? Int == 1, "\(report)")
+            }
+        }
+    }
+
+    @Test("a receipt naming an order it holds nothing for is not answered with another order's match")
+    func namedOrderWithNothingInTheReceipt() async throws {
+        let now = Date().millisecondsSince1970
+        let standIn = VerifyReceiptStandIn(answers: [
+            "production:X0": answer([item("3000090", purchased: now - 60_000), item("3000091", product: "gems.500", purchased: now - 50_000)]),
+        ])
+        try await standIn.run { production, sandbox in
+            try await withReceiptsApplication(apple, production: production, sandbox: sandbox) { http, db in
+                for id in ["x-0", "x-1"] { try await http.send(.post, "/v1/orders", json: newOrder(id, user: "u-x")) }
+                let (_, first) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-x", "orderId": "x-0", "transactionId": "3000090", "receiptData": "X0"])
+                #expect(first["outcome"] as? String == "matched", "\(first)")
+                let (_, replay) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-x", "orderId": "x-1", "receiptData": "X0"])
+                #expect(replay["outcome"] as? String == "rejected" && replay["reason"] as? String == "transaction-not-in-receipt", "\(replay)")
+                #expect(replay["finishTransaction"] as? Bool == false && replay["orderId"] as? String == "x-1", "\(replay)")
+                let (_, order) = try await http.send(.get, "/v1/orders/x-1")
+                #expect(order["state"] as? String == "created" && order["version"] as? Int == 0, "\(order)")
+                // The receipt's other purchase is taken in all the same: it waits for its own order.
+                #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions WHERE transaction_id = '3000091'", as: Int.self) == 1)
+            }
+        }
+    }
+}
