@@ -69,13 +69,12 @@ public struct VerifyReceiptClient: Sendable {
             request.method = .POST
             request.headers.add(name: "Content-Type", value: "application/json")
             request.body = .bytes(ByteBuffer(data: try JSONEncoder().encode(body)))
-            let response = try await httpClient.execute(request, timeout: settings.timeout, logger: logger)
-            let bytes = try await response.body.collect(upTo: 8 * 1024 * 1024)
-            guard response.status == .ok else {
-                throw AppleVerificationError(code: "apple-unavailable", message: "verifyReceipt answered HTTP \(response.status.code)", isRetryable: true)
+            let answer = try await httpClient.answer(request, timeout: settings.timeout, limit: 8 * 1024 * 1024, logger: logger)
+            guard answer.status == 200 else {
+                throw AppleVerificationError(code: "apple-unavailable", message: "verifyReceipt answered HTTP \(answer.status)", isRetryable: true)
             }
             do {
-                return try JSONDecoder().decode(VerifyReceiptResponse.self, from: bytes)
+                return try JSONDecoder().decode(VerifyReceiptResponse.self, from: answer.body)
             } catch {
                 throw AppleVerificationError(code: "apple-answer-malformed", message: "verifyReceipt's answer is not the JSON it documents", isRetryable: true)
             }

@@ -134,6 +134,16 @@ struct VerifyReceiptTests {
         #expect(ContinuousClock.now - started < .seconds(10))
     }
 
+    @Test("an answer whose body stalls after its head is no answer within the time-out: retry later")
+    func stalledBody() async throws {
+        let started = ContinuousClock.now
+        let error = try #require(try await failure(
+            .stalled(#"{"status": 0, "receipt": {"bundle_id": "\#(TestApple.bundleId)", "in_app": []}}"#), timeout: .milliseconds(500)))
+        #expect(error.isRetryable && error.code == "apple-timeout", "\(error)")
+        // Ended by the time-out, not by the stand-in, which holds the rest of its body for 30 s.
+        #expect(ContinuousClock.now - started < .seconds(20))
+    }
+
     @Test("a receipt of another app is rejected")
     func otherBundle() async throws {
         let error = try #require(try await failure(VerifyReceiptStandIn.valid(bundleId: "com.other", transactions: [("t", "p", Self.purchase)])))

@@ -89,6 +89,8 @@ public final class VerifyReceiptStandIn: Sendable {
         case json(String)
         case raw(String)
         case hang
+        /// The head, with the whole text's length, and half the text; the rest is held back.
+        case stalled(String)
     }
 
     private let answers: [String: Answer]
@@ -122,6 +124,15 @@ public final class VerifyReceiptStandIn: Sendable {
                 case .hang:
                     try await Task.sleep(for: .seconds(30))
                     return Response(status: .ok)
+                case .stalled(let text):
+                    let bytes = Array(text.utf8)
+                    return Response(
+                        status: .ok, headers: [.contentType: "application/json"],
+                        body: ResponseBody(contentLength: bytes.count) { writer in
+                            try await writer.write(ByteBuffer(bytes: bytes[..<(bytes.count / 2)]))
+                            try await Task.sleep(for: .seconds(30))
+                            try await writer.finish(nil)
+                        })
                 }
             }
         }
