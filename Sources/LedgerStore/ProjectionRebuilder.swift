@@ -29,7 +29,7 @@ public struct ProjectionRebuilder: Sendable {
     /// Empties the projections and fills them again from the log, in one transaction.
     @discardableResult
     public func rebuild() async throws -> Int {
-        try await inRebuildTransaction { connection, reader in
+        try await inRebuildTransaction(locking: "ACCESS EXCLUSIVE") { connection, reader in
             // The TRUNCATE holds appends to orders until COMMIT.
             try await connection.guardedQuery("TRUNCATE orders, apple_transactions, subscriptions, subscription_periods", logger: database.logger)
             let read = try await fill(schema: "public", on: connection, reader: reader)
@@ -59,14 +59,22 @@ public struct ProjectionRebuilder: Sendable {
     /// No `statement_timeout` a role or database may set ends the rebuild's one long COPY: an
     /// error while a COPY buffer waits for the socket can leave postgres-nio (1.33) waiting on
     /// that write forever, with the projections locked.
+    ///
+    /// The projections are locked in `mode` first: `LOCK` takes no snapshot, so the snapshot is
+    /// taken once the lock is held. A rebuild (`ACCESS EXCLUSIVE`) so sees every append that held
+    /// the projections while it waited, where its `TRUNCATE` alone took its snapshot before
+    /// waiting and left those appends' events out. A verify (`ACCESS SHARE`, which holds no
+    /// append) waits for a rebuild under way, whose `TRUNCATE` an older snapshot sees as empty tables.
     private func inRebuildTransaction<Result: Sendable>(
-        _ body: (_ connection: PostgresConnection, _ reader: PostgresConnection) async throws -> Result
+        locking mode: String, _ body: (_ connection: PostgresConnection, _ reader: PostgresConnection) async throws -> Result
     ) async throws -> Result {
         try await database.transaction { reader in
             try await database.transaction { transaction in
                 let connection = transaction.connection
                 try await connection.guardedQuery("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", logger: database.logger)
                 try await connection.guardedQuery("SET LOCAL statement_timeout = 0", logger: database.logger)
+                try await connection.guardedQuery(
+                    "LOCK TABLE \(unescaped: Self.tables.joined(separator: ", ")) IN \(unescaped: mode) MODE", logger: database.logger)
                 return try await body(connection, reader.connection)
             }
         }
@@ -77,7 +85,7 @@ public struct ProjectionRebuilder: Sendable {
     public func verify() async throws -> [String] {
         // One snapshot: the replay and the comparison see the same log and the same rows, so
         // appends committed meanwhile are not reported as differences.
-        try await inRebuildTransaction { connection, reader in
+        try await inRebuildTransaction(locking: "ACCESS SHARE") { connection, reader in
             let scratch = Self.scratchSchema
             try await connection.guardedQuery("DROP SCHEMA IF EXISTS \(unescaped: scratch) CASCADE", logger: database.logger)
             try await connection.guardedQuery("CREATE SCHEMA \(unescaped: scratch)", logger: database.logger)
