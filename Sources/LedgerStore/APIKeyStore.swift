@@ -41,10 +41,16 @@ public struct APIKeyStore: Sendable {
         self.database = database
     }
 
+    /// Whether `name` may name a key: 1 to 128 characters, none a control character (the name is
+    /// a line of `ledger keys list` and every event's `appendedBy`).
+    public static func usableName(_ name: String) -> Bool {
+        !name.isEmpty && name.count <= 128 && !name.unicodeScalars.contains { $0.properties.generalCategory == .control }
+    }
+
     /// Creates a key and returns it: the only time it is ever shown. `apps`: the apps it may
     /// reach, each one the ledger holds (in any case); nil: every app, those added later too.
     public func create(name: String, scopes: Set<APIScope>, apps: [BundleID]? = nil) async throws -> String {
-        guard !name.isEmpty, name.count <= 128 else { throw APIKeyError.invalidName }
+        guard Self.usableName(name) else { throw APIKeyError.invalidName }
         guard !scopes.isEmpty else { throw APIKeyError.noScopes }
         var stored: [String]?
         if let apps { stored = try await self.stored(apps) }
@@ -136,7 +142,7 @@ public enum APIKeyError: Error, Sendable, Equatable, CustomStringConvertible {
 
     public var description: String {
         switch self {
-        case .invalidName: "a key name has 1 to 128 characters"
+        case .invalidName: "a key name has 1 to 128 characters, none a control character"
         case .noScopes: "a key needs at least one scope: append, read or admin"
         case .nameTaken(let name): "a key named \(name) exists already"
         case .noApps: "a key limited to apps names at least one (leave the apps out for a key of every app)"

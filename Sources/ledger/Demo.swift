@@ -41,6 +41,7 @@ struct Demo: AsyncParsableCommand {
 
     func run() async throws {
         guard (0...1).contains(lostRate) else { throw ValidationError("--lost-rate must be from 0 to 1") }
+        guard users >= 1 else { throw ValidationError("--users must be at least 1") }
         var quiet = Logger(label: "ledger-demo")
         quiet.logLevel = .error
         let logger = quiet

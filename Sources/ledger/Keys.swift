@@ -40,6 +40,9 @@ struct Keys: AsyncParsableCommand {
                     do { return try BundleID(name) } catch { throw ValidationError("--apps: \(name) is not a bundle id: \(error)") }
                 }
             }
+            guard !parsed.isEmpty else { throw ValidationError("--scopes names no scope; use append, read or admin") }
+            // Checked before the database is opened: a usage error, as the other options' are.
+            guard APIKeyStore.usableName(name) else { throw ValidationError("--name: \(APIKeyError.invalidName.description)") }
             let name = self.name
             let scopes = parsed
             do {

@@ -325,7 +325,10 @@ struct SettingsCommandTests {
             (["report", "--format", "xml"], "--format must be csv or json", "ledger report reconciliation"),
             (["report", "apple", "--from", "2026-13-01"], "--from must be a day", "ledger report apple"),
             (["keys", "create", "--name", "k", "--scopes", "bogus"], "unknown scope bogus", "ledger keys create"),
+            (["keys", "create", "--name", "k", "--scopes", ""], "--scopes names no scope", "ledger keys create"),
+            (["keys", "create", "--name", "two\nlines", "--scopes", "read"], "--name: a key name has 1 to 128 characters, none a control character", "ledger keys create"),
             (["products", "set", "--product", "p", "--status", "gone"], "--status must be active or retired", "ledger products set"),
+            (["demo", "--users=-1"], "--users must be at least 1", "ledger demo"),
         ]
         for (index, (arguments, problem, command)) in cases.enumerated() {
             let (status, output) = try await LedgerChild.run(arguments, environment: environment, log: work.appendingPathComponent("\(index).log"))
