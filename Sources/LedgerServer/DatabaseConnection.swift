@@ -37,6 +37,25 @@ public struct OpenedDatabase: Sendable {
         }
     }
 
+    /// Connects once, outside the pool, and says why that failed in PostgreSQL's words (a
+    /// database or role that does not exist, a refused password) or the network's (refused, no
+    /// socket): through the pool a one-off command only learns, a minute later, that connections
+    /// kept failing. Nil when the connection was made.
+    public func firstConnectionProblem(logger: Logger) async -> String? {
+        do {
+            let connection = try await PostgresConnection.connect(configuration: connectionConfiguration, id: 0, logger: logger)
+            try? await connection.close()
+            return nil
+        } catch let error as PSQLError {
+            if let message = error.serverInfo?[.message] {
+                return "the database refused the connection: \(message) (SQLSTATE \(error.serverInfo?[.sqlState] ?? "?"))"
+            }
+            return "the database could not be reached: \(error.underlying.map { "\($0)" } ?? "\(error.code)")"
+        } catch {
+            return "the database could not be reached: \(error)"
+        }
+    }
+
     /// Stops the private cluster if this process owns it, blocking the calling thread: for the
     /// end of a command (`defer`), where no task waits for the thread.
     public func close(logger: Logger) throws {

@@ -34,6 +34,7 @@ func withLedgerDatabase<Result: Sendable>(
     let configuredApp = migrate ? try configuration.apple.configuredApp() : nil
     let database = try await OpenedDatabase.open(configuration.database, logger: logger)
     defer { try? database.close(logger: logger) }
+    if let problem = await database.firstConnectionProblem(logger: logger) { throw CommandFailure(problem) }
     return try await withPostgresClient(database.clientConfiguration, logger: logger) { client in
         if migrate { try await Migrator(logger: logger).migrate(client) }
         if let configuredApp { try await configuredApp.record(in: AppCatalog(database: Database(client: client, logger: logger)), logger: logger) }

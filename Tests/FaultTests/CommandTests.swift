@@ -335,6 +335,18 @@ struct SettingsCommandTests {
             #expect(status == 64, "\(arguments): \(output)")
             #expect(output.contains("Error: \(problem)") && output.contains("Usage: \(command) "), "\(arguments): \(output)")
         }
+        // A database that does not exist, or a server that refuses connections, is named at once
+        // in PostgreSQL's or the network's words, not a minute later as a tripped pool.
+        try await withTestDatabase { db in
+            var missing = db.configuration
+            missing.database = "no_such_database"
+            let (status, output) = try await LedgerChild.run(
+                ["keys", "list"], environment: ["LEDGER_DATABASE_URL": missing.url], log: work.appendingPathComponent("missing.log"))
+            #expect(status == 1 && output.contains(#"database "no_such_database" does not exist (SQLSTATE 3D000)"#), "\(output)")
+        }
+        let (refused, refusedOutput) = try await LedgerChild.run(
+            ["keys", "list"], environment: environment, log: work.appendingPathComponent("refused.log"))
+        #expect(refused == 1 && refusedOutput.contains("the database could not be reached") && refusedOutput.contains("refused"), "\(refusedOutput)")
         // A port no TCP has is refused at once, not after a minute of failed connections.
         let (port, portOutput) = try await LedgerChild.run(
             ["keys", "list"], environment: ["LEDGER_DATABASE_URL": "postgres://nobody@127.0.0.1:99999/none"], log: work.appendingPathComponent("port.log"))
