@@ -39,4 +39,20 @@ struct DashboardTests {
             try await connection.close()
         }
     }
+
+    @Test("every example query of docs/dashboards.md runs as ledger_reader")
+    func exampleQueriesRun() async throws {
+        let text = try String(contentsOf: TestServer.packageRoot.appendingPathComponent("docs/dashboards.md"), encoding: .utf8)
+        let examples = try #require(text.components(separatedBy: "## Example queries").last)
+        let queries = examples.components(separatedBy: "```sql\n").dropFirst().compactMap { $0.components(separatedBy: "```").first }
+        #expect(queries.count >= 5, "\(queries.count) queries found")
+        try await withLiveApplication { _, db in
+            let connection = try await db.connect()
+            try await connection.query("SET ROLE ledger_reader", logger: TestServer.logger)
+            for query in queries {
+                #expect(await sqlState { _ = try await connection.query(PostgresQuery(unsafeSQL: query), logger: TestServer.logger) } == nil, "\(query)")
+            }
+            try await connection.close()
+        }
+    }
 }
