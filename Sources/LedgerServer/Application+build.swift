@@ -113,9 +113,14 @@ public func buildApplication(
         services: [client, health],
         logger: logger
     )
+    // Said once the schema is current and the configured app recorded: every background service
+    // waits for it before its first run (a migration may take longer than an interval).
+    let started = StartSignal()
     if configuration.reconcileInterval > 0 {
         let pass = configuration.reconcilerPass(services)
-        application.addServices(PeriodicService(name: "reconciler pass", interval: .seconds(configuration.reconcileInterval), logger: logger) {
+        application.addServices(PeriodicService(
+            name: "reconciler pass", interval: .seconds(configuration.reconcileInterval), logger: logger, ready: started.wait
+        ) {
             let summary = try await pass.run()
             if summary.paired > 0 || summary.lostRaces > 0 {
                 logger.info("reconciler pass", metadata: [
@@ -127,20 +132,23 @@ public func buildApplication(
     }
     if configuration.recoveryInterval > 0 {
         let sweep = configuration.historySweep(services, api: appStoreServerAPI, verifier: verifier)
-        application.addServices(PeriodicService(name: "history sweep", interval: .seconds(configuration.recoveryInterval), logger: logger) {
+        application.addServices(PeriodicService(
+            name: "history sweep", interval: .seconds(configuration.recoveryInterval), logger: logger, ready: started.wait
+        ) {
             // No app has a key: nothing to ask Apple.
             guard try await appStoreServerAPI.anyKey() else { return }
             _ = try await sweep.run()
         })
     }
-    let started = StartSignal()
     for service in appleServices(
         api: appStoreServerAPI, verifier: verifier, services: services, configuration: configuration, metrics: metrics, started: started,
         logger: logger
     ) {
         application.addServices(service)
     }
-    if let calls = appleCallsService(api: appStoreServerAPI, services: services, configuration: configuration, metrics: metrics, logger: logger) {
+    if let calls = appleCallsService(
+        api: appStoreServerAPI, services: services, configuration: configuration, metrics: metrics, started: started, logger: logger
+    ) {
         application.addServices(calls)
     }
     // The app the LEDGER_APPLE_* settings describe is created or updated once the schema is
@@ -161,18 +169,19 @@ public func buildApplication(
 /// on later applies from then on, not to every event since. A call of an app without a key waits
 /// for one (`AppleCalls.make`).
 func appleCallsService(
-    api: LazyAppStoreServerAPI, services: ServiceAssembly, configuration: LedgerConfiguration, metrics: LedgerMetrics, logger: Logger
+    api: LazyAppStoreServerAPI, services: ServiceAssembly, configuration: LedgerConfiguration, metrics: LedgerMetrics, started: StartSignal,
+    logger: Logger
 ) -> (any Service)? {
     guard configuration.appleCallsInterval > 0 else { return nil }
     let interval = Duration.seconds(configuration.appleCallsInterval)
     guard configuration.appleCalls.any else {
         let queue = services.callQueue
-        return PeriodicService(name: "calls to Apple", interval: interval, logger: logger) {
+        return PeriodicService(name: "calls to Apple", interval: interval, logger: logger, ready: started.wait) {
             _ = try await queue.catchUp(.init())
         }
     }
     let calls = configuration.appleCalls(services, api: api)
-    return PeriodicService(name: "calls to Apple", interval: interval, logger: logger) {
+    return PeriodicService(name: "calls to Apple", interval: interval, logger: logger, ready: started.wait) {
         let summary = try await calls.run()
         for (call, count) in summary.calls { metrics.appleCalled(call, times: count) }
         let pending = try await calls.queue.pendingConsumption()
@@ -181,7 +190,8 @@ func appleCallsService(
 }
 
 /// The background work that asks Apple besides the sweeps and the calls: the notification
-/// backfill at start (once `started` says the apps are recorded), and the refund catch-up.
+/// backfill at start, the refund catch-up and the sales reports, each once `started` says the
+/// schema is current and the apps are recorded.
 func appleServices(
     api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, services: ServiceAssembly, configuration: LedgerConfiguration,
     metrics: LedgerMetrics, started: StartSignal, logger: Logger
@@ -191,8 +201,9 @@ func appleServices(
         // One per app with a key and environment it accepts, each from its own position. One's
         // failure leaves the others to run; the pass then fails, and is run again a minute later
         // (each backfill resumes where it stopped).
-        background.append(PeriodicService(name: "notification backfill", interval: .seconds(60), logger: logger, firstWait: .seconds(1), repeats: false) {
-            try await started.wait()
+        background.append(PeriodicService(
+            name: "notification backfill", interval: .seconds(60), logger: logger, firstWait: .seconds(1), repeats: false, ready: started.wait
+        ) {
             var failure: (any Error)?
             for var backfill in try await services.notificationBackfills(api: api, verifier: verifier) {
                 backfill.restarted = metrics.notificationBackfillRestarted
@@ -213,7 +224,8 @@ func appleServices(
     if configuration.refundCatchUpInterval > 0 {
         let catchUp = configuration.refundCatchUp(services, api: api, verifier: verifier)
         background.append(PeriodicService(
-            name: "refund catch-up", interval: .seconds(configuration.refundCatchUpInterval), logger: logger, firstWait: .seconds(60)
+            name: "refund catch-up", interval: .seconds(configuration.refundCatchUpInterval), logger: logger, firstWait: .seconds(60),
+            ready: started.wait
         ) {
             guard try await api.anyKey() else { return }
             _ = try await catchUp.run()
@@ -222,9 +234,8 @@ func appleServices(
     if configuration.salesFetchInterval > 0, configuration.appStoreConnect != nil {
         background.append(PeriodicService(
             name: "sales reports", interval: .seconds(configuration.salesFetchInterval), logger: logger,
-            firstWait: .seconds(min(90, configuration.salesFetchInterval))
+            firstWait: .seconds(min(90, configuration.salesFetchInterval)), ready: started.wait
         ) {
-            try await started.wait()
             _ = try await fetchSalesReports(api: api, verifier: verifier, services: services, configuration: configuration, logger: logger)
         })
     }

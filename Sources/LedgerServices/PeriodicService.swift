@@ -12,23 +12,31 @@ public struct PeriodicService: Service {
     /// False: runs until one succeeds (a pass at start; a failed one, say before the migrations
     /// are done or while Apple is away, is tried again `interval` later).
     var repeats = true
+    /// Waited for before the first run: the server's start (its migrations done, its configured
+    /// app recorded), so that no run meets a schema older than its code.
+    let ready: (@Sendable () async throws -> Void)?
     let work: @Sendable () async throws -> Void
 
     public init(
         name: String, interval: Duration, logger: Logger, firstWait: Duration? = nil, repeats: Bool = true,
-        work: @escaping @Sendable () async throws -> Void
+        ready: (@Sendable () async throws -> Void)? = nil, work: @escaping @Sendable () async throws -> Void
     ) {
         self.name = name
         self.interval = interval
         self.logger = logger
         self.firstWait = firstWait
         self.repeats = repeats
+        self.ready = ready
         self.work = work
     }
 
     public func run() async throws {
         await cancelWhenGracefulShutdown {
             var wait = firstWait ?? interval
+            if let ready {
+                // Shutdown before the start: nothing ran, nothing to end.
+                do { try await ready() } catch { return }
+            }
             while !Task.isCancelled {
                 // Shutdown cancels the wait: the service then ends normally, not with an error.
                 do { try await Task.sleep(for: wait) } catch { return }
