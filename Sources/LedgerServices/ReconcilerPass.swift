@@ -142,8 +142,12 @@ public struct ReconcilerPass: Sendable {
             }
             counts.considered = orphans.count
             guard !orphans.isEmpty else { return counts }
-            let orders = try await pool.openOrders(of: Array(Set(orphans.map(\.userId))), in: tx)
-            let pairings = Reconciler.pair(orphans, with: orders, settings: settings)
+            let users = Array(Set(orphans.map(\.userId)))
+            let orders = try await pool.openOrders(of: users, in: tx)
+            // What earlier passes paired stays where it is: this pass aligns around it.
+            let since = (orphans.map(\.purchaseDate).min() ?? Date()).addingTimeInterval(-settings.maximumAge)
+            let earlier = try await pool.reconcilerPairings(of: users, since: since, in: tx)
+            let pairings = Reconciler.pair(orphans, with: orders, settings: settings, earlier: earlier)
             try await apply(Array(pairings.prefix(perTransaction)), metadata: metadata, in: tx, into: &counts)
             later = Array(pairings.dropFirst(perTransaction))
             if recoveryOrders {

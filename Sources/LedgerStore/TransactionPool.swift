@@ -246,6 +246,26 @@ extension TransactionPool {
     public static let reconcilerClaimSpace: Int32 = 0x52_43_4C_52
 
     /// The open orders (created or payment-added, no transaction) of `users`: the reconciler's candidates.
+    /// The pairings the reconciler made for `users`' orders created since `since` (the earliest
+    /// an orphan of this pass could take, `Reconciler.Settings.maximumAge` before its purchase),
+    /// whose orders hold their transactions still: later passes never cross them.
+    public func reconcilerPairings(of users: [UserID], since: Date, in transaction: DatabaseTransaction) async throws -> [Reconciler.EarlierPairing] {
+        let rows = try await transaction.connection.guardedQuery(
+            """
+            SELECT o.user_id, o.product_id, o.bundle_id, o.quantity, t.purchase_date, coalesce(o.queued_at, o.created_at)
+              FROM orders o JOIN apple_transactions t ON t.transaction_id = o.transaction_id AND t.order_id = o.order_id
+             WHERE o.user_id = ANY(\(users.map(\.rawValue))::text[]) AND o.created_at >= \(since) AND t.matched_by = 'reconciler'
+            """,
+            logger: database.logger)
+        var pairings: [Reconciler.EarlierPairing] = []
+        for try await (user, product, bundle, quantity, purchased, queued) in rows.decode((String, String, String?, Int, Date, Date).self) {
+            pairings.append(.init(
+                userId: UserID(unchecked: user), productId: ProductID(unchecked: product), bundleId: bundle.map(BundleID.init(unchecked:)),
+                quantity: quantity, purchaseDate: purchased, queueEntry: queued))
+        }
+        return pairings
+    }
+
     public func openOrders(of users: [UserID], in transaction: DatabaseTransaction) async throws -> [Reconciler.OpenOrder] {
         let rows = try await transaction.connection.guardedQuery(
             """

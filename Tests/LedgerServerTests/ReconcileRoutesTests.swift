@@ -362,3 +362,41 @@ extension ReconcileRoutesTests {
         }
     }
 }
+
+extension ReconcileRoutesTests {
+    @Test("an orphan a pass leaves over, because pairing it would cross the pass's other pairing, is not paired across it by the next pass")
+    func leftOverStaysAcrossPasses() async throws {
+        // No clock skew: a purchase is a candidate for the orders created up to its date.
+        try await withReceiptsApplication(apple, configure: { $0.reconciler.clockSkew = 0 }) { http, _ in
+            let formatter = ISO8601DateFormatter()
+            formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+            func created(_ id: String) async throws -> Date {
+                let (_, order) = try await http.send(.post, "/v1/orders", json: newOrder(id, user: "u-x"))
+                return try #require(formatter.date(from: order["createdAt"] as? String ?? ""), "\(order)")
+            }
+            let b = try await created("o-b")
+            try await Task.sleep(for: .milliseconds(20))
+            let a = try await created("o-a")
+            #expect(a > b)
+            // A is queued first, B after: StoreKit pays A first.
+            for (id, queued) in [("o-a", a.addingTimeInterval(1)), ("o-b", a.addingTimeInterval(10))] {
+                try await http.send(.post, "/v1/orders/\(id)/events", json: ["type": "payment-added", "data": ["queuedAt": formatter.string(from: queued)]])
+            }
+            // X, bought before A existed, can only be B's; Y, bought after A was queued, A's or B's.
+            // X → B beside Y → A crosses (the earlier purchase would take the later-queued order).
+            for (id, purchased) in [("5000031", b), ("5000032", a.addingTimeInterval(2))] {
+                var transaction = TestApple.transaction(id, purchaseDate: purchased)
+                transaction.appTransactionId = nil
+                try await http.send(.post, "/v1/receipts", json: ["userId": "u-x", "signedTransaction": try await apple.sign(transaction)])
+            }
+            let (_, first) = try await http.send(.post, "/v1/reconcile")
+            #expect(first["paired"] as? Int == 1, "\(first)")
+            let (_, paidA) = try await http.send(.get, "/v1/orders/o-a")
+            #expect(paidA["transactionId"] as? String == "5000032", "\(paidA)")
+            let (_, second) = try await http.send(.post, "/v1/reconcile")
+            #expect(second["paired"] as? Int == 0, "\(second)")
+            let (_, openB) = try await http.send(.get, "/v1/orders/o-b")
+            #expect(openB["transactionId"] as? String == nil && openB["state"] as? String == "payment-added", "\(openB)")
+        }
+    }
+}

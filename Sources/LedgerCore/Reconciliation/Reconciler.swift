@@ -49,6 +49,28 @@ public enum Reconciler {
         }
     }
 
+    /// A pairing an earlier pass made (its order holds the transaction still): later passes
+    /// align around it and never cross it, so an orphan a pass left over for crossing it is not
+    /// paired across it by the next pass.
+    public struct EarlierPairing: Sendable, Equatable {
+        public var userId: UserID
+        public var productId: ProductID
+        public var bundleId: BundleID?
+        public var quantity: Int
+        /// The transaction's purchase date and its order's place in the queue (`OpenOrder.queueEntry`).
+        public var purchaseDate: Date
+        public var queueEntry: Date
+
+        public init(userId: UserID, productId: ProductID, bundleId: BundleID?, quantity: Int, purchaseDate: Date, queueEntry: Date) {
+            self.userId = userId
+            self.productId = productId
+            self.bundleId = bundleId
+            self.quantity = quantity
+            self.purchaseDate = purchaseDate
+            self.queueEntry = queueEntry
+        }
+    }
+
     /// An open order (created or payment-added, no transaction).
     public struct OpenOrder: Sendable, Equatable {
         public var orderId: OrderID
@@ -112,15 +134,19 @@ public enum Reconciler {
     /// of ours leaves an order to the purchase that fits it better. Found by dynamic programming over each user's and product's
     /// purchases and queue entries (docs/reconciliation.md). Orphans with no candidate, or left
     /// over, are not in the answer; so are orders support undid a pairing of the orphan with.
-    public static func pair(_ orphans: [Orphan], with orders: [OpenOrder], settings: Settings = Settings()) -> [Pairing] {
+    /// `earlier`: the pairings earlier passes made, which no pairing of this one crosses.
+    public static func pair(
+        _ orphans: [Orphan], with orders: [OpenOrder], settings: Settings = Settings(), earlier: [EarlierPairing] = []
+    ) -> [Pairing] {
         struct Key: Hashable { let app: BundleID?; let user: UserID; let product: ProductID; let quantity: Int }
         let orderGroups = Dictionary(grouping: orders) { Key(app: $0.bundleId, user: $0.userId, product: $0.productId, quantity: $0.quantity) }
         let orphanGroups = Dictionary(grouping: orphans) { Key(app: $0.bundleId, user: $0.userId, product: $0.productId, quantity: $0.quantity) }
+        let earlierGroups = Dictionary(grouping: earlier) { Key(app: $0.bundleId, user: $0.userId, product: $0.productId, quantity: $0.quantity) }
         var pairings: [Pairing] = []
         func order(_ key: Key) -> (String, String, String, Int) { (key.app?.rawValue ?? "", key.user.rawValue, key.product.rawValue, key.quantity) }
         for key in orphanGroups.keys.sorted(by: { order($0) < order($1) }) {
             guard let open = orderGroups[key] else { continue }
-            pairings += align(orphanGroups[key]!, open, settings: settings)
+            pairings += align(orphanGroups[key]!, open, settings: settings, earlier: earlierGroups[key] ?? [])
         }
         return pairings
     }
@@ -141,12 +167,13 @@ public enum Reconciler {
     }
 
     /// The alignment of one user's and product's purchases with their open orders.
-    static func align(_ orphans: [Orphan], _ orders: [OpenOrder], settings: Settings) -> [Pairing] {
+    static func align(_ orphans: [Orphan], _ orders: [OpenOrder], settings: Settings, earlier: [EarlierPairing] = []) -> [Pairing] {
         let purchases = orphans.sorted { ($0.purchaseDate, $0.transactionId.rawValue) < ($1.purchaseDate, $1.transactionId.rawValue) }
         func isCandidate(_ order: OpenOrder, for purchase: Orphan) -> Bool {
             !purchasedBeforeOrder(purchase.purchaseDate, created: order.createdAt, allowance: settings.clockSkew)
                 && order.createdAt >= purchase.purchaseDate.addingTimeInterval(-settings.maximumAge)
                 && !purchase.undoneOrders.contains(order.orderId)
+                && !earlier.contains { crosses(purchase.purchaseDate, order.queueEntry, $0) }
         }
         // Queue order; only orders some purchase could take.
         let queue = orders.filter { order in purchases.contains { isCandidate(order, for: $0) } }
@@ -197,6 +224,12 @@ public enum Reconciler {
             }
         }
         return pairings.reversed()
+    }
+
+    /// Whether pairing a purchase made at `purchased` with an order queued at `queued` crosses
+    /// `pairing`: the earlier purchase of the two would take the later-queued order.
+    static func crosses(_ purchased: Date, _ queued: Date, _ pairing: EarlierPairing) -> Bool {
+        (purchased < pairing.purchaseDate && queued > pairing.queueEntry) || (purchased > pairing.purchaseDate && queued < pairing.queueEntry)
     }
 
     /// Seconds from the order's queue entry to the purchase; ten times as many when the entry
