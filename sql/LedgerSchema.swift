@@ -68,6 +68,7 @@ public enum LedgerSchema {
         Migration(name: "039_free_starts_bill_nothing.sql", sql: String(decoding: PackageResources._39_free_starts_bill_nothing_sql, as: UTF8.self)),
         Migration(name: "040_held_renewal_refunds.sql", sql: String(decoding: PackageResources._40_held_renewal_refunds_sql, as: UTF8.self)),
         Migration(name: "041_restores.sql", sql: String(decoding: PackageResources._41_restores_sql, as: UTF8.self)),
+        Migration(name: "042_pool_skips_restores.sql", sql: String(decoding: PackageResources._42_pool_skips_restores_sql, as: UTF8.self)),
     ]
 
     /// `sql/routines`: applied after the migrations, and again when a database has an earlier

@@ -279,7 +279,9 @@ public struct AppleProofVerifier: Sendable {
                 expires = Date(millisecondsSince1970: expiresMillis)
             }
             var revocation: Revocation?
-            if let text = item.cancellationDateMs {
+            // A subscription's period the customer upgraded from carries the upgrade's date there
+            // too (`is_upgraded`): no refund.
+            if let text = item.cancellationDateMs, item.isUpgraded != "true" {
                 guard let cancelledMillis = Int64(text), SignedDataVerifier.keptDates.contains(cancelledMillis) else {
                     throw AppleVerificationError(code: "apple-answer-malformed", message: "cancellation_date_ms of transaction \(id) in verifyReceipt's answer is not a date of the years 1970 to 9999", isRetryable: true)
                 }

@@ -72,19 +72,22 @@ struct ReceiptsController {
                 }
                 let transactions = verified.filter { $0.revocation == nil }.map(\.transaction)
                 let answers = try await applyReceipt(transactions, claim: claim, claimedID: claimedID, metadata: metadata)
-                if answers.primary == nil, let (transaction, revocation) = revoked {
-                    var refusal = AppleProofVerifier.revoked(transaction, revocation)
-                    refusal.transactionId = transaction.transactionId.rawValue
-                    throw refusal
+                if let unpaid = answers.unpaid {
+                    // The order the proof names: Apple took back its product's purchase in the
+                    // receipt, or the receipt holds none that no other order holds (the others
+                    // applied all the same). Never answered with another order's match.
+                    if let (transaction, revocation) = verified.first(where: { $0.revocation != nil && $0.transaction.productId == unpaid.product }) {
+                        throw Self.refusal(transaction, revocation!)
+                    }
+                    throw AppleVerificationError(
+                        code: "transaction-not-in-receipt",
+                        message: "the receipt holds no purchase for order \(unpaid.order) that no other order holds")
+                }
+                // The claimed transaction, or the receipt's only ones, Apple took back.
+                if answers.primary == nil, claimedID != nil || transactions.isEmpty, let (transaction, revocation) = revoked {
+                    throw Self.refusal(transaction, revocation)
                 }
                 guard let primary = answers.primary else {
-                    if let order = answers.unpaid {
-                        // The receipt's other transactions are applied, but none is this order's:
-                        // never answered with another order's match.
-                        throw AppleVerificationError(
-                            code: "transaction-not-in-receipt",
-                            message: "the receipt holds no purchase of order \(order)'s product that no other order holds")
-                    }
                     throw AppleVerificationError(
                         code: claimedID == nil ? "receipt-empty" : "transaction-not-in-receipt",
                         message: claimedID.map { "transaction \($0) is not in the receipt's in_app or latest_receipt_info" }
@@ -106,22 +109,32 @@ struct ReceiptsController {
         }
     }
 
+    /// The refusal of a legacy receipt's transaction Apple refunded or revoked.
+    static func refusal(_ transaction: AppleTransaction, _ revocation: Revocation) -> AppleVerificationError {
+        var refusal = AppleProofVerifier.revoked(transaction, revocation)
+        refusal.transactionId = transaction.transactionId.rawValue
+        return refusal
+    }
+
     /// A legacy receipt's transactions: the claimed one only, or else every one; the claimed
     /// order takes the transaction it already holds, or the first new one of its product.
-    /// `unpaid`: the order the proof names, when the receipt holds nothing for it (no primary then).
+    /// `unpaid`: the order the proof names (and its product, when the key reaches it), when the
+    /// receipt holds nothing for it (no primary then).
     private func applyReceipt(
         _ transactions: [AppleTransaction], claim: ReceiptLedger.Claim, claimedID: TransactionID?, metadata: Data
-    ) async throws -> (primary: ReceiptLedger.Answer?, all: [ReceiptLedger.Answer], unpaid: OrderID?) {
+    ) async throws -> (primary: ReceiptLedger.Answer?, all: [ReceiptLedger.Answer], unpaid: (order: OrderID, product: ProductID?)?) {
         if let claimedID {
             guard let transaction = transactions.first(where: { $0.transactionId == claimedID }) else { return (nil, [], nil) }
             let answer = try await receipts.apply(transaction, claim: claim, metadata: metadata)
             return (answer, [answer], nil)
         }
         var forOrder: TransactionID?
-        var named: OrderID?
+        // An order unknown, or another app's the key does not reach, is named all the same: the
+        // answer is about it, never another order's.
+        var named: (order: OrderID, product: ProductID?)? = claim.orderId.map { ($0, nil) }
         // An order the key does not reach is as one that does not exist (docs/apps.md).
         if let orderID = claim.orderId, let order = try await orders.order(orderID).flatMap({ claim.reaches($0) ? $0 : nil }) {
-            named = orderID
+            named = (orderID, order.productId)
             let holders = try await pool.holders(of: transactions.map(\.transactionId))
             let new = transactions.filter { (holders[$0.transactionId] ?? nil) == nil && $0.productId == order.productId }
             // The order's own purchase is the earliest bought after it was created: an older

@@ -134,6 +134,25 @@ struct VerifyReceiptTests {
         #expect(ContinuousClock.now - started < .seconds(10))
     }
 
+    @Test("cancellation_date_ms is Apple's refund, except on a subscription period the customer upgraded from")
+    func cancellations() async throws {
+        let standIn = VerifyReceiptStandIn(answers: [
+            "production:C": .json("""
+                {"status": 0, "environment": "Production", "receipt": {"bundle_id": "\(TestApple.bundleId)", "in_app": [
+                  {"transaction_id": "t1", "product_id": "gems.100", "purchase_date_ms": "\(Self.purchase)", "cancellation_date_ms": "\(Self.purchase + 9)", "cancellation_reason": "1"},
+                  {"transaction_id": "t2", "original_transaction_id": "t0", "product_id": "pro.monthly", "purchase_date_ms": "\(Self.purchase + 1)",
+                   "expires_date_ms": "\(Self.purchase + 99)", "cancellation_date_ms": "\(Self.purchase + 5)", "is_upgraded": "true"},
+                  {"transaction_id": "t3", "product_id": "gems.100", "purchase_date_ms": "\(Self.purchase + 2)"}]}}
+                """),
+        ])
+        let verified = try await standIn.run { production, sandbox in
+            try await legacyVerifier(production, sandbox).transactionsAndRevocations(receipt: "C")
+        }
+        #expect(verified.map(\.transaction.transactionId.rawValue) == ["t1", "t2", "t3"])
+        #expect(verified.map { $0.revocation?.date.millisecondsSince1970 } == [Self.purchase + 9, nil, nil])
+        #expect(verified.first?.revocation?.reason == 1)
+    }
+
     @Test("an answer whose body stalls after its head is no answer within the time-out: retry later")
     func stalledBody() async throws {
         let started = ContinuousClock.now

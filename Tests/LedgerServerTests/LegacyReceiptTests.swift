@@ -92,6 +92,11 @@ struct LegacyReceiptTests {
         let now = Date().millisecondsSince1970
         let standIn = VerifyReceiptStandIn(answers: [
             "production:X0": answer([item("3000090", purchased: now - 60_000), item("3000091", product: "gems.500", purchased: now - 50_000)]),
+            // The same, with a refunded purchase of another product Apple keeps listing.
+            "production:X1": answer([
+                item("3000090", purchased: now - 60_000), item("3000091", product: "gems.500", purchased: now - 50_000),
+                item("3000092", product: "gems.500", purchased: now - 40_000, cancelled: now - 1_000),
+            ]),
         ])
         try await standIn.run { production, sandbox in
             try await withReceiptsApplication(apple, production: production, sandbox: sandbox) { http, db in
@@ -105,6 +110,13 @@ struct LegacyReceiptTests {
                 #expect(order["state"] as? String == "created" && order["version"] as? Int == 0, "\(order)")
                 // The receipt's other purchase is taken in all the same: it waits for its own order.
                 #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions WHERE transaction_id = '3000091'", as: Int.self) == 1)
+                // Another product's refund in the receipt says nothing of this order; nor is an
+                // order the ledger does not hold answered with x-0's match.
+                for (order, receipt) in [("x-1", "X1"), ("x-unknown", "X0")] {
+                    let (_, again) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-x", "orderId": order, "receiptData": receipt])
+                    #expect(again["outcome"] as? String == "rejected" && again["reason"] as? String == "transaction-not-in-receipt", "\(order): \(again)")
+                    #expect(again["finishTransaction"] as? Bool == false, "\(order): \(again)")
+                }
             }
         }
     }
