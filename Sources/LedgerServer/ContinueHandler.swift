@@ -6,17 +6,31 @@ import NIOHTTPTypes
 /// Clients that send it wait for that answer before the body: libcurl (and so PHP's curl) does
 /// for every body over 1 KiB, which a receipt or a signed transaction is, and without the answer
 /// it sends the body only after a second of waiting (RFC 9110, section 10.1.1).
-final class ContinueHandler: ChannelInboundHandler, RemovableChannelHandler {
+///
+/// Only while no earlier request of the connection awaits its answer: a pipelining client's
+/// `100` would otherwise come before, or inside, the answer to the request before it. Such a
+/// client sends its body after its own wait, as before.
+final class ContinueHandler: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPRequestPart
     typealias InboundOut = HTTPRequestPart
+    typealias OutboundIn = HTTPResponsePart
     typealias OutboundOut = HTTPResponsePart
 
+    /// Requests whose head came in and whose answer has not ended yet.
+    private var unanswered = 0
+
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        if case .head(let request) = unwrapInboundIn(data),
-           let expectation = request.headerFields[.expect],
-           expectation.lowercased() == "100-continue" {
-            context.writeAndFlush(wrapOutboundOut(.head(HTTPResponse(status: .continue))), promise: nil)
+        if case .head(let request) = unwrapInboundIn(data) {
+            unanswered += 1
+            if unanswered == 1, let expectation = request.headerFields[.expect], expectation.lowercased() == "100-continue" {
+                context.writeAndFlush(wrapOutboundOut(.head(HTTPResponse(status: .continue))), promise: nil)
+            }
         }
         context.fireChannelRead(data)
+    }
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        if case .end = unwrapOutboundIn(data) { unanswered = max(0, unanswered - 1) }
+        context.write(data, promise: promise)
     }
 }

@@ -54,4 +54,18 @@ struct ContinueTests {
             #expect(order.status == .ok)
         }
     }
+
+    @Test("behind a pipelined request still unanswered, no 100 comes before that request's answer")
+    func noContinueAheadOfAnEarlierAnswer() async throws {
+        try await withLiveApplication { http, _ in
+            let port = http.client.port
+            let body = #"{"orderId":"pipelined","userId":"u-1","productId":"gems.100"}"#
+            let heads = "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+                + "POST /v1/orders HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer \(http.key)\r\n"
+                + "Content-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n"
+            let (first, rest) = await IdleConnectionTests.onThread { Self.exchange(port, head: heads, body: body) }
+            #expect(first.hasPrefix("HTTP/1.1 200"), "first: \(first.debugDescription)")
+            #expect(!(first + rest).contains("100 Continue") && rest.contains("HTTP/1.1 201"), "\((first + rest).debugDescription)")
+        }
+    }
 }
