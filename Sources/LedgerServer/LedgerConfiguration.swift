@@ -108,6 +108,8 @@ public struct LedgerConfiguration: Sendable {
     public var apple = Apple()
     /// The App Store Connect API's key for sales reports; nil: none fetched.
     public var appStoreConnect: AppStoreConnect?
+    /// The longest time a setting in seconds may give: ten years.
+    public static let longestSeconds = 10 * 365 * 86_400
     /// Seconds between the background reconciler's passes inside `ledger serve`; 0: none.
     public var reconcileInterval = 60
     /// Seconds a connection may sit idle, or send a request's head or body no further, before
@@ -190,10 +192,11 @@ public struct LedgerConfiguration: Sendable {
             (Key.appsMaximumAge, 0, { (c: inout LedgerConfiguration, v: Int) in c.appsMaximumAge = v }),
         ] as [(String, Int, (inout LedgerConfiguration, Int) -> Void)] {
             guard let text = values[key] else { continue }
-            if let seconds = Int(text), seconds >= minimum {
+            // At most ten years: a date that far from now is one PostgreSQL still holds.
+            if let seconds = Int(text), (minimum...Self.longestSeconds).contains(seconds) {
                 apply(&configuration, seconds)
             } else {
-                problems.append(.init(key, "is \(text), not a whole number of seconds (\(minimum) or more)"))
+                problems.append(.init(key, "is \(text), not a whole number of seconds (\(minimum) to \(Self.longestSeconds), ten years)"))
             }
         }
         if let text = values[Key.refundLookback] {

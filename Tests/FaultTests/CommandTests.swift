@@ -330,6 +330,10 @@ struct SettingsCommandTests {
             (["products", "set", "--product", "p", "--status", "gone"], "--status must be active or retired", "ledger products set"),
             (["demo", "--users=-1"], "--users must be at least 1", "ledger demo"),
         ]
+        // A time no date can be: refused with the settings, not by PostgreSQL later.
+        let (long, longOutput) = try await LedgerChild.run(
+            ["recover", "--recovery-after", "9223372036854775807"], environment: environment, log: work.appendingPathComponent("long.log"))
+        #expect(long != 0 && longOutput.contains("--recovery-after is 9223372036854775807, not a whole number of seconds (0 to 315360000, ten years)"), "\(longOutput)")
         for (index, (arguments, problem, command)) in cases.enumerated() {
             let (status, output) = try await LedgerChild.run(arguments, environment: environment, log: work.appendingPathComponent("\(index).log"))
             #expect(status == 64, "\(arguments): \(output)")
