@@ -287,10 +287,18 @@ public struct AppleProofVerifier: Sendable {
                 }
                 revocation = Revocation(date: Date(millisecondsSince1970: cancelledMillis), reason: item.cancellationReason.flatMap(Int.init))
             }
+            // Apple writes the quantity as a number in a string; anything else is no answer to trust.
+            var quantity = 1
+            if let text = item.quantity {
+                guard let units = Int(text), units >= 1 else {
+                    throw AppleVerificationError(code: "apple-answer-malformed", message: "quantity of transaction \(id) in verifyReceipt's answer is \(text), not a number of units", isRetryable: true)
+                }
+                quantity = units
+            }
             return (AppleTransaction(
                 transactionId: id, originalTransactionId: item.originalTransactionId, productId: product,
                 purchaseDate: Date(millisecondsSince1970: millis), environment: environment, bundleId: bundleId,
-                quantity: item.quantity.flatMap(Int.init) ?? 1, appAccountToken: item.appAccountToken.flatMap(UUID.init(uuidString:)),
+                quantity: quantity, appAccountToken: item.appAccountToken.flatMap(UUID.init(uuidString:)),
                 inAppOwnershipType: item.inAppOwnershipType, format: .receipt, receiptSha256: sha, expiresDate: expires,
                 webOrderLineItemId: item.webOrderLineItemId, subscriptionGroupIdentifier: item.subscriptionGroupIdentifier,
                 isUpgraded: item.isUpgraded.map { $0 == "true" }), revocation)

@@ -49,7 +49,12 @@ public struct VerifyReceiptClient: Sendable {
         for _ in 0..<2 {
             let response = try await post(receiptData, to: url, sharedSecret: sharedSecret)
             switch VerifyReceiptStatus.meaning(of: response.status) {
-            case .valid: return response
+            case .valid:
+                // The environment is the one that answered when Apple's answer leaves it out: a
+                // sandbox receipt is never taken for production money.
+                var answered = response
+                if answered.environment == nil { answered.environment = url == settings.sandboxURL ? "Sandbox" : "Production" }
+                return answered
             case .useSandbox: url = settings.sandboxURL
             case .useProduction: url = settings.productionURL
             case .retryLater(let code, let message):

@@ -153,6 +153,31 @@ struct VerifyReceiptTests {
         #expect(verified.first?.revocation?.reason == 1)
     }
 
+    @Test("an answer without `environment` is of the environment that gave it; a quantity that is no number of units is malformed")
+    func environmentAndQuantity() async throws {
+        let standIn = VerifyReceiptStandIn(answers: [
+            "production:E": .json(#"{"status": 21007}"#),
+            "sandbox:E": .json("""
+                {"status": 0, "receipt": {"bundle_id": "\(TestApple.bundleId)", "in_app": [
+                  {"transaction_id": "t1", "product_id": "gems.100", "purchase_date_ms": "\(Self.purchase)", "quantity": "2"}]}}
+                """),
+            "production:Q": .json("""
+                {"status": 0, "environment": "Production", "receipt": {"bundle_id": "\(TestApple.bundleId)", "in_app": [
+                  {"transaction_id": "t2", "product_id": "gems.100", "purchase_date_ms": "\(Self.purchase)", "quantity": "abc"}]}}
+                """),
+        ])
+        try await standIn.run { production, sandbox in
+            let transactions = try await legacyVerifier(production, sandbox).transactions(receipt: "E")
+            #expect(transactions.map(\.environment) == ["Sandbox"] && transactions.map(\.quantity) == [2])
+            do {
+                _ = try await legacyVerifier(production, sandbox).transactions(receipt: "Q")
+                Issue.record("a quantity of abc was taken")
+            } catch let error as AppleVerificationError {
+                #expect(error.code == "apple-answer-malformed" && error.isRetryable, "\(error)")
+            }
+        }
+    }
+
     @Test("an answer whose body stalls after its head is no answer within the time-out: retry later")
     func stalledBody() async throws {
         let started = ContinuousClock.now
