@@ -70,6 +70,31 @@ struct RefundRoutesTests {
         }
     }
 
+    @Test("refunds recorded out of Apple's order: dashboards.daily_orders takes back what the report does, Apple's latest refund")
+    func refundsOutOfOrder() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            var order = newOrder("o-twice-refunded")
+            order["price"] = "4.00"
+            order["currency"] = "USD"
+            try await http.send(.post, "/v1/orders", json: order)
+            try await http.send(.post, "/v1/receipts", json: ["orderId": "o-twice-refunded", "signedTransaction": try await apple.sign(TestApple.transaction("5000111"))])
+            // Apple: a 25% refund at 10:20, reversed, then a full refund at 10:31; the full one came first.
+            let refunds: [[String: Any]] = [
+                ["type": "refunded", "data": ["revocationDate": "2026-11-29T10:31:00Z", "revocationType": "REFUND_FULL"]],
+                ["type": "refund-reversed", "data": [:]],
+                ["type": "refunded", "data": ["revocationDate": "2026-11-29T10:20:00Z", "revocationType": "REFUND_PRORATED", "revocationPercentage": 25_000]],
+            ]
+            for refund in refunds {
+                let (status, answer) = try await http.send(.post, "/v1/orders/o-twice-refunded/events", json: refund)
+                #expect(status == .created, "\(answer)")
+            }
+            let (_, report) = try await http.send(.get, "/v1/reports/reconciliation?from=2000-01-01")
+            let rows = (report["rows"] as? [[String: Any]] ?? []).filter { $0["refunded"] as? Int == 1 }
+            #expect(rows.count == 1 && rows.first?["refundedAmount"] as? String == "4", "\(report)")
+            #expect(try await scalar(db, "SELECT refunded_amount::text FROM dashboards.daily_orders WHERE state = 'refunded'", as: String.self) == "4")
+        }
+    }
+
     @Test("FAMILY_REVOKE, or a revoked FAMILY_SHARED transaction, changes no order and takes no money back: recorded on the transaction's stream")
     func familyRevocation() async throws {
         try await withReceiptsApplication(apple) { http, db in
