@@ -133,7 +133,17 @@ public struct PrivateCluster: Sendable {
     }
 
     private func prepareDirectory(account: SystemAccount) throws {
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        var isFolder: ObjCBool = false
+        if FileManager.default.fileExists(atPath: directory.path, isDirectory: &isFolder), !isFolder.boolValue {
+            throw PrivateClusterError("the data directory \(directory.path) (LEDGER_DATA_DIR, --data-dir) is a file, not a folder")
+        }
+        do {
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        } catch {
+            // The system's reason, asked again (Foundation's says "the file doesn't exist").
+            let reason = mkdir(directory.path, 0o700) == 0 ? "\(error)" : String(cString: strerror(errno))
+            throw PrivateClusterError("the data directory \(directory.path) (LEDGER_DATA_DIR, --data-dir) could not be created: \(reason)")
+        }
         chmod(directory.path, 0o700)
         try account.chown(directory.path)
     }

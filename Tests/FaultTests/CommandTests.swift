@@ -330,6 +330,12 @@ struct SettingsCommandTests {
             (["products", "set", "--product", "p", "--status", "gone"], "--status must be active or retired", "ledger products set"),
             (["demo", "--users=-1"], "--users must be at least 1", "ledger demo"),
         ]
+        // A data directory that is a file is named as the setting, not as Foundation's error.
+        let file = work.appendingPathComponent("a-file")
+        try Data().write(to: file)
+        let (dataDir, dataDirOutput) = try await LedgerChild.run(
+            ["keys", "list", "--data-dir", file.path], environment: [:], log: work.appendingPathComponent("datadir.log"))
+        #expect(dataDir == 1 && dataDirOutput.contains("the data directory \(file.path) (LEDGER_DATA_DIR, --data-dir) is a file, not a folder"), "\(dataDirOutput)")
         // A time no date can be: refused with the settings, not by PostgreSQL later.
         let (long, longOutput) = try await LedgerChild.run(
             ["recover", "--recovery-after", "9223372036854775807"], environment: environment, log: work.appendingPathComponent("long.log"))
