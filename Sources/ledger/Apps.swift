@@ -114,12 +114,17 @@ struct Apps: AsyncParsableCommand {
             var changes = try optionValue { try app.changes() }
             changes.retired = retired
             for name in (clear ?? "").split(separator: ",").map({ $0.trimmingCharacters(in: .whitespaces) }) where !name.isEmpty {
+                // A value both given and cleared is a contradiction, not a choice to make silently.
+                func cleared<T>(_ value: inout T??, option: String) throws {
+                    guard value == nil else { throw ValidationError("--clear \(name) and --\(option) contradict each other; give one") }
+                    value = .some(nil)
+                }
                 switch name {
-                case "app-apple-id": changes.appAppleId = .some(nil)
-                case "refund-preference": changes.refundPreference = .some(nil)
-                case "shared-secret": changes.sharedSecret = .some(nil)
-                case "api-key": changes.apiKey = .some(nil)
-                case "sku": changes.sku = .some(nil)
+                case "app-apple-id": try cleared(&changes.appAppleId, option: "app-apple-id")
+                case "refund-preference": try cleared(&changes.refundPreference, option: "refund-preference")
+                case "shared-secret": try cleared(&changes.sharedSecret, option: "shared-secret")
+                case "api-key": try cleared(&changes.apiKey, option: "key-id")
+                case "sku": try cleared(&changes.sku, option: "sku")
                 default: throw ValidationError("--clear names \(name); use app-apple-id, refund-preference, shared-secret, api-key or sku")
                 }
             }
