@@ -55,12 +55,15 @@ struct Products: AsyncParsableCommand {
             print(Self.line(saved))
         }
 
-        /// A product as the commands print it: id, status, price, currency, then its type and group where the catalog says them.
+        /// A product as the commands print it, tab-separated, "-" for what the catalog does not
+        /// say: id, status, price, currency, type, subscription group, app (product ids are per
+        /// app), sample content provided, refund preference.
         static func line(_ product: ProductCatalog.Product) -> String {
-            var fields = [product.productId.rawValue, product.status.rawValue, product.price ?? "-", product.currency ?? "-"]
-            if let type = product.type { fields.append(type.rawValue) }
-            if let group = product.subscriptionGroup { fields.append(group) }
-            return fields.joined(separator: "\t")
+            [
+                product.productId.rawValue, product.status.rawValue, product.price ?? "-", product.currency ?? "-",
+                product.type?.rawValue ?? "-", product.subscriptionGroup ?? "-", product.bundleId?.rawValue ?? "-",
+                product.sampleContentProvided.map { "sample-content \($0)" } ?? "-", product.refundPreference?.rawValue ?? "-",
+            ].joined(separator: "\t")
         }
     }
 

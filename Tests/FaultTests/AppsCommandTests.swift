@@ -54,6 +54,8 @@ struct AppsCommandTests {
             // Product ids are per app: `--bundle-id` sets the named app's (else the first app's).
             let (set, setOutput) = try await ledger(["products", "set", "--product", "gems.100", "--price", "1.99", "--currency", "USD", "--bundle-id", "com.example.configured"])
             #expect(set == 0, "\(setOutput)")
+            // Every column in its place, the app among them (two apps may sell one product id).
+            #expect(setOutput.contains("gems.100\tactive\t1.99\tUSD\t-\t-\tcom.example.configured\t-\t-"), "\(setOutput)")
             #expect(try await scalarText(db, "SELECT bundle_id FROM products WHERE product_id = 'gems.100'") == "com.example.configured")
             let (unknownApp, unknownOutput) = try await ledger(["products", "set", "--product", "gems.100", "--bundle-id", "com.example.none"])
             #expect(unknownApp != 0 && unknownOutput.contains("the ledger holds no app com.example.none") && !unknownOutput.contains("Error: PSQLError"), "\(unknownOutput)")
