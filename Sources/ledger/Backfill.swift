@@ -21,7 +21,11 @@ struct Backfill: AsyncParsableCommand {
 
         func run() async throws {
             let start = try since.map { text in
-                do { return try ReportPeriod.date(text, field: "--since") } catch { throw ValidationError("\(error)") }
+                let date: Date
+                do { date = try ReportPeriod.date(text, field: "--since") } catch { throw ValidationError("\(error)") }
+                // Apple's history ends now: a start after it is a mistake (a year typed wrong), not an empty backfill.
+                guard date <= Date() else { throw ValidationError("--since is \(text), after now: Apple's history ends now") }
+                return date
             }
             let metadata = try operatorMetadata("backfill notifications")
             let progress = terminalProgress("notifications").map { report in { @Sendable (seen: Int) in report(seen, seen + 1) } }

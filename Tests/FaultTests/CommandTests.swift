@@ -329,6 +329,7 @@ struct SettingsCommandTests {
             (["keys", "create", "--name", "two\nlines", "--scopes", "read"], "--name: a key name has 1 to 128 characters, none a control character", "ledger keys create"),
             (["products", "set", "--product", "p", "--status", "gone"], "--status must be active or retired", "ledger products set"),
             (["demo", "--users=-1"], "--users must be at least 1", "ledger demo"),
+            (["backfill", "notifications", "--since", "2099-01-01"], "--since is 2099-01-01, after now: Apple's history ends now", "ledger backfill notifications"),
             (["apps", "set", "--bundle-id", "com.example.x", "--clear", "sku", "--sku", "X"], "--clear sku and --sku contradict each other; give one", "ledger apps set"),
         ]
         // A data directory that is a file is named as the setting, not as Foundation's error.
