@@ -143,10 +143,12 @@ public struct VerifyReceiptResponse: Decodable, Sendable {
         case latestReceiptInfo = "latest_receipt_info"
     }
 
-    /// Every transaction in `in_app` and `latest_receipt_info`, each once, in purchase order.
+    /// Every transaction in `in_app` and `latest_receipt_info`, each once, in purchase order:
+    /// `latest_receipt_info`'s copy where both list it, Apple's current word (a refund shows there
+    /// while the receipt's `in_app`, as the device last got it, may not say it yet).
     public var transactions: [InApp] {
         var seen = Set<String>()
-        let all = (receipt?.inApp ?? []) + (latestReceiptInfo ?? [])
+        let all = (latestReceiptInfo ?? []) + (receipt?.inApp ?? [])
         return all.filter { seen.insert($0.transactionId).inserted }
             .sorted { (Int64($0.purchaseDateMs ?? "") ?? 0, $0.transactionId) < (Int64($1.purchaseDateMs ?? "") ?? 0, $1.transactionId) }
     }

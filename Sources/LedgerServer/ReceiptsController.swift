@@ -148,9 +148,13 @@ struct ReceiptsController {
         for transaction in transactions {
             let mine = transaction.transactionId == forOrder
             let answer = try await receipts.apply(
-                transaction, claim: .init(userId: claim.userId, orderId: mine ? claim.orderId : nil, poolUserId: claim.poolUserId, apps: claim.apps),
+                transaction,
+                claim: .init(userId: claim.userId, orderId: mine ? claim.orderId : nil, poolUserId: claim.poolUserId, apps: claim.apps, chosenByLedger: mine),
                 metadata: metadata)
             all.append(answer)
+            // Another order took it since it was read here (the same receipt uploaded for two
+            // orders at once): nothing in this receipt is the named order's.
+            if mine, answer.outcome == .duplicate { forOrder = nil }
         }
         guard named == nil || forOrder != nil else { return (nil, all, named) }
         let primary = all.first { $0.transactionId == forOrder } ?? all.first

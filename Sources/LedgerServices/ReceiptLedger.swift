@@ -52,12 +52,17 @@ public struct ReceiptLedger: Sendable {
         /// The apps the caller reaches (a key limited to apps; nil: every app). An order of
         /// another app is answered as one that does not exist, as everywhere else it is.
         public var apps: [BundleID]?
+        /// The ledger chose the transaction for `orderId` (a legacy receipt sent without a
+        /// transaction id), the client did not claim it: another order holding it by then (a
+        /// concurrent upload of the same receipt) answers `duplicate` without failing this order.
+        public var chosenByLedger = false
 
-        public init(userId: UserID?, orderId: OrderID?, poolUserId: UserID? = nil, apps: [BundleID]? = nil) {
+        public init(userId: UserID?, orderId: OrderID?, poolUserId: UserID? = nil, apps: [BundleID]? = nil, chosenByLedger: Bool = false) {
             self.userId = userId
             self.orderId = orderId
             self.poolUserId = poolUserId
             self.apps = apps
+            self.chosenByLedger = chosenByLedger
         }
 
         /// Whether the caller may learn of `order` at all.
@@ -230,7 +235,7 @@ public struct ReceiptLedger: Sendable {
                               finishTransaction: false, reason: Self.heldByAnotherOrder)
             }
             var state = loser.state
-            if loser.isOpen {
+            if loser.isOpen, !claim.chosenByLedger {
                 let failed = OrderEvent.failed(Failed(reason: "duplicate-transaction", detail: "Apple transaction \(id) belongs to another order"))
                 state = try await append([(failed, EventID.named("duplicate", loser.orderId.rawValue, id.rawValue))], to: loser, metadata: metadata, in: tx, knowing: snapshot).state
             }

@@ -87,6 +87,33 @@ struct LegacyReceiptTests {
         }
     }
 
+    @Test("one receipt uploaded for several orders at once, no transaction named: one order takes its purchase, none is failed")
+    func concurrentUploadsWithoutAClaim() async throws {
+        let now = Date().millisecondsSince1970
+        let standIn = VerifyReceiptStandIn(answers: ["production:ONE": answer([item("3000120", purchased: now - 30_000)])])
+        try await standIn.run { production, sandbox in
+            try await withReceiptsApplication(apple, production: production, sandbox: sandbox) { http, db in
+                let orders = (0..<8).map { "q-\($0)" }
+                for id in orders { try await http.send(.post, "/v1/orders", json: newOrder(id, user: "u-q")) }
+                // Each on a connection of its own, so that they are served at once.
+                let outcomes = try await http.withConnections(orders.count) { clients in
+                    try await withThrowingTaskGroup(of: String.self) { group in
+                        for (id, client) in zip(orders, clients) {
+                            group.addTask {
+                                let (_, answer) = try await client.send(.post, "/v1/receipts", json: ["userId": "u-q", "orderId": id, "receiptData": "ONE"])
+                                return "\(answer["outcome"] as? String ?? "?") \(answer["reason"] as? String ?? "")"
+                            }
+                        }
+                        return try await group.reduce(into: [String]()) { $0.append($1) }
+                    }
+                }
+                #expect(outcomes.filter { $0.hasPrefix("matched") }.count == 1, "\(outcomes)")
+                #expect(outcomes.filter { !$0.hasPrefix("matched") }.allSatisfy { $0 == "rejected transaction-not-in-receipt" }, "\(outcomes)")
+                #expect(try await scalar(db, "SELECT count(*)::int FROM orders WHERE state = 'failed'", as: Int.self) == 0)
+            }
+        }
+    }
+
     @Test("a receipt naming an order it holds nothing for is not answered with another order's match")
     func namedOrderWithNothingInTheReceipt() async throws {
         let now = Date().millisecondsSince1970
