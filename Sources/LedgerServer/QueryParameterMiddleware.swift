@@ -41,6 +41,7 @@ struct QueryParameterMiddleware: RouterMiddleware {
     let routes: RouteTable
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        let request = Self.plusAsSpace(request)
         let query = request.uri.queryParameters
         let segments = request.uri.path.split(separator: "/")
         // Apple's notification URL is the operator's to write in App Store Connect: a query
@@ -69,6 +70,17 @@ struct QueryParameterMiddleware: RouterMiddleware {
             }
         }
         return try await next(request, context)
+    }
+
+    /// `request` with each `+` of its query read as a space, as HTML forms and every common
+    /// client's query encoder write one (Python's urlencode, URLSearchParams, Go's url.Values,
+    /// PHP's http_build_query; a `+` itself they write `%2B`): a `next` of `"pg 1"` handed back
+    /// as `after=pg+1` finds the next page, not an order `pg+1`. Hummingbird keeps `+` as it is.
+    static func plusAsSpace(_ request: Request) -> Request {
+        guard let path = request.head.path, let mark = path.firstIndex(of: "?"), path[mark...].contains("+") else { return request }
+        var head = request.head
+        head.path = String(path[...mark]) + path[path.index(after: mark)...].replacingOccurrences(of: "+", with: "%20")
+        return Request(head: head, body: request.body)
     }
 
     /// The query parameters `method` takes on the path of `segments`. HEAD takes GET's but

@@ -74,6 +74,8 @@ public enum ReportPeriod {
     /// A day (midnight UTC; with `endOfDay`, the next midnight) or an ISO 8601 time, as every
     /// option and query parameter that takes a time reads it; the problem names `field`.
     public static func date(_ text: String, field: String, endOfDay: Bool = false) throws(LedgerInputError) -> Date {
+        // A time's `+02:00` written in a query unencoded arrives as a space (a query's `+`).
+        let text = text.replacingOccurrences(of: " ", with: "+")
         if text.count == 10, let day = EventCoding.parseDate(text + "T00:00:00Z") {
             return endOfDay ? day.addingTimeInterval(86_400) : day
         }

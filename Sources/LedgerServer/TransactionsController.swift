@@ -102,7 +102,8 @@ struct TransactionsController {
     }
 
     static func date(_ text: String, field: String) throws(LedgerInputError) -> Date {
-        guard let date = EventCoding.parseDate(text) else {
+        // A time's `+02:00` written in a query unencoded arrives as a space (a query's `+`).
+        guard let date = EventCoding.parseDate(text.replacingOccurrences(of: " ", with: "+")) else {
             throw LedgerInputError(field: field, problem: "must be an ISO 8601 time such as 2026-11-21T10:00:00Z (a real day and time, from 1970 on)")
         }
         return date

@@ -9,19 +9,8 @@ struct ContinueTests {
     /// Sends `head` alone on a new connection to `port`, reads what the server answers before
     /// the body (up to 30 s), then sends `body` and reads what follows until the server closes.
     static func exchange(_ port: Int, head: String, body: String) -> (interim: String, final: String) {
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard descriptor >= 0 else { return ("no socket", "") }
+        guard let descriptor = IdleConnectionTests.connected(to: port) else { return ("not connected", "") }
         defer { close(descriptor) }
-        var timeout = timeval(tv_sec: 30, tv_usec: 0)
-        setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
-        }
-        guard connected else { return ("not connected", "") }
         func read(until done: ([UInt8]) -> Bool) -> String {
             var received = [UInt8]()
             var buffer = [UInt8](repeating: 0, count: 4096)

@@ -167,10 +167,11 @@ struct HealthTests {
 struct IdleConnectionTests {
     /// Connects to `port`, sends `text`, and answers whether the server closed the connection
     /// (read 0 bytes) within 30 s, and what it sent before.
-    static func closedBy(_ port: Int, after text: String) -> (closed: Bool, received: String) {
+    /// A socket connected to 127.0.0.1:`port` whose reads give up after 30 s; nil when it could
+    /// not connect. The caller closes it.
+    static func connected(to port: Int) -> Int32? {
         let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard descriptor >= 0 else { return (false, "no socket") }
-        defer { close(descriptor) }
+        guard descriptor >= 0 else { return nil }
         var timeout = timeval(tv_sec: 30, tv_usec: 0)
         setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         var address = sockaddr_in()
@@ -180,7 +181,16 @@ struct IdleConnectionTests {
         let connected = withUnsafePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
         }
-        guard connected else { return (false, "not connected") }
+        guard connected else {
+            close(descriptor)
+            return nil
+        }
+        return descriptor
+    }
+
+    static func closedBy(_ port: Int, after text: String) -> (closed: Bool, received: String) {
+        guard let descriptor = connected(to: port) else { return (false, "not connected") }
+        defer { close(descriptor) }
         if !text.isEmpty { _ = text.withCString { send(descriptor, $0, strlen($0), 0) } }
         var received = [UInt8]()
         var buffer = [UInt8](repeating: 0, count: 4096)

@@ -508,3 +508,25 @@ struct OrderRoutesTests {
         }
     }
 }
+
+extension OrderRoutesTests {
+    @Test("a query's + is a space, as every common client's encoder writes one; a time's unencoded +02:00 still reads")
+    func plusInQueries() async throws {
+        try await withLiveApplication { http, _ in
+            for id in ["pg 1", "pg 2"] { try await http.send(.post, "/v1/orders", json: newOrder(id, user: "u p")) }
+            // As Python's urlencode, URLSearchParams or http_build_query write the query.
+            let (_, first) = try await http.send(.get, "/v1/orders?userId=u+p&limit=1")
+            #expect((first["orders"] as? [[String: Any]])?.map { $0["orderId"] as? String } == ["pg 1"], "\(first)")
+            #expect(first["next"] as? String == "pg 1", "\(first)")
+            let (_, second) = try await http.send(.get, "/v1/orders?userId=u+p&limit=1&after=pg+1")
+            #expect((second["orders"] as? [[String: Any]])?.map { $0["orderId"] as? String } == ["pg 2"], "\(second)")
+            // A literal + is %2B.
+            let (_, none) = try await http.send(.get, "/v1/orders?userId=u%2Bp")
+            #expect((none["orders"] as? [[String: Any]])?.count == 0, "\(none)")
+            for uri in ["/v1/reports/reconciliation?from=2026-01-01T00:00:00+02:00", "/v1/transactions/unmatched?from=2026-01-01T00:00:00+02:00"] {
+                let (status, answer) = try await http.send(.get, uri)
+                #expect(status == .ok, "\(uri): \(answer)")
+            }
+        }
+    }
+}
