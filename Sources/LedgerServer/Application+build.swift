@@ -108,7 +108,7 @@ public func buildApplication(
             services: services, migrator: migrator, apple: verifier,
             appStoreServerAPI: appStoreServerAPI, configuration: configuration, health: health, metrics: metrics, apps: appDirectory),
         server: .http1(configuration: .init(
-            additionalChannelHandlers: [ContinueHandler()], idleTimeout: .seconds(Int64(configuration.connectionIdleTimeout)))),
+            additionalChannelHandlers: [ContinueHandler(), ConnectionCloseHandler()], idleTimeout: .seconds(Int64(configuration.connectionIdleTimeout)))),
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "order-ledger"),
         services: [client, health],
         logger: logger

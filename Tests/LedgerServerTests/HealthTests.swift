@@ -209,6 +209,21 @@ struct IdleConnectionTests {
         }
     }
 
+    @Test("a request asking to close, in any case or among other options, is answered and its connection closed at once")
+    func closeInAnyCase() async throws {
+        // The idle time-out is an hour here: only the request's own `close` ends the connection
+        // before the reading gives up (30 s).
+        try await withLiveApplication { http, _ in
+            let port = http.client.port
+            for options in ["Close", "keep-alive, CLOSE"] {
+                let (closed, received) = await Self.onThread {
+                    Self.closedBy(port, after: "GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: \(options)\r\n\r\n")
+                }
+                #expect(closed && received.hasPrefix("HTTP/1.1 200"), "\(options): \(received)")
+            }
+        }
+    }
+
     @Test("a connection that sends nothing, stops in a request's head or sends less body than announced is closed")
     func slowClientsAreClosed() async throws {
         try await withLiveApplication(configure: { $0.connectionIdleTimeout = 1 }) { http, _ in
