@@ -3,9 +3,10 @@ import NIOCore
 import NIOHTTPTypes
 
 /// Answers a request's `Expect: 100-continue` with `100 Continue` as soon as its head arrives.
-/// Clients that send it wait for that answer before the body: libcurl (and so PHP's curl) does
-/// for every body over 1 KiB, which a receipt or a signed transaction is, and without the answer
-/// it sends the body only after a second of waiting (RFC 9110, section 10.1.1).
+/// Clients that send it wait for that answer before the body, a second without it (RFC 9110,
+/// section 10.1.1): libcurl before 7.69 (the PHP curl of CentOS 7 or Ubuntu 18.04) for every
+/// POST body over 1 KiB, which a receipt or a signed transaction is; later ones for bodies over
+/// 1 MiB and for uploads (`curl -T`).
 ///
 /// Only while no earlier request of the connection awaits its answer: a pipelining client's
 /// `100` would otherwise come before, or inside, the answer to the request before it. Such a
