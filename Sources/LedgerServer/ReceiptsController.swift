@@ -76,8 +76,8 @@ struct ReceiptsController {
                     // The order the proof names: Apple took back its product's purchase in the
                     // receipt, or the receipt holds none that no other order holds (the others
                     // applied all the same). Never answered with another order's match.
-                    if let (transaction, revocation) = verified.first(where: { $0.revocation != nil && $0.transaction.productId == unpaid.product }) {
-                        throw Self.refusal(transaction, revocation!)
+                    for case let (transaction, revocation?) in verified where transaction.productId == unpaid.product {
+                        throw Self.refusal(transaction, revocation)
                     }
                     throw AppleVerificationError(
                         code: "transaction-not-in-receipt",
