@@ -28,27 +28,38 @@ struct ProjectionLockTests {
         return id
     }
 
+    /// Runs `hold` in a transaction kept open until `waiter`, started once `hold` is done, waits
+    /// for a lock on `orders` (seen in pg_locks, not guessed); then commits it and answers what
+    /// `waiter` answers.
+    static func whileHeld<Value: Sendable>(
+        _ db: TestDatabase, hold: @escaping @Sendable (DatabaseTransaction) async throws -> Void,
+        then waiter: @escaping @Sendable () async throws -> Value
+    ) async throws -> Value {
+        let (held, holding) = AsyncStream.makeStream(of: Void.self)
+        let (released, releasing) = AsyncStream.makeStream(of: Void.self)
+        let holder = Task {
+            try await db.database.transaction { transaction in
+                try await hold(transaction)
+                holding.yield()
+                for await _ in released { break }
+            }
+        }
+        for await _ in held { break }
+        let waiting = Task { try await waiter() }
+        while try await Self.waiting(db) == 0 { try await Task.sleep(for: .milliseconds(20)) }
+        releasing.yield()
+        try await holder.value
+        return try await waiting.value
+    }
+
     @Test("a rebuild that waits for an append in flight folds that append's event")
     func rebuildAfterAppendInFlight() async throws {
         try await withTestDatabase { db in
             let id = try await Self.newOrder(db, "in-flight")
-            let (appended, appending) = AsyncStream.makeStream(of: Void.self)
-            let (released, releasing) = AsyncStream.makeStream(of: Void.self)
-            let appender = Task {
-                try await db.database.transaction { transaction in
-                    let paid = try EventCoding.newEvent(.paymentAdded(PaymentAdded(queuedAt: Date())), id: EventID(), metadata: Data("{}".utf8))
-                    _ = try await db.writer.append(LedgerWriter.Write(LedgerWriter.Append([paid], to: id.streamID)), in: transaction)
-                    appending.yield()
-                    for await _ in released { break }
-                }
-            }
-            for await _ in appended { break }
-            let rebuild = Task { try await ProjectionRebuilder(database: db.database).rebuild() }
-            // The rebuild waits for the append's hold on `orders`: seen in pg_locks, not guessed.
-            while try await Self.waiting(db) == 0 { try await Task.sleep(for: .milliseconds(20)) }
-            releasing.yield()
-            try await appender.value
-            _ = try await rebuild.value
+            _ = try await Self.whileHeld(db, hold: { transaction in
+                let paid = try EventCoding.newEvent(.paymentAdded(PaymentAdded(queuedAt: Date())), id: EventID(), metadata: Data("{}".utf8))
+                _ = try await db.writer.append(LedgerWriter.Write(LedgerWriter.Append([paid], to: id.streamID)), in: transaction)
+            }, then: { try await ProjectionRebuilder(database: db.database).rebuild() })
             let order = try await OrderLedger(writer: db.writer).order(id)
             #expect(order?.version == 1 && order?.state == .paymentAdded, "\(String(describing: order))")
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
@@ -59,25 +70,13 @@ struct ProjectionLockTests {
     func verifyAfterRebuildInFlight() async throws {
         try await withTestDatabase { db in
             _ = try await Self.newOrder(db, "rebuilt")
-            let (truncated, truncating) = AsyncStream.makeStream(of: Void.self)
-            let (released, releasing) = AsyncStream.makeStream(of: Void.self)
             // A rebuild's writes, held before its commit: the projections emptied and written again.
-            let rebuild = Task {
-                try await db.database.transaction { transaction in
-                    let connection = transaction.connection
-                    try await connection.query("CREATE TEMP TABLE kept ON COMMIT DROP AS SELECT * FROM orders", logger: TestServer.logger)
-                    try await connection.query("TRUNCATE orders, apple_transactions, subscriptions, subscription_periods", logger: TestServer.logger)
-                    try await connection.query("INSERT INTO orders SELECT * FROM kept", logger: TestServer.logger)
-                    truncating.yield()
-                    for await _ in released { break }
-                }
-            }
-            for await _ in truncated { break }
-            let verify = Task { try await ProjectionRebuilder(database: db.database).verify() }
-            while try await Self.waiting(db) == 0 { try await Task.sleep(for: .milliseconds(20)) }
-            releasing.yield()
-            try await rebuild.value
-            let differences = try await verify.value
+            let differences = try await Self.whileHeld(db, hold: { transaction in
+                let connection = transaction.connection
+                try await connection.query("CREATE TEMP TABLE kept ON COMMIT DROP AS SELECT * FROM orders", logger: TestServer.logger)
+                try await connection.query("TRUNCATE orders, apple_transactions, subscriptions, subscription_periods", logger: TestServer.logger)
+                try await connection.query("INSERT INTO orders SELECT * FROM kept", logger: TestServer.logger)
+            }, then: { try await ProjectionRebuilder(database: db.database).verify() })
             #expect(differences == [], "\(differences.prefix(3))")
         }
     }
