@@ -44,7 +44,9 @@ func buildRouter(
     router.add(middleware: QueryParameterMiddleware(routes: routes))
     HealthController(database: database, migrator: migrator, health: health).addRoutes(to: router)
     OrdersController(ledger: services.orders, events: services.events).addRoutes(to: router)
-    ReceiptsController(receipts: services.receipts, orders: services.orders, pool: services.pool, verifier: apple, metrics: metrics)
+    ReceiptsController(
+        receipts: services.receipts, orders: services.orders, pool: services.pool, notifications: services.notifications, verifier: apple,
+        metrics: metrics)
         .addRoutes(to: router)
     NotificationsController(notifications: services.notifications, verifier: apple, metrics: metrics).addRoutes(to: router)
     ReconcileController(pass: configuration.reconcilerPass(services)).addRoutes(to: router)

@@ -13,6 +13,8 @@ struct ReceiptsController {
     let receipts: ReceiptLedger
     let orders: OrderLedger
     let pool: TransactionPool
+    /// Where a refund Apple signed in a proof is recorded, as the refund catch-up records one.
+    let notifications: NotificationLedger
     let verifier: AppleProofVerifier
     let metrics: LedgerMetrics
 
@@ -47,6 +49,8 @@ struct ReceiptsController {
                 if let revocation {
                     // Never granted; a backend's unverified claim of it is taken back first.
                     _ = try await receipts.takeBackClaim(of: transaction, claim: claim, refunded: true, metadata: metadata)
+                    // Granted or pooled before Apple took it back: its refund is recorded.
+                    _ = try await notifications.applyRefundSeen(transaction, revocation, metadata: metadata)
                     throw AppleProofVerifier.revoked(transaction, revocation)
                 }
                 let answer = try await receipts.apply(transaction, claim: claim, metadata: metadata)
@@ -69,6 +73,10 @@ struct ReceiptsController {
                 for case let (transaction, revocation?) in verified where claimedID == nil || transaction.transactionId == claimedID {
                     _ = try await receipts.takeBackClaim(of: transaction, claim: claim, refunded: true, metadata: metadata)
                     revoked = revoked ?? (transaction, revocation)
+                }
+                // Any the ledger granted or pooled before Apple took it back: its refund is recorded.
+                for case let (transaction, revocation?) in verified {
+                    _ = try await notifications.applyRefundSeen(transaction, revocation, metadata: metadata)
                 }
                 let transactions = verified.filter { $0.revocation == nil }.map(\.transaction)
                 let answers = try await applyReceipt(transactions, claim: claim, claimedID: claimedID, metadata: metadata)

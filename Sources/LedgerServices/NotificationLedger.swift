@@ -241,3 +241,37 @@ extension NotificationLedger {
         return Applied(appended: true, streamId: stream, type: TransactionEventType.familyShareRevoked.rawValue)
     }
 }
+
+extension NotificationLedger {
+    /// A refund Apple signed that no notification said: read in Apple's refund history, or seen
+    /// in a client's proof. Applied as a `REFUND` notification would be; its event's id is named
+    /// by the transaction, so it is applied once however often, and by whichever way, it arrives.
+    public static func refundRead(_ transaction: AppleTransaction, _ revocation: Revocation) -> Notification {
+        let record = NotificationReceived(
+            notificationUUID: EventID.named("refund-history", transaction.transactionId.rawValue).uuid, notificationType: "REFUND",
+            subtype: nil, transactionId: transaction.transactionId, signedDate: revocation.date)
+        return Notification(record: record, transaction: transaction, revocation: revocation, fromRefundHistory: true)
+    }
+
+    /// `metadata` marked `refundCatchUp`, so that the report counts the refunds no notification
+    /// said (`refundsCaughtUp`).
+    public static func markedCaughtUp(_ metadata: Data) -> Data {
+        var marked = (try? JSONSerialization.jsonObject(with: metadata)) as? [String: Any] ?? [:]
+        marked["refundCatchUp"] = true
+        return (try? JSONSerialization.data(withJSONObject: marked)) ?? metadata
+    }
+
+    /// A refund or revocation Apple signed in a client's proof (a signed transaction's
+    /// `revocationDate`, a legacy receipt's `cancellation_date_ms`) of a transaction the ledger
+    /// holds, an order's or pooled, and has not recorded refunded: applied as the refund catch-up
+    /// applies one it reads (the order `refunded`, the pooled transaction kept from being
+    /// granted). One the ledger does not hold stays out, as the proof itself does. True when it
+    /// was applied now.
+    public func applyRefundSeen(_ transaction: AppleTransaction, _ revocation: Revocation, metadata: Data) async throws -> Bool {
+        let id = transaction.transactionId
+        let pool = TransactionPool(database: database)
+        // A row the ledger holds (of an app, or of none) has a key here.
+        guard try await pool.apps(of: [id])[id] != nil, try await !pool.refundsRecorded([id]).contains(id) else { return false }
+        return try await apply(Self.refundRead(transaction, revocation), metadata: Self.markedCaughtUp(metadata)).appended
+    }
+}

@@ -67,9 +67,7 @@ public struct RefundCatchUp: Sendable {
     ) async throws -> Summary {
         let accounts = try await cursors.dueAccounts(lookbackDays: lookbackDays, recheckAfter: recheckAfter, all: all)
         // Marked, so that the report counts the refunds this caught up.
-        var marked = (try? JSONSerialization.jsonObject(with: metadata)) as? [String: Any] ?? [:]
-        marked["refundCatchUp"] = true
-        let metadata = (try? JSONSerialization.data(withJSONObject: marked)) ?? metadata
+        let metadata = NotificationLedger.markedCaughtUp(metadata)
         var summary = Summary()
         progress?(0, accounts.count)
         // Apps whose key Apple refused or that Apple asked to pause: their other accounts wait
@@ -176,11 +174,7 @@ public struct RefundCatchUp: Sendable {
                     summary.known += 1
                     continue
                 }
-                let record = NotificationReceived(
-                    notificationUUID: EventID.named("refund-history", transaction.transactionId.rawValue).uuid, notificationType: "REFUND",
-                    subtype: nil, transactionId: transaction.transactionId, signedDate: revocation.date)
-                let result = try await notifications.apply(
-                    .init(record: record, transaction: transaction, revocation: revocation, fromRefundHistory: true), metadata: metadata)
+                let result = try await notifications.apply(NotificationLedger.refundRead(transaction, revocation), metadata: metadata)
                 if result.appended {
                     summary.applied += 1
                 } else {

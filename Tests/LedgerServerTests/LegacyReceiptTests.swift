@@ -49,6 +49,31 @@ struct LegacyReceiptTests {
         }
     }
 
+    @Test("a receipt listing Apple's refund of a purchase the ledger granted records the refund, once")
+    func cancelledAfterGranted() async throws {
+        let now = Date().millisecondsSince1970
+        let standIn = VerifyReceiptStandIn(answers: [
+            "production:BOUGHT": answer([item("3000130", purchased: now - 60_000)]),
+            "production:LATER": answer([item("3000130", purchased: now - 60_000, cancelled: now - 1_000), item("3000131", purchased: now - 30_000)]),
+        ])
+        try await standIn.run { production, sandbox in
+            try await withReceiptsApplication(apple, production: production, sandbox: sandbox) { http, db in
+                try await http.send(.post, "/v1/orders", json: newOrder("o-bought", user: "u-c"))
+                let (_, bought) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-c", "orderId": "o-bought", "receiptData": "BOUGHT"])
+                #expect(bought["outcome"] as? String == "matched", "\(bought)")
+                try await http.send(.post, "/v1/orders/o-bought/events", json: ["type": "delivered", "data": [:]])
+                try await http.send(.post, "/v1/orders", json: newOrder("o-next", user: "u-c"))
+                for _ in 0..<2 {
+                    let (_, next) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-c", "orderId": "o-next", "receiptData": "LATER"])
+                    #expect(next["outcome"] as? String == "matched" && next["transactionId"] as? String == "3000131", "\(next)")
+                }
+                let (_, order) = try await http.send(.get, "/v1/orders/o-bought")
+                #expect(order["state"] as? String == "refunded", "\(order)")
+                #expect(try await scalar(db, "SELECT count(*)::int FROM events WHERE stream_id = 'order-o-bought' AND type = 'refunded'", as: Int.self) == 1)
+            }
+        }
+    }
+
     @Test("a restore pays no order: answered recorded; the order the proof names stays open, else the answer names the original's order")
     func restorePaysNoOrder() async throws {
         let now = Date().millisecondsSince1970

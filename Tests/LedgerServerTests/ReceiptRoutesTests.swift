@@ -302,6 +302,38 @@ struct ReceiptRoutesTests {
         }
     }
 
+    @Test("a client's proof that Apple revoked a transaction the ledger granted or pooled records the refund, once")
+    func revokedAfterGranted() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let granted = TestApple.transaction("1000031")
+            try await http.deliveredOrder("o-granted", paidWith: granted, apple: apple)
+            try await http.send(.post, "/v1/orders", json: newOrder("o-open"))
+            let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-1", "signedTransaction": try await apple.sign(TestApple.transaction("1000032"))])
+            #expect(pooled["outcome"] as? String == "unmatched", "\(pooled)")
+
+            for id in ["1000031", "1000032"] {
+                var refunded = TestApple.transaction(id)
+                refunded.revocationDate = Date().millisecondsSince1970
+                refunded.revocationReason = 1
+                let jws = try await apple.sign(refunded)
+                for _ in 0..<2 {
+                    let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": jws])
+                    #expect(answer["outcome"] as? String == "rejected" && answer["reason"] as? String == "transaction-revoked", "\(answer)")
+                }
+            }
+            let (_, order) = try await http.send(.get, "/v1/orders/o-granted")
+            #expect(order["state"] as? String == "refunded", "\(order)")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM events WHERE stream_id = 'order-o-granted' AND type = 'refunded'", as: Int.self) == 1)
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '1000032'", as: String.self) == "refunded")
+            let (_, reconciled) = try await http.send(.post, "/v1/reconcile")
+            #expect(reconciled["paired"] as? Int == 0, "a refunded pooled transaction pays no open order: \(reconciled)")
+            let (_, report) = try await http.send(.get, "/v1/reports/reconciliation")
+            let totals = report["sandboxTotals"] as? [String: Any] ?? [:]
+            #expect(totals["refundsCaughtUp"] as? Int == 1 && totals["refunded"] as? Int == 1, "\(totals)")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("a forged proof changes no order, is recorded for audit once, and is answered rejected with the reason")
     func forged() async throws {
         try await withReceiptsApplication(apple) { http, db in
