@@ -68,6 +68,14 @@ public struct NotificationLedger: Sendable {
     }
 
     public func apply(_ notification: Notification, metadata: Data) async throws -> Applied {
+        // Another type's signed transaction that says Apple refunded or revoked it (signed after
+        // the refund; Apple's notifications come in no promised order): the refund first, as one
+        // read in Apple's refund history, so that no notification grants what Apple took back.
+        let type = notification.record.notificationType
+        if !notification.fromRefundHistory, let transaction = notification.transaction, let revocation = notification.revocation,
+           !AppleTransactionRecord.isRefund(type), type != "REFUND_REVERSED" {
+            _ = try await apply(Self.refundRead(transaction, revocation), metadata: Self.markedCaughtUp(metadata))
+        }
         if let applied = try await applyInGroup(notification, metadata: metadata) { return applied }
         // The transaction's lock, then its order's: a client's proof takes them together, and
         // PostgreSQL may break a deadlock between the two here; the same notification delivered

@@ -200,4 +200,23 @@ struct RefundRoutesTests {
             #expect(totals["verified"] as? Int == 2 && totals["revenue"] as? String == "1.98", "\(totals)")
         }
     }
+    @Test("another type's notification whose signed transaction Apple revoked never grants it: the refund is applied first, once")
+    func revokedInAnotherType() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let (_, created) = try await http.send(.post, "/v1/orders", json: newOrder("o-charged"))
+            try await http.send(.post, "/v1/orders", json: newOrder("o-open"))
+            let token = UUID(uuidString: created["appAccountToken"] as? String ?? "")
+            let charge = try await apple.notification("ONE_TIME_CHARGE", transaction: revoked(TestApple.transaction("5000301", appAccountToken: token), type: "REFUND_FULL"))
+            for _ in 0..<2 { try await http.notifyAppleTaken(charge) }
+            #expect(try await events(http, "o-charged").map { $0["type"] as? String } == ["created", "receipt-received", "verified", "refunded", "notification-received"])
+            // No order names it: pooled refunded, never paired.
+            try await http.notifyAppleTaken(try await apple.notification("CONSUMPTION_REQUEST", transaction: revoked(TestApple.transaction("5000302"), type: "REFUND_FULL")))
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '5000302'", as: String.self) == "refunded")
+            let (_, reconciled) = try await http.send(.post, "/v1/reconcile")
+            #expect(reconciled["paired"] as? Int == 0, "\(reconciled)")
+            let totals = try await http.send(.get, "/v1/reports/reconciliation").1["sandboxTotals"] as? [String: Any] ?? [:]
+            #expect(totals["refunded"] as? Int == 1 && totals["revenue"] as? String == "0", "\(totals)")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
 }
