@@ -364,8 +364,17 @@ public struct AppleProofVerifier: Sendable {
     static func transaction(
         _ payload: SignedTransactionPayload, sha256: String, app: App? = nil
     ) throws(AppleVerificationError) -> AppleTransaction {
-        guard let id = try? TransactionID(payload.transactionId), let product = try? ProductID(payload.productId) else {
-            throw .malformed("the transaction's transactionId or productId is empty or longer than 128 characters")
+        let id: TransactionID
+        let product: ProductID
+        do {
+            id = try TransactionID(payload.transactionId)
+            product = try ProductID(payload.productId)
+            // Ids the ledger keeps and looks transactions up by, as Apple writes them.
+            for (field, value) in [("originalTransactionId", payload.originalTransactionId), ("appTransactionId", payload.appTransactionId)] {
+                if let value { _ = try Identifier.validate(value, field: field) }
+            }
+        } catch {
+            throw .malformed("the transaction's \(error.field) \(error.problem)")
         }
         return AppleTransaction(
             transactionId: id, originalTransactionId: payload.originalTransactionId, productId: product,

@@ -79,6 +79,7 @@ public final class SignedDataVerifier: Sendable {
                 throw .malformed(Self.payloadProblem(error))
             }
             try Self.checkDates(of: unverified)
+            try Self.checkNoNUL(payload)
             chain = known
         } else {
             let header: JWTHeader
@@ -94,6 +95,7 @@ public final class SignedDataVerifier: Sendable {
                 throw .malformed("the token is not a JWS with a base64url JSON header and payload (\(Self.reason(error)))")
             }
             try Self.checkDates(of: unverified)
+            if let payload = Self.base64URLDecoded(bytes[(dots[0] + 1)..<dots[1]]) { try Self.checkNoNUL(payload) }
             guard header.alg == "ES256" else { throw .unsupportedAlgorithm(header.alg) }
             guard let x5c = header.x5c, x5c.count == 3 else {
                 throw .chain("the x5c header must hold exactly 3 certificates; it holds \(header.x5c?.count ?? 0)")
@@ -123,6 +125,20 @@ public final class SignedDataVerifier: Sendable {
             if let milliseconds, !keptDates.contains(milliseconds) {
                 throw .malformed("the payload's \(name) (\(milliseconds) ms since 1970) is outside the years 1970 to 9999")
             }
+        }
+    }
+
+    /// Refuses a payload with a NUL character in a string (`\u0000`, the only way JSON writes
+    /// one): PostgreSQL stores none, in text or JSON, and Apple never signs one.
+    static func checkNoNUL(_ payload: [UInt8]) throws(AppleVerificationError) {
+        let nul = Array(#"\u0000"#.utf8)
+        var index = payload.startIndex
+        while let slash = payload[index...].firstIndex(of: UInt8(ascii: "\\")) {
+            if payload[slash...].starts(with: nul) {
+                throw .malformed("the payload holds a NUL character (\\u0000) in a string; Apple never signs one")
+            }
+            // An escaped backslash is skipped whole: `\\u0000` is a backslash, then text.
+            index = payload.index(slash, offsetBy: 2, limitedBy: payload.endIndex) ?? payload.endIndex
         }
     }
 

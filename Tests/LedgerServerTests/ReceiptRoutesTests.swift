@@ -379,6 +379,30 @@ struct ReceiptRoutesTests {
         }
     }
 
+    @Test("a proof or a notification whose signed strings hold a NUL or an id Apple never writes is refused by name, never a 500")
+    func nulInSignedStrings() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-nul"))
+            var nul = TestApple.transaction("1000072")
+            nul.appTransactionId = "AT\u{0}X"
+            var escaped = TestApple.transaction("1000073")
+            escaped.currency = "US\\u0000D"
+            var long = TestApple.transaction("1000074")
+            long.originalTransactionId = String(repeating: "7", count: 129)
+            for (transaction, named) in [(nul, "NUL"), (long, "originalTransactionId")] {
+                let (status, answer) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-nul", "signedTransaction": try await apple.sign(transaction)])
+                #expect(status == .ok && answer["outcome"] as? String == "rejected" && answer["reason"] as? String == "malformed-token", "\(answer)")
+                #expect((answer["message"] as? String)?.contains(named) == true, "\(answer)")
+                let (noteStatus, refusal) = try await http.notifyApple(try await apple.notification("ONE_TIME_CHARGE", transaction: transaction))
+                #expect(noteStatus == .badRequest && errorOf(refusal)["code"] as? String == "malformed-token", "\(refusal)")
+            }
+            // A backslash before "u0000" is text, not a NUL: taken.
+            let (_, taken) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-nul", "signedTransaction": try await apple.sign(escaped)])
+            #expect(taken["outcome"] as? String == "matched", "\(taken)")
+            #expect(try await scalar(db, "SELECT string_agg(transaction_id, ',') FROM apple_transactions", as: String.self) == "1000073")
+        }
+    }
+
     @Test("with no Apple root configured: retry-later with Retry-After, nothing recorded")
     func noRootsConfigured() async throws {
         try await withLiveApplication { http, db in
