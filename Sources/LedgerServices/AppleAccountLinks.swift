@@ -51,6 +51,14 @@ public struct AppleAccountLinks: Sendable {
         let owner = try await owner(of: id, in: tx)
         if owner == user { return Answer(outcome: .alreadyLinked, appTransactionId: id, userId: user, ownerUserId: nil) }
         if let owner { return try await recordConflict(id, claimedBy: user, owner: owner, metadata: metadata, in: tx) }
+        // No link yet, but the ledger knows the account for another user already (its earliest
+        // transaction tied to an order): a link would move every later purchase of the account to
+        // the claimant, whoever was first. The account is linked to the user the ledger knows,
+        // which changes no one's purchases, and the claim is a conflict for support.
+        if let tied = try await TransactionPool(database: database).earliestTiedUser(of: id.rawValue, bundleId: account.bundleId, in: tx), tied != user {
+            _ = try await recordLink(account, to: tied, metadata: metadata, in: tx)
+            return try await recordConflict(id, claimedBy: user, owner: tied, metadata: metadata, in: tx)
+        }
         return try await recordLink(account, to: user, metadata: metadata, in: tx)
     }
 

@@ -206,6 +206,20 @@ extension TransactionPool {
         return nil
     }
 
+    /// The user of the Apple account's earliest transaction (of `bundleId`'s app) tied to an
+    /// order: whom the ledger knows for an account no link names (`ledger_known_user`'s rule).
+    public func earliestTiedUser(of account: String, bundleId: String, in tx: DatabaseTransaction) async throws -> UserID? {
+        let rows = try await tx.connection.guardedQuery(
+            """
+            SELECT k.user_id FROM apple_transactions k
+             WHERE k.app_transaction_id = \(account) AND k.order_id IS NOT NULL AND k.bundle_id IS NOT DISTINCT FROM \(bundleId)
+             ORDER BY k.purchase_date LIMIT 1
+            """,
+            logger: database.logger)
+        for try await user in rows.decode(String?.self) { return user.map { UserID(unchecked: $0) } }
+        return nil
+    }
+
     /// Pooled transactions whose own user is not the one the ledger now knows for them
     /// (`ledger_known_user`: their token's order, their Apple account's link, an earlier tie, any
     /// of which may come after they were pooled), oldest first. The reconciler's pool leaves them

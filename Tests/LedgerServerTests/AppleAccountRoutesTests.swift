@@ -65,6 +65,32 @@ struct AppleAccountRoutesTests {
         }
     }
 
+    @Test("an account the ledger knows for a user by a purchase tied to an order is not linked to another: a conflict, the account stays")
+    func linkAfterTie() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-alice", user: "u-alice"))
+            var first = TestApple.transaction("7300011")
+            first.appTransactionId = "acct-tied"
+            let (_, paid) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-alice", "signedTransaction": try await apple.sign(first)])
+            #expect(paid["outcome"] as? String == "matched", "\(paid)")
+
+            let signed = try await apple.sign(TestApple.appTransaction("acct-tied"))
+            let (_, bob) = try await link(http, "u-bob", signed)
+            #expect(bob["outcome"] as? String == "conflict" && bob["ownerUserId"] as? String == "u-alice", "\(bob)")
+            #expect(try await scalar(db, "SELECT claimed_by FROM dashboards.apple_account_conflicts", as: String.self) == "u-bob")
+            // Bob's purchase from that account is held for support, not his.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-bob", user: "u-bob"))
+            var second = TestApple.transaction("7300012")
+            second.appTransactionId = "acct-tied"
+            let (_, held) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-bob", "signedTransaction": try await apple.sign(second)])
+            #expect(held["outcome"] as? String == "unmatched" && held["reason"] as? String == "account-conflict", "\(held)")
+            // The account is linked to the user the ledger knew: hers at her next login.
+            let (_, alice) = try await link(http, "u-alice", signed)
+            #expect(alice["outcome"] as? String == "already-linked", "\(alice)")
+            #expect(try await scalar(db, "SELECT user_id || ' ' || conflicts FROM dashboards.apple_accounts WHERE app_transaction_id = 'acct-tied'", as: String.self) == "u-alice 1")
+        }
+    }
+
     @Test("a linked account resolves the user of an orphan that came without one")
     func linkResolvesOrphan() async throws {
         try await withReceiptsApplication(apple) { http, db in
