@@ -191,6 +191,27 @@ struct SubscriptionReportTests {
         }
     }
 
+    @Test("two refunds of one renewal recorded out of Apple's order: dashboards.daily_orders takes back what the report does, Apple's latest")
+    func renewalRefundsOutOfOrder() async throws {
+        try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
+            let periods = (0..<2).map { SubscriptionFixture.signed("9300601", period: $0) }
+            try await SubscriptionFixture.record(secondServer(db), periods, user: "su-oo")
+            // Apple's full refund at :31 came first; its 25% refund at :20, made before it, after.
+            let now = Date().millisecondsSince1970
+            for (revoked, type, percentage) in [(now - 60_000, "REFUND_FULL", nil), (now - 660_000, "REFUND_PRORATED", 25_000) as (Int64, String, Int?)] {
+                var refunded = periods[1]
+                refunded.revocationDate = revoked
+                refunded.revocationType = type
+                refunded.revocationPercentage = percentage
+                try await http.notifyAppleTaken(try await apple.notification("REFUND", transaction: refunded, environment: "Production"))
+            }
+            let (_, report) = try await http.send(.get, "/v1/reports/reconciliation?from=2000-01-01")
+            let renewals = (report["rows"] as? [[String: Any]] ?? []).filter { $0["kind"] as? String == "subscription-renewal" }
+            #expect(renewals.compactMap { $0["refundedAmount"] as? String }.filter { $0 != "0" } == ["9.99"], "\(renewals)")
+            #expect(try await scalar(db, "SELECT sum(refunded_amount)::text FROM dashboards.daily_orders WHERE kind = 'subscription-renewal'", as: String.self) == "9.99")
+        }
+    }
+
     @Test("a renewal an order holds, refunded before the ledger knew its subscription: once the subscription is known, that period is refunded and the service ended")
     func heldRenewalRefundedBeforeItsSubscription() async throws {
         try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
