@@ -55,4 +55,26 @@ struct DashboardTests {
             try await connection.close()
         }
     }
+    @Test("time_in_state is the time since the order's state changed: a notification recorded on it does not reset it")
+    func timeInStateIgnoresRecords() async throws {
+        let apple = try TestApple()
+        try await withReceiptsApplication(apple) { http, db in
+            // An order verified long ago (an imported history's, dated when it happened).
+            let csv = """
+                orderId,userId,productId,createdAt,state,price,currency,transactionId,purchaseDate,environment
+                st-1,u-st,gems.100,2026-01-01T10:00:00Z,verified,0.99,USD,5200001,2026-01-01T10:00:30Z,Sandbox
+
+                """
+            let headers: HTTPFields = [.contentType: "text/csv", .authorization: "Bearer \(http.key)"]
+            let imported = try await http.client.execute(uri: "/v1/imports?source=stuck.csv", method: .post, headers: headers, body: ByteBuffer(string: csv))
+            #expect(imported.status == .ok, "\(String(buffer: imported.body))")
+            let stuck: PostgresQuery = "SELECT coalesce(string_agg(order_id, ','), '') FROM dashboards.orders WHERE state IN ('receipt-received', 'verified') AND time_in_state > interval '1 hour'"
+            #expect(try await scalar(db, stuck, as: String.self) == "st-1")
+            // Apple asks for consumption data about it: recorded on the order, no state changed.
+            let purchase = TestApple.transaction("5200001", purchaseDate: Date(timeIntervalSince1970: 1_767_261_630))
+            try await http.notifyAppleTaken(try await apple.notification("CONSUMPTION_REQUEST", transaction: purchase, consumptionRequestReason: "UNINTENDED_PURCHASE"))
+            #expect(try await scalar(db, "SELECT count(*)::int FROM events WHERE stream_id = 'order-st-1' AND type = 'notification-received'", as: Int.self) == 1)
+            #expect(try await scalar(db, stuck, as: String.self) == "st-1", "still stuck in verified since January")
+        }
+    }
 }
