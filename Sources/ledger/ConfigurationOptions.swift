@@ -40,7 +40,7 @@ struct ConfigurationOptions: ParsableArguments {
     var appleApiPrivateKey: String?
     @Option(help: "App Store Server API base URL for Production transactions, and for Sandbox ones too unless the next is set (LEDGER_APPLE_API_URL, default Apple's production host)")
     var appleApiUrl: String?
-    @Option(help: "App Store Server API base URL for Sandbox transactions (LEDGER_APPLE_API_SANDBOX_URL, default LEDGER_APPLE_API_URL when set, else Apple's sandbox host)")
+    @Option(help: "App Store Server API base URL for Sandbox transactions (LEDGER_APPLE_API_SANDBOX_URL, default LEDGER_APPLE_API_URL when set to a host other than Apple's own, else Apple's sandbox host)")
     var appleApiSandboxUrl: String?
     @Option(help: "App Store Server API: at most this many requests per second to any one endpoint, each also within Apple's limit for it (LEDGER_APPLE_API_RATE, default 10)")
     var appleApiRate: String?
