@@ -61,12 +61,14 @@ struct QueryParameterMiddleware: RouterMiddleware {
         var seen = Set<Substring>()
         // An empty name (`?&limit=3`, a trailing `&` from a URL builder) names nothing.
         for (name, _) in query where !name.isEmpty {
+            // Named as the client wrote it (a `+` it sent is `%20` here, an escape unread).
+            let written = percentDecoded(String(name)) ?? String(name)
             guard names.contains(String(name)) else {
                 let taken = names.isEmpty ? "this route takes no query parameters" : "use \(names.joined(separator: ", "))"
-                throw LedgerInputError(field: String(name), problem: "is not a query parameter of \(request.method) \(request.uri.path); \(taken)")
+                throw LedgerInputError(field: written, problem: "is not a query parameter of \(request.method) \(request.uri.path); \(taken)")
             }
             guard seen.insert(name).inserted else {
-                throw LedgerInputError(field: String(name), problem: "is given more than once; give it once")
+                throw LedgerInputError(field: written, problem: "is given more than once; give it once")
             }
         }
         return try await next(request, context)

@@ -259,7 +259,6 @@ extension TransactionPool {
     /// one-key locks of the streams).
     public static let reconcilerClaimSpace: Int32 = 0x52_43_4C_52
 
-    /// The open orders (created or payment-added, no transaction) of `users`: the reconciler's candidates.
     /// The pairings the reconciler made for `users`' orders created since `since` (the earliest
     /// an orphan of this pass could take, `Reconciler.Settings.maximumAge` before its purchase),
     /// whose orders hold their transactions still: later passes never cross them.
@@ -280,6 +279,7 @@ extension TransactionPool {
         return pairings
     }
 
+    /// The open orders (created or payment-added, no transaction) of `users`: the reconciler's candidates.
     public func openOrders(of users: [UserID], in transaction: DatabaseTransaction) async throws -> [Reconciler.OpenOrder] {
         let rows = try await transaction.connection.guardedQuery(
             """

@@ -527,6 +527,9 @@ extension OrderRoutesTests {
                 let (status, answer) = try await http.send(.get, uri)
                 #expect(status == .ok, "\(uri): \(answer)")
             }
+            // A name the route does not take is named as the client wrote it.
+            let (refused, error) = try await http.send(.get, "/v1/orders?user+Id=x")
+            #expect(refused == .badRequest && errorOf(error)["field"] as? String == "user Id", "\(error)")
         }
     }
 }
