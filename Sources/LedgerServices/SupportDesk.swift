@@ -118,9 +118,14 @@ extension SupportDesk {
             guard OrderTransitions.isAllowed(.pairingUndone, from: order.state) else {
                 throw SupportUnmatchError.delivered(orderId, state: order.state)
             }
+            // One held for support (an Apple-account conflict) when support paired it is held again,
+            // with both its users: never free for the reconciler meanwhile, and in the conflicts'
+            // dashboard at once. Support's reason is the `pairing-undone`'s.
+            let held = pooled.reason == AppleTransactionRecord.accountConflictReason
             let back = TransactionUnmatched(
                 transaction: pooled.transaction, userId: pooled.userId ?? order.userId, claimedOrderId: orderId,
-                reason: "undone: \(reason)", undoneOrderIds: (pooled.undoneOrderIds ?? []) + [orderId])
+                reason: held ? pooled.reason : "undone: \(reason)", undoneOrderIds: (pooled.undoneOrderIds ?? []) + [orderId],
+                knownUserId: held ? pooled.knownUserId : nil)
             let version = "\(order.version + 1)"
             let undone = try EventCoding.newEvent(
                 .pairingUndone(PairingUndone(transactionId: transactionId, reason: reason, fromState: order.state)),

@@ -83,6 +83,14 @@ struct AccountConflictTests {
             #expect(try await scalar(db, "SELECT count(*)::int FROM dashboards.apple_account_conflicts WHERE transaction_id = '4200002'", as: Int.self) == 0)
             let (_, after) = try await http.send(.get, "/v1/transactions/unmatched?userId=u-bob")
             #expect((after["transactions"] as? [[String: Any]])?.isEmpty == true, "\(after)")
+
+            // Support undoes it: held for support again at once, with both users, not free.
+            let (undone, undo) = try await http.send(.post, "/v1/transactions/4200002/unmatch", json: ["reason": "wrong call"])
+            #expect(undone == .ok, "\(undo)")
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '4200002'", as: String.self) == "conflict")
+            #expect(try await scalar(db, """
+                SELECT claimed_by || ' ' || owner_user_id FROM dashboards.apple_account_conflicts WHERE transaction_id = '4200002'
+                """, as: String.self) == "u-bob u-alice")
         }
     }
 
