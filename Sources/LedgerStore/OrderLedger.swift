@@ -44,10 +44,12 @@ public struct OrderLedger: Sendable {
             if app?.appAccountTokens == .user {
                 body.appAccountTokenScope = .user
                 // The user's first token is named by the app and the user, so two servers creating
-                // the user's first orders at once give both the same.
+                // the user's first orders at once give both the same, and by the database's secret,
+                // so that no one can name another user's (sql/migrations/046_user_token_secret.sql).
                 if !tokenGiven {
-                    body.appAccountToken = try await userToken(body.userId, in: app?.bundleId)
-                        ?? EventID.named("user-token", app?.bundleId.rawValue ?? "", body.userId.rawValue).uuid
+                    let (token, secret) = try await userToken(body.userId, in: app?.bundleId)
+                    body.appAccountToken = token
+                        ?? EventID.named("user-token", secret.uuidString, app?.bundleId.rawValue ?? "", body.userId.rawValue).uuid
                 }
             }
         } catch {
@@ -184,16 +186,19 @@ public struct OrderLedger: Sendable {
         return nil
     }
 
-    /// The per-user token the user's orders in app `bundleID` carry, if they carry one.
-    func userToken(_ user: UserID, in bundleID: BundleID?) async throws -> UUID? {
+    /// The per-user token the user's orders in app `bundleID` carry, if they carry one, and the
+    /// database's secret a first one is named with.
+    func userToken(_ user: UserID, in bundleID: BundleID?) async throws -> (token: UUID?, secret: UUID) {
         let rows = try await database.query(
             """
-            SELECT app_account_token FROM app_account_tokens
-             WHERE bundle_id = \(bundleID?.rawValue ?? "") AND user_id = \(user.rawValue) AND order_id IS NULL
-             LIMIT 1
+            SELECT (SELECT app_account_token FROM app_account_tokens
+                     WHERE bundle_id = \(bundleID?.rawValue ?? "") AND user_id = \(user.rawValue) AND order_id IS NULL
+                     LIMIT 1),
+                   (SELECT value FROM ledger_secrets WHERE name = 'user-token')
             """)
-        for try await token in rows.decode(UUID.self) { return token }
-        return nil
+        for try await (token, secret) in rows.decode((UUID?, UUID).self) { return (token, secret) }
+        // A SELECT of no table answers one row: never here.
+        throw OrderDecisionError.noSuchOrder
     }
 
     private static func orderID(from rows: some AsyncSequence<PostgresRow, any Error>) async throws -> OrderID? {

@@ -60,6 +60,24 @@ struct PerUserTokenTests {
         }
     }
 
+    @Test("a user's first token is named with the database's secret: another user cannot compute it and take it first")
+    func firstTokenCannotBeGuessed() async throws {
+        try await withReceiptsApplication(apple, configure: Self.perUser) { http, db in
+            // What the victim's token would be, named by the app and the user alone.
+            let guessed = EventID.named("user-token", TestApple.bundleId, "victim").uuid.uuidString.lowercased()
+            let (taken, _) = try await order(http, "o-mallory", user: "mallory", token: guessed)
+            #expect(taken == .created)
+            let (created, victim) = try await order(http, "o-victim", user: "victim", token: nil)
+            #expect(created == .created, "\(victim)")
+            let token = try #require(victim["appAccountToken"] as? String)
+            #expect(token != guessed)
+            // The same on every server: the user's next order, and a second server's, carry it.
+            let (_, again) = try await order(http, "o-victim-2", user: "victim", token: nil)
+            #expect(again["appAccountToken"] as? String == token)
+            #expect(try await scalar(db, "SELECT count(*)::int FROM ledger_secrets", as: Int.self) == 1)
+        }
+    }
+
     @Test("a per-order app still refuses a second order with a token, and a per-user token is never taken by an order of a per-order app")
     func perOrderStaysTheDefault() async throws {
         try await withReceiptsApplication(apple) { http, _ in
