@@ -172,12 +172,14 @@ public struct NotificationLedger: Sendable {
                 let snapshot = try await writer.read(orders: [orderID], transactions: [], in: tx)
                 if let order = snapshot.order(orderID) {
                     var event = OrderEvent.notificationReceived(told)
+                    var marked = metadata
                     if told.takesBack, OrderTransitions.isAllowed(.refunded, from: order.state) {
                         event = .refunded(Refunded(revocation, notificationType: notification.fromRefundHistory ? nil : type))
                     } else if type == "REFUND_REVERSED", OrderTransitions.isAllowed(.refundReversed, from: order.state) {
                         event = .refundReversed
+                        marked = Self.reversalMarked(metadata, signedDate: record.signedDate, transactionId: id)
                     }
-                    _ = try await receipts.append([(event, eventID)], to: order, metadata: metadata, in: tx, knowing: snapshot)
+                    _ = try await receipts.append([(event, eventID)], to: order, metadata: marked, in: tx, knowing: snapshot)
                     return Applied(appended: true, streamId: orderID.streamID, type: event.type.rawValue)
                 }
             }
@@ -196,6 +198,17 @@ public struct NotificationLedger: Sendable {
 }
 
 extension NotificationLedger {
+    /// `metadata` of an order's `refund-reversed` written for Apple's `REFUND_REVERSED`, marked with
+    /// the transaction and when Apple signed the reversal (the event has no body): a refund revoked
+    /// before it that arrives late refunds nothing (`EventStore.refundReversed`), whatever date the
+    /// refund it reversed was recorded with (a backend's own `refunded`, to the second, say).
+    static func reversalMarked(_ metadata: Data, signedDate: Date, transactionId: TransactionID) -> Data {
+        var marked = (try? JSONSerialization.jsonObject(with: metadata)) as? [String: Any] ?? [:]
+        marked["reversalSignedDate"] = EventCoding.formatDate(signedDate)
+        marked["transactionId"] = transactionId.rawValue
+        return (try? JSONSerialization.data(withJSONObject: marked)) ?? metadata
+    }
+
     /// Whether `stored`, found under a notification's UUID, is a backend's own event rather than
     /// the notification applied before: one a backend may append, on an order's stream, that no
     /// notification path wrote (those mark their events with the notification's type or the

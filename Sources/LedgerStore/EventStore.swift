@@ -82,7 +82,8 @@ public struct EventStore: Sendable {
     /// Whether Apple reversed the refund of Apple transaction `transactionId` revoked at `date`,
     /// as `streams` (its own, its order's, its subscription's) hold it in the caller's
     /// transaction: a `REFUND_REVERSED` of it signed after `date` (a `notification-received` of
-    /// that type, or a `subscription-period-refund-reversed` that kept its signing time), or that
+    /// that type, a `subscription-period-refund-reversed` that kept its signing time, or an
+    /// order's `refund-reversed` whose metadata did, `reversalSignedDate`), or that
     /// same refund recorded (revoked at `date`, within 2 ms) and a reversal after it on its
     /// stream (an order's `refund-reversed` keeps no time of its own).
     public func refundReversed(_ transactionId: String, revokedAt date: Date, on streams: [StreamID], in transaction: DatabaseTransaction) async throws -> Bool {
@@ -96,6 +97,11 @@ public struct EventStore: Sendable {
                         OR type = 'subscription-period-refund-reversed')
                    AND data->>'transactionId' = \(transactionId)
                    AND (data->>'signedDate')::timestamptz > \(date)
+            ) OR EXISTS (
+                SELECT 1 FROM events
+                 WHERE stream_id = ANY(\(streams)) AND type = 'refund-reversed'
+                   AND metadata->>'transactionId' = \(transactionId)
+                   AND (metadata->>'reversalSignedDate')::timestamptz > \(date)
             ) OR EXISTS (
                 SELECT 1 FROM events r
                  WHERE r.stream_id = ANY(\(streams))

@@ -219,4 +219,28 @@ struct RefundRoutesTests {
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
+    @Test("Apple's REFUND arriving after its REFUND_REVERSED refunds nothing, though the refund the order holds was recorded to the second")
+    func lateRefundAfterReversalOfABackendsRefund() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let purchase = TestApple.transaction("5000401")
+            try await http.deliveredOrder("o-late", paidWith: purchase, apple: apple)
+            let revoked = Date(millisecondsSince1970: Date().millisecondsSince1970 / 1000 * 1000 - 30_456)
+            // The backend passes Apple's refund on, its time cut to the second.
+            let cut = ISO8601DateFormatter().string(from: revoked)
+            let (status, answer) = try await http.send(.post, "/v1/orders/o-late/events", json: ["type": "refunded", "data": ["revocationDate": cut, "revocationReason": 1]])
+            #expect(status == .created, "\(answer)")
+            let reversal = try await http.notifyAppleTaken(try await apple.notification("REFUND_REVERSED", transaction: purchase))
+            #expect(reversal["type"] as? String == "refund-reversed", "\(reversal)")
+            // Apple's REFUND, retried or backfilled late, with the refund's own time.
+            var refunded = purchase
+            refunded.revocationDate = revoked.millisecondsSince1970
+            refunded.revocationReason = 1
+            let late = try await http.notifyAppleTaken(try await apple.notification("REFUND", transaction: refunded, signedDate: revoked))
+            #expect(late["type"] as? String == "notification-received", "\(late)")
+            let (_, order) = try await http.send(.get, "/v1/orders/o-late")
+            #expect(order["state"] as? String == "delivered", "\(order)")
+            #expect(try await scalar(db, "SELECT coalesce(sum(refunded_amount), 0)::text FROM dashboards.daily_orders", as: String.self) == "0")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
 }
