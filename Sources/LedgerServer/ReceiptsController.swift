@@ -82,9 +82,11 @@ struct ReceiptsController {
                 let answers = try await applyReceipt(transactions, claim: claim, claimedID: claimedID, metadata: metadata)
                 if let unpaid = answers.unpaid {
                     // The order the proof names: Apple took back its product's purchase in the
-                    // receipt, or the receipt holds none that no other order holds (the others
-                    // applied all the same). Never answered with another order's match.
-                    for case let (transaction, revocation?) in verified where transaction.productId == unpaid.product {
+                    // receipt (and the receipt holds no other of it), or the receipt holds none
+                    // that no other order holds (the others applied all the same; another order
+                    // took the one it held meanwhile). Never answered with another order's match.
+                    for case let (transaction, revocation?) in verified
+                    where transaction.productId == unpaid.product && !transactions.contains(where: { $0.productId == unpaid.product }) {
                         throw Self.refusal(transaction, revocation)
                     }
                     throw AppleVerificationError(

@@ -115,7 +115,11 @@ struct LegacyReceiptTests {
     @Test("one receipt uploaded for several orders at once, no transaction named: one order takes its purchase, none is failed")
     func concurrentUploadsWithoutAClaim() async throws {
         let now = Date().millisecondsSince1970
-        let standIn = VerifyReceiptStandIn(answers: ["production:ONE": answer([item("3000120", purchased: now - 30_000)])])
+        // With a refunded purchase of the same product beside it: the losers' answer is still
+        // about the purchase another order took, never told to finish.
+        let standIn = VerifyReceiptStandIn(answers: [
+            "production:ONE": answer([item("3000121", purchased: now - 60_000, cancelled: now - 50_000), item("3000120", purchased: now - 30_000)]),
+        ])
         try await standIn.run { production, sandbox in
             try await withReceiptsApplication(apple, production: production, sandbox: sandbox) { http, db in
                 let orders = (0..<8).map { "q-\($0)" }
