@@ -116,6 +116,15 @@ struct SubscriptionRulesTests {
         #expect(failedLate.inBillingRetry == false)
     }
 
+    @Test("a DID_FAIL_TO_RENEW after Apple's EXPIRED starts no billing retry, whatever its renewal info says")
+    func failureAfterExpired() throws {
+        let expired = notified("EXPIRED", "BILLING_RETRY", period: 0, info: RenewalInfo(autoRenew: false, isInBillingRetryPeriod: false, signedDate: start))
+        let failed = notified("DID_FAIL_TO_RENEW", period: 0, info: RenewalInfo(isInBillingRetryPeriod: true, signedDate: start.addingTimeInterval(60)))
+        let state = try #require(fold(started + [expired, failed]))
+        #expect(state.expired && !state.inBillingRetry)
+        #expect(state.status(at: transaction(0).expiresDate!.addingTimeInterval(86_400)) == .expired)
+    }
+
     @Test("a late notification about the period an upgrade replaced (signed before it, so not marked upgraded) moves nothing back")
     func lateNotificationAboutAReplacedPeriod() {
         // A yearly start, then an upgrade to monthly ten days in: the monthly period ends first.

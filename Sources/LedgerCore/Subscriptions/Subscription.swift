@@ -185,7 +185,8 @@ public struct Subscription: Sendable, Equatable {
                 next.autoRenewProductId = info.autoRenewProductId ?? next.autoRenewProductId
                 next.expirationIntent = info.expirationIntent ?? next.expirationIntent
                 next.gracePeriodExpiresAt = info.gracePeriodExpiresDate
-                next.inBillingRetry = info.isInBillingRetryPeriod ?? next.inBillingRetry
+                // Apple's EXPIRED ended billing retry: renewal info saying otherwise starts none.
+                next.inBillingRetry = !next.expired && (info.isInBillingRetryPeriod ?? next.inBillingRetry)
             }
             switch body.notification?.notificationType {
             case "DID_FAIL_TO_RENEW":
