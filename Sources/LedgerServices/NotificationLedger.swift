@@ -266,10 +266,13 @@ extension NotificationLedger {
 extension NotificationLedger {
     /// A refund Apple signed that no notification said: read in Apple's refund history, or seen
     /// in a client's proof. Applied as a `REFUND` notification would be; its event's id is named
-    /// by the transaction, so it is applied once however often, and by whichever way, it arrives.
+    /// by the transaction and the refund's `revocationDate`, so one refund is applied once however
+    /// often, and by whichever way, it arrives, and a refund Apple made again after reversing the
+    /// first is another.
     public static func refundRead(_ transaction: AppleTransaction, _ revocation: Revocation) -> Notification {
+        let name = EventID.named("refund-history", transaction.transactionId.rawValue, String(revocation.date.millisecondsSince1970))
         let record = NotificationReceived(
-            notificationUUID: EventID.named("refund-history", transaction.transactionId.rawValue).uuid, notificationType: "REFUND",
+            notificationUUID: name.uuid, notificationType: "REFUND",
             subtype: nil, transactionId: transaction.transactionId, signedDate: revocation.date)
         return Notification(record: record, transaction: transaction, revocation: revocation, fromRefundHistory: true)
     }

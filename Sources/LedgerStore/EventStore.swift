@@ -83,7 +83,7 @@ public struct EventStore: Sendable {
     /// as `streams` (its own, its order's, its subscription's) hold it in the caller's
     /// transaction: a `REFUND_REVERSED` of it signed after `date` (a `notification-received` of
     /// that type, a `subscription-period-refund-reversed` that kept its signing time, or an
-    /// order's `refund-reversed` whose metadata did, `reversalSignedDate`), or that
+    /// order's `refund-reversed`: its metadata's `reversalSignedDate`, else when it was recorded), or that
     /// same refund recorded (revoked at `date`, within 2 ms) and a reversal after it on its
     /// stream (an order's `refund-reversed` keeps no time of its own).
     public func refundReversed(_ transactionId: String, revokedAt date: Date, on streams: [StreamID], in transaction: DatabaseTransaction) async throws -> Bool {
@@ -98,10 +98,13 @@ public struct EventStore: Sendable {
                    AND data->>'transactionId' = \(transactionId)
                    AND (data->>'signedDate')::timestamptz > \(date)
             ) OR EXISTS (
+                -- An order's (the order of this transaction, among `streams`): when Apple signed
+                -- it, or else (a backend's own, or written before the ledger kept that time) when
+                -- it was recorded, which is no earlier.
                 SELECT 1 FROM events
                  WHERE stream_id = ANY(\(streams)) AND type = 'refund-reversed'
-                   AND metadata->>'transactionId' = \(transactionId)
-                   AND (metadata->>'reversalSignedDate')::timestamptz > \(date)
+                   AND coalesce(metadata->>'transactionId', \(transactionId)) = \(transactionId)
+                   AND coalesce((metadata->>'reversalSignedDate')::timestamptz, recorded_at) > \(date)
             ) OR EXISTS (
                 SELECT 1 FROM events r
                  WHERE r.stream_id = ANY(\(streams))

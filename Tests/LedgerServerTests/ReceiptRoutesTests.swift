@@ -334,6 +334,52 @@ struct ReceiptRoutesTests {
         }
     }
 
+    @Test("a proof of a refund Apple reversed refunds nothing again; a refund Apple made after the reversal refunds again, once")
+    func revokedProofsAroundAReversal() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            func revoked(_ id: String, at date: Date) async throws -> String {
+                var refunded = TestApple.transaction(id)
+                refunded.revocationDate = date.millisecondsSince1970
+                refunded.revocationReason = 0
+                return try await apple.sign(refunded)
+            }
+            func refunds(_ order: String) async throws -> Int? {
+                try await scalar(db, "SELECT count(*)::int FROM events WHERE stream_id = \("order-" + order) AND type = 'refunded'", as: Int.self)
+            }
+            // The backend forwards Apple's refund (to the second) and its reversal; the client then
+            // sends its old revoked transaction again.
+            try await http.deliveredOrder("o-fwd", paidWith: TestApple.transaction("1000041"), apple: apple)
+            let first = Date(millisecondsSince1970: Date().millisecondsSince1970 / 1000 * 1000 - 60_000 + 123)
+            try await http.send(.post, "/v1/orders/o-fwd/events", json: ["type": "refunded", "data": ["revocationDate": ISO8601DateFormatter().string(from: first)]])
+            try await http.send(.post, "/v1/orders/o-fwd/events", json: ["type": "refund-reversed", "data": [:]])
+            try await http.send(.post, "/v1/receipts", json: ["signedTransaction": try await revoked("1000041", at: first)])
+            #expect(try await http.send(.get, "/v1/orders/o-fwd").1["state"] as? String == "delivered")
+            #expect(try await refunds("o-fwd") == 1)
+
+            // Apple refunds, reverses, then refunds again: each refund seen in a proof counts.
+            try await http.deliveredOrder("o-again", paidWith: TestApple.transaction("1000042"), apple: apple)
+            try await http.send(.post, "/v1/receipts", json: ["signedTransaction": try await revoked("1000042", at: first)])
+            try await http.notifyAppleTaken(try await apple.notification("REFUND_REVERSED", transaction: TestApple.transaction("1000042"), signedDate: first.addingTimeInterval(10)))
+            #expect(try await http.send(.get, "/v1/orders/o-again").1["state"] as? String == "delivered")
+            let second = first.addingTimeInterval(30)
+            for _ in 0..<2 { try await http.send(.post, "/v1/receipts", json: ["signedTransaction": try await revoked("1000042", at: second)]) }
+            #expect(try await http.send(.get, "/v1/orders/o-again").1["state"] as? String == "refunded")
+            #expect(try await refunds("o-again") == 2)
+
+            // A pooled one: refunded, reversed, refunded again, never paired.
+            let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-9", "signedTransaction": try await apple.sign(TestApple.transaction("1000043"))])
+            #expect(pooled["outcome"] as? String == "unmatched", "\(pooled)")
+            try await http.send(.post, "/v1/receipts", json: ["signedTransaction": try await revoked("1000043", at: first)])
+            try await http.notifyAppleTaken(try await apple.notification("REFUND_REVERSED", transaction: TestApple.transaction("1000043"), signedDate: first.addingTimeInterval(10)))
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '1000043'", as: String.self) == "unmatched")
+            try await http.send(.post, "/v1/receipts", json: ["signedTransaction": try await revoked("1000043", at: second)])
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '1000043'", as: String.self) == "refunded")
+            try await http.send(.post, "/v1/orders", json: newOrder("o-9", user: "u-9"))
+            #expect(try await http.send(.post, "/v1/reconcile").1["paired"] as? Int == 0)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("a forged proof changes no order, is recorded for audit once, and is answered rejected with the reason")
     func forged() async throws {
         try await withReceiptsApplication(apple) { http, db in
