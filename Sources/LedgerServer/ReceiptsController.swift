@@ -147,11 +147,19 @@ struct ReceiptsController {
             named = (orderID, order.productId)
             let holders = try await pool.holders(of: transactions.map(\.transactionId))
             let new = transactions.filter { (holders[$0.transactionId] ?? nil) == nil && $0.productId == order.productId }
-            // The order's own purchase is the earliest bought after it was created: an older
-            // purchase of the product on the same receipt (the purchase-date guard refuses it)
-            // leaves it, and a later one waits for the next order.
+            // The order's own purchase is the earliest bought after it was created that can pay
+            // it (never a family member's share, nor a later transaction of an earlier purchase: a
+            // restore, a renewal), of the order's quantity if one is: an older purchase of the
+            // product on the same receipt (the purchase-date guard refuses it) leaves it, and a
+            // later one waits for the next order. With none, the answer is about what there is
+            // (a restore is answered `recorded`).
+            let bought = new.filter { !receipts.purchased($0, before: order) }
+            let paying = bought.filter {
+                $0.inAppOwnershipType != "FAMILY_SHARED" && ($0.originalTransactionId ?? $0.transactionId.rawValue) == $0.transactionId.rawValue
+            }
+            let earliest = { (list: [AppleTransaction]) in list.min(by: { $0.purchaseDate < $1.purchaseDate })?.transactionId }
             forOrder = transactions.first(where: { holders[$0.transactionId] == .some(orderID) })?.transactionId
-                ?? new.filter({ !receipts.purchased($0, before: order) }).min(by: { $0.purchaseDate < $1.purchaseDate })?.transactionId
+                ?? earliest(paying.filter { $0.quantity == order.quantity }) ?? earliest(paying) ?? earliest(bought)
                 ?? new.first?.transactionId
         }
         var all: [ReceiptLedger.Answer] = []

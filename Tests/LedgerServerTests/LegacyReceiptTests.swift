@@ -10,9 +10,13 @@ private func answer(_ items: [String]) -> VerifyReceiptStandIn.Answer {
 
 /// One in_app entry: a purchase (`original` its own id), or a restore of `original`; cancelled
 /// by Apple at `cancelled` (ms) when given.
-private func item(_ id: String, original: String? = nil, product: String = "gems.100", purchased: Int64, cancelled: Int64? = nil) -> String {
+private func item(
+    _ id: String, original: String? = nil, product: String = "gems.100", purchased: Int64, cancelled: Int64? = nil, quantity: Int = 1,
+    ownership: String? = nil
+) -> String {
     let cancellation = cancelled.map { #", "cancellation_date_ms": "\#($0)", "cancellation_reason": "0""# } ?? ""
-    return #"{"transaction_id": "\#(id)", "original_transaction_id": "\#(original ?? id)", "product_id": "\#(product)", "purchase_date_ms": "\#(purchased)", "quantity": "1"\#(cancellation)}"#
+    let owned = ownership.map { #", "in_app_ownership_type": "\#($0)""# } ?? ""
+    return #"{"transaction_id": "\#(id)", "original_transaction_id": "\#(original ?? id)", "product_id": "\#(product)", "purchase_date_ms": "\#(purchased)", "quantity": "\#(quantity)"\#(cancellation)\#(owned)}"#
 }
 
 @Suite("Legacy receipts: what Apple took back, restores, and orders a receipt holds nothing for")
@@ -70,6 +74,30 @@ struct LegacyReceiptTests {
                 let (_, order) = try await http.send(.get, "/v1/orders/o-bought")
                 #expect(order["state"] as? String == "refunded", "\(order)")
                 #expect(try await scalar(db, "SELECT count(*)::int FROM events WHERE stream_id = 'order-o-bought' AND type = 'refunded'", as: Int.self) == 1)
+            }
+        }
+    }
+
+    @Test("the named order takes the receipt's purchase that can pay it: of its quantity, never a family member's share")
+    func namedOrderTakesAPurchaseThatPays() async throws {
+        let now = Date().millisecondsSince1970
+        let standIn = VerifyReceiptStandIn(answers: [
+            "production:TWO": answer([item("3000140", purchased: now - 20_000), item("3000141", purchased: now - 19_500, quantity: 2)]),
+            "production:SHARED": answer([item("3000142", purchased: now - 20_000, ownership: "FAMILY_SHARED"), item("3000143", purchased: now - 19_000, ownership: "PURCHASED")]),
+        ])
+        try await standIn.run { production, sandbox in
+            try await withReceiptsApplication(apple, production: production, sandbox: sandbox) { http, db in
+                var two = newOrder("o-two", user: "u-q")
+                two["quantity"] = 2
+                let (created, order) = try await http.send(.post, "/v1/orders", json: two)
+                #expect(created == .created, "\(order)")
+                let (_, paid) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-q", "orderId": "o-two", "receiptData": "TWO"])
+                #expect(paid["outcome"] as? String == "matched" && paid["transactionId"] as? String == "3000141", "\(paid)")
+
+                try await http.send(.post, "/v1/orders", json: newOrder("o-own", user: "u-q"))
+                let (_, own) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-q", "orderId": "o-own", "receiptData": "SHARED"])
+                #expect(own["outcome"] as? String == "matched" && own["transactionId"] as? String == "3000143", "\(own)")
+                #expect(try await scalar(db, "SELECT count(*)::int FROM orders WHERE state = 'failed'", as: Int.self) == 0)
             }
         }
     }
