@@ -8,12 +8,15 @@ public struct AppleOrderLookup: Sendable {
     let api: LazyAppStoreServerAPI
     let verifier: AppleProofVerifier
     let receipts: ReceiptLedger
+    /// Where a refund Apple signed in the order's transactions is recorded, as for a client's proof.
+    let notifications: NotificationLedger
     let logger: Logger
 
-    public init(api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, receipts: ReceiptLedger, logger: Logger) {
+    public init(api: LazyAppStoreServerAPI, verifier: AppleProofVerifier, receipts: ReceiptLedger, notifications: NotificationLedger, logger: Logger) {
         self.api = api
         self.verifier = verifier
         self.receipts = receipts
+        self.notifications = notifications
         self.logger = logger
     }
 
@@ -44,25 +47,34 @@ public struct AppleOrderLookup: Sendable {
         let signed = try await api.client(for: app).lookUpOrder(orderID)
         var entries: [Found.Entry] = []
         for jws in signed {
+            // The transaction, once its signature verified: named in the entry whatever became of it.
+            var seen: String?
             do {
-                let transaction = try await verifier.verifiedPurchase(signed: jws)
+                let (transaction, revocation) = try await verifier.transactionAndRevocation(signed: jws)
+                seen = transaction.transactionId.rawValue
+                if let revocation {
+                    // Never granted; one the ledger granted or pooled has its refund recorded.
+                    _ = try await notifications.applyRefundSeen(transaction, revocation, metadata: metadata)
+                    throw AppleProofVerifier.revoked(transaction, revocation)
+                }
                 // The purchase's token decides its order; the user given is for the pool.
                 let answer = try await receipts.apply(transaction, claim: .init(userId: nil, orderId: nil, poolUserId: user), metadata: metadata)
                 entries.append(.init(
                     transactionId: answer.transactionId.rawValue, outcome: answer.outcome.rawValue, orderId: answer.orderId?.rawValue,
                     state: answer.state?.rawValue, reason: answer.reason, environment: transaction.environment, bundleId: transaction.bundleId))
             } catch let error as AppleVerificationError {
-                logger.warning(
-                    "a signed transaction from Look Up Order ID was refused", metadata: ["apple.order": "\(orderID)", "error": "\(error.code)"])
+                let id = seen ?? error.transactionId
+                logger.warning("a signed transaction from Look Up Order ID was refused", metadata: [
+                    "apple.order": "\(orderID)", "apple.transaction": "\(id ?? "")", "error": "\(error.code)"])
                 // As POST /v1/receipts answers it: one that may yet verify (no roots, Apple's
                 // certificate check away) is to be looked up again, not a refusal.
                 let outcome = error.isRetryable ? ReceiptOutcome.retryLater : .rejected
-                entries.append(.init(transactionId: nil, outcome: outcome.rawValue, orderId: nil, state: nil, reason: error.code))
+                entries.append(.init(transactionId: id, outcome: outcome.rawValue, orderId: nil, state: nil, reason: error.code))
             } catch let error as LedgerInputError {
                 // A subscription's transaction the catalog or its group refuses: nothing of it is recorded.
-                logger.warning(
-                    "a signed transaction from Look Up Order ID was refused", metadata: ["apple.order": "\(orderID)", "error": "\(error)"])
-                entries.append(.init(transactionId: nil, outcome: ReceiptOutcome.rejected.rawValue, orderId: nil, state: nil, reason: error.code))
+                logger.warning("a signed transaction from Look Up Order ID was refused", metadata: [
+                    "apple.order": "\(orderID)", "apple.transaction": "\(seen ?? "")", "error": "\(error)"])
+                entries.append(.init(transactionId: seen, outcome: ReceiptOutcome.rejected.rawValue, orderId: nil, state: nil, reason: error.code))
             }
         }
         return Found(appleOrderId: orderID, transactions: entries)

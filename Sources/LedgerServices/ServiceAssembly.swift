@@ -115,6 +115,6 @@ public struct ServiceAssembly: Sendable {
 
     /// Support's lookup of Apple order ids through `api`.
     public func orderLookup(api: LazyAppStoreServerAPI, verifier: AppleProofVerifier) -> AppleOrderLookup {
-        AppleOrderLookup(api: api, verifier: verifier, receipts: receipts, logger: logger)
+        AppleOrderLookup(api: api, verifier: verifier, receipts: receipts, notifications: notifications, logger: logger)
     }
 }

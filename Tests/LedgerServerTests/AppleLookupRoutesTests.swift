@@ -41,6 +41,15 @@ struct AppleLookupRoutesTests {
             let (_, again) = try await http.send(.post, "/v1/apple-orders/MQ1ABC/lookup", raw: "")
             #expect((again["transactions"] as? [[String: Any]])?.count == 3)
             #expect(try await eventCount(db) == events, "a second lookup appends nothing")
+            // Apple refunded the purchase since: the lookup names it, and its order is refunded.
+            var refunded = TestApple.transaction("9100001", appAccountToken: token)
+            refunded.revocationDate = Date().millisecondsSince1970
+            await standIn.setOrder("MQ2DEF", [try await apple.sign(refunded)])
+            let (_, later) = try await http.send(.post, "/v1/apple-orders/MQ2DEF/lookup", raw: "")
+            let entry = (later["transactions"] as? [[String: Any]])?.first ?? [:]
+            #expect(entry["outcome"] as? String == "rejected" && entry["reason"] as? String == "transaction-revoked", "\(later)")
+            #expect(entry["transactionId"] as? String == "9100001", "\(later)")
+            #expect(try await http.send(.get, "/v1/orders/lk-1").1["state"] as? String == "refunded")
             let (missing, error) = try await http.send(.post, "/v1/apple-orders/MQ0000/lookup", raw: "")
             #expect(missing == .notFound && errorOf(error)["code"] as? String == "apple-order-not-found")
             let (bad, _) = try await http.send(.post, "/v1/apple-orders/MQ-1%20x/lookup", raw: "")
