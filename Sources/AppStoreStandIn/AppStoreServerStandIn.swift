@@ -265,6 +265,12 @@ public final class AppStoreServerStandIn: Sendable {
             let standIn = serving(request)
             return try await standIn.answer(request) {
                 let query = Dictionary(request.uri.queryParameters.map { (String($0.key), String($0.value)) }, uniquingKeysWith: { a, _ in a })
+                // As Apple refuses a product type it does not know (InvalidProductTypeError).
+                for (key, value) in request.uri.queryParameters where key == "productType" {
+                    guard AppStoreServerAPI.ProductType(rawValue: String(value)) != nil else {
+                        return (400, #"{"errorCode": 4000022, "errorMessage": "Invalid request. The product type parameter is invalid."}"#)
+                    }
+                }
                 guard let page = await standIn.state.history(context.parameters.get("id") ?? "", query: query) else {
                     return (404, #"{"errorCode": 4040010, "errorMessage": "Transaction id not found."}"#)
                 }

@@ -26,6 +26,9 @@ extension AppStoreServerAPI {
         switch status {
         case 429: return .rateLimited
         case 500...599: return .retryable
+        // Apple's 404s always name an errorCode: one without is no answer of Apple's about the
+        // request (a proxy's, a base URL mistyped), to be asked again rather than taken as final.
+        case 404 where appleErrorCode == nil: return .retryable
         case 401: return .unauthorized
         default: return .final
         }

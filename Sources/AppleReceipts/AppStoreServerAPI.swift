@@ -125,13 +125,19 @@ public final class AppStoreServerAPI: Sendable {
     /// API 1.20, its `appTransactionId`): from `revision` (the previous page's) or from the start,
     /// purchases from `startDate` on, oldest first.
     public func transactionHistory(
-        _ anyID: String, revision: String? = nil, startDate: Date? = nil, productIDs: [String] = []
+        _ anyID: String, revision: String? = nil, startDate: Date? = nil, productIDs: [String] = [], productTypes: [ProductType] = []
     ) async throws(AppStoreServerAPIError) -> HistoryPage {
         var query: [(String, String)] = [("sort", "ASCENDING")]
         if let revision { query.append(("revision", revision)) }
         if let startDate { query.append(("startDate", String(startDate.millisecondsSince1970))) }
         for product in productIDs { query.append(("productId", product)) }
+        for type in productTypes { query.append(("productType", type.rawValue)) }
         return try await fetch(.GET, "/inApps/v2/history/\(Self.pathSegment(anyID))", query: query)
+    }
+
+    /// Get Transaction History's `productType` filter, as Apple's libraries name its values.
+    public enum ProductType: String, Sendable, CaseIterable {
+        case autoRenewable = "AUTO_RENEWABLE", nonRenewable = "NON_RENEWABLE", consumable = "CONSUMABLE", nonConsumable = "NON_CONSUMABLE"
     }
 
     /// Look Up Order ID: the purchases behind the order id on a customer's receipt e-mail.

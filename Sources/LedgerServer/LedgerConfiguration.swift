@@ -363,19 +363,12 @@ extension LedgerConfiguration.Apple {
     /// naming one of Apple's own hosts overrides nothing: a ledger that named Apple's production
     /// host still sends the calls about Sandbox transactions (App Review's) to the sandbox's.
     public func appStoreServerAPIHosts() -> LazyAppStoreServerAPI.Hosts {
-        let apple = [AppStoreServerAPI.productionURL, AppStoreServerAPI.sandboxURL].map(Self.hostForm)
-        let custom = apiURL.flatMap { apple.contains(Self.hostForm($0)) ? nil : $0 }
+        // Apple's hosts of today, or the older `itunes.apple.com` ones its docs gave.
+        let custom = apiURL.flatMap { AppStoreServerAPI.environment(ofHost: $0) == nil ? $0 : nil }
         return LazyAppStoreServerAPI.Hosts(
             productionURL: custom ?? AppStoreServerAPI.productionURL, sandboxURL: apiSandboxURL ?? custom ?? AppStoreServerAPI.sandboxURL,
             template: AppStoreServerAPI.Settings(
                 keyID: "", issuerID: "", privateKeyPEM: "", bundleID: "", baseURL: "", requestsPerSecond: apiRequestsPerSecond))
-    }
-
-    /// A URL as compared with Apple's hosts: lower case, without a trailing slash.
-    static func hostForm(_ url: String) -> String {
-        var form = url.lowercased()
-        while form.hasSuffix("/") { form.removeLast() }
-        return form
     }
 
     /// The configured app's App Store Server API settings, or nil when no key is configured

@@ -105,14 +105,16 @@ public struct SubscriptionCatchUp: Sendable {
 
     /// The subscription's transactions in Apple's history of the customer, verified, oldest first
     /// (the purchase that started it before its renewals). Apple's history holds every purchase
-    /// of the customer: the others are not this catch-up's.
+    /// of the customer: only its auto-renewable ones are asked for (a game's customer may have
+    /// bought thousands of consumables, which `maximumPages` would stop at), and of those, the
+    /// other subscriptions' are not this catch-up's.
     private func history(of id: String, from client: AppStoreServerAPI, into summary: inout Summary) async throws -> [AppleTransaction] {
         var transactions: [AppleTransaction] = []
         var revision: String?
         // The positions asked in this read: one named again ends it.
         var seen = Set<String>()
         for _ in 0..<maximumPages {
-            let page = try await client.transactionHistory(id, revision: revision)
+            let page = try await client.transactionHistory(id, revision: revision, productTypes: [.autoRenewable])
             for jws in page.signedTransactions {
                 do {
                     let (transaction, revocation) = try await verifier.transactionAndRevocation(signed: jws)
@@ -132,8 +134,10 @@ public struct SubscriptionCatchUp: Sendable {
             }
             try AppStoreServerAPIError.requireMoved(page.revision, from: revision, hasMore: page.hasMore, reading: "transaction history", seen: &seen)
             revision = page.revision
-            if !page.hasMore { break }
+            if !page.hasMore { return transactions.sorted { ($0.purchaseDate, $0.transactionId.rawValue) < ($1.purchaseDate, $1.transactionId.rawValue) } }
         }
+        logger.warning("a subscription's transaction history has more pages than a catch-up reads: its later transactions were not read", metadata: [
+            "subscription.id": "\(id)", "apple.pages": "\(maximumPages)"])
         return transactions.sorted { ($0.purchaseDate, $0.transactionId.rawValue) < ($1.purchaseDate, $1.transactionId.rawValue) }
     }
 

@@ -127,6 +127,9 @@ struct AppStoreServerAPIRetryTests {
     @Test("Apple's classification: retryable codes whatever the status, 429, 5xx, 401, the rest final")
     func verdicts() {
         for code in [4_040_002, 4_040_004, 4_040_006] { #expect(AppStoreServerAPI.verdict(status: 404, appleErrorCode: code) == .retryable) }
+        // A 404 naming no Apple error is no answer of Apple's (a proxy's, a mistyped base URL).
+        #expect(AppStoreServerAPI.verdict(status: 404, appleErrorCode: nil) == .retryable)
+        #expect(AppStoreServerAPI.verdict(status: 404, appleErrorCode: 4_040_010) == .final)
         #expect(AppStoreServerAPI.verdict(status: 500, appleErrorCode: 5_000_001) == .retryable)
         #expect(AppStoreServerAPI.verdict(status: 503, appleErrorCode: nil) == .retryable)
         #expect(AppStoreServerAPI.verdict(status: 429, appleErrorCode: 4_290_000) == .rateLimited)

@@ -80,9 +80,12 @@ struct ApplePerAppTests {
         // Named Apple's production host (as a ledger of production once did): App Review's
         // Sandbox transactions are still asked about at the sandbox's host.
         apple.apiSandboxURL = nil
-        apple.apiURL = AppStoreServerAPI.productionURL + "/"
-        #expect(apple.appStoreServerAPIHosts().productionURL == AppStoreServerAPI.productionURL)
-        #expect(apple.appStoreServerAPIHosts().sandboxURL == AppStoreServerAPI.sandboxURL)
+        for named in [AppStoreServerAPI.productionURL + "/", "https://API.storekit.itunes.apple.com"] {
+            // Today's host, or the older one Apple's docs once gave.
+            apple.apiURL = named
+            #expect(apple.appStoreServerAPIHosts().productionURL == AppStoreServerAPI.productionURL, "\(named)")
+            #expect(apple.appStoreServerAPIHosts().sandboxURL == AppStoreServerAPI.sandboxURL, "\(named)")
+        }
     }
 
     @Test("calls about a Sandbox transaction go to the sandbox host, about a Production one to production's; each environment has its own backfill")

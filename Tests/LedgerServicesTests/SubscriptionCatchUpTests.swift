@@ -99,6 +99,9 @@ struct SubscriptionCatchUpTests {
                 #expect(first.appleStatus == 1 && first.status == .recorded, "\(first)")
                 #expect(try await services.pool.holders(of: [TransactionID(unchecked: "7200002")]).count == 1, "the renewal is taken in")
                 #expect(try await services.pool.holders(of: [TransactionID(unchecked: "7200900")]).isEmpty, "another purchase is not")
+                // Apple is asked for the customer's subscriptions alone, not every purchase.
+                let queries = await standIn.historyQueries
+                #expect(queries.first?["productType"] == "AUTO_RENEWABLE", "\(queries)")
                 let row = try #require(try await services.subscriptionStore.subscription("7200001"))
                 #expect(row.autoRenew == false)
                 // Apple signs milliseconds and the rows keep microseconds: the end is within a millisecond or two of the fixture's.
