@@ -110,6 +110,11 @@ public struct NotificationLedger: Sendable {
             // race, run again.
             let holderOrder = try await writer.read(orders: [], transactions: [id], in: tx).transaction(id)?.orderId
             try await writer.lock([id.streamID] + (holderOrder.map { [$0.streamID] } ?? []), in: tx)
+            // The same notification delivered twice at once: the one that waited for these locks
+            // finds the other's event committed, and answers as a retry does.
+            if let stored = try await events.event(eventID, in: tx) {
+                return Applied(appended: false, streamId: stored.streamID, type: stored.type)
+            }
             var known = try await writer.read(orders: [], transactions: [id], in: tx).transaction(id)
             let type = record.notificationType
             let revocation = notification.revocation ?? Revocation(date: record.signedDate)

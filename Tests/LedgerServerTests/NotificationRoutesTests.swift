@@ -274,6 +274,36 @@ struct NotificationRoutesTests {
         }
     }
 
+    @Test("a ONE_TIME_CHARGE of a purchase the ledger does not know, delivered twice at once, is applied once and answered so once")
+    func chargeRacingItself() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let rounds = 12
+            var notifications: [String] = []
+            for n in 0..<rounds {
+                notifications.append(try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("\(2_200_000 + n)")))
+            }
+            let sent = notifications
+            let applied = try await http.withConnections(2) { clients in
+                try await withThrowingTaskGroup(of: [Bool].self) { group in
+                    for client in clients {
+                        group.addTask {
+                            var mine: [Bool] = []
+                            for n in 0..<rounds {
+                                let (status, answer) = try await client.notifyApple(sent[n])
+                                #expect(status == .ok, "\(answer)")
+                                mine.append(answer["applied"] as? Bool ?? false)
+                            }
+                            return mine
+                        }
+                    }
+                    return try await group.reduce(into: [Bool]()) { $0 += $1 }
+                }
+            }
+            #expect(applied.filter { $0 }.count == rounds, "\(applied)")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM events WHERE stream_id LIKE 'transaction-22000%' AND type = 'notification-received'", as: Int.self) == rounds)
+        }
+    }
+
     @Test("a notification whose token finds an order ties the transaction to it")
     func notificationMatchesByToken() async throws {
         try await withReceiptsApplication(apple) { http, _ in
