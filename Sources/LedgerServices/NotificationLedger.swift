@@ -178,13 +178,25 @@ public struct NotificationLedger: Sendable {
                 if let order = snapshot.order(orderID) {
                     var event = OrderEvent.notificationReceived(told)
                     var marked = metadata
+                    var standing: Refunded?
                     if told.takesBack, OrderTransitions.isAllowed(.refunded, from: order.state) {
                         event = .refunded(Refunded(revocation, notificationType: notification.fromRefundHistory ? nil : type))
+                    } else if told.takesBack {
+                        // A refund the order's state does not take (refunded already): kept with
+                        // the notification, for a reversal of the earlier refund arriving after it.
+                        var kept = told
+                        kept.refund = Refunded(revocation, notificationType: notification.fromRefundHistory ? nil : type)
+                        event = .notificationReceived(kept)
                     } else if type == "REFUND_REVERSED", OrderTransitions.isAllowed(.refundReversed, from: order.state) {
                         event = .refundReversed
                         marked = Self.reversalMarked(metadata, signedDate: record.signedDate, transactionId: id)
+                        standing = try await laterRefund(of: id, after: record.signedDate, on: [orderID.streamID, id.streamID], in: tx)
                     }
-                    _ = try await receipts.append([(event, eventID)], to: order, metadata: marked, in: tx, knowing: snapshot)
+                    var events = [(event, eventID)]
+                    // Apple refunded again after this reversal, and that refund arrived first
+                    // (Apple's notifications come in no promised order): it stands, taken again.
+                    if let standing { events.append((.refunded(standing), EventID.named("refund-after-reversal", eventID.uuid.uuidString.lowercased()))) }
+                    _ = try await receipts.append(events, to: order, metadata: marked, in: tx, knowing: snapshot)
                     return Applied(appended: true, streamId: orderID.streamID, type: event.type.rawValue)
                 }
             }
@@ -195,14 +207,29 @@ public struct NotificationLedger: Sendable {
             if told.takesBack {
                 received.refund = Refunded(revocation, notificationType: notification.fromRefundHistory ? nil : type)
             }
-            let event = try EventCoding.newEvent(TransactionEvent.notificationReceived(received), id: eventID, metadata: metadata)
-            _ = try await writer.append(LedgerWriter.Write(LedgerWriter.Append([event], to: id.streamID)), in: tx)
+            var events = [try EventCoding.newEvent(TransactionEvent.notificationReceived(received), id: eventID, metadata: metadata)]
+            if type == "REFUND_REVERSED", let standing = try await laterRefund(of: id, after: record.signedDate, on: [id.streamID], in: tx) {
+                // A refund Apple made after this reversal, which arrived first: it stands, and keeps
+                // the transaction from being granted, told again after the reversal.
+                var again = NotificationReceived(
+                    notificationUUID: EventID.named("refund-after-reversal", eventID.uuid.uuidString.lowercased()).uuid, notificationType: "REFUND",
+                    subtype: nil, transactionId: id, signedDate: record.signedDate)
+                again.refund = standing
+                events.append(try EventCoding.newEvent(TransactionEvent.notificationReceived(again), id: EventID(again.notificationUUID), metadata: metadata))
+            }
+            _ = try await writer.append(LedgerWriter.Write(LedgerWriter.Append(events, to: id.streamID)), in: tx)
             return Applied(appended: true, streamId: id.streamID, type: TransactionEventType.notificationReceived.rawValue)
         }
     }
 }
 
 extension NotificationLedger {
+    /// The refund of `id` revoked after `date` that `streams` hold (the latest), as Apple signed it.
+    func laterRefund(of id: TransactionID, after date: Date, on streams: [StreamID], in tx: DatabaseTransaction) async throws -> Refunded? {
+        guard let body = try await events.refund(of: id.rawValue, revokedAfter: date, on: streams, in: tx) else { return nil }
+        return try EventCoding.decoder.decode(Refunded.self, from: body)
+    }
+
     /// `metadata` of an order's `refund-reversed` written for Apple's `REFUND_REVERSED`, marked with
     /// the transaction and when Apple signed the reversal (the event has no body): a refund revoked
     /// before it that arrives late refunds nothing (`EventStore.refundReversed`), whatever date the

@@ -128,6 +128,27 @@ public struct EventStore: Sendable {
         return false
     }
 
+    /// The latest refund (by revocation date) of Apple transaction `transactionId` that `streams`
+    /// (its own, its order's) hold, revoked after `date`: a `refunded` of its order, or a refund
+    /// kept on a `notification-received` (one its order's state did not take, or of a pooled
+    /// transaction). Its body as stored, for a `REFUND_REVERSED` Apple signed at `date`, which
+    /// reverses an earlier refund and leaves this one standing.
+    public func refund(of transactionId: String, revokedAfter date: Date, on streams: [StreamID], in transaction: DatabaseTransaction) async throws -> Data? {
+        let streams = streams.map(\.rawValue)
+        let rows = try await transaction.connection.guardedQuery(
+            """
+            SELECT (CASE type WHEN 'refunded' THEN data ELSE data->'refund' END)::text FROM events
+             WHERE stream_id = ANY(\(streams))
+               AND (type = 'refunded' AND (data->>'revocationDate')::timestamptz > \(date)
+                    OR type = 'notification-received' AND data->>'transactionId' = \(transactionId) AND data ? 'refund'
+                       AND (data->'refund'->>'revocationDate')::timestamptz > \(date))
+             ORDER BY coalesce(data->'refund'->>'revocationDate', data->>'revocationDate')::timestamptz DESC, global_position
+             LIMIT 1
+            """, logger: database.logger)
+        for try await body in rows.decode(String.self) { return Data(body.utf8) }
+        return nil
+    }
+
     /// The first event of `stream`, if it has one, as the caller's transaction sees the log.
     public func firstEvent(of stream: StreamID, in transaction: DatabaseTransaction) async throws -> RecordedEvent? {
         let rows = try await transaction.connection.guardedQuery(

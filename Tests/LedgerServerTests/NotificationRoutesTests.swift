@@ -304,6 +304,38 @@ struct NotificationRoutesTests {
         }
     }
 
+    @Test("a refund Apple made after a reversal, arriving before that reversal, stands: the order stays refunded, a pooled one is never granted")
+    func refundBeforeTheReversalOfAnEarlierOne() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let now = Date()
+            let (first, reversal, second) = (now.addingTimeInterval(-300), now.addingTimeInterval(-200), now.addingTimeInterval(-100))
+            func refund(_ payload: SignedTransactionPayload, at date: Date) async throws -> String {
+                var revoked = payload
+                revoked.revocationDate = date.millisecondsSince1970
+                revoked.revocationReason = 0
+                return try await apple.notification("REFUND", transaction: revoked, signedDate: date)
+            }
+            let paid = TestApple.transaction("2300001")
+            try await http.deliveredOrder("o-twice", paidWith: paid, apple: apple)
+            let (_, pooledAnswer) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-1", "signedTransaction": try await apple.sign(TestApple.transaction("2300002"))])
+            #expect(pooledAnswer["outcome"] as? String == "unmatched", "\(pooledAnswer)")
+            for payload in [paid, TestApple.transaction("2300002")] {
+                // Refunded, refunded again after a reversal, the reversal of the first arriving last.
+                try await http.notifyAppleTaken(try await refund(payload, at: first))
+                try await http.notifyAppleTaken(try await refund(payload, at: second))
+                try await http.notifyAppleTaken(try await apple.notification("REFUND_REVERSED", transaction: payload, signedDate: reversal))
+            }
+            let (_, order) = try await http.send(.get, "/v1/orders/o-twice")
+            #expect(order["state"] as? String == "refunded", "\(order)")
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '2300002'", as: String.self) == "refunded")
+            try await http.send(.post, "/v1/orders", json: newOrder("o-open"))
+            #expect(try await http.send(.post, "/v1/reconcile").1["paired"] as? Int == 0)
+            let totals = try await http.send(.get, "/v1/reports/reconciliation").1["sandboxTotals"] as? [String: Any] ?? [:]
+            #expect(totals["refunded"] as? Int == 1 && totals["revenue"] as? String == "0", "one sale, one refund standing: \(totals)")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("a notification whose token finds an order ties the transaction to it")
     func notificationMatchesByToken() async throws {
         try await withReceiptsApplication(apple) { http, _ in
