@@ -83,7 +83,8 @@ public struct EventStore: Sendable {
     /// as `streams` (its own, its order's, its subscription's) hold it in the caller's
     /// transaction: a `REFUND_REVERSED` of it signed after `date` (a `notification-received` of
     /// that type, a `subscription-period-refund-reversed` that kept its signing time, or an
-    /// order's `refund-reversed`: its metadata's `reversalSignedDate`, else when it was recorded), or that
+    /// order's `refund-reversed`: its metadata's `reversalSignedDate`, else one without it reverses
+    /// the refunds revoked before the `refunded` it undid was recorded), or that
     /// same refund recorded (revoked at `date`, within 2 ms) and a reversal after it on its
     /// stream (an order's `refund-reversed` keeps no time of its own).
     public func refundReversed(_ transactionId: String, revokedAt date: Date, on streams: [StreamID], in transaction: DatabaseTransaction) async throws -> Bool {
@@ -98,13 +99,18 @@ public struct EventStore: Sendable {
                    AND data->>'transactionId' = \(transactionId)
                    AND (data->>'signedDate')::timestamptz > \(date)
             ) OR EXISTS (
-                -- An order's (the order of this transaction, among `streams`): when Apple signed
-                -- it, or else (a backend's own, or written before the ledger kept that time) when
-                -- it was recorded, which is no earlier.
-                SELECT 1 FROM events
-                 WHERE stream_id = ANY(\(streams)) AND type = 'refund-reversed'
-                   AND coalesce(metadata->>'transactionId', \(transactionId)) = \(transactionId)
-                   AND coalesce((metadata->>'reversalSignedDate')::timestamptz, recorded_at) > \(date)
+                -- An order's (the order of this transaction, among `streams`): signed by Apple
+                -- after `date`; or, kept without that time (a backend's own, or written before the
+                -- ledger kept it), the reversal of the `refunded` before it, which reverses a refund
+                -- revoked no later than that `refunded` was recorded (a refund revoked after it is
+                -- another, Apple's new one).
+                SELECT 1 FROM events v
+                 WHERE v.stream_id = ANY(\(streams)) AND v.type = 'refund-reversed'
+                   AND coalesce(v.metadata->>'transactionId', \(transactionId)) = \(transactionId)
+                   AND CASE WHEN v.metadata ? 'reversalSignedDate' THEN (v.metadata->>'reversalSignedDate')::timestamptz > \(date)
+                            ELSE \(date) <= (SELECT r.recorded_at FROM events r
+                                              WHERE r.stream_id = v.stream_id AND r.type = 'refunded' AND r.stream_version < v.stream_version
+                                              ORDER BY r.stream_version DESC LIMIT 1) END
             ) OR EXISTS (
                 SELECT 1 FROM events r
                  WHERE r.stream_id = ANY(\(streams))

@@ -243,4 +243,27 @@ struct RefundRoutesTests {
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
+    @Test("a backend's own refund-reversed reverses the refund it undid, not Apple's new refund made after that refund was recorded")
+    func newRefundAfterABackendsReversal() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let purchase = TestApple.transaction("5000501")
+            try await http.deliveredOrder("o-new", paidWith: purchase, apple: apple)
+            var first = purchase
+            first.revocationDate = Date().addingTimeInterval(-60).millisecondsSince1970
+            try await http.notifyAppleTaken(try await apple.notification("REFUND", transaction: first))
+            // Apple refunds again after the first refund was recorded; the backend's correction
+            // (its own refund-reversed) reaches the ledger after that.
+            let again = Date()
+            try await Task.sleep(for: .milliseconds(20))
+            let (status, answer) = try await http.send(.post, "/v1/orders/o-new/events", json: ["type": "refund-reversed", "data": [:]])
+            #expect(status == .created, "\(answer)")
+            var second = purchase
+            second.revocationDate = again.millisecondsSince1970
+            let late = try await http.notifyAppleTaken(try await apple.notification("REFUND", transaction: second))
+            #expect(late["type"] as? String == "refunded", "\(late)")
+            #expect(try await http.send(.get, "/v1/orders/o-new").1["state"] as? String == "refunded")
+            // The first refund sent again (a client's old revoked transaction) still refunds nothing more.
+            #expect(try await scalar(db, "SELECT count(*)::int FROM events WHERE stream_id = 'order-o-new' AND type = 'refunded'", as: Int.self) == 2)
+        }
+    }
 }
