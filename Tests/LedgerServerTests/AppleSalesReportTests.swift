@@ -138,7 +138,7 @@ struct AppleSalesReportTests {
         }
     }
 
-    @Test("a pooled purchase refunded, reversed, refunded again, then told its first refund late: its refund counts on the second refund's day")
+    @Test("a pooled purchase refunded, reversed, refunded again, then told its first refund late: each refund counts once, on its day, as an order's")
     func pooledRefundToldLate() async throws {
         try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
             let bought = Date(timeIntervalSinceNow: -3 * 86_400)
@@ -183,7 +183,26 @@ struct AppleSalesReportTests {
                 logger: TestServer.logger)
             var refunds: [String] = []
             for try await (day, count) in rows.decode((String, Int).self) { refunds.append("\(day) \(count)") }
-            #expect(refunds == ["\(to) 1"], "the refund is the second one's, on its day")
+            #expect(refunds == ["\(from) 1", "\(to) 1"], "each refund Apple made, the reversed one too; the late copy not again")
+        }
+    }
+
+    @Test("a pooled purchase's partial refund counts the units Apple refunded: a third of three is one")
+    func pooledPartialRefundUnits() async throws {
+        try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
+            var purchase = TestApple.transaction("8800061", environment: "Production", purchaseDate: Date(timeIntervalSinceNow: -3600))
+            purchase.quantity = 3
+            purchase.storefront = "DEU"
+            let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-thirds", "signedTransaction": try await apple.sign(purchase)])
+            #expect(pooled["outcome"] as? String == "unmatched", "\(pooled)")
+            var refunded = purchase
+            let when = Date(timeIntervalSinceNow: -60)
+            refunded.revocationDate = when.millisecondsSince1970
+            refunded.revocationType = "REFUND_PRORATED"
+            refunded.revocationPercentage = 33_333
+            try await http.send(.post, "/v1/receipts", json: ["signedTransaction": try await apple.sign(refunded)])
+            let day = pacificDay(when)
+            #expect(try await scalar(db, "SELECT sum(ledger_refunds)::int FROM ledger_apple_sales(\(day)::date, \(day)::date)", as: Int.self) == 1)
         }
     }
 
