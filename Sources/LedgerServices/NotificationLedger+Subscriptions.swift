@@ -63,8 +63,16 @@ extension NotificationLedger {
         let ownID = orderToo ? SubscriptionLedger.notificationEventID(id, eventID.uuid) : eventID
         let kind: SubscriptionPeriodKind = transaction.transactionId.rawValue == id ? .start : .renewal
         let period = SubscriptionEvent.period(SubscriptionPeriodRecorded(transaction: transaction, kind: kind))
-        let recorded = try await subscriptions.record(
-            [(period, SubscriptionLedger.periodEventID(id, transaction)), (event, ownID)], on: id, metadata: metadata, in: tx)
+        // The same refund of the period recorded already, by another way (a client's proof, the
+        // refund catch-up, then Apple's REFUND): a period is refunded once.
+        var events = [(period, SubscriptionLedger.periodEventID(id, transaction))]
+        let again = event.type == .periodRefunded
+            ? try await self.events.periodRefundStands(id, periodKey: periodKey, revokedAt: revocation.date, in: tx) : false
+        if !again { events.append((event, ownID)) }
+        let recorded = try await subscriptions.record(events, on: id, metadata: metadata, in: tx)
+        if again, !orderToo, recorded.subscription != nil {
+            return Applied(appended: false, streamId: .subscription(id), type: event.type.rawValue)
+        }
         guard recorded.subscription != nil, !orderToo else { return nil }
         return Applied(appended: true, streamId: .subscription(id), type: event.type.rawValue)
     }

@@ -134,6 +134,27 @@ public struct EventStore: Sendable {
         return false
     }
 
+    /// Whether subscription `subscription`'s period `periodKey` holds the refund revoked at `date`
+    /// (within 2 ms, as the log's times are cut) with no reversal of the period after it: the
+    /// same refund arriving by another way (a client's proof, then Apple's `REFUND`) is no second one.
+    public func periodRefundStands(
+        _ subscription: String, periodKey: String, revokedAt date: Date, in transaction: DatabaseTransaction
+    ) async throws -> Bool {
+        let stream = StreamID.subscription(subscription).rawValue
+        let rows = try await transaction.connection.guardedQuery(
+            """
+            SELECT EXISTS (
+                SELECT 1 FROM events r
+                 WHERE r.stream_id = \(stream) AND r.type = 'subscription-period-refunded' AND r.data->>'periodKey' = \(periodKey)
+                   AND (r.data->>'revocationDate')::timestamptz - \(date) BETWEEN interval '-2 milliseconds' AND interval '2 milliseconds'
+                   AND NOT EXISTS (SELECT 1 FROM events v
+                                    WHERE v.stream_id = r.stream_id AND v.stream_version > r.stream_version
+                                      AND v.type = 'subscription-period-refund-reversed' AND v.data->>'periodKey' = \(periodKey)))
+            """, logger: database.logger)
+        for try await found in rows.decode(Bool.self) { return found }
+        return false
+    }
+
     /// The latest refund (by revocation date) of Apple transaction `transactionId` that `streams`
     /// (its own, its order's) hold, revoked after `date`: a `refunded` of its order, or a refund
     /// kept on a `notification-received` (one its order's state did not take, or of a pooled

@@ -212,6 +212,25 @@ struct SubscriptionReportTests {
         }
     }
 
+    @Test("a renewal's refund told by two ways (another notification carrying it, then Apple's REFUND) refunds its period once")
+    func renewalRefundToldTwice() async throws {
+        try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
+            let periods = (0..<2).map { SubscriptionFixture.signed("9300701", period: $0) }
+            try await SubscriptionFixture.record(secondServer(db), periods, user: "su-twice")
+            var refunded = periods[1]
+            refunded.revocationDate = Date(timeIntervalSinceNow: -60).millisecondsSince1970
+            refunded.revocationReason = 0
+            try await http.notifyAppleTaken(try await apple.notification(
+                "DID_CHANGE_RENEWAL_STATUS", subtype: "AUTO_RENEW_DISABLED", transaction: refunded, environment: "Production",
+                renewalInfo: TestApple.renewalInfo("9300701", environment: "Production", autoRenew: false)))
+            for _ in 0..<2 { try await http.notifyAppleTaken(try await apple.notification("REFUND", transaction: refunded, environment: "Production")) }
+            #expect(try await scalar(db, """
+                SELECT count(*)::int FROM events WHERE stream_id = 'subscription-9300701' AND type = 'subscription-period-refunded'
+                """, as: Int.self) == 1)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("a renewal an order holds, refunded before the ledger knew its subscription: once the subscription is known, that period is refunded and the service ended")
     func heldRenewalRefundedBeforeItsSubscription() async throws {
         try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
