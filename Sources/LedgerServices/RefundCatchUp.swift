@@ -175,7 +175,8 @@ public struct RefundCatchUp: Sendable {
                     continue
                 }
                 let result = try await notifications.apply(NotificationLedger.refundRead(transaction, revocation), metadata: metadata)
-                if result.appended {
+                // A refund Apple reversed since is recorded as such and took nothing back: known.
+                if result.appended, try await pool.refundsRecorded([transaction.transactionId]).contains(transaction.transactionId) {
                     summary.applied += 1
                 } else {
                     summary.known += 1

@@ -346,6 +346,21 @@ struct AppleBackfillTests {
         }
     }
 
+    @Test("a refund Apple reversed before the refund catch-up read it is known, not applied: the order stays granted")
+    func reversedRefundIsKnown() async throws {
+        try await withBackfillApplication { http, db, base in
+            let catchUp = try refundCatchUp(base, db)
+            let bought = try await grantedOrder(http, "u-r", transaction: "8800021", account: "acct-r")
+            let refund = refunded(bought)
+            try await http.notifyAppleTaken(try await apple.notification("REFUND", transaction: refund, signedDate: Date(timeIntervalSinceNow: -2)))
+            try await http.notifyAppleTaken(try await apple.notification("REFUND_REVERSED", transaction: bought))
+            await standIn.setRefunds("8800021", [.init(revision: "r1", hasMore: false, signedTransactions: [try await apple.sign(refund)])])
+            let summary = try await catchUp.run()
+            #expect(summary.applied == 0 && summary.known == 1, "\(summary)")
+            #expect(try await http.send(.get, "/v1/orders/u-r").1["state"] as? String != "refunded")
+        }
+    }
+
     @Test("the refund catch-up keeps a refunded purchase the ledger never saw from being granted later (promise 8)")
     func refundOfUnknownTransaction() async throws {
         try await withBackfillApplication { http, db, base in
