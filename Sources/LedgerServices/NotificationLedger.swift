@@ -235,10 +235,14 @@ extension NotificationLedger {
     /// before it that arrives late refunds nothing (`EventStore.refundReversed`), whatever date the
     /// refund it reversed was recorded with (a backend's own `refunded`, to the second, say).
     static func reversalMarked(_ metadata: Data, signedDate: Date, transactionId: TransactionID) -> Data {
-        var marked = (try? JSONSerialization.jsonObject(with: metadata)) as? [String: Any] ?? [:]
-        marked["reversalSignedDate"] = EventCoding.formatDate(signedDate)
-        marked["transactionId"] = transactionId.rawValue
-        return (try? JSONSerialization.data(withJSONObject: marked)) ?? metadata
+        marked(metadata, with: ["reversalSignedDate": EventCoding.formatDate(signedDate), "transactionId": transactionId.rawValue])
+    }
+
+    /// `metadata` (a JSON object) with `marks` added.
+    static func marked(_ metadata: Data, with marks: [String: Any]) -> Data {
+        var object = (try? JSONSerialization.jsonObject(with: metadata)) as? [String: Any] ?? [:]
+        object.merge(marks) { _, mark in mark }
+        return (try? JSONSerialization.data(withJSONObject: object)) ?? metadata
     }
 
     /// Whether `stored`, found under a notification's UUID, is a backend's own event rather than
@@ -312,9 +316,7 @@ extension NotificationLedger {
     /// `metadata` marked `refundCatchUp`, so that the report counts the refunds no notification
     /// said (`refundsCaughtUp`).
     public static func markedCaughtUp(_ metadata: Data) -> Data {
-        var marked = (try? JSONSerialization.jsonObject(with: metadata)) as? [String: Any] ?? [:]
-        marked["refundCatchUp"] = true
-        return (try? JSONSerialization.data(withJSONObject: marked)) ?? metadata
+        marked(metadata, with: ["refundCatchUp": true])
     }
 
     /// A refund or revocation Apple signed in a client's proof (a signed transaction's
