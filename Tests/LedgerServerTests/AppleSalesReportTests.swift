@@ -96,6 +96,55 @@ struct AppleSalesReportTests {
         }
     }
 
+    @Test("a day whose extra purchase waits in the pool beside a sale without a storefront: the pool's cause, and no sweep")
+    func pooledBesideUnplaced() async throws {
+        try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
+            try await http.send(.patch, "/v1/apps/\(TestApple.bundleId)", json: ["sku": "GAME1"])
+            let bought = Date(timeIntervalSinceNow: -120)
+            let day = pacificDay(bought)
+            var pooledPurchase = TestApple.transaction("8800071", environment: "Production", purchaseDate: bought)
+            pooledPurchase.storefront = "USA"
+            let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-pool", "signedTransaction": try await apple.sign(pooledPurchase)])
+            #expect(pooled["outcome"] as? String == "unmatched", "\(pooled)")
+            // A sale Apple signed no storefront for, paid to its order.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-unplaced", user: "u-paid"))
+            var unplaced = TestApple.transaction("8800072", environment: "Production", purchaseDate: bought)
+            unplaced.storefront = nil
+            let (_, paid) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-unplaced", "signedTransaction": try await apple.sign(unplaced)])
+            #expect(paid["outcome"] as? String == "matched", "\(paid)")
+            try await recordReport(AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 2, "US")], day: day), day: day, db)
+            let (_, answer) = try await http.send(.get, "/v1/reports/apple?from=\(day)&to=\(day)")
+            let us = (answer["rows"] as? [[String: Any]] ?? []).first { $0["country"] as? String == "US" } ?? [:]
+            #expect(us["cause"] as? String == "purchases the ledger holds in its pool, paid to no order yet", "\(answer)")
+            #expect(try await AppleSalesStore(database: db.database).shortfalls(from: day, to: day) == [], "the ledger holds both: no sweep")
+        }
+    }
+
+    @Test("an order's refund that arrived before the reversal of an earlier one counts beside Apple's, once each: two refunds")
+    func orderRefundsOutOfOrderCountTwice() async throws {
+        try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
+            let now = Date()
+            try await http.send(.post, "/v1/orders", json: newOrder("o-twice", user: "u-twice"))
+            var purchase = TestApple.transaction("8800081", environment: "Production", purchaseDate: now.addingTimeInterval(-600))
+            purchase.storefront = "USA"
+            let (_, paid) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-twice", "signedTransaction": try await apple.sign(purchase)])
+            #expect(paid["outcome"] as? String == "matched", "\(paid)")
+            func refund(at date: Date) async throws -> String {
+                var revoked = purchase
+                revoked.revocationDate = date.millisecondsSince1970
+                return try await apple.notification("REFUND", transaction: revoked, environment: "Production", signedDate: date)
+            }
+            // The second refund first, the first, then the first's reversal.
+            try await http.notifyAppleTaken(try await refund(at: now.addingTimeInterval(-100)))
+            try await http.notifyAppleTaken(try await refund(at: now.addingTimeInterval(-300)))
+            try await http.notifyAppleTaken(try await apple.notification(
+                "REFUND_REVERSED", transaction: purchase, environment: "Production", signedDate: now.addingTimeInterval(-200)))
+            #expect(try await http.send(.get, "/v1/orders/o-twice").1["state"] as? String == "refunded")
+            let (from, to) = (pacificDay(now.addingTimeInterval(-300)), pacificDay(now.addingTimeInterval(-100)))
+            #expect(try await scalar(db, "SELECT sum(ledger_refunds)::int FROM ledger_apple_sales(\(from)::date, \(to)::date)", as: Int.self) == 2)
+        }
+    }
+
     @Test("the comparison's default days are Pacific days, as Apple's reports count them: yesterday there is the last")
     func defaultDaysArePacific() throws {
         // 03:00 UTC on the 27th is 19:00 on the 26th in Los Angeles: Apple's last day is the 25th.
