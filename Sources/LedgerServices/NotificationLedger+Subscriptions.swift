@@ -1,5 +1,6 @@
 import Foundation
 import LedgerCore
+import LedgerJSON
 import LedgerStore
 
 /// The lifecycle of an auto-renewable subscription from Apple's notifications (issue 40): what a
@@ -69,6 +70,14 @@ extension NotificationLedger {
         let again = event.type == .periodRefunded
             ? try await self.events.periodRefundStands(id, periodKey: periodKey, revokedAt: revocation.date, in: tx) : false
         if !again { events.append((event, ownID)) }
+        // A reversal of an earlier refund, after a refund Apple made later that arrived first: that
+        // refund stands, told again after the reversal (as an order's, NotificationLedger.apply).
+        if event.type == .periodRefundReversed,
+           let body = try await self.events.periodRefund(id, periodKey: periodKey, revokedAfter: record.signedDate, in: tx) {
+            var standing = try EventCoding.decoder.decode(SubscriptionPeriodRefunded.self, from: body)
+            standing.notificationUUID = nil
+            events.append((.periodRefunded(standing), EventID.named("refund-after-reversal", ownID.uuid.uuidString.lowercased())))
+        }
         let recorded = try await subscriptions.record(events, on: id, metadata: metadata, in: tx)
         if again, !orderToo, recorded.subscription != nil {
             return Applied(appended: false, streamId: .subscription(id), type: event.type.rawValue)

@@ -155,21 +155,57 @@ public struct EventStore: Sendable {
         return false
     }
 
+    /// The latest refund of subscription `subscription`'s period `periodKey` revoked after `date`
+    /// and not reversed by a `REFUND_REVERSED` signed after it: its `subscription-period-refunded`
+    /// body as stored, for a reversal Apple signed at `date` (of an earlier refund), which leaves
+    /// this one standing.
+    public func periodRefund(
+        _ subscription: String, periodKey: String, revokedAfter date: Date, in transaction: DatabaseTransaction
+    ) async throws -> Data? {
+        let stream = StreamID.subscription(subscription).rawValue
+        let rows = try await transaction.connection.guardedQuery(
+            """
+            SELECT r.data::text FROM events r
+             WHERE r.stream_id = \(stream) AND r.type = 'subscription-period-refunded' AND r.data->>'periodKey' = \(periodKey)
+               AND (r.data->>'revocationDate')::timestamptz > \(date)
+               AND NOT EXISTS (SELECT 1 FROM events v
+                                WHERE v.stream_id = r.stream_id AND v.type = 'subscription-period-refund-reversed'
+                                  AND v.data->>'periodKey' = \(periodKey)
+                                  AND (v.data->>'signedDate')::timestamptz > (r.data->>'revocationDate')::timestamptz)
+             ORDER BY (r.data->>'revocationDate')::timestamptz DESC, r.stream_version
+             LIMIT 1
+            """, logger: database.logger)
+        for try await body in rows.decode(String.self) { return Data(body.utf8) }
+        return nil
+    }
+
     /// The latest refund (by revocation date) of Apple transaction `transactionId` that `streams`
     /// (its own, its order's) hold, revoked after `date`: a `refunded` of its order, or a refund
     /// kept on a `notification-received` (one its order's state did not take, or of a pooled
-    /// transaction). Its body as stored, for a `REFUND_REVERSED` Apple signed at `date`, which
-    /// reverses an earlier refund and leaves this one standing.
+    /// transaction), and not reversed by a `REFUND_REVERSED` Apple signed after it. Its body as
+    /// stored, for a `REFUND_REVERSED` Apple signed at `date`, which reverses an earlier refund
+    /// and leaves this one standing.
     public func refund(of transactionId: String, revokedAfter date: Date, on streams: [StreamID], in transaction: DatabaseTransaction) async throws -> Data? {
         let streams = streams.map(\.rawValue)
         let rows = try await transaction.connection.guardedQuery(
             """
-            SELECT (CASE type WHEN 'refunded' THEN data ELSE data->'refund' END)::text FROM events
-             WHERE stream_id = ANY(\(streams))
-               AND (type = 'refunded' AND (data->>'revocationDate')::timestamptz > \(date)
-                    OR type = 'notification-received' AND data->>'transactionId' = \(transactionId) AND data ? 'refund'
-                       AND (data->'refund'->>'revocationDate')::timestamptz > \(date))
-             ORDER BY coalesce(data->'refund'->>'revocationDate', data->>'revocationDate')::timestamptz DESC, global_position
+            SELECT x.refund::text FROM (
+                SELECT CASE type WHEN 'refunded' THEN data ELSE data->'refund' END AS refund, global_position FROM events
+                 WHERE stream_id = ANY(\(streams))
+                   AND (type = 'refunded'
+                        OR type = 'notification-received' AND data->>'transactionId' = \(transactionId) AND data ? 'refund'
+                           AND NOT coalesce((data->>'reversedBefore')::boolean, false))) x
+             WHERE (x.refund->>'revocationDate')::timestamptz > \(date)
+               -- Not one Apple reversed since (a REFUND_REVERSED signed after it, recorded already).
+               AND NOT EXISTS (
+                   SELECT 1 FROM events v
+                    WHERE v.stream_id = ANY(\(streams))
+                      AND (v.type = 'notification-received' AND v.data->>'notificationType' = 'REFUND_REVERSED'
+                           AND v.data->>'transactionId' = \(transactionId)
+                           AND (v.data->>'signedDate')::timestamptz > (x.refund->>'revocationDate')::timestamptz
+                           OR v.type = 'refund-reversed'
+                           AND (v.metadata->>'reversalSignedDate')::timestamptz > (x.refund->>'revocationDate')::timestamptz))
+             ORDER BY (x.refund->>'revocationDate')::timestamptz DESC, x.global_position
              LIMIT 1
             """, logger: database.logger)
         for try await body in rows.decode(String.self) { return Data(body.utf8) }

@@ -336,6 +336,25 @@ struct NotificationRoutesTests {
         }
     }
 
+    @Test("a pooled purchase whose every refund Apple reversed waits again, whatever order the reversals arrive in")
+    func everyRefundReversed() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            let now = Date()
+            let payload = TestApple.transaction("2300011")
+            try await http.notifyAppleTaken(try await apple.notification("ONE_TIME_CHARGE", transaction: payload))
+            for at in [-400.0, -200.0] {
+                var revoked = payload
+                revoked.revocationDate = now.addingTimeInterval(at).millisecondsSince1970
+                try await http.notifyAppleTaken(try await apple.notification("REFUND", transaction: revoked, signedDate: now.addingTimeInterval(at)))
+            }
+            // The reversal of the second refund, then the late one of the first.
+            for at in [-100.0, -300.0] {
+                try await http.notifyAppleTaken(try await apple.notification("REFUND_REVERSED", transaction: payload, signedDate: now.addingTimeInterval(at)))
+            }
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '2300011'", as: String.self) == "unmatched")
+        }
+    }
+
     @Test("a notification whose token finds an order ties the transaction to it")
     func notificationMatchesByToken() async throws {
         try await withReceiptsApplication(apple) { http, _ in

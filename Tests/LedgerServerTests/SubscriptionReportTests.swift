@@ -212,6 +212,29 @@ struct SubscriptionReportTests {
         }
     }
 
+    @Test("a renewal's refund Apple made after a reversal, arriving before that reversal, stands on its period")
+    func renewalRefundBeforeTheReversal() async throws {
+        try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
+            let periods = (0..<2).map { SubscriptionFixture.signed("9300801", period: $0) }
+            try await SubscriptionFixture.record(secondServer(db), periods, user: "su-stands")
+            let now = Date()
+            func refund(at date: Date) async throws -> String {
+                var refunded = periods[1]
+                refunded.revocationDate = date.millisecondsSince1970
+                refunded.revocationReason = 0
+                return try await apple.notification("REFUND", transaction: refunded, environment: "Production", signedDate: date)
+            }
+            try await http.notifyAppleTaken(try await refund(at: now.addingTimeInterval(-300)))
+            try await http.notifyAppleTaken(try await refund(at: now.addingTimeInterval(-100)))
+            try await http.notifyAppleTaken(try await apple.notification(
+                "REFUND_REVERSED", transaction: periods[1], environment: "Production", signedDate: now.addingTimeInterval(-200)))
+            #expect(try await scalar(db, """
+                SELECT count(*)::int FROM subscription_periods WHERE transaction_id = \(periods[1].transactionId) AND refunded_at IS NOT NULL
+                """, as: Int.self) == 1, "the later refund stands")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("a renewal's refund told by two ways (another notification carrying it, then Apple's REFUND) refunds its period once")
     func renewalRefundToldTwice() async throws {
         try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
