@@ -67,7 +67,13 @@ public struct SupportDesk: Sendable {
                     throw SupportMatchError.purchasedBeforeOrder(purchased: transaction.purchaseDate, created: order.createdAt)
                 }
             }
-            let rule = force ? "support-forced: \(reason ?? "")" : conflict != nil ? "support-conflict: \(reason ?? "")" : "support"
+            // A forced pairing of a conflict says both: what support overrode, and that it was one.
+            let rule = switch (force, conflict != nil) {
+            case (true, true): "support-forced-conflict: \(reason ?? "")"
+            case (true, false): "support-forced: \(reason ?? "")"
+            case (false, true): "support-conflict: \(reason ?? "")"
+            case (false, false): "support"
+            }
             let matched = try await receipts.match(
                 transaction, to: order, by: .support, pairing: .init(candidates: 1, rule: rule), metadata: metadata, in: tx, knowing: snapshot)
             // A subscription's start held for a conflict was no one's: it starts now, as its order's.

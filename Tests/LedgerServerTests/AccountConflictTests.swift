@@ -91,6 +91,14 @@ struct AccountConflictTests {
             #expect(try await scalar(db, """
                 SELECT claimed_by || ' ' || owner_user_id FROM dashboards.apple_account_conflicts WHERE transaction_id = '4200002'
                 """, as: String.self) == "u-bob u-alice")
+
+            // Forced to a third user's order: the rule says it was a conflict, and that support forced it.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-carol", user: "u-carol"))
+            let (forced, forcedOrder) = try await http.send(.post, "/v1/transactions/4200002/match", json: ["orderId": "o-carol", "force": true, "reason": "ticket 9"])
+            #expect(forced == .ok, "\(forcedOrder)")
+            #expect(try await scalar(db, """
+                SELECT data->>'rule' FROM events WHERE stream_id = 'transaction-4200002' AND type = 'transaction-matched' ORDER BY stream_version DESC LIMIT 1
+                """, as: String.self) == "support-forced-conflict: ticket 9")
         }
     }
 
