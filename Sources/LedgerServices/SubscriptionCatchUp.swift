@@ -113,6 +113,8 @@ public struct SubscriptionCatchUp: Sendable {
         var revision: String?
         // The positions asked in this read: one named again ends it.
         var seen = Set<String>()
+        // Whether Apple said more pages follow the last one read.
+        var more = false
         for _ in 0..<maximumPages {
             let page = try await client.transactionHistory(id, revision: revision, productTypes: [.autoRenewable])
             for jws in page.signedTransactions {
@@ -134,10 +136,13 @@ public struct SubscriptionCatchUp: Sendable {
             }
             try AppStoreServerAPIError.requireMoved(page.revision, from: revision, hasMore: page.hasMore, reading: "transaction history", seen: &seen)
             revision = page.revision
-            if !page.hasMore { return transactions.sorted { ($0.purchaseDate, $0.transactionId.rawValue) < ($1.purchaseDate, $1.transactionId.rawValue) } }
+            more = page.hasMore
+            if !more { break }
         }
-        logger.warning("a subscription's transaction history has more pages than a catch-up reads: its later transactions were not read", metadata: [
-            "subscription.id": "\(id)", "apple.pages": "\(maximumPages)"])
+        if more {
+            logger.warning("a subscription's transaction history has more pages than a catch-up reads: its later transactions were not read", metadata: [
+                "subscription.id": "\(id)", "apple.pages": "\(maximumPages)"])
+        }
         return transactions.sorted { ($0.purchaseDate, $0.transactionId.rawValue) < ($1.purchaseDate, $1.transactionId.rawValue) }
     }
 

@@ -4,8 +4,15 @@
 --   the latest, of a purchase still refunded: one refunded, reversed and refunded again counted
 --   once, one reversed counted none, where Apple counted two and one);
 -- - the units Apple refunded: a REFUND_PRORATED of a third of 3 units is 1 (040 counted all 3);
+-- - an order's refunds its state did not take, kept on their notification-received (a later refund
+--   that arrived before the reversal of an earlier one), count as its `refunded` events do;
 -- - copies of one refund, by its revocation date to the second, once: an order's too, now that a
 --   refund that stands after the reversal of an earlier one is told again on the order.
+-- And a row where Apple counted more purchases than the ledger, on a day whose extra purchases all
+-- wait in the pool once the ledger's storefront-less sales (legacy receipts, imports) are counted
+-- with the rest, says so (the pool's cause and step), and is not swept (AppleSalesStore.shortfalls
+-- leaves the pool's rows out): 040 judged the pool per country but the storefront-less sales per
+-- day, so such a row said "never saw" and a sweep ran for nothing.
 -- The rest is 040's, whole; the signature is 028's, so dashboards.apple_sales keeps calling it.
 
 CREATE OR REPLACE FUNCTION ledger_apple_sales(p_from date, p_to date)
@@ -102,19 +109,26 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $fn$
           FROM bought b LEFT JOIN storefront_countries c ON c.alpha3 = b.storefront
          GROUP BY 1, 2, 3, 4
     ), refunded AS (
-        -- An order's refunds, each by its revocation date; copies of one refund (told again after
-        -- the reversal of an earlier one) once.
+        -- An order's refunds, each by its revocation date: its `refunded` events, and the refunds
+        -- its state did not take, kept on their `notification-received` (a later refund that
+        -- arrived first, another of an order refunded already); copies of one refund (told again
+        -- after the reversal of an earlier one, or by two ways) once.
         SELECT * FROM (
-            SELECT DISTINCT ON (e.stream_id, date_trunc('second', (e.data->>'revocationDate')::timestamptz))
-                   ((e.data->>'revocationDate')::timestamptz AT TIME ZONE 'America/Los_Angeles')::date AS day,
-                   o.bundle_id, o.product_id, t.storefront, greatest(round(o.quantity * refund_share(e.data)), 1)::integer AS n
-              FROM events e
-              JOIN orders o ON e.stream_id = 'order-' || o.order_id
+            SELECT DISTINCT ON (x.stream_id, date_trunc('second', (x.refund->>'revocationDate')::timestamptz))
+                   ((x.refund->>'revocationDate')::timestamptz AT TIME ZONE 'America/Los_Angeles')::date AS day,
+                   o.bundle_id, o.product_id, t.storefront, greatest(round(o.quantity * refund_share(x.refund)), 1)::integer AS n
+              FROM (SELECT e.stream_id, e.stream_version, CASE e.type WHEN 'refunded' THEN e.data ELSE e.data->'refund' END AS refund
+                      FROM events e
+                     WHERE e.stream_id LIKE 'order-%'
+                       AND (e.type = 'refunded'
+                            OR e.type = 'notification-received' AND e.data ? 'refund'
+                               AND NOT coalesce((e.data->>'reversedBefore')::boolean, false))) x
+              JOIN orders o ON x.stream_id = 'order-' || o.order_id
               JOIN apple_transactions t ON t.transaction_id = o.transaction_id
-             WHERE e.type = 'refunded' AND coalesce(t.environment, 'Production') = 'Production'
-               AND coalesce(e.data->>'revocationType', '') <> 'FAMILY_REVOKE'
-               AND ((e.data->>'revocationDate')::timestamptz AT TIME ZONE 'America/Los_Angeles')::date BETWEEN p_from AND p_to
-             ORDER BY e.stream_id, date_trunc('second', (e.data->>'revocationDate')::timestamptz), e.stream_version) AS order_refunds
+             WHERE coalesce(t.environment, 'Production') = 'Production'
+               AND coalesce(x.refund->>'revocationType', '') <> 'FAMILY_REVOKE'
+               AND ((x.refund->>'revocationDate')::timestamptz AT TIME ZONE 'America/Los_Angeles')::date BETWEEN p_from AND p_to
+             ORDER BY x.stream_id, date_trunc('second', (x.refund->>'revocationDate')::timestamptz), x.stream_version) AS order_refunds
         UNION ALL
         -- A renewal's refunds are its period's (it pays no order; one an order holds has them
         -- counted with that order's above), each by its revocation date, in the renewal's
@@ -167,7 +181,12 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $fn$
         SELECT t.*, r.day IS NOT NULL AS reported,
                bool_or(t.country = '') OVER w AS unplaced,
                sum(t.apple_purchases) OVER w = sum(t.ledger_purchases) OVER w
-                   AND sum(t.apple_refunds) OVER w = sum(t.ledger_refunds) OVER w AS day_agrees
+                   AND sum(t.apple_refunds) OVER w = sum(t.ledger_refunds) OVER w AS day_agrees,
+               -- The day's purchases Apple counted more are all in the pool, once the ledger's
+               -- storefront-less sales are counted with the rest.
+               sum(t.apple_purchases) OVER w > sum(t.ledger_purchases) OVER w
+                   AND sum(t.apple_purchases) OVER w <= sum(t.ledger_purchases) OVER w + sum(t.pooled) OVER w
+                   AND sum(t.apple_refunds) OVER w = sum(t.ledger_refunds) OVER w AS day_pooled
           FROM together t LEFT JOIN reported r ON r.day = t.day
         WINDOW w AS (PARTITION BY t.day, t.bundle_id, t.product_id)
     )
@@ -179,6 +198,8 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $fn$
                 WHEN j.unplaced AND j.day_agrees THEN 'sales the ledger holds without a storefront account for it'
                 WHEN j.apple_purchases > j.ledger_purchases AND j.apple_purchases <= j.ledger_purchases + j.pooled
                      AND j.apple_refunds = j.ledger_refunds THEN 'purchases the ledger holds in its pool, paid to no order yet'
+                WHEN j.apple_purchases > j.ledger_purchases AND j.unplaced AND j.day_pooled
+                     THEN 'purchases the ledger holds in its pool, paid to no order yet'
                 WHEN j.apple_purchases > j.ledger_purchases THEN 'purchases Apple counted that the ledger never saw'
                 WHEN j.ledger_purchases > j.apple_purchases THEN 'purchases the ledger holds that Apple did not count'
                 WHEN j.apple_refunds > j.ledger_refunds THEN 'refunds Apple counted that the ledger did not record'
@@ -188,8 +209,8 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $fn$
                 WHEN j.country = '' THEN 'compare the product''s day across its storefronts'
                 WHEN j.apple_purchases = j.ledger_purchases AND j.apple_refunds = j.ledger_refunds THEN ''
                 WHEN j.unplaced AND j.day_agrees THEN ''
-                WHEN j.apple_purchases > j.ledger_purchases AND j.apple_purchases <= j.ledger_purchases + j.pooled
-                     AND j.apple_refunds = j.ledger_refunds
+                WHEN j.apple_purchases > j.ledger_purchases AND (j.apple_purchases <= j.ledger_purchases + j.pooled
+                     AND j.apple_refunds = j.ledger_refunds OR j.unplaced AND j.day_pooled)
                      THEN 'the reconciler pairs them with their users'' orders, or support does (GET /v1/transactions/unmatched)'
                 WHEN j.apple_purchases > j.ledger_purchases THEN 'recover: a history sweep of the users with open orders of the product (run after each fetch; ledger sales sweep)'
                 WHEN j.ledger_purchases > j.apple_purchases THEN 'check for sandbox or test purchases counted as production, or fraud'
