@@ -130,13 +130,16 @@ public struct ReconcilerPass: Sendable {
         let perTransaction = LedgerWriter.maximumEventsPerGroup / 3
         var later: [Reconciler.Pairing] = []
         var orphansLeft: [Reconciler.Orphan] = []
-        let counted = try await database.transactionAgainAfterLostRace { tx -> Summary in
+        // Orphans whose pairing the append routine refused (`refusedPairing`), which aborted the
+        // batch's transaction: the batch runs again without them.
+        var refused: Set<TransactionID> = []
+        let counted = try await againWithoutRefused(&refused) { refused in try await database.transactionAgainAfterLostRace { tx -> Summary in
             var counts = Summary()
             let claimed = try await pool.claimUsers(batch, in: tx)
             counts.usersBusy = batch.count - claimed.count
             var orphans: [Reconciler.Orphan] = []
             for user in claimed {
-                for entry in entries[user] ?? [] {
+                for entry in entries[user] ?? [] where !refused.contains(entry.orphan.transactionId) {
                     if entry.settling { counts.settling += 1 } else { orphans.append(entry.orphan) }
                 }
             }
@@ -155,16 +158,17 @@ public struct ReconcilerPass: Sendable {
                 orphansLeft = orphans.filter { !paired.contains($0.transactionId) }
             }
             return counts
-        }
+        } }
         summary.add(counted)
         for start in stride(from: 0, to: later.count, by: perTransaction) {
             let chunk = Array(later[start..<min(start + perTransaction, later.count)])
-            summary.add(try await database.transactionAgainAfterLostRace { tx in
+            summary.add(try await againWithoutRefused(&refused) { refused in try await database.transactionAgainAfterLostRace { tx in
                 var counts = Summary()
-                try await apply(chunk, metadata: metadata, in: tx, into: &counts)
+                try await apply(chunk.filter { !refused.contains($0.transactionId) }, metadata: metadata, in: tx, into: &counts)
                 return counts
-            })
+            } })
         }
+        summary.lostRaces += refused.count
         guard recoveryOrders, !orphansLeft.isEmpty else { return summary }
         let active = try await catalog.activePrices()
         for orphan in orphansLeft {
@@ -172,7 +176,18 @@ public struct ReconcilerPass: Sendable {
                 summary.notRecovered += 1
                 continue
             }
-            switch try await recover(orphan, price: product, metadata: metadata) {
+            let recovered: Recovery
+            do {
+                recovered = try await recover(orphan, price: product, metadata: metadata)
+            } catch {
+                // The routine refused the order or its pairing (its app retired meanwhile, the
+                // account another user's): that orphan waits, the others go on.
+                guard let refusal = error as? OrderLedgerError else { throw error }
+                logger.notice("recovery order refused", metadata: ["transaction": "\(orphan.transactionId)", "reason": "\(refusal.code)"])
+                summary.notRecovered += 1
+                continue
+            }
+            switch recovered {
             case .created:
                 summary.recoveryOrders += 1
                 summary.byRule["recovery", default: 0] += 1
@@ -183,6 +198,33 @@ public struct ReconcilerPass: Sendable {
             }
         }
         return summary
+    }
+
+    /// `body` with the orphans `refused` leaves out, again without each one whose pairing the
+    /// append routine refuses (`refusedPairing`): its checks raise, which ends the whole
+    /// transaction, so one pairing's refusal would otherwise stop every pass at that batch.
+    private func againWithoutRefused(
+        _ refused: inout Set<TransactionID>, _ body: (Set<TransactionID>) async throws -> Summary
+    ) async throws -> Summary {
+        while true {
+            do {
+                return try await body(refused)
+            } catch {
+                guard let id = Self.refusedPairing(error), refused.insert(id).inserted else { throw error }
+                logger.notice("pairing refused; the batch again without it", metadata: ["transaction": "\(id)", "error": "\(error)"])
+            }
+        }
+    }
+
+    /// The transaction whose pairing the append routine refused by raising: one of an Apple
+    /// account or token the ledger knows for another user than the order's (the pass's own
+    /// earlier pairing of that account may have made it known), or of another app; nil for any
+    /// other error.
+    static func refusedPairing(_ error: any Error) -> TransactionID? {
+        switch error as? OrderLedgerError {
+        case .accountConflict(let id), .appMismatch(let id): id
+        default: nil
+        }
     }
 
     /// Writes `pairings` in the caller's transaction: locks and reads both sides of every pairing

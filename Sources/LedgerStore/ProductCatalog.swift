@@ -107,10 +107,13 @@ public struct ProductCatalog: Sendable {
     }
 
     /// The active products and their prices (price, currency): what the reconciler may create a
-    /// recovery order for.
+    /// recovery order for. None of a retired app: it takes no new order.
     public func activePrices() async throws -> [AppProduct: (price: String?, currency: String?)] {
         let rows = try await database.query(
-            "SELECT bundle_id, product_id, price::text, currency FROM products WHERE status = 'active'")
+            """
+            SELECT p.bundle_id, p.product_id, p.price::text, p.currency FROM products p
+             WHERE p.status = 'active' AND NOT EXISTS (SELECT FROM apps a WHERE a.bundle_id = p.bundle_id AND a.retired)
+            """)
         var products: [AppProduct: (price: String?, currency: String?)] = [:]
         for try await (bundle, id, price, currency) in rows.decode((String?, String, String?, String?).self) {
             products[AppProduct(bundle.map(BundleID.init(unchecked:)), ProductID(unchecked: id))] = (price, currency)

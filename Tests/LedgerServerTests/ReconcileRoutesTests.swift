@@ -69,6 +69,31 @@ struct ReconcileRoutesTests {
         }
     }
 
+    @Test("two users' orphans of one Apple account: the pass pairs one and goes on (a third user's orphan too); the other waits, then is held for support")
+    func oneAccountTwoUsers() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            for user in ["u-ann", "u-ben", "u-cy"] { try await http.send(.post, "/v1/orders", json: newOrder("o-\(user)", user: user)) }
+            for (user, id, account) in [("u-ann", "5000101", "acct-shared"), ("u-ben", "5000102", "acct-shared"), ("u-cy", "5000103", "acct-cy")] {
+                let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["userId": user, "signedTransaction": try await transaction(id, appTransactionId: account)])
+                #expect(pooled["outcome"] as? String == "unmatched", "\(pooled)")
+            }
+            let (status, summary) = try await http.send(.post, "/v1/reconcile")
+            #expect(status == .ok, "\(summary)")
+            #expect(summary["paired"] as? Int == 2 && summary["lostRaces"] as? Int == 1, "\(summary)")
+            let (_, cy) = try await http.send(.get, "/v1/orders/o-u-cy")
+            #expect(cy["state"] as? String == "verified" && cy["transactionId"] as? String == "5000103", "\(cy)")
+            let paid = try await scalar(db, """
+                SELECT string_agg(transaction_id || ' ' || order_id, ',') FROM apple_transactions WHERE transaction_id IN ('5000101', '5000102') AND order_id IS NOT NULL
+                """, as: String.self)
+            #expect(paid == "5000101 o-u-ann" || paid == "5000102 o-u-ben", "\(paid)")
+            // The other is the account's other user's: the next pass holds it for support, and pairs nothing.
+            let (_, next) = try await http.send(.post, "/v1/reconcile")
+            #expect(next["heldForSupport"] as? Int == 1 && next["paired"] as? Int == 0 && next["lostRaces"] as? Int == 0, "\(next)")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_transactions WHERE transaction_id IN ('5000101', '5000102') AND status = 'conflict'", as: Int.self) == 1)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("two reconcilers and live receipt uploads racing on the same users never pair one transaction twice or give an order two")
     func racing() async throws {
         try await withReceiptsApplication(apple) { http, db in

@@ -202,6 +202,27 @@ struct ProductRoutesTests {
         }
     }
 
+    @Test("with the recovery policy on, a retired app's orphan gets no order (the pass goes on); its open orders are still paired")
+    func noRecoveryForARetiredApp() async throws {
+        try await withReceiptsApplication(apple, configure: { $0.recoveryOrders = true }) { http, db in
+            try await http.send(.put, "/v1/products/gems.100", json: ["price": "0.99", "currency": "USD"])
+            try await http.send(.post, "/v1/orders", json: newOrder("o-r-8", user: "r-8"))
+            let (retired, _) = try await http.send(.patch, "/v1/apps/\(TestApple.bundleId)", json: ["retired": true])
+            #expect(retired == .ok)
+            for (id, user) in [("8000021", "r-8"), ("8000022", "r-9")] {
+                let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["userId": user, "signedTransaction": try await apple.sign(TestApple.transaction(id))])
+                #expect(pooled["outcome"] as? String == "unmatched", "\(pooled)")
+            }
+            let (status, summary) = try await http.send(.post, "/v1/reconcile")
+            #expect(status == .ok && summary["paired"] as? Int == 1 && summary["recoveryOrders"] as? Int == 0 && summary["notRecovered"] as? Int == 1, "\(summary)")
+            let (_, order) = try await http.send(.get, "/v1/orders/o-r-8")
+            #expect(order["state"] as? String == "verified" && order["transactionId"] as? String == "8000021", "\(order)")
+            let (missing, _) = try await http.send(.get, "/v1/orders/recovery-8000022")
+            #expect(missing == .notFound)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("with the policy off (the default), orphans with no candidate stay in the pool")
     func policyOff() async throws {
         try await withReceiptsApplication(apple) { http, _ in
