@@ -44,6 +44,9 @@ extension APIError {
                 // As a notification of that environment is answered, naming what the request said.
                 return APIError(.badRequest, code: error.code, message: error.description, details: ["field": .string("data.environment")])
             }
+            if case .verifiedOtherTransaction = error {
+                return APIError(.conflict, code: error.code, message: error.description, details: ["field": .string("data.transactionId")])
+            }
             let status: HTTPResponse.Status = switch error {
             case .bundleIDRequired, .unknownApp: .badRequest
             default: .conflict

@@ -200,6 +200,10 @@ extension LedgerWriter {
                         throw AppendError.invalidBatch("an order's stream takes order events, not \(event.type)")
                     }
                     if case .failure(let refusal) = Order.decide(order, orderEvent) { throw refusal }
+                    if case .verified(let verified) = orderEvent, let named = verified.transactionId,
+                       let own = order?.transactionId, named != own {
+                        throw OrderLedgerError.verifiedOtherTransaction(named, order: own)
+                    }
                     let claimed = orderEvent.touchedTransaction.flatMap(transaction)
                     if case .receiptReceived(let receipt) = orderEvent {
                         if let known = claimed {

@@ -274,6 +274,9 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
     /// the client's word, or as the ledger holds it signed): a later transaction of a purchase, or
     /// a family member's share (`original` its own id then), which never pays an order (issue 40).
     case laterTransaction(TransactionID, original: String)
+    /// A `verified` naming another Apple transaction than the one its order's `receipt-received`
+    /// named: the order is paid by that one, and the log would say otherwise.
+    case verifiedOtherTransaction(TransactionID, order: TransactionID)
 
     public var code: String {
         switch self {
@@ -291,6 +294,7 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
         case .quantityMismatch: "quantity-mismatch"
         case .laterTransaction: "later-transaction"
         case .environmentRefused: "wrong-environment"
+        case .verifiedOtherTransaction: "transaction-mismatch"
         }
     }
 
@@ -317,6 +321,8 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
             "app \(app) does not take the \(environment) environment (its environments: ledger apps set --environments, docs/apps.md)"
         case .laterTransaction(let id, let original) where original == id.rawValue:
             "Apple transaction \(id) is a family member's shared access: it never pays an order"
+        case .verifiedOtherTransaction(let named, let order):
+            "data.transactionId is \(named), but the order's receipt-received named \(order): a verified names the order's transaction, or none"
         case .laterTransaction(let id, let original):
             "Apple transaction \(id) is a later transaction of \(original) (a renewal, restore, upgrade or family member's share): it never pays an order"
         }

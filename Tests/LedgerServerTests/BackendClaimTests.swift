@@ -281,4 +281,22 @@ struct BackendClaimTests {
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
+
+    @Test("a backend's own verified naming another transaction than its order's receipt-received is 409 transaction-mismatch, stored nowhere; naming its own, or none, verifies")
+    func verifiedNamesItsOwnTransaction() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await claimed(http, "o-one", user: "erin", transaction: "7900041")
+            try await claimed(http, "o-two", user: "erin", transaction: "7900042")
+            let events = try await eventCount(db)
+            let (status, refused) = try await http.send(.post, "/v1/orders/o-one/events", json: ["type": "verified", "data": ["transactionId": "7900042"]])
+            let error = refused["error"] as? [String: Any]
+            #expect(status == .conflict && error?["code"] as? String == "transaction-mismatch" && error?["field"] as? String == "data.transactionId", "\(refused)")
+            #expect(try await eventCount(db) == events)
+            let (own, verified) = try await http.send(.post, "/v1/orders/o-one/events", json: ["type": "verified", "data": ["transactionId": "7900041"]])
+            #expect(own == .created && verified["state"] as? String == "verified" && verified["transactionId"] as? String == "7900041", "\(verified)")
+            let (none, _) = try await http.send(.post, "/v1/orders/o-two/events", json: ["type": "verified", "data": [:]])
+            #expect(none == .created)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
 }
