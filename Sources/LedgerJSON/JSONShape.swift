@@ -43,6 +43,13 @@ public enum JSONShape {
         func owner() -> String? { frames.last?.names != nil ? lastName : nil }
         var index = 0
         let count = bytes.count
+        // JSON text opens with an ASCII character (RFC 8259 §8.1): in UTF-16 or UTF-32, with or
+        // without a byte order mark, one of its first two bytes is a NUL or the mark is there.
+        // Foundation's decoder reads those encodings too, but this scan would not see their
+        // numbers and names, and would let a rounded number through.
+        if count >= 2, bytes[0] == 0 || bytes[1] == 0 || (bytes[0] == 0xFE && bytes[1] == 0xFF) || (bytes[0] == 0xFF && bytes[1] == 0xFE) {
+            return Problem(path: root, problem: "is UTF-16 or UTF-32 text; send JSON as UTF-8")
+        }
         while index < count {
             switch bytes[index] {
             case UInt8(ascii: "\""):

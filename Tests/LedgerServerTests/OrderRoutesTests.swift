@@ -1,4 +1,5 @@
 import Foundation
+import NIOCore
 import Hummingbird
 import HummingbirdTesting
 import LedgerServer
@@ -7,6 +8,28 @@ import Testing
 
 @Suite("Order routes over HTTP")
 struct OrderRoutesTests {
+    @Test("a JSON body in UTF-16 or UTF-32, with or without a byte order mark, is 400 naming the encoding, and nothing is stored")
+    func bodiesAreUTF8() async throws {
+        try await withLiveApplication { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-utf"))
+            let events = try await eventCount(db)
+            // A number of 42 significant digits, which the ledger refuses in UTF-8 rather than round it.
+            let text = #"{"type":"payment-added","data":{"queuedAt":"2026-11-29T10:00:00Z","amountMicros":123456789012345678901234567890123456789123}}"#
+            for (name, encoding) in [("UTF-16", String.Encoding.utf16), ("UTF-16LE", .utf16LittleEndian), ("UTF-16BE", .utf16BigEndian), ("UTF-32LE", .utf32LittleEndian)] {
+                let bytes = try #require(text.data(using: encoding))
+                let response = try await http.client.execute(
+                    uri: "/v1/orders/o-utf/events", method: .post,
+                    headers: [.contentType: "application/json", .authorization: "Bearer \(http.key)"], body: ByteBuffer(bytes: bytes))
+                let error = errorOf(json(response.body))
+                #expect(response.status == .badRequest && error["field"] as? String == "body", "\(name): \(error)")
+                #expect((error["message"] as? String)?.contains("UTF-8") == true, "\(name): \(error)")
+            }
+            #expect(try await eventCount(db) == events)
+            let (utf8, refused) = try await http.send(.post, "/v1/orders/o-utf/events", raw: text)
+            #expect(utf8 == .badRequest && errorOf(refused)["field"] as? String == "data.amountMicros", "\(refused)")
+        }
+    }
+
     @Test("creating is idempotent on orderId: 201, then 200 with the same order, 409 for a different body")
     func createIdempotent() async throws {
         try await withLiveApplication { http, _ in
