@@ -207,6 +207,12 @@ public struct NotificationLedger: Sendable {
             if told.takesBack {
                 received.refund = Refunded(revocation, notificationType: notification.fromRefundHistory ? nil : type)
             }
+            if role.subscription != nil, Self.lifecycleTypes.contains(type) {
+                // A renewal waiting for its start: what Apple said of renewal is recorded on the
+                // subscription when the start ties it (`recordStart`).
+                received.renewalInfo = notification.renewalInfo
+                received.periodEnd = transaction.periodEnd
+            }
             var events = [try EventCoding.newEvent(TransactionEvent.notificationReceived(received), id: eventID, metadata: metadata)]
             if type == "REFUND_REVERSED", let standing = try await laterRefund(of: id, after: record.signedDate, on: [id.streamID], in: tx) {
                 // A refund Apple made after this reversal, which arrived first: it stands, and keeps

@@ -123,6 +123,7 @@ extension ReceiptLedger {
         // What Apple said of a waiting renewal's refund is on the renewal's own stream: its period
         // is refunded with it, once (the event is named after the notification).
         let told = try await subscriptions.store.refundNotifications(of: renewals.map(\.transaction.transactionId), in: tx)
+        var lifecycle: [(NotificationReceived, AppleTransaction)] = []
         for waiting in renewals {
             let renewal = waiting.transaction
             let period = SubscriptionPeriodRecorded(transaction: renewal, kind: .renewal)
@@ -131,6 +132,18 @@ extension ReceiptLedger {
                 after: told[renewal.transactionId] ?? [], transactionId: renewal.transactionId, periodKey: period.periodKey) {
                 events.append((.periodRefunded(standing.refund), SubscriptionLedger.notificationEventID(id, standing.notification)))
             }
+            lifecycle += (told[renewal.transactionId] ?? []).filter { $0.renewalInfo != nil || $0.periodEnd != nil }.map { ($0, renewal) }
+        }
+        // What Apple said of renewal while they waited (a grace period, billing retry, auto-renew
+        // turned off), after every period, in the order Apple signed it: as it would have been
+        // recorded had the start come first.
+        for (notification, renewal) in lifecycle.sorted(by: { $0.0.signedDate < $1.0.signedDate }) {
+            var record = notification
+            (record.renewalInfo, record.periodEnd) = (nil, nil)
+            let changed = SubscriptionRenewalChanged(
+                notification: record, renewalInfo: notification.renewalInfo, expiresDate: notification.periodEnd ?? renewal.periodEnd,
+                purchaseDate: renewal.purchaseDate)
+            events.append((.renewalChanged(changed), SubscriptionLedger.notificationEventID(id, notification.notificationUUID)))
         }
         _ = try await subscriptions.record(events, on: id, metadata: metadata, in: tx)
     }

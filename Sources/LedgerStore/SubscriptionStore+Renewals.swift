@@ -51,8 +51,9 @@ extension SubscriptionStore {
 extension SubscriptionStore {
     /// The refunds, revocations and reversals recorded on the streams of `transactions` while no
     /// order or subscription held them (`notification-received` of `REFUND`, `REVOKE`,
-    /// `REFUND_REVERSED`), each transaction's in the log's order: what the renewals that waited
-    /// for their subscription's start were told. Read in the caller's transaction.
+    /// `REFUND_REVERSED`), and the lifecycle notifications kept with their renewal info, each
+    /// transaction's in the log's order: what the renewals that waited for their subscription's
+    /// start were told. Read in the caller's transaction.
     public func refundNotifications(
         of transactions: [TransactionID], in transaction: DatabaseTransaction
     ) async throws -> [TransactionID: [NotificationReceived]] {
@@ -62,7 +63,7 @@ extension SubscriptionStore {
             """
             SELECT stream_id, data::text FROM events
              WHERE stream_id = ANY(\(Array(streams.keys))::text[]) AND type = 'notification-received'
-               AND data ->> 'notificationType' IN ('REFUND', 'REVOKE', 'REFUND_REVERSED')
+               AND (data ->> 'notificationType' IN ('REFUND', 'REVOKE', 'REFUND_REVERSED') OR data ? 'periodEnd' OR data ? 'renewalInfo')
              ORDER BY stream_id, stream_version
             """, logger: database.logger)
         var told: [TransactionID: [NotificationReceived]] = [:]

@@ -114,4 +114,33 @@ struct WaitingRenewalRefundTests {
             try await startLeavesPeriodsUnrefunded(http, db, otid, now: now)
         }
     }
+
+    @Test("what Apple said of renewal while a renewal waited for its start (a failed renewal in its grace period, auto-renew) is the subscription's once the start ties it, as if the start had come first")
+    func renewalNewsWhileWaiting() async throws {
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
+            let now = Date(), otid = "7600031"
+            // The renewal's period ended an hour ago; Apple could not bill the next and grants a grace period.
+            let renewal = SubscriptionNotificationTests.period(otid, 1, purchased: now.addingTimeInterval(-Self.day), expires: now.addingTimeInterval(-3600))
+            let renewed = try await apple.notification("DID_RENEW", transaction: renewal, renewalInfo: TestApple.renewalInfo(otid, signedDate: now.addingTimeInterval(-Self.day)))
+            #expect(try await http.notifyAppleTaken(renewed)["streamId"] as? String == "transaction-\(otid)1")
+            var failing = RenewalFields(expirationIntent: 2, graceDays: 2, retry: true).payload(otid, now: now)
+            failing.signedDate = now.addingTimeInterval(-60).millisecondsSince1970
+            let failed = try await apple.notification("DID_FAIL_TO_RENEW", subtype: "GRACE_PERIOD", transaction: renewal, renewalInfo: failing)
+            #expect(try await http.notifyAppleTaken(failed)["streamId"] as? String == "transaction-\(otid)1", "no start known yet")
+
+            try await http.send(.post, "/v1/orders", json: newOrder("o-\(otid)", user: "u-w", product: "pro.monthly"))
+            try await uploadStart(http, otid, now: now)
+            let (_, one) = try await http.send(.get, "/v1/subscriptions/\(otid)")
+            #expect(one["status"] as? String == "grace-period" && one["gracePeriodExpiresDate"] is String, "\(one)")
+            #expect(one["inBillingRetry"] as? Bool == true && one["autoRenew"] as? Bool == true && one["expirationIntent"] as? Int == 2, "\(one)")
+            let (_, entitled) = try await http.send(.get, "/v1/users/u-w/entitlements")
+            #expect((entitled["subscriptions"] as? [[String: Any]] ?? []).map { $0["originalTransactionId"] as? String } == [otid], "\(entitled)")
+            #expect(try await scalar(db, "SELECT status FROM dashboards.subscriptions WHERE original_transaction_id = \(otid)", as: String.self) == "grace-period")
+            // Told again (Apple retries), nothing more is recorded.
+            let events = try await eventCount(db)
+            try await http.notifyAppleTaken(failed)
+            #expect(try await eventCount(db) == events)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
 }

@@ -207,6 +207,12 @@ public struct NotificationReceived: Codable, Sendable, Equatable {
     /// before it was kept): Apple's calls about the notification, such as a consumption answer,
     /// go to that environment's host, whatever a backend claimed for the transaction.
     public var environment: String?
+    /// A lifecycle notification (`DID_RENEW`, `DID_FAIL_TO_RENEW`, …) about a renewal waiting for
+    /// its subscription's start: the renewal info Apple signed with it, and the period's end as its
+    /// signed transaction said, so that the start records what it said on the subscription
+    /// (`subscription-renewal-changed`). Absent otherwise.
+    public var renewalInfo: RenewalInfo?
+    public var periodEnd: Date?
 
     /// Whether this notification takes its transaction back: a refund or revocation Apple had not
     /// reversed before it arrived.
