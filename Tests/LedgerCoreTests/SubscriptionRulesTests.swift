@@ -171,6 +171,12 @@ struct SubscriptionRulesTests {
             notified("SUBSCRIBED", "RESUBSCRIBE", period: 3, info: RenewalInfo(autoRenew: true)),
         ]))
         #expect(back.status(at: start.addingTimeInterval(3.5 * month)) == .active && back.autoRenew == true)
+        #expect(back.expirationIntent == nil, "Apple's reason for the expiry is gone with it")
+        // A billing recovery's new period clears it too, whatever renewal info came with it.
+        let recovered = try #require(fold(started + [
+            notified("EXPIRED", "BILLING_RETRY", period: 0, info: RenewalInfo(autoRenew: false, expirationIntent: 2)), renewal(1),
+        ]))
+        #expect(recovered.status(at: start.addingTimeInterval(1.5 * month)) == .active && recovered.expirationIntent == nil)
     }
 
     @Test("a refund of one period takes back that period only; the latest one's ends the service, even past its own end")

@@ -153,6 +153,8 @@ public struct Subscription: Sendable, Equatable {
                 next.gracePeriodExpiresAt = nil
                 next.expired = false
                 next.revokedAt = nil
+                // Apple's reason for an expiry: none while a paid period runs.
+                next.expirationIntent = nil
             }
         case .renewalChanged(let body):
             // When Apple signed what this says of renewal, against what the ledger held before it.
@@ -183,7 +185,9 @@ public struct Subscription: Sendable, Equatable {
                 next.renewalSignedAt = info.signedDate ?? next.renewalSignedAt
                 next.autoRenew = info.autoRenew ?? next.autoRenew
                 next.autoRenewProductId = info.autoRenewProductId ?? next.autoRenewProductId
-                next.expirationIntent = info.expirationIntent ?? next.expirationIntent
+                // Apple's renewal info carries `expirationIntent` only once the subscription expired:
+                // fresher info without it (a resubscribe, a billing recovery) clears it.
+                next.expirationIntent = info.expirationIntent
                 next.gracePeriodExpiresAt = info.gracePeriodExpiresDate
                 // Apple's EXPIRED ended billing retry: renewal info saying otherwise starts none.
                 next.inBillingRetry = !next.expired && (info.isInBillingRetryPeriod ?? next.inBillingRetry)
