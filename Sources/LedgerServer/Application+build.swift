@@ -86,7 +86,7 @@ public func buildApplication(
 ) throws -> some ApplicationProtocol {
     // Every event the ledger appends is counted, whichever route or service appended it.
     let metrics = LedgerMetrics()
-    let database = Database(client: client, logger: logger, writerExecutor: writerExecutor).observingAppends(metrics.eventsAppended)
+    let database = Database(client: client, logger: logger, writerExecutor: writerExecutor, direct: probing).observingAppends(metrics.eventsAppended)
     let migrator = Migrator(logger: logger)
     let health = DatabaseHealth(probing: probing, answers: database.answers, logger: logger)
     // The configured app's key is checked now (a bad one stops the start); every app's key is

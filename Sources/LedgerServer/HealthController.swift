@@ -26,9 +26,9 @@ struct HealthController {
         do {
             if let health {
                 guard await health.availability() else { return unreachable }
-                status = try await health.unlessUnavailable { [migrator, database] in try await migrator.status(database.client) }
+                status = try await health.unlessUnavailable { [migrator, database] in try await migrator.status(database) }
             } else {
-                status = try await migrator.status(database.client)
+                status = try await migrator.status(database)
             }
         } catch {
             return unreachable

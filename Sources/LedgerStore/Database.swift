@@ -20,11 +20,18 @@ public struct Database: Sendable {
     private var appendObserver: (@Sendable (_ types: [String]) -> Void)?
     /// PostgreSQL's answers to the work on this pool, counted for the health's probe.
     public let answers = DatabaseAnswers()
+    /// Where a lease goes while the pool makes no connection (`BreakerBypass`); nil: nowhere.
+    let bypass: BreakerBypass?
 
-    public init(client: PostgresClient, logger: Logger, writerExecutor: (any TaskExecutor)? = nil) {
+    /// `direct`: the server `client` connects to, for connections of their own while the pool's
+    /// circuit breaker is open (`BreakerBypass`); nil: none.
+    public init(
+        client: PostgresClient, logger: Logger, writerExecutor: (any TaskExecutor)? = nil, direct: PostgresConnection.Configuration? = nil
+    ) {
         self.client = client
         self.logger = logger
         self.writerExecutor = writerExecutor
+        self.bypass = direct.map { BreakerBypass(configuration: $0) }
     }
 
     /// Counts in `answers` an end of work PostgreSQL answered: a result (`error` nil), or an
@@ -180,6 +187,20 @@ public struct Database: Sendable {
                 }
             } catch is StaleConnection {
                 if tries == 3 { throw ConnectionClosedError() }
+            } catch {
+                guard let bypass, BreakerBypass.isBreakerOpen(error) else { throw error }
+                return try await bypass.withConnection(logger: logger, error: error) { connection in
+                    do {
+                        let result = try await withTaskCancellationHandler { try await body(connection) } onCancel: { connection.close() }
+                        noteAnswer()
+                        return result
+                    } catch is StaleConnection {
+                        throw ConnectionClosedError()
+                    } catch {
+                        noteAnswer(error)
+                        throw error
+                    }
+                }
             }
         }
     }
@@ -191,6 +212,55 @@ public struct Database: Sendable {
             return try await statement()
         } catch is ConnectionClosedError {
             throw StaleConnection()
+        }
+    }
+}
+
+/// Connections of their own while the pool's circuit breaker is open. postgres-nio's pool (1.33)
+/// opens it once it has made no connection for a minute, and then fails every lease at once
+/// until its next try, up to a minute after PostgreSQL is back (its backoff grows to a minute):
+/// a server would answer 503 that long after an outage while PostgreSQL answers. Meanwhile each
+/// lease opens a connection of its own, used once and closed, at most `limit` at a time (more
+/// fail as the pool's did); the pool takes over again at its next try.
+public final class BreakerBypass: Sendable {
+    let configuration: PostgresConnection.Configuration
+    /// Connections of their own open at once, at most.
+    static let limit = 8
+    private let open = Mutex(0)
+    private let ids = Atomic<Int>(0)
+
+    init(configuration: PostgresConnection.Configuration) {
+        self.configuration = configuration
+    }
+
+    /// Whether `error` is the pool's open circuit breaker.
+    public static func isBreakerOpen(_ error: any Error) -> Bool {
+        (error as? ConnectionPoolError) == .connectionCreationCircuitBreakerTripped
+    }
+
+    /// `body` on a connection of its own, closed afterwards; `error` (the pool's) when `limit`
+    /// are open already.
+    func withConnection<Result: Sendable>(
+        logger: Logger, error: any Error, _ body: (PostgresConnection) async throws -> Result
+    ) async throws -> Result {
+        guard open.withLock({ open in
+            guard open < Self.limit else { return false }
+            open += 1
+            return true
+        }) else { throw error }
+        defer { open.withLock { $0 -= 1 } }
+        let id = ids.add(1, ordering: .relaxed).newValue
+        if id == 1 || id % 1000 == 0 {
+            logger.notice("the connection pool makes no connection for now; leases open connections of their own", metadata: ["connections": "\(id)"])
+        }
+        let connection = try await PostgresConnection.connect(configuration: configuration, id: -id, logger: logger)
+        do {
+            let result = try await body(connection)
+            try? await connection.close()
+            return result
+        } catch {
+            try? await connection.close()
+            throw error
         }
     }
 }

@@ -73,7 +73,15 @@ public struct Migrator: Sendable {
     /// Checks, without changing anything, that every migration is applied unchanged and every
     /// routine as its file is; what is not yet is pending.
     public func status(_ client: PostgresClient) async throws -> MigrationStatus {
-        let recorded = try await client.withConnection { try await appliedMigrations(on: $0) }
+        try status(recorded: try await client.withConnection { try await appliedMigrations(on: $0) })
+    }
+
+    /// `status(_:)` on a lease of `database` (which leases past an open circuit breaker).
+    public func status(_ database: Database) async throws -> MigrationStatus {
+        try status(recorded: try await database.withConnection { try await appliedMigrations(on: $0) })
+    }
+
+    private func status(recorded: [String: String]) throws -> MigrationStatus {
         let squash = squash(of: recorded)
         let applied = squash.map { rebaselined(recorded, by: $0) } ?? recorded
         if let problem = try? check(applied: applied) { return problem }
