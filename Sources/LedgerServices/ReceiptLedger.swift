@@ -199,8 +199,10 @@ public struct ReceiptLedger: Sendable {
                         metadata: ["apple.transaction": "\(id)", "order.id": "\(holderOrder)",
                                    "environment.recorded": "\(holder.environment ?? "none")", "environment.signed": "\(transaction.environment)"])
                 }
+                // An imported grant was granted by the team's earlier backend, whatever state its
+                // order was left in (docs/import.md): the client finishes the transaction.
                 return Answer(outcome: .matched, transactionId: id, orderId: holderOrder, state: state,
-                              finishTransaction: state.clientMayFinish, reason: nil)
+                              finishTransaction: holder.matchedBy == .imported || state.clientMayFinish, reason: nil)
             }
             let owner = try await writer.read(orders: [holderOrder], transactions: [], in: tx).order(holderOrder)
             if owner?.state == .receiptReceived, try await takeBackClaim(of: transaction, holder: holder, metadata: metadata, in: tx) {

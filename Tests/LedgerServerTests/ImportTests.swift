@@ -112,6 +112,14 @@ struct ImportTests {
             let verified = try await apple.sign(TestApple.transaction("5100005"))
             let (_, third) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": verified, "orderId": "o-new-3", "userId": "u-3"])
             #expect(third["outcome"] as? String == "duplicate" && third["finishTransaction"] as? Bool == true, "\(third)")
+            // A client that sends it again naming its imported order, or no order: matched, finished too.
+            for named in ["h-5", nil] {
+                var body: [String: Any] = ["signedTransaction": verified, "userId": "u-3"]
+                if let named { body["orderId"] = named }
+                let (_, again) = try await http.send(.post, "/v1/receipts", json: body)
+                #expect(again["outcome"] as? String == "matched" && again["orderId"] as? String == "h-5", "\(again)")
+                #expect(again["finishTransaction"] as? Bool == true, "\(named ?? "no order"): \(again)")
+            }
             // An imported grant is no pairing support can undo, and the refusal says where it came from.
             let (undo, refusal) = try await http.send(.post, "/v1/transactions/5100001/unmatch", json: ["reason": "test"])
             #expect(undo == .conflict && errorOf(refusal)["code"] as? String == "not-a-pool-pairing", "\(refusal)")
