@@ -64,6 +64,11 @@ struct ReceiptsController {
                 return try await refuse(error, format: .jws, proof: jws, claim: claim, transactionId: claimedID, metadata: metadata, request, context)
             }
         case (nil, let receipt?):
+            // Apple's answer to text that is no base64 at all is 21002, which may also mean a
+            // passing fault of Apple's (retry-later): refused here, it is never sent.
+            guard Self.mayBeBase64(receipt) else {
+                throw LedgerInputError(field: "receiptData", problem: "is not a base64 app receipt (StoreKit's appStoreReceiptURL data, base64-encoded)")
+            }
             do {
                 let verified = try await verifier.transactionsAndRevocations(receipt: receipt)
                 // A transaction Apple refunded or revoked is never granted (as a signed one is
@@ -272,5 +277,25 @@ struct ReceiptsController {
         }
         return try EventCoding.encoder.encode(
             Body(answer: transactionAnswer(answer), transactions: transactions?.map(transactionAnswer)), from: request, context: context)
+    }
+}
+
+extension ReceiptsController {
+    /// Whether `text` may be a base64 receipt: not empty, of base64's characters (its standard
+    /// alphabet and padding) and white space alone (line breaks of encoders that wrap).
+    static func mayBeBase64(_ text: String) -> Bool {
+        var any = false
+        for byte in text.utf8 {
+            switch byte {
+            case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
+                 UInt8(ascii: "+"), UInt8(ascii: "/"), UInt8(ascii: "="):
+                any = true
+            case UInt8(ascii: " "), UInt8(ascii: "\n"), UInt8(ascii: "\r"), UInt8(ascii: "\t"):
+                continue
+            default:
+                return false
+            }
+        }
+        return any
     }
 }

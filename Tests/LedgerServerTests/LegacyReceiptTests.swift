@@ -24,6 +24,25 @@ struct LegacyReceiptTests {
     let apple: TestApple
     init() throws { apple = try TestApple() }
 
+    @Test("receiptData that is no base64 (empty, blank, other characters) is 400 naming it, and Apple is not asked; base64 wrapped in lines is sent")
+    func receiptDataIsBase64() async throws {
+        let now = Date().millisecondsSince1970
+        let standIn = VerifyReceiptStandIn(answers: ["production:TWF/u+w=\r\nQUJD": answer([item("3000191", purchased: now - 60_000)])])
+        try await standIn.run { production, sandbox in
+            try await withReceiptsApplication(apple, production: production, sandbox: sandbox) { http, db in
+                let events = try await eventCount(db)
+                for bad in ["", "   ", "!!!!", "ab-_", "TWFu%3D", "TWFu\u{0}"] {
+                    let (status, refused) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-b", "receiptData": bad])
+                    #expect(status == .badRequest && errorOf(refused)["field"] as? String == "receiptData", "\(bad.debugDescription): \(refused)")
+                    #expect(await standIn.calls("production:\(bad)") == 0, "\(bad.debugDescription) went to Apple")
+                }
+                #expect(try await eventCount(db) == events)
+                let (_, wrapped) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-b", "receiptData": "TWF/u+w=\r\nQUJD"])
+                #expect(wrapped["outcome"] as? String == "unmatched" && wrapped["transactionId"] as? String == "3000191", "\(wrapped)")
+            }
+        }
+    }
+
     @Test("a transaction whose cancellation_date Apple reports is never granted: refused when claimed, left out when not, never pooled")
     func cancelledIsNeverGranted() async throws {
         let now = Date().millisecondsSince1970
