@@ -205,10 +205,14 @@ public struct HistoryFile: Sendable {
             case .number(let number):
                 // An id a spreadsheet rounded to a number with a fraction or an exponent reads as
                 // digits here, another id than Apple's: refused as its text would be.
-                if name.hasSuffix("ransactionId"), let written = numberText(of: name, in: data), written.contains(where: { ".eE-+".contains($0) }) {
-                    return .failure(LedgerInputError(
-                        field: name,
-                        problem: "is \(written), a number with a sign, a fraction or an exponent (a spreadsheet's rounding of a long id); Apple's transaction ids are whole digit strings: write them as strings"))
+                // A key the text spells with escapes is not found as written: refused as well.
+                if name.hasSuffix("ransactionId") {
+                    let written = numberText(of: name, in: data)
+                    if written?.contains(where: { ".eE-+".contains($0) }) ?? true {
+                        return .failure(LedgerInputError(
+                            field: name,
+                            problem: "is \(written ?? "\(number)"), a number with a sign, a fraction or an exponent (a spreadsheet's rounding of a long id); Apple's transaction ids are whole digit strings: write them as strings"))
+                    }
                 }
                 fields[name] = "\(number)"
             }
@@ -216,13 +220,21 @@ public struct HistoryFile: Sendable {
         return .success(fields)
     }
 
-    /// The number member `name` of a JSON object as written in `data` (its first occurrence).
+    /// The number member `name` of a JSON object as written in `data`: the first `"name"` that is
+    /// a key (a colon follows it; the same text as another member's string value is not), when
+    /// a number follows it; nil when there is none (a key spelt with escapes).
     static func numberText(of name: String, in data: Data) -> String? {
         let text = String(decoding: data, as: UTF8.self)
-        guard let key = text.range(of: "\"\(name)\"") else { return nil }
-        let rest = text[key.upperBound...].drop(while: { $0 == " " || $0 == "\t" || $0 == ":" })
-        let number = rest.prefix(while: { "0123456789+-.eE".contains($0) })
-        return number.isEmpty ? nil : String(number)
+        var from = text.startIndex
+        while let key = text.range(of: "\"\(name)\"", range: from..<text.endIndex) {
+            let rest = text[key.upperBound...].drop(while: { $0 == " " || $0 == "\t" })
+            if rest.first == ":" {
+                let number = rest.dropFirst().drop(while: { $0 == " " || $0 == "\t" }).prefix(while: { "0123456789+-.eE".contains($0) })
+                if !number.isEmpty { return String(number) }
+            }
+            from = key.upperBound
+        }
+        return nil
     }
 
     /// A member of a JSON Lines object: a string, a number or null.
