@@ -69,9 +69,18 @@ public struct HistoryImport: Sendable {
         let transactionId: TransactionID?
         let write: LedgerWriter.Write
         let createdEvent: EventID
+        /// What names the line's history, its app (the fourth) but for `app` (`createdEvent(for:)`).
+        let facts: [String]
         /// Why the line is refused unless its order is present already (imported before: a
         /// resumed or repeated import counts it present, whatever changed since).
         var refusal: OrderLedgerError? = nil
+
+        /// The id of the `created` event this line's order would have, imported for `app`.
+        func createdEvent(for app: BundleID?) -> EventID {
+            var facts = facts
+            facts[3] = app?.rawValue ?? ""
+            return HistoryImport.createdEventID(orderId.rawValue, facts: facts)
+        }
 
         /// The order and the transaction it writes, as keys no two writes in flight may share.
         var keys: Set<String> {
@@ -126,9 +135,21 @@ public struct HistoryImport: Sendable {
                 }
                 // The app, found once per bundle id named (`OrderApps`: the one held, in its spelling).
                 if apps[record.bundleId] == nil { apps[record.bundleId] = await app(of: record.bundleId) }
-                guard case .success(let app) = apps[record.bundleId] else {
-                    if case .failure(let error) = apps[record.bundleId] { summary.refuse(line.number, error.code, error.description) }
-                    continue
+                // A line whose app the ledger cannot take now (it names none while the ledger holds
+                // several, or its app is retired) is refused unless an earlier run imported it
+                // (a second app added since, or its app retired: a repeated or resumed import
+                // counts it present), which `write` finds by the order's own app.
+                var app: App?
+                var unsettled: OrderLedgerError?
+                switch apps[record.bundleId] {
+                case .success(let found): app = found
+                case .failure(let error) where error == .bundleIDRequired: unsettled = error
+                case .failure(let error):
+                    if case .appRetired = error { unsettled = error } else {
+                        summary.refuse(line.number, error.code, error.description)
+                        continue
+                    }
+                case nil: continue
                 }
                 // Whatever else a line's events cannot hold refuses that line, never the import.
                 var planned: Planned
@@ -144,6 +165,7 @@ public struct HistoryImport: Sendable {
                    !app.environments.contains(named) {
                     planned.refusal = .environmentRefused(app.bundleId, environment: named.rawValue)
                 }
+                if let unsettled { planned.refusal = unsettled }
                 // A batch's writes share no order and no transaction, nor with the batches in flight.
                 if !batch.keys.isDisjoint(with: planned.keys) || flying.values.contains(where: { !$0.isDisjoint(with: planned.keys) }) {
                     try await submit()
@@ -197,7 +219,7 @@ public struct HistoryImport: Sendable {
                 }
                 continue
             }
-            if found.imported {
+            if found.imported || (planned.refusal != nil && found.createdEvent == planned.createdEvent(for: found.bundleId)) {
                 summary.alreadyPresent += 1
             } else {
                 summary.refuse(planned.line, "order-exists", "order \(planned.orderId) is in the ledger already (user \(found.userId)), not with this line's history")
@@ -286,7 +308,7 @@ public struct HistoryImport: Sendable {
                      record.environment, record.refundedAt.map { String($0.timeIntervalSince1970) } ?? ""]
                     + (record.storefront.map { [$0] } ?? [])  // only when given: earlier imports' ids stay theirs
         let history = namedDigest(facts.joined(separator: "\u{1F}"))
-        let created = EventID.named("import", order, "created", history)
+        let created = createdEventID(order, facts: facts)
         // One metadata per time (an order's events happened at two or three).
         var metadata: [Date: Data] = [:]
         let newEvents = try events.map { event, type, at in
@@ -297,7 +319,12 @@ public struct HistoryImport: Sendable {
             line: record.line, orderId: orderID, userId: user, transactionId: record.transactionId,
             // Apple's signed purchase date of a transaction waiting in the pool guards the order too.
             write: LedgerWriter.Write(LedgerWriter.Append(newEvents, to: orderID.streamID, expected: .noStream), purchaseAllowance: purchaseAllowance),
-            createdEvent: created)
+            createdEvent: created, facts: facts)
+    }
+
+    /// The id of the `created` event of `order`, whose line's history `facts` name.
+    static func createdEventID(_ order: String, facts: [String]) -> EventID {
+        EventID.named("import", order, "created", namedDigest(facts.joined(separator: "\u{1F}")))
     }
 
     /// Each imported event's metadata, where it came from, as `EventCoding.encoder` writes it

@@ -9,6 +9,11 @@ extension OrderLedger {
         /// Whether its `created` event is the one the import would write (an earlier run's of the
         /// same line: the event's id names the line's whole history).
         public let imported: Bool
+        /// Its app, and the id of its `created` event: for a line whose app the ledger cannot
+        /// tell now (a second app added since, its app retired), which is present when an earlier
+        /// run imported it for that app.
+        public let bundleId: BundleID?
+        public let createdEvent: EventID?
     }
 
     /// Which of `ids` the ledger holds, each with its user and whether `createdEvents[i]` (the
@@ -18,14 +23,17 @@ extension OrderLedger {
         // event lookup only for the orders found.
         let rows = try await database.query(
             """
-            SELECT o.order_id, o.user_id,
-                   EXISTS (SELECT 1 FROM events e WHERE e.event_id = (\(createdEvents.map(\.uuid))::uuid[])[array_position(\(ids.map(\.rawValue))::text[], o.order_id)])
+            SELECT o.order_id, o.user_id, o.bundle_id, c.event_id,
+                   c.event_id = (\(createdEvents.map(\.uuid))::uuid[])[array_position(\(ids.map(\.rawValue))::text[], o.order_id)]
               FROM orders o
+              LEFT JOIN LATERAL (SELECT e.event_id FROM events e WHERE e.stream_id = 'order-' || o.order_id AND e.stream_version = 0) c ON true
              WHERE o.order_id = ANY (\(ids.map(\.rawValue))::text[])
             """)
         var present: [OrderID: Present] = [:]
-        for try await (id, user, imported) in rows.decode((String, String, Bool).self) {
-            present[OrderID(unchecked: id)] = Present(userId: UserID(unchecked: user), imported: imported)
+        for try await (id, user, bundle, created, imported) in rows.decode((String, String, String?, UUID?, Bool?).self) {
+            present[OrderID(unchecked: id)] = Present(
+                userId: UserID(unchecked: user), imported: imported ?? false, bundleId: bundle.map(BundleID.init(unchecked:)),
+                createdEvent: created.map(EventID.init))
         }
         return present
     }

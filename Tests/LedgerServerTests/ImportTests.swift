@@ -179,6 +179,32 @@ struct ImportTests {
         }
     }
 
+    @Test("a file imported again after a second app was added, or after its app was retired, counts its orders present; a new line of it is refused as before")
+    func importedAgainAfterAppsChanged() async throws {
+        try await withReceiptsApplication(apple, configure: bothEnvironments) { http, db in
+            let stamp = EventCoding.formatDate(Date(timeIntervalSinceNow: -3_600))
+            let lines = """
+                \(Self.header)
+                a-1,u-1,gems.100,,\(stamp),finished,0.99,USD,5600001,,\(stamp),,
+                a-2,u-2,gems.100,\(TestApple.bundleId),\(stamp),created,0.99,USD,,,,,
+
+                """
+            #expect(try await post(http, lines).1["imported"] as? Int == 2)
+            #expect(try await http.send(.post, "/v1/apps", json: ["bundleId": "com.example.second"]).0 == .created)
+            let (_, again) = try await post(http, lines)
+            #expect(again["alreadyPresent"] as? Int == 2 && Self.refusals(again).isEmpty, "\(again)")
+            let (_, more) = try await post(http, lines + "a-3,u-3,gems.100,,\(stamp),created,0.99,USD,,,,,\n")
+            #expect(more["alreadyPresent"] as? Int == 2 && Self.refusals(more) == [4: "bundle-id-required"], "\(more)")
+            #expect(try await http.send(.patch, "/v1/apps/\(TestApple.bundleId)", json: ["retired": true]).0 == .ok)
+            let (_, retired) = try await post(http, lines)
+            #expect(retired["alreadyPresent"] as? Int == 2 && Self.refusals(retired).isEmpty, "\(retired)")
+            // Another history for a present order is still a conflict, never present.
+            let (_, other) = try await post(http, "\(Self.header)\na-2,u-2,gems.100,\(TestApple.bundleId),\(stamp),created,1.99,USD,,,,,\n")
+            #expect(Self.refusals(other) == [2: "order-exists"], "\(other)")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("an app set to Production alone takes no sandbox line; one imported before it was is present, not refused, when the file is imported again")
     func sandboxLineOfAProductionApp() async throws {
         try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); $0.apple.appID = TestApple.appAppleId }) { http, db in
