@@ -238,22 +238,30 @@ public final class BreakerBypass: Sendable {
         (error as? ConnectionPoolError) == .connectionCreationCircuitBreakerTripped
     }
 
-    /// `body` on a connection of its own, closed afterwards; `error` (the pool's) when `limit`
-    /// are open already.
+    /// `body` on a connection of its own, closed afterwards; `poolError` (the pool's) when `limit`
+    /// are open already, or when the connection cannot be made.
     func withConnection<Result: Sendable>(
-        logger: Logger, error: any Error, _ body: (PostgresConnection) async throws -> Result
+        logger: Logger, error poolError: any Error, _ body: (PostgresConnection) async throws -> Result
     ) async throws -> Result {
         guard open.withLock({ open in
             guard open < Self.limit else { return false }
             open += 1
             return true
-        }) else { throw error }
+        }) else { throw poolError }
         defer { open.withLock { $0 -= 1 } }
         let id = ids.add(1, ordering: .relaxed).newValue
         if id == 1 || id % 1000 == 0 {
             logger.notice("the connection pool makes no connection for now; leases open connections of their own", metadata: ["connections": "\(id)"])
         }
-        let connection = try await PostgresConnection.connect(configuration: configuration, id: -id, logger: logger)
+        let connection: PostgresConnection
+        do {
+            connection = try await PostgresConnection.connect(configuration: configuration, id: -id, logger: logger)
+        } catch {
+            // PostgreSQL refuses the connection too ("too many clients", a role's limit, a bad
+            // password), or is away: the lease fails as the pool's did, a 503 like it.
+            logger.debug("a connection of its own past the pool's breaker failed", metadata: ["error": "\(String(reflecting: error))"])
+            throw poolError
+        }
         do {
             let result = try await body(connection)
             try? await connection.close()

@@ -40,6 +40,16 @@ struct PoolBreakerTests {
                 if !opened { try await Task.sleep(for: .milliseconds(200)) }
             }
             running = try await cluster.start(logger: logger)
+            // A connection of its own that PostgreSQL refuses (here a database it does not hold;
+            // "too many clients" alike) fails as the pool's lease did: a 503, never a 500.
+            var refusing = direct
+            refusing.database = "no_such_database"
+            let misdirected = Database(client: client, logger: logger, direct: refusing)
+            do {
+                #expect(try await one(misdirected) == 1, "the pool took over first")
+            } catch {
+                #expect(isConnectionFailure(error), "\(String(reflecting: error))")
+            }
             // PostgreSQL answers: the ledger's lease is served, whenever the pool tries again.
             #expect(try await one(database) == 1)
             #expect(try await one(database) == 1)
