@@ -209,7 +209,7 @@ struct IdleConnectionTests {
         }
     }
 
-    @Test("a request asking to close, in any case or among other options, is answered and its connection closed at once")
+    @Test("a request asking to close, in any case or among other options, or an HTTP/1.0 one not asking to keep it, is answered and its connection closed at once")
     func closeInAnyCase() async throws {
         // The idle time-out is an hour here: only the request's own `close` ends the connection
         // before the reading gives up (30 s).
@@ -221,6 +221,13 @@ struct IdleConnectionTests {
                 }
                 #expect(closed && received.hasPrefix("HTTP/1.1 200"), "\(options): \(received)")
             }
+            // HTTP/1.0 closes after the answer unless it asks to keep the connection.
+            let (closed, received) = await Self.onThread { Self.closedBy(port, after: "GET /healthz HTTP/1.0\r\n\r\n") }
+            #expect(closed && received.contains(" 200 "), "HTTP/1.0: \(received)")
+            let (kept, answered) = await Self.onThread {
+                Self.closedBy(port, after: "GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /healthz HTTP/1.0\r\n\r\n")
+            }
+            #expect(kept && answered.components(separatedBy: " 200 ").count == 3, "HTTP/1.0 keep-alive, then a second request: \(answered)")
         }
     }
 
