@@ -122,8 +122,11 @@ extension ReceiptLedger {
         }
         // What Apple said of a waiting renewal's refund is on the renewal's own stream: its period
         // is refunded with it, once (the event is named after the notification).
-        let told = try await subscriptions.store.refundNotifications(of: renewals.map(\.transaction.transactionId), in: tx)
-        var lifecycle: [(NotificationReceived, AppleTransaction)] = []
+        let told = try await subscriptions.store.refundNotifications(
+            of: [transaction.transactionId] + renewals.map(\.transaction.transactionId), in: tx)
+        // What Apple said of renewal about the start itself while it waited (held for support
+        // before a subscription was started), and about each waiting renewal.
+        var lifecycle = (told[transaction.transactionId] ?? []).filter { $0.renewalInfo != nil || $0.periodEnd != nil }.map { ($0, transaction) }
         for waiting in renewals {
             let renewal = waiting.transaction
             let period = SubscriptionPeriodRecorded(transaction: renewal, kind: .renewal)

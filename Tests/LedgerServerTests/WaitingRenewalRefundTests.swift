@@ -143,4 +143,35 @@ struct WaitingRenewalRefundTests {
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
+
+    @Test("what Apple said of renewal about a start held for support (an Apple-account conflict) is the subscription's once support pairs it")
+    func heldStartsRenewalNews() async throws {
+        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
+            let now = Date(), otid = "7600041"
+            // Alice's Apple account is known: her first purchase tied it to her.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-alice", user: "u-alice"))
+            var first = TestApple.transaction("7600040")
+            first.appTransactionId = "acct-alice"
+            let (_, tied) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-alice", "signedTransaction": try await apple.sign(first)])
+            #expect(tied["outcome"] as? String == "matched", "\(tied)")
+            // Her subscription's start, uploaded by Bob: held for support. Its period ended an hour
+            // ago; Apple could not bill the next and grants a grace period.
+            var start = SubscriptionNotificationTests.period(otid, 0, purchased: now.addingTimeInterval(-31 * Self.day), expires: now.addingTimeInterval(-3600))
+            start.appTransactionId = "acct-alice"
+            try await http.send(.post, "/v1/orders", json: newOrder("o-bob", user: "u-bob", product: "pro.monthly"))
+            let (_, held) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-bob", "signedTransaction": try await apple.sign(start)])
+            #expect(held["reason"] as? String == "account-conflict", "\(held)")
+            let failed = try await apple.notification(
+                "DID_FAIL_TO_RENEW", subtype: "GRACE_PERIOD", transaction: start, renewalInfo: RenewalFields(graceDays: 2, retry: true).payload(otid, now: now))
+            try await http.notifyAppleTaken(failed)
+            let (unknown, _) = try await http.send(.get, "/v1/subscriptions/\(otid)")
+            #expect(unknown == .notFound, "no subscription while its start is held")
+
+            let (paired, order) = try await http.send(.post, "/v1/transactions/\(otid)/match", json: ["orderId": "o-bob", "reason": "Bob bought it on Alice's device"])
+            #expect(paired == .ok && order["state"] as? String == "verified", "\(order)")
+            let (_, one) = try await http.send(.get, "/v1/subscriptions/\(otid)")
+            #expect(one["status"] as? String == "grace-period" && one["inBillingRetry"] as? Bool == true && one["autoRenew"] as? Bool == true, "\(one)")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
 }
