@@ -163,9 +163,14 @@ struct ReceiptsController {
                 $0.inAppOwnershipType != "FAMILY_SHARED" && ($0.originalTransactionId ?? $0.transactionId.rawValue) == $0.transactionId.rawValue
             }
             let earliest = { (list: [AppleTransaction]) in list.min(by: { $0.purchaseDate < $1.purchaseDate })?.transactionId }
+            // A purchase of another quantity is never taken for the order by the ledger: it is
+            // another order's (a receipt sent before the order's own purchase is in it), and would
+            // fail this one as `quantity-mismatch` while its own purchase is yet to come.
+            let otherQuantity = Set(paying.filter { $0.quantity != order.quantity }.map(\.transactionId))
+            let rest = { (list: [AppleTransaction]) in list.filter { !otherQuantity.contains($0.transactionId) } }
             forOrder = transactions.first(where: { holders[$0.transactionId] == .some(orderID) })?.transactionId
-                ?? earliest(paying.filter { $0.quantity == order.quantity }) ?? earliest(paying) ?? earliest(bought)
-                ?? new.first?.transactionId
+                ?? earliest(paying.filter { $0.quantity == order.quantity }) ?? earliest(rest(bought))
+                ?? rest(new).first?.transactionId
         }
         var all: [ReceiptLedger.Answer] = []
         for transaction in transactions {

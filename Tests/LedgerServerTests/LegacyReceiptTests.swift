@@ -97,12 +97,15 @@ struct LegacyReceiptTests {
         }
     }
 
-    @Test("the named order takes the receipt's purchase that can pay it: of its quantity, never a family member's share")
+    @Test("the named order takes the receipt's purchase that can pay it: of its quantity (one of another is never taken for it), never a family member's share")
     func namedOrderTakesAPurchaseThatPays() async throws {
         let now = Date().millisecondsSince1970
         let standIn = VerifyReceiptStandIn(answers: [
             "production:TWO": answer([item("3000140", purchased: now - 20_000), item("3000141", purchased: now - 19_500, quantity: 2)]),
             "production:SHARED": answer([item("3000142", purchased: now - 20_000, ownership: "FAMILY_SHARED"), item("3000143", purchased: now - 19_000, ownership: "PURCHASED")]),
+            // Sent for an order of one before its own purchase is in the receipt: the purchase of two is another order's.
+            "production:STALE": answer([item("3000144", purchased: now - 10_000, quantity: 2)]),
+            "production:FRESH": answer([item("3000144", purchased: now - 10_000, quantity: 2), item("3000145", purchased: now - 9_000)]),
         ])
         try await standIn.run { production, sandbox in
             try await withReceiptsApplication(apple, production: production, sandbox: sandbox) { http, db in
@@ -116,6 +119,17 @@ struct LegacyReceiptTests {
                 try await http.send(.post, "/v1/orders", json: newOrder("o-own", user: "u-q"))
                 let (_, own) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-q", "orderId": "o-own", "receiptData": "SHARED"])
                 #expect(own["outcome"] as? String == "matched" && own["transactionId"] as? String == "3000143", "\(own)")
+
+                try await http.send(.post, "/v1/orders", json: newOrder("o-one", user: "u-s"))
+                two["orderId"] = "o-pair"
+                two["userId"] = "u-s"
+                try await http.send(.post, "/v1/orders", json: two)
+                let (_, stale) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-s", "orderId": "o-one", "receiptData": "STALE"])
+                #expect(stale["reason"] as? String == "transaction-not-in-receipt" && stale["finishTransaction"] as? Bool == false, "\(stale)")
+                let (_, pair) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-s", "orderId": "o-pair", "receiptData": "STALE"])
+                #expect(pair["outcome"] as? String == "matched" && pair["transactionId"] as? String == "3000144", "\(pair)")
+                let (_, fresh) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-s", "orderId": "o-one", "receiptData": "FRESH"])
+                #expect(fresh["outcome"] as? String == "matched" && fresh["transactionId"] as? String == "3000145", "\(fresh)")
                 #expect(try await scalar(db, "SELECT count(*)::int FROM orders WHERE state = 'failed'", as: Int.self) == 0)
             }
         }
