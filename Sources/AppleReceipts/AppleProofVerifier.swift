@@ -299,7 +299,9 @@ public struct AppleProofVerifier: Sendable {
                 transactionId: id, originalTransactionId: item.originalTransactionId, productId: product,
                 purchaseDate: Date(millisecondsSince1970: millis), environment: environment, bundleId: bundleId,
                 quantity: quantity, appAccountToken: item.appAccountToken.flatMap(UUID.init(uuidString:)),
-                inAppOwnershipType: item.inAppOwnershipType, format: .receipt, receiptSha256: sha, expiresDate: expires,
+                // A receipt names no price, but a free trial's is 0 (the reports count it so).
+                inAppOwnershipType: item.inAppOwnershipType, price: item.isTrialPeriod == "true" ? "0" : nil,
+                format: .receipt, receiptSha256: sha, expiresDate: expires,
                 webOrderLineItemId: item.webOrderLineItemId, subscriptionGroupIdentifier: item.subscriptionGroupIdentifier,
                 isUpgraded: item.isUpgraded.map { $0 == "true" }), revocation)
         }

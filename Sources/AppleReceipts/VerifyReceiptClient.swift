@@ -123,6 +123,8 @@ public struct VerifyReceiptResponse: Decodable, Sendable {
         public var subscriptionGroupIdentifier: String?
         /// `"true"` once the customer upgraded to another product of the group.
         public var isUpgraded: String?
+        /// `"true"` for a subscription's free trial period: Apple billed nothing for it.
+        public var isTrialPeriod: String?
         /// When Apple refunded or revoked the transaction (its support, or a family share ended),
         /// and why (`"1"`: an issue in the app, `"0"`: another reason).
         public var cancellationDateMs: String?
@@ -133,7 +135,7 @@ public struct VerifyReceiptResponse: Decodable, Sendable {
             case inAppOwnershipType = "in_app_ownership_type", appAccountToken = "app_account_token"
             case expiresDateMs = "expires_date_ms", webOrderLineItemId = "web_order_line_item_id"
             case subscriptionGroupIdentifier = "subscription_group_identifier"
-            case isUpgraded = "is_upgraded"
+            case isUpgraded = "is_upgraded", isTrialPeriod = "is_trial_period"
             case cancellationDateMs = "cancellation_date_ms", cancellationReason = "cancellation_reason"
         }
     }

@@ -237,4 +237,29 @@ struct LegacyReceiptTests {
             }
         }
     }
+
+    @Test("a subscription started from a legacy receipt in its free trial (is_trial_period) pays its order with no revenue; a start without it counts its order's")
+    func freeTrialFromAReceipt() async throws {
+        let now = Date().millisecondsSince1970
+        func start(_ id: String, trial: Bool) -> String {
+            #"{"transaction_id": "\#(id)", "original_transaction_id": "\#(id)", "product_id": "pro.monthly", "purchase_date_ms": "\#(now - 60_000)", "#
+                + #""expires_date_ms": "\#(now + 86_400_000)", "web_order_line_item_id": "w-\#(id)", "quantity": "1", "is_trial_period": "\#(trial)"}"#
+        }
+        let standIn = VerifyReceiptStandIn(answers: ["production:VFJJQUw=": answer([start("3000201", trial: true)]), "production:UEFJRA==": answer([start("3000202", trial: false)])])
+        try await standIn.run { production, sandbox in
+            try await withReceiptsApplication(apple, production: production, sandbox: sandbox) { http, _ in
+                try await http.send(.put, "/v1/products/pro.monthly", json: ["type": "auto-renewable", "subscriptionGroup": "g-pro", "price": "9.99", "currency": "USD"])
+                for (order, receipt) in [("o-trial", "VFJJQUw="), ("o-paid", "UEFJRA==")] {
+                    try await http.send(.post, "/v1/orders", json: ["orderId": order, "userId": "u-t", "productId": "pro.monthly", "price": "9.99", "currency": "USD"])
+                    let (_, started) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-t", "orderId": order, "receiptData": receipt])
+                    #expect(started["outcome"] as? String == "matched" && started["state"] as? String == "verified", "\(started)")
+                }
+                let (_, report) = try await http.send(.get, "/v1/reports/reconciliation?from=2000-01-01")
+                let starts = (report["rows"] as? [[String: Any]] ?? []).filter { $0["kind"] as? String == "subscription-start" }
+                #expect(starts.map { $0["verified"] as? Int ?? 0 }.reduce(0, +) == 2, "\(starts)")
+                let revenue = starts.compactMap { Decimal(string: $0["revenue"] as? String ?? "") }.reduce(0, +)
+                #expect(revenue == Decimal(string: "9.99"), "the paid start's order alone: \(starts)")
+            }
+        }
+    }
 }
