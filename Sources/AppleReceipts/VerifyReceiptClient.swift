@@ -50,6 +50,13 @@ public struct VerifyReceiptClient: Sendable {
             let response = try await post(receiptData, to: url, sharedSecret: sharedSecret)
             switch VerifyReceiptStatus.meaning(of: response.status) {
             case .valid:
+                // A valid receipt's answer carries the receipt and its bundle: without, it is no
+                // answer Apple documents (never taken for another app's receipt).
+                guard response.receipt?.bundleId?.isEmpty == false else {
+                    throw AppleVerificationError(
+                        code: "apple-answer-malformed", message: "verifyReceipt's answer with status \(response.status) names no receipt or bundle_id",
+                        isRetryable: true, appleStatus: response.status)
+                }
                 // The environment is the one that answered when Apple's answer leaves it out: a
                 // sandbox receipt is never taken for production money.
                 var answered = response
@@ -85,6 +92,8 @@ public struct VerifyReceiptClient: Sendable {
             }
         } catch let error as AppleVerificationError {
             throw error
+        } catch is NIOTooManyBytesError {
+            throw AppleVerificationError(code: "apple-answer-malformed", message: "verifyReceipt's answer is larger than 8 MiB", isRetryable: true)
         } catch let error as HTTPClientError where error == .deadlineExceeded || error == .readTimeout || error == .connectTimeout {
             throw AppleVerificationError(code: "apple-timeout", message: "verifyReceipt did not answer within \(settings.timeout.nanoseconds / 1_000_000) ms", isRetryable: true)
         } catch {
