@@ -222,7 +222,9 @@ public struct HistoryImport: Sendable {
             if found.imported || (planned.refusal != nil && found.createdEvent == planned.createdEvent(for: found.bundleId)) {
                 summary.alreadyPresent += 1
             } else {
-                summary.refuse(planned.line, "order-exists", "order \(planned.orderId) is in the ledger already (user \(found.userId)), not with this line's history")
+                // A granted transaction listed alone names the order it would make: say what is not recorded.
+                let unrecorded = planned.transactionId.map { " (transaction \($0) is not recorded as granted by this line)" } ?? ""
+                summary.refuse(planned.line, "order-exists", "order \(planned.orderId) is in the ledger already (user \(found.userId)), not with this line's history\(unrecorded)")
             }
         }
         guard !writing.isEmpty else { return summary }
