@@ -71,6 +71,8 @@ public struct HistoryImport: Sendable {
         let createdEvent: EventID
         /// What names the line's history, its app (the fourth) but for `app` (`createdEvent(for:)`).
         let facts: [String]
+        /// The app the line names, as it names it; nil when it names none.
+        let namedApp: BundleID?
         /// Why the line is refused unless its order is present already (imported before: a
         /// resumed or repeated import counts it present, whatever changed since).
         var refusal: OrderLedgerError? = nil
@@ -80,6 +82,18 @@ public struct HistoryImport: Sendable {
             var facts = facts
             facts[3] = app?.rawValue ?? ""
             return HistoryImport.createdEventID(orderId.rawValue, facts: facts)
+        }
+
+        /// Whether `found` is this line's order as an earlier run imported it: the line's whole
+        /// history, for the app it names, else (naming none) for the order's own app, or for no
+        /// app (imported while the ledger held none, the order given the first app since).
+        func isImported(as found: OrderLedger.Present) -> Bool {
+            if found.imported { return true }
+            guard let created = found.createdEvent else { return false }
+            guard let namedApp else { return created == createdEvent(for: found.bundleId) || created == createdEvent(for: nil) }
+            // An app the ledger cannot take now (retired): its order's, in any spelling.
+            guard let app = found.bundleId, app.rawValue.lowercased() == namedApp.rawValue.lowercased() else { return false }
+            return created == createdEvent(for: app)
         }
 
         /// The order and the transaction it writes, as keys no two writes in flight may share.
@@ -219,7 +233,7 @@ public struct HistoryImport: Sendable {
                 }
                 continue
             }
-            if found.imported || (planned.refusal != nil && found.createdEvent == planned.createdEvent(for: found.bundleId)) {
+            if planned.isImported(as: found) {
                 summary.alreadyPresent += 1
             } else {
                 // A granted transaction listed alone names the order it would make: say what is not recorded.
@@ -321,7 +335,7 @@ public struct HistoryImport: Sendable {
             line: record.line, orderId: orderID, userId: user, transactionId: record.transactionId,
             // Apple's signed purchase date of a transaction waiting in the pool guards the order too.
             write: LedgerWriter.Write(LedgerWriter.Append(newEvents, to: orderID.streamID, expected: .noStream), purchaseAllowance: purchaseAllowance),
-            createdEvent: created, facts: facts)
+            createdEvent: created, facts: facts, namedApp: record.bundleId)
     }
 
     /// The id of the `created` event of `order`, whose line's history `facts` name.

@@ -201,7 +201,26 @@ struct ImportTests {
             // Another history for a present order is still a conflict, never present.
             let (_, other) = try await post(http, "\(Self.header)\na-2,u-2,gems.100,\(TestApple.bundleId),\(stamp),created,1.99,USD,,,,,\n")
             #expect(Self.refusals(other) == [2: "order-exists"], "\(other)")
+            // So is the same history for another app than the one whose import made the order.
+            let second = "b-1,u-1,gems.100,com.example.second,\(stamp),created,0.99,USD,,,,,"
+            #expect(try await post(http, "\(Self.header)\n\(second)\n").1["imported"] as? Int == 1)
+            let (_, otherApp) = try await post(http, "\(Self.header)\n\(second.replacingOccurrences(of: "com.example.second", with: TestApple.bundleId))\n")
+            #expect(Self.refusals(otherApp) == [2: "order-exists"] && otherApp["alreadyPresent"] as? Int == 0, "\(otherApp)")
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
+    @Test("a file imported while the ledger held no app is present when imported again once it holds one, then two")
+    func importedBeforeAnyApp() async throws {
+        try await withLiveApplication { http, _ in
+            let stamp = EventCoding.formatDate(Date(timeIntervalSinceNow: -3_600))
+            let lines = "\(Self.header)\nn-1,u-1,gems.100,,\(stamp),created,0.99,USD,,,,,\n"
+            #expect(try await post(http, lines).1["imported"] as? Int == 1)
+            for app in ["com.example.first", "com.example.second"] {
+                #expect(try await http.send(.post, "/v1/apps", json: ["bundleId": app]).0 == .created)
+                let (_, again) = try await post(http, lines)
+                #expect(again["alreadyPresent"] as? Int == 1 && Self.refusals(again).isEmpty, "\(app): \(again)")
+            }
         }
     }
 
