@@ -163,10 +163,18 @@ struct ReceiptsController {
                 $0.inAppOwnershipType != "FAMILY_SHARED" && ($0.originalTransactionId ?? $0.transactionId.rawValue) == $0.transactionId.rawValue
             }
             let earliest = { (list: [AppleTransaction]) in list.min(by: { $0.purchaseDate < $1.purchaseDate })?.transactionId }
-            // A purchase of another quantity is never taken for the order by the ledger: it is
-            // another order's (a receipt sent before the order's own purchase is in it), and would
-            // fail this one as `quantity-mismatch` while its own purchase is yet to come.
-            let otherQuantity = Set(paying.filter { $0.quantity != order.quantity }.map(\.transactionId))
+            // A purchase of another quantity that another open order of the user takes (of its
+            // product, app and that quantity) is that order's, never taken for this one by the
+            // ledger: a receipt sent before this order's own purchase is in it would fail it as
+            // `quantity-mismatch` while its own purchase is yet to come. With no such order, it is
+            // taken as before, and a real mismatch fails the order for good.
+            var otherQuantity = Set<TransactionID>()
+            let others = paying.filter { $0.quantity != order.quantity }
+            if !others.isEmpty, !paying.contains(where: { $0.quantity == order.quantity }) {
+                let open = try await pool.database.transaction { tx in try await pool.openOrders(of: [order.userId], in: tx) }
+                let taken = Set(open.filter { $0.orderId != orderID && $0.productId == order.productId && $0.bundleId == order.bundleId }.map(\.quantity))
+                otherQuantity = Set(others.filter { taken.contains($0.quantity) }.map(\.transactionId))
+            }
             let rest = { (list: [AppleTransaction]) in list.filter { !otherQuantity.contains($0.transactionId) } }
             forOrder = transactions.first(where: { holders[$0.transactionId] == .some(orderID) })?.transactionId
                 ?? earliest(paying.filter { $0.quantity == order.quantity }) ?? earliest(rest(bought))

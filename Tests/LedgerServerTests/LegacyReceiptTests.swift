@@ -97,7 +97,7 @@ struct LegacyReceiptTests {
         }
     }
 
-    @Test("the named order takes the receipt's purchase that can pay it: of its quantity (one of another is never taken for it), never a family member's share")
+    @Test("the named order takes the receipt's purchase that can pay it: of its quantity (one another open order is of is never taken for it, a real mismatch is final), never a family member's share")
     func namedOrderTakesAPurchaseThatPays() async throws {
         let now = Date().millisecondsSince1970
         let standIn = VerifyReceiptStandIn(answers: [
@@ -106,6 +106,8 @@ struct LegacyReceiptTests {
             // Sent for an order of one before its own purchase is in the receipt: the purchase of two is another order's.
             "production:STALE": answer([item("3000144", purchased: now - 10_000, quantity: 2)]),
             "production:FRESH": answer([item("3000144", purchased: now - 10_000, quantity: 2), item("3000145", purchased: now - 9_000)]),
+            // No order of three: the order's own purchase, of another quantity than the order's.
+            "production:THREE": answer([item("3000146", purchased: now - 5_000, quantity: 3)]),
         ])
         try await standIn.run { production, sandbox in
             try await withReceiptsApplication(apple, production: production, sandbox: sandbox) { http, db in
@@ -131,6 +133,11 @@ struct LegacyReceiptTests {
                 let (_, fresh) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-s", "orderId": "o-one", "receiptData": "FRESH"])
                 #expect(fresh["outcome"] as? String == "matched" && fresh["transactionId"] as? String == "3000145", "\(fresh)")
                 #expect(try await scalar(db, "SELECT count(*)::int FROM orders WHERE state = 'failed'", as: Int.self) == 0)
+                // A real mismatch (no open order of the user is of three) is final, not a receipt to refresh for ever.
+                try await http.send(.post, "/v1/orders", json: newOrder("o-three", user: "u-m"))
+                let (_, three) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-m", "orderId": "o-three", "receiptData": "THREE"])
+                #expect(three["reason"] as? String == "quantity-mismatch" && three["transactionId"] as? String == "3000146", "\(three)")
+                #expect(try await scalar(db, "SELECT failure_reason FROM orders WHERE order_id = 'o-three'", as: String.self) == "quantity-mismatch")
             }
         }
     }
