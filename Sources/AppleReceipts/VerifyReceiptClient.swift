@@ -50,11 +50,12 @@ public struct VerifyReceiptClient: Sendable {
             let response = try await post(receiptData, to: url, sharedSecret: sharedSecret)
             switch VerifyReceiptStatus.meaning(of: response.status) {
             case .valid:
-                // A valid receipt's answer carries the receipt and its bundle: without, it is no
-                // answer Apple documents (never taken for another app's receipt).
-                guard response.receipt?.bundleId?.isEmpty == false else {
+                // A valid receipt's answer carries the receipt: without, it is no answer Apple
+                // documents (an iOS 6 style receipt's names its app `bid`, not `bundle_id`, and is
+                // refused as of no app the ledger holds).
+                guard response.receipt != nil else {
                     throw AppleVerificationError(
-                        code: "apple-answer-malformed", message: "verifyReceipt's answer with status \(response.status) names no receipt or bundle_id",
+                        code: "apple-answer-malformed", message: "verifyReceipt's answer with status \(response.status) names no receipt",
                         isRetryable: true, appleStatus: response.status)
                 }
                 // The environment is the one that answered when Apple's answer leaves it out: a
