@@ -63,12 +63,15 @@ struct ReceiptsController {
             } catch let error as AppleVerificationError {
                 return try await refuse(error, format: .jws, proof: jws, claim: claim, transactionId: claimedID, metadata: metadata, request, context)
             }
-        case (nil, let receipt?):
+        case (nil, let given?):
             // Apple's answer to text that is no base64 at all is 21002, which may also mean a
             // passing fault of Apple's (retry-later): refused here, it is never sent.
-            guard Self.mayBeBase64(receipt) else {
+            guard Self.mayBeBase64(given) else {
                 throw LedgerInputError(field: "receiptData", problem: "is not a base64 app receipt (StoreKit's appStoreReceiptURL data, base64-encoded)")
             }
+            // Line breaks of an encoder that wraps are no part of the receipt, and verifyReceipt
+            // refuses them (21002): sent, and hashed, without them.
+            let receipt = given.contains(where: \.isWhitespace) ? String(given.unicodeScalars.filter { !" \n\r\t".unicodeScalars.contains($0) }) : given
             do {
                 let verified = try await verifier.transactionsAndRevocations(receipt: receipt)
                 // A transaction Apple refunded or revoked is never granted (as a signed one is

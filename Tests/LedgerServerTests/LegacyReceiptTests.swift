@@ -24,10 +24,10 @@ struct LegacyReceiptTests {
     let apple: TestApple
     init() throws { apple = try TestApple() }
 
-    @Test("receiptData that is no base64 (empty, blank, other characters) is 400 naming it, and Apple is not asked; base64 wrapped in lines is sent")
+    @Test("receiptData that is no base64 (empty, blank, other characters) is 400 naming it, and Apple is not asked; base64 wrapped in lines is sent without its line breaks")
     func receiptDataIsBase64() async throws {
         let now = Date().millisecondsSince1970
-        let standIn = VerifyReceiptStandIn(answers: ["production:TWF/u+w=\r\nQUJD": answer([item("3000191", purchased: now - 60_000)])])
+        let standIn = VerifyReceiptStandIn(answers: ["production:TWF/u+w=QUJD": answer([item("3000191", purchased: now - 60_000)])])
         try await standIn.run { production, sandbox in
             try await withReceiptsApplication(apple, production: production, sandbox: sandbox) { http, db in
                 let events = try await eventCount(db)
