@@ -208,10 +208,15 @@ public struct HistoryFile: Sendable {
                 // A key the text spells with escapes is not found as written: refused as well.
                 if name.hasSuffix("ransactionId") {
                     let written = numberText(of: name, in: data)
-                    if written?.contains(where: { ".eE-+".contains($0) }) ?? true {
+                    guard let written else {
                         return .failure(LedgerInputError(
                             field: name,
-                            problem: "is \(written ?? "\(number)"), a number with a sign, a fraction or an exponent (a spreadsheet's rounding of a long id); Apple's transaction ids are whole digit strings: write them as strings"))
+                            problem: "is a number under a name spelt with escapes, which the ledger cannot read as written; Apple's transaction ids are whole digit strings: write them as strings"))
+                    }
+                    if written.contains(where: { ".eE-+".contains($0) }) {
+                        return .failure(LedgerInputError(
+                            field: name,
+                            problem: "is \(written), a number with a sign, a fraction or an exponent (a spreadsheet's rounding of a long id); Apple's transaction ids are whole digit strings: write them as strings"))
                     }
                 }
                 fields[name] = "\(number)"
@@ -227,9 +232,11 @@ public struct HistoryFile: Sendable {
         let text = String(decoding: data, as: UTF8.self)
         var from = text.startIndex
         while let key = text.range(of: "\"\(name)\"", range: from..<text.endIndex) {
-            let rest = text[key.upperBound...].drop(while: { $0 == " " || $0 == "\t" })
+            // JSON's white space: a space, a tab, a line feed, a carriage return.
+            let space = { (c: Character) in c == " " || c == "\t" || c == "\n" || c == "\r" || c == "\r\n" }
+            let rest = text[key.upperBound...].drop(while: space)
             if rest.first == ":" {
-                let number = rest.dropFirst().drop(while: { $0 == " " || $0 == "\t" }).prefix(while: { "0123456789+-.eE".contains($0) })
+                let number = rest.dropFirst().drop(while: space).prefix(while: { "0123456789+-.eE".contains($0) })
                 if !number.isEmpty { return String(number) }
             }
             from = key.upperBound

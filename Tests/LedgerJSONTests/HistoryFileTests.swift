@@ -123,10 +123,11 @@ struct HistoryFileTests {
         // However the line hides it: another member's value spelt as the key first, or the key spelt with escapes.
         let hidden = try lines(
             "{\"userId\":\"transactionId\",\"transactionId\":7.00471509000800E+12}\n{\"transaction\\u0049d\":7.00471509000800E+12}\n"
-                + "{\"userId\":\"transactionId\",\"transactionId\":7004715090008}\n", .jsonLines)
+                + "{\"userId\":\"transactionId\",\"transactionId\":7004715090008}\n{\"transactionId\"\r:\r7004715090008}\n", .jsonLines)
         #expect(throws: LedgerInputError.self) { try hidden[0].fields.get() }
         #expect(throws: LedgerInputError.self) { try hidden[1].fields.get() }
         #expect(try hidden[2].fields.get() == ["userId": "transactionId", "transactionId": "7004715090008"])
+        #expect(try hidden[3].fields.get() == ["transactionId": "7004715090008"], "JSON's white space around the colon")
         // A sign is no part of Apple's ids either: -0 would be read as transaction "0".
         let signed = try lines("{\"transactionId\": -0}\n{\"originalTransactionId\": -7004715090008}\n", .jsonLines)
         #expect(signed.allSatisfy { (try? $0.fields.get()) == nil }, "\(signed.map(\.fields))")
