@@ -34,17 +34,20 @@ final class ConnectionCloseHandler: ChannelInboundHandler, RemovableChannelHandl
 }
 
 /// An HTTP/1.0 request's head, before it loses its version: without `Connection: keep-alive`,
-/// its connection closes after the answer, so it says `close`.
+/// its connection closes after the answer, so it says `close`; its `Expect: 100-continue` is
+/// ignored, as HTTP says for HTTP/1.0 (RFC 9110, section 10.1.1), so `ContinueHandler` sends no
+/// `100 Continue` such a client cannot read.
 final class HTTP10Close: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPServerRequestPart
     typealias InboundOut = HTTPServerRequestPart
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard case .head(var head) = unwrapInboundIn(data), head.version == .http1_0, !head.isKeepAlive else {
+        guard case .head(var head) = unwrapInboundIn(data), head.version == .http1_0 else {
             context.fireChannelRead(data)
             return
         }
-        head.headers.replaceOrAdd(name: "connection", value: "close")
+        if !head.isKeepAlive { head.headers.replaceOrAdd(name: "connection", value: "close") }
+        head.headers.remove(name: "expect")
         context.fireChannelRead(wrapInboundOut(.head(head)))
     }
 }

@@ -228,6 +228,11 @@ struct IdleConnectionTests {
                 Self.closedBy(port, after: "GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /healthz HTTP/1.0\r\n\r\n")
             }
             #expect(kept && answered.components(separatedBy: " 200 ").count == 3, "HTTP/1.0 keep-alive, then a second request: \(answered)")
+            // Its Expect: 100-continue is ignored (HTTP/1.0 has no 100): the answer alone.
+            let (ended, expected) = await Self.onThread {
+                Self.closedBy(port, after: "POST /healthz HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n{}")
+            }
+            #expect(ended && !expected.contains(" 100 ") && expected.hasPrefix("HTTP/1.1 "), "HTTP/1.0 Expect: \(expected)")
         }
     }
 
