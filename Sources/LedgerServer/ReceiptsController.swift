@@ -180,7 +180,7 @@ struct ReceiptsController {
             }
             let rest = { (list: [AppleTransaction]) in list.filter { !otherQuantity.contains($0.transactionId) } }
             forOrder = transactions.first(where: { holders[$0.transactionId] == .some(orderID) })?.transactionId
-                ?? earliest(paying.filter { $0.quantity == order.quantity }) ?? earliest(rest(bought))
+                ?? earliest(paying.filter { $0.quantity == order.quantity }) ?? earliest(rest(paying)) ?? earliest(rest(bought))
                 ?? rest(new).first?.transactionId
         }
         var all: [ReceiptLedger.Answer] = []

@@ -208,8 +208,9 @@ public struct NotificationLedger: Sendable {
                 received.refund = Refunded(revocation, notificationType: notification.fromRefundHistory ? nil : type)
             }
             if role.subscription != nil, Self.lifecycleTypes.contains(type) {
-                // A renewal waiting for its start: what Apple said of renewal is recorded on the
-                // subscription when the start ties it (`recordStart`).
+                // A renewal waiting for its start, or a start held for support before its
+                // subscription started: what Apple said of renewal is recorded on the subscription
+                // when the start starts it (`recordStart`).
                 received.renewalInfo = notification.renewalInfo
                 received.periodEnd = transaction.periodEnd
             }

@@ -126,7 +126,10 @@ extension ReceiptLedger {
             of: [transaction.transactionId] + renewals.map(\.transaction.transactionId), in: tx)
         // What Apple said of renewal about the start itself while it waited (held for support
         // before a subscription was started), and about each waiting renewal.
-        var lifecycle = (told[transaction.transactionId] ?? []).filter { $0.renewalInfo != nil || $0.periodEnd != nil }.map { ($0, transaction) }
+        func renewalNews(of held: AppleTransaction) -> [(NotificationReceived, AppleTransaction)] {
+            (told[held.transactionId] ?? []).filter { $0.renewalInfo != nil || $0.periodEnd != nil }.map { ($0, held) }
+        }
+        var lifecycle = renewalNews(of: transaction)
         for waiting in renewals {
             let renewal = waiting.transaction
             let period = SubscriptionPeriodRecorded(transaction: renewal, kind: .renewal)
@@ -135,7 +138,7 @@ extension ReceiptLedger {
                 after: told[renewal.transactionId] ?? [], transactionId: renewal.transactionId, periodKey: period.periodKey) {
                 events.append((.periodRefunded(standing.refund), SubscriptionLedger.notificationEventID(id, standing.notification)))
             }
-            lifecycle += (told[renewal.transactionId] ?? []).filter { $0.renewalInfo != nil || $0.periodEnd != nil }.map { ($0, renewal) }
+            lifecycle += renewalNews(of: renewal)
         }
         // What Apple said of renewal while they waited (a grace period, billing retry, auto-renew
         // turned off), after every period, in the order Apple signed it: as it would have been
