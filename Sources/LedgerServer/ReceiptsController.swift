@@ -74,6 +74,9 @@ struct ReceiptsController {
             let receipt = given.contains(where: \.isWhitespace) ? String(given.unicodeScalars.filter { !" \n\r\t".unicodeScalars.contains($0) }) : given
             do {
                 let verified = try await verifier.transactionsAndRevocations(receipt: receipt)
+                // Those it applies (the claimed one, else all): one the ledger cannot take refuses
+                // the receipt before any is applied.
+                try await receipts.checkRoles(of: verified.map(\.0).filter { claimedID == nil || $0.transactionId == claimedID })
                 // A transaction Apple refunded or revoked is never granted (as a signed one is
                 // not); a backend's unverified claim of it is taken back. The claimed one refused
                 // so is the answer; without a claim, the rest of the receipt is applied.

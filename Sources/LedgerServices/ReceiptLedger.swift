@@ -101,6 +101,17 @@ public struct ReceiptLedger: Sendable {
         }
     }
 
+    /// Decides the role of each of a receipt's `transactions` (`TransactionRole`), before any is
+    /// applied: one the ledger cannot take (a product the catalog types as an auto-renewable
+    /// subscription whose transaction carries no `expiresDate`, say) refuses the whole receipt
+    /// with `LedgerInputError`, rather than after the ones before it were applied.
+    public func checkRoles(of transactions: [AppleTransaction]) async throws {
+        for transaction in transactions {
+            let typing = try await catalog.typing(of: transaction.productId, bundleId: transaction.bundleId)
+            _ = try TransactionRole.of(transaction, catalogType: typing?.type)
+        }
+    }
+
     /// The common case, through the writer's group commit rather than a transaction of its own:
     /// the order its order id (else its appAccountToken) names, open, of the same product, quantity,
     /// app and claiming user, and created before the purchase (`purchased(_:before:)`), takes the

@@ -269,4 +269,24 @@ struct LegacyReceiptTests {
             }
         }
     }
+
+    @Test("a receipt holding a transaction the ledger cannot take (a product typed auto-renewable, no expires_date_ms) is 400 before any of it is applied; one claiming another transaction is applied")
+    func receiptRefusedWhole() async throws {
+        let now = Date().millisecondsSince1970
+        let untyped = #"{"transaction_id": "3000212", "original_transaction_id": "3000212", "product_id": "pro.monthly", "purchase_date_ms": "\#(now - 30_000)", "quantity": "1"}"#
+        let standIn = VerifyReceiptStandIn(answers: ["production:UEFSVA==": answer([item("3000211", purchased: now - 40_000), untyped])])
+        try await standIn.run { production, sandbox in
+            try await withReceiptsApplication(apple, production: production, sandbox: sandbox) { http, db in
+                try await http.send(.put, "/v1/products/pro.monthly", json: ["type": "auto-renewable", "subscriptionGroup": "g-pro"])
+                try await http.send(.post, "/v1/orders", json: newOrder("o-part", user: "u-p"))
+                let events = try await eventCount(db)
+                let (status, refused) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-p", "orderId": "o-part", "receiptData": "UEFSVA=="])
+                #expect(status == .badRequest && errorOf(refused)["field"] as? String == "expiresDate", "\(refused)")
+                #expect(try await eventCount(db) == events, "nothing of the receipt applied")
+                let (_, claimed) = try await http.send(
+                    .post, "/v1/receipts", json: ["userId": "u-p", "orderId": "o-part", "transactionId": "3000211", "receiptData": "UEFSVA=="])
+                #expect(claimed["outcome"] as? String == "matched" && claimed["transactionId"] as? String == "3000211", "\(claimed)")
+            }
+        }
+    }
 }
