@@ -73,6 +73,9 @@ public struct HistoryImport: Sendable {
         let facts: [String]
         /// The app the line names, as it names it; nil when it names none.
         let namedApp: BundleID?
+        /// A granted transaction listed alone that leaves its user, product or purchase date
+        /// unsaid: re-planned from what Apple signed when it waits in the pool (`filledFromPool`).
+        var alone: (record: HistoryRecord, app: BundleID?, source: MetadataWriter)?
         /// Why the line is refused unless its order is present already (imported before: a
         /// resumed or repeated import counts it present, whatever changed since).
         var refusal: OrderLedgerError? = nil
@@ -180,6 +183,10 @@ public struct HistoryImport: Sendable {
                     planned.refusal = .environmentRefused(app.bundleId, environment: named.rawValue)
                 }
                 if let unsettled { planned.refusal = unsettled }
+                if record.orderId == nil, record.transactionId != nil,
+                   record.userId == nil || record.productId == nil || record.purchaseDate == HistoryRecord.unknownDate {
+                    planned.alone = (record, app?.bundleId, source)
+                }
                 // A batch's writes share no order and no transaction, nor with the batches in flight.
                 if !batch.keys.isDisjoint(with: planned.keys) || flying.values.contains(where: { !$0.isDisjoint(with: planned.keys) }) {
                     try await submit()
@@ -222,6 +229,7 @@ public struct HistoryImport: Sendable {
     func write(_ batch: [Planned]) async throws -> Summary {
         var summary = Summary()
         guard !batch.isEmpty else { return summary }
+        let batch = try await filledFromPool(batch)
         let present = try await orders.present(batch.map(\.orderId), createdEvents: batch.map(\.createdEvent))
         var writing: [Planned] = []
         for planned in batch {
@@ -264,6 +272,24 @@ public struct HistoryImport: Sendable {
         return summary
     }
 
+    /// `batch` with each granted transaction listed alone that waits in the pool planned with
+    /// what Apple signed of it and the user it waits for, where its line says nothing: its order
+    /// counts on the day Apple sold it, of its product and user, not on 1970-01-01 under
+    /// `imported`. The events' ids stay the line's, so importing it again finds it present.
+    func filledFromPool(_ batch: [Planned]) async throws -> [Planned] {
+        let ids = batch.compactMap { $0.alone == nil ? nil : $0.transactionId }
+        guard !ids.isEmpty else { return batch }
+        let snapshot = try await database.transaction { tx in try await writer.read(orders: [], transactions: ids, in: tx) }
+        return try batch.map { planned in
+            guard let (record, app, source) = planned.alone, let id = planned.transactionId, let held = snapshot.transaction(id), held.isPooled,
+                  let signed = try held.verifiedTransaction() else { return planned }
+            var filled = try Self.plan(
+                record, app: app, source: source, purchaseAllowance: orders.purchaseAllowance, signed: (signed, held.userId))
+            filled.refusal = planned.refusal
+            return filled
+        }
+    }
+
     /// Why the log refused a line's order.
     static func refusal(_ error: any Error, _ planned: Planned) -> (String, String) {
         switch error {
@@ -289,7 +315,22 @@ public struct HistoryImport: Sendable {
 
 
     /// A line's order and its events, named by the order and the event type.
-    static func plan(_ record: HistoryRecord, app: BundleID?, source: MetadataWriter, purchaseAllowance: TimeInterval? = nil) throws -> Planned {
+    /// `signed`: what Apple signed of the line's transaction and the user its pool entry waits
+    /// for, which fill what the line leaves unsaid (its events' ids stay the line's).
+    static func plan(
+        _ record: HistoryRecord, app: BundleID?, source: MetadataWriter, purchaseAllowance: TimeInterval? = nil,
+        signed: (transaction: AppleTransaction, userId: UserID?)? = nil
+    ) throws -> Planned {
+        let said = record
+        var record = record
+        if let (transaction, pooledUser) = signed {
+            record.userId = record.userId ?? pooledUser
+            record.productId = record.productId ?? transaction.productId
+            if record.purchaseDate == HistoryRecord.unknownDate {
+                record.purchaseDate = transaction.purchaseDate
+                if record.createdAt == HistoryRecord.unknownDate { record.createdAt = transaction.purchaseDate }
+            }
+        }
         let orderID = record.orderId ?? record.transactionId.map(orderID(ofTransaction:)) ?? OrderID(unchecked: "imported")
         let user = record.userId ?? UserID(unchecked: HistoryRecord.unknownUser)
         let product = record.productId ?? ProductID(unchecked: HistoryRecord.unknownProduct)
@@ -318,11 +359,13 @@ public struct HistoryImport: Sendable {
         for (event, _, _) in events { try event.validate() }
         // Every id names the line's whole history too: the same line again is a replay, another
         // line for the order (another transaction, state or price) is a conflict, never present.
-        let facts = [order, user.rawValue, product.rawValue, app?.rawValue ?? "", String(record.createdAt.timeIntervalSince1970),
-                     record.state.rawValue, record.price ?? "", record.currency ?? "", record.transactionId?.rawValue ?? "",
-                     record.originalTransactionId ?? "", record.purchaseDate.map { String($0.timeIntervalSince1970) } ?? "",
-                     record.environment, record.refundedAt.map { String($0.timeIntervalSince1970) } ?? ""]
-                    + (record.storefront.map { [$0] } ?? [])  // only when given: earlier imports' ids stay theirs
+        // As the line says it (not as the pool filled it): the same line names the same events.
+        let facts = [order, said.userId?.rawValue ?? HistoryRecord.unknownUser, said.productId?.rawValue ?? HistoryRecord.unknownProduct,
+                     app?.rawValue ?? "", String(said.createdAt.timeIntervalSince1970),
+                     said.state.rawValue, said.price ?? "", said.currency ?? "", said.transactionId?.rawValue ?? "",
+                     said.originalTransactionId ?? "", said.purchaseDate.map { String($0.timeIntervalSince1970) } ?? "",
+                     said.environment, said.refundedAt.map { String($0.timeIntervalSince1970) } ?? ""]
+                    + (said.storefront.map { [$0] } ?? [])  // only when given: earlier imports' ids stay theirs
         let history = namedDigest(facts.joined(separator: "\u{1F}"))
         let created = createdEventID(order, facts: facts)
         // One metadata per time (an order's events happened at two or three).

@@ -173,8 +173,10 @@ struct ImportTests {
                 SELECT string_agg(transaction_id || ' ' || coalesce(order_id, '-') || ' ' || coalesce(user_id, '-'), ', ' ORDER BY transaction_id)
                   FROM apple_transactions WHERE transaction_id LIKE '53000%'
                 """, as: String.self)
-            #expect(rows == "5300001 - u-7, 5300002 - u-7, 5300003 p-3 u-7, 5300004 imported-5300004 imported, 5300005 - u-7, 5300006 - u-7, 5300007 - u-7, 5300008 p-8 u-7", "\(rows ?? "")")
+            #expect(rows == "5300001 - u-7, 5300002 - u-7, 5300003 p-3 u-7, 5300004 imported-5300004 u-7, 5300005 - u-7, 5300006 - u-7, 5300007 - u-7, 5300008 p-8 u-7", "\(rows ?? "")")
             #expect(try await scalar(db, "SELECT count(*)::int FROM orders WHERE order_id IN ('p-1', 'p-2', 'p-5', 'p-6', 'p-7')", as: Int.self) == 0)
+            // The line that named neither user nor product: its order is the pool's user's, of Apple's product.
+            #expect(try await scalar(db, "SELECT user_id || ' ' || product_id FROM orders WHERE order_id = 'imported-5300004'", as: String.self) == "u-7 gems.100")
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
@@ -206,6 +208,27 @@ struct ImportTests {
             #expect(try await post(http, "\(Self.header)\n\(second)\n").1["imported"] as? Int == 1)
             let (_, otherApp) = try await post(http, "\(Self.header)\n\(second.replacingOccurrences(of: "com.example.second", with: TestApple.bundleId))\n")
             #expect(Self.refusals(otherApp) == [2: "order-exists"] && otherApp["alreadyPresent"] as? Int == 0, "\(otherApp)")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
+    @Test("a granted transaction listed alone, with no date, that waits in the pool: its order is dated and owned as Apple signed it and the pool held it; imported again, present")
+    func grantedAloneFromThePool() async throws {
+        try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
+            let bought = Date(timeIntervalSinceNow: -40 * 86_400)
+            let (_, pooled) = try await http.send(.post, "/v1/receipts", json: [
+                "userId": "u-9", "signedTransaction": try await apple.sign(TestApple.transaction("5300021", purchaseDate: bought)),
+            ])
+            #expect(pooled["outcome"] as? String == "unmatched", "\(pooled)")
+            let lines = "\(Self.header)\n,,,,,,,,5300021,,,,\n"
+            let (_, first) = try await post(http, lines)
+            #expect(first["imported"] as? Int == 1 && Self.refusals(first).isEmpty, "\(first)")
+            #expect(try await scalar(db, """
+                SELECT user_id || ' ' || product_id || ' ' || (created_at = \(bought.millisecondsSince1970)::bigint / 1000.0 * interval '1 second' + 'epoch'::timestamptz)::text
+                  FROM orders WHERE order_id = 'imported-5300021'
+                """, as: String.self) == "u-9 gems.100 true")
+            let (_, again) = try await post(http, lines)
+            #expect(again["alreadyPresent"] as? Int == 1 && Self.refusals(again).isEmpty, "\(again)")
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
