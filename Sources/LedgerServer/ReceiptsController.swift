@@ -66,12 +66,11 @@ struct ReceiptsController {
         case (nil, let given?):
             // Apple's answer to text that is no base64 at all is 21002, which may also mean a
             // passing fault of Apple's (retry-later): refused here, it is never sent.
-            guard Self.mayBeBase64(given) else {
-                throw LedgerInputError(field: "receiptData", problem: "is not a base64 app receipt (StoreKit's appStoreReceiptURL data, base64-encoded)")
-            }
             // Line breaks of an encoder that wraps are no part of the receipt, and verifyReceipt
             // refuses them (21002): sent, and hashed, without them.
-            let receipt = given.contains(where: \.isWhitespace) ? String(given.unicodeScalars.filter { !" \n\r\t".unicodeScalars.contains($0) }) : given
+            guard let receipt = Self.base64Receipt(given) else {
+                throw LedgerInputError(field: "receiptData", problem: "is not a base64 app receipt (StoreKit's appStoreReceiptURL data, base64-encoded)")
+            }
             do {
                 let verified = try await verifier.transactionsAndRevocations(receipt: receipt)
                 // Those it applies (the claimed one, else all): one the ledger cannot take refuses
@@ -300,21 +299,24 @@ struct ReceiptsController {
 }
 
 extension ReceiptsController {
-    /// Whether `text` may be a base64 receipt: not empty, of base64's characters (its standard
-    /// alphabet and padding) and white space alone (line breaks of encoders that wrap).
-    static func mayBeBase64(_ text: String) -> Bool {
-        var any = false
+    /// `text` without its white space (line breaks of encoders that wrap) when it may be a base64
+    /// receipt: not empty, of base64's characters (its standard alphabet and padding) and white
+    /// space alone; else nil.
+    static func base64Receipt(_ text: String) -> String? {
+        var kept: [UInt8] = []
+        kept.reserveCapacity(text.utf8.count)
         for byte in text.utf8 {
             switch byte {
             case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
                  UInt8(ascii: "+"), UInt8(ascii: "/"), UInt8(ascii: "="):
-                any = true
+                kept.append(byte)
             case UInt8(ascii: " "), UInt8(ascii: "\n"), UInt8(ascii: "\r"), UInt8(ascii: "\t"):
                 continue
             default:
-                return false
+                return nil
             }
         }
-        return any
+        guard !kept.isEmpty else { return nil }
+        return kept.count == text.utf8.count ? text : String(decoding: kept, as: UTF8.self)
     }
 }

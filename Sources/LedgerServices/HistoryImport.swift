@@ -151,22 +151,21 @@ public struct HistoryImport: Sendable {
                     }
                 }
                 // The app, found once per bundle id named (`OrderApps`: the one held, in its spelling).
-                if apps[record.bundleId] == nil { apps[record.bundleId] = await app(of: record.bundleId) }
+                let resolved: Result<App?, OrderLedgerError>
+                if let known = apps[record.bundleId] { resolved = known } else { resolved = await app(of: record.bundleId) }
+                apps[record.bundleId] = resolved
                 // A line whose app the ledger cannot take now (it names none while the ledger holds
                 // several, or its app is retired) is refused unless an earlier run imported it
                 // (a second app added since, or its app retired: a repeated or resumed import
                 // counts it present), which `write` finds by the order's own app.
                 var app: App?
                 var unsettled: OrderLedgerError?
-                switch apps[record.bundleId] {
+                switch resolved {
                 case .success(let found): app = found
-                case .failure(let error) where error == .bundleIDRequired: unsettled = error
+                case .failure(let error) where Self.mayBePresent(error): unsettled = error
                 case .failure(let error):
-                    if case .appRetired = error { unsettled = error } else {
-                        summary.refuse(line.number, error.code, error.description)
-                        continue
-                    }
-                case nil: continue
+                    summary.refuse(line.number, error.code, error.description)
+                    continue
                 }
                 // Whatever else a line's events cannot hold refuses that line, never the import.
                 var planned: Planned
@@ -201,6 +200,15 @@ public struct HistoryImport: Sendable {
         summary.refusals.sort { $0.line < $1.line }
         progress?(summary.read)
         return summary
+    }
+
+    /// Whether a line refused for its app may yet be present: its app is retired, or it names
+    /// none while the ledger holds several (an earlier run imported it before either).
+    static func mayBePresent(_ refusal: OrderLedgerError) -> Bool {
+        switch refusal {
+        case .bundleIDRequired, .appRetired: true
+        default: false
+        }
     }
 
     /// The app a line names (nil: the ledger's only one, or none while it holds none), or why none.

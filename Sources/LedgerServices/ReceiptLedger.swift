@@ -89,8 +89,7 @@ public struct ReceiptLedger: Sendable {
     /// subscription needs, or a renewal outside its subscription's group, is refused with
     /// `LedgerInputError` and nothing is recorded.
     public func apply(_ transaction: AppleTransaction, claim: Claim, metadata: Data) async throws -> Answer {
-        let typing = try await catalog.typing(of: transaction.productId, bundleId: transaction.bundleId)
-        let role = try TransactionRole.of(transaction, catalogType: typing?.type)
+        let (role, typing) = try await role(of: transaction)
         // Only a plain purchase takes the group commit: the others record more than an order's events.
         if role == .purchase, let answer = try await applyCommonCase(transaction, claim: claim, metadata: metadata) { return answer }
         // Another writer (a backend's own receipt-received naming this transaction, a reconciler's
@@ -106,10 +105,13 @@ public struct ReceiptLedger: Sendable {
     /// subscription whose transaction carries no `expiresDate`, say) refuses the whole receipt
     /// with `LedgerInputError`, rather than after the ones before it were applied.
     public func checkRoles(of transactions: [AppleTransaction]) async throws {
-        for transaction in transactions {
-            let typing = try await catalog.typing(of: transaction.productId, bundleId: transaction.bundleId)
-            _ = try TransactionRole.of(transaction, catalogType: typing?.type)
-        }
+        for transaction in transactions { _ = try await role(of: transaction) }
+    }
+
+    /// `role(of:in:)` from the catalog's copy of the types, outside any transaction.
+    func role(of transaction: AppleTransaction) async throws -> (TransactionRole, ProductCatalog.Typing?) {
+        let typing = try await catalog.typing(of: transaction.productId, bundleId: transaction.bundleId)
+        return (try TransactionRole.of(transaction, catalogType: typing?.type), typing)
     }
 
     /// The common case, through the writer's group commit rather than a transaction of its own:

@@ -164,41 +164,38 @@ public struct Database: Sendable {
     public func withConnection<Result: Sendable>(
         _ body: (PostgresConnection) async throws -> Result
     ) async throws -> Result {
+        /// `body` on a connection of a lease, PostgreSQL's answer counted for the health's probe.
+        nonisolated(nonsending) func leased(_ connection: PostgresConnection) async throws -> Result {
+            do {
+                // Cancelled (a request answered 503 while the database is away), a statement in
+                // flight would still wait for PostgreSQL: the connection is closed, which ends it
+                // at once (a transaction open on it rolls back).
+                let result = try await withTaskCancellationHandler { try await body(connection) } onCancel: { connection.close() }
+                noteAnswer()
+                return result
+            } catch {
+                noteAnswer(error)
+                // The pool learns of a close from the connection's close future (completed one
+                // event-loop turn after the channel went inactive, which `isClosed` reads); until
+                // then, a connection given back is leased again as if open.
+                if connection.isClosed { _ = try? await connection.closeFuture.get() }
+                throw error
+            }
+        }
         var tries = 0
         while true {
             tries += 1
             do {
-                return try await client.withConnection { connection in
-                    do {
-                        // Cancelled (a request answered 503 while the database is away), a
-                        // statement in flight would still wait for PostgreSQL: the connection is
-                        // closed, which ends it at once (a transaction open on it rolls back).
-                        let result = try await withTaskCancellationHandler { try await body(connection) } onCancel: { connection.close() }
-                        noteAnswer()
-                        return result
-                    } catch {
-                        noteAnswer(error)
-                        // The pool learns of a close from the connection's close future (completed
-                        // one event-loop turn after the channel went inactive, which `isClosed`
-                        // reads); until then, a connection given back is leased again as if open.
-                        if connection.isClosed { _ = try? await connection.closeFuture.get() }
-                        throw error
-                    }
-                }
+                return try await client.withConnection { connection in try await leased(connection) }
             } catch is StaleConnection {
                 if tries == 3 { throw ConnectionClosedError() }
             } catch {
                 guard let bypass, BreakerBypass.isBreakerOpen(error) else { throw error }
                 return try await bypass.withConnection(logger: logger, error: error) { connection in
                     do {
-                        let result = try await withTaskCancellationHandler { try await body(connection) } onCancel: { connection.close() }
-                        noteAnswer()
-                        return result
+                        return try await leased(connection)
                     } catch is StaleConnection {
                         throw ConnectionClosedError()
-                    } catch {
-                        noteAnswer(error)
-                        throw error
                     }
                 }
             }
