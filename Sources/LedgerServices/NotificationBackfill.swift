@@ -168,16 +168,22 @@ public struct NotificationBackfill: Sendable {
     func earliest(margin: TimeInterval = 3600) -> Date { Date().addingTimeInterval(-Self.keeps(environment) + margin) }
 
     /// The request to run, recorded (the caller holds the lease): a stopped one's, unless
-    /// `since` is given, it was abandoned, or it starts further back than Apple keeps now; else a
-    /// new one from the latest of the last notification recorded and the end of the last
-    /// backfill, less `overlap` (a ledger that recorded neither: from its first event), to now,
-    /// never further back than Apple keeps.
+    /// `since` is given or it was abandoned; one that starts further back than Apple keeps now
+    /// (a start set at Apple's limit, which has moved on since) is asked again from the earliest
+    /// date Apple takes, without its token, so that none of what it left unread that Apple still
+    /// keeps is skipped. Else a new one from the latest of the last notification recorded and
+    /// the end of the last backfill, less `overlap` (a ledger that recorded neither: from its
+    /// first event), to now, never further back than Apple keeps.
     private func begin(since: Date?) async throws -> Request {
         let earliest = earliest()
         let stored = try await state.read()
         let request: Request
-        if since == nil, let start = stored.startDate, let end = stored.endDate, !stored.finished, !stored.abandoned, start >= earliest {
-            request = Request(start: start, end: end, token: stored.paginationToken)
+        if since == nil, let start = stored.startDate, let end = stored.endDate, !stored.finished, !stored.abandoned {
+            // Apple's limit itself, not the margin a new start keeps: a start set at the limit
+            // an hour ago is still resumed (should Apple refuse it, the run starts again).
+            request = start >= self.earliest(margin: 0)
+                ? Request(start: start, end: end, token: stored.paginationToken)
+                : Request(start: earliest, end: Date(), token: nil)
         } else {
             let from = since ?? ([stored.lastNotification, stored.finished ? stored.endDate : nil].compactMap { $0 }.max()?.addingTimeInterval(-overlap)
                 ?? stored.firstEvent ?? Date())

@@ -182,6 +182,46 @@ struct AppleBackfillTests {
         }
     }
 
+    @Test("a backfill stopped with its start at Apple's limit is resumed later; one whose start Apple no longer keeps reads again from the limit, not from the last notification")
+    func backfillStartedAtTheLimit() async throws {
+        try await withBackfillApplication { http, db, base in
+            await standIn.setNotifications([
+                .init(revision: "l-2", hasMore: true, signedTransactions: [
+                    try await apple.notification("CONSUMPTION_REQUEST", transaction: TestApple.transaction("8515001"))]),
+                .init(revision: "l-3", hasMore: false, signedTransactions: [
+                    try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("8515002"))]),
+            ])
+            // Asked from further back than the sandbox keeps: its start is the limit; it stops after a page.
+            var backfill = try backfill(base, db)
+            backfill.maximumPages = 1
+            let stopped = try await backfill.run(since: Date(timeIntervalSinceNow: -40 * 86_400))
+            #expect(!stopped.finished && stopped.notifications == 1, "\(stopped)")
+            backfill.maximumPages = 100
+            // A live notification arrives before the next run.
+            let (status, _) = try await http.notifyApple(try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("8515003")))
+            #expect(status == .ok)
+            let resumed = try await backfill.run()
+            #expect(resumed.resumed && resumed.finished && abs((resumed.startDate ?? .distantPast).timeIntervalSince(stopped.startDate ?? .distantFuture)) < 0.001 && resumed.applied == 1, "\(resumed)")
+
+            // Stopped again, its start now further back than Apple keeps: from the limit again, not from an hour before the live one.
+            await standIn.setNotifications([
+                .init(revision: "m-2", hasMore: true, signedTransactions: [
+                    try await apple.notification("CONSUMPTION_REQUEST", transaction: TestApple.transaction("8515004"))]),
+                .init(revision: "m-3", hasMore: false, signedTransactions: [
+                    try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("8515005"))]),
+            ])
+            try await db.client.query("""
+                UPDATE apple_notification_backfill SET start_date = now() - interval '31 days', end_date = now() - interval '1 day',
+                       pagination_token = 'm-2', finished_at = NULL
+                """, logger: TestServer.logger)
+            let stale = try await backfill.run()
+            #expect(!stale.resumed && stale.finished && stale.notifications == 2, "\(stale)")
+            let start = stale.startDate ?? .distantFuture
+            #expect(start > Date(timeIntervalSinceNow: -30 * 86_400) && start < Date(timeIntervalSinceNow: -29 * 86_400), "\(stale)")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions WHERE transaction_id = '8515005'", as: Int.self) == 1)
+        }
+    }
+
     @Test("a stored position whose token expired: the run starts again once from the start Apple allows, finishes, and says why")
     func backfillRestartsOnExpiredToken() async throws {
         try await withBackfillApplication { _, db, base in
