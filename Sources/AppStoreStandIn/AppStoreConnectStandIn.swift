@@ -10,11 +10,12 @@ import NIOCore
 /// A stand-in for the App Store Connect API's sales reports (`GET /v1/salesReports`) on a local
 /// port, for the tests and `ledger demo`. It checks each request as Apple does: the ES256 token
 /// (the Team key's public half, `kid`, `iss`, audience `appstoreconnect-v1`, at most 20 minutes
-/// between `iat` and `exp`, not expired), `Accept: application/a-gzip` (406 otherwise), the
-/// filters (`DAILY`, `SALES`, `SUMMARY`, its vendor number, a version it knows, a date within
-/// the last 365 days). It serves the reports a test made (gzip'd, tab-separated), "no sales"
-/// (404) for a day with none, "not available yet" (404) for a day not published, and plays the
-/// faults a test queued (429 with `Retry-After`, 500). A test may restate a day by making it again.
+/// between `iat` and `exp`, expiring at most 20 minutes ahead of its clock, not expired),
+/// `Accept: application/a-gzip` (406 otherwise), the filters (`DAILY`, `SALES`, `SUMMARY`, its
+/// vendor number, a version it knows, a date within the last 365 days). It serves the reports a
+/// test made (gzip'd, tab-separated), "no sales" (404) for a day with none, "not available yet"
+/// (404) for a day not published, and plays the faults a test queued (429 with `Retry-After`,
+/// 500). A test may restate a day by making it again.
 public final class AppStoreConnectStandIn: Sendable {
     public enum Fault: Sendable {
         /// 429 with `Retry-After` in seconds.
@@ -30,10 +31,13 @@ public final class AppStoreConnectStandIn: Sendable {
     public let privateKeyPEM: String
     let publicKey: P256.Signing.PublicKey
     let state = State()
+    /// How far Apple's clock is behind this machine's (a server's clock a little ahead of Apple's).
+    public let clockBehind: TimeInterval
 
-    public init(vendorNumber: String = "85000000") {
+    public init(vendorNumber: String = "85000000", clockBehind: TimeInterval = 0) {
         let key = P256.Signing.PrivateKey()
         self.vendorNumber = vendorNumber
+        self.clockBehind = clockBehind
         self.privateKeyPEM = key.pemRepresentation
         self.publicKey = key.publicKey
     }
@@ -47,6 +51,8 @@ public final class AppStoreConnectStandIn: Sendable {
     /// The report of `day` (`YYYY-MM-DD`): its tab-separated text, served gzip'd; made again, the
     /// day is restated.
     public func setReport(_ day: String, tsv: String) async { await state.setReport(day, tsv) }
+    /// A day answered "no sales" again (a report Apple took back, or one it had not counted yet).
+    public func removeReport(_ day: String) async { await state.removeReport(day) }
     /// A day Apple has not published yet.
     public func setUnpublished(_ day: String) async { await state.setUnpublished(day, true) }
     public func publish(_ day: String) async { await state.setUnpublished(day, false) }
@@ -135,8 +141,10 @@ public final class AppStoreConnectStandIn: Sendable {
             let (header, _, _) = try DefaultJWTParser().parse(Array(token.utf8), as: AppStoreConnectAPI.Claims.self)
             guard header.kid == Self.keyID, header.alg == "ES256" else { return "header" }
             let claims = try await keys.verify(token, as: AppStoreConnectAPI.Claims.self)
+            // "Tokens that expire more than 20 minutes into the future are not valid", by Apple's clock.
+            let now = Int(Date().timeIntervalSince1970 - clockBehind)
             guard claims.iss == Self.issuerID, claims.aud == "appstoreconnect-v1", claims.exp - claims.iat <= 1200,
-                  claims.iat <= Int(Date().timeIntervalSince1970) + 60 else { return "claims" }
+                  claims.exp <= now + 1200, claims.exp > now, claims.iat <= now + 60 else { return "claims" }
             return nil
         } catch {
             return "\(error)"
@@ -169,6 +177,7 @@ public final class AppStoreConnectStandIn: Sendable {
         var requests = 0
 
         func setReport(_ day: String, _ tsv: String) { reports[day] = tsv }
+        func removeReport(_ day: String) { reports[day] = nil }
         func setUnpublished(_ day: String, _ yes: Bool) { if yes { unpublished.insert(day) } else { unpublished.remove(day) } }
         func queue(_ more: [Fault]) { faults += more }
         func nextFault() -> Fault? {

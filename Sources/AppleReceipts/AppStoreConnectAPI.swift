@@ -51,8 +51,11 @@ public final class AppStoreConnectAPI: Sendable {
 
     /// Apple's host.
     public static let appleURL = "https://api.appstoreconnect.apple.com"
-    /// Apple takes tokens of at most 20 minutes for this API.
-    static let tokenLifetime: TimeInterval = 20 * 60
+    /// Apple refuses a token of this API that expires more than 20 minutes into the future by
+    /// its own clock: one of 15 minutes, issued a minute back, is taken from a server whose clock
+    /// is up to five minutes ahead of Apple's.
+    static let tokenLifetime: TimeInterval = 15 * 60
+    static let tokenBackdated: TimeInterval = 60
 
     /// A day's daily sales report, as Apple answered.
     public enum DailyReport: Sendable, Equatable {
@@ -181,7 +184,7 @@ public final class AppStoreConnectAPI: Sendable {
     /// The token of the moment: the cached one until shortly before it expires.
     func bearerToken() async throws(AppStoreConnectError) -> String {
         do {
-            return try await token.bearer(lifetime: Self.tokenLifetime) { issued, expires in
+            return try await token.bearer(lifetime: Self.tokenLifetime, backdated: Self.tokenBackdated) { issued, expires in
                 Claims(iss: settings.issuerID, iat: issued, exp: expires, aud: "appstoreconnect-v1")
             }
         } catch {

@@ -17,12 +17,15 @@ final class AppleAPIToken: Sendable {
     }
 
     /// The token of the moment; `claims` gives a new one's claims from the times it is issued
-    /// and expires (`lifetime` after).
-    func bearer<Claims: JWTPayload>(lifetime: TimeInterval, _ claims: (_ issued: Int, _ expires: Int) -> Claims) async throws -> String {
+    /// (`backdated` before now, for a clock a little ahead of Apple's) and expires (`lifetime`
+    /// after now).
+    func bearer<Claims: JWTPayload>(
+        lifetime: TimeInterval, backdated: TimeInterval = 0, _ claims: (_ issued: Int, _ expires: Int) -> Claims
+    ) async throws -> String {
         let now = Date()
         if let cached = await cache.valid(at: now.addingTimeInterval(Self.renewal)) { return cached }
-        let issued = Int(now.timeIntervalSince1970)
-        let expires = issued + Int(lifetime)
+        let issued = Int(now.timeIntervalSince1970 - backdated)
+        let expires = Int(now.timeIntervalSince1970) + Int(lifetime)
         var header = JWTHeader()
         header.typ = "JWT"
         let signed = try await keys.sign(claims(issued, expires), kid: JWKIdentifier(string: keyID), header: header)

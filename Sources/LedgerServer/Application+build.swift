@@ -255,9 +255,9 @@ func fetchSalesReports(
     guard let lease = try await leases.claim("sales-reports", for: 3600) else { return nil }
     do {
         let summary = try await fetch.run()
-        let changed = (summary.new + summary.restated).sorted()
-        if let from = changed.first, let to = changed.last, try await api.anyKey() {
-            _ = try await configuration.salesShortfallSweep(services, api: api, verifier: verifier, logger: logger).run(from: from, to: to)
+        let changed = summary.new + summary.restated
+        if !changed.isEmpty, try await api.anyKey() {
+            _ = try await configuration.salesShortfallSweep(services, api: api, verifier: verifier, logger: logger).run(days: changed)
         }
         try await leases.release(lease)
         return summary

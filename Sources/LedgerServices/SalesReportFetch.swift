@@ -5,8 +5,9 @@ import Logging
 
 /// Fetches App Store Connect's daily sales reports into the ledger (docs/finance.md): each day of
 /// a range that has none stored (or every day of it, `again`), stored as Apple sent it. A day
-/// without sales is stored as such; a day Apple has not published yet is left for a later run, as
-/// are the days after Apple turned away (rate-limited or down past the client's tries).
+/// without sales is stored as such, and asked again by the runs of the week after it; a day
+/// Apple has not published yet is left for a later run, as are the days after Apple turned away
+/// (rate-limited or down past the client's tries).
 public struct SalesReportFetch: Sendable {
     let api: AppStoreConnectAPI
     let store: AppleSalesStore
@@ -63,6 +64,10 @@ public struct SalesReportFetch: Sendable {
     /// Days asked and stored at once: Apple's answer, its reading and its storing overlap.
     public var daysAtOnce = 2
 
+    /// For how many days (Pacific) after it a day Apple answered "no sales" for is asked again
+    /// by every run: Apple has answered so for days whose report it published later.
+    public static let noSalesAskedAgain = 7
+
     /// What became of one day.
     enum Outcome: Sendable {
         case notYetPublished
@@ -80,7 +85,9 @@ public struct SalesReportFetch: Sendable {
         let (first, last) = (from ?? Self.firstKeptDay(), to ?? Self.lastPublishedDay())
         let days = again
             ? Self.days(from: first, to: last)
-            : try await store.missingDays(vendor: settings.vendorNumber, version: settings.version, from: first, to: last)
+            : try await store.missingDays(
+                vendor: settings.vendorNumber, version: settings.version, from: first, to: last,
+                noSalesFrom: Self.pacificDay(-Self.noSalesAskedAgain))
         var summary = Summary()
         try await withThrowingTaskGroup(of: (String, Outcome).self) { group in
             var next = days.makeIterator()
@@ -94,7 +101,9 @@ public struct SalesReportFetch: Sendable {
             while let (day, outcome) = try await group.next() {
                 switch outcome {
                 case .notYetPublished: summary.notYetPublished.append(day)
-                case .noSales(let recorded): if recorded == .unchanged { summary.unchanged.append(day) } else { summary.noSales.append(day) }
+                case .noSales(.new): summary.noSales.append(day)
+                case .noSales(.restated): summary.restated.append(day)
+                case .noSales(.unchanged): summary.unchanged.append(day)
                 case .report(.new): summary.new.append(day)
                 case .report(.restated): summary.restated.append(day)
                 case .report(.unchanged): summary.unchanged.append(day)

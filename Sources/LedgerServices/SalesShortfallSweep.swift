@@ -43,7 +43,18 @@ public struct SalesShortfallSweep: Sendable {
 
     /// Sweeps for every shortfall of the days `from` to `to` (`YYYY-MM-DD`).
     public func run(from: String, to: String) async throws -> [Swept] {
-        let shortfalls = try await store.shortfalls(from: from, to: to)
+        try await sweep(try await store.shortfalls(from: from, to: to))
+    }
+
+    /// Sweeps for every shortfall of `days` (`YYYY-MM-DD`; those a fetch stored), and of no day
+    /// between them.
+    public func run(days: [String]) async throws -> [Swept] {
+        guard let from = days.min(), let to = days.max() else { return [] }
+        let asked = Set(days)
+        return try await sweep(try await store.shortfalls(from: from, to: to).filter { asked.contains($0.day) })
+    }
+
+    func sweep(_ shortfalls: [AppleSalesStore.Shortfall]) async throws -> [Swept] {
         var done: [String: HistorySweep.Summary] = [:]
         var results: [Swept] = []
         for shortfall in shortfalls {

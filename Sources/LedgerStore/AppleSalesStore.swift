@@ -95,13 +95,15 @@ public struct AppleSalesStore: Sendable {
     }
 
     /// The days from `from` to `to` (`YYYY-MM-DD`, both included) with no report stored for
-    /// `vendor` and `version`, oldest first.
-    public func missingDays(vendor: String, version: String, from: String, to: String) async throws -> [String] {
+    /// `vendor` and `version`, and those from `noSalesFrom` on whose latest revision is "no
+    /// sales" (an answer that may yet be followed by the day's report), oldest first.
+    public func missingDays(vendor: String, version: String, from: String, to: String, noSalesFrom: String? = nil) async throws -> [String] {
         let rows = try await database.query(
             """
             SELECT to_char(d, 'YYYY-MM-DD') FROM generate_series(\(from)::date, \(to)::date, interval '1 day') AS d
-             WHERE NOT EXISTS (SELECT 1 FROM apple_sales_reports r
-                                WHERE r.vendor_number = \(vendor) AND r.version = \(version) AND r.report_date = d::date)
+             WHERE coalesce((SELECT r.outcome = 'no-sales' AND d::date >= coalesce(\(noSalesFrom)::date, 'infinity') FROM apple_sales_reports r
+                              WHERE r.vendor_number = \(vendor) AND r.version = \(version) AND r.report_date = d::date
+                              ORDER BY r.revision DESC LIMIT 1), true)
              ORDER BY 1
             """)
         var days: [String] = []

@@ -35,12 +35,10 @@ struct Sales: AsyncParsableCommand {
                 let summary = try await configuration.salesReportFetch(work.services, logger: logger)!.run(from: first, to: last, again: again)
                 // The days stored now: where Apple counted more than the ledger saw, the sweep
                 // looks for what no client sent (only while an app has an App Store Server API key).
-                let changed = (summary.new + summary.restated).sorted()
-                guard let from = changed.first, let to = changed.last, try await work.api.anyKey() else {
-                    return (summary, [SalesShortfallSweep.Swept]?.none)
-                }
+                let changed = summary.new + summary.restated
+                guard !changed.isEmpty, try await work.api.anyKey() else { return (summary, [SalesShortfallSweep.Swept]?.none) }
                 return (summary, try await configuration.salesShortfallSweep(work.services, api: work.api, verifier: work.verifier, logger: logger)
-                    .run(from: from, to: to))
+                    .run(days: changed))
             }
             print("sales reports: \(summary.new.count) new, \(summary.restated.count) restated, \(summary.unchanged.count) unchanged, \(summary.noSales.count) without sales, \(summary.notYetPublished.count) not published yet (asked again next run), \(summary.failed.count) failed")
             for day in summary.restated { print("  \(day): restated by Apple, stored as a new revision") }

@@ -292,6 +292,10 @@ struct AppleSalesReportTests {
             let sweep = configuration.salesShortfallSweep(
                 secondServer(db), api: LazyAppStoreServerAPI(settings: standIn.settings(baseURL: base, timeout: .seconds(60)), logger: TestServer.logger),
                 verifier: try configuration.apple.verifier(logger: TestServer.logger), logger: TestServer.logger)
+            // A fetch that stored the days either side of it (the day itself stored before) sweeps neither it nor them.
+            let around = [pacificDay(bought.addingTimeInterval(-86_400)), pacificDay(bought.addingTimeInterval(86_400))]
+            #expect(try await sweep.run(days: around).isEmpty, "only the days a fetch stored are swept")
+            #expect(await standIn.historyQueries.isEmpty)
             let swept = try await sweep.run(from: day, to: day)
             var notSwept = SalesShortfallSweep.Swept(day: day, bundleId: "com.example.nokey", productId: "gems.100", missing: 1, users: 0, accounts: 0, found: 0, failed: 0)
             notSwept.noKey = true

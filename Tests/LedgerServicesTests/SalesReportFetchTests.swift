@@ -46,8 +46,8 @@ struct SalesReportFetchTests {
                 await standIn.setReport(d4, tsv: AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 1, "US")], day: d4))
                 let asked = await standIn.asked.count
                 let second = try await fetch.run(from: d1, to: d4)
-                #expect(second.new == [d4] && second.unchanged.isEmpty, "\(second)")
-                #expect(await standIn.asked.count == asked + 1)
+                #expect(second.new == [d4] && second.unchanged == [d2], "the day without sales of this week asked again: \(second)")
+                #expect(await standIn.asked.count == asked + 2)
 
                 // Fetched again: the same files change nothing; a restated day is a new revision.
                 await standIn.setReport(d1, tsv: AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 4, "US")], day: d1))
@@ -56,6 +56,51 @@ struct SalesReportFetchTests {
                 let revision = try await store.latest(vendor: standIn.vendorNumber, day: d1, version: "1_0")
                 #expect(revision?.revision == 2 && revision?.rows == 1, "\(String(describing: revision))")
             }
+        }
+    }
+
+    @Test("a day Apple answered without sales is asked again for a week: its report when it comes is the day's next revision; older days are not asked again")
+    func noSalesAskedAgain() async throws {
+        let standIn = AppStoreConnectStandIn()
+        let (old, recent) = (Self.day(-10), Self.day(-3))
+        try await withTestDatabase { db in
+            try await standIn.run { baseURL in
+                let api = try await AppStoreConnectAPI(settings: standIn.settings(baseURL: baseURL), logger: Self.logger)
+                let store = AppleSalesStore(database: db.database)
+                let fetch = SalesReportFetch(api: api, store: store, logger: Self.logger)
+                let first = try await fetch.run(from: old, to: recent)
+                #expect(first.noSales.count == 8 && first.noSales.first == old && first.noSales.last == recent, "\(first)")
+                // Apple publishes both days' reports after all.
+                for day in [old, recent] {
+                    await standIn.setReport(day, tsv: AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 2, "US")], day: day))
+                }
+                let before = await standIn.asked.count
+                let second = try await fetch.run(from: old, to: recent)
+                #expect(second.restated == [recent] && second.new.isEmpty && second.noSales.isEmpty, "\(second)")
+                let asked = await standIn.asked.dropFirst(before)
+                #expect(asked.contains(recent) && !asked.contains(old) && asked.count < 8, "the days of the past week only: \(asked)")
+                let latest = try await store.latest(vendor: standIn.vendorNumber, day: recent, version: "1_0")
+                #expect(latest?.revision == 2 && latest?.outcome == "report" && latest?.rows == 1, "\(String(describing: latest))")
+                let kept = try await store.latest(vendor: standIn.vendorNumber, day: old, version: "1_0")
+                #expect(kept?.revision == 1 && kept?.outcome == "no-sales", "\(String(describing: kept))")
+                // A day with a report is not asked again by itself; taken back to no sales (fetched again), a restatement.
+                let third = try await fetch.run(from: recent, to: recent)
+                #expect(third == SalesReportFetch.Summary(), "\(third)")
+                await standIn.removeReport(recent)
+                let again = try await fetch.run(from: recent, to: recent, again: true)
+                #expect(again.restated == [recent] && again.noSales.isEmpty, "\(again)")
+                #expect(try await store.latest(vendor: standIn.vendorNumber, day: recent, version: "1_0")?.revision == 3)
+            }
+        }
+    }
+
+    @Test("a server whose clock is a little ahead of Apple's: its token still expires within Apple's 20 minutes, and is taken")
+    func tokenWithClockAhead() async throws {
+        let standIn = AppStoreConnectStandIn(clockBehind: 100)
+        await standIn.setReport(Self.day(-2), tsv: AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 1, "US")], day: Self.day(-2)))
+        try await standIn.run { baseURL in
+            let answer = try await AppStoreConnectAPI(settings: standIn.settings(baseURL: baseURL), logger: Self.logger).dailySalesReport(Self.day(-2))
+            guard case .report = answer else { Issue.record("\(answer)"); return }
         }
     }
 
