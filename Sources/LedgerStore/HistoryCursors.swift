@@ -27,8 +27,11 @@ public struct HistoryCursors: Sendable {
     }
 
     /// The accounts of users with an open order older than `openFor` seconds (of `user` alone,
-    /// when given; of the apps `apps` alone, any case, when given, as user ids are per app): those they linked, those named by their transactions, and for a user with
-    /// neither but with transactions of an unknown account, the earliest one's id in each environment.
+    /// when given; of the apps `apps` alone, any case, when given, as user ids are per app):
+    /// those they linked, those named by their transactions, and for a user with neither (an
+    /// account named only by a backend's unverified claim does not count) but with transactions
+    /// of an unknown account, held by orders or pooled, the earliest one's id in each
+    /// environment, one Apple signed before a claim.
     public func dueAccounts(user: UserID?, apps: [BundleID]? = nil, openFor: TimeInterval) async throws -> [DueAccount] {
         let apps = apps?.map { $0.rawValue.lowercased() }
         let rows = try await database.query(
@@ -41,31 +44,43 @@ public struct HistoryCursors: Sendable {
                  GROUP BY bundle_id, user_id),
             accounts AS (
                 SELECT substr(e.stream_id, length('apple-account-') + 1) AS account_id, d.user_id, d.oldest, 0 AS strength,
-                       d.bundle_id, e.data->>'environment' AS environment
+                       d.bundle_id, e.data->>'environment' AS environment, false AS claimed
                   FROM due d JOIN events e ON e.type = 'account-linked' AND e.data->>'userId' = d.user_id
                  -- A link made before links named their app is the ledger's first app's.
                  WHERE d.bundle_id IS NULL
                     OR lower(coalesce(e.data->>'bundleId', (SELECT f.bundle_id FROM ledger_first_app f))) = lower(d.bundle_id)
                 UNION ALL
-                SELECT t.app_transaction_id, d.user_id, d.oldest, 1, d.bundle_id, t.environment
-                  FROM due d JOIN orders o ON o.user_id = d.user_id AND o.bundle_id IS NOT DISTINCT FROM d.bundle_id
-                  JOIN apple_transactions t ON t.order_id = o.order_id
-                 WHERE t.app_transaction_id IS NOT NULL
+                -- A backend's own claim (its order not verified yet) names an account Apple may not know.
+                -- (Each due user's orders by the index on user_id, not a hash of every order: the
+                -- OFFSET keeps the planner from making a join of it.)
+                SELECT t.app_transaction_id, d.user_id, d.oldest, 1, d.bundle_id, t.environment, t.claimed
+                  FROM due d CROSS JOIN LATERAL (
+                       SELECT t.app_transaction_id, t.environment, o.state = 'receipt-received' AS claimed
+                         FROM orders o JOIN apple_transactions t ON t.order_id = o.order_id
+                        WHERE o.user_id = d.user_id AND o.bundle_id IS NOT DISTINCT FROM d.bundle_id AND t.app_transaction_id IS NOT NULL
+                       OFFSET 0) t
                 UNION ALL
-                SELECT t.app_transaction_id, d.user_id, d.oldest, 1, d.bundle_id, t.environment
+                SELECT t.app_transaction_id, d.user_id, d.oldest, 1, d.bundle_id, t.environment, false
                   FROM due d JOIN apple_transactions t ON t.user_id = d.user_id AND t.order_id IS NULL AND t.bundle_id IS NOT DISTINCT FROM d.bundle_id
                  WHERE t.app_transaction_id IS NOT NULL),
-            -- One transaction per environment: each environment keeps its own history (a host each).
+            -- For a user without an account that is not only a claim's: one transaction per
+            -- environment (each keeps its own history, a host each), the user's orders' or pooled,
+            -- one Apple signed before a backend's claim.
             fallback AS (
                 SELECT DISTINCT ON (d.bundle_id, d.user_id, coalesce(t.environment, 'Production'))
-                       t.transaction_id AS account_id, d.user_id, d.oldest, 2 AS strength, d.bundle_id, t.environment
-                  FROM due d JOIN orders o ON o.user_id = d.user_id AND o.bundle_id IS NOT DISTINCT FROM d.bundle_id
-                  JOIN apple_transactions t ON t.order_id = o.order_id
-                 WHERE NOT EXISTS (SELECT FROM accounts a WHERE a.user_id = d.user_id AND a.bundle_id IS NOT DISTINCT FROM d.bundle_id)
-                 ORDER BY d.bundle_id, d.user_id, coalesce(t.environment, 'Production'), t.purchase_date)
+                       t.transaction_id AS account_id, d.user_id, d.oldest, 2 AS strength, d.bundle_id, t.environment, t.claimed
+                  FROM due d CROSS JOIN LATERAL (
+                       SELECT t.transaction_id, t.environment, t.purchase_date, o.state = 'receipt-received' AS claimed
+                         FROM orders o JOIN apple_transactions t ON t.order_id = o.order_id
+                        WHERE o.user_id = d.user_id AND o.bundle_id IS NOT DISTINCT FROM d.bundle_id
+                       UNION ALL
+                       SELECT t.transaction_id, t.environment, t.purchase_date, false
+                         FROM apple_transactions t WHERE t.order_id IS NULL AND t.user_id = d.user_id AND t.bundle_id IS NOT DISTINCT FROM d.bundle_id) t
+                 WHERE NOT EXISTS (SELECT FROM accounts a WHERE a.user_id = d.user_id AND a.bundle_id IS NOT DISTINCT FROM d.bundle_id AND NOT a.claimed)
+                 ORDER BY d.bundle_id, d.user_id, coalesce(t.environment, 'Production'), t.claimed, t.purchase_date)
             SELECT DISTINCT ON (account_id) account_id, user_id, oldest, bundle_id, environment
               FROM (SELECT * FROM accounts UNION ALL SELECT * FROM fallback) a
-             ORDER BY account_id, strength, oldest
+             ORDER BY account_id, strength, claimed, oldest
             """)
         var accounts: [DueAccount] = []
         for try await (id, user, oldest, bundle, environment) in rows.decode((String, String, Date, String?, String?).self) {

@@ -378,6 +378,38 @@ struct AppleAccountRoutesTests {
         }
     }
 
+    @Test("a backend's claim naming an Apple account keeps no verified transaction of the user from being swept; what Apple signed is asked before a claim; a pooled one counts")
+    func claimedAccountLeavesTheFallback() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            // A claim naming an Apple account Apple may not know (a mistyped id), and an earlier one naming none.
+            for (order, id, account, bought) in [("o-fc-1", "9310001", "acct-typo", -600.0), ("o-fc-3", "9310003", nil, -3_600)] {
+                try await http.send(.post, "/v1/orders", json: newOrder(order, user: "u-fc"))
+                var claim = receipt(id).merging(["environment": "Sandbox", "purchaseDate": ISO8601DateFormatter().string(from: Date(timeIntervalSinceNow: bought))]) { $1 }
+                claim["appTransactionId"] = account
+                let (status, answer) = try await http.send(.post, "/v1/orders/\(order)/events", json: ["type": "receipt-received", "data": claim])
+                #expect(status == .created, "\(answer)")
+            }
+            // A purchase Apple signed, of an older StoreKit (no appTransactionId).
+            try await http.send(.post, "/v1/orders", json: newOrder("o-fc-2", user: "u-fc"))
+            var signed = TestApple.transaction("9310002")
+            signed.appTransactionId = nil
+            let (_, verified) = try await http.send(.post, "/v1/receipts", json: ["orderId": "o-fc-2", "signedTransaction": try await apple.sign(signed)])
+            #expect(verified["outcome"] as? String == "matched", "\(verified)")
+            try await http.send(.post, "/v1/orders", json: newOrder("o-fc-open", user: "u-fc"))
+            let due = try await HistoryCursors(database: db.database).dueAccounts(user: UserID("u-fc"), openFor: 0)
+            #expect(due.map(\.id).sorted() == ["9310002", "acct-typo"], "the claim's account, and the user's own by what Apple signed: \(due)")
+
+            // A user whose only transaction waits in the pool (no appTransactionId) is swept by it.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-fp-open", user: "u-fpool", product: "gems.500"))
+            var pooled = TestApple.transaction("9310004")
+            pooled.appTransactionId = nil
+            let (_, unmatched) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-fpool", "signedTransaction": try await apple.sign(pooled)])
+            #expect(unmatched["outcome"] as? String == "unmatched", "\(unmatched)")
+            let poolDue = try await HistoryCursors(database: db.database).dueAccounts(user: UserID("u-fpool"), openFor: 0)
+            #expect(poolDue.map(\.id) == ["9310004"], "\(poolDue)")
+        }
+    }
+
     @Test("ledger serve sweeps on its own every LEDGER_RECOVERY_INTERVAL seconds")
     func sweepsInTheBackground() async throws {
         try await withSweepApplication(interval: 1) { http, _, _ in
