@@ -17,6 +17,19 @@ struct SalesReportFetchTests {
         String(Date(timeIntervalSinceNow: Double(offset) * 86_400).formatted(Date.ISO8601FormatStyle()).prefix(10))
     }
 
+    /// A fetch from `standIn` into a fresh test database, and its store.
+    static func withFetch(
+        _ standIn: AppStoreConnectStandIn, _ body: @Sendable @escaping (SalesReportFetch, AppleSalesStore, TestDatabase) async throws -> Void
+    ) async throws {
+        try await withTestDatabase { db in
+            try await standIn.run { baseURL in
+                let api = try await AppStoreConnectAPI(settings: standIn.settings(baseURL: baseURL), logger: Self.logger)
+                let store = AppleSalesStore(database: db.database)
+                try await body(SalesReportFetch(api: api, store: store, logger: Self.logger), store, db)
+            }
+        }
+    }
+
     @Test("faults Apple plays: 429 with Retry-After and 500 retried, no sales an empty day, a day not published asked again, a restated day a new revision")
     func fetchesThroughFaults() async throws {
         let standIn = AppStoreConnectStandIn()
@@ -26,36 +39,31 @@ struct SalesReportFetchTests {
         await standIn.setUnpublished(d4)
         // d2: no sales.
         await standIn.queue([.tooManyRequests(retryAfterSeconds: 0), .serverError])
-        try await withTestDatabase { db in
-            try await standIn.run { baseURL in
-                let api = try await AppStoreConnectAPI(settings: standIn.settings(baseURL: baseURL), logger: Self.logger)
-                let store = AppleSalesStore(database: db.database)
-                let fetch = SalesReportFetch(api: api, store: store, logger: Self.logger)
-                let first = try await fetch.run(from: d1, to: d4)
-                #expect(first.new == [d1, d3] && first.noSales == [d2] && first.notYetPublished == [d4] && first.failed.isEmpty, "\(first)")
-                #expect(await standIn.requests == 6, "two faults retried, four days")
-                let rows = try await db.client.query(
-                    "SELECT r.sku || ' ' || r.country_code || ' ' || r.units::text || ' ' || (f.fields->>'Order Type' IS NOT NULL)::text FROM apple_sales_rows r JOIN apple_sales_fields f USING (vendor_number, report_date, version, revision, line) ORDER BY r.report_date, r.line",
-                    logger: TestServer.logger)
-                var lines: [String] = []
-                for try await line in rows.decode(String.self) { lines.append(line) }
-                #expect(lines == ["gems.100 US 3 true", "gems.100 DE -1 true", "gems.500 FR 2 true"], "every column kept, new ones too")
+        try await Self.withFetch(standIn) { fetch, store, db in
+            let first = try await fetch.run(from: d1, to: d4)
+            #expect(first.new == [d1, d3] && first.noSales == [d2] && first.notYetPublished == [d4] && first.failed.isEmpty, "\(first)")
+            #expect(await standIn.requests == 6, "two faults retried, four days")
+            let rows = try await db.client.query(
+                "SELECT r.sku || ' ' || r.country_code || ' ' || r.units::text || ' ' || (f.fields->>'Order Type' IS NOT NULL)::text FROM apple_sales_rows r JOIN apple_sales_fields f USING (vendor_number, report_date, version, revision, line) ORDER BY r.report_date, r.line",
+                logger: TestServer.logger)
+            var lines: [String] = []
+            for try await line in rows.decode(String.self) { lines.append(line) }
+            #expect(lines == ["gems.100 US 3 true", "gems.100 DE -1 true", "gems.500 FR 2 true"], "every column kept, new ones too")
 
-                // The next run asks only for the day not published then; it is now.
-                await standIn.publish(d4)
-                await standIn.setReport(d4, tsv: AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 1, "US")], day: d4))
-                let asked = await standIn.asked.count
-                let second = try await fetch.run(from: d1, to: d4)
-                #expect(second.new == [d4] && second.unchanged == [d2], "the day without sales of this week asked again: \(second)")
-                #expect(await standIn.asked.count == asked + 2)
+            // The next run asks for the day not published then (it is now) and the day of this week without sales.
+            await standIn.publish(d4)
+            await standIn.setReport(d4, tsv: AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 1, "US")], day: d4))
+            let asked = await standIn.asked.count
+            let second = try await fetch.run(from: d1, to: d4)
+            #expect(second.new == [d4] && second.unchanged == [d2], "the day without sales of this week asked again: \(second)")
+            #expect(await standIn.asked.count == asked + 2)
 
-                // Fetched again: the same files change nothing; a restated day is a new revision.
-                await standIn.setReport(d1, tsv: AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 4, "US")], day: d1))
-                let again = try await fetch.run(from: d1, to: d4, again: true)
-                #expect(again.restated == [d1] && again.unchanged == [d2, d3, d4], "\(again)")
-                let revision = try await store.latest(vendor: standIn.vendorNumber, day: d1, version: "1_0")
-                #expect(revision?.revision == 2 && revision?.rows == 1, "\(String(describing: revision))")
-            }
+            // Fetched again: the same files change nothing; a restated day is a new revision.
+            await standIn.setReport(d1, tsv: AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 4, "US")], day: d1))
+            let again = try await fetch.run(from: d1, to: d4, again: true)
+            #expect(again.restated == [d1] && again.unchanged == [d2, d3, d4], "\(again)")
+            let revision = try await store.latest(vendor: standIn.vendorNumber, day: d1, version: "1_0")
+            #expect(revision?.revision == 2 && revision?.rows == 1, "\(String(describing: revision))")
         }
     }
 
@@ -63,34 +71,29 @@ struct SalesReportFetchTests {
     func noSalesAskedAgain() async throws {
         let standIn = AppStoreConnectStandIn()
         let (old, recent) = (Self.day(-10), Self.day(-3))
-        try await withTestDatabase { db in
-            try await standIn.run { baseURL in
-                let api = try await AppStoreConnectAPI(settings: standIn.settings(baseURL: baseURL), logger: Self.logger)
-                let store = AppleSalesStore(database: db.database)
-                let fetch = SalesReportFetch(api: api, store: store, logger: Self.logger)
-                let first = try await fetch.run(from: old, to: recent)
-                #expect(first.noSales.count == 8 && first.noSales.first == old && first.noSales.last == recent, "\(first)")
-                // Apple publishes both days' reports after all.
-                for day in [old, recent] {
-                    await standIn.setReport(day, tsv: AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 2, "US")], day: day))
-                }
-                let before = await standIn.asked.count
-                let second = try await fetch.run(from: old, to: recent)
-                #expect(second.restated == [recent] && second.new.isEmpty && second.noSales.isEmpty, "\(second)")
-                let asked = await standIn.asked.dropFirst(before)
-                #expect(asked.contains(recent) && !asked.contains(old) && asked.count < 8, "the days of the past week only: \(asked)")
-                let latest = try await store.latest(vendor: standIn.vendorNumber, day: recent, version: "1_0")
-                #expect(latest?.revision == 2 && latest?.outcome == "report" && latest?.rows == 1, "\(String(describing: latest))")
-                let kept = try await store.latest(vendor: standIn.vendorNumber, day: old, version: "1_0")
-                #expect(kept?.revision == 1 && kept?.outcome == "no-sales", "\(String(describing: kept))")
-                // A day with a report is not asked again by itself; taken back to no sales (fetched again), a restatement.
-                let third = try await fetch.run(from: recent, to: recent)
-                #expect(third == SalesReportFetch.Summary(), "\(third)")
-                await standIn.removeReport(recent)
-                let again = try await fetch.run(from: recent, to: recent, again: true)
-                #expect(again.restated == [recent] && again.noSales.isEmpty, "\(again)")
-                #expect(try await store.latest(vendor: standIn.vendorNumber, day: recent, version: "1_0")?.revision == 3)
+        try await Self.withFetch(standIn) { fetch, store, _ in
+            let first = try await fetch.run(from: old, to: recent)
+            #expect(first.noSales.count == 8 && first.noSales.first == old && first.noSales.last == recent, "\(first)")
+            // Apple publishes both days' reports after all.
+            for day in [old, recent] {
+                await standIn.setReport(day, tsv: AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 2, "US")], day: day))
             }
+            let before = await standIn.asked.count
+            let second = try await fetch.run(from: old, to: recent)
+            #expect(second.restated == [recent] && second.new.isEmpty && second.noSales.isEmpty, "\(second)")
+            let asked = await standIn.asked.dropFirst(before)
+            #expect(asked.contains(recent) && !asked.contains(old) && asked.count < 8, "the days of the past week only: \(asked)")
+            let latest = try await store.latest(vendor: standIn.vendorNumber, day: recent, version: "1_0")
+            #expect(latest?.revision == 2 && latest?.outcome == "report" && latest?.rows == 1, "\(String(describing: latest))")
+            let kept = try await store.latest(vendor: standIn.vendorNumber, day: old, version: "1_0")
+            #expect(kept?.revision == 1 && kept?.outcome == "no-sales", "\(String(describing: kept))")
+            // A day with a report is not asked again by itself; taken back to no sales (fetched again), a restatement.
+            let third = try await fetch.run(from: recent, to: recent)
+            #expect(third == SalesReportFetch.Summary(), "\(third)")
+            await standIn.removeReport(recent)
+            let again = try await fetch.run(from: recent, to: recent, again: true)
+            #expect(again.restated == [recent] && again.noSales.isEmpty, "\(again)")
+            #expect(try await store.latest(vendor: standIn.vendorNumber, day: recent, version: "1_0")?.revision == 3)
         }
     }
 
