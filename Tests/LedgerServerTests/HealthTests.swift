@@ -197,7 +197,8 @@ struct IdleConnectionTests {
         while true {
             let count = recv(descriptor, &buffer, buffer.count, 0)
             if count == 0 { return (true, String(decoding: received, as: UTF8.self)) }
-            if count < 0 { return (false, String(decoding: received, as: UTF8.self)) }  // the 30 s passed
+            // The 30 s passed (EAGAIN), or the connection was reset: said, for a failure's message.
+            if count < 0 { return (false, String(decoding: received, as: UTF8.self) + "[recv: \(String(cString: strerror(errno)))]") }
             received += buffer[0..<count]
         }
     }
