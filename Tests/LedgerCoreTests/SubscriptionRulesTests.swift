@@ -77,6 +77,20 @@ struct SubscriptionRulesTests {
         #expect(ended.status(at: now) == .expired)
     }
 
+    @Test("a family member's share revoked, then a period bought before that told late: still revoked; a refund's revocation ends with a later period")
+    func latePeriodAfterRevocation() throws {
+        let revoked = SubscriptionEvent.familyShareRevoked(SubscriptionFamilyShareRevoked(
+            transactionId: transaction(0).transactionId, revocationDate: start.addingTimeInterval(1.5 * month), notificationUUID: UUID()))
+        let late = try #require(fold(started + [revoked, renewal(1)]))
+        #expect(late.periods.count == 2 && late.status(at: start.addingTimeInterval(1.6 * month)) == .revoked, "\(late)")
+        // Shared again later: a period bought after the revocation lifts it.
+        let again = try #require(fold(started + [revoked, renewal(1), renewal(2)]))
+        #expect(again.status(at: start.addingTimeInterval(2.1 * month)) == .active)
+        // The latest period known refunded (at two months), then the next one, bought before that refund, arrives: active.
+        let refundedThenLater = try #require(fold(started + [refund(0), renewal(1)]))
+        #expect(refundedThenLater.status(at: start.addingTimeInterval(1.6 * month)) == .active, "\(refundedThenLater)")
+    }
+
     @Test("a billing retry whose EXPIRED never arrives ends 60 days after the period's end")
     func billingRetryEnds() throws {
         let failed = try #require(fold(started + [notified("DID_FAIL_TO_RENEW", period: 0, info: RenewalInfo(autoRenew: true, isInBillingRetryPeriod: true))]))

@@ -152,7 +152,14 @@ public struct Subscription: Sendable, Equatable {
                 next.inBillingRetry = false
                 next.gracePeriodExpiresAt = nil
                 next.expired = false
-                next.revokedAt = nil
+                // A revocation that was no period's refund (a family member's share revoked,
+                // Apple's status 5) stands against a period bought before it that arrived late;
+                // a refund's revocation ends with the later period that replaces the refunded one.
+                if let revoked = next.revokedAt, Self.ms(t.purchaseDate) < Self.ms(revoked),
+                   !next.periods.contains(where: { $0.refundedAt.map { Self.ms($0) == Self.ms(revoked) } ?? false }) {
+                } else {
+                    next.revokedAt = nil
+                }
                 // Apple's reason for an expiry: none while a paid period runs.
                 next.expirationIntent = nil
             }
