@@ -47,6 +47,24 @@ public struct SubscriptionLedger: Sendable {
         EventID.named("subscription-user", id)
     }
 
+    /// The id of a `subscription-user-recorded` that moves subscription `id`, at stream version
+    /// `version`, to `user` (support paired its start with another user's order, or undid that).
+    public static func userChangeEventID(_ id: String, to user: UserID, at version: Int64) -> EventID {
+        EventID.named("subscription-user-changed", id, user.rawValue, "\(version)")
+    }
+
+    /// Moves subscription `id` to `user` when it has another: the start's pairing with an order
+    /// of `user`, by support, or its undo. Nothing when it is not started or is `user`'s already.
+    func moveUser(
+        to user: UserID, from transaction: TransactionID, order: OrderID?, on id: String, metadata: Data, in tx: DatabaseTransaction
+    ) async throws {
+        try await writer.lock([StreamID.subscription(id)], in: tx)
+        guard let held = try await store.subscription(id, in: tx), held.userId != user else { return }
+        let event = SubscriptionEvent.userRecorded(SubscriptionUserRecorded(userId: user, transactionId: transaction, orderId: order))
+        let eventID = held.userId == nil ? Self.userEventID(id) : Self.userChangeEventID(id, to: user, at: held.version)
+        _ = try await record([(event, eventID)], on: id, metadata: metadata, in: tx)
+    }
+
     /// Records `user` as subscription `id`'s when it has none (it started before anyone claimed
     /// it): `subscription-user-recorded`, in the caller's transaction, under the stream's lock.
     /// Nothing when the subscription is not started, already has a user, or `user` is nil.

@@ -81,6 +81,9 @@ public struct SupportDesk: Sendable {
             let typing = try await receipts.catalog.typing(of: transaction.productId, bundleId: transaction.bundleId, in: tx)
             if case .subscriptionStart(let subscription)? = try? TransactionRole.of(transaction, catalogType: typing?.type) {
                 try await receipts.recordStart(transaction, of: subscription, typing: typing, metadata: metadata, in: tx)
+                // Started before for the user it was pooled for: the order's user paid for it.
+                try await receipts.subscriptions.moveUser(
+                    to: order.userId, from: transactionId, order: orderId, on: subscription, metadata: metadata, in: tx)
             }
             return matched
         }
@@ -129,8 +132,10 @@ extension SupportDesk {
             // dashboard at once. Support's reason is the `pairing-undone`'s.
             let held = pooled.reason == AppleTransactionRecord.accountConflictReason
             let back = TransactionUnmatched(
-                transaction: pooled.transaction, userId: pooled.userId ?? order.userId, claimedOrderId: orderId,
-                reason: held ? pooled.reason : "undone: \(reason)", undoneOrderIds: (pooled.undoneOrderIds ?? []) + [orderId],
+                // Pooled for no one, it waits for no one again: support's pairing named the user.
+                transaction: pooled.transaction, userId: pooled.userId, claimedOrderId: orderId,
+                reason: held ? pooled.reason : "undone: \(reason)",
+                undoneOrderIds: (pooled.undoneOrderIds ?? []).filter { $0 != orderId } + [orderId],
                 knownUserId: held ? pooled.knownUserId : nil)
             let version = "\(order.version + 1)"
             let undone = try EventCoding.newEvent(
@@ -144,6 +149,11 @@ extension SupportDesk {
             ])
             let written = try await writer.append(write, in: tx, knowing: snapshot)
             guard let left = written.appends[0].order else { throw SupportUnmatchError.notPaired(transactionId, status: known.status.rawValue) }
+            // A subscription's start support had moved to the order's user is the pooled user's again.
+            if let user = pooled.userId, user != order.userId, pooled.transaction.transactionId.rawValue == pooled.transaction.originalTransactionId {
+                try await receipts.subscriptions.moveUser(
+                    to: user, from: transactionId, order: nil, on: pooled.transaction.originalTransactionId ?? "", metadata: metadata, in: tx)
+            }
             return left
         }
     }

@@ -111,6 +111,42 @@ struct SupportRoutesTests {
         }
     }
 
+    @Test("a subscription's start support pairs with another user's order is that user's, and the undo gives it back; a purchase pooled for no one goes back to no one")
+    func supportMovesWhatItPairs() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            func subscriptions(_ user: String) async throws -> [String] {
+                let (_, answer) = try await http.send(.get, "/v1/users/\(user)/subscriptions")
+                return (answer["subscriptions"] as? [[String: Any]] ?? []).map { "\($0["originalTransactionId"] ?? "") \($0["orderId"] ?? "-")" }
+            }
+            // Its client named ss-1: started, and ss-1's.
+            try await pool(http, "7100001", user: "ss-1", signed: try await apple.sign(SubscriptionIntakeTests.subscription("7100001")))
+            #expect(try await subscriptions("ss-1").count == 1)
+            try await http.send(.post, "/v1/orders", json: newOrder("ss-o2", user: "ss-2", product: "monthly"))
+            let (forced, paired) = try await http.send(
+                .post, "/v1/transactions/7100001/match", json: ["orderId": "ss-o2", "force": true, "reason": "ticket 7: ss-2 is the customer's account"])
+            #expect(forced == .ok && paired["state"] as? String == "verified", "\(paired)")
+            let (toOrder, fromPool) = (try await subscriptions("ss-2"), try await subscriptions("ss-1"))
+            #expect(toOrder == ["7100001 ss-o2"] && fromPool.isEmpty, "the order's user paid for it: \(toOrder), \(fromPool)")
+            let (undone, _) = try await http.send(.post, "/v1/transactions/7100001/unmatch", json: ["reason": "wrong account after all"])
+            #expect(undone == .ok)
+            let (pooledAgain, orderUser) = (try await subscriptions("ss-1"), try await subscriptions("ss-2"))
+            #expect(pooledAgain.count == 1 && orderUser.isEmpty, "back with the user it was pooled for: \(pooledAgain), \(orderUser)")
+
+            // Pooled for no one, paired by support with ss-3's order twice and undone twice: no one's again, the order avoided once.
+            try await pool(http, "7100002", user: nil)
+            try await http.send(.post, "/v1/orders", json: newOrder("ss-o3", user: "ss-3"))
+            for _ in 0..<2 {
+                #expect(try await http.send(.post, "/v1/transactions/7100002/match", json: ["orderId": "ss-o3"]).0 == .ok)
+                #expect(try await http.send(.post, "/v1/transactions/7100002/unmatch", json: ["reason": "not ss-3's"]).0 == .ok)
+            }
+            #expect(try await scalar(db, "SELECT user_id FROM apple_transactions WHERE transaction_id = '7100002'", as: String?.self) == .some(nil))
+            let undoneIds = try await scalar(
+                db, "SELECT data->'undoneOrderIds' #>> '{}' FROM events WHERE stream_id = 'transaction-7100002' ORDER BY stream_version DESC LIMIT 1", as: String.self)
+            #expect(undoneIds == #"["ss-o3"]"#, "\(String(describing: undoneIds))")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
     @Test("support pairs by hand; another user's or product's order needs force and a reason; who did it is recorded")
     func matchByHand() async throws {
         try await withReceiptsApplication(apple) { http, db in
