@@ -73,7 +73,7 @@ public final class AppStoreConnectAPI: Sendable {
     private let token: AppleAPIToken
 
     /// Fails when the key is not a P-256 private key in PEM.
-    public init(settings: Settings, httpClient: HTTPClient = .shared, logger: Logger) async throws(AppStoreConnectError) {
+    public init(settings: Settings, httpClient: HTTPClient = .apple, logger: Logger) async throws(AppStoreConnectError) {
         self.settings = settings
         self.httpClient = httpClient
         self.logger = logger

@@ -101,7 +101,7 @@ public final class AppStoreServerAPI: Sendable {
     private let pace: RequestPace
 
     /// Fails when the key is not a P-256 private key in PEM.
-    public init(settings: Settings, httpClient: HTTPClient = .shared, logger: Logger) async throws(AppStoreServerAPIError) {
+    public init(settings: Settings, httpClient: HTTPClient = .apple, logger: Logger) async throws(AppStoreServerAPIError) {
         self.settings = settings
         self.httpClient = httpClient
         self.logger = logger

@@ -31,7 +31,7 @@ public struct VerifyReceiptClient: Sendable {
     let httpClient: HTTPClient
     let logger: Logger
 
-    public init(settings: Settings, httpClient: HTTPClient = .shared, logger: Logger) {
+    public init(settings: Settings, httpClient: HTTPClient = .apple, logger: Logger) {
         self.settings = settings
         self.httpClient = httpClient
         self.logger = logger
