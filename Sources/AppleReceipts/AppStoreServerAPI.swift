@@ -290,7 +290,7 @@ public final class AppStoreServerAPI: Sendable {
                 return body
             case .unauthorized:
                 await token.clear()
-                throw AppStoreServerAPIError(code: "apple-api-unauthorized", message: "the App Store Server API refused the token (check LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID, the key and the bundle id)", status: 401)
+                throw AppStoreServerAPIError(code: "apple-api-unauthorized", message: "the App Store Server API refused the token of app \(settings.bundleID) (check its key id, issuer id and key: `ledger apps set`, or LEDGER_APPLE_API_KEY_ID, LEDGER_APPLE_API_ISSUER_ID and LEDGER_APPLE_API_PRIVATE_KEY for the configured app)", status: 401)
             case .rateLimited:
                 failures += 1
                 // Without a usable Retry-After, the client's own backoff, which grows to its cap.

@@ -216,7 +216,7 @@ public struct LedgerConfiguration: Sendable {
             switch text.lowercased() {
             case "true", "1", "yes", "on": apply(&configuration, true)
             case "false", "0", "no", "off": apply(&configuration, false)
-            default: problems.append(.init(key, "is \(text); use true or false"))
+            default: problems.append(.init(key, "is \(text); use true or false (1 or 0, yes or no, on or off)"))
             }
         }
         guard problems.isEmpty else { throw LedgerConfigurationError(problems: problems) }

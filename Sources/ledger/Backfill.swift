@@ -52,7 +52,9 @@ struct Backfill: AsyncParsableCommand {
                     continue
                 }
                 let dates = [summary.startDate, summary.endDate].map { $0.map { ISO8601DateFormatter().string(from: $0) } ?? "-" }
-                print("\(name): \(summary.resumed ? "resumed" : "read") Apple's notification history from \(dates[0]) to \(dates[1]): \(summary.pages) pages, \(summary.notifications) notifications")
+                // Stopped by Apple's refusal: what it read before, not a history read.
+                let read = summary.refusal == nil ? (summary.resumed ? "resumed" : "read") : "stopped by Apple's refusal, having read"
+                print("\(name): \(read) Apple's notification history from \(dates[0]) to \(dates[1]): \(summary.pages) pages, \(summary.notifications) notifications")
                 print("applied \(summary.applied) new to the ledger; \(summary.repeated) applied before; \(summary.refused) refused by verification")
                 if let reason = summary.restarted {
                     print("Apple refused the stored position (\(reason)): started again from \(dates[0])")
@@ -63,7 +65,9 @@ struct Backfill: AsyncParsableCommand {
                 throw CommandFailure("another server is running the notification backfill, or a run stopped part way still holds it (at most 10 minutes); try again later")
             }
             if !refusals.isEmpty {
-                throw CommandFailure("stopped: \(refusals.joined(separator: "; ")); the next run asks afresh instead of repeating it")
+                // The others that failed, named too: the one line says every backfill that did not end.
+                let failed = failures.isEmpty ? "" : "; \(failures.count) more failed (\(failures.joined(separator: ", "))) and resume where they stopped"
+                throw CommandFailure("stopped: \(refusals.joined(separator: "; ")); the next run asks afresh instead of repeating it\(failed)")
             }
             if !failures.isEmpty {
                 throw CommandFailure("\(failures.count) of \(failures.count + summaries.count) backfills failed (\(failures.joined(separator: ", "))); the others ran")

@@ -31,7 +31,7 @@ struct Import: AsyncParsableCommand {
                 inputs.append((path, file, data.reduce(0) { $1 == UInt8(ascii: "\n") ? $0 + 1 : $0 } + (data.last == UInt8(ascii: "\n") ? 0 : 1)))
             } catch {
                 // The file as a whole (its CSV header): nothing of any file is imported.
-                FileHandle.standardError.write(Data("ledger import: \(path): \(error); nothing was imported\n".utf8))
+                FileHandle.standardError.write(Data("Error: \(path): \(error); nothing was imported\n".utf8))
                 throw ExitCode(Self.fileRefused)
             }
         }
