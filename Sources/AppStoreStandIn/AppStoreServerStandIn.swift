@@ -192,6 +192,10 @@ public final class AppStoreServerStandIn: Sendable {
         func knows(_ id: String) -> Bool { transactions?.contains(id) ?? true }
         func wrote(_ write: Write) { writes.append(write) }
         func refund(_ id: String, revision: String?) -> Page? { Self.page(refunds[id], after: revision) }
+        /// Whether the id has a history (or refund history) set: a revision it does not hold is
+        /// then Apple's InvalidRequestRevisionError, not an unknown transaction.
+        func knowsHistory(_ id: String) -> Bool { histories[id] != nil }
+        func knowsRefunds(_ id: String) -> Bool { refunds[id] != nil }
         func notificationPage(after token: String?) -> Page? {
             // No history set: an empty first page, as Apple answers for a quiet period.
             if token == nil, notifications.isEmpty { return Page(revision: "", hasMore: false, signedTransactions: []) }
@@ -245,6 +249,9 @@ public final class AppStoreServerStandIn: Sendable {
         }
     }
 
+    /// Apple's answer to a `revision` it does not take (InvalidRequestRevisionError).
+    static let invalidRevision = (400, #"{"errorCode": 4000005, "errorMessage": "Invalid request revision."}"#)
+
     /// Runs the stand-in for the duration of `body`, which gets its base URL.
     public func run<T: Sendable>(_ body: @Sendable (_ baseURL: String) async throws -> T) async throws -> T {
         try await Self.run([self], body)
@@ -272,7 +279,8 @@ public final class AppStoreServerStandIn: Sendable {
                     }
                 }
                 guard let page = await standIn.state.history(context.parameters.get("id") ?? "", query: query) else {
-                    return (404, #"{"errorCode": 4040010, "errorMessage": "Transaction id not found."}"#)
+                    return await standIn.state.knowsHistory(context.parameters.get("id") ?? "")
+                        ? Self.invalidRevision : (404, #"{"errorCode": 4040010, "errorMessage": "Transaction id not found."}"#)
                 }
                 let body: [String: Any] = [
                     "revision": page.revision, "hasMore": page.hasMore, "bundleId": standIn.bundleID, "environment": standIn.environment,
@@ -293,7 +301,8 @@ public final class AppStoreServerStandIn: Sendable {
             let standIn = serving(request)
             return try await standIn.answer(request) {
                 guard let page = await standIn.state.refund(context.parameters.get("id") ?? "", revision: request.uri.queryParameters["revision"].map(String.init)) else {
-                    return (404, #"{"errorCode": 4040010, "errorMessage": "Transaction id not found."}"#)
+                    return await standIn.state.knowsRefunds(context.parameters.get("id") ?? "")
+                        ? Self.invalidRevision : (404, #"{"errorCode": 4040010, "errorMessage": "Transaction id not found."}"#)
                 }
                 let body: [String: Any] = ["revision": page.revision, "hasMore": page.hasMore, "signedTransactions": page.signedTransactions]
                 return (200, String(decoding: try JSONSerialization.data(withJSONObject: body), as: UTF8.self))

@@ -391,6 +391,10 @@ public final class AppStoreServerAPI: Sendable {
 
 /// A refusal or failure of the App Store Server API, with a stable code.
 public struct AppStoreServerAPIError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// Apple's InvalidRequestRevisionError (HTTP 400): a history or refund history `revision`
+    /// Apple does not take.
+    public static let invalidRequestRevision = 4000005
+
     public var code: String
     public var message: String
     /// Apple's HTTP status, when it answered.

@@ -170,7 +170,15 @@ public struct HistorySweep: Sendable {
                     account.id, user: account.user, startDate: account.oldestOpenOrder.addingTimeInterval(-clockSkew),
                     bundleId: account.bundleId, environment: account.environment)
                 do {
-                    try await read(account, with: client, from: cursor, under: lease, metadata: metadata, into: &summary)
+                    do {
+                        try await read(account, with: client, from: cursor, under: lease, metadata: metadata, into: &summary)
+                    } catch let error as AppStoreServerAPIError where cursor.revision != nil && error.appleErrorCode == AppStoreServerAPIError.invalidRequestRevision {
+                        // Apple no longer takes the stored revision: the account's history again
+                        // from the cursor's start date (what was taken in before is known).
+                        logger.warning("Apple refused an account's stored history revision; reading it again from its start date", metadata: [
+                            "apple.account": "\(account.id)"])
+                        try await read(account, with: client, from: .init(revision: nil, startDate: cursor.startDate), under: lease, metadata: metadata, into: &summary)
+                    }
                 } catch {
                     summary = failed(account, error, summary)
                 }

@@ -111,7 +111,15 @@ public struct RefundCatchUp: Sendable {
             let read: Void? = try await leases.withLease("refund-catch-up/" + account.key, for: Self.lease) { lease in
                 let start = try await cursors.revision(of: account.key, bundleId: account.bundleId, environment: account.environment)
                 do {
-                    try await self.read(account, with: client, from: start, under: lease, metadata: metadata, into: &summary)
+                    do {
+                        try await self.read(account, with: client, from: start, under: lease, metadata: metadata, into: &summary)
+                    } catch let error as AppStoreServerAPIError where start != nil && error.appleErrorCode == AppStoreServerAPIError.invalidRequestRevision {
+                        // Apple no longer takes the stored revision: the account's history again
+                        // from its start (a refund recorded before is known, and applied once).
+                        logger.warning("Apple refused an account's stored refund-history revision; reading it again from the start", metadata: [
+                            "apple.account": "\(account.key)"])
+                        try await self.read(account, with: client, from: nil, under: lease, metadata: metadata, into: &summary)
+                    }
                 } catch let error as AppStoreServerAPIError where account.claimed && error.appleErrorCode == Self.transactionIdNotFound {
                     // A backend claimed a transaction Apple does not know (a mistyped id, another
                     // environment's, or made up): no refund of it to find. Not a failure of the

@@ -96,6 +96,11 @@ public struct HistoryCursors: Sendable {
     public struct Cursor: Sendable, Equatable {
         public let revision: String?
         public let startDate: Date
+
+        public init(revision: String?, startDate: Date) {
+            self.revision = revision
+            self.startDate = startDate
+        }
     }
 
     /// The account's cursor, made on its first sweep with `startDate` (kept from then on), and

@@ -224,6 +224,27 @@ struct AppleAccountRoutesTests {
         }
     }
 
+    @Test("a stored revision Apple no longer takes (InvalidRequestRevision): the account is read again from its start date, not failed at every sweep")
+    func revisionRefused() async throws {
+        try await withSweepApplication { http, db, _ in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-rv", user: "u-rv"))
+            try await link(http, "u-rv", try await apple.sign(TestApple.appTransaction("acct-rv")))
+            var first = TestApple.transaction("7500101")
+            first.appTransactionId = "acct-rv"
+            await standIn.setHistory("acct-rv", [.init(revision: "rv1", hasMore: false, signedTransactions: [try await apple.sign(first)])])
+            let (_, swept) = try await http.send(.post, "/v1/recover", raw: "")
+            #expect(swept["failed"] as? Int == 0 && swept["transactions"] as? Int == 1, "\(swept)")
+            // Apple's history of the account now has revisions the ledger never saw, and a second purchase.
+            var second = TestApple.transaction("7500102", product: "gems.500")
+            second.appTransactionId = "acct-rv"
+            await standIn.setHistory("acct-rv", [.init(revision: "new-1", hasMore: false, signedTransactions: [try await apple.sign(first), try await apple.sign(second)])])
+            let (_, again) = try await http.send(.post, "/v1/recover", raw: "")
+            #expect(again["failed"] as? Int == 0 && again["transactions"] as? Int == 2 && again["known"] as? Int == 1, "\(again)")
+            #expect(try await scalar(db, "SELECT revision FROM apple_history_cursors WHERE account_id = 'acct-rv'", as: String.self) == "new-1")
+            #expect(try await scalar(db, "SELECT count(*)::int FROM apple_transactions WHERE transaction_id = '7500102'", as: Int.self) == 1)
+        }
+    }
+
     @Test("a sweep whose lease another server took over while Apple answered stops there: it cannot renew it, and moves no cursor")
     func lostLease() async throws {
         try await withSweepApplication { http, db, base in

@@ -289,6 +289,24 @@ struct AppleBackfillTests {
         }
     }
 
+    @Test("a stored refund-history revision Apple no longer takes: the account's refunds are read again from the start, the new one applied")
+    func refundRevisionRefused() async throws {
+        try await withBackfillApplication { http, db, base in
+            let catchUp = try refundCatchUp(base, db)
+            let bought = try await grantedOrder(http, "rv-1", transaction: "8705001", account: "acct-rv")
+            await standIn.setRefunds("8705001", [.init(revision: "rr-1", hasMore: false, signedTransactions: [])])
+            let first = try await catchUp.run(all: true)
+            #expect(first.accounts == 1 && first.failed == 0, "\(first)")
+            // Apple's refund history now has revisions the ledger never saw, and the refund.
+            await standIn.setRefunds("8705001", [.init(revision: "nr-1", hasMore: false, signedTransactions: [try await apple.sign(refunded(bought))])])
+            let second = try await catchUp.run(all: true)
+            #expect(second.failed == 0 && second.applied == 1, "\(second)")
+            let (_, order) = try await http.send(.get, "/v1/orders/rv-1")
+            #expect(order["state"] as? String == "refunded", "\(order)")
+            #expect(try await scalar(db, "SELECT revision FROM apple_refund_cursors WHERE account_id = 'acct-rv'", as: String.self) == "nr-1")
+        }
+    }
+
     @Test("the refund catch-up applies a refund the ledger never heard of, once, counted in the report; Apple's faults fail the account and keep its cursor")
     func refundCatchUp() async throws {
         let forged = try ThrowawaySigningChain(name: "Not Apple")
