@@ -204,7 +204,8 @@ public struct AppleProofVerifier: Sendable {
         return VerifiedNotification(
             notificationUUID: uuid, notificationType: payload.notificationType, subtype: payload.subtype,
             signedDate: payload.signedAt, transaction: transaction,
-            revocation: revocation, consumptionRequestReason: payload.data?.consumptionRequestReason, renewalInfo: renewalInfo)
+            revocation: revocation, consumptionRequestReason: payload.data?.consumptionRequestReason, renewalInfo: renewalInfo,
+            bundleId: app.bundleId ?? payload.namedApp?.bundleId, environment: payload.namedApp?.environment)
     }
 
     /// A notification's `signedRenewalInfo`, verified as the transaction beside it is: the
@@ -439,4 +440,10 @@ public struct VerifiedNotification: Sendable, Equatable {
     public var consumptionRequestReason: String?
     /// The subscription's renewal info (`signedRenewalInfo`), verified like the transaction.
     public var renewalInfo: RenewalInfo? = nil
+    /// The app and environment the notification names (its `data`, `summary`,
+    /// `externalPurchaseToken` or `appData`), checked against the apps the ledger holds: for
+    /// one without a transaction (`TEST`, a `RENEWAL_EXTENSION` summary), all there is to tell
+    /// whose it is.
+    public var bundleId: String? = nil
+    public var environment: String? = nil
 }

@@ -275,7 +275,9 @@ extension NotificationLedger {
         let record = NotificationReceived(
             notificationUUID: notification.notificationUUID, notificationType: notification.notificationType,
             subtype: notification.subtype, transactionId: notification.transaction?.transactionId, signedDate: notification.signedDate,
-            consumptionRequestReason: notification.consumptionRequestReason, environment: notification.transaction?.environment)
+            consumptionRequestReason: notification.consumptionRequestReason,
+            environment: notification.transaction.map(\.environment) ?? notification.environment,
+            bundleId: notification.transaction == nil ? notification.bundleId : nil)
         return try await apply(
             .init(record: record, transaction: notification.transaction, revocation: notification.revocation,
                   renewalInfo: notification.renewalInfo),

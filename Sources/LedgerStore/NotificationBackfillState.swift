@@ -39,7 +39,8 @@ public struct NotificationBackfillState: Sendable {
     }
 
     /// The stored request (the row made on first use). The last notification is the last of
-    /// this app's and environment's: one about a transaction of them, or about none.
+    /// this app's and environment's: one about a transaction of them, or about none that names
+    /// them (one recorded before notifications named theirs counts for every app and environment).
     public func read() async throws -> Stored {
         try await database.query(
             """
@@ -51,6 +52,9 @@ public struct NotificationBackfillState: Sendable {
             SELECT start_date, end_date, pagination_token, finished_at IS NOT NULL, abandoned_at IS NOT NULL,
                    (SELECT (e.data->>'signedDate')::timestamptz FROM events e
                      WHERE e.type = 'notification-received'
+                       AND (e.data->>'environment' IS NULL OR e.data->>'environment' = \(environment))
+                       AND (e.data->>'bundleId' IS NULL OR lower(e.data->>'bundleId') =
+                            lower(coalesce(\(bundleId?.rawValue)::text, (SELECT f.bundle_id FROM ledger_first_app f))))
                        AND NOT EXISTS (SELECT FROM apple_transactions t
                                         WHERE t.transaction_id = e.data->>'transactionId'
                                           AND (t.environment IS DISTINCT FROM \(environment)

@@ -17,9 +17,10 @@ struct AppleBackfillTests {
     init() throws { apple = try TestApple() }
 
     func withBackfillApplication(
-        atStart: Bool = false, _ test: @Sendable @escaping (LedgerHTTP, TestDatabase, String) async throws -> Void
+        atStart: Bool = false, production: Bool = false, _ test: @Sendable @escaping (LedgerHTTP, TestDatabase, String) async throws -> Void
     ) async throws {
         try await withAppleAPIApplication(apple, standIn, configure: { configuration in
+            if production { bothEnvironments(&configuration) }
             configuration.appleCallsInterval = 0
             configuration.backfillNotificationsAtStart = atStart
             configuration.refundCatchUpInterval = 0
@@ -219,6 +220,27 @@ struct AppleBackfillTests {
             let start = stale.startDate ?? .distantFuture
             #expect(start > Date(timeIntervalSinceNow: -30 * 86_400) && start < Date(timeIntervalSinceNow: -29 * 86_400), "\(stale)")
             #expect(try await scalar(db, "SELECT count(*)::int FROM unmatched_transactions WHERE transaction_id = '8515005'", as: Int.self) == 1)
+        }
+    }
+
+    @Test("a notification about no transaction (Apple's TEST) of another environment moves no backfill's start: each starts from its own environment's last notification")
+    func testNotificationMovesNoOtherBackfill() async throws {
+        try await withBackfillApplication(production: true) { http, db, base in
+            // The last Sandbox notification (the backfill's environment), three days ago.
+            let old = Date(timeIntervalSinceNow: -3 * 86_400)
+            let (status, _) = try await http.notifyApple(
+                try await apple.notification("ONE_TIME_CHARGE", transaction: TestApple.transaction("8516001", purchaseDate: old), signedDate: old))
+            #expect(status == .ok)
+            // Apple's TEST of the production environment, now: it names its app and environment, and no transaction.
+            let (tested, answer) = try await http.notifyApple(try await apple.notification("TEST", transaction: nil, environment: "Production"))
+            #expect(tested == .ok, "\(answer)")
+            let stored = try await scalar(
+                db, "SELECT data->>'bundleId' || ' ' || (data->>'environment') FROM events WHERE type = 'notification-received' AND data->>'notificationType' = 'TEST'",
+                as: String.self)
+            #expect(stored == "\(TestApple.bundleId) Production", "\(String(describing: stored))")
+            let summary = try await backfill(base, db).run()
+            let start = summary.startDate ?? .distantFuture
+            #expect(abs(start.timeIntervalSince(old.addingTimeInterval(-3600))) < 1, "from the Sandbox notification less an hour: \(summary)")
         }
     }
 

@@ -205,8 +205,13 @@ public struct NotificationReceived: Codable, Sendable, Equatable {
     public var reversedBefore: Bool?
     /// The environment Apple signed the notification's transaction in (absent in events recorded
     /// before it was kept): Apple's calls about the notification, such as a consumption answer,
-    /// go to that environment's host, whatever a backend claimed for the transaction.
+    /// go to that environment's host, whatever a backend claimed for the transaction. For a
+    /// notification without a transaction, the environment it names.
     public var environment: String?
+    /// The app a notification without a transaction names (`TEST`, a `RENEWAL_EXTENSION`
+    /// summary): whose notification backfill it counts for. Absent otherwise, and in events
+    /// recorded before it was kept.
+    public var bundleId: String?
     /// A lifecycle notification (`DID_RENEW`, `DID_FAIL_TO_RENEW`, …) about a renewal waiting for
     /// its subscription's start: the renewal info Apple signed with it, and the period's end as its
     /// signed transaction said, so that the start records what it said on the subscription
@@ -220,7 +225,7 @@ public struct NotificationReceived: Codable, Sendable, Equatable {
 
     public init(
         notificationUUID: UUID, notificationType: String, subtype: String?, transactionId: TransactionID?, signedDate: Date,
-        consumptionRequestReason: String? = nil, refund: Refunded? = nil, environment: String? = nil
+        consumptionRequestReason: String? = nil, refund: Refunded? = nil, environment: String? = nil, bundleId: String? = nil
     ) {
         self.notificationUUID = notificationUUID
         self.notificationType = notificationType
@@ -230,5 +235,6 @@ public struct NotificationReceived: Codable, Sendable, Equatable {
         self.consumptionRequestReason = consumptionRequestReason
         self.refund = refund
         self.environment = environment
+        self.bundleId = bundleId
     }
 }
