@@ -114,11 +114,11 @@ extension ReceiptLedger {
             (.period(SubscriptionPeriodRecorded(transaction: transaction, kind: .start)), SubscriptionLedger.periodEventID(id, transaction)),
         ]
         let before = try await subscriptions.store.subscription(id, in: tx)
-        if let before, before.userId == nil, let user = holder?.userId {
+        if let before, let user = holder?.userId, user != before.userId, before.userId == nil || holder?.orderId != nil {
             // Started before anyone claimed it (Apple's notification first): its user is now the
-            // one its start is held for, the order's that took it or the pool entry's.
-            let recorded = SubscriptionUserRecorded(userId: user, transactionId: transaction.transactionId, orderId: holder?.orderId)
-            events.append((.userRecorded(recorded), SubscriptionLedger.userEventID(id)))
+            // one its start is held for, the order's that took it or the pool entry's. Started for
+            // another user: the user of the order its start pays now (who paid for it).
+            events.append(try await subscriptions.userEvent(user, of: before, from: transaction.transactionId, order: holder?.orderId, in: tx))
         }
         // What Apple said of a waiting renewal's refund is on the renewal's own stream: its period
         // is refunded with it, once (the event is named after the notification).

@@ -317,7 +317,8 @@ public struct ReconcilerPass: Sendable {
         // The intake's rule, the catalog's type first: its copy, as the renewal groups read it.
         let typing = try await catalog.typing(of: transaction.productId, bundleId: transaction.bundleId)
         guard case .subscriptionStart(let id)? = try? TransactionRole.of(transaction, catalogType: typing?.type) else { return }
-        try await subscriptions.recordUser(user, from: transaction.transactionId, order: order, on: id, metadata: metadata, in: tx)
+        // The user of the order its start pays, whoever it was started for.
+        try await subscriptions.moveUser(to: user, from: transaction.transactionId, order: order, on: id, metadata: metadata, in: tx)
     }
 }
 

@@ -47,22 +47,33 @@ public struct SubscriptionLedger: Sendable {
         EventID.named("subscription-user", id)
     }
 
-    /// The id of a `subscription-user-recorded` that moves subscription `id`, at stream version
-    /// `version`, to `user` (support paired its start with another user's order, or undid that).
-    public static func userChangeEventID(_ id: String, to user: UserID, at version: Int64) -> EventID {
-        EventID.named("subscription-user-changed", id, user.rawValue, "\(version)")
+    /// The id of a `subscription-user-recorded` that changes subscription `id`'s user, at stream
+    /// version `version`, to `user` (nil: none): the start paid another user's order, or no order
+    /// since a pairing was undone.
+    public static func userChangeEventID(_ id: String, to user: UserID?, at version: Int64) -> EventID {
+        EventID.named("subscription-user-changed", id, user?.rawValue ?? "", "\(version)")
     }
 
-    /// Moves subscription `id` to `user` when it has another: the start's pairing with an order
-    /// of `user`, by support, or its undo. Nothing when it is not started or is `user`'s already.
-    func moveUser(
-        to user: UserID, from transaction: TransactionID, order: OrderID?, on id: String, metadata: Data, in tx: DatabaseTransaction
+    /// `subscription-user-recorded` making `user` (nil: none) the user of `held`: its id the
+    /// first one's while none was stored, else named after the version it changes.
+    func userEvent(
+        _ user: UserID?, of held: Subscription, from transaction: TransactionID, order: OrderID?, in tx: DatabaseTransaction
+    ) async throws -> (SubscriptionEvent, EventID) {
+        let id = held.originalTransactionId
+        let first = Self.userEventID(id)
+        let eventID = try await events.storedIDs([first], in: tx).isEmpty ? first : Self.userChangeEventID(id, to: user, at: held.version)
+        return (.userRecorded(SubscriptionUserRecorded(userId: user, transactionId: transaction, orderId: order)), eventID)
+    }
+
+    /// Makes `user` (nil: none) subscription `id`'s whoever had it: the user of the order its
+    /// start now pays (a pairing by the reconciler or support), or the user its start waits for
+    /// in the pool again (an undone pairing). Nothing when it is not started or is `user`'s already.
+    public func moveUser(
+        to user: UserID?, from transaction: TransactionID, order: OrderID?, on id: String, metadata: Data, in tx: DatabaseTransaction
     ) async throws {
         try await writer.lock([StreamID.subscription(id)], in: tx)
         guard let held = try await store.subscription(id, in: tx), held.userId != user else { return }
-        let event = SubscriptionEvent.userRecorded(SubscriptionUserRecorded(userId: user, transactionId: transaction, orderId: order))
-        let eventID = held.userId == nil ? Self.userEventID(id) : Self.userChangeEventID(id, to: user, at: held.version)
-        _ = try await record([(event, eventID)], on: id, metadata: metadata, in: tx)
+        _ = try await record([try await userEvent(user, of: held, from: transaction, order: order, in: tx)], on: id, metadata: metadata, in: tx)
     }
 
     /// Records `user` as subscription `id`'s when it has none (it started before anyone claimed
@@ -74,8 +85,7 @@ public struct SubscriptionLedger: Sendable {
         guard let user else { return }
         try await writer.lock([StreamID.subscription(id)], in: tx)
         guard let held = try await store.subscription(id, in: tx), held.userId == nil else { return }
-        let event = SubscriptionEvent.userRecorded(SubscriptionUserRecorded(userId: user, transactionId: transaction, orderId: order))
-        _ = try await record([(event, Self.userEventID(id))], on: id, metadata: metadata, in: tx)
+        _ = try await record([try await userEvent(user, of: held, from: transaction, order: order, in: tx)], on: id, metadata: metadata, in: tx)
     }
 
     /// Appends those of `events` not stored yet to subscription `id`'s stream, and writes its row.

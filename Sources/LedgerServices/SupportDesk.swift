@@ -80,10 +80,8 @@ public struct SupportDesk: Sendable {
             // One that started without a user (Apple's notification first) is now its order's user's.
             let typing = try await receipts.catalog.typing(of: transaction.productId, bundleId: transaction.bundleId, in: tx)
             if case .subscriptionStart(let subscription)? = try? TransactionRole.of(transaction, catalogType: typing?.type) {
+                // Started before for another user (the one it was pooled for): the order's user paid for it.
                 try await receipts.recordStart(transaction, of: subscription, typing: typing, metadata: metadata, in: tx)
-                // Started before for the user it was pooled for: the order's user paid for it.
-                try await receipts.subscriptions.moveUser(
-                    to: order.userId, from: transactionId, order: orderId, on: subscription, metadata: metadata, in: tx)
             }
             return matched
         }
@@ -149,10 +147,11 @@ extension SupportDesk {
             ])
             let written = try await writer.append(write, in: tx, knowing: snapshot)
             guard let left = written.appends[0].order else { throw SupportUnmatchError.notPaired(transactionId, status: known.status.rawValue) }
-            // A subscription's start support had moved to the order's user is the pooled user's again.
-            if let user = pooled.userId, user != order.userId, pooled.transaction.transactionId.rawValue == pooled.transaction.originalTransactionId {
+            // A subscription's start pays no order now: the subscription is the user's its start
+            // waits for again (none while held for support, or pooled for no one).
+            if let original = pooled.transaction.originalTransactionId, original == transactionId.rawValue {
                 try await receipts.subscriptions.moveUser(
-                    to: user, from: transactionId, order: nil, on: pooled.transaction.originalTransactionId ?? "", metadata: metadata, in: tx)
+                    to: held ? nil : pooled.userId, from: transactionId, order: nil, on: original, metadata: metadata, in: tx)
             }
             return left
         }

@@ -132,6 +132,38 @@ struct SupportRoutesTests {
             let (pooledAgain, orderUser) = (try await subscriptions("ss-1"), try await subscriptions("ss-2"))
             #expect(pooledAgain.count == 1 && orderUser.isEmpty, "back with the user it was pooled for: \(pooledAgain), \(orderUser)")
 
+            // A start pooled for no one, paired by support with ss-5's order, undone: no one's again; then
+            // the buyer's client sends it with the buyer's order: the buyer's.
+            var start = SubscriptionIntakeTests.subscription("7100003")
+            start.purchaseDate = Date(timeIntervalSinceNow: -60).millisecondsSince1970
+            let signedStart = try await apple.sign(start)
+            try await pool(http, "7100003", user: nil, signed: signedStart)
+            try await http.send(.post, "/v1/orders", json: newOrder("ss-o5", user: "ss-5", product: "monthly"))
+            try await http.send(.post, "/v1/orders", json: newOrder("ss-o6", user: "ss-6", product: "monthly"))
+            #expect(try await http.send(.post, "/v1/transactions/7100003/match", json: ["orderId": "ss-o5"]).0 == .ok)
+            #expect(try await subscriptions("ss-5") == ["7100003 ss-o5"])
+            #expect(try await http.send(.post, "/v1/transactions/7100003/unmatch", json: ["reason": "ss-5 did not buy it"]).0 == .ok)
+            #expect(try await subscriptions("ss-5").isEmpty, "no one's while its start pays no order")
+            let (_, bought) = try await http.send(.post, "/v1/receipts", json: ["orderId": "ss-o6", "signedTransaction": signedStart])
+            #expect(bought["outcome"] as? String == "matched", "\(bought)")
+            let (buyer, guessed) = (try await subscriptions("ss-6"), try await subscriptions("ss-5"))
+            #expect(buyer == ["7100003 ss-o6"] && guessed.isEmpty, "\(buyer), \(guessed)")
+
+            // A start held for an Apple-account conflict (claimed by ss-a, the account ss-k's): support
+            // pairs it with ss-k's order, then undoes that: held again, the subscription no one's.
+            try await http.send(.post, "/v1/users/ss-k/app-transaction", json: ["signedAppTransaction": try await apple.sign(TestApple.appTransaction("acct-ssk"))])
+            var conflict = SubscriptionIntakeTests.subscription("7100004")
+            conflict.purchaseDate = Date(timeIntervalSinceNow: -60).millisecondsSince1970
+            conflict.appTransactionId = "acct-ssk"
+            let (_, held) = try await http.send(.post, "/v1/receipts", json: ["userId": "ss-a", "signedTransaction": try await apple.sign(conflict)])
+            #expect(held["reason"] as? String == "account-conflict", "\(held)")
+            try await http.send(.post, "/v1/orders", json: newOrder("ss-ok", user: "ss-k", product: "monthly"))
+            #expect(try await http.send(.post, "/v1/transactions/7100004/match", json: ["orderId": "ss-ok", "reason": "ss-k owns the account"]).0 == .ok)
+            #expect(try await subscriptions("ss-k") == ["7100004 ss-ok"])
+            #expect(try await http.send(.post, "/v1/transactions/7100004/unmatch", json: ["reason": "not settled after all"]).0 == .ok)
+            let (owner, claimant) = (try await subscriptions("ss-k"), try await subscriptions("ss-a"))
+            #expect(owner.isEmpty && claimant.isEmpty, "no one's until support decides: \(owner), \(claimant)")
+
             // Pooled for no one, paired by support with ss-3's order twice and undone twice: no one's again, the order avoided once.
             try await pool(http, "7100002", user: nil)
             try await http.send(.post, "/v1/orders", json: newOrder("ss-o3", user: "ss-3"))

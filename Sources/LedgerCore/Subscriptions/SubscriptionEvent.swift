@@ -266,12 +266,14 @@ public struct SubscriptionFamilyShareRevoked: Codable, Sendable, Equatable {
 /// (a `SUBSCRIBED` notification before the client's upload): the user of the order that took its
 /// start (`orderId`), or the one its start's pool entry, or a family member's share, was resolved to.
 public struct SubscriptionUserRecorded: Codable, Sendable, Equatable {
-    public var userId: UserID
+    /// The subscription's user from now on; nil: none (the pairing of its start with an order
+    /// was undone, and the start waits in the pool for no one, or for support).
+    public var userId: UserID?
     /// The transaction that made the user known: the start, or the member's shared transaction.
     public var transactionId: TransactionID
     public var orderId: OrderID?
 
-    public init(userId: UserID, transactionId: TransactionID, orderId: OrderID?) {
+    public init(userId: UserID?, transactionId: TransactionID, orderId: OrderID?) {
         self.userId = userId
         self.transactionId = transactionId
         self.orderId = orderId
