@@ -170,8 +170,8 @@ public struct NotificationBackfill: Sendable {
     /// The request to run, recorded (the caller holds the lease): a stopped one's, unless
     /// `since` is given or it was abandoned; one that starts further back than Apple keeps now
     /// (a start set at Apple's limit, which has moved on since) is asked again from the earliest
-    /// date Apple takes, without its token, so that none of what it left unread that Apple still
-    /// keeps is skipped. Else a new one from the latest of the last notification recorded and
+    /// date Apple takes (with the hour a new start keeps to spare), without its token, rather
+    /// than from the last notification recorded, which may be later than what it left unread. Else a new one from the latest of the last notification recorded and
     /// the end of the last backfill, less `overlap` (a ledger that recorded neither: from its
     /// first event), to now, never further back than Apple keeps.
     private func begin(since: Date?) async throws -> Request {

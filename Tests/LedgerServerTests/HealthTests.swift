@@ -198,7 +198,10 @@ struct IdleConnectionTests {
             let count = recv(descriptor, &buffer, buffer.count, 0)
             if count == 0 { return (true, String(decoding: received, as: UTF8.self)) }
             // The 30 s passed (EAGAIN), or the connection was reset: said, for a failure's message.
-            if count < 0 { return (false, String(decoding: received, as: UTF8.self) + "[recv: \(String(cString: strerror(errno)))]") }
+            if count < 0 {
+                let why = errno
+                return (false, String(decoding: received, as: UTF8.self) + "[recv: \(String(cString: strerror(why)))]")
+            }
             received += buffer[0..<count]
         }
     }
