@@ -133,9 +133,16 @@ public struct ProcessRunner: Sendable {
 
     /// A TCP port that was free a moment ago on 127.0.0.1.
     public static func freeLocalPort() throws -> Int {
+        let (descriptor, port) = try boundLocalPort()
+        close(descriptor)
+        return port
+    }
+
+    /// A socket bound to a free TCP port on 127.0.0.1, not listening (a connection to it is
+    /// refused while it stays open), and the port; the caller closes it.
+    public static func boundLocalPort() throws -> (descriptor: Int32, port: Int) {
         let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard descriptor >= 0 else { throw PrivateClusterError("cannot open a socket: \(String(cString: strerror(errno)))") }
-        defer { close(descriptor) }
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
         address.sin_addr.s_addr = inet_addr("127.0.0.1")
@@ -143,8 +150,11 @@ public struct ProcessRunner: Sendable {
         let bound = withUnsafeMutablePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) == 0 && getsockname(descriptor, $0, &length) == 0 }
         }
-        guard bound else { throw PrivateClusterError("cannot find a free port on 127.0.0.1") }
-        return Int(UInt16(bigEndian: address.sin_port))
+        guard bound else {
+            close(descriptor)
+            throw PrivateClusterError("cannot find a free port on 127.0.0.1")
+        }
+        return (descriptor, Int(UInt16(bigEndian: address.sin_port)))
     }
 
     // glibc's *_np spawn actions are hidden from Swift's Glibc module by feature macros.

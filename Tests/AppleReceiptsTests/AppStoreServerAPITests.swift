@@ -1,9 +1,6 @@
 import AppleReceipts
 import AppStoreStandIn
 import Foundation
-#if canImport(Glibc)
-import Glibc
-#endif
 import LedgerTestSupport
 import Logging
 import NIOCore
@@ -27,24 +24,9 @@ struct AppStoreServerAPITests {
 
     func signed(_ id: String) async throws -> String { try await apple.sign(TestApple.transaction(id)) }
 
-    /// A port bound and not listening, held while `body` runs: every connection to it is refused.
-    static func withRefusingPort<T>(_ body: (Int) async throws -> T) async throws -> T {
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(descriptor) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) == 0 && getsockname(descriptor, $0, &length) == 0 }
-        }
-        try #require(bound)
-        return try await body(Int(UInt16(bigEndian: address.sin_port)))
-    }
-
     @Test("a host refusing connections fails each try within the connect time-out (5 s), not after the request's: the client's tries and back-off decide")
     func refusedConnectionsFailFast() async throws {
-        try await Self.withRefusingPort { port in
+        try await withRefusingPort { port in
             // The request's time-out at ten minutes: a pool that kept trying to connect until it
             // would hold this call for forty (four tries); it ends after four connect time-outs.
             let settings = standIn.settings(baseURL: "http://127.0.0.1:\(port)", timeout: .seconds(600), backoff: .milliseconds(10), longestBackoff: .milliseconds(40))

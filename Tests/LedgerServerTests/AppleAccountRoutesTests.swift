@@ -31,6 +31,20 @@ struct AppleAccountRoutesTests {
         try await http.send(.post, "/v1/users/\(user)/app-transaction", json: ["signedAppTransaction": signed])
     }
 
+    /// An open order of `user`, the Apple account `account` the user linked, and Apple's history
+    /// of it: one page (`revision`) holding purchase `transaction`, which no client sent. Answers it.
+    @discardableResult
+    func openOrderWithHistory(
+        _ http: LedgerHTTP, order: String, user: String, account: String, transaction: String, revision: String
+    ) async throws -> SignedTransactionPayload {
+        try await http.send(.post, "/v1/orders", json: newOrder(order, user: user))
+        try await link(http, user, try await apple.sign(TestApple.appTransaction(account)))
+        var purchase = TestApple.transaction(transaction)
+        purchase.appTransactionId = account
+        await standIn.setHistory(account, [.init(revision: revision, hasMore: false, signedTransactions: [try await apple.sign(purchase)])])
+        return purchase
+    }
+
     @Test("the first user to present an account owns it; again is a no-op; another user is a conflict recorded once; forged or foreign ones are 422")
     func links() async throws {
         let forged = try ThrowawaySigningChain(name: "Not Apple")
@@ -173,11 +187,7 @@ struct AppleAccountRoutesTests {
     @Test("a malformed page fails its account and keeps its cursor; two sweeps at once ingest once; a lost cursor costs a sweep that ingests nothing")
     func faultsAndRaces() async throws {
         try await withSweepApplication { http, db, base in
-            try await http.send(.post, "/v1/orders", json: newOrder("o-f", user: "u-f"))
-            try await link(http, "u-f", try await apple.sign(TestApple.appTransaction("acct-f")))
-            var purchase = TestApple.transaction("7500001")
-            purchase.appTransactionId = "acct-f"
-            await standIn.setHistory("acct-f", [.init(revision: "f1", hasMore: false, signedTransactions: [try await apple.sign(purchase)])])
+            try await openOrderWithHistory(http, order: "o-f", user: "u-f", account: "acct-f", transaction: "7500001", revision: "f1")
             await standIn.queue([.malformed])
             let (_, failed) = try await http.send(.post, "/v1/recover", raw: "")
             #expect(failed["failed"] as? Int == 1 && failed["failures"] as? [String: Int] == ["apple-api-answer-malformed": 1])
@@ -227,11 +237,7 @@ struct AppleAccountRoutesTests {
     @Test("a stored revision Apple no longer takes (InvalidRequestRevision): the account is read again from its start date, not failed at every sweep")
     func revisionRefused() async throws {
         try await withSweepApplication { http, db, _ in
-            try await http.send(.post, "/v1/orders", json: newOrder("o-rv", user: "u-rv"))
-            try await link(http, "u-rv", try await apple.sign(TestApple.appTransaction("acct-rv")))
-            var first = TestApple.transaction("7500101")
-            first.appTransactionId = "acct-rv"
-            await standIn.setHistory("acct-rv", [.init(revision: "rv1", hasMore: false, signedTransactions: [try await apple.sign(first)])])
+            let first = try await openOrderWithHistory(http, order: "o-rv", user: "u-rv", account: "acct-rv", transaction: "7500101", revision: "rv1")
             let (_, swept) = try await http.send(.post, "/v1/recover", raw: "")
             #expect(swept["failed"] as? Int == 0 && swept["transactions"] as? Int == 1, "\(swept)")
             // Apple's history of the account now has revisions the ledger never saw, and a second purchase.

@@ -5,6 +5,7 @@ import Hummingbird
 import JWTKit
 import Logging
 import NIOCore
+import PrivatePostgres
 
 /// A throwaway "Apple" for tests: a signing chain whose root is written to a file the ledger is
 /// configured to trust (removed when the last reference goes), and helpers that sign
@@ -157,3 +158,11 @@ actor CallLog {
     func count(_ key: String) -> Int { counts[key] ?? 0 }
 }
 
+
+/// A port of 127.0.0.1 bound and not listening, held while `body` runs: every connection to it
+/// is refused (a host that is down, a proxy not started).
+public func withRefusingPort<T>(_ body: (Int) async throws -> T) async throws -> T {
+    let (descriptor, port) = try ProcessRunner.boundLocalPort()
+    defer { close(descriptor) }
+    return try await body(port)
+}
