@@ -275,7 +275,10 @@ public final class AppStoreServerAPI: Sendable {
             } catch {
                 failures += 1
                 guard failures < settings.attempts else {
-                    if let error = error as? HTTPClientError, [.deadlineExceeded, .readTimeout, .connectTimeout].contains(error) {
+                    if let error = error as? HTTPClientError, error == .connectTimeout {
+                        throw AppStoreServerAPIError(code: "apple-api-unreachable", message: "the App Store Server API could not be connected to in 10 s, \(failures) times")
+                    }
+                    if let error = error as? HTTPClientError, [.deadlineExceeded, .readTimeout].contains(error) {
                         throw AppStoreServerAPIError(code: "apple-api-timeout", message: "the App Store Server API did not answer \(path) within \(settings.timeout.nanoseconds / 1_000_000) ms, \(failures) times")
                     }
                     throw AppStoreServerAPIError(code: "apple-api-unreachable", message: "the App Store Server API could not be reached (\(SignedDataVerifier.reason(error)))")

@@ -24,11 +24,11 @@ struct AppStoreServerAPITests {
 
     func signed(_ id: String) async throws -> String { try await apple.sign(TestApple.transaction(id)) }
 
-    @Test("a host refusing connections fails each try within the connect time-out (5 s), not after the request's: the client's tries and back-off decide")
+    @Test("a host refusing connections fails each try at once, not after the request's time-out: the client's tries and back-off decide")
     func refusedConnectionsFailFast() async throws {
         try await withRefusingPort { port in
             // The request's time-out at ten minutes: a pool that kept trying to connect until it
-            // would hold this call for forty (four tries); it ends after four connect time-outs.
+            // would hold this call for forty (four tries); it ends within the tries' back-off.
             let settings = standIn.settings(baseURL: "http://127.0.0.1:\(port)", timeout: .seconds(600), backoff: .milliseconds(10), longestBackoff: .milliseconds(40))
             let api = try await AppStoreServerAPI(settings: settings, logger: Self.logger)
             let outcome = try await withThrowingTaskGroup(of: String.self) { group in
