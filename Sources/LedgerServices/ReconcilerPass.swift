@@ -306,9 +306,9 @@ public struct ReconcilerPass: Sendable {
 
     /// A subscription's start the pass paired with `order` of `user`, in the pairing's transaction:
     /// its subscription, started without a user (Apple's `SUBSCRIBED` came before any upload, and
-    /// the start waited with no user), is now that user's (`subscription-user-recorded`), as the
-    /// intake and support record it. Nothing for any other transaction, nor for a subscription
-    /// that has a user or is not known.
+    /// the start waited with no user) or for another one, is now that user's
+    /// (`subscription-user-recorded`), as the intake and support record it. Nothing for any other
+    /// transaction, nor for a subscription that is not known.
     private func recordSubscriptionUser(
         of transaction: AppleTransaction, user: UserID, order: OrderID, metadata: Data, in tx: DatabaseTransaction
     ) async throws {

@@ -179,6 +179,26 @@ struct SupportRoutesTests {
         }
     }
 
+    @Test("a backend's unverified claim of a subscription's start for another user's order does not take the subscription from the user it was started for")
+    func unverifiedClaimTakesNoSubscription() async throws {
+        try await withReceiptsApplication(apple) { http, _ in
+            var start = SubscriptionIntakeTests.subscription("7100010")
+            start.purchaseDate = Date(timeIntervalSinceNow: -60).millisecondsSince1970
+            let signed = try await apple.sign(start)
+            try await pool(http, "7100010", user: "uc-a", signed: signed)
+            try await http.send(.post, "/v1/orders", json: newOrder("uc-ob", user: "uc-b", product: "monthly"))
+            var claim = receipt("7100010", product: "monthly")
+            claim["purchaseDate"] = ISO8601DateFormatter().string(from: Date(timeIntervalSinceNow: -60))
+            let (claimed, answer) = try await http.send(.post, "/v1/orders/uc-ob/events", json: ["type": "receipt-received", "data": claim])
+            #expect(claimed == .created, "\(answer)")
+            // uc-a's client sends its proof again.
+            try await http.send(.post, "/v1/receipts", json: ["userId": "uc-a", "signedTransaction": signed])
+            let (_, own) = try await http.send(.get, "/v1/users/uc-a/subscriptions")
+            let (_, other) = try await http.send(.get, "/v1/users/uc-b/subscriptions")
+            #expect((own["subscriptions"] as? [Any])?.count == 1 && (other["subscriptions"] as? [Any])?.isEmpty == true, "\(own) \(other)")
+        }
+    }
+
     @Test("support pairs by hand; another user's or product's order needs force and a reason; who did it is recorded")
     func matchByHand() async throws {
         try await withReceiptsApplication(apple) { http, db in

@@ -262,9 +262,10 @@ public struct SubscriptionFamilyShareRevoked: Codable, Sendable, Equatable {
     }
 }
 
-/// `subscription-user-recorded`: whose subscription it is, learnt after it started without a user
-/// (a `SUBSCRIBED` notification before the client's upload): the user of the order that took its
-/// start (`orderId`), or the one its start's pool entry, or a family member's share, was resolved to.
+/// `subscription-user-recorded`: whose subscription it is from now on: learnt after it started
+/// without a user (a `SUBSCRIBED` notification before the client's upload), the user of the order
+/// that took its start (`orderId`), or the one its start's pool entry, or a family member's share,
+/// was resolved to; changed when its start pays another user's order, or no order any more.
 public struct SubscriptionUserRecorded: Codable, Sendable, Equatable {
     /// The subscription's user from now on; nil: none (the pairing of its start with an order
     /// was undone, and the start waits in the pool for no one, or for support).
