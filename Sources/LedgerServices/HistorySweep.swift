@@ -177,6 +177,7 @@ public struct HistorySweep: Sendable {
                         // from the cursor's start date (what was taken in before is known).
                         logger.warning("Apple refused an account's stored history revision; reading it again from its start date", metadata: [
                             "apple.account": "\(account.id)"])
+                        try await cursors.forgetRevision(account.id)
                         try await read(account, with: client, from: .init(revision: nil, startDate: cursor.startDate), under: lease, metadata: metadata, into: &summary)
                     }
                 } catch {

@@ -118,6 +118,7 @@ public struct RefundCatchUp: Sendable {
                         // from its start (a refund recorded before is known, and applied once).
                         logger.warning("Apple refused an account's stored refund-history revision; reading it again from the start", metadata: [
                             "apple.account": "\(account.key)"])
+                        try await cursors.forgetRevision(account.key)
                         try await self.read(account, with: client, from: nil, under: lease, metadata: metadata, into: &summary)
                     }
                 } catch let error as AppStoreServerAPIError where account.claimed && error.appleErrorCode == Self.transactionIdNotFound {

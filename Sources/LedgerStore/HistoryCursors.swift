@@ -121,6 +121,12 @@ public struct HistoryCursors: Sendable {
         return Cursor(revision: nil, startDate: startDate)
     }
 
+    /// Drops the account's stored revision (Apple no longer takes it): its next read starts
+    /// from its start date, and a page held back keeps it there.
+    public func forgetRevision(_ account: String) async throws {
+        try await database.query("UPDATE apple_history_cursors SET revision = NULL WHERE account_id = \(account)")
+    }
+
     /// Records a page read: the account's cursor moves to `revision` unless `holdingBack` (a page
     /// held an entry that did not verify: the next sweep reads it again), and `found` more
     /// transactions were new to the ledger.

@@ -72,6 +72,12 @@ public struct RefundCursors: Sendable {
         try await database.query("UPDATE apple_refund_cursors SET checked_at = now() WHERE account_id = \(account)")
     }
 
+    /// Drops the account's stored revision (Apple no longer takes it): its next read starts from
+    /// the first page, and a page held back keeps it there.
+    public func forgetRevision(_ account: String) async throws {
+        try await database.query("UPDATE apple_refund_cursors SET revision = NULL WHERE account_id = \(account)")
+    }
+
     /// Records a page read now: the cursor moves to `revision` unless `holdingBack` (a page held
     /// an entry that did not verify: the next read starts before it again).
     public func advance(_ account: String, to revision: String, holdingBack: Bool) async throws {

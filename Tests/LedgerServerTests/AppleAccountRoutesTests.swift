@@ -248,6 +248,14 @@ struct AppleAccountRoutesTests {
             #expect(again["failed"] as? Int == 0 && again["transactions"] as? Int == 2 && again["known"] as? Int == 1, "\(again)")
             #expect(try await scalar(db, "SELECT revision FROM apple_history_cursors WHERE account_id = 'acct-rv'", as: String.self) == "new-1")
             #expect(try await scalar(db, "SELECT count(*)::int FROM apple_transactions WHERE transaction_id = '7500102'", as: Int.self) == 1)
+            // Refused again, and the history read from the start holds an entry that does not verify:
+            // the cursor stays before that page, at the start, not at the refused revision.
+            try await db.client.query("UPDATE apple_history_cursors SET revision = 'gone' WHERE account_id = 'acct-rv'", logger: TestServer.logger)
+            let forged = try ThrowawaySigningChain(name: "Not Apple").sign(TestApple.transaction("7500103"))
+            await standIn.setHistory("acct-rv", [.init(revision: "new-2", hasMore: false, signedTransactions: [forged])])
+            let (_, held) = try await http.send(.post, "/v1/recover", raw: "")
+            #expect(held["refused"] as? Int == 1 && held["failed"] as? Int == 0, "\(held)")
+            #expect(try await scalar(db, "SELECT revision FROM apple_history_cursors WHERE account_id = 'acct-rv'", as: String?.self) == .some(nil))
         }
     }
 
