@@ -95,7 +95,9 @@ public struct VerifyReceiptClient: Sendable {
             throw error
         } catch is NIOTooManyBytesError {
             throw AppleVerificationError(code: "apple-answer-malformed", message: "verifyReceipt's answer is larger than 8 MiB", isRetryable: true)
-        } catch let error as HTTPClientError where error == .deadlineExceeded || error == .readTimeout || error == .connectTimeout {
+        } catch let error as HTTPClientError where error == .connectTimeout {
+            throw AppleVerificationError(code: "apple-unreachable", message: "verifyReceipt could not be connected to in 10 s", isRetryable: true)
+        } catch let error as HTTPClientError where error == .deadlineExceeded || error == .readTimeout {
             throw AppleVerificationError(code: "apple-timeout", message: "verifyReceipt did not answer within \(settings.timeout.nanoseconds / 1_000_000) ms", isRetryable: true)
         } catch {
             throw AppleVerificationError(code: "apple-unreachable", message: "verifyReceipt could not be reached (\(SignedDataVerifier.reason(error)))", isRetryable: true)
