@@ -149,11 +149,25 @@ public struct ReconciliationReport: Sendable, Codable, Equatable {
                                WHEN 'refunded' THEN CASE WHEN e.metadata ? 'refundCatchUp' THEN 'caught-up' ELSE '' END ELSE '' END,
                    count(*)::int,
                    trim_scale(coalesce(sum(o.price * o.quantity * order_billed_share(k.kind, k.price) * CASE
-                       WHEN e.type <> 'refunded' THEN 1 ELSE refund_share(e.data) END), 0))::text,
+                       WHEN e.type <> 'refunded' THEN 1 ELSE refund_share(coalesce(latest.refund, e.data)) END), 0))::text,
                    o.bundle_id, coalesce(k.kind, 'purchase')
             FROM events e JOIN orders o ON o.order_id = substr(e.stream_id, 7)
             JOIN order_environments oe ON oe.order_id = o.order_id
             LEFT JOIN subscription_periods k ON k.transaction_id = o.transaction_id
+            -- The share a `refunded` takes back is that of Apple's latest refund of the order, by
+            -- revocation date, among its `refunded` events and the refunds its state did not take,
+            -- kept on their `notification-received` (a full refund after a prorated one), as
+            -- dashboards.daily_orders (048) and ledger_apple_sales (047) read them.
+            LEFT JOIN LATERAL (
+                SELECT x.refund FROM (
+                    SELECT r.stream_version, r.recorded_at, CASE r.type WHEN 'refunded' THEN r.data ELSE r.data->'refund' END AS refund
+                      FROM events r
+                     WHERE e.type = 'refunded' AND r.stream_id = e.stream_id
+                       AND (r.type = 'refunded'
+                            OR r.type = 'notification-received' AND r.data ? 'refund'
+                               AND NOT coalesce((r.data->>'reversedBefore')::boolean, false))) x
+                 ORDER BY coalesce((x.refund->>'revocationDate')::timestamptz, x.recorded_at) DESC, x.stream_version
+                 LIMIT 1) latest ON true
             WHERE e.stream_id LIKE 'order-%' AND event_time(e.recorded_at, e.metadata) >= \(from)
               AND event_time(e.recorded_at, e.metadata) < \(to)
               AND e.type IN ('created', 'verified', 'delivered', 'finished', 'failed', 'refunded', 'pairing-undone', 'consumption-answer')

@@ -56,6 +56,19 @@ struct NotificationRoutesTests {
             #expect(totals["refunded"] as? Int == 1 && totals["refundedAmount"] as? String == "0.495" && totals["revenue"] as? String == "0.495", "\(totals)")
             #expect(try await scalar(db, "SELECT refunded_amount::text FROM dashboards.daily_orders WHERE state = 'refunded'", as: String.self)
                         .flatMap { Decimal(string: $0) } == Decimal(string: "0.495"), "the dashboard says the same")
+
+            // Then Apple refunds it in full, later: the order is refunded already (the refund kept
+            // on its notification-received), and the report takes the whole price back, Apple's latest.
+            var refundInFull = transaction
+            refundInFull.revocationDate = Date().addingTimeInterval(2).millisecondsSince1970
+            refundInFull.revocationType = "REFUND_FULL"
+            let (_, full) = try await http.notifyApple(try await apple.notification("REFUND", transaction: refundInFull))
+            #expect(full["type"] as? String == "notification-received", "\(full)")
+            let fullTotals = try await http.send(.get, "/v1/reports/reconciliation").1["sandboxTotals"] as? [String: Any] ?? [:]
+            #expect(fullTotals["refunded"] as? Int == 1 && fullTotals["refundedAmount"] as? String == "0.99" && fullTotals["revenue"] as? String == "0",
+                    "\(fullTotals)")
+            #expect(try await scalar(db, "SELECT refunded_amount::text FROM dashboards.daily_orders WHERE state = 'refunded'", as: String.self)
+                        .flatMap { Decimal(string: $0) } == Decimal(string: "0.99"), "the dashboard says the same")
         }
     }
 
