@@ -190,6 +190,7 @@ public struct AppleProofVerifier: Sendable {
         var revocation: Revocation?
         var renewalInfo: RenewalInfo?
         let app = try await checkApp(of: payload, onlyFor: expected)
+        let named = payload.namedApp
         if let data = payload.data {
             if let signedTransaction = data.signedTransactionInfo {
                 let inner = try await signedData.verify(signedTransaction, as: SignedTransactionPayload.self)
@@ -205,7 +206,7 @@ public struct AppleProofVerifier: Sendable {
             notificationUUID: uuid, notificationType: payload.notificationType, subtype: payload.subtype,
             signedDate: payload.signedAt, transaction: transaction,
             revocation: revocation, consumptionRequestReason: payload.data?.consumptionRequestReason, renewalInfo: renewalInfo,
-            bundleId: app.bundleId ?? payload.namedApp?.bundleId, environment: payload.namedApp?.environment)
+            bundleId: app.bundleId ?? named?.bundleId, environment: named?.environment)
     }
 
     /// A notification's `signedRenewalInfo`, verified as the transaction beside it is: the

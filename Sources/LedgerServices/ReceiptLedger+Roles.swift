@@ -114,16 +114,16 @@ extension ReceiptLedger {
             (.period(SubscriptionPeriodRecorded(transaction: transaction, kind: .start)), SubscriptionLedger.periodEventID(id, transaction)),
         ]
         let before = try await subscriptions.store.subscription(id, in: tx)
-        var paidBy = false
-        if let before, before.userId != nil, holder?.orderId != nil, holder?.userId != before.userId {
-            paidBy = try await unverifiedClaim(of: transaction.transactionId, holder: holder, in: tx) == nil
-        }
-        if let before, let user = holder?.userId, user != before.userId, before.userId == nil || paidBy {
+        if let before, let user = holder?.userId, user != before.userId {
             // Started before anyone claimed it (Apple's notification first): its user is now the
             // one its start is held for, the order's that took it or the pool entry's. Started for
             // another user: the user of the order its start pays now (who paid for it), never on
             // a backend's claim not verified yet.
-            events.append(try await subscriptions.userEvent(user, of: before, from: transaction.transactionId, order: holder?.orderId, in: tx))
+            var takes = before.userId == nil
+            if !takes, holder?.orderId != nil { takes = try await unverifiedClaim(of: transaction.transactionId, holder: holder, in: tx) == nil }
+            if takes {
+                events.append(try await subscriptions.userEvent(user, of: before, from: transaction.transactionId, order: holder?.orderId, in: tx))
+            }
         }
         // What Apple said of a waiting renewal's refund is on the renewal's own stream: its period
         // is refunded with it, once (the event is named after the notification).

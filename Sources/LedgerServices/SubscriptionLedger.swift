@@ -71,9 +71,7 @@ public struct SubscriptionLedger: Sendable {
     public func moveUser(
         to user: UserID?, from transaction: TransactionID, order: OrderID?, on id: String, metadata: Data, in tx: DatabaseTransaction
     ) async throws {
-        try await writer.lock([StreamID.subscription(id)], in: tx)
-        guard let held = try await store.subscription(id, in: tx), held.userId != user else { return }
-        _ = try await record([try await userEvent(user, of: held, from: transaction, order: order, in: tx)], on: id, metadata: metadata, in: tx)
+        try await setUser(user, from: transaction, order: order, on: id, onlyWhenNone: false, metadata: metadata, in: tx)
     }
 
     /// Records `user` as subscription `id`'s when it has none (it started before anyone claimed
@@ -83,8 +81,16 @@ public struct SubscriptionLedger: Sendable {
         _ user: UserID?, from transaction: TransactionID, order: OrderID?, on id: String, metadata: Data, in tx: DatabaseTransaction
     ) async throws {
         guard let user else { return }
+        try await setUser(user, from: transaction, order: order, on: id, onlyWhenNone: true, metadata: metadata, in: tx)
+    }
+
+    /// `user` as subscription `id`'s, under the stream's lock (`onlyWhenNone`: unless it has one).
+    private func setUser(
+        _ user: UserID?, from transaction: TransactionID, order: OrderID?, on id: String, onlyWhenNone: Bool, metadata: Data,
+        in tx: DatabaseTransaction
+    ) async throws {
         try await writer.lock([StreamID.subscription(id)], in: tx)
-        guard let held = try await store.subscription(id, in: tx), held.userId == nil else { return }
+        guard let held = try await store.subscription(id, in: tx), held.userId != user, !onlyWhenNone || held.userId == nil else { return }
         _ = try await record([try await userEvent(user, of: held, from: transaction, order: order, in: tx)], on: id, metadata: metadata, in: tx)
     }
 
