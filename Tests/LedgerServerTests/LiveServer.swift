@@ -46,18 +46,38 @@ func withLiveServer<App: ApplicationProtocol, Value: Sendable>(
             try await tasks.waitForAll()
             throw CancellationError()
         }
-        let client = TestClient(host: "localhost", port: bound, configuration: .init(timeout: .seconds(600)))
-        client.connect()
         let outcome: Result<Value, any Error>
+        var client: TestClient?
         do {
-            outcome = .success(try await test(LiveClient(client: client, port: bound)))
+            let connected = try await connectedClient(bound)
+            client = connected
+            outcome = .success(try await test(LiveClient(client: connected, port: bound)))
         } catch {
             outcome = .failure(error)
         }
-        try? await client.shutdown()
+        try? await client?.shutdown()
         await group.triggerGracefulShutdown()
         try await tasks.waitForAll()
         return try outcome.get()
+    }
+}
+
+/// A client connected to the local server on `port`. Hummingbird's test client gives a connection
+/// 5 s: on a machine whose every core is busy many times over, one took longer (its `Connect
+/// timeout (5 s)` failed whole tests). A connection that timed out is tried again, ten times in
+/// all; a server that refuses, or never accepts, still fails the test.
+func connectedClient(_ port: Int) async throws -> TestClient {
+    var attempt = 1
+    while true {
+        let client = TestClient(host: "localhost", port: port, configuration: .init(timeout: .seconds(600)))
+        client.connect()
+        do {
+            _ = try await client.getChannel()
+            return client
+        } catch ChannelError.connectTimeout where attempt < 10 {
+            try? await client.shutdown()
+            attempt += 1
+        }
     }
 }
 
@@ -116,10 +136,10 @@ extension LedgerHTTP {
     /// `work`: requests sent through different ones are served at once (through one, in turn).
     func withConnections<Value: Sendable>(_ count: Int, _ work: @Sendable ([LedgerHTTP]) async throws -> Value) async throws -> Value {
         let port = client.port
-        let clients = (0..<count).map { _ in TestClient(host: "localhost", port: port, configuration: .init(timeout: .seconds(600))) }
-        for client in clients { client.connect() }
+        var clients: [TestClient] = []
         let outcome: Result<Value, any Error>
         do {
+            for _ in 0..<count { clients.append(try await connectedClient(port)) }
             outcome = .success(try await work(clients.map { LedgerHTTP(client: LiveClient(client: $0, port: port), key: key) }))
         } catch {
             outcome = .failure(error)
