@@ -183,10 +183,15 @@ extension ReceiptLedger {
     }
 
     /// Whether Apple's signature points to `named` rather than to `holder`, the order holding the
-    /// transaction: Apple signed `named`'s token (not the holder's), or the Apple account or token
-    /// the ledger knows is `named`'s user's and not the holder's.
+    /// transaction: Apple signed `named`'s per-order token (not the holder's), or the Apple account
+    /// or token the ledger knows is `named`'s user's and not the holder's. A per-user token names
+    /// the user, not one of the user's orders: it tells two orders of that user apart no more than
+    /// the user's Apple account does (an imported order keeps a token of its own).
     func appleNames(_ named: Order, over holder: Order?, for transaction: AppleTransaction, in tx: DatabaseTransaction) async throws -> Bool {
-        if let token = transaction.appAccountToken, token == named.appAccountToken, token != holder?.appAccountToken { return true }
+        if let token = transaction.appAccountToken, token == named.appAccountToken, token != holder?.appAccountToken,
+           try await orders.user(ofAccountToken: token, bundleId: transaction.bundleId, in: tx) == nil {
+            return true
+        }
         guard let known = try await TransactionPool(database: database).knownUser(of: transaction, in: tx) else { return false }
         return known == named.userId && known != holder?.userId
     }

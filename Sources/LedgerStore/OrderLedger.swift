@@ -162,11 +162,13 @@ public struct OrderLedger: Sendable {
         try await Self.orderID(from: transaction.connection.guardedQuery(Self.orderWithToken(token, bundleId), logger: database.logger))
     }
 
-    /// A per-user token names no order (024_account_tokens.sql).
+    /// A per-user token names no order (024_account_tokens.sql). The app Apple signed for is
+    /// asked first: its own per-user token (no order) is the answer, even when another app's
+    /// order carries the same token (tokens are per app, 030_tokens_per_app.sql).
     private static func orderWithToken(_ token: UUID, _ bundleId: String) -> PostgresQuery {
         """
         SELECT order_id FROM app_account_tokens
-         WHERE app_account_token = \(token) AND order_id IS NOT NULL
+         WHERE app_account_token = \(token) AND (order_id IS NOT NULL OR lower(bundle_id) = lower(\(bundleId)))
          ORDER BY lower(bundle_id) IS NOT DISTINCT FROM lower(\(bundleId)) DESC LIMIT 1
         """
     }
@@ -202,7 +204,7 @@ public struct OrderLedger: Sendable {
     }
 
     private static func orderID(from rows: some AsyncSequence<PostgresRow, any Error>) async throws -> OrderID? {
-        for try await id in rows.decode(String.self) { return OrderID(unchecked: id) }
+        for try await id in rows.decode(String?.self) { return id.map(OrderID.init(unchecked:)) }
         return nil
     }
 

@@ -4,6 +4,7 @@ import LedgerCore
 import LedgerServer
 import LedgerStore
 import LedgerTestSupport
+import NIOCore
 import Testing
 
 /// Issue 41, point 3: an app whose `appAccountToken` is its user's (`appAccountTokens: user`)
@@ -182,6 +183,30 @@ struct PerUserTokenTests {
             #expect(untouched["state"] as? String == "created", "\(untouched)")
             #expect(try await scalar(db, "SELECT count(*)::int FROM app_account_tokens WHERE app_account_token = \(UUID(uuidString: Self.token)!)", as: Int.self) == 2)
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
+    @Test("a purchase imported as granted, replayed with the user's token for the user's new order: already granted, finished, as in an app of per-order tokens")
+    func importedGrantReplayedWithTheUsersToken() async throws {
+        try await withReceiptsApplication(apple, configure: { Self.perUser(&$0); bothEnvironments(&$0) }) { http, _ in
+            let history = """
+                \(ImportTests.header)
+                h-1,u-1,gems.100,,2025-03-01T10:00:00Z,finished,0.99,USD,5200001,,2025-03-01T10:01:00Z,,
+
+                """
+            let headers: HTTPFields = [.contentType: "text/csv", .authorization: "Bearer \(http.key)"]
+            let imported = try await http.client.execute(uri: "/v1/imports?source=history.csv", method: .post, headers: headers, body: ByteBuffer(string: history))
+            #expect(imported.status == .ok && json(imported.body)["imported"] as? Int == 1, "\(json(imported.body))")
+            let (_, created) = try await order(http, "o-new", user: "u-1", token: Self.token)
+            #expect(created["appAccountToken"] as? String == Self.token, "\(created)")
+
+            // The old purchase, carrying the user's token, sent for the user's new order: the token
+            // names the user, whose imported order holds it.
+            let jws = try await apple.sign(TestApple.transaction(
+                "5200001", appAccountToken: UUID(uuidString: Self.token), purchaseDate: Date(timeIntervalSinceNow: -86_400 * 400)))
+            let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": jws, "orderId": "o-new", "userId": "u-1"])
+            #expect(answer["outcome"] as? String == "duplicate" && answer["reason"] as? String == "duplicate-transaction", "\(answer)")
+            #expect(answer["finishTransaction"] as? Bool == true, "\(answer)")
         }
     }
 }

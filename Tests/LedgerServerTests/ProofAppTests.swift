@@ -223,4 +223,30 @@ struct ProofAppTests {
         #expect(await standIn.calls("password:secret-of-second") == 2)
         #expect(await standIn.calls("password:secret-of-first") == 2)
     }
+
+    @Test("a token that is a per-user token in the app Apple signed for names its user there, whatever order of another app carries it")
+    func ownAppsUserTokenFirst() async throws {
+        try await withTwoApps(secondApp: ["appAccountTokens": "user"], configure: bothEnvironments) { http, db in
+            let token = "6f1c2a4e-0000-4000-8000-0000000000c3"
+            // The second app's user u-2 carries it as the user's token; an order of the first app,
+            // another user's, as its own.
+            var own = order("o-own", user: "u-2", app: Self.second)
+            own["appAccountToken"] = token
+            let (created, answer) = try await http.send(.post, "/v1/orders", json: own)
+            try #require(created == .created && answer["appAccountToken"] as? String == token, "\(answer)")
+            var other = order("o-other", user: "u-9", app: TestApple.bundleId)
+            other["appAccountToken"] = token
+            let (otherCreated, otherAnswer) = try await http.send(.post, "/v1/orders", json: other)
+            try #require(otherCreated == .created, "\(otherAnswer)")
+
+            let jws = try await apple.sign(TestApple.transaction("7400001", bundleId: Self.second, appAccountToken: UUID(uuidString: token)))
+            let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": jws])
+            #expect(pooled["outcome"] as? String == "unmatched" && pooled["reason"] as? String == "no-order", "\(pooled)")
+            #expect(try await scalar(db, "SELECT user_id FROM apple_transactions WHERE transaction_id = '7400001'", as: String.self) == "u-2")
+            let (_, paired) = try await http.send(.post, "/v1/reconcile")
+            #expect(paired["paired"] as? Int == 1, "\(paired)")
+            let (_, paid) = try await http.send(.get, "/v1/orders/o-own")
+            #expect(paid["state"] as? String == "verified", "\(paid)")
+        }
+    }
 }
