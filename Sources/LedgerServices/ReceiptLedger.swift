@@ -147,7 +147,8 @@ public struct ReceiptLedger: Sendable {
                     || error as? OrderLedgerError == .accountConflict(transaction.transactionId)
                     || error as? OrderLedgerError == .appMismatch(transaction.transactionId)
                     || error as? OrderLedgerError == .refundedInPool(transaction.transactionId)
-                    || (error as? OrderLedgerError)?.code == "later-transaction" {
+                    || (error as? OrderLedgerError)?.code == "later-transaction"
+                    || (error as? OrderLedgerError)?.code == "user-mismatch" {
             return nil
         }
     }
@@ -271,11 +272,18 @@ public struct ReceiptLedger: Sendable {
         // The user a client claims: the one it sent, else the one of the order it named. (An order
         // found by the token is Apple's word, not a claim: the token decides, as for a sweep.)
         let claimant = claim.userId ?? (matchedBy == .applicationUsername ? candidate?.userId : nil)
-        if holder == nil || holder?.isPooled == true, let claimant,
-           let known = try await TransactionPool(database: database).knownUser(of: transaction, in: tx), known != claimant {
-            // Another user's Apple account or token (issue 41): no automatic path pairs it with the
-            // claimant's order. It waits in the pool with both users, for support to decide (one
-            // that waited there already, pooled by a notification or a sweep, is held from now on).
+        // One no order takes, pooled for the user whose Apple account it came from (a sweep,
+        // support's lookup), is held as that user's claim would be: the next pass would hold it.
+        // The user it waits in the pool for counts as known too when the claim names an order of
+        // another user: it pays no order that support would need `force` and a reason for. (A
+        // claim naming no order changes nothing: the first one stands, below.)
+        if holder == nil || holder?.isPooled == true, let claimant = claimant ?? (candidate == nil ? claim.poolUserId : nil),
+           let known = try await TransactionPool(database: database).knownUser(of: transaction, in: tx) ?? (candidate == nil ? nil : holder?.userId),
+           known != claimant {
+            // Another user's Apple account or token (issue 41), or another user's pool entry: no
+            // automatic path pairs it with the claimant's order. It waits in the pool with both
+            // users, for support to decide (one that waited there already, pooled by a
+            // notification or a sweep, is held from now on).
             let append = try Self.poolAppend(
                 holder.flatMap { try? $0.verifiedTransaction() } ?? transaction, userId: claimant, claimedOrder: claim.orderId,
                 reason: AppleTransactionRecord.accountConflictReason, knownUserId: known,

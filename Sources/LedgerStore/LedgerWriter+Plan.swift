@@ -231,6 +231,11 @@ extension LedgerWriter {
                                 throw OrderLedgerError.refundedInPool(receipt.transactionId)
                             }
                             guard known.isPooled || known.isHeldForSupport else { throw OrderLedgerError.duplicateTransaction(receipt.transactionId) }
+                            // Waiting for another user (a client claimed it for that one first): a
+                            // claim by order id crosses users no more than support may without force.
+                            if receipt.matchedBy == .applicationUsername, known.isPooled, let pooledUser = known.userId, let order, pooledUser != order.userId {
+                                throw OrderLedgerError.pooledForAnotherUser(receipt.transactionId, user: pooledUser)
+                            }
                             if receipt.matchedBy == .imported, let order, let refusal = importRefusal(receipt, of: order, known: known) { throw refusal }
                             // What Apple signed outranks the claim: another product or quantity never pays the order.
                             if receipt.matchedBy != .imported, receipt.matchedBy != .support, let order, let refusal = mismatch(of: order, known: known) {
@@ -243,6 +248,12 @@ extension LedgerWriter {
                             if receipt.matchedBy == .imported, let refusal = importSignedOtherwise(receipt, known: known) { throw refusal }
                             plan.appends.append(try matched(receipt, order: id, receiptID: event.id, known: known, snapshot, write.pairing, metadata: event.metadata))
                         } else {
+                            // A claim of a transaction the ledger does not hold (a backend's own): one
+                            // that names another product than the order's contradicts itself, and
+                            // would grant the order's goods for it (promise 7).
+                            if receipt.matchedBy != .imported, receipt.matchedBy != .support, let order, receipt.productId != order.productId {
+                                throw OrderLedgerError.productMismatch(receipt.transactionId, apple: receipt.productId, order: order.productId)
+                            }
                             plan.claim = receipt.transactionId
                         }
                     }

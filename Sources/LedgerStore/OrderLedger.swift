@@ -260,6 +260,10 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
     /// environment, as Apple signed it, is not the line's (`field`): the reports would date or
     /// place the sale by the line.
     case pooledSignedOtherwise(TransactionID, field: String, apple: String, line: String)
+    /// A `receipt-received` naming an order of another user than the one a transaction waits in
+    /// the pool for (a client claimed it for that user first): across users, support's hand alone
+    /// pairs it, with `force` and a reason (docs/reconciliation.md).
+    case pooledForAnotherUser(TransactionID, user: UserID)
     /// A client's `receipt-received` of a transaction Apple signed as purchased before the order
     /// was created, beyond the clock-skew allowance (issue 41): it never pays that order but by
     /// support's hand, with an explicit override.
@@ -291,6 +295,7 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
         case .appMismatch: "app-mismatch"
         case .accountConflict: "account-conflict"
         case .pooledOtherwise, .pooledSignedOtherwise: "transaction-pooled"
+        case .pooledForAnotherUser: "user-mismatch"
         case .purchasedBeforeOrder: "purchased-before-order"
         case .productMismatch: "product-mismatch"
         case .quantityMismatch: "quantity-mismatch"
@@ -315,6 +320,8 @@ public enum OrderLedgerError: Error, Sendable, Equatable, CustomStringConvertibl
             "Apple transaction \(id) waits in the pool for \(user.map { "user \($0)" } ?? "no user yet"), product \(product): the line says otherwise"
         case .pooledSignedOtherwise(let id, let field, let apple, let line):
             "Apple transaction \(id) waits in the pool with the \(field) Apple signed, \(apple); the line says \(line)"
+        case .pooledForAnotherUser(let id, let user):
+            "Apple transaction \(id) waits in the pool for user \(user), not the order's: support pairs it across users (POST /v1/transactions/\(id)/match with force and a reason)"
         case .purchasedBeforeOrder(let id):
             "Apple transaction \(id) was purchased before the order was created: it did not pay for it (support may tie it with an explicit override)"
         case .productMismatch(let id, let apple, let order): "Apple transaction \(id) is for \(apple), the order for \(order)"

@@ -65,4 +65,23 @@ struct AppleLookupRoutesTests {
             #expect(status == .serviceUnavailable && errorOf(error)["code"] as? String == "apple-api-not-configured")
         }
     }
+
+    @Test("a purchase of an Apple account the ledger knows for another user, looked up for a user: held for support at once, as that user's proof would be")
+    func lookUpAnotherUsersAccount() async throws {
+        try await withLookupApplication { http, db in
+            let (_, linked) = try await http.send(.post, "/v1/users/alice/app-transaction", json: ["signedAppTransaction": try await apple.sign(TestApple.appTransaction("acct-lk"))])
+            #expect(linked["outcome"] as? String == "linked", "\(linked)")
+            var alices = TestApple.transaction("9100011")
+            alices.appTransactionId = "acct-lk"
+            await standIn.setOrder("MQ3GHI", [try await apple.sign(alices)])
+            let (status, found) = try await http.send(.post, "/v1/apple-orders/MQ3GHI/lookup", json: ["userId": "bob"])
+            let entries = found["transactions"] as? [[String: Any]] ?? []
+            #expect(status == .ok && entries.count == 1, "\(found)")
+            #expect(entries.first?["outcome"] as? String == "unmatched" && entries.first?["reason"] as? String == "account-conflict", "\(entries)")
+            #expect(try await scalar(db, "SELECT status FROM apple_transactions WHERE transaction_id = '9100011'", as: String.self) == "conflict")
+            #expect(try await scalar(db, """
+                SELECT claimed_by || ' ' || owner_user_id FROM dashboards.apple_account_conflicts WHERE transaction_id = '9100011'
+                """, as: String.self) == "bob alice")
+        }
+    }
 }

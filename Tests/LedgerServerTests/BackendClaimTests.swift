@@ -299,4 +299,49 @@ struct BackendClaimTests {
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
+
+    @Test("a transaction waiting in the pool for one user: another user's proof naming that user's order holds it for support; a backend's receipt-received of it is 409 user-mismatch")
+    func pooledForAnotherUser() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            for (order, user) in [("o-b1", "bob"), ("o-b2", "bob"), ("o-a1", "alice")] {
+                try await http.send(.post, "/v1/orders", json: newOrder(order, user: user))
+            }
+            // Alice's client sent it first, naming no order: it waits for her.
+            let first = try await apple.sign(TestApple.transaction("7900041"))
+            let (_, pooled) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": first, "userId": "alice"])
+            #expect(pooled["outcome"] as? String == "unmatched" && pooled["reason"] as? String == "no-order", "\(pooled)")
+            // Bob's client names his own order: support decides, as for an Apple account of another user.
+            let (_, claimed) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": first, "userId": "bob", "orderId": "o-b1"])
+            #expect(claimed["outcome"] as? String == "unmatched" && claimed["reason"] as? String == "account-conflict", "\(claimed)")
+            #expect(claimed["finishTransaction"] as? Bool == false, "\(claimed)")
+            let (_, bobs) = try await http.send(.get, "/v1/orders/o-b1")
+            #expect(bobs["state"] as? String == "created", "\(bobs)")
+            #expect(try await scalar(db, """
+                SELECT claimed_by || ' ' || owner_user_id FROM dashboards.apple_account_conflicts WHERE transaction_id = '7900041'
+                """, as: String.self) == "bob alice")
+
+            // Bob's backend claims another that waits for Alice: refused, nothing appended.
+            let second = try await apple.sign(TestApple.transaction("7900042"))
+            _ = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": second, "userId": "alice"])
+            let events = try await eventCount(db)
+            let (status, refused) = try await http.send(.post, "/v1/orders/o-b2/events", json: ["type": "receipt-received", "data": receipt("7900042")])
+            #expect(status == .conflict && errorOf(refused)["code"] as? String == "user-mismatch", "\(refused)")
+            #expect(try await eventCount(db) == events)
+            // Alice's own order still takes it.
+            let (_, own) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": second, "userId": "alice", "orderId": "o-a1"])
+            #expect(own["outcome"] as? String == "matched" && own["orderId"] as? String == "o-a1", "\(own)")
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
+
+    @Test("a backend's own claim of a transaction the ledger does not hold, naming another product than its order's, is 409 product-mismatch, nothing appended")
+    func backendClaimSaysOtherwise() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-p", user: "dave"))
+            let events = try await eventCount(db)
+            let (status, refused) = try await http.send(.post, "/v1/orders/o-p/events", json: ["type": "receipt-received", "data": receipt("7900051", product: "gems.999")])
+            #expect(status == .conflict && errorOf(refused)["code"] as? String == "product-mismatch", "\(refused)")
+            #expect(try await eventCount(db) == events)
+        }
+    }
 }
