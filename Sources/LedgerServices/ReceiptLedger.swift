@@ -274,11 +274,11 @@ public struct ReceiptLedger: Sendable {
         let claimant = claim.userId ?? (matchedBy == .applicationUsername ? candidate?.userId : nil)
         // One no order takes, pooled for the user whose Apple account it came from (a sweep,
         // support's lookup), is held as that user's claim would be: the next pass would hold it.
-        // The user it waits in the pool for counts as known too when the claim names an order of
-        // another user: it pays no order that support would need `force` and a reason for. (A
-        // claim naming no order changes nothing: the first one stands, below.)
+        // The user it waits in the pool for counts as known too when the claim names an open order
+        // of another user: it pays no order that support would need `force` and a reason for. (A
+        // claim naming no order, or a closed one, changes nothing: the first one stands, below.)
         if holder == nil || holder?.isPooled == true, let claimant = claimant ?? (candidate == nil ? claim.poolUserId : nil),
-           let known = try await TransactionPool(database: database).knownUser(of: transaction, in: tx) ?? (candidate == nil ? nil : holder?.userId),
+           let known = try await TransactionPool(database: database).knownUser(of: transaction, in: tx) ?? (candidate?.isOpen == true ? holder?.userId : nil),
            known != claimant {
             // Another user's Apple account or token (issue 41), or another user's pool entry: no
             // automatic path pairs it with the claimant's order. It waits in the pool with both

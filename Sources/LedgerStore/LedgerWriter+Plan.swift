@@ -232,8 +232,12 @@ extension LedgerWriter {
                             }
                             guard known.isPooled || known.isHeldForSupport else { throw OrderLedgerError.duplicateTransaction(receipt.transactionId) }
                             // Waiting for another user (a client claimed it for that one first): a
-                            // claim by order id crosses users no more than support may without force.
-                            if receipt.matchedBy == .applicationUsername, known.isPooled, let pooledUser = known.userId, let order, pooledUser != order.userId {
+                            // client's own claim (a write carrying the allowance), whatever `matchedBy`
+                            // it says, crosses users no more than support may without force; nor does
+                            // a proof's common case (a write with a condition), which then takes the
+                            // locked path, where the intake decides by the user the ledger knows.
+                            if write.purchaseAllowance != nil || write.condition != nil, receipt.matchedBy != .support, receipt.matchedBy != .imported,
+                               known.isPooled, let pooledUser = known.userId, let order, pooledUser != order.userId {
                                 throw OrderLedgerError.pooledForAnotherUser(receipt.transactionId, user: pooledUser)
                             }
                             if receipt.matchedBy == .imported, let order, let refusal = importRefusal(receipt, of: order, known: known) { throw refusal }

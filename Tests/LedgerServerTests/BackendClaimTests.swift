@@ -326,10 +326,29 @@ struct BackendClaimTests {
             let events = try await eventCount(db)
             let (status, refused) = try await http.send(.post, "/v1/orders/o-b2/events", json: ["type": "receipt-received", "data": receipt("7900042")])
             #expect(status == .conflict && errorOf(refused)["code"] as? String == "user-mismatch", "\(refused)")
+            // Whatever rule the backend says it paired by.
+            var token = receipt("7900042")
+            token["matchedBy"] = "appAccountToken"
+            let (byToken, tokenRefused) = try await http.send(.post, "/v1/orders/o-b2/events", json: ["type": "receipt-received", "data": token])
+            #expect(byToken == .conflict && errorOf(tokenRefused)["code"] as? String == "user-mismatch", "\(tokenRefused)")
             #expect(try await eventCount(db) == events)
+            // Bob's client naming a closed order of his: nothing changes, it still waits for alice.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-b3", user: "bob"))
+            try await http.send(.post, "/v1/orders/o-b3/events", json: ["type": "failed", "data": ["reason": "cancelled"]])
+            let (_, closed) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": second, "userId": "bob", "orderId": "o-b3"])
+            #expect(closed["outcome"] as? String == "unmatched" && closed["reason"] as? String == "order-closed", "\(closed)")
+            #expect(try await scalar(db, "SELECT status || ' ' || user_id FROM apple_transactions WHERE transaction_id = '7900042'", as: String.self) == "unmatched alice")
             // Alice's own order still takes it.
             let (_, own) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": second, "userId": "alice", "orderId": "o-a1"])
             #expect(own["outcome"] as? String == "matched" && own["orderId"] as? String == "o-a1", "\(own)")
+            // Pooled for alice, then its Apple account linked to bob: Apple's account decides, and
+            // bob's proof naming his order is matched (the pass would hold alice's entry).
+            let third = try await apple.sign(TestApple.transaction("7900043"))
+            _ = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": third, "userId": "alice"])
+            let (_, linked) = try await http.send(.post, "/v1/users/bob/app-transaction", json: ["signedAppTransaction": try await apple.sign(TestApple.appTransaction("app-tx-7900043"))])
+            #expect(linked["outcome"] as? String == "linked", "\(linked)")
+            let (_, bobs2) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": third, "userId": "bob", "orderId": "o-b2"])
+            #expect(bobs2["outcome"] as? String == "matched" && bobs2["orderId"] as? String == "o-b2", "\(bobs2)")
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }

@@ -77,6 +77,9 @@ func connectedClient(_ port: Int) async throws -> TestClient {
         } catch ChannelError.connectTimeout where attempt < 10 {
             try? await client.shutdown()
             attempt += 1
+        } catch {
+            try? await client.shutdown()
+            throw error
         }
     }
 }

@@ -207,6 +207,9 @@ struct PerUserTokenTests {
             let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["signedTransaction": jws, "orderId": "o-new", "userId": "u-1"])
             #expect(answer["outcome"] as? String == "duplicate" && answer["reason"] as? String == "duplicate-transaction", "\(answer)")
             #expect(answer["finishTransaction"] as? Bool == true, "\(answer)")
+            // The order it was replayed for is failed, as for an app of per-order tokens (promise 6).
+            let (_, replayed) = try await http.send(.get, "/v1/orders/o-new")
+            #expect(replayed["state"] as? String == "failed", "\(replayed)")
         }
     }
 }
