@@ -98,6 +98,17 @@ public struct OrderLedger: Sendable {
             // upgrade, a family member's share): never an order's (issue 40).
             throw OrderLedgerError.laterTransaction(receipt.transactionId, original: original)
         }
+        var (event, data) = (event, data)
+        if case .verified(var verified) = event, verified.transactionId == nil, verified.environment != nil,
+           let own = try await order(id)?.transactionId {
+            // The environment is its transaction's, placed on it only with the transaction named:
+            // the order's own is named for the client (one that has moved on since is refused by the
+            // writer, `transaction-mismatch`), so that what the answer says is what is stored and
+            // what the reports count.
+            verified.transactionId = own
+            event = .verified(verified)
+            data = try data.map { try Self.naming(own, in: $0) }
+        }
         try await checkEnvironment(of: event, eventID: eventID, on: id)
         let newEvent = try data.map { NewEvent(id: eventID, body: .order(event), data: $0, metadata: metadata) }
             ?? EventCoding.newEvent(event, id: eventID, metadata: metadata)
@@ -107,6 +118,13 @@ public struct OrderLedger: Sendable {
             return Outcome(order: try await orderAsOf(id, version: appended.result.streamVersion), appended: false)
         }
         return Outcome(order: order, appended: true)
+    }
+
+    /// An event's `data` object with `transactionId` set to `id`, its other members as given.
+    static func naming(_ id: TransactionID, in data: Data) throws -> Data {
+        guard var object = try JSONSerialization.jsonObject(with: data) as? [String: Any] else { return data }
+        object["transactionId"] = id.rawValue
+        return try JSONSerialization.data(withJSONObject: object)
     }
 
     /// Refuses a backend's own purchase in an environment its order's app does not take (an app

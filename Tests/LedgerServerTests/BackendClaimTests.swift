@@ -363,4 +363,24 @@ struct BackendClaimTests {
             #expect(try await eventCount(db) == events)
         }
     }
+
+    @Test("a verified naming the environment without the transaction places it on the order's transaction: answered, stored and counted alike; a retry is the same event")
+    func verifiedEnvironmentWithoutTransaction() async throws {
+        try await withReceiptsApplication(apple) { http, db in
+            try await http.send(.post, "/v1/orders", json: newOrder("o-env", user: "erin"))
+            let (claimed, _) = try await http.send(.post, "/v1/orders/o-env/events", json: ["type": "receipt-received", "data": receipt("7900061")])
+            #expect(claimed == .created)
+            let event: [String: Any] = ["type": "verified", "eventId": "6f1c2a10-3b7e-4c55-9d2e-0a8b1c2d3e61", "data": ["environment": "Sandbox"]]
+            let (status, answer) = try await http.send(.post, "/v1/orders/o-env/events", json: event)
+            #expect(status == .created && answer["environment"] as? String == "Sandbox", "\(answer)")
+            let (_, read) = try await http.send(.get, "/v1/orders/o-env")
+            #expect(read["environment"] as? String == "Sandbox", "\(read)")
+            #expect(try await scalar(db, "SELECT environment FROM apple_transactions WHERE transaction_id = '7900061'", as: String.self) == "Sandbox")
+            let events = try await eventCount(db)
+            let (again, _) = try await http.send(.post, "/v1/orders/o-env/events", json: event)
+            #expect(again == .ok)
+            #expect(try await eventCount(db) == events)
+            #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
+        }
+    }
 }
