@@ -105,12 +105,17 @@ public func buildApplication(
     let verifier = try configuration.apple.verifier(logger: logger).choosingApps(from: appDirectory)
     // One assembly (one writer) for every route and service, so that their events share transactions.
     let services = ServiceAssembly(database: database, purchaseAllowance: configuration.reconciler.clockSkew)
+    let connections = ConnectionLimitHandler.Count(
+        limit: configuration.maximumConnections ?? ConnectionLimitHandler.Count.defaultLimit(), logger: logger)
+    let readTimeout = configuration.requestReadTimeout
     var application = Application(
         router: buildRouter(
             services: services, migrator: migrator, apple: verifier,
             appStoreServerAPI: appStoreServerAPI, configuration: configuration, health: health, metrics: metrics, apps: appDirectory),
         server: .http1(configuration: .init(
-            additionalChannelHandlers: [ContinueHandler(), ConnectionCloseHandler()], idleTimeout: .seconds(Int64(configuration.connectionIdleTimeout)))),
+            additionalChannelHandlers: [
+                ConnectionLimitHandler(count: connections), RequestDeadlineHandler(seconds: readTimeout), ContinueHandler(), ConnectionCloseHandler(),
+            ], idleTimeout: .seconds(Int64(configuration.connectionIdleTimeout)))),
         configuration: .init(address: .hostname(configuration.host, port: configuration.port), serverName: "order-ledger"),
         services: [client, health],
         logger: logger

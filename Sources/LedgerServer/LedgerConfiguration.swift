@@ -117,6 +117,12 @@ public struct LedgerConfiguration: Sendable {
     /// HTTP client pool keeps an idle connection (async-http-client's), so that the client,
     /// not the server, closes a quiet keep-alive connection. Not a setting.
     public var connectionIdleTimeout = 75
+    /// Seconds a request may take to arrive whole after its head: a body trickled slower is cut
+    /// off with its connection. Not a setting.
+    public var requestReadTimeout = 60
+    /// The most client connections open at once; nil: below the process's limit of open files
+    /// (`ConnectionLimitHandler.Count.defaultLimit`). Not a setting.
+    public var maximumConnections: Int?
     public var reconciler = Reconciler.Settings()
     /// Whether the reconciler creates a recovery order for an orphan with no candidate (active catalog products only).
     public var recoveryOrders = false

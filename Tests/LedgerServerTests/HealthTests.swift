@@ -261,4 +261,81 @@ struct IdleConnectionTests {
             #expect(closed && received.hasPrefix("HTTP/1.1 200"), "\(received)")
         }
     }
+
+    /// Sends `head`, then a byte of its body every 200 ms, until the server closes the connection
+    /// (true) or 60 s pass (false).
+    static func trickled(_ port: Int, head: String) -> Bool {
+        guard let descriptor = connected(to: port) else { return false }
+        defer { close(descriptor) }
+        var timeout = timeval(tv_sec: 0, tv_usec: 200_000)
+        setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        _ = head.withCString { send(descriptor, $0, strlen($0), 0) }
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        for _ in 0..<300 {
+            if "x".withCString({ send(descriptor, $0, 1, Int32(MSG_NOSIGNAL)) }) < 0 { return true }
+            let count = recv(descriptor, &buffer, buffer.count, 0)
+            if count == 0 { return true }
+            if count < 0, errno != EAGAIN, errno != EWOULDBLOCK { return true }
+        }
+        return false
+    }
+
+    @Test("a request whose body trickles in is cut off once it has not arrived whole within its time, though bytes keep coming")
+    func trickledBodyIsCutOff() async throws {
+        // The idle time-out is an hour here: only the request's own deadline can end it.
+        try await withLiveApplication(configure: { $0.requestReadTimeout = 1 }) { http, _ in
+            let port = http.client.port
+            for head in [
+                // Apple's route takes no key, and reads the body.
+                "POST /v1/notifications/apple HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n",
+                // Answered 401 at once, its body read on.
+                "POST /v1/orders HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n",
+            ] {
+                let closed = await Self.onThread { Self.trickled(port, head: head) }
+                #expect(closed, "not closed within 60 s: \(head.debugDescription)")
+            }
+            // A request that arrives whole is answered as ever.
+            let (status, _) = try await http.send(.get, "/healthz")
+            #expect(status == .ok)
+        }
+    }
+
+    @Test("connections past the server's most are closed as they open; a place freed is taken again")
+    func connectionsPastTheLimitAreClosed() async throws {
+        try await withLiveApplication(configure: { $0.maximumConnections = 3 }) { http, _ in
+            let port = http.client.port
+            // The test's own client holds the first place.
+            let (status, _) = try await http.send(.get, "/healthz")
+            #expect(status == .ok)
+            // Two more, each answered once: the server has taken them in (connections are taken in
+            // on several event loops, in no set order) before the fourth comes.
+            let held = await Self.onThread {
+                (0..<2).compactMap { _ -> Int32? in
+                    guard let descriptor = Self.connected(to: port) else { return nil }
+                    _ = "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n".withCString { send(descriptor, $0, strlen($0), 0) }
+                    var buffer = [UInt8](repeating: 0, count: 4096)
+                    let count = recv(descriptor, &buffer, buffer.count, 0)
+                    guard count > 0, String(decoding: buffer[0..<count], as: UTF8.self).hasPrefix("HTTP/1.1 200") else {
+                        close(descriptor)
+                        return nil
+                    }
+                    return descriptor
+                }
+            }
+            #expect(held.count == 2)
+            let (closed, received) = await Self.onThread { Self.closedBy(port, after: "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n") }
+            #expect(closed && !received.contains("HTTP/1.1"), "the fourth connection: \(received)")
+            for descriptor in held { close(descriptor) }
+            // Once the server has seen them go (it counts them as it notices), a new one is answered.
+            let answered = await Self.onThread {
+                for _ in 0..<100 {
+                    let (_, received) = Self.closedBy(port, after: "GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                    if received.hasPrefix("HTTP/1.1 200") { return true }
+                    usleep(100_000)
+                }
+                return false
+            }
+            #expect(answered)
+        }
+    }
 }
