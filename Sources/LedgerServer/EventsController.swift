@@ -15,12 +15,12 @@ struct EventsController {
 
     /// `GET /v1/events?after=&limit=`: events after a position, in position order, never
     /// skipping one that commits later (docs/architecture.md).
-    func feed(_ request: Request) async throws -> Answer<Feed> {
+    func feed(_ request: Request) async throws -> Feed {
         let query = request.uri.queryParameters
         let after = try Self.position(query["after"], field: "after")
         let limit = try OrdersController.limit(query["limit"], default: 100, maximum: 1000)
         let events = try await store.readAll(after: after, limit: limit)
-        return Answer(Feed(events: events.map { EventResponse($0, withStream: true) }, next: events.last?.position ?? after))
+        return Feed(events: events.map { EventResponse($0, withStream: true) }, next: events.last?.position ?? after)
     }
 
     struct Feed: Encodable, Sendable {
@@ -30,7 +30,7 @@ struct EventsController {
     }
 
     /// `GET /v1/streams/{streamId}/events?from=&limit=`.
-    func stream(_ request: Request, _ context: LedgerRequestContext) async throws -> Answer<Stream> {
+    func stream(_ request: Request, _ context: LedgerRequestContext) async throws -> Stream {
         let stream = try StreamID(pathParameter(context, "streamId"))
         let query = request.uri.queryParameters
         let from = try Self.position(query["from"], field: "from")
@@ -45,11 +45,11 @@ struct EventsController {
                                details: ["apps": .strings(keyApps.map(\.rawValue))])
             }
             guard let order = try await orders.order(orderID), context.reaches(order.bundleId) else {
-                return Answer(Stream(streamId: stream, events: []))
+                return Stream(streamId: stream, events: [])
             }
         }
         let events = try await store.readStream(stream, from: from, limit: limit)
-        return Answer(Stream(streamId: stream, events: events.map { EventResponse($0) }))
+        return Stream(streamId: stream, events: events.map { EventResponse($0) })
     }
 
     struct Stream: Encodable, Sendable {

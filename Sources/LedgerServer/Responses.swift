@@ -44,26 +44,35 @@ struct OrderResponse: Encodable, Sendable {
 }
 
 /// An event as the API shows it; its data and metadata as the log stores them.
-struct EventResponse: Encodable {
-    let position: Int64
+/// The feed and the stream routes write it by hand (`write(into:)`); `encode(to:)` is what a test
+/// holds that to.
+struct EventResponse: Encodable, Sendable {
+    let stored: RecordedEvent
     /// Only in the global feed, which mixes streams.
     let streamId: StreamID?
-    let version: Int64
-    let type: String
-    let eventId: EventID
-    let data: JSONValue
-    let metadata: JSONValue
-    let recordedAt: Date
+    var position: Int64 { stored.position }
+    var version: Int64 { stored.streamVersion }
+    var type: String { stored.type }
+    var eventId: EventID { stored.id }
+    var recordedAt: Date { stored.recordedAt }
 
     init(_ event: RecordedEvent, withStream: Bool = false) {
-        position = event.position
+        stored = event
         streamId = withStream ? event.streamID : nil
-        version = event.streamVersion
-        type = event.type
-        eventId = event.id
-        data = JSONValue(json: event.data)
-        metadata = JSONValue(json: event.metadata)
-        recordedAt = event.recordedAt
+    }
+
+    enum CodingKeys: String, CodingKey { case position, streamId, version, type, eventId, data, metadata, recordedAt }
+
+    func encode(to encoder: any Encoder) throws {
+        var json = encoder.container(keyedBy: CodingKeys.self)
+        try json.encode(position, forKey: .position)
+        try json.encodeIfPresent(streamId, forKey: .streamId)
+        try json.encode(version, forKey: .version)
+        try json.encode(type, forKey: .type)
+        try json.encode(eventId, forKey: .eventId)
+        try json.encode(JSONValue(json: stored.data), forKey: .data)
+        try json.encode(JSONValue(json: stored.metadata), forKey: .metadata)
+        try json.encode(recordedAt, forKey: .recordedAt)
     }
 }
 

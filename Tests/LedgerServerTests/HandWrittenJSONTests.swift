@@ -41,6 +41,27 @@ struct HandWrittenJSONTests {
         }
     }
 
+    @Test("the feed's and a stream's pages are the JSON their encode(to:) gives, empty or not")
+    func eventPagesMatchEncoder() throws {
+        let events = [
+            RecordedEvent(
+                position: 7, streamID: StreamID(unchecked: "order-o \"1\""), streamVersion: 2, id: EventID(UUID()), type: "payment-added",
+                data: Data(#"{"note": "a \"b\"", "n": [1, 2.5, null], "deep": {"x": {"y": "\u00fc\n"}}}"#.utf8),
+                metadata: Data(#"{"requestId":"r\t1"}"#.utf8), recordedAt: Self.time),
+            RecordedEvent(
+                position: 9, streamID: StreamID(unchecked: "apple-transaction-1"), streamVersion: 0, id: EventID(UUID()), type: "transaction-unmatched",
+                data: Data("{}".utf8), metadata: Data("{}".utf8), recordedAt: Self.time.addingTimeInterval(1)),
+        ]
+        for page in [events, []] {
+            let feed = EventsController.Feed(events: page.map { EventResponse($0, withStream: true) }, next: page.last?.position ?? 3)
+            let stream = EventsController.Stream(streamId: StreamID(unchecked: "order-o \"1\""), events: page.map { EventResponse($0) })
+            for (text, encoded) in [(feed.text, try EventCoding.encoder.encode(feed)), (stream.text, try EventCoding.encoder.encode(stream))] {
+                let written = try #require(jsonObject(Data(text.utf8)), "\(text)")
+                #expect(written == (try #require(jsonObject(encoded))), "\(text)")
+            }
+        }
+    }
+
     @Test("a member is found as written, spaces, nesting and escapes in values included")
     func memberFound() throws {
         let cases: [(body: String, data: String)] = [
