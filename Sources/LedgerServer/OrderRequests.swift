@@ -8,7 +8,7 @@ import LedgerStore
 /// generated `appAccountToken` and a quantity of 1 where the caller gives none (or null).
 struct CreateOrder: ClosedBody {
     let orderId: OrderID
-    let created: OrderCreated
+    var created: OrderCreated
     /// Whether the caller chose the token (a retry is then the same order only with the same token).
     let tokenGiven: Bool
 
@@ -27,6 +27,8 @@ struct CreateOrder: ClosedBody {
             price: try body.decodeIfPresent(String.self, forKey: .price), currency: try body.decodeIfPresent(String.self, forKey: .currency),
             appAccountToken: token ?? UUID(), bundleId: try body.decodeIfPresent(BundleID.self, forKey: .bundleId))
         try OrderEvent.created(created).validate()
+        // Kept as every later read shows it, so that the first answer shows it so too.
+        created.price = created.price.map(OrderEvent.normalizedPrice)
     }
 }
 

@@ -555,4 +555,22 @@ extension OrderRoutesTests {
             #expect(refused == .badRequest && errorOf(error)["field"] as? String == "user Id", "\(error)")
         }
     }
+
+    @Test("a price is answered at its creation as every later read shows it; one over 32 characters is refused by name")
+    func priceAnsweredAsKept() async throws {
+        try await withLiveApplication { http, _ in
+            var body = newOrder("o-price")
+            body["price"] = "000.990"
+            let (status, created) = try await http.send(.post, "/v1/orders", json: body)
+            #expect(status == .created && created["price"] as? String == "0.990", "\(created)")
+            let (_, read) = try await http.send(.get, "/v1/orders/o-price")
+            #expect(read["price"] as? String == "0.990", "\(read)")
+            let (retried, again) = try await http.send(.post, "/v1/orders", json: body)
+            #expect(retried == .ok && again["price"] as? String == "0.990", "\(again)")
+            body["orderId"] = "o-price-long"
+            body["price"] = String(repeating: "9", count: 33)
+            let (refused, error) = try await http.send(.post, "/v1/orders", json: body)
+            #expect(refused == .badRequest && (errorOf(error)["message"] as? String)?.contains("32 characters") == true, "\(error)")
+        }
+    }
 }

@@ -85,7 +85,7 @@ public enum OrderEvent: Sendable, Equatable {
                 throw LedgerInputError(field: "quantity", problem: "must be from 1 to 100")
             }
             if let price = body.price, !Self.isValidPrice(price) {
-                throw LedgerInputError(field: "price", problem: "must be a decimal string such as \"0.99\"")
+                throw LedgerInputError(field: "price", problem: "must be a decimal string such as \"0.99\", of at most 32 characters")
             }
             if let currency = body.currency, !Self.isValidCurrency(currency) {
                 throw LedgerInputError(field: "currency", problem: "must be an ISO 4217 code such as \"USD\"")
@@ -115,6 +115,14 @@ public enum OrderEvent: Sendable, Equatable {
         let parts = text.utf8.split(separator: UInt8(ascii: "."), omittingEmptySubsequences: false)
         guard (1...2).contains(parts.count), text.utf8.count <= 32 else { return false }
         return parts.allSatisfy { !$0.isEmpty && $0.allSatisfy { (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) } }
+    }
+
+    /// A valid price as the ledger keeps and shows it (as PostgreSQL's `numeric` reads it back):
+    /// without the leading zeros of its whole part, `000.990` as `0.990`.
+    public static func normalizedPrice(_ text: String) -> String {
+        let whole = text.prefix { $0 != "." }
+        let trimmed = whole.drop { $0 == "0" }
+        return (trimmed.isEmpty ? "0" : String(trimmed)) + text.dropFirst(whole.count)
     }
 
     /// An ISO 4217 currency code: three upper-case letters.
