@@ -104,10 +104,11 @@ public struct OrderLedger: Sendable {
             // The environment is its transaction's, placed on it only with the transaction named:
             // the order's own is named for the client (one that has moved on since is refused by the
             // writer, `transaction-mismatch`), so that what the answer says is what is stored and
-            // what the reports count.
+            // what the reports count. Its retry names the same: a `verified` stands on a backend's
+            // own claim, which support cannot undo, and nothing else takes it back.
             verified.transactionId = own
             event = .verified(verified)
-            data = try data.map { try Self.naming(own, in: $0) }
+            if let given = data { data = try await naming(own, in: given) }
         }
         try await checkEnvironment(of: event, eventID: eventID, on: id)
         let newEvent = try data.map { NewEvent(id: eventID, body: .order(event), data: $0, metadata: metadata) }
@@ -120,11 +121,13 @@ public struct OrderLedger: Sendable {
         return Outcome(order: order, appended: true)
     }
 
-    /// An event's `data` object with `transactionId` set to `id`, its other members as given.
-    static func naming(_ id: TransactionID, in data: Data) throws -> Data {
-        guard var object = try JSONSerialization.jsonObject(with: data) as? [String: Any] else { return data }
-        object["transactionId"] = id.rawValue
-        return try JSONSerialization.data(withJSONObject: object)
+    /// An event's `data` object with `transactionId` set to `id`, its other members as given (read
+    /// by PostgreSQL, which keeps any number as it is written, as the log will).
+    func naming(_ id: TransactionID, in data: Data) async throws -> Data {
+        let rows = try await database.query(
+            "SELECT jsonb_set(\(String(decoding: data, as: UTF8.self))::jsonb, '{transactionId}', to_jsonb(\(id.rawValue)::text))::text")
+        for try await text in rows.decode(String.self) { return Data(text.utf8) }
+        return data
     }
 
     /// Refuses a backend's own purchase in an environment its order's app does not take (an app

@@ -380,6 +380,18 @@ struct BackendClaimTests {
             let (again, _) = try await http.send(.post, "/v1/orders/o-env/events", json: event)
             #expect(again == .ok)
             #expect(try await eventCount(db) == events)
+            // A backend's own claim is no pairing support undoes: the retry keeps naming the same.
+            let (undone, undo) = try await http.send(.post, "/v1/transactions/7900061/unmatch", json: ["reason": "test"])
+            #expect(undone == .conflict && errorOf(undo)["code"] as? String == "not-a-pool-pairing", "\(undo)")
+            // Members the event does not know are kept as written, numbers past 2^53 too.
+            try await http.send(.post, "/v1/orders", json: newOrder("o-env-2", user: "erin"))
+            _ = try await http.send(.post, "/v1/orders/o-env-2/events", json: ["type": "receipt-received", "data": receipt("7900062")])
+            let (kept, _) = try await http.send(
+                .post, "/v1/orders/o-env-2/events", raw: #"{"type":"verified","data":{"environment":"Sandbox","n":12345678901234567891}}"#)
+            #expect(kept == .created)
+            #expect(try await scalar(db, """
+                SELECT data->>'transactionId' || ' ' || (data->'n')::text FROM events WHERE stream_id = 'order-o-env-2' AND type = 'verified'
+                """, as: String.self) == "7900062 12345678901234567891")
             #expect(try await ProjectionRebuilder(database: db.database).verify() == [])
         }
     }
