@@ -8,16 +8,24 @@ import Synchronization
 import Glibc
 #endif
 
-/// Closes a connection whose request has not arrived whole `seconds` after its head did: a
-/// client that trickles a body (a byte every few seconds never lets the idle time-out fire) held
-/// its connection, and the answer it may already have had (a 401 before its body), for as long
-/// as it liked. A request that arrived is never cut off while it is answered.
-final class RequestDeadlineHandler: ChannelInboundHandler, RemovableChannelHandler {
+/// Closes a connection whose request has not arrived whole `seconds` after the server began to
+/// read it: a client that trickles a body (a byte every few seconds never lets the idle time-out
+/// fire) held its connection, and the answer it may already have had (a 401 before its body), for
+/// as long as it liked. The time runs from the request's head, or, for a request pipelined behind
+/// another, from the end of the answer before it (its body is not read until then); a request
+/// that arrived is never cut off while it is answered.
+final class RequestDeadlineHandler: ChannelDuplexHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPRequestPart
     typealias InboundOut = HTTPRequestPart
+    typealias OutboundIn = HTTPResponsePart
+    typealias OutboundOut = HTTPResponsePart
 
     private let seconds: Int64
     private var deadline: Scheduled<Void>?
+    /// A request's head is in and its end is not.
+    private var reading = false
+    /// Requests whose head came in and whose answer has not ended yet.
+    private var unanswered = 0
 
     init(seconds: Int) {
         self.seconds = Int64(seconds)
@@ -26,23 +34,42 @@ final class RequestDeadlineHandler: ChannelInboundHandler, RemovableChannelHandl
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch unwrapInboundIn(data) {
         case .head:
-            deadline?.cancel()
-            let context = NIOLoopBound(context, eventLoop: context.eventLoop)
-            deadline = context.value.eventLoop.scheduleTask(in: .seconds(seconds)) {
-                context.value.close(promise: nil)
-            }
+            reading = true
+            unanswered += 1
+            if unanswered == 1 { start(context) }
         case .body:
             break
         case .end:
-            deadline?.cancel()
-            deadline = nil
+            reading = false
+            stop()
         }
         context.fireChannelRead(data)
     }
 
-    func handlerRemoved(context: ChannelHandlerContext) {
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        if case .end = unwrapOutboundIn(data) {
+            unanswered = max(0, unanswered - 1)
+            // The request behind it is read from now on.
+            if reading, unanswered == 1, deadline == nil { start(context) }
+        }
+        context.write(data, promise: promise)
+    }
+
+    private func start(_ context: ChannelHandlerContext) {
+        stop()
+        let context = NIOLoopBound(context, eventLoop: context.eventLoop)
+        deadline = context.value.eventLoop.scheduleTask(in: .seconds(seconds)) {
+            context.value.close(promise: nil)
+        }
+    }
+
+    private func stop() {
         deadline?.cancel()
         deadline = nil
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        stop()
     }
 }
 
@@ -114,17 +141,20 @@ final class ConnectionLimitHandler: ChannelInboundHandler, RemovableChannelHandl
     }
 
     func channelActive(context: ChannelHandlerContext) {
-        admit(context)
-        context.fireChannelActive()
+        // A connection refused is closed here, and the handlers after this one never see it open.
+        if admit(context) { context.fireChannelActive() }
     }
 
-    private func admit(_ context: ChannelHandlerContext) {
-        guard !counted else { return }
+    /// Counts the connection in, or closes it: whether it stays open.
+    @discardableResult
+    private func admit(_ context: ChannelHandlerContext) -> Bool {
+        guard !counted else { return true }
         if count.take() {
             counted = true
-        } else {
-            context.close(promise: nil)
+            return true
         }
+        context.close(promise: nil)
+        return false
     }
 
     func channelInactive(context: ChannelHandlerContext) {
