@@ -9,12 +9,7 @@ import LedgerStore
 /// (this takes 2). Lists of orders (`Page`) still go through `encode(to:)`; a test holds the two
 /// to the same JSON.
 extension OrderResponse: ResponseGenerator {
-    func response(from request: Request, context: some RequestContext) throws -> Response {
-        let buffer = ByteBuffer(string: text)
-        return Response(
-            status: .ok, headers: [.contentType: jsonContentType, .contentLength: String(buffer.readableBytes)],
-            body: ResponseBody(byteBuffer: buffer))
-    }
+    func response(from request: Request, context: some RequestContext) throws -> Response { textAnswer(text) }
 
     /// The answer's JSON: the members of `encode(to:)`, keys sorted; an event's data and metadata
     /// as stored (JSON text already).
@@ -26,16 +21,7 @@ extension OrderResponse: ResponseGenerator {
         json += #""createdAt":"\#(EventCoding.formatDate(order.createdAt))","#
         json += #""currency":\#(JSONString(order.currency)),"#
         json += #""environment":\#(JSONString(order.environment)),"#
-        if let events {
-            json += #""events":["#
-            for (index, event) in events.enumerated() {
-                if index > 0 { json += "," }
-                json += #"{"data":\#(String(decoding: event.data, as: UTF8.self)),"eventId":"\#(event.id)","#
-                json += #""metadata":\#(String(decoding: event.metadata, as: UTF8.self)),"position":\#(event.position),"#
-                json += #""recordedAt":"\#(EventCoding.formatDate(event.recordedAt))","type":\#(JSONString(event.type)),"version":\#(event.streamVersion)}"#
-            }
-            json += "],"
-        }
+        if let events { json += #""events":\#(eventsText(events.map { EventResponse($0) })),"# }
         json += #""finishTransaction":\#(order.state.clientMayFinish),"orderId":\#(JSONString(order.orderId.rawValue)),"#
         json += #""price":\#(JSONString(order.price)),"#
         json += #""productId":\#(JSONString(order.productId.rawValue)),"quantity":\#(order.quantity),"#

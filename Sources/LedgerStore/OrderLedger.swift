@@ -108,7 +108,7 @@ public struct OrderLedger: Sendable {
             // own claim, which support cannot undo, and nothing else takes it back.
             verified.transactionId = own
             event = .verified(verified)
-            if let given = data { data = try await naming(own, in: given) }
+            data = try data.map { try Self.naming(own, in: $0) }
         }
         try await checkEnvironment(of: event, eventID: eventID, on: id)
         let newEvent = try data.map { NewEvent(id: eventID, body: .order(event), data: $0, metadata: metadata) }
@@ -121,13 +121,16 @@ public struct OrderLedger: Sendable {
         return Outcome(order: order, appended: true)
     }
 
-    /// An event's `data` object with `transactionId` set to `id`, its other members as given (read
-    /// by PostgreSQL, which keeps any number as it is written, as the log will).
-    func naming(_ id: TransactionID, in data: Data) async throws -> Data {
-        let rows = try await database.query(
-            "SELECT jsonb_set(\(String(decoding: data, as: UTF8.self))::jsonb, '{transactionId}', to_jsonb(\(id.rawValue)::text))::text")
-        for try await text in rows.decode(String.self) { return Data(text.utf8) }
-        return data
+    /// An event's `data` object with `transactionId` set to `id`, its other members as given: the
+    /// member added last, which PostgreSQL keeps over an earlier one of the name (a `null` sent),
+    /// and the text left as it is, so that no number is read and written again.
+    static func naming(_ id: TransactionID, in data: Data) throws -> Data {
+        var text = String(decoding: data, as: UTF8.self)
+        guard let end = text.lastIndex(of: "}") else { return data }
+        let member = String(decoding: try JSONEncoder().encode(id.rawValue), as: UTF8.self)
+        let empty = text[text.index(after: text.firstIndex(of: "{") ?? text.startIndex)..<end].allSatisfy(\.isWhitespace)
+        text.insert(contentsOf: (empty ? "" : ",") + #""transactionId":"# + member, at: end)
+        return Data(text.utf8)
     }
 
     /// Refuses a backend's own purchase in an environment its order's app does not take (an app
