@@ -23,8 +23,10 @@ struct Apps: AsyncParsableCommand {
         var appAccountTokens: String?
         @Option(help: "The app's SKU in App Store Connect, as its sales reports name it (Parent Identifier)")
         var sku: String?
-        @Option(help: "The app-specific shared secret for verifyReceipt (legacy receipts)")
+        @Option(help: "The app-specific shared secret for verifyReceipt (legacy receipts); seen by anyone who lists processes: --shared-secret-file keeps it off the command line")
         var sharedSecret: String?
+        @Option(help: "A file holding the app-specific shared secret (its surrounding whitespace ignored)")
+        var sharedSecretFile: String?
         @Option(help: "App Store Server API: the key's issuer id")
         var issuerId: String?
         @Option(help: "App Store Server API: the key's id")
@@ -53,9 +55,24 @@ struct Apps: AsyncParsableCommand {
             }
             if let sku { changes.sku = .some(try App.sku(sku, field: "--sku")) }
             if let appAccountTokens { changes.appAccountTokens = try AppAccountTokenScope(setting: appAccountTokens, field: "--app-account-tokens") }
-            if let sharedSecret { changes.sharedSecret = .some(try AppCredentials.sharedSecret(sharedSecret, field: "--shared-secret")) }
+            if let secret = try givenSharedSecret() { changes.sharedSecret = .some(secret) }
             if let key = try apiKey() { changes.apiKey = .some(key) }
             return changes
+        }
+
+        /// The shared secret, given on the command line or in a file.
+        func givenSharedSecret() throws -> String? {
+            switch (sharedSecret, sharedSecretFile) {
+            case (nil, nil): return nil
+            case (let secret?, nil): return try AppCredentials.sharedSecret(secret, field: "--shared-secret")
+            case (nil, let file?):
+                guard let text = try? String(contentsOfFile: file, encoding: .utf8) else {
+                    throw LedgerInputError(field: "--shared-secret-file", problem: "names \(file), which is missing or unreadable")
+                }
+                return try AppCredentials.sharedSecret(text.trimmingCharacters(in: .whitespacesAndNewlines), field: "--shared-secret-file")
+            case (_?, _?):
+                throw LedgerInputError(field: "--shared-secret-file", problem: "cannot be given with --shared-secret: give one of them")
+            }
         }
 
         /// The API key, when any of its options is given: all of them then.

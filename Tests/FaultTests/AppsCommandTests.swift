@@ -41,6 +41,12 @@ struct AppsCommandTests {
             ])
             #expect(changed == 0, "\(changeOutput)")
             #expect(changeOutput.contains("com.example.cli\tapp-apple-id 1234567890\tSandbox\tapi-key CLIKEY (stored)\tno shared-secret\tDECLINE\tapp-account-tokens user\tretired\tsku CLI1"), "\(changeOutput)")
+            // A secret kept off the command line, where any user listing processes would see it.
+            let secretFile = work.appendingPathComponent("secret").path
+            try "cli-s3cr3t-2\n".write(toFile: secretFile, atomically: true, encoding: .utf8)
+            let (fromFile, fromFileOutput) = try await ledger(["apps", "set", "--bundle-id", "com.example.cli", "--shared-secret-file", secretFile])
+            #expect(fromFile == 0 && fromFileOutput.contains("\tshared-secret\t"), "\(fromFileOutput)")
+            #expect(try await scalarText(db, "SELECT shared_secret FROM app_credentials WHERE bundle_id = 'com.example.cli'") == "cli-s3cr3t-2")
             let (referred, referOutput) = try await ledger([
                 "apps", "set", "--bundle-id", "com.example.cli", "--issuer-id", "issuer-2", "--key-id", "KEY2", "--private-key-ref", "env:CLI_IAP_KEY",
             ])
@@ -81,6 +87,8 @@ struct AppsCommandTests {
                 (["apps", "add", "--bundle-id", "com.example.x", "--issuer-id", "i", "--key-id", "k", "--private-key-file", work.appendingPathComponent("1.log").path], "--private-key-file"),
                 (["apps", "add", "--bundle-id", "com.example.x", "--issuer-id", "i", "--key-id", "k", "--private-key-ref", "vault:x"], "--private-key-ref"),
                 (["apps", "set", "--bundle-id", "com.example.cli", "--clear", "colour"], "--clear"),
+                (["apps", "set", "--bundle-id", "com.example.cli", "--shared-secret-file", "/nonexistent/secret"], "--shared-secret-file"),
+                (["apps", "set", "--bundle-id", "com.example.cli", "--shared-secret", "x", "--shared-secret-file", secretFile], "--shared-secret-file"),
                 (["apps", "set", "--bundle-id", "com.example.none", "--retired", "true"], "no app com.example.none"),
             ] {
                 let (status, output) = try await ledger(arguments)
