@@ -46,7 +46,7 @@ extension AppStoreServerStandIn {
 
     /// Apple's refusal of a Send Consumption Information (v2) body, or nil when Apple takes it:
     /// the three required fields, the enumerations, the percentage's range, and the combinations
-    /// Apple's field rules forbid (a percentage other than 0 when not delivered; `GRANT_PRORATED`
+    /// Apple's field rules forbid (a percentage other than 0, or none, when not delivered; `GRANT_PRORATED`
     /// without a percentage above 0 and below 100,000, any percentage for an auto-renewable
     /// subscription's transaction, whose share Apple computes itself).
     @Sendable static func refusal(ofConsumption body: ByteBuffer, autoRenewable: Bool = false) -> (Int, String)? {
@@ -80,7 +80,10 @@ extension AppStoreServerStandIn {
                 AppleErrorCode.consumptionPercentageAutoRenewableSubscription,
                 "ConsumptionPercentageAutoRenewableSubscriptionError: the consumption percentage field is unsupported for auto-renewable subscription transactions.")
         }
-        if delivery != "DELIVERED", let percentage, percentage != 0 {
+        // Apple's deliveryStatus page: "If the delivery status isn't DELIVERED, set the
+        // consumptionPercentage to 0; otherwise, the request fails with an error" (not for an
+        // auto-renewable subscription's transaction, which takes no percentage at all).
+        if delivery != "DELIVERED", !autoRenewable, percentage != 0 {
             return refusal(
                 AppleErrorCode.undeliveredConsumptionPercentageNonZero,
                 "UndeliveredConsumptionPercentageNonZeroError: the consumption percentage must be zero for the provided delivery status.")
@@ -107,7 +110,8 @@ extension AppStoreServerStandIn {
         await state.askedForNotifications(NotificationRequest(startDate: start, endDate: end, paginationToken: token))
         guard let start else { return Self.refusal(AppleErrorCode.invalidStartDate, "Invalid start date.") }
         guard let end else { return Self.refusal(AppleErrorCode.invalidEndDate, "Invalid end date.") }
-        guard start <= end else { return Self.refusal(AppleErrorCode.startDateAfterEndDate, "Invalid request. The start date is after the end date.") }
+        // StartDateAfterEndDateError: "the end date precedes the start date, or the two dates are equal".
+        guard start < end else { return Self.refusal(AppleErrorCode.startDateAfterEndDate, "Invalid request. The start date is after the end date.") }
         guard start >= Date().addingTimeInterval(-Double(notificationHistoryDays) * 86_400) else {
             return Self.refusal(AppleErrorCode.startDateTooFarInPast, "Invalid request. The start date is too far in the past.")
         }

@@ -32,6 +32,8 @@ public final class AppStoreServerStandIn: Sendable {
         /// long as a race needs.
         case held
         case malformed
+        /// Answers 200 with this body (a page with fields left out, as Apple's models allow).
+        case answer(String)
         /// Apple refuses the request: `status` with its `errorCode`.
         case refused(status: Int, errorCode: Int)
 
@@ -239,7 +241,7 @@ public final class AppStoreServerStandIn: Sendable {
         do {
             await keys.add(ecdsa: try ES256PublicKey(backing: publicKey), kid: JWKIdentifier(string: Self.keyID))
             let (header, _, _) = try DefaultJWTParser().parse(Array(token.utf8), as: AppStoreServerAPI.Claims.self)
-            guard header.kid == Self.keyID, header.alg == "ES256" else { return "header" }
+            guard header.kid == Self.keyID, header.alg == "ES256", header.typ == "JWT" else { return "header" }
             let claims = try await keys.verify(token, as: AppStoreServerAPI.Claims.self)
             guard claims.iss == Self.issuerID, claims.aud == "appstoreconnect-v1", claims.bid == bundleID,
                   claims.exp - claims.iat <= 3600, claims.iat <= Int(Date().timeIntervalSince1970) + 60 else { return "claims" }
@@ -418,6 +420,8 @@ public final class AppStoreServerStandIn: Sendable {
             await state.hold()
         case .malformed?:
             return Self.json(200, #"{"revision": 12, "signedTransactions": "#)
+        case .answer(let body)?:
+            return Self.json(200, body)
         case .refused(let status, let code)?:
             return Self.json(status, #"{"errorCode": \#(code), "errorMessage": "Refused."}"#)
         case nil:

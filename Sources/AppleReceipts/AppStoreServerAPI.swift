@@ -211,16 +211,30 @@ public final class AppStoreServerAPI: Sendable {
         var endDate: Int64
     }
 
+    // The pages below read as Apple's own libraries read them, where every field is optional: a
+    // list left out is empty, and `hasMore` left out is false. A `revision` is required: the
+    // cursor goes on from it, and a page without one cannot be followed.
+
     /// A page of notification history as Apple sends it.
     public struct NotificationHistoryPage: Decodable, Sendable {
         public var paginationToken: String?
         public var hasMore: Bool
         public var notificationHistory: [Item]
 
-        /// One notification: its signed payload, as it would have arrived.
+        /// One notification: its signed payload, as it would have arrived (nil: none was sent,
+        /// and there is nothing to apply).
         public struct Item: Decodable, Sendable {
-            public var signedPayload: String
+            public var signedPayload: String?
         }
+
+        public init(from decoder: any Decoder) throws {
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            paginationToken = try container.decodeIfPresent(String.self, forKey: .paginationToken)
+            hasMore = try container.decodeIfPresent(Bool.self, forKey: .hasMore) ?? false
+            notificationHistory = try container.decodeIfPresent([Item].self, forKey: .notificationHistory) ?? []
+        }
+
+        enum CodingKeys: String, CodingKey { case paginationToken, hasMore, notificationHistory }
     }
 
     /// A page of refund history as Apple sends it.
@@ -228,6 +242,15 @@ public final class AppStoreServerAPI: Sendable {
         public var revision: String
         public var hasMore: Bool
         public var signedTransactions: [String]
+
+        public init(from decoder: any Decoder) throws {
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            revision = try container.decode(String.self, forKey: .revision)
+            hasMore = try container.decodeIfPresent(Bool.self, forKey: .hasMore) ?? false
+            signedTransactions = try container.decodeIfPresent([String].self, forKey: .signedTransactions) ?? []
+        }
+
+        enum CodingKeys: String, CodingKey { case revision, hasMore, signedTransactions }
     }
 
     /// A page of transaction history as Apple sends it.
@@ -237,6 +260,17 @@ public final class AppStoreServerAPI: Sendable {
         public var bundleId: String?
         public var environment: String?
         public var signedTransactions: [String]
+
+        public init(from decoder: any Decoder) throws {
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            revision = try container.decode(String.self, forKey: .revision)
+            hasMore = try container.decodeIfPresent(Bool.self, forKey: .hasMore) ?? false
+            bundleId = try container.decodeIfPresent(String.self, forKey: .bundleId)
+            environment = try container.decodeIfPresent(String.self, forKey: .environment)
+            signedTransactions = try container.decodeIfPresent([String].self, forKey: .signedTransactions) ?? []
+        }
+
+        enum CodingKeys: String, CodingKey { case revision, hasMore, bundleId, environment, signedTransactions }
     }
 
     struct OrderLookup: Decodable {

@@ -221,9 +221,14 @@ public struct NotificationBackfill: Sendable {
             summary.pages += 1
             for item in page.notificationHistory {
                 summary.notifications += 1
+                guard let signed = item.signedPayload else {
+                    summary.refused += 1
+                    logger.warning("a notification in Apple's notification history came without its signed payload")
+                    continue
+                }
                 let notification: VerifiedNotification
                 do {
-                    notification = try await verifier.notification(signed: item.signedPayload)
+                    notification = try await verifier.notification(signed: signed)
                 } catch {
                     if error.isRetryable { throw error }
                     summary.refused += 1

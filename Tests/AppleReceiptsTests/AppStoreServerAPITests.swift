@@ -160,6 +160,18 @@ struct AppStoreServerAPITests {
             } catch {
                 #expect(error.api?.code == "apple-api-answer-malformed")
             }
+            // Read as Apple's own models read it, where every field is optional: no list is an
+            // empty one, no hasMore is the last page; but a page without its revision cannot be
+            // followed.
+            await standIn.queue([.answer(#"{"revision": "r9"}"#), .answer(#"{"hasMore": false, "signedTransactions": []}"#)])
+            let sparse = try await api.transactionHistory("nobody")
+            #expect(sparse.revision == "r9" && !sparse.hasMore && sparse.signedTransactions.isEmpty)
+            do {
+                _ = try await api.transactionHistory("nobody")
+                Issue.record("a page without its revision was read")
+            } catch {
+                #expect(error.api?.code == "apple-api-answer-malformed")
+            }
             #expect(try await api.lookUpOrder("MQ1234").count == 1)
             do {
                 _ = try await api.lookUpOrder("MQ0000")

@@ -39,7 +39,7 @@ struct AppStoreServerAPIWritesTests {
             #expect(body["consumptionPercentage"] as? Int == 25_000)
             #expect(body.count == 5)
             // Without a preference or a percentage, neither is sent.
-            try await api.sendConsumptionInformation("8100002", .init(customerConsented: true, deliveryStatus: "UNDELIVERED_SERVER_OUTAGE", sampleContentProvided: false))
+            try await api.sendConsumptionInformation("8100002", .init(customerConsented: true, deliveryStatus: "DELIVERED", sampleContentProvided: false))
             let second = try #require(try JSONSerialization.jsonObject(with: Data((await standIn.writes.last?.body ?? "").utf8)) as? [String: Any])
             #expect(Set(second.keys) == ["customerConsented", "deliveryStatus", "sampleContentProvided"])
         }
@@ -58,6 +58,8 @@ struct AppStoreServerAPIWritesTests {
                 (.init(customerConsented: true, deliveryStatus: "DELIVERED", sampleContentProvided: true, consumptionPercentage: -1), 4000000),
                 // A percentage other than 0 when not delivered.
                 (.init(customerConsented: true, deliveryStatus: "UNDELIVERED_OTHER", sampleContentProvided: true, consumptionPercentage: 5_000), 4000000),
+                // None when not delivered: Apple asks for 0 ("otherwise, the request fails").
+                (.init(customerConsented: true, deliveryStatus: "UNDELIVERED_OTHER", sampleContentProvided: true), 4000000),
                 // GRANT_PRORATED without a share above 0 and below 100%.
                 (.init(customerConsented: true, deliveryStatus: "DELIVERED", sampleContentProvided: true, refundPreference: "GRANT_PRORATED"), 4000000),
                 (.init(customerConsented: true, deliveryStatus: "DELIVERED", sampleContentProvided: true, refundPreference: "GRANT_PRORATED", consumptionPercentage: 0), 4000000),
@@ -105,6 +107,7 @@ struct AppStoreServerAPIWritesTests {
             #expect(await refusal(now.addingTimeInterval(-31 * 86_400), now) == 4000012, "the sandbox keeps 30 days")
             #expect(await refusal(now.addingTimeInterval(-29 * 86_400), now) == nil)
             #expect(await refusal(now, now.addingTimeInterval(-60)) == 4000013)
+            #expect(await refusal(now, now) == 4000013, "Apple refuses equal dates too")
             #expect(await refusal(now.addingTimeInterval(-60), now, "unknown") == 4000014)
             let first = try await api.notificationHistory(startDate: now.addingTimeInterval(-60), endDate: now)
             await standIn.expireNotificationTokens()
@@ -186,6 +189,12 @@ struct AppStoreServerAPIWritesTests {
             #expect(one.hasMore && one.paginationToken == "p1" && one.notificationHistory.map(\.signedPayload) == [first])
             let two = try await api.notificationHistory(startDate: start, endDate: end, paginationToken: one.paginationToken)
             #expect(!two.hasMore && two.notificationHistory.map(\.signedPayload) == [second])
+            // Fields left out, as Apple's models allow: the last page, and an item with nothing to apply.
+            await standIn.queue([.answer("{}"), .answer(#"{"notificationHistory": [{}]}"#)])
+            let empty = try await api.notificationHistory(startDate: start, endDate: end)
+            #expect(!empty.hasMore && empty.paginationToken == nil && empty.notificationHistory.isEmpty)
+            let bare = try await api.notificationHistory(startDate: start, endDate: end)
+            #expect(bare.notificationHistory.count == 1 && bare.notificationHistory.first?.signedPayload == nil)
             await standIn.queue([.malformed])
             do {
                 _ = try await api.notificationHistory(startDate: start, endDate: end)

@@ -13,8 +13,8 @@ struct ConsumptionFieldsTests {
             (.delivered, 0, .grantFull, 0, .nothingConsumed),
             (.delivered, 100_000, .decline, 100_000, .fullyConsumed),
             (.delivered, nil, nil, nil, .noConsumptionPercentage),
-            (.serverOutage, nil, .grantFull, nil, .notDelivered),
-            (.other, 30_000, .grantFull, nil, .notDelivered),
+            (.serverOutage, nil, .grantFull, 0, .notDelivered),
+            (.other, 30_000, .grantFull, 0, .notDelivered),
         ]
         for (status, consumed, preference, percentage, adjustment) in cases {
             let fields = ConsumptionFields(deliveryStatus: status, consumed: consumed, sampleContentProvided: true, refundPreference: .grantProrated)
@@ -23,7 +23,7 @@ struct ConsumptionFieldsTests {
             if fields.refundPreference == .grantProrated {
                 #expect((fields.consumptionPercentage ?? 0) > 0 && (fields.consumptionPercentage ?? 0) < 100_000)
             }
-            if fields.deliveryStatus != .delivered { #expect(fields.consumptionPercentage == nil) }
+            if fields.deliveryStatus != .delivered { #expect(fields.consumptionPercentage == 0, "Apple asks for 0 when not delivered") }
         }
     }
 
@@ -43,7 +43,7 @@ struct ConsumptionFieldsTests {
                 for consumed in [nil, 0, 50_000, 100_000] {
                     let fields = ConsumptionFields(deliveryStatus: status, consumed: consumed, sampleContentProvided: nil, refundPreference: preference)
                     #expect(fields.refundPreference == preference && fields.preferenceAdjusted == nil)
-                    #expect(fields.consumptionPercentage == (status == .delivered ? consumed : nil), "a percentage only when delivered")
+                    #expect(fields.consumptionPercentage == (status == .delivered ? consumed : 0), "the share delivered, 0 when not delivered")
                     #expect(fields.sampleContentProvided == false && fields.sampleContentDefaulted)
                 }
             }

@@ -151,13 +151,13 @@ struct AppleCallsTests {
             for (index, reason) in reasons.keys.sorted().enumerated() {
                 let body = bodies["82001\(index)0"] ?? [:]
                 #expect(body["deliveryStatus"] as? String == reasons[reason], "\(reason): \(body)")
-                #expect(body["customerConsented"] as? Bool == true && body["consumptionPercentage"] == nil, "not delivered: no percentage")
+                #expect(body["customerConsented"] as? Bool == true && body["consumptionPercentage"] as? Int == 0, "not delivered: 0, as Apple asks")
                 #expect(body["sampleContentProvided"] as? Bool == true && body["refundPreference"] as? String == "DECLINE")
             }
             #expect(bodies["8200002"]?["deliveryStatus"] as? String == "UNDELIVERED_OTHER")
             // Apple requires sampleContentProvided: the documented default, false, for a product the catalog does not describe.
             let uncatalogued = bodies["8200003"] ?? [:]
-            #expect(uncatalogued["sampleContentProvided"] as? Bool == false && uncatalogued["refundPreference"] == nil && uncatalogued.count == 3, "\(uncatalogued)")
+            #expect(uncatalogued["sampleContentProvided"] as? Bool == false && uncatalogued["refundPreference"] == nil && uncatalogued["consumptionPercentage"] as? Int == 0 && uncatalogued.count == 4, "\(uncatalogued)")
             #expect(bodies["8200004"]?["deliveryStatus"] as? String == "UNDELIVERED_OTHER")
 
             // Recorded where the request was, after it: on the order's stream, or the pooled transaction's.
@@ -213,8 +213,8 @@ struct AppleCallsTests {
                 ("8250002", "gems.prorated", .some(0), nil, "GRANT_FULL", 0, "nothing-consumed"),
                 ("8250003", "gems.prorated", .some(100_000), nil, "DECLINE", 100_000, "fully-consumed"),
                 ("8250004", "gems.prorated", .some(nil), nil, nil, nil, "no-consumption-percentage"),
-                ("8250005", "gems.prorated", nil, "server-outage", "GRANT_FULL", nil, "not-delivered"),
-                ("8250006", "gems.prorated", nil, nil, "GRANT_FULL", nil, "not-delivered"),
+                ("8250005", "gems.prorated", nil, "server-outage", "GRANT_FULL", 0, "not-delivered"),
+                ("8250006", "gems.prorated", nil, nil, "GRANT_FULL", 0, "not-delivered"),
                 ("8250007", "gems.unsaid", .some(10_000), nil, "DECLINE", 10_000, nil),
             ]
             for item in cases {

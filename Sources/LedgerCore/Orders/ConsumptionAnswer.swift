@@ -91,8 +91,8 @@ public enum DeliveryStatus: String, Codable, Sendable, CaseIterable {
 
 /// What a consumption answer sends, made from the ledger's facts so that Apple takes it
 /// (docs/apple.md, "Consumption answers"): every field Apple requires, and only the combinations
-/// Apple's field rules allow. Apple refuses a `consumptionPercentage` other than 0 with a
-/// `deliveryStatus` other than `DELIVERED`, and `GRANT_PRORATED` without a percentage above 0
+/// Apple's field rules allow. Apple asks for a `consumptionPercentage` of 0 with a
+/// `deliveryStatus` other than `DELIVERED`, and refuses `GRANT_PRORATED` without a percentage above 0
 /// and below 100,000; the ledger then sends the preference a prorated refund comes to, or none.
 public struct ConsumptionFields: Sendable, Equatable {
     public var deliveryStatus: DeliveryStatus
@@ -133,8 +133,9 @@ public struct ConsumptionFields: Sendable, Equatable {
         self.deliveryStatus = deliveryStatus
         self.sampleContentProvided = sampleContentProvided ?? Self.defaultSampleContentProvided
         sampleContentDefaulted = sampleContentProvided == nil
-        // A share only of what was delivered: Apple refuses one with any other status.
-        consumptionPercentage = deliveryStatus == .delivered && !autoRenewable ? consumed : nil
+        // A share only of what was delivered: Apple asks for 0 with any other status (its
+        // deliveryStatus page: "set the consumptionPercentage to 0; otherwise, the request fails").
+        consumptionPercentage = autoRenewable ? nil : deliveryStatus == .delivered ? consumed : 0
         self.refundPreference = refundPreference
         preferenceAdjusted = nil
         guard refundPreference == .grantProrated, !autoRenewable else { return }
