@@ -75,6 +75,7 @@ public enum LedgerSchema {
         Migration(name: "046_user_token_secret.sql", sql: String(decoding: PackageResources._46_user_token_secret_sql, as: UTF8.self)),
         Migration(name: "047_pool_refunds_each.sql", sql: String(decoding: PackageResources._47_pool_refunds_each_sql, as: UTF8.self)),
         Migration(name: "048_latest_order_refund.sql", sql: String(decoding: PackageResources._48_latest_order_refund_sql, as: UTF8.self)),
+        Migration(name: "049_sales_without_restores.sql", sql: String(decoding: PackageResources._49_sales_without_restores_sql, as: UTF8.self)),
     ]
 
     /// `sql/routines`: applied after the migrations, and again when a database has an earlier

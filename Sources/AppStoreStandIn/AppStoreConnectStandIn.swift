@@ -51,6 +51,13 @@ public final class AppStoreConnectStandIn: Sendable {
     /// The report of `day` (`YYYY-MM-DD`): its tab-separated text, served gzip'd; made again, the
     /// day is restated.
     public func setReport(_ day: String, tsv: String) async { await state.setReport(day, tsv) }
+    /// The file served for `day` as it is, not made from a report: one damaged on its way.
+    public func setReportFile(_ day: String, file: Data) async { await state.setFile(day, file) }
+    /// `text` gzip'd, as the stand-in serves a report.
+    public static func gzip(_ text: String) throws -> Data {
+        var plain = ByteBuffer(string: text)
+        return Data(buffer: try plain.compress(with: .gzip()))
+    }
     /// A day answered "no sales" again (a report Apple took back, or one it had not counted yet).
     public func removeReport(_ day: String) async { await state.removeReport(day) }
     /// A day Apple has not published yet.
@@ -128,9 +135,8 @@ public final class AppStoreConnectStandIn: Sendable {
         guard let tsv = await state.reports[day] else {
             return Self.error(404, "NOT_FOUND", "There were no sales for the date specified.")
         }
-        var plain = ByteBuffer(string: tsv)
-        let gzipped = try plain.compress(with: .gzip())
-        return Response(status: .ok, headers: [.contentType: "application/a-gzip"], body: .init(byteBuffer: gzipped))
+        let file = try await state.files[day] ?? Self.gzip(tsv)
+        return Response(status: .ok, headers: [.contentType: "application/a-gzip"], body: .init(byteBuffer: ByteBuffer(data: file)))
     }
 
     /// Why a token is refused, or nil when Apple would take it.
@@ -171,13 +177,16 @@ public final class AppStoreConnectStandIn: Sendable {
 
     actor State {
         var reports: [String: String] = [:]
+        /// Files served as they are, in place of a report made gzip'd (a damaged one).
+        var files: [String: Data] = [:]
         var unpublished = Set<String>()
         var faults: [Fault] = []
         var asked: [String] = []
         var requests = 0
 
-        func setReport(_ day: String, _ tsv: String) { reports[day] = tsv }
-        func removeReport(_ day: String) { reports[day] = nil }
+        func setReport(_ day: String, _ tsv: String) { (reports[day], files[day]) = (tsv, nil) }
+        func setFile(_ day: String, _ file: Data) { (reports[day], files[day]) = ("", file) }
+        func removeReport(_ day: String) { (reports[day], files[day]) = (nil, nil) }
         func setUnpublished(_ day: String, _ yes: Bool) { if yes { unpublished.insert(day) } else { unpublished.remove(day) } }
         func queue(_ more: [Fault]) { faults += more }
         func nextFault() -> Fault? {

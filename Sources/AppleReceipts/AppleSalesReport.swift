@@ -37,11 +37,21 @@ public struct AppleSalesReport: Sendable, Equatable {
         var text: String
         if file.starts(with: [0x1F, 0x8B]) {
             var buffer = ByteBuffer(data: file)
+            let plain: ByteBuffer
             do {
-                text = String(buffer: try buffer.decompress(with: .gzip(), maxSize: 1 << 30))
+                plain = try buffer.decompress(with: .gzip(), maxSize: 1 << 30)
             } catch {
                 throw AppStoreConnectError(code: "sales-report-malformed", message: "the sales report is not a gzip file Apple would send (\(error))")
             }
+            // compress-nio stops at the end of the data it was given, or of the first gzip member,
+            // without asking for the member's trailer: a file cut short read as a shorter report.
+            // Its last eight bytes must be the trailer of all it held (CRC-32 and length).
+            guard Self.trailerMatches(Array(file.suffix(8)), plain.readableBytesView) else {
+                throw AppStoreConnectError(
+                    code: "sales-report-malformed",
+                    message: "the sales report's gzip file is cut short or damaged: its end is not the checksum of what it holds")
+            }
+            text = String(buffer: plain)
         } else {
             text = String(decoding: file, as: UTF8.self)
         }
@@ -50,6 +60,10 @@ public struct AppleSalesReport: Sendable, Equatable {
         // Lines and columns split on their bytes (a tab and a newline are never part of a
         // character): a year of reports is a million lines.
         let bytes = Array(text.utf8)
+        if let nul = bytes.firstIndex(of: 0) {
+            let line = bytes[..<nul].count { $0 == UInt8(ascii: "\n") } + 1
+            throw AppStoreConnectError(code: "sales-report-malformed", message: "line \(line) of the sales report holds a NUL character, which no report of Apple's does")
+        }
         var lines = bytes.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: true).map { line in
             line.last == UInt8(ascii: "\r") ? line.dropLast() : line
         }.filter { !$0.isEmpty }
@@ -71,15 +85,55 @@ public struct AppleSalesReport: Sendable, Equatable {
             if values.count > header.count { values.removeLast(values.count - header.count) }
             // Apple's units are whole numbers (refunds negative); anything else is no report of
             // Apple's (a proxy's page, a damaged file), never a count of 0 nor a crash.
-            guard let count = Double(values[units]), count.isFinite, count.rounded() == count, abs(count) <= 1e12 else {
+            guard let count = Double(values[units]), count.isFinite, count.rounded() == count, abs(count) <= Double(Int32.max) else {
                 throw AppStoreConnectError(
-                    code: "sales-report-malformed", message: "line \(index + 2) of the sales report: Units is \"\(values[units])\", not a whole number")
+                    code: "sales-report-malformed",
+                    message: "line \(index + 2) of the sales report: Units is \"\(values[units])\", not a whole number of at most \(Int32.max)")
             }
             rows.append(Row(
                 values: values, sku: values[sku], parentIdentifier: values[parent], productType: values[type],
                 units: Int(count), countryCode: values[country]))
         }
         self.rows = rows
+    }
+
+    /// Whether `trailer` (a gzip file's last eight bytes) is that of `content`: its CRC-32 and its
+    /// length modulo 2^32, little-endian (RFC 1952).
+    static func trailerMatches(_ trailer: [UInt8], _ content: some Sequence<UInt8>) -> Bool {
+        guard trailer.count == 8 else { return false }
+        func word(_ at: Int) -> UInt32 { (0..<4).reduce(0) { $0 | UInt32(trailer[at + $1]) << (8 * $1) } }
+        var crc: UInt32 = 0xFFFF_FFFF
+        var length: UInt32 = 0
+        for byte in content {
+            crc = crcTable[Int((crc ^ UInt32(byte)) & 0xFF)] ^ (crc >> 8)
+            length &+= 1
+        }
+        return ~crc == word(0) && length == word(4)
+    }
+
+    /// CRC-32's table (the reflected polynomial 0xEDB88320, as gzip's).
+    static let crcTable: [UInt32] = (0..<256).map { index in
+        (0..<8).reduce(UInt32(index)) { crc, _ in crc & 1 == 1 ? 0xEDB8_8320 ^ (crc >> 1) : crc >> 1 }
+    }
+
+    /// Refuses a report whose lines say they are of another day than `day` (`YYYY-MM-DD`) in
+    /// their `Begin Date` (Apple's `MM/DD/YYYY`): a proxy or cache that answers every day with
+    /// one day's report would count that day's sales on every other. A date the ledger cannot
+    /// read is left alone.
+    public func check(day: String) throws(AppStoreConnectError) {
+        guard let begin = header.firstIndex(of: "Begin Date") else { return }
+        let parts = day.split(separator: "-")
+        guard parts.count == 3 else { return }
+        let apple = "\(parts[1])/\(parts[2])/\(parts[0])"
+        for (index, row) in rows.enumerated() {
+            let value = row.values[begin]
+            let fields = value.split(separator: "/")
+            guard fields.count == 3, fields.allSatisfy({ !$0.isEmpty && $0.allSatisfy(\.isASCII) && $0.allSatisfy(\.isNumber) }) else { continue }
+            guard value != apple else { continue }
+            throw AppStoreConnectError(
+                code: "sales-report-malformed",
+                message: "line \(index + 2) of the sales report is of \(value) (Begin Date), not of \(apple), the day asked for")
+        }
     }
 
     /// A line's tab-separated columns, each without the spaces around it.

@@ -135,13 +135,25 @@ public struct SalesReportFetch: Sendable {
             return .noSales(try await store.record(vendor: settings.vendorNumber, day: day, version: settings.version, file: nil, rows: []))
         case .report(let file):
             let report: AppleSalesReport
-            do { report = try AppleSalesReport(file: file) } catch { return .failed(error.message, stops: false) }
+            do {
+                report = try AppleSalesReport(file: file)
+                try report.check(day: day)
+            } catch {
+                return .failed(error.message, stops: false)
+            }
             let rows = report.rows.map {
                 AppleSalesStore.Row(sku: $0.sku, parentIdentifier: $0.parentIdentifier, productType: $0.productType, units: $0.units,
                                     countryCode: $0.countryCode, values: $0.values)
             }
-            return .report(try await store.record(
-                vendor: settings.vendorNumber, day: day, version: settings.version, file: report.text, header: report.header, rows: rows))
+            do {
+                return .report(try await store.record(
+                    vendor: settings.vendorNumber, day: day, version: settings.version, file: report.text, header: report.header, rows: rows))
+            } catch {
+                // A value of the report PostgreSQL will not store fails its day alone: the other
+                // days are fetched, and this one is asked again by the next run.
+                guard let refused = refusedValueMessage(error) else { throw error }
+                return .failed("the database refused the report: \(refused)", stops: false)
+            }
         }
     }
 }

@@ -394,7 +394,7 @@ public func isLostRace(_ error: any Error) -> Bool {
 public func refusedValueMessage(_ error: any Error) -> String? {
     guard let error = error as? PSQLError, let state = error.sqlState else { return nil }
     let clientData: [PostgresError.Code] = [
-        .untranslatableCharacter, .invalidTextRepresentation, .stringDataRightTruncationException, .numericValueOutOfRange,
+        .untranslatableCharacter, .characterNotInRepertoire, .invalidTextRepresentation, .stringDataRightTruncationException, .numericValueOutOfRange,
         .datetimeFieldOverflow, .checkViolation, .programLimitExceeded,
     ]
     guard clientData.contains(state) else { return nil }

@@ -17,7 +17,7 @@ struct AppleSalesReportTests {
     let apple: TestApple
     init() throws { apple = try TestApple() }
 
-    @Test("Apple counted one purchase more and a refund the ledger lacks; the sandbox, other apps and downloads stay out")
+    @Test("Apple counted one purchase more and a refund the ledger lacks; the sandbox, other apps, downloads, restores and free subscriptions stay out")
     func comparesPerDayAppProductAndCountry() async throws {
         try await withReceiptsApplication(apple, configure: { bothEnvironments(&$0); olderPurchases(&$0) }) { http, db in
             let (named, app) = try await http.send(.patch, "/v1/apps/\(TestApple.bundleId)", json: ["sku": "GAME1"])
@@ -47,6 +47,8 @@ struct AppleSalesReportTests {
                 ("gems.100", "GAME1", "IA1", 2, "US"), ("gems.100", "GAME1", "IA1", 1, "DE"),
                 ("gems.500", "GAME1", "IA1", 2, "US"), ("gems.500", "GAME1", "IA1", -1, "US"), ("gems.1000", "GAME1", "IA1", 1, "FR"),
                 ("hints.10", "OTHER", "IA1", 5, "US"), ("GAME1", "", "1", 40, "US"),
+                // Restored purchases and free subscriptions (Apple's IA3 and IAC, -M on a Mac): no sale.
+                ("gems.100", "GAME1", "IA3", 6, "DE"), ("gems.100", "GAME1", "IAC", 4, "DE"), ("gems.100", "GAME1", "IAC-M", 2, "US"),
             ], day: day)
             #expect(try await recordReport(tsv, day: day, db) == .new)
 

@@ -67,6 +67,47 @@ struct SalesReportFetchTests {
         }
     }
 
+    @Test("a damaged day fails alone, named: a file cut short, two gzip members, a NUL, units past an integer, another day's report; the others are stored")
+    func damagedDaysFailAlone() async throws {
+        let standIn = AppStoreConnectStandIn()
+        let days = (2...8).reversed().map { Self.day(-$0) }
+        @Sendable func report(_ day: String, units: String = "3") -> String {
+            AppStoreConnectStandIn.tsv([("gems.100", "GAME1", "IA1", 1, "US"), ("gems.500", "GAME1", "IA1", 2, "DE")], day: day)
+                .replacingOccurrences(of: "\tIA1\t1\t", with: "\tIA1\t\(units)\t")
+        }
+        // Cut short: without its trailer and some of its data; without the length alone.
+        await standIn.setReportFile(days[0], file: try AppStoreConnectStandIn.gzip(report(days[0])).dropLast(13))
+        await standIn.setReportFile(days[1], file: try AppStoreConnectStandIn.gzip(report(days[1])).dropLast(4))
+        // Two gzip members (RFC 1952 allows them; Apple sends one): the second is not dropped unseen.
+        let lines = report(days[2]).split(separator: "\n", omittingEmptySubsequences: false)
+        let split = lines.count / 2
+        await standIn.setReportFile(days[2], file: try AppStoreConnectStandIn.gzip(lines[..<split].joined(separator: "\n") + "\n")
+                                        + AppStoreConnectStandIn.gzip(lines[split...].joined(separator: "\n")))
+        await standIn.setReport(days[3], tsv: report(days[3]).replacingOccurrences(of: "Example Studio", with: "Example\u{0}Studio"))
+        await standIn.setReport(days[4], tsv: report(days[4], units: "3000000000"))
+        // A proxy answering another day's report.
+        await standIn.setReport(days[5], tsv: report(days[0]))
+        await standIn.setReport(days[6], tsv: report(days[6]))
+        try await Self.withFetch(standIn) { fetch, store, _ in
+            let summary = try await fetch.run(from: days[0], to: days[6])
+            #expect(summary.new == [days[6]], "\(summary)")
+            #expect(Set(summary.failed.keys) == Set(days[0...5]), "\(summary)")
+            for day in days[0...2] {
+                #expect(summary.failed[day]?.contains("cut short or damaged") == true, "\(day): \(summary.failed[day] ?? "-")")
+            }
+            #expect(summary.failed[days[3]]?.contains("holds a NUL character") == true, "\(summary.failed[days[3]] ?? "-")")
+            #expect(summary.failed[days[4]]?.contains("Units is \"3000000000\"") == true, "\(summary.failed[days[4]] ?? "-")")
+            #expect(summary.failed[days[5]]?.contains("not of") == true, "\(summary.failed[days[5]] ?? "-")")
+            for day in days[0...5] {
+                #expect(try await store.latest(vendor: standIn.vendorNumber, day: day, version: "1_0") == nil, "\(day): nothing stored")
+            }
+            // Mended at Apple's end: the next run stores them.
+            for day in days[0...5] { await standIn.setReport(day, tsv: report(day)) }
+            let next = try await fetch.run(from: days[0], to: days[6])
+            #expect(next.new == Array(days[0...5]) && next.failed.isEmpty, "\(next)")
+        }
+    }
+
     @Test("a day Apple answered without sales is asked again for a week: its report when it comes is the day's next revision; older days are not asked again")
     func noSalesAskedAgain() async throws {
         let standIn = AppStoreConnectStandIn()
@@ -167,7 +208,7 @@ struct SalesReportFetchTests {
             #expect(error.message.contains("Parent Identifier"), "\(error)")
         }
         // Units that are no whole number: the file is refused, naming the line, never read as 0.
-        for units in ["nan", "1e300", "x", "", "1.5"] {
+        for units in ["nan", "1e300", "x", "", "1.5", "2147483648", "-3000000000"] {
             do {
                 _ = try AppleSalesReport(file: Data("SKU\tParent Identifier\tProduct Type Identifier\tUnits\tCountry Code\ngems.100\tGAME1\tIA1\t1\tUS\ngems.100\tGAME1\tIA1\t\(units)\tUS\n".utf8))
                 Issue.record("Units \(units) was read")
