@@ -380,6 +380,18 @@ public struct AppleProofVerifier: Sendable {
         } catch {
             throw .malformed("the transaction's \(error.field) \(error.problem)")
         }
+        // Apple's price is never below 0 (a free trial's is 0), and its currency is ISO 4217's
+        // three letters: anything else is no transaction of Apple's, and would be revenue.
+        if let price = payload.price, price < 0 {
+            throw .malformed("the transaction's price is \(price), below 0")
+        }
+        var currency = payload.currency
+        if let text = currency {
+            guard text.utf8.count == 3, text.utf8.allSatisfy({ (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains($0 & ~0x20) }) else {
+                throw .malformed("the transaction's currency is \"\(text.prefix(40))\", not an ISO 4217 code")
+            }
+            currency = text.uppercased()
+        }
         return AppleTransaction(
             transactionId: id, originalTransactionId: payload.originalTransactionId, productId: product,
             // Spelled as Apple does (the reports count `Production` and `Sandbox` by name).
@@ -388,7 +400,7 @@ public struct AppleProofVerifier: Sendable {
             bundleId: app?.bundleId ?? payload.bundleId, quantity: payload.quantity ?? 1,
             appAccountToken: payload.appAccountToken.flatMap(UUID.init(uuidString:)), appTransactionId: payload.appTransactionId,
             inAppOwnershipType: payload.inAppOwnershipType, price: payload.price.map(Self.decimal(milliUnits:)),
-            currency: payload.currency, format: .jws, receiptSha256: sha256, type: payload.type,
+            currency: currency, format: .jws, receiptSha256: sha256, type: payload.type,
             expiresDate: payload.expiresDate.map(Date.init(millisecondsSince1970:)), webOrderLineItemId: payload.webOrderLineItemId,
             transactionReason: payload.transactionReason, subscriptionGroupIdentifier: payload.subscriptionGroupIdentifier,
             storefront: payload.storefront.flatMap(Self.storefront), isUpgraded: payload.isUpgraded)

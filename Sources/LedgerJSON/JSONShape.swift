@@ -157,6 +157,11 @@ public enum JSONShape {
     /// Why `Decimal` cannot hold the number written `text` exactly, or nil: more than 38
     /// significant digits (it would round them), or an exponent its parser refuses.
     static func numberProblem(_ text: UnsafeRawBufferPointer) -> String? {
+        // Foundation's parser takes some numbers JSON does not have (`01`, `1.`, `-`, `1e`),
+        // each as something else: refused here, as any JSON parser refuses them.
+        guard isJSONNumber(text) else {
+            return "is \(String(decoding: text.prefix(40), as: UTF8.self)), which is no JSON number (RFC 8259: no leading zeros, digits after a point and in an exponent)"
+        }
         var significant = 0  // digits from the first non-zero one, trailing zeros counted apart
         var zeros = 0  // zeros after the last non-zero digit
         var digits = 0  // every digit written before the exponent
@@ -189,6 +194,33 @@ public enum JSONShape {
             return "is beyond the range of numbers the ledger keeps"
         }
         return nil
+    }
+
+    /// Whether `text` is a number as JSON writes one: `-? (0 | [1-9][0-9]*) (.[0-9]+)? ([eE][+-]?[0-9]+)?`.
+    static func isJSONNumber(_ text: UnsafeRawBufferPointer) -> Bool {
+        var index = 0
+        func digits() -> Int {
+            let start = index
+            while index < text.count, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(text[index]) { index += 1 }
+            return index - start
+        }
+        func take(_ byte: UInt8) -> Bool {
+            guard index < text.count, text[index] == byte else { return false }
+            index += 1
+            return true
+        }
+        _ = take(UInt8(ascii: "-"))
+        if take(UInt8(ascii: "0")) {
+            // A zero alone: no digit may follow it.
+        } else if digits() == 0 {
+            return false
+        }
+        if take(UInt8(ascii: ".")), digits() == 0 { return false }
+        if take(UInt8(ascii: "e")) || take(UInt8(ascii: "E")) {
+            if !take(UInt8(ascii: "+")) { _ = take(UInt8(ascii: "-")) }
+            if digits() == 0 { return false }
+        }
+        return index == text.count
     }
 
     /// Foundation's, as the routes decode: for a number that may be out of range, an escaped name.

@@ -64,6 +64,13 @@ struct RequestIDMiddleware: RouterMiddleware {
         case let error where isConnectionFailure(error):
             context.logger.warning("database unavailable", metadata: ["error": "\(String(reflecting: error))"])
             return APIError.databaseUnavailable.response(requestID: context.requestID)
+        case let error where isTransientConflict(error):
+            // Writers about one purchase deadlocked past the store's tries: nothing was written.
+            context.logger.warning("writers deadlocked past their tries", metadata: ["error": "\(String(reflecting: error))"])
+            return APIError(.serviceUnavailable, code: "contention",
+                            message: "requests about the same purchase got in each other's way; nothing was written: retry the same request",
+                            headers: [.retryAfter: "1"])
+                .response(requestID: context.requestID)
         default:
             context.logger.error("unexpected error", metadata: [
                 "error": "\(String(reflecting: error))", "http.method": "\(request.method)", "http.path": "\(request.uri.path)",

@@ -78,10 +78,12 @@ struct BinaryCopyRows {
         }
     }
 
-    /// A numeric from a plain decimal string (`"0.99"`, `"12"`: digits, at most one point, as
-    /// orders take prices), with the scale PostgreSQL's `numeric_in` gives it.
+    /// A numeric from a plain decimal string (`"0.99"`, `"12"`, `"-5"`: a sign, digits, at most
+    /// one point, as orders take prices), with the scale PostgreSQL's `numeric_in` gives it.
     mutating func numeric(_ text: String?) {
-        guard let text else { return null() }
+        guard var text else { return null() }
+        let negative = text.hasPrefix("-")
+        if negative { text.removeFirst() }
         let parts = text.split(separator: ".", maxSplits: 1, omittingEmptySubsequences: false)
         let whole = String(parts[0].drop { $0 == "0" })
         let fraction = parts.count > 1 ? String(parts[1]) : ""
@@ -102,7 +104,7 @@ struct BinaryCopyRows {
         field {
             $0.writeInteger(Int16(digits.count))
             $0.writeInteger(Int16(wholeGroups.count - 1))  // weight of the first digit
-            $0.writeInteger(Int16(0))  // sign: positive
+            $0.writeInteger(negative ? Int16(0x4000) : 0)  // sign: PostgreSQL's NUMERIC_NEG or NUMERIC_POS
             $0.writeInteger(Int16(fraction.count))  // display scale
             for digit in digits { $0.writeInteger(digit) }
         }

@@ -388,6 +388,13 @@ public func isLostRace(_ error: any Error) -> Bool {
     return error.sqlState == .uniqueViolation || error.sqlState == .deadlockDetected
 }
 
+/// True when PostgreSQL broke a deadlock or a serialization conflict between concurrent writers:
+/// nothing was written, and the same request again goes through once the others are done.
+public func isTransientConflict(_ error: any Error) -> Bool {
+    guard let error = error as? PSQLError else { return false }
+    return error.sqlState == .deadlockDetected || error.sqlState == .serializationFailure
+}
+
 /// The message of a statement PostgreSQL refused for a value the caller sent (\u0000 in JSON,
 /// malformed text for a type, too long, out of range, a check constraint, an index row too
 /// large), or nil for any other error: the API answers it 400, not 500.

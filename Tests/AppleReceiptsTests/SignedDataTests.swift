@@ -227,6 +227,14 @@ struct SignedDataTests {
         #expect(try await message { $0.expiresDate = 10_000_000_000_000_000 }?.hasPrefix("the payload's expiresDate") == true)
         #expect(try await message { $0.revocationDate = -10_000_000_000_000_000 }?.hasPrefix("the payload's revocationDate") == true)
         #expect(try await message { $0.purchaseDate = 253_402_300_799_999 } == nil, "the last millisecond of 9999 is kept")
+        // A price below 0 and a currency that is no ISO 4217 code are no Apple's (a rebuild
+        // crashed on a negative price); a currency in small letters is read in capitals.
+        #expect(try await message { $0.price = -5000 } == "the transaction's price is -5000, below 0")
+        #expect(try await message { $0.currency = "US$" } == "the transaction's currency is \"US$\", not an ISO 4217 code")
+        #expect(try await message { $0.price = 0; $0.currency = "EUR" } == nil, "a free trial's price")
+        var small = TestApple.transaction("2000000051")
+        small.currency = "usd"
+        #expect(try await verifier.transaction(signed: try await apple.sign(small)).currency == "USD")
         var info = TestApple.renewalInfo("2000000050")
         info.gracePeriodExpiresDate = 253_402_300_800_000
         do {

@@ -48,6 +48,18 @@ struct JSONShapeTests {
         #expect(problem(#"{"n":1e150}"#) != nil, "refused, as the decoder refuses it")
     }
 
+    @Test("what JSON has no number for (a leading zero, a point or an exponent without digits, a sign alone) is named, as Foundation's parser takes some of it as something else")
+    func notNumbers() {
+        for text in ["01", "00", "-01", "1.", "-", "1e", "1e+", "-.5", "1.e3", "1..2", "1e2.5", "--1", "1-2"] {
+            #expect(problem(#"{"quantity":\#(text)}"#) == .init(
+                path: "quantity", problem: "is \(text), which is no JSON number (RFC 8259: no leading zeros, digits after a point and in an exponent)"), "\(text)")
+        }
+        #expect(problem(#"{"data":{"x":[1,01]}}"#)?.path == "data.x")
+        for text in ["0", "-0", "0.5", "-0.5e-3", "10", "1E2", "1e+2", "120.0"] {
+            #expect(problem(#"{"quantity":\#(text)}"#) == nil, "\(text)")
+        }
+    }
+
     @Test("a string escaping what PostgreSQL cannot store as text (\\u0000, a lone surrogate) is named by its member")
     func escapes() {
         #expect(problem(#"{"type":"failed","data":{"reason":"r","x":"a\u0000b"}}"#) == .init(path: "data.x", problem: "holds \\u0000, which cannot be stored as text"))

@@ -432,7 +432,7 @@ struct ReceiptRoutesTests {
             var nul = TestApple.transaction("1000072")
             nul.appTransactionId = "AT\u{0}X"
             var escaped = TestApple.transaction("1000073")
-            escaped.currency = "US\\u0000D"
+            escaped.appTransactionId = "AT\\u0000X"
             var long = TestApple.transaction("1000074")
             long.originalTransactionId = String(repeating: "7", count: 129)
             for (transaction, named) in [(nul, "NUL"), (long, "originalTransactionId")] {

@@ -20,6 +20,7 @@ struct BinaryCopyTests {
 
     static let values: [Value] = [
         "0", "0.99", "0.990", "12", "1000.5", "0.0001", "0.00001", "00012.50", "123456789012345678.123456789", "99999999", "10000",
+        "-5", "-0.99", "-1000.0001",
     ].enumerated().map { index, price in
         Value(name: "name-\(index) ü €", big: Int64(index) * 1_000_000_007 - 3, price: price, token: UUID(),
               at: Date(timeIntervalSince1970: 1_800_000_000.123456 + Double(index) * 86_400.000_001),
@@ -78,7 +79,7 @@ struct BinaryCopyTests {
                 #expect(count == Self.values.count)
                 #expect(onlyCopied == 0)
                 #expect(onlyBound == 0)
-                #expect(prices == "0 0.99 0.990 12 1000.5 0.0001 0.00001 12.50 123456789012345678.123456789 99999999 10000 0.5")
+                #expect(prices == "0 0.99 0.990 12 1000.5 0.0001 0.00001 12.50 123456789012345678.123456789 99999999 10000 -5 -0.99 -1000.0001 0.5")
             }
             try await connection.close()
         }
