@@ -101,8 +101,25 @@ public struct TransactionID: ValidatedIdentifier {
     /// Refuses an Apple transaction id a backend or a history file wrote in a way Apple never
     /// does, which the ledger would keep apart from Apple's own (and grant that one again): a
     /// space at either end (a padded export), or a long number a spreadsheet rounded to exponent
-    /// notation (`7.00471509000800E+12`). Not checked when the log is read: it keeps what it took.
+    /// notation (`7.00471509000800E+12`), a number with a leading zero, a sign or digits other
+    /// than ASCII's (`007`, `+7`, `７`), or nothing at all. Not checked when the log is read: it
+    /// keeps what it took.
     public static func checkSpelling(_ value: String, field: String) throws(LedgerInputError) {
+        guard !value.isEmpty else { throw LedgerInputError(field: field, problem: "is empty; leave it out when there is none") }
+        // A number written otherwise than Apple writes it: `007` for 7, `+7`, `７` (full-width).
+        let scalars = value.unicodeScalars
+        let unsigned = scalars.first == "+" || scalars.first == "-" ? scalars.dropFirst() : scalars[...]
+        if !unsigned.isEmpty, unsigned.allSatisfy({ $0.properties.numericType == .decimal }) {
+            if unsigned.contains(where: { !$0.isASCII }) {
+                throw LedgerInputError(field: field, problem: "is \(value.debugDescription), with digits other than 0 to 9; Apple writes its transaction ids in ASCII digits")
+            }
+            if unsigned.count < scalars.count {
+                throw LedgerInputError(field: field, problem: "is \(value.debugDescription), a number with a sign; Apple's transaction ids are digits alone")
+            }
+            if unsigned.first == "0" {
+                throw LedgerInputError(field: field, problem: "is \(value.debugDescription), with a leading zero; Apple's transaction ids have none")
+            }
+        }
         if let first = value.unicodeScalars.first, let last = value.unicodeScalars.last,
            first.properties.isWhitespace || last.properties.isWhitespace {
             throw LedgerInputError(field: field, problem: "is \(value.debugDescription), with a space at its start or end; Apple's transaction ids have none")

@@ -3,10 +3,13 @@ import Hummingbird
 
 extension APIError {
     /// An App Store Server API failure as the ledger's answer: Apple's "no such order" a 404,
-    /// Apple busy or away a 503, anything else Apple refused a 502; the code is the client's.
+    /// Apple busy or away a 503, as is an app's key the ledger cannot use (its own setup: Apple
+    /// was not asked, as without a key), anything else Apple refused a 502; the code is the client's.
     static func from(_ error: AppStoreServerAPIError) -> APIError {
         let status: HTTPResponse.Status = if ["apple-order-not-found", "apple-api-not-found"].contains(error.code) {
             .notFound
+        } else if ["apple-api-key-invalid", "app-key-unavailable"].contains(error.code) {
+            .serviceUnavailable
         } else {
             error.isAppleAway ? .serviceUnavailable : .badGateway
         }

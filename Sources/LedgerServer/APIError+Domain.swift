@@ -55,7 +55,7 @@ extension APIError {
         case let error as SupportMatchError:
             let status: HTTPResponse.Status = switch error {
             case .transactionNotFound: .notFound
-            case .reasonRequired, .conflictReasonRequired: .badRequest
+            case .reasonRequired, .reasonTooLong, .conflictReasonRequired: .badRequest
             default: .conflict
             }
             return APIError(status, code: error.code, message: error.description)

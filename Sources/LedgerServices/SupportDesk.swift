@@ -25,6 +25,8 @@ public struct SupportDesk: Sendable {
         _ transactionId: TransactionID, to orderId: OrderID, force: Bool, reason: String?, metadata: Data
     ) async throws -> Order {
         if force, Self.isBlank(reason) { throw SupportMatchError.reasonRequired }
+        // As an undo's: the reason is recorded on the order's event, read by every answer about it.
+        if let reason, reason.unicodeScalars.count > 1_000 { throw SupportMatchError.reasonTooLong }
         // The Apple account's lock comes after the transaction's and the order's: a writer that
         // took them the other way round may deadlock with this, and the attempt then runs again.
         return try await database.transactionAgainAfterLostRace { tx in
@@ -204,6 +206,7 @@ public enum SupportMatchError: Error, Sendable, Equatable, CustomStringConvertib
     case quantityMismatch(transaction: Int, order: Int)
     case purchasedBeforeOrder(purchased: Date, created: Date)
     case reasonRequired
+    case reasonTooLong
     case conflictReasonRequired(TransactionID)
 
     public var code: String {
@@ -216,6 +219,7 @@ public enum SupportMatchError: Error, Sendable, Equatable, CustomStringConvertib
         case .quantityMismatch: "quantity-mismatch"
         case .purchasedBeforeOrder: "purchased-before-order"
         case .reasonRequired, .conflictReasonRequired: "reason-required"
+        case .reasonTooLong: "reason-too-long"
         }
     }
 
@@ -231,6 +235,7 @@ public enum SupportMatchError: Error, Sendable, Equatable, CustomStringConvertib
         case .purchasedBeforeOrder(let purchased, let created):
             "the transaction was bought at \(EventCoding.formatDate(purchased)), before the order was created at \(EventCoding.formatDate(created)); send force with a reason to pair them anyway"
         case .reasonRequired: "force needs a reason, recorded with the pairing"
+        case .reasonTooLong: "reason is longer than 1000 characters"
         case .conflictReasonRequired(let id):
             "Apple transaction \(id) waits for support to choose between two users of its Apple account: send a reason, recorded with the pairing"
         }

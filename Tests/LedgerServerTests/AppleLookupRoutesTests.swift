@@ -63,6 +63,13 @@ struct AppleLookupRoutesTests {
         try await withReceiptsApplication(apple) { http, _ in
             let (status, error) = try await http.send(.post, "/v1/apple-orders/MQ1ABC/lookup", raw: "")
             #expect(status == .serviceUnavailable && errorOf(error)["code"] as? String == "apple-api-not-configured")
+            // A key the ledger cannot read is its own setup's fault, as a missing one: Apple was
+            // not asked, and the answer is no 502 of Apple's.
+            let (patched, app) = try await http.send(.patch, "/v1/apps/\(TestApple.bundleId)", json: [
+                "apiKey": ["issuerId": "issuer-1", "keyId": "KEY1", "privateKeyRef": "env:LEDGER_TEST_KEY_NEVER_SET"]])
+            #expect(patched == .ok, "\(app)")
+            let (unreadable, refusal) = try await http.send(.post, "/v1/apple-orders/MQ1ABC/lookup", raw: "")
+            #expect(unreadable == .serviceUnavailable && errorOf(refusal)["code"] as? String == "app-key-unavailable", "\(refusal)")
         }
     }
 

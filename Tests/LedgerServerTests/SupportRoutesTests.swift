@@ -86,6 +86,9 @@ struct SupportRoutesTests {
             #expect(refused == .conflict && errorOf(error)["code"] as? String == "user-mismatch", "\(refused) \(error)")
             let (_, order) = try await http.send(.get, "/v1/orders/k-other")
             #expect(order["state"] as? String == "created")
+            // The reason is recorded on the order's event: at most 1000 characters, as an undo's.
+            let (long, tooLong) = try await http.send(.post, "/v1/transactions/7000020/match", json: ["orderId": "k-other", "force": true, "reason": String(repeating: "r", count: 1_001)])
+            #expect(long == .badRequest && errorOf(tooLong)["code"] as? String == "reason-too-long", "\(tooLong)")
             let (forced, _) = try await http.send(.post, "/v1/transactions/7000020/match", json: ["orderId": "k-other", "force": true, "reason": "ticket 7: the account was sold with the device"])
             #expect(forced == .ok)
         }

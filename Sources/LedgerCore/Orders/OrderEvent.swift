@@ -76,6 +76,19 @@ public enum OrderEvent: Sendable, Equatable {
         if case .failed(let body) = self, body.reason.unicodeScalars.contains(where: { $0.value < 0x20 || (0x7F...0x9F).contains($0.value) }) {
             throw LedgerInputError(field: "reason", problem: "contains a control character")
         }
+        // A purchase the App Store cannot have made (a mistyped year): the reports would date a
+        // sale by it. The bounds of an imported history's (HistoryRecord).
+        if case .receiptReceived(let body) = self {
+            if body.purchaseDate > Date().addingTimeInterval(86_400) {
+                throw LedgerInputError(field: "data.purchaseDate", problem: "is in the future")
+            }
+            if body.purchaseDate < HistoryRecord.appStoreOpened {
+                throw LedgerInputError(field: "data.purchaseDate", problem: "is before the App Store opened (2008-07-10)")
+            }
+            if body.appTransactionId?.isEmpty == true {
+                throw LedgerInputError(field: "data.appTransactionId", problem: "is empty; leave it out when there is none")
+            }
+        }
     }
 
     public func validate() throws(LedgerInputError) {
