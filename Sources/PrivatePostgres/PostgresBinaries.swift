@@ -1,7 +1,7 @@
 import Foundation
 
-/// Where PostgreSQL's server programs are: `LEDGER_POSTGRES_BIN`, else the newest of Debian's
-/// `/usr/lib/postgresql/<version>/bin`, else the PATH.
+/// Where PostgreSQL's server programs are: `LEDGER_POSTGRES_BIN` (that folder or an error), else
+/// the newest of Debian's `/usr/lib/postgresql/<version>/bin`, else the PATH.
 public struct PostgresBinaries: Sendable {
     public let directory: String
     var initdb: String { directory + "/initdb" }
@@ -13,8 +13,15 @@ public struct PostgresBinaries: Sendable {
     }
 
     public static func locate(environment: [String: String] = ProcessInfo.processInfo.environment) throws -> PostgresBinaries {
+        // The one named, or none: a mistyped path must not quietly run another PostgreSQL.
+        if let configured = environment["LEDGER_POSTGRES_BIN"], !configured.isEmpty {
+            guard FileManager.default.isExecutableFile(atPath: configured + "/initdb"),
+                  FileManager.default.isExecutableFile(atPath: configured + "/pg_ctl") else {
+                throw PrivateClusterError("LEDGER_POSTGRES_BIN is \(configured), which holds no initdb and pg_ctl: name the folder of PostgreSQL's server programs, or unset it")
+            }
+            return PostgresBinaries(directory: configured)
+        }
         var candidates: [String] = []
-        if let configured = environment["LEDGER_POSTGRES_BIN"], !configured.isEmpty { candidates.append(configured) }
         let debian = "/usr/lib/postgresql"
         let versions = ((try? FileManager.default.contentsOfDirectory(atPath: debian)) ?? [])
             .compactMap(Int.init).sorted(by: >)

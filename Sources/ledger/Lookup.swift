@@ -27,7 +27,7 @@ struct Lookup: AsyncParsableCommand {
                 throw CommandFailure("\(error.code): \(error.description)")
             }
         }
-        print("Apple order \(found.appleOrderId): \(found.transactions.count) purchases")
+        print("Apple order \(found.appleOrderId): \(found.transactions.count) purchase\(found.transactions.count == 1 ? "" : "s")")
         for entry in found.transactions {
             let parts = [entry.transactionId.map { "transaction \($0)" } ?? "a transaction that failed verification",
                          entry.outcome, entry.orderId.map { "order \($0)" }, entry.state, entry.reason].compactMap { $0 }

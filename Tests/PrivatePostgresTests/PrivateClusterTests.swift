@@ -122,6 +122,19 @@ struct PrivateClusterTests {
             #expect(error.description.contains("LEDGER_DATA_DIR"))
         }
     }
+
+    @Test("LEDGER_POSTGRES_BIN names the programs' folder or stops the start: a mistyped one never runs another PostgreSQL")
+    func configuredBinaries() throws {
+        let found = try PostgresBinaries.locate(environment: ["PATH": ProcessInfo.processInfo.environment["PATH"] ?? ""])
+        #expect(try PostgresBinaries.locate(environment: ["LEDGER_POSTGRES_BIN": found.directory]).directory == found.directory)
+        #expect(throws: PrivateClusterError.self) { try PostgresBinaries.locate(environment: ["LEDGER_POSTGRES_BIN": "/nope"]) }
+        do {
+            _ = try PostgresBinaries.locate(environment: ["LEDGER_POSTGRES_BIN": "/nope", "PATH": found.directory])
+            Issue.record("a folder without the programs was passed over")
+        } catch let error as PrivateClusterError {
+            #expect(error.description.contains("LEDGER_POSTGRES_BIN is /nope"), "\(error)")
+        }
+    }
 }
 
 @Suite("The private PostgreSQL cluster: reachability")

@@ -13,7 +13,7 @@ public enum SecretReference: Sendable, Hashable, CustomStringConvertible {
             let bytes = Array(name.utf8)
             let letter = { (b: UInt8) in (b >= 0x41 && b <= 0x5A) || (b >= 0x61 && b <= 0x7A) || b == 0x5F }
             guard let first = bytes.first, letter(first), bytes.count <= 128, bytes.allSatisfy({ letter($0) || ($0 >= 0x30 && $0 <= 0x39) }) else {
-                throw LedgerInputError(field: field, problem: "names no environment variable: write env:NAME, NAME of letters, digits and underscores")
+                throw LedgerInputError(field: field, problem: "names no environment variable: write env:NAME, NAME of letters, digits and underscores, not starting with a digit")
             }
             self = .environment(name)
         } else if text.hasPrefix("file:") {
