@@ -195,6 +195,13 @@ public struct AppleProofVerifier: Sendable {
             if let signedTransaction = data.signedTransactionInfo {
                 let inner = try await signedData.verify(signedTransaction, as: SignedTransactionPayload.self)
                 try check(bundleId: inner.bundleId, environment: inner.environment, app: app)
+                // The notification's environment is the one its app's checks were made for (the
+                // Apple id's on Production): its transaction is of that one, as its renewal info is.
+                if let named = data.environment, named.lowercased() != inner.environment.lowercased() {
+                    throw AppleVerificationError(
+                        code: "wrong-environment",
+                        message: "the notification is from the \(named) environment, the transaction it carries from \(inner.environment)")
+                }
                 transaction = try Self.transaction(inner, sha256: Self.sha256(signedTransaction), app: app)
                 revocation = Self.revocation(inner)
             }

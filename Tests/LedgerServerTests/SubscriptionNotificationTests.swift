@@ -471,9 +471,9 @@ struct SubscriptionNotificationTests {
         }
     }
 
-    @Test("renewal info about another subscription, or with no transaction, is a 400 that records nothing")
+    @Test("renewal info about another subscription, or with no transaction, or a transaction of another environment than its notification's, is a 400 that records nothing")
     func badRenewalInfo() async throws {
-        try await withReceiptsApplication(apple, configure: olderPurchases) { http, db in
+        try await withReceiptsApplication(apple, configure: { olderPurchases(&$0); bothEnvironments(&$0) }) { http, db in
             let now = Date()
             let start = try await subscribe(http, db, end: now.addingTimeInterval(20 * Self.day))
             let count = try await eventCount(db)
@@ -483,6 +483,12 @@ struct SubscriptionNotificationTests {
             let alone = try await apple.notification("DID_CHANGE_RENEWAL_STATUS", transaction: nil, renewalInfo: TestApple.renewalInfo(otid))
             let (lonely, answer) = try await http.notifyApple(alone)
             #expect(lonely == .badRequest && errorOf(answer)["code"] as? String == "renewal-info-without-transaction")
+            // A notification of one environment carrying a transaction of the other: the checks made
+            // for the notification's (the Apple id's, on Production) would not be the transaction's.
+            let production = TestApple.transaction("7999001", environment: "Production")
+            let crossed = try await apple.notification("ONE_TIME_CHARGE", transaction: production, environment: "Sandbox")
+            let (wrong, why) = try await http.notifyApple(crossed)
+            #expect(wrong == .badRequest && errorOf(why)["code"] as? String == "wrong-environment", "\(why)")
             #expect(try await eventCount(db) == count)
         }
     }
