@@ -122,14 +122,16 @@ public struct AppleSalesReport: Sendable, Equatable {
     /// read is left alone.
     public func check(day: String) throws(AppStoreConnectError) {
         guard let begin = header.firstIndex(of: "Begin Date") else { return }
-        let parts = day.split(separator: "-")
+        let parts = day.split(separator: "-").compactMap { Int($0) }
         guard parts.count == 3 else { return }
-        let apple = "\(parts[1])/\(parts[2])/\(parts[0])"
+        let (year, month, date) = (parts[0], parts[1], parts[2])
+        let apple = String(format: "%02d/%02d/%04d", month, date, year)
         for (index, row) in rows.enumerated() {
             let value = row.values[begin]
-            let fields = value.split(separator: "/")
-            guard fields.count == 3, fields.allSatisfy({ !$0.isEmpty && $0.allSatisfy(\.isASCII) && $0.allSatisfy(\.isNumber) }) else { continue }
-            guard value != apple else { continue }
+            // Read as numbers (11/5/2026 is 11/05/2026); anything else is left alone.
+            let fields = value.split(separator: "/").map { $0.allSatisfy({ $0.isASCII && $0.isNumber }) ? Int($0) : nil }
+            guard fields.count == 3, let m = fields[0], let d = fields[1], let y = fields[2] else { continue }
+            guard (m, d, y) != (month, date, year) else { continue }
             throw AppStoreConnectError(
                 code: "sales-report-malformed",
                 message: "line \(index + 2) of the sales report is of \(value) (Begin Date), not of \(apple), the day asked for")

@@ -93,7 +93,10 @@ public enum JSONShape {
                 guard index == 0 || Self.precedesValue(bytes[index - 1]) else { break }
                 var end = index
                 while end < count, Self.isNumberByte(bytes[end]) { end += 1 }
-                if let problem = numberProblem(UnsafeRawBufferPointer(rebasing: bytes[index..<end])) {
+                let number = UnsafeRawBufferPointer(rebasing: bytes[index..<end])
+                // Outside any object or array, text that is no number is no JSON: the decoder says so.
+                if frames.isEmpty, !isJSONNumber(number) { return nil }
+                if let problem = numberProblem(number) {
                     return Problem(path: path(owner()), problem: problem)
                 }
                 index = end

@@ -65,10 +65,11 @@ struct RequestIDMiddleware: RouterMiddleware {
             context.logger.warning("database unavailable", metadata: ["error": "\(String(reflecting: error))"])
             return APIError.databaseUnavailable.response(requestID: context.requestID)
         case let error where isTransientConflict(error):
-            // Writers about one purchase deadlocked past the store's tries: nothing was written.
-            context.logger.warning("writers deadlocked past their tries", metadata: ["error": "\(String(reflecting: error))"])
+            // Writers about one purchase deadlocked (past the store's tries, where it retries):
+            // the transaction PostgreSQL ended wrote nothing, and every write here is idempotent.
+            context.logger.warning("writers deadlocked", metadata: ["error": "\(String(reflecting: error))"])
             return APIError(.serviceUnavailable, code: "contention",
-                            message: "requests about the same purchase got in each other's way; nothing was written: retry the same request",
+                            message: "requests about the same purchase got in each other's way; retry the same request",
                             headers: [.retryAfter: "1"])
                 .response(requestID: context.requestID)
         default:

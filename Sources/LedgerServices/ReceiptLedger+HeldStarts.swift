@@ -58,7 +58,8 @@ extension ReceiptLedger {
         for (id, transaction) in seen.sorted(by: { $0.key < $1.key }) {
             // Most are started long since: that is read without a transaction of its own.
             guard try await subscriptions.store.subscription(id) == nil else { continue }
-            let didStart = try await database.transaction { tx in
+            // A deadlock with a live upload or notification of it: the loser runs again.
+            let didStart = try await database.transactionAgainAfterLostRace { tx in
                 try await startHeldSubscription(id, seen: transaction, metadata: metadata, in: tx)
             }
             if didStart { started.append(id) }

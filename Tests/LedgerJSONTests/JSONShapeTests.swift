@@ -55,6 +55,8 @@ struct JSONShapeTests {
                 path: "quantity", problem: "is \(text), which is no JSON number (RFC 8259: no leading zeros, digits after a point and in an exponent)"), "\(text)")
         }
         #expect(problem(#"{"data":{"x":[1,01]}}"#)?.path == "data.x")
+        // Outside any object or array it is no JSON at all: the decoder names that (invalid-json).
+        for text in ["- item", "01", "-"] { #expect(problem(text) == nil, "\(text)") }
         for text in ["0", "-0", "0.5", "-0.5e-3", "10", "1E2", "1e+2", "120.0"] {
             #expect(problem(#"{"quantity":\#(text)}"#) == nil, "\(text)")
         }

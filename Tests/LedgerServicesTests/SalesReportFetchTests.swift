@@ -207,6 +207,10 @@ struct SalesReportFetchTests {
         } catch {
             #expect(error.message.contains("Parent Identifier"), "\(error)")
         }
+        // The day a report says it is of, read as numbers: Apple's MM/DD/YYYY, padded or not.
+        let dated = try AppleSalesReport(file: Data("SKU\tParent Identifier\tProduct Type Identifier\tUnits\tCountry Code\tBegin Date\ngems.100\tGAME1\tIA1\t1\tUS\t1/2/2026\ngems.100\tGAME1\tIA1\t1\tUS\t01/02/2026\n".utf8))
+        try dated.check(day: "2026-01-02")
+        #expect(throws: AppStoreConnectError.self) { try dated.check(day: "2026-01-03") }
         // Units that are no whole number: the file is refused, naming the line, never read as 0.
         for units in ["nan", "1e300", "x", "", "1.5", "2147483648", "-3000000000"] {
             do {
