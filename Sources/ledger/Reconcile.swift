@@ -18,7 +18,8 @@ struct Reconcile: AsyncParsableCommand {
             return try await configuration.reconcilerPass(services).run(progress: progress)
         }
         let rules = summary.byRule.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
-        print("paired \(summary.paired) of \(summary.considered) orphans with a known user (\(rules.isEmpty ? "none" : rules); \(summary.ambiguous) ambiguous)")
+        let recovered = summary.recoveryOrders > 0 ? ", \(summary.recoveryOrders) more with recovery orders" : ""
+        print("paired \(summary.paired) of \(summary.considered) orphans with a known user with their open orders\(recovered) (\(rules.isEmpty ? "none" : rules); \(summary.ambiguous) ambiguous)")
         if summary.settling > 0 || summary.usersBusy > 0 {
             print("\(summary.settling) orphans left to settle (LEDGER_RECONCILE_SETTLE); \(summary.usersBusy) users left to another reconciler")
         }
