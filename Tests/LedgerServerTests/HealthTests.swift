@@ -257,8 +257,15 @@ struct IdleConnectionTests {
                 #expect(closed && !received.contains("HTTP/1.1 2"), "not closed, or taken, after: \(text.debugDescription): \(received)")
             }
             // A request answered on a connection that then sits idle: its answer, then the close.
-            let (closed, received) = await Self.onThread { Self.closedBy(port, after: "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n") }
-            #expect(closed && received.hasPrefix("HTTP/1.1 200"), "\(received)")
+            // On a starved machine the time-out may come before the server read the request at all
+            // (closed, reset, nothing answered): that says nothing of an answered connection, and
+            // the request is sent again on a new one.
+            var outcome = (closed: false, received: "")
+            for _ in 0..<5 {
+                outcome = await Self.onThread { Self.closedBy(port, after: "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n") }
+                guard outcome.received.hasPrefix("[recv:") else { break }
+            }
+            #expect(outcome.closed && outcome.received.hasPrefix("HTTP/1.1 200"), "\(outcome.received)")
         }
     }
 
