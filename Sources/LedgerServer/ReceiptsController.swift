@@ -95,8 +95,13 @@ struct ReceiptsController {
                     // receipt (and the receipt holds no other of it), or the receipt holds none
                     // that no other order holds (the others applied all the same; another order
                     // took the one it held meanwhile). Never answered with another order's match.
+                    // One bought before the order was created is not its purchase (a non-consumable
+                    // refunded and bought again: Apple keeps the cancelled one in every receipt), and
+                    // the order's own may yet come: not-in-receipt, which says not to finish.
+                    let order = try await orders.order(unpaid.order)
                     for case let (transaction, revocation?) in verified
-                    where transaction.productId == unpaid.product && !transactions.contains(where: { $0.productId == unpaid.product }) {
+                    where transaction.productId == unpaid.product && !transactions.contains(where: { $0.productId == unpaid.product })
+                        && !(order.map { receipts.purchased(transaction, before: $0) } ?? false) {
                         throw Self.refusal(transaction, revocation)
                     }
                     throw AppleVerificationError(

@@ -72,6 +72,27 @@ struct LegacyReceiptTests {
         }
     }
 
+    @Test("a non-consumable refunded and bought again: the cancelled purchase, older than the order, stays in every receipt; the order's own is awaited, not finished")
+    func refundedBeforeTheOrder() async throws {
+        let now = Date().millisecondsSince1970
+        let day: Int64 = 86_400_000
+        let old = item("3000140", purchased: now - 30 * day, cancelled: now - 20 * day)
+        let standIn = VerifyReceiptStandIn(answers: [
+            "production:OLD": answer([old]),
+            "production:BOTH": answer([old, item("3000141", purchased: now + 60_000)]),
+        ])
+        try await standIn.run { production, sandbox in
+            try await withReceiptsApplication(apple, production: production, sandbox: sandbox) { http, _ in
+                try await http.send(.post, "/v1/orders", json: newOrder("o-again", user: "u-again"))
+                let (_, early) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-again", "orderId": "o-again", "receiptData": "OLD"])
+                #expect(early["outcome"] as? String == "rejected" && early["reason"] as? String == "transaction-not-in-receipt", "\(early)")
+                #expect(early["finishTransaction"] as? Bool == false, "the client's purchase is still to be verified: \(early)")
+                let (_, paid) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-again", "orderId": "o-again", "receiptData": "BOTH"])
+                #expect(paid["outcome"] as? String == "matched" && paid["transactionId"] as? String == "3000141", "\(paid)")
+            }
+        }
+    }
+
     @Test("a receipt listing Apple's refund of a purchase the ledger granted records the refund, once")
     func cancelledAfterGranted() async throws {
         let now = Date().millisecondsSince1970
