@@ -49,14 +49,15 @@ public struct LedgerRequestDecoder: RequestDecoder {
 
     /// The request's body, whole; `empty` answers an empty one (a JSON body's by default).
     static func body(
-        of request: Request, context: some RequestContext,
+        of request: Request, context: some RequestContext, limit: Int? = nil,
         empty: @autoclosure () -> APIError = APIError(.badRequest, code: "invalid-json", message: "the body is empty; send a JSON object")
     ) async throws -> ByteBuffer {
         let buffer: ByteBuffer
+        let limit = limit ?? context.maxUploadSize
         do {
-            buffer = try await request.body.collect(upTo: context.maxUploadSize)
+            buffer = try await request.body.collect(upTo: limit)
         } catch is NIOTooManyBytesError {
-            throw APIError(.contentTooLarge, code: "body-too-large", message: "the body is larger than \(context.maxUploadSize / 1024) KiB")
+            throw APIError(.contentTooLarge, code: "body-too-large", message: "the body is larger than \(limit / 1024) KiB")
         } catch {
             // A malformed chunk, or a connection that ended before its body did.
             throw APIError(.badRequest, code: "bad-request", message: "the body could not be read: \(error)")

@@ -33,8 +33,13 @@ struct ReceiptsController {
         enum CodingKeys: String, CodingKey, CaseIterable { case userId, orderId, transactionId, signedTransaction, receiptData }
     }
 
+    /// The largest proof body: a legacy receipt grows with every purchase and renewal the Apple
+    /// account made in the app, past the API's 256 KiB for a long subscriber's.
+    static let maximumProofBytes = 1024 * 1024
+
     func receive(_ request: Request, _ context: LedgerRequestContext) async throws -> Response {
-        let body = try await request.decode(as: Proof.self, context: context)
+        let body = try LedgerRequestDecoder.decode(
+            Proof.self, from: try await LedgerRequestDecoder.body(of: request, context: context, limit: Self.maximumProofBytes))
         let claimedID = body.transactionId
         let claim = ReceiptLedger.Claim(userId: body.userId, orderId: body.orderId, apps: context.keyApps)
         let metadata = context.eventMetadata

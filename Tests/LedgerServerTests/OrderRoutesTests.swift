@@ -526,6 +526,12 @@ struct OrderRoutesTests {
             let (tooLarge, error) = try await http.send(.post, "/v1/orders", raw: big)
             #expect(tooLarge == .contentTooLarge)
             #expect(errorOf(error)["code"] as? String == "body-too-large")
+            // A proof may be larger (a long subscriber's legacy receipt), up to 1 MiB.
+            let receiptBody = #"{"userId":"u","receiptData":""# + String(repeating: "QUJD", count: 100_000) + "\"}"
+            let (proof, proofAnswer) = try await http.send(.post, "/v1/receipts", raw: receiptBody)
+            #expect(proof != .contentTooLarge, "\(proof) \(proofAnswer)")
+            let (hugeProof, hugeAnswer) = try await http.send(.post, "/v1/receipts", raw: #"{"receiptData":""# + String(repeating: "QUJD", count: 300_000) + "\"}")
+            #expect(hugeProof == .contentTooLarge && errorOf(hugeAnswer)["message"] as? String == "the body is larger than 1024 KiB", "\(hugeAnswer)")
             // Apple's environment in another case is refused too, naming Apple's spelling: the log
             // keeps data as sent, and a rebuild or the feed would read it so.
             try await http.send(.post, "/v1/orders", json: newOrder("o-env"))
