@@ -21,7 +21,7 @@ public enum VerifyReceiptStatus: Equatable, Sendable {
         case 21001: .retryLater(code: "apple-status-21001", message: "verifyReceipt answered 21001 (no longer sent by Apple)")
         case 21002: .retryLater(code: "apple-receipt-data-malformed", message: "verifyReceipt could not read the receipt data or had a temporary issue (21002)")
         case 21003: .rejected(code: "receipt-not-authenticated", message: "Apple could not authenticate the receipt (21003)")
-        case 21004: .retryLater(code: "apple-shared-secret-mismatch", message: "the shared secret does not match the account's (21004): check LEDGER_APPLE_SHARED_SECRET")
+        case 21004: .retryLater(code: "apple-shared-secret-mismatch", message: "the shared secret does not match the account's (21004): check the app's (`ledger apps set --shared-secret-file`, or LEDGER_APPLE_SHARED_SECRET for the configured app)")
         case 21005: .retryLater(code: "apple-unavailable", message: "Apple's receipt server is unavailable (21005)")
         case 21009: .retryLater(code: "apple-internal-error", message: "Apple had an internal data access error (21009)")
         case 21010: .rejected(code: "apple-account-not-found", message: "the user account cannot be found or was deleted (21010)")

@@ -326,7 +326,8 @@ extension ReceiptsController {
                 return nil
             }
         }
-        guard !kept.isEmpty else { return nil }
+        // Padding alone is no receipt.
+        guard kept.contains(where: { $0 != UInt8(ascii: "=") }) else { return nil }
         return kept.count == text.utf8.count ? text : String(decoding: kept, as: UTF8.self)
     }
 }

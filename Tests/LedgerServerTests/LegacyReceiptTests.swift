@@ -31,7 +31,7 @@ struct LegacyReceiptTests {
         try await standIn.run { production, sandbox in
             try await withReceiptsApplication(apple, production: production, sandbox: sandbox) { http, db in
                 let events = try await eventCount(db)
-                for bad in ["", "   ", "!!!!", "ab-_", "TWFu%3D", "TWFu\u{0}"] {
+                for bad in ["", "   ", "!!!!", "ab-_", "TWFu%3D", "TWFu\u{0}", "=====", " == "] {
                     let (status, refused) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-b", "receiptData": bad])
                     #expect(status == .badRequest && errorOf(refused)["field"] as? String == "receiptData", "\(bad.debugDescription): \(refused)")
                     #expect(await standIn.calls("production:\(bad)") == 0, "\(bad.debugDescription) went to Apple")
