@@ -23,8 +23,7 @@ struct AppleLookupController {
 
     func look(_ request: Request, _ context: LedgerRequestContext) async throws -> Answer<AppleOrderLookup.Found> {
         let orderID = try pathParameter(context, "appleOrderId")
-        guard !orderID.isEmpty, orderID.count <= 64, orderID.unicodeScalars.allSatisfy({ $0.isASCII && $0.properties.isAlphabetic || ("0"..."9").contains($0) })
-        else { throw LedgerInputError(field: "appleOrderId", problem: "must be the letters and digits of an Apple order id, such as MQ1N2CD3EF") }
+        try AppleOrderLookup.check(orderID)
         let userID = try await OptionalUserBody.user(of: request, context)
         let app = try await Self.app(request.uri.queryParameters["bundleId"].map(String.init), in: apps)
         guard try await api.anyKey() else { throw APIError.appleAPINotConfigured }

@@ -39,11 +39,21 @@ public struct AppleOrderLookup: Sendable {
         }
     }
 
+    /// Refuses what is no Apple order id (the letters and digits of a receipt e-mail's, up to
+    /// 64): Apple would be asked in vain.
+    public static func check(_ orderID: String) throws(LedgerInputError) {
+        guard !orderID.isEmpty, orderID.count <= 64,
+              orderID.unicodeScalars.allSatisfy({ $0.isASCII && $0.properties.isAlphabetic || ("0"..."9").contains($0) }) else {
+            throw LedgerInputError(field: "appleOrderId", problem: "must be the letters and digits of an Apple order id, such as MQ1N2CD3EF")
+        }
+    }
+
     /// Asks with `app`'s key (nil: the ledger's first app) at its production host (the
     /// sandbox's for an app that accepts only the sandbox): order ids are on the receipt e-mails
     /// of real purchases. Throws `AppStoreServerAPIError` when Apple cannot be asked or refuses
     /// (`apple-api-no-key` for an app without a key).
     public func look(up orderID: String, user: UserID?, app: BundleID? = nil, metadata: Data) async throws -> Found {
+        try Self.check(orderID)
         let signed = try await api.client(for: app).lookUpOrder(orderID)
         var entries: [Found.Entry] = []
         for jws in signed {

@@ -3,6 +3,7 @@ import ArgumentParser
 import Foundation
 import LedgerCore
 import LedgerServer
+import LedgerServices
 import LedgerStore
 
 /// `ledger lookup`: support's lookup of an Apple order id, as
@@ -14,6 +15,10 @@ struct Lookup: AsyncParsableCommand {
     @Argument(help: "The order id on Apple's receipt e-mail, such as MQ1N2CD3EF") var appleOrderId: String
     @Option(help: "The user whose purchases they are (for those no order's token claims)") var user: String?
     @Option(help: "The app whose order it is (required once the ledger holds several apps)") var bundleId: String?
+
+    func validate() throws {
+        do { try AppleOrderLookup.check(appleOrderId) } catch { throw ValidationError(error.description) }
+    }
 
     func run() async throws {
         let userID = try user.map { try UserID($0) }

@@ -69,6 +69,12 @@ struct LookupCommandTests {
                     ["lookup", "MQ0000"], environment: environment, log: work.appendingPathComponent("2.log"))
                 #expect(missing != 0)
                 #expect(refusal.contains("apple-order-not-found"), "\(refusal)")
+                // What is no Apple order id is refused as the route refuses it, and Apple is not asked.
+                let asked = await standIn.requests
+                let (bad, badOutput) = try await LedgerChild.run(
+                    ["lookup", "bad id!"], environment: environment, log: work.appendingPathComponent("3.log"))
+                #expect(bad == 64 && badOutput.contains("appleOrderId must be the letters and digits"), "\(badOutput)")
+                #expect(await standIn.requests == asked)
             }
         }
     }
