@@ -206,6 +206,12 @@ public final class AppStoreServerAPI: Sendable {
         }
     }
 
+    /// The longest a 429's `Retry-After` is waited out by the calls of this task, where shorter
+    /// than the settings' (`longestWait`): a person waiting on an answer (support's lookup, a
+    /// subscription's refresh) is answered that Apple is busy, and when it takes requests again,
+    /// rather than kept waiting for minutes.
+    @TaskLocal public static var patience: Duration?
+
     struct NotificationHistoryRequest: Encodable {
         var startDate: Int64
         var endDate: Int64
@@ -333,7 +339,7 @@ public final class AppStoreServerAPI: Sendable {
                 // Without a usable Retry-After, the client's own backoff, which grows to its cap.
                 let until = Self.retryAt(retryAfter)
                 let wait = until.map { Duration.seconds($0.timeIntervalSinceNow) } ?? Self.backoff(after: failures, settings)
-                guard wait <= settings.longestWait, failures < settings.attempts else {
+                guard wait <= min(settings.longestWait, Self.patience ?? settings.longestWait), failures < settings.attempts else {
                     let when = until.map { "until \($0)" } ?? "after \(failures) tries"
                     throw AppStoreServerAPIError(
                         code: "apple-api-rate-limited", message: "Apple takes no more requests to \(endpoint.rawValue) \(when)",

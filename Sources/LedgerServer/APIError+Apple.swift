@@ -13,8 +13,14 @@ extension APIError {
         } else {
             error.isAppleAway ? .serviceUnavailable : .badGateway
         }
-        return APIError(status, code: error.code, message: error.description)
+        // When Apple said when it takes requests again, the client is told too.
+        let retryAfter = error.retryAt.map { String(max(1, Int($0.timeIntervalSinceNow.rounded(.up)))) }
+        return APIError(status, code: error.code, message: error.description, headers: retryAfter.map { [.retryAfter: $0] } ?? [:])
     }
+
+    /// How long an interactive route waits out Apple's rate limit before answering 503 with
+    /// Apple's `Retry-After` (`AppStoreServerAPI.patience`).
+    static let interactivePatience: Duration = .seconds(10)
 
     /// The answer of a route that asks Apple when no app has an In-App Purchase key.
     static let appleAPINotConfigured = APIError(

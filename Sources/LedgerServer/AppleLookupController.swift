@@ -28,7 +28,9 @@ struct AppleLookupController {
         let app = try await Self.app(request.uri.queryParameters["bundleId"].map(String.init), in: apps)
         guard try await api.anyKey() else { throw APIError.appleAPINotConfigured }
         do {
-            return Answer(try await lookup.look(up: orderID, user: userID, app: app, metadata: context.eventMetadata))
+            return Answer(try await AppStoreServerAPI.$patience.withValue(APIError.interactivePatience) {
+                try await lookup.look(up: orderID, user: userID, app: app, metadata: context.eventMetadata)
+            })
         } catch let error as AppStoreServerAPIError {
             if error.code == "apple-api-no-key" {
                 throw APIError(.serviceUnavailable, code: "apple-api-not-configured", message: error.description)

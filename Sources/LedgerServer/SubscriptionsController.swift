@@ -81,7 +81,9 @@ struct SubscriptionsController {
         }
         guard context.reaches(origin.bundleId) else { throw Self.notFound(id) }
         do {
-            try await refresh(id, origin.bundleId, origin.environment)
+            try await AppStoreServerAPI.$patience.withValue(APIError.interactivePatience) {
+                try await refresh(id, origin.bundleId, origin.environment)
+            }
         } catch let error as AppStoreServerAPIError {
             if error.code == "apple-api-no-key" { throw APIError.appleAPINotConfigured }
             throw APIError.from(error)

@@ -1,6 +1,7 @@
 import AppleReceipts
 import AppStoreStandIn
 import Foundation
+import NIOCore
 import LedgerServer
 import LedgerTestSupport
 import Testing
@@ -54,6 +55,13 @@ struct AppleLookupRoutesTests {
             #expect(missing == .notFound && errorOf(error)["code"] as? String == "apple-order-not-found")
             let (bad, _) = try await http.send(.post, "/v1/apple-orders/MQ-1%20x/lookup", raw: "")
             #expect(bad == .badRequest)
+            // Apple busy for two minutes: support is told so, and when to ask again, at once
+            // (the background work waits it out; a person is not kept waiting).
+            await standIn.queue([.tooManyRequests(after: .seconds(120))])
+            let response = try await http.client.execute(
+                uri: "/v1/apple-orders/MQ1ABC/lookup", method: .post, headers: [.authorization: "Bearer \(http.key)"], body: ByteBuffer())
+            #expect(response.status == .serviceUnavailable && errorOf(json(response.body))["code"] as? String == "apple-api-rate-limited")
+            #expect(Int(response.headers[.retryAfter] ?? "").map { (100...121).contains($0) } == true, "\(response.headers)")
             #expect(await standIn.refusedTokens == 0)
         }
     }
