@@ -389,7 +389,8 @@ public func isLostRace(_ error: any Error) -> Bool {
 }
 
 /// True when PostgreSQL broke a deadlock or a serialization conflict between concurrent writers:
-/// nothing was written, and the same request again goes through once the others are done.
+/// the transaction it ended wrote nothing, and the same work again goes through once the others
+/// are done.
 public func isTransientConflict(_ error: any Error) -> Bool {
     guard let error = error as? PSQLError else { return false }
     return error.sqlState == .deadlockDetected || error.sqlState == .serializationFailure
