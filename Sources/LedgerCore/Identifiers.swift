@@ -23,6 +23,17 @@ public enum Identifier {
         }
         return value
     }
+
+    /// Refuses a new id with white space at either end (or nothing else): `" o-1"` is another
+    /// order than `o-1`, which a client sending `o-1` would never find. Checked where an id is
+    /// first given (an order's creation, an app's SKU), not when the log is read: it keeps what
+    /// it took.
+    public static func checkUnpadded(_ value: String, field: String) throws(LedgerInputError) {
+        guard let first = value.unicodeScalars.first, let last = value.unicodeScalars.last else { return }
+        if first.properties.isWhitespace || last.properties.isWhitespace {
+            throw LedgerInputError(field: field, problem: "is \(value.debugDescription), with white space at its start or end; send it without")
+        }
+    }
 }
 
 /// A string identifier with its field name, validated on creation and when decoded.

@@ -165,6 +165,8 @@ struct AppRoutesTests {
                 ("POST", ["bundleId": "com.example.x", "retired": "yes"], "retired"),
                 ("POST", ["bundleId": "com.example.x", "colour": "blue"], "colour"),
                 ("POST", ["bundleId": "com.example.x", "sharedSecret": ""], "sharedSecret"),
+                ("POST", ["bundleId": "com.example.x", "sharedSecret": "  "], "sharedSecret"),
+                ("POST", ["bundleId": "com.example.x", "sku": " SKU "], "sku"),
                 ("POST", ["bundleId": "com.example.x", "apiKey": ["issuerId": "i", "keyId": "k", "privateKey": notAKey]], "apiKey.privateKey"),
                 ("POST", ["bundleId": "com.example.x", "apiKey": ["issuerId": "i", "privateKeyRef": "env:KEY"]], "apiKey.keyId"),
                 ("POST", ["bundleId": "com.example.x", "apiKey": ["issuerId": "i", "keyId": "k"]], "apiKey.privateKey"),

@@ -424,6 +424,10 @@ struct OrderRoutesTests {
                 (.post, "/v1/orders", ["orderId": 5, "userId": "u", "productId": "p"], nil, .badRequest, "invalid-input", "orderId"),
                 (.post, "/v1/orders", ["orderId": "", "userId": "u", "productId": "p"], nil, .badRequest, "invalid-input", "orderId"),
                 (.post, "/v1/orders", ["orderId": long, "userId": "u", "productId": "p"], nil, .badRequest, "invalid-input", "orderId"),
+                // An id padded with white space is another than the one a client sends: refused.
+                (.post, "/v1/orders", ["orderId": " o-pad ", "userId": "u", "productId": "p"], nil, .badRequest, "invalid-input", "orderId"),
+                (.post, "/v1/orders", ["orderId": "o-pad", "userId": "   ", "productId": "p"], nil, .badRequest, "invalid-input", "userId"),
+                (.post, "/v1/orders", ["orderId": "o-pad", "userId": "u", "productId": "gems.100\u{A0}"], nil, .badRequest, "invalid-input", "productId"),
                 (.post, "/v1/orders", ["orderId": "o-9", "productId": "p"], nil, .badRequest, "invalid-input", "userId"),
                 (.post, "/v1/orders", ["orderId": "o-9", "userId": "u", "productId": "p", "quantity": "2"], nil, .badRequest, "invalid-input", "quantity"),
                 (.post, "/v1/orders", ["orderId": "o-9", "userId": "u", "productId": "p", "quantity": 2.5], nil, .badRequest, "invalid-input", "quantity"),

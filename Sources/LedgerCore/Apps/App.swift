@@ -83,7 +83,9 @@ public struct App: Sendable, Equatable {
 
     /// Checks an SKU given by a caller: 1 to 255 characters, no control character.
     public static func sku(_ value: String, field: String = "sku") throws(LedgerInputError) -> String {
-        try Identifier.validate(value, field: field, maximumLength: 255)
+        // A padded SKU never equals a report's Parent Identifier: its app's sales would never count.
+        try Identifier.checkUnpadded(value, field: field)
+        return try Identifier.validate(value, field: field, maximumLength: 255)
     }
 
     /// Checks an Apple app id given by a caller: a positive whole number.

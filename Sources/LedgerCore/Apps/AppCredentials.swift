@@ -36,7 +36,8 @@ public struct AppCredentials: Sendable, Equatable, CustomStringConvertible, Cust
 
     /// Checks a shared secret a caller gave: 1 to 256 characters, no control characters.
     public static func sharedSecret(_ value: String, field: String = "sharedSecret") throws(LedgerInputError) -> String {
-        try Identifier.validate(value, field: field, maximumLength: 256)
+        try Identifier.checkUnpadded(value, field: field)
+        return try Identifier.validate(value, field: field, maximumLength: 256)
     }
 
     public var description: String {
