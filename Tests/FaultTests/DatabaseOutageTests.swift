@@ -164,7 +164,8 @@ struct OutageRig: Sendable {
                 "a 503 without Retry-After or the error code: \(unavailable.first { $0.retryAfter == nil || !$0.body.contains("database-unavailable") }.map(\.body) ?? "")")
         let other = refusals.filter { $0.status != 503 }
         #expect(other.isEmpty, "answers other than 2xx and 503: \(other.prefix(5).map { "\($0.status) \($0.body)" })")
-        #expect(await load.unanswered == 0, "requests the server never answered")
+        let (unanswered, transportErrors) = (await load.unanswered, await load.transportErrors)
+        #expect(unanswered == 0, "requests the server never answered: \(transportErrors.prefix(5)); server log:\n\(server.logText().suffix(4000))")
     }
 }
 

@@ -51,7 +51,12 @@ actor RetryingLoad {
     func acked(event: String, order: String) { ackedEvents[order, default: []].insert(event); acknowledgedAt.append(.now) }
     func sent(event: String, order: String) { sentEvents[order, default: []].insert(event) }
     func refused(_ answer: Answer) { refusals.append(answer) }
-    func noAnswer() { unanswered += 1 }
+    func noAnswer(_ error: any Error, path: String) {
+        unanswered += 1
+        transportErrors.append("\(path): \(String(reflecting: error))")
+    }
+    /// What the client saw instead of an answer, for a failure's message.
+    private(set) var transportErrors: [String] = []
     func sending() -> Int {
         requests.append(Request(sent: .now))
         return requests.count - 1
@@ -120,7 +125,7 @@ actor RetryingLoad {
                 await refused(answer)
             } catch {
                 await answered(sent, nil)
-                await noAnswer()
+                await noAnswer(error, path: path)
             }
             try await Task.sleep(for: .milliseconds(100))
         }
