@@ -103,10 +103,10 @@ struct ReceiptsController {
                     // One bought before the order was created is not its purchase (a non-consumable
                     // refunded and bought again: Apple keeps the cancelled one in every receipt), and
                     // the order's own may yet come: not-in-receipt, which says not to finish.
-                    let order = try await orders.order(unpaid.order)
+                    let product = unpaid.held?.productId
                     for case let (transaction, revocation?) in verified
-                    where transaction.productId == unpaid.product && !transactions.contains(where: { $0.productId == unpaid.product })
-                        && !(order.map { receipts.purchased(transaction, before: $0) } ?? false) {
+                    where transaction.productId == product && !transactions.contains(where: { $0.productId == product })
+                        && !(unpaid.held.map { receipts.purchased(transaction, before: $0) } ?? false) {
                         throw Self.refusal(transaction, revocation)
                     }
                     throw AppleVerificationError(
@@ -148,11 +148,11 @@ struct ReceiptsController {
 
     /// A legacy receipt's transactions: the claimed one only, or else every one; the claimed
     /// order takes the transaction it already holds, or the first new one of its product.
-    /// `unpaid`: the order the proof names (and its product, when the key reaches it), when the
+    /// `unpaid`: the order the proof names (and the order as read, when the key reaches it), when the
     /// receipt holds nothing for it (no primary then).
     private func applyReceipt(
         _ transactions: [AppleTransaction], claim: ReceiptLedger.Claim, claimedID: TransactionID?, metadata: Data
-    ) async throws -> (primary: ReceiptLedger.Answer?, all: [ReceiptLedger.Answer], unpaid: (order: OrderID, product: ProductID?)?) {
+    ) async throws -> (primary: ReceiptLedger.Answer?, all: [ReceiptLedger.Answer], unpaid: (order: OrderID, held: Order?)?) {
         if let claimedID {
             guard let transaction = transactions.first(where: { $0.transactionId == claimedID }) else { return (nil, [], nil) }
             let answer = try await receipts.apply(transaction, claim: claim, metadata: metadata)
@@ -161,10 +161,10 @@ struct ReceiptsController {
         var forOrder: TransactionID?
         // An order unknown, or another app's the key does not reach, is named all the same: the
         // answer is about it, never another order's.
-        var named: (order: OrderID, product: ProductID?)? = claim.orderId.map { ($0, nil) }
+        var named: (order: OrderID, held: Order?)? = claim.orderId.map { ($0, nil) }
         // An order the key does not reach is as one that does not exist (docs/apps.md).
         if let orderID = claim.orderId, let order = try await orders.order(orderID).flatMap({ claim.reaches($0) ? $0 : nil }) {
-            named = (orderID, order.productId)
+            named = (orderID, order)
             let holders = try await pool.holders(of: transactions.map(\.transactionId))
             let new = transactions.filter { (holders[$0.transactionId] ?? nil) == nil && $0.productId == order.productId }
             // The order's own purchase is the earliest bought after it was created that can pay
