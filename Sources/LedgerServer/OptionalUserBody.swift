@@ -12,6 +12,10 @@ struct OptionalUserBody: ClosedBody {
     static func user(of request: Request, _ context: LedgerRequestContext) async throws -> UserID? {
         var request = request
         let body = try await request.collectBody(upTo: context.maxUploadSize)
-        return body.readableBytes == 0 ? nil : try await request.decode(as: Self.self, context: context).userId
+        guard body.readableBytes > 0 else { return nil }
+        let user = try await request.decode(as: Self.self, context: context).userId
+        // What Apple answers is recorded as this user's: one no order can have is refused.
+        if let user { try Identifier.checkUnpadded(user.rawValue, field: "userId") }
+        return user
     }
 }

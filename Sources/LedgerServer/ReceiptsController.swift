@@ -40,6 +40,8 @@ struct ReceiptsController {
     func receive(_ request: Request, _ context: LedgerRequestContext) async throws -> Response {
         let body = try LedgerRequestDecoder.decode(
             Proof.self, from: try await LedgerRequestDecoder.body(of: request, context: context, limit: Self.maximumProofBytes))
+        // The user a proof claims becomes its transaction's in the pool: one no order can have is refused.
+        if let user = body.userId { try Identifier.checkUnpadded(user.rawValue, field: "userId") }
         let claimedID = body.transactionId
         let claim = ReceiptLedger.Claim(userId: body.userId, orderId: body.orderId, apps: context.keyApps)
         let metadata = context.eventMetadata

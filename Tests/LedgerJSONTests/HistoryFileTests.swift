@@ -101,6 +101,11 @@ struct HistoryFileTests {
         #expect(problem(["state": "created", "environment": "Xcode"]) == "environment")
         #expect(problem(["state": "created", "userId": nil]) == "userId")
         #expect(problem(["state": "gone"]) == "state")
+        // Ids padded as a CSV written with ", " between its fields would be: no client names them so.
+        for name in ["orderId", "userId", "productId"] {
+            #expect(problem(["state": "created", name: " x"]) == name)
+            #expect(problem(["state": "created", name: "x\u{A0}"]) == name)
+        }
         // Apple's ids as a padded export or a spreadsheet wrote them: another id than Apple's own,
         // which would be granted again.
         for id in ["7075100180001 ", " 7075100180001", "7075100180001\u{A0}", "7.00471509000800E+12", "7E12", "7e+12"] {

@@ -428,6 +428,11 @@ struct OrderRoutesTests {
                 (.post, "/v1/orders", ["orderId": " o-pad ", "userId": "u", "productId": "p"], nil, .badRequest, "invalid-input", "orderId"),
                 (.post, "/v1/orders", ["orderId": "o-pad", "userId": "   ", "productId": "p"], nil, .badRequest, "invalid-input", "userId"),
                 (.post, "/v1/orders", ["orderId": "o-pad", "userId": "u", "productId": "gems.100\u{A0}"], nil, .badRequest, "invalid-input", "productId"),
+                // And so where a user or product is first named for what is stored under it.
+                (.post, "/v1/receipts", ["userId": " u", "signedTransaction": "x.y.z"], nil, .badRequest, "invalid-input", "userId"),
+                (.post, "/v1/users/u%20/app-transaction", ["signedAppTransaction": "x.y.z"], nil, .badRequest, "invalid-input", "userId"),
+                (.put, "/v1/products/%20gems.100", ["status": "active"], nil, .badRequest, "invalid-input", "productId"),
+                (.post, "/v1/recover", ["userId": "u\u{A0}"], nil, .badRequest, "invalid-input", "userId"),
                 (.post, "/v1/orders", ["orderId": "o-9", "productId": "p"], nil, .badRequest, "invalid-input", "userId"),
                 (.post, "/v1/orders", ["orderId": "o-9", "userId": "u", "productId": "p", "quantity": "2"], nil, .badRequest, "invalid-input", "quantity"),
                 (.post, "/v1/orders", ["orderId": "o-9", "userId": "u", "productId": "p", "quantity": 2.5], nil, .badRequest, "invalid-input", "quantity"),
