@@ -43,7 +43,7 @@ func buildRouter(
     router.add(middleware: AuthMiddleware(keys: services.keys))
     router.add(middleware: QueryParameterMiddleware(routes: routes))
     HealthController(database: database, migrator: migrator, health: health).addRoutes(to: router)
-    OrdersController(ledger: services.orders, events: services.events).addRoutes(to: router)
+    OrdersController(ledger: services.orders, events: services.events, catalog: AppCatalog(database: database)).addRoutes(to: router)
     ReceiptsController(
         receipts: services.receipts, orders: services.orders, pool: services.pool, notifications: services.notifications, verifier: apple,
         metrics: metrics)
@@ -58,7 +58,8 @@ func buildRouter(
     AppsController(catalog: AppCatalog(database: database), directory: services.orders.apps, changed: { apps?.invalidate() }).addRoutes(to: router)
     ReportsController(database: database).addRoutes(to: router)
     ImportsController(history: HistoryImport(orders: services.orders)).addRoutes(to: router)
-    TransactionsController(pool: services.pool, desk: services.support, orders: services.orders).addRoutes(to: router)
+    TransactionsController(pool: services.pool, desk: services.support, orders: services.orders, catalog: AppCatalog(database: database))
+        .addRoutes(to: router)
     AppleAccountsController(links: services.accounts, verifier: apple).addRoutes(to: router)
     AppleLookupController(
         lookup: services.orderLookup(api: appStoreServerAPI, verifier: apple), api: appStoreServerAPI, apps: AppCatalog(database: database)

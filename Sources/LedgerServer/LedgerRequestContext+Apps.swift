@@ -32,19 +32,24 @@ extension LedgerRequestContext {
                  details: ["bundleId": .string(bundleId), "apps": .strings((keyApps ?? []).map(\.rawValue))])
     }
 
+    /// The app a request names (`?bundleId=`), as the ledger holds it: one the key reaches (403
+    /// `app-not-allowed` otherwise) and the ledger holds (400 `unknown-app`: a misspelt app's
+    /// empty list would read as an app with nothing). A retired app's rows are read as any app's.
+    func namedApp(_ given: Substring?, catalog: AppCatalog) async throws -> BundleID? {
+        guard let given else { return nil }
+        let id = try BundleID(String(given))
+        try requireReach(bundleId: id.rawValue)
+        guard let app = try await catalog.app(id) else {
+            throw APIError(.badRequest, code: "unknown-app", message: "the ledger holds no app \(id)", details: ["field": .string("bundleId")])
+        }
+        return app.bundleId
+    }
+
     /// The apps a user's rows are read from (or swept for). User ids are per app, so a request
     /// names its app (`bundleId`, `given`) unless only one can be meant: the key's one app, or the
     /// ledger's only app (400 `bundle-id-required` otherwise). Nil: every app (a ledger of at most one).
     func userApps(named given: Substring?, apps: OrderApps, catalog: AppCatalog) async throws -> [BundleID]? {
-        if let given {
-            let id = try BundleID(String(given))
-            try requireReach(bundleId: id.rawValue)
-            // A retired app's rows are read as any app's.
-            guard let app = try await catalog.app(id) else {
-                throw APIError(.badRequest, code: "unknown-app", message: "the ledger holds no app \(id)", details: ["field": .string("bundleId")])
-            }
-            return [app.bundleId]
-        }
+        if let app = try await namedApp(given, catalog: catalog) { return [app] }
         if let keyApps {
             guard keyApps.count == 1 else {
                 throw APIError(.badRequest, code: "bundle-id-required",

@@ -7,6 +7,7 @@ import LedgerStore
 struct OrdersController {
     let ledger: OrderLedger
     let events: EventStore
+    let catalog: AppCatalog
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
         router.post("/v1/orders") { request, context in try await create(request, context) }
@@ -73,7 +74,7 @@ struct OrdersController {
             return [state]
         }
         let limit = try Self.limit(query["limit"], default: 100, maximum: 1000)
-        let bundle = try query["bundleId"].map { try BundleID(String($0)) }
+        let bundle = try await context.namedApp(query["bundleId"], catalog: catalog)
         let orders = try await ledger.orders(userID: user, productID: product, states: states, after: after, limit: limit, bundleID: bundle,
                                               apps: context.keyApps)
         return Page(name: "orders", items: orders.map { OrderResponse($0) }, next: orders.count == limit ? orders.last?.orderId.rawValue : nil)

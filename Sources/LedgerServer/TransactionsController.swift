@@ -11,6 +11,7 @@ struct TransactionsController {
     let pool: TransactionPool
     let desk: SupportDesk
     let orders: OrderLedger
+    let catalog: AppCatalog
 
     func addRoutes(to router: Router<LedgerRequestContext>) {
         router.get("/v1/transactions/unmatched") { request, context in try await search(request, context) }
@@ -28,7 +29,7 @@ struct TransactionsController {
         let to = try query["to"].map { try Self.date(String($0), field: "to") }
         if let from, let to, to < from { throw LedgerInputError(field: "to", problem: "must not be before from") }
         let limit = try OrdersController.limit(query["limit"], default: 100, maximum: 1000)
-        let bundle = try query["bundleId"].map { try BundleID(String($0)) }
+        let bundle = try await context.namedApp(query["bundleId"], catalog: catalog)
         let found = try await pool.unmatched(
             userId: user, productId: product, from: from, to: to, transactionId: transaction, after: after, limit: limit, bundleId: bundle,
             apps: context.keyApps)

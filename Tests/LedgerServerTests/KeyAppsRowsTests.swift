@@ -73,6 +73,19 @@ struct KeyAppsRowsTests {
                 let (_, all) = try await http.send(.get, uri)
                 #expect((all["transactions"] as? [Any])?.count == 1, "\(uri): \(all)")
             }
+            // A list filtered by an app the key does not reach, held or not: 403, as the user routes
+            // answer; a key of every app naming one the ledger does not hold: 400 unknown-app, not an
+            // empty list that would read as an app with nothing.
+            for list in ["/v1/orders", "/v1/transactions/unmatched"] {
+                for app in [beta, "com.example.nothing"] {
+                    let (status, answer) = try await http.send(.get, "\(list)?bundleId=\(app)", key: .some(alpha))
+                    #expect(status == .forbidden && errorOf(answer)["code"] as? String == "app-not-allowed", "\(list) \(app): \(answer)")
+                }
+                let (unknown, answer) = try await http.send(.get, "\(list)?userId=u-1&bundleId=com.example.nothing")
+                #expect(unknown == .badRequest && errorOf(answer)["code"] as? String == "unknown-app", "\(list): \(answer)")
+                let (own, _) = try await http.send(.get, "\(list)?bundleId=\(TwoApps.alpha)", key: .some(alpha))
+                #expect(own == .ok)
+            }
             // The catalog and the report: alpha's alone.
             #expect(try await http.send(.put, "/v1/products/gems.500", json: ["price": "4.99", "currency": "USD"]).0 == .ok)
             let (setByAlpha, alphaProduct) = try await http.send(.put, "/v1/products/gems.100", json: ["price": "0.99", "currency": "USD"], key: .some(alphaSupport))
