@@ -32,6 +32,9 @@ public struct LedgerConfiguration: Sendable {
         var environmentsSet = false
         public var verifyReceiptURL = "https://buy.itunes.apple.com/verifyReceipt"
         public var verifyReceiptSandboxURL = "https://sandbox.itunes.apple.com/verifyReceipt"
+        /// How long verifyReceipt may take before a proof is answered `retry-later` (set in code
+        /// only: tests on a loaded machine wait for their stand-in's answer rather than race it).
+        public var verifyReceiptSeconds: Int64 = 10
         public var sharedSecret: String?
         /// What the app's appAccountToken names (`LEDGER_APPLE_ACCOUNT_TOKENS`: order or user);
         /// nil: as the app has it (a new one: per order).
@@ -416,7 +419,9 @@ extension LedgerConfiguration.Apple {
             app: .init(bundleId: bundleID, appAppleId: appID, environments: Set(environments)),
             signedData: SignedDataVerifier(rootCertificates: roots),
             verifyReceipt: VerifyReceiptClient(
-                settings: .init(productionURL: verifyReceiptURL, sandboxURL: verifyReceiptSandboxURL, sharedSecret: sharedSecret),
+                settings: .init(
+                    productionURL: verifyReceiptURL, sandboxURL: verifyReceiptSandboxURL, sharedSecret: sharedSecret,
+                    timeout: .seconds(verifyReceiptSeconds)),
                 logger: logger))
     }
 }

@@ -26,6 +26,9 @@ func withLiveApplication(
         // The live client's one connection never reconnects: not closed while a loaded machine
         // keeps a test between requests (IdleConnectionTests sets its own).
         configuration.connectionIdleTimeout = 3600
+        // A loaded machine can keep a stand-in's verifyReceipt answer past Apple's 10 s: it is
+        // waited for (tests of the time-out hold their stand-in's answer and set their own).
+        configuration.apple.verifyReceiptSeconds = 600
         configure(&configuration)
         let key = migrated ? try await APIKeyStore(database: db.database).create(name: "test-admin", scopes: [.admin]) : ""
         let client = PostgresClient(configuration: db.configuration, backgroundLogger: TestServer.clientLogger)
