@@ -9,6 +9,9 @@ extension LedgerWriter {
     /// failure. `commit`: the routine commits before it answers (a group's own transaction), else
     /// it leaves the caller's transaction open. A write refused because what it was decided on
     /// moved since it was read is read and decided again, up to three times in all.
+    /// When `commit` and a round after the first fails (a deadlock PostgreSQL broke, the
+    /// connection lost), what earlier rounds stored stands: their outcomes are answered, and the
+    /// writes left undecided get `RoundFailed`, for their caller to write again.
     static func write(
         _ writes: [Write], on connection: PostgresConnection, commit: Bool, database: Database, knowing given: Snapshot? = nil,
         remembered: Remembered? = nil
@@ -17,44 +20,54 @@ extension LedgerWriter {
         var results = [Result<Written, any Error>?](repeating: nil, count: writes.count)
         var pending = Array(writes.indices)
         for round in 1...3 where !pending.isEmpty {
-            let now = PostgresTime.now()
-            let snapshot: Snapshot
-            if round == 1, let given {
-                snapshot = given
-            } else {
-                snapshot = try await read(pending.map { writes[$0] }, with: &statement, remembered: round == 1 ? remembered : nil)
-            }
-            var plans: [(index: Int, plan: Plan)] = []
-            var refused: [(index: Int, error: any Error)] = []
-            var again: [Int] = []
-            for index in pending {
-                do {
-                    plans.append((index, try plan(writes[index], on: snapshot, at: now.date)))
-                } catch where !snapshot.remembered.isDisjoint(with: writes[index].orderIDs) {
-                    // Refused on a remembered order, which may have moved on without this writer
-                    // (another server): decided again on the order as read now.
-                    remembered?.forget(writes[index].orderIDs)
-                    again.append(index)
-                } catch {
-                    refused.append((index, error))
+            do {
+                let now = PostgresTime.now()
+                let snapshot: Snapshot
+                if round == 1, let given {
+                    snapshot = given
+                } else {
+                    snapshot = try await read(pending.map { writes[$0] }, with: &statement, remembered: round == 1 ? remembered : nil)
                 }
-            }
-            if !refused.isEmpty {
-                let stored = try await storedEvents(refused.flatMap { writes[$0.index].appends.flatMap(\.events) }, with: &statement)
-                for (index, error) in refused { results[index] = replay(of: writes[index], stored) ?? .failure(error) }
-            }
-            pending = again
-            guard !plans.isEmpty else { continue }
-            let verdicts = try await call(plans.map(\.plan), at: now, commit: commit, with: &statement)
-            for ((index, plan), verdict) in zip(plans, verdicts) {
-                switch verdict {
-                case .done(let result):
-                    results[index] = result
-                    if case .success(let written) = result, !written.replayed { remembered?.remember(plan.ordersAfter.values) }
-                case .moved(let error):
-                    remembered?.forget(writes[index].orderIDs)
-                    if round < 3 { pending.append(index) } else { results[index] = .failure(error) }
+                var plans: [(index: Int, plan: Plan)] = []
+                var refused: [(index: Int, error: any Error)] = []
+                var again: [Int] = []
+                for index in pending {
+                    do {
+                        plans.append((index, try plan(writes[index], on: snapshot, at: now.date)))
+                    } catch where !snapshot.remembered.isDisjoint(with: writes[index].orderIDs) {
+                        // Refused on a remembered order, which may have moved on without this writer
+                        // (another server): decided again on the order as read now.
+                        remembered?.forget(writes[index].orderIDs)
+                        again.append(index)
+                    } catch {
+                        refused.append((index, error))
+                    }
                 }
+                if !refused.isEmpty {
+                    let stored = try await storedEvents(refused.flatMap { writes[$0.index].appends.flatMap(\.events) }, with: &statement)
+                    for (index, error) in refused { results[index] = replay(of: writes[index], stored) ?? .failure(error) }
+                }
+                pending = again
+                guard !plans.isEmpty else { continue }
+                let verdicts = try await call(plans.map(\.plan), at: now, commit: commit, with: &statement)
+                for ((index, plan), verdict) in zip(plans, verdicts) {
+                    switch verdict {
+                    case .done(let result):
+                        results[index] = result
+                        if case .success(let written) = result, !written.replayed { remembered?.remember(plan.ordersAfter.values) }
+                    case .moved(let error):
+                        remembered?.forget(writes[index].orderIDs)
+                        if round < 3 { pending.append(index) } else { results[index] = .failure(error) }
+                    }
+                }
+            } catch where commit && round > 1 {
+                // The first round committed: thrown, its writes would be written again and answered
+                // as replays (an order just created answered as none).
+                for index in writes.indices where results[index] == nil {
+                    remembered?.forget(writes[index].orderIDs)
+                    results[index] = .failure(RoundFailed(error: error))
+                }
+                break
             }
         }
         return results.map { $0 ?? .failure(AppendError.invalidBatch("the write was not decided")) }
@@ -80,6 +93,11 @@ extension LedgerWriter {
                 ? try await Database.first(try await connection.atomicallyGuardedExecute(prepared, logger: logger))
                 : try await connection.atomicallyGuardedExecute(prepared, logger: logger)
         }
+    }
+
+    /// A write left undecided by a round that failed after an earlier round of its group committed.
+    struct RoundFailed: Error {
+        let error: any Error
     }
 
     /// What the routine said of one write.

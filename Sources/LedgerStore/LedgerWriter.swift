@@ -219,9 +219,16 @@ public final class LedgerWriter: Sendable {
         func write(_ writes: [Write]) async -> [Result<Written, any Error>] {
             guard writes.count > 1 else { return [await alone(writes[0])] }
             do {
-                return try await database.withHeldConnection { connection in
+                var results = try await database.withHeldConnection { connection in
                     try await LedgerWriter.write(writes, on: connection, commit: true, database: database, remembered: remembered)
                 }
+                // Left undecided by a later round: each alone, as below.
+                for (index, result) in results.enumerated() {
+                    if case .failure(let failed as RoundFailed) = result {
+                        results[index] = isConnectionFailure(failed.error) ? .failure(failed.error) : await alone(writes[index])
+                    }
+                }
+                return results
             } catch where !isConnectionFailure(error) {
                 remembered.forget(writes.flatMap(\.orderIDs))
                 // The call failed as a whole (a unique key taken by a writer outside the group, a
@@ -243,9 +250,11 @@ public final class LedgerWriter: Sendable {
             while true {
                 attempt += 1
                 do {
-                    return try await database.withHeldConnection { connection in
+                    let result = try await database.withHeldConnection { connection in
                         try await LedgerWriter.write([write], on: connection, commit: true, database: database, remembered: remembered)[0]
                     }
+                    if case .failure(let failed as RoundFailed) = result { throw failed.error }
+                    return result
                 } catch let error as PSQLError where attempt < 3 && [.uniqueViolation, .deadlockDetected].contains(error.sqlState) {
                     continue
                 } catch {

@@ -61,7 +61,11 @@ public struct OrderLedger: Sendable {
         let event = try EventCoding.newEvent(.created(body), id: EventID(), metadata: metadata)
         do {
             let appended = try await writer.append([event], to: id.streamID)
-            guard let order = appended.order else { throw OrderDecisionError.noSuchOrder }
+            guard let order = appended.order else {
+                // A replay of this request's own event (its id is new): stored by an earlier try
+                // of this very write, so created here all the same.
+                return Outcome(order: try await orderAsOf(id, version: appended.result.streamVersion), appended: true)
+            }
             return Outcome(order: order, appended: true, events: appended.events)
         } catch OrderDecisionError.orderExists {
             // Created before (a retry), or by a concurrent request: the same order, or a conflict.
