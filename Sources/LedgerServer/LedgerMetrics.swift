@@ -61,9 +61,12 @@ final class LedgerMetrics: Sendable {
         }
     }
 
-    /// Receipts by outcome: `rejected` and `retry-later` are the verification failures worth an alert.
-    func receiptAnswered(_ outcome: String) {
-        counter("ledger_receipts", help: "Proofs of purchase answered, by outcome", label: "outcome", outcome).increment()
+    /// Receipts by outcome and app: `rejected` and `retry-later` are the verification failures
+    /// worth an alert. `app`: the held app Apple signed the proof for, in lower case (bundle ids
+    /// are case-insensitive; Apple may sign another case than the app was added in), "" when none.
+    func receiptAnswered(_ outcome: String, app: String?) {
+        counter("ledger_receipts", help: "Proofs of purchase answered, by outcome and app", labels: [("outcome", outcome), ("app", app?.lowercased() ?? "")])
+            .increment()
     }
 
     /// Proofs refused because the ledger holds no app of the bundle Apple signed (nothing of
@@ -72,8 +75,10 @@ final class LedgerMetrics: Sendable {
         counter("ledger_apple_unknown_app", help: "Proofs refused for an app the ledger does not hold, by kind", label: "proof", proof).increment()
     }
 
-    func notificationAnswered(_ result: String) {
-        counter("ledger_apple_notifications", help: "App Store Server Notifications, by result", label: "result", result).increment()
+    /// Notifications by result and app (`app` as for receipts).
+    func notificationAnswered(_ result: String, app: String?) {
+        counter("ledger_apple_notifications", help: "App Store Server Notifications, by result and app", labels: [("result", result), ("app", app?.lowercased() ?? "")])
+            .increment()
     }
 
     /// Calls to Apple the log called for, by `<kind> <outcome>` (consumption `too-late` and
@@ -109,14 +114,18 @@ final class LedgerMetrics: Sendable {
 
     private struct CounterKey: Hashable {
         let name: String
-        let value: String
+        let values: [String]
     }
 
     private func counter(_ name: String, help: String, label: String, _ value: String) -> Counter {
+        counter(name, help: help, labels: [(label, value)])
+    }
+
+    private func counter(_ name: String, help: String, labels: [(String, String)]) -> Counter {
         counters.withLock { known in
-            let key = CounterKey(name: name, value: value)
+            let key = CounterKey(name: name, values: labels.map(\.1))
             if let counter = known[key] { return counter }
-            let counter = registry.makeCounter(descriptor: .init(metricName: name, unitName: "total", helpText: help), labels: [(label, value)])
+            let counter = registry.makeCounter(descriptor: .init(metricName: name, unitName: "total", helpText: help), labels: labels)
             known[key] = counter
             return counter
         }

@@ -31,7 +31,7 @@ struct NotificationsController {
                 held = verifier.app.bundleId?.lowercased() == bundleId.lowercased()
             }
             guard held else {
-                metrics.notificationAnswered("rejected")
+                metrics.notificationAnswered("rejected", app: nil)
                 metrics.unknownApp("notification")
                 context.logger.warning("notification refused: unknown-app", metadata: ["app.bundle_id": "\(bundleId)"])
                 throw APIError(.notFound, code: "unknown-app", message: "the ledger holds no app \(bundleId) (ledger apps add, or POST /v1/apps)")
@@ -59,7 +59,7 @@ struct NotificationsController {
         do {
             notification = try await verifier.notification(signed: body.signedPayload, onlyFor: onlyFor)
         } catch {
-            metrics.notificationAnswered("rejected")
+            metrics.notificationAnswered("rejected", app: error.code == "unknown-app" ? nil : error.bundleId)
             if error.code == "unknown-app" {
                 // Nothing stored; a 400, so that Apple retries: the app may be added meanwhile.
                 metrics.unknownApp("notification")
@@ -77,7 +77,7 @@ struct NotificationsController {
         }
         let metadata = try EventCoding.encoder.encode(Metadata(requestId: context.requestID, notificationType: notification.notificationType))
         let applied = try await notifications.apply(notification, metadata: metadata)
-        metrics.notificationAnswered(applied.appended ? "applied" : "repeated")
+        metrics.notificationAnswered(applied.appended ? "applied" : "repeated", app: notification.bundleId)
         return Answer(Applied(
             notificationUUID: notification.notificationUUID.uuidString.lowercased(), applied: applied.appended,
             streamId: applied.streamId, type: applied.type))

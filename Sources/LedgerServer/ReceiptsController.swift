@@ -61,7 +61,7 @@ struct ReceiptsController {
                     throw AppleProofVerifier.revoked(transaction, revocation)
                 }
                 let answer = try await receipts.apply(transaction, claim: claim, metadata: metadata)
-                metrics.receiptAnswered(answer.outcome.rawValue)
+                metrics.receiptAnswered(answer.outcome.rawValue, app: transaction.bundleId)
                 return try Self.response(
                     answer, environments: [transaction.transactionId: transaction.environment],
                     bundles: [transaction.transactionId: transaction.bundleId], request, context)
@@ -125,7 +125,7 @@ struct ReceiptsController {
                         message: claimedID.map { "transaction \($0) is not in the receipt's in_app or latest_receipt_info" }
                             ?? "the receipt holds no transaction")
                 }
-                metrics.receiptAnswered(primary.outcome.rawValue)
+                metrics.receiptAnswered(primary.outcome.rawValue, app: transactions.first?.bundleId)
                 let environments = Dictionary(transactions.map { ($0.transactionId, $0.environment) }) { first, _ in first }
                 let bundles = Dictionary(transactions.map { ($0.transactionId, $0.bundleId) }) { first, _ in first }
                 return try Self.response(primary, transactions: answers.all, environments: environments, bundles: bundles, request, context)
@@ -231,7 +231,8 @@ struct ReceiptsController {
             // A proof the receipt does not contain may appear once the client refreshes its receipt.
             finishTransaction: !error.isRetryable && error.code != "transaction-not-in-receipt" && error.code != "unknown-app",
             appleStatus: error.appleStatus, orderId: claim.orderId, transactionId: transactionId)
-        metrics.receiptAnswered(outcome.rawValue)
+        // Apple's bundle where its signature verified, but one the ledger does not hold.
+        metrics.receiptAnswered(outcome.rawValue, app: error.code == "unknown-app" ? nil : error.bundleId)
         if error.isRetryable {
             var response = try EventCoding.encoder.encode(refusal, from: request, context: context)
             response.headers[.retryAfter] = "60"

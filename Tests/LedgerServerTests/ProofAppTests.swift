@@ -70,6 +70,10 @@ struct ProofAppTests {
             let first = try await apple.sign(TestApple.transaction("7100002"))
             let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-1", "orderId": "o-a", "signedTransaction": first])
             #expect(answer["outcome"] as? String == "matched", "\(answer)")
+            // Counted by app, so that one app's failing proofs show apart from the other's.
+            for (outcome, app) in [("unmatched", Self.second), ("matched", Self.second), ("matched", TestApple.bundleId)] {
+                #expect(try await metric(http, "ledger_receipts_total{outcome=\"\(outcome)\",app=\"\(app.lowercased())\"} 1"), "\(outcome) \(app)")
+            }
         }
     }
 
@@ -92,6 +96,7 @@ struct ProofAppTests {
             let (status, applied) = try await http.notifyApple(refund)
             #expect(status == .ok && applied["applied"] as? Bool == true, "\(applied)")
             #expect(try await scalar(db, "SELECT state FROM orders WHERE order_id = 'o-case'", as: String.self) == "refunded")
+            #expect(try await metric(http, "ledger_apple_notifications_total{result=\"applied\",app=\"\(Self.second.lowercased())\"} 1"))
         }
     }
 
@@ -119,6 +124,8 @@ struct ProofAppTests {
             #expect(try await http.send(.get, "/v1/orders/o-u").1["state"] as? String == "created")
             #expect(try await metric(http, #"ledger_apple_unknown_app_total{proof="transaction"} 1"#))
             #expect(try await metric(http, #"ledger_apple_unknown_app_total{proof="notification"} 1"#))
+            #expect(try await metric(http, #"ledger_receipts_total{outcome="rejected",app=""} 1"#))
+            #expect(try await metric(http, #"ledger_apple_notifications_total{result="rejected",app=""} 1"#))
         }
     }
 
