@@ -38,7 +38,8 @@ struct Import: AsyncParsableCommand {
         let chosen = inputs
         let allowance = try options.configuration().reconciler.clockSkew
         let summaries = try await withLedgerDatabase(options) { client, logger in
-            let history = HistoryImport(orders: ServiceAssembly(database: Database(client: client, logger: logger), purchaseAllowance: allowance).orders)
+            let orders = ServiceAssembly(database: Database(client: client, logger: logger), purchaseAllowance: allowance).orders
+            let history = HistoryImport(orders: orders)
             var summaries: [(String, HistoryImport.Summary)] = []
             for input in chosen {
                 let bar = ProgressBar(name: URL(fileURLWithPath: input.name).lastPathComponent, total: max(1, input.lines - (input.file.format == .csv ? 1 : 0)))
@@ -46,6 +47,7 @@ struct Import: AsyncParsableCommand {
                 bar?.end()
                 summaries.append((input.name, summary))
             }
+            if summaries.contains(where: { $0.1.imported > 0 }) { try await orders.analyzeImported() }
             return summaries
         }
         var refused = false

@@ -33,6 +33,8 @@ struct ImportCommandTests {
 
             let (first, output) = try await ledger(["import", csv])
             #expect(first == 0 && output.contains("history.csv: read 2, imported 2, already present 0, refused 0"), "\(output)")
+            // The tables it grew are analysed: a report right after is planned for what they hold.
+            #expect(try await scalarText(db, "SELECT (last_analyze IS NOT NULL)::text FROM pg_stat_user_tables WHERE relname = 'events'") == "true")
             let (again, againOutput) = try await ledger(["import", csv, jsonl])
             #expect(again == 2, "\(againOutput)")
             #expect(againOutput.contains("history.csv: read 2, imported 0, already present 2, refused 0"), "\(againOutput)")
