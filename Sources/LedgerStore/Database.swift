@@ -290,6 +290,10 @@ public func isConnectionFailure(_ error: any Error) -> Bool {
 /// What PostgreSQL said of `error`, for a person: its message and SQLSTATE (postgres-nio's own
 /// description of a server error is a generic sentence), or nil when `error` is no database error.
 public func databaseErrorDescription(_ error: any Error) -> String? {
+    if let error = error as? ConnectionPoolError, error == .connectionCreationCircuitBreakerTripped {
+        // The pool's own name for it says nothing of the database.
+        return "the database could not be reached: no new connection could be made for a while (PostgreSQL stopped, refusing connections, or unreachable)"
+    }
     guard let error = error as? PSQLError else { return nil }
     if let message = error.serverMessage {
         return "the database refused a statement: \(message) (SQLSTATE \(error.sqlState?.raw ?? "?"))"

@@ -22,6 +22,8 @@ struct ConnectionLossTests {
             // The pool's "no connection made for a while" ("too many clients"): answered 503, not 500.
             #expect(isConnectionFailure(ConnectionPoolError.connectionCreationCircuitBreakerTripped))
             #expect(!isConnectionFailure(ConnectionPoolError.requestCancelled))
+            // And told to a person as the database out of reach, not as the pool's own name for it.
+            #expect(databaseErrorDescription(ConnectionPoolError.connectionCreationCircuitBreakerTripped)?.hasPrefix("the database could not be reached") == true)
         }
     }
 
