@@ -55,7 +55,7 @@ public struct LedgerRequestDecoder: RequestDecoder {
         let buffer: ByteBuffer
         let limit = limit ?? context.maxUploadSize
         do {
-            buffer = try await request.body.collect(upTo: limit)
+            buffer = try await request.bodyWhole(upTo: limit)
         } catch is NIOTooManyBytesError {
             throw APIError(.contentTooLarge, code: "body-too-large", message: "the body is larger than \(limit / 1024) KiB")
         } catch {
@@ -112,5 +112,19 @@ struct Closed<Body: ClosedBody>: Decodable {
             throw LedgerInputError(field: key.stringValue, problem: "is not a member of this body\(instead); use \(members.joined(separator: ", "))")
         }
         body = try Body(from: decoder)
+    }
+}
+
+extension Request {
+    /// The body, whole, read in a task of its own that a cancelled handler does not cancel.
+    /// `DatabaseGateMiddleware` cancels a handler when the database is marked down, and a
+    /// cancelled read of the body ends the connection's inbound stream for good (swift-nio's
+    /// async channel stops reading): the 503 went out, then the server closed the keep-alive
+    /// connection without `Connection: close`, and the client's next request on it got no answer.
+    /// The body is read to its end (at most `RequestDeadlineHandler`'s time); the handler then
+    /// stops at its first wait for the database.
+    func bodyWhole(upTo limit: Int) async throws -> ByteBuffer {
+        let body = self.body
+        return try await Task { try await body.collect(upTo: limit) }.value
     }
 }

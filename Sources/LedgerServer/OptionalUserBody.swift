@@ -11,7 +11,8 @@ struct OptionalUserBody: ClosedBody {
 
     static func user(of request: Request, _ context: LedgerRequestContext) async throws -> UserID? {
         var request = request
-        let body = try await request.collectBody(upTo: context.maxUploadSize)
+        let body = try await request.bodyWhole(upTo: context.maxUploadSize)
+        request.body = .init(buffer: body)
         guard body.readableBytes > 0 else { return nil }
         let user = try await request.decode(as: Self.self, context: context).userId
         // What Apple answers is recorded as this user's: one no order can have is refused.

@@ -28,6 +28,10 @@ struct DatabaseOutageTests {
             try await blocker.query("BEGIN", logger: TestServer.logger)
             try await blocker.query("LOCK TABLE events IN SHARE MODE", logger: TestServer.logger)
             try await rig.waitUntil("every client waits on the lock") { await rig.load.inFlight.count >= 4 }
+            // And one request whose body has not come yet: its handler waits for it.
+            let body = #"{"orderId":"o-unsent-body","userId":"u-1","productId":"gems.100"}"#
+            let keptAlive = try RawHTTPConnection(port: Int(rig.base.split(separator: ":").last!)!)
+            try keptAlive.send("POST /v1/orders HTTP/1.1\r\nHost: ledger\r\nAuthorization: Bearer \(rig.key)\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n")
             let stopping = ContinuousClock.now
             let markedDown = Task { try await rig.firstUnready() }
             try await running.stop(logger: TestServer.logger)
@@ -50,6 +54,16 @@ struct DatabaseOutageTests {
             // writes it held can commit before their own backends are ended.)
             expectAnsweredWithout(waiting: inFlight, "requests in flight when PostgreSQL stopped")
             let down = try await markedDown.value
+            // Its body, sent once the database was marked down: answered, and the connection kept
+            // for the next request (the handler's cancelled read of the body closed it after the
+            // 503, without `Connection: close`, and the next request got no answer).
+            try keptAlive.send(body)
+            let first = try keptAlive.response()
+            try keptAlive.send("GET /healthz HTTP/1.1\r\nHost: ledger\r\n\r\n")
+            let second = try? keptAlive.response()
+            #expect(first.hasPrefix("HTTP/1.1 503") || first.hasPrefix("HTTP/1.1 201"), "\(first)")
+            #expect(second?.hasPrefix("HTTP/1.1 200") == true, "the next request on the connection: \(second ?? "no answer")")
+            keptAlive.close()
             print("DatabaseOutageTests: PostgreSQL stopped (`pg_ctl stop` took \(milliseconds(stopped - stopping)) ms), marked down \(milliseconds(down - stopping)) ms after it began; \(held.count) requests in flight answered within \(milliseconds(latency(inFlight, after: down))) ms of that: \(inFlight.compactMap { $0.answer?.status })")
             #expect(serverAliveWhileDown, "the server exited while PostgreSQL was down")
             #expect(readiness.status.code == 503, "/readyz answered \(readiness.status.code) while PostgreSQL was down")
@@ -125,6 +139,7 @@ struct OutageRig: Sendable {
     let server: LedgerChild
     let load: RetryingLoad
     let deadline: ContinuousClock.Instant
+    let key: String
 
     /// A connection of the test's own to the database.
     func connect() async throws -> PostgresConnection {
@@ -212,7 +227,8 @@ private func underLoad(
         let load = RetryingLoad(base: base, key: key, client: client)
         let deadline = ContinuousClock.now + .seconds(240)
         let clients = Task { try await load.run(clients: 4, prefix: name, deadline: deadline) }
-        let rig = OutageRig(cluster: cluster, configuration: configuration, base: base, client: client, server: server, load: load, deadline: deadline)
+        let rig = OutageRig(
+            cluster: cluster, configuration: configuration, base: base, client: client, server: server, load: load, deadline: deadline, key: key)
         try await waitForAcknowledgements(load, atLeast: 50, deadline: deadline)
         do {
             try await body(rig, &running)
@@ -251,4 +267,53 @@ func childProcesses(of parent: pid_t) -> [pid_t] {
 extension RetryingLoad {
     /// The requests at `indices`, as they stand.
     func requests(_ indices: [Int]) -> [Request] { indices.map { requests[$0] } }
+}
+
+/// A client connection by hand: what an HTTP client library hides (a request's head sent before
+/// its body, the connection's reuse) is sent and read as it is.
+final class RawHTTPConnection {
+    private let descriptor: Int32
+
+    init(port: Int) throws {
+        descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard descriptor >= 0 else { throw FaultTestError("no socket") }
+        var timeout = timeval(tv_sec: 120, tv_usec: 0)
+        setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+        }
+        guard connected else {
+            Glibc.close(descriptor)
+            throw FaultTestError("could not connect to port \(port)")
+        }
+    }
+
+    func send(_ text: String) throws {
+        let sent = text.withCString { Glibc.send(descriptor, $0, strlen($0), Int32(MSG_NOSIGNAL)) }
+        guard sent == text.utf8.count else { throw FaultTestError("the connection took \(sent) of \(text.utf8.count) bytes") }
+    }
+
+    /// One response, head and body (by its Content-Length); throws when the connection ends first.
+    func response() throws -> String {
+        var received: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let text = String(decoding: received, as: UTF8.self)
+            if let end = text.range(of: "\r\n\r\n") {
+                let head = text[..<end.lowerBound].lowercased()
+                let length = head.split(separator: "\r\n").first { $0.hasPrefix("content-length:") }
+                    .flatMap { Int($0.dropFirst("content-length:".count).trimmingCharacters(in: .whitespaces)) } ?? 0
+                if text.utf8.count - text[..<end.upperBound].utf8.count >= length { return text }
+            }
+            let count = recv(descriptor, &buffer, buffer.count, 0)
+            guard count > 0 else { throw FaultTestError("the connection ended after \(received.count) bytes: \(text)") }
+            received += buffer[0..<count]
+        }
+    }
+
+    func close() { Glibc.close(descriptor) }
 }
