@@ -35,6 +35,6 @@ extension AppleVerificationError {
         Self(
             code: "app-apple-id-missing",
             message: "Production-signed data of \(bundleId) needs the app's Apple id: set it (ledger apps set --app-apple-id)",
-            isRetryable: true)
+            isRetryable: true, bundleId: bundleId)
     }
 }

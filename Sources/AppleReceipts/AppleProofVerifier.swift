@@ -128,7 +128,8 @@ public struct AppleProofVerifier: Sendable {
     public static func revoked(_ transaction: AppleTransaction, _ revocation: Revocation) -> AppleVerificationError {
         AppleVerificationError(
             code: "transaction-revoked",
-            message: "Apple refunded or revoked transaction \(transaction.transactionId) at \(revocation.date.ISO8601Format()): it is never granted")
+            message: "Apple refunded or revoked transaction \(transaction.transactionId) at \(revocation.date.ISO8601Format()): it is never granted",
+            bundleId: transaction.bundleId)
     }
 
     /// `transaction(signed:)`, with how Apple refunded or revoked it, if it did (Apple's
@@ -368,7 +369,7 @@ public struct AppleProofVerifier: Sendable {
         }
         guard app.accepts(environment) else {
             throw AppleVerificationError(
-                code: "wrong-environment", message: "signed in the \(environment) environment; \(app.accepting)")
+                code: "wrong-environment", message: "signed in the \(environment) environment; \(app.accepting)", bundleId: app.bundleId)
         }
     }
 

@@ -6,7 +6,9 @@ public struct AppleVerificationError: Error, Sendable, Equatable, CustomStringCo
     public let isRetryable: Bool
     /// Apple's verifyReceipt status, when the answer came from there.
     public let appleStatus: Int?
-    /// The app the proof is for, when the refusal is of its app (`notReached`).
+    /// The app the proof is for, when the refusal is of its app: one the sender does not reach
+    /// (`notReached`), or one the ledger holds whose own rules refused it (its environments, its
+    /// missing Apple id, a purchase Apple took back), for the metrics' `app`.
     public let bundleId: String?
     /// The transaction Apple signed, when its signature verified and what it says was refused
     /// (another app or environment, a revoked purchase): support finds the refusal by it.

@@ -70,8 +70,14 @@ struct ProofAppTests {
             let first = try await apple.sign(TestApple.transaction("7100002"))
             let (_, answer) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-1", "orderId": "o-a", "signedTransaction": first])
             #expect(answer["outcome"] as? String == "matched", "\(answer)")
+            // A purchase of the second app Apple took back: refused, and counted under its app.
+            var revoked = TestApple.transaction("7100003", bundleId: Self.second)
+            revoked.revocationDate = Date().millisecondsSince1970
+            revoked.revocationReason = 1
+            let (_, refused) = try await http.send(.post, "/v1/receipts", json: ["userId": "u-b", "signedTransaction": try await apple.sign(revoked)])
+            #expect(refused["outcome"] as? String == "rejected" && refused["reason"] as? String == "transaction-revoked", "\(refused)")
             // Counted by app, so that one app's failing proofs show apart from the other's.
-            for (outcome, app) in [("unmatched", Self.second), ("matched", Self.second), ("matched", TestApple.bundleId)] {
+            for (outcome, app) in [("unmatched", Self.second), ("matched", Self.second), ("matched", TestApple.bundleId), ("rejected", Self.second)] {
                 #expect(try await metric(http, "ledger_receipts_total{outcome=\"\(outcome)\",app=\"\(app.lowercased())\"} 1"), "\(outcome) \(app)")
             }
         }
