@@ -47,7 +47,13 @@ struct Import: AsyncParsableCommand {
                 bar?.end()
                 summaries.append((input.name, summary))
             }
-            if summaries.contains(where: { $0.1.imported > 0 }) { try await orders.analyzeImported() }
+            if summaries.contains(where: { $0.1.imported > 0 }) {
+                // The import has committed: a failed ANALYZE is told, never in place of its summary.
+                do { try await orders.analyzeImported() } catch {
+                    FileHandle.standardError.write(Data(
+                        "Warning: ANALYZE after the import failed (\(databaseErrorDescription(error) ?? "\(error)")); autovacuum will analyse the tables later\n".utf8))
+                }
+            }
             return summaries
         }
         var refused = false

@@ -36,7 +36,11 @@ struct Products: AsyncParsableCommand {
                 return productType
             }
             let id = try optionValue {
-                do { return try ProductID(product) } catch let error as LedgerInputError { throw LedgerInputError(field: "--product", problem: error.problem) }
+                do {
+                    // As `PUT /v1/products` refuses it: no order can name a padded product.
+                    try Identifier.checkUnpadded(product, field: "--product")
+                    return try ProductID(product)
+                } catch let error as LedgerInputError { throw LedgerInputError(field: "--product", problem: error.problem) }
             }
             let app = try optionValue { try bundleId.map(BundleID.option) }
             try optionValue {
