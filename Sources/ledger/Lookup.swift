@@ -21,17 +21,7 @@ struct Lookup: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let userID = try optionValue {
-            // As the route refuses it: what Apple answers is recorded as this user's.
-            try user.map { text throws(LedgerInputError) in
-                do throws(LedgerInputError) {
-                    try Identifier.checkUnpadded(text, field: "--user")
-                    return try UserID(text)
-                } catch {
-                    throw LedgerInputError(field: "--user", problem: error.problem)
-                }
-            }
-        }
+        let userID = try userOption(user)
         let metadata = try operatorMetadata("lookup")
         let found = try await withAppleWork(options) { work in
             let app = try await namedApp(bundleId, required: true, on: work.services.database)

@@ -31,6 +31,21 @@ func optionValue<Value>(_ body: () throws -> Value) throws -> Value {
     }
 }
 
+/// `--user`, refused as the routes refuse a user id (padded included: what Apple answers is
+/// recorded as this user's), as a usage error naming the option.
+func userOption(_ user: String?) throws -> UserID? {
+    try optionValue {
+        try user.map { text throws(LedgerInputError) in
+            do throws(LedgerInputError) {
+                try Identifier.checkUnpadded(text, field: "--user")
+                return try UserID(text)
+            } catch {
+                throw LedgerInputError(field: "--user", problem: error.problem)
+            }
+        }
+    }
+}
+
 /// The operating-system user running the command: `$USER`, else the name of the process's user id
 /// (systemd, cron and `docker exec` set no `USER`), else its number.
 func operatingSystemUser() -> String {

@@ -14,17 +14,7 @@ struct Recover: AsyncParsableCommand {
     @Option(help: "Sweep only this app's users (required with --user once the ledger holds several apps)") var bundleId: String?
 
     func run() async throws {
-        let userID = try optionValue {
-            // As the route refuses it: what Apple answers is recorded as this user's.
-            try user.map { text throws(LedgerInputError) in
-                do throws(LedgerInputError) {
-                    try Identifier.checkUnpadded(text, field: "--user")
-                    return try UserID(text)
-                } catch {
-                    throw LedgerInputError(field: "--user", problem: error.problem)
-                }
-            }
-        }
+        let userID = try userOption(user)
         let metadata = try operatorMetadata("recover")
         let progress = terminalProgress("Apple accounts")
         let summary = try await withAppleWork(options) { work in

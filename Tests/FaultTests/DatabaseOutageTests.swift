@@ -275,21 +275,10 @@ final class RawHTTPConnection {
     private let descriptor: Int32
 
     init(port: Int) throws {
-        descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard descriptor >= 0 else { throw FaultTestError("no socket") }
-        var timeout = timeval(tv_sec: 120, tv_usec: 0)
-        setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
-        }
-        guard connected else {
-            Glibc.close(descriptor)
+        guard let descriptor = connectedLocalSocket(port: port, readTimeout: 120) else {
             throw FaultTestError("could not connect to port \(port)")
         }
+        self.descriptor = descriptor
     }
 
     func send(_ text: String) throws {

@@ -172,24 +172,7 @@ struct IdleConnectionTests {
     /// (read 0 bytes) within 30 s, and what it sent before.
     /// A socket connected to 127.0.0.1:`port` whose reads give up after 30 s; nil when it could
     /// not connect. The caller closes it.
-    static func connected(to port: Int) -> Int32? {
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard descriptor >= 0 else { return nil }
-        var timeout = timeval(tv_sec: 30, tv_usec: 0)
-        setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = in_port_t(UInt16(port).bigEndian)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
-        }
-        guard connected else {
-            close(descriptor)
-            return nil
-        }
-        return descriptor
-    }
+    static func connected(to port: Int) -> Int32? { connectedLocalSocket(port: port) }
 
     static func closedBy(_ port: Int, after text: String) -> (closed: Bool, received: String) {
         guard let descriptor = connected(to: port) else { return (false, "not connected") }
