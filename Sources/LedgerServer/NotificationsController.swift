@@ -59,7 +59,7 @@ struct NotificationsController {
         do {
             notification = try await verifier.notification(signed: body.signedPayload, onlyFor: onlyFor)
         } catch {
-            metrics.notificationAnswered("rejected", app: error.code == "unknown-app" ? nil : error.bundleId)
+            metrics.notificationAnswered("rejected", app: error.bundleId)
             if error.code == "unknown-app" {
                 // Nothing stored; a 400, so that Apple retries: the app may be added meanwhile.
                 metrics.unknownApp("notification")

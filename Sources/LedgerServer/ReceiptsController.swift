@@ -231,8 +231,8 @@ struct ReceiptsController {
             // A proof the receipt does not contain may appear once the client refreshes its receipt.
             finishTransaction: !error.isRetryable && error.code != "transaction-not-in-receipt" && error.code != "unknown-app",
             appleStatus: error.appleStatus, orderId: claim.orderId, transactionId: transactionId)
-        // Apple's bundle where its signature verified, but one the ledger does not hold.
-        metrics.receiptAnswered(outcome.rawValue, app: error.code == "unknown-app" ? nil : error.bundleId)
+        // The app when the refusal is of a held app's own rules (`AppleVerificationError.bundleId`).
+        metrics.receiptAnswered(outcome.rawValue, app: error.bundleId)
         if error.isRetryable {
             var response = try EventCoding.encoder.encode(refusal, from: request, context: context)
             response.headers[.retryAfter] = "60"
