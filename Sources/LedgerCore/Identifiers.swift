@@ -52,6 +52,19 @@ extension ValidatedIdentifier {
         self.init(unchecked: try Identifier.validate(rawValue, field: Self.field, maximumLength: Self.maximumLength))
     }
 
+    /// An id given for the first time, for what will be stored under it (an order, a catalog
+    /// product, a user an Apple account or a pooled transaction resolves to): validated, and
+    /// refused padded (`Identifier.checkUnpadded`), which the log, read back, keeps.
+    public init(given rawValue: String) throws(LedgerInputError) {
+        try self.init(rawValue)
+        try checkGiven()
+    }
+
+    /// `init(given:)`'s check, of an id decoded with the rest of a body.
+    public func checkGiven() throws(LedgerInputError) {
+        try Identifier.checkUnpadded(rawValue, field: Self.field)
+    }
+
     public init(from decoder: any Decoder) throws {
         let container = try decoder.singleValueContainer()
         try self.init(container.decode(String.self))

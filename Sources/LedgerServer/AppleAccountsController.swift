@@ -32,9 +32,8 @@ struct AppleAccountsController {
     }
 
     func link(_ request: Request, _ context: LedgerRequestContext) async throws -> Answer<Linked> {
-        let user = try UserID(try pathParameter(context, "userId"))
         // The account's purchases resolve to this user: one no order can have is refused.
-        try Identifier.checkUnpadded(user.rawValue, field: "userId")
+        let user = try UserID(given: try pathParameter(context, "userId"))
         let claim = try await request.decode(as: Claim.self, context: context)
         let account: AppleAccount
         do {

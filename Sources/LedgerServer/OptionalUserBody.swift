@@ -10,13 +10,11 @@ struct OptionalUserBody: ClosedBody {
     static var elsewhere: [String: String] { ["bundleId": "the app goes in the query: ?bundleId="] }
 
     static func user(of request: Request, _ context: LedgerRequestContext) async throws -> UserID? {
-        var request = request
         let body = try await request.bodyWhole(upTo: context.maxUploadSize)
-        request.body = .init(buffer: body)
         guard body.readableBytes > 0 else { return nil }
-        let user = try await request.decode(as: Self.self, context: context).userId
+        let user = try LedgerRequestDecoder.decode(Self.self, from: body).userId
         // What Apple answers is recorded as this user's: one no order can have is refused.
-        if let user { try Identifier.checkUnpadded(user.rawValue, field: "userId") }
+        try user?.checkGiven()
         return user
     }
 }

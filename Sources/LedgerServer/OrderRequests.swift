@@ -27,9 +27,9 @@ struct CreateOrder: ClosedBody {
             price: try body.decodeIfPresent(String.self, forKey: .price), currency: try body.decodeIfPresent(String.self, forKey: .currency),
             appAccountToken: token ?? UUID(), bundleId: try body.decodeIfPresent(BundleID.self, forKey: .bundleId))
         try OrderEvent.created(created).validate()
-        for (field, value) in [("orderId", orderId.rawValue), ("userId", created.userId.rawValue), ("productId", created.productId.rawValue)] {
-            try Identifier.checkUnpadded(value, field: field)
-        }
+        try orderId.checkGiven()
+        try created.userId.checkGiven()
+        try created.productId.checkGiven()
         // Kept as every later read shows it, so that the first answer shows it so too.
         created.price = created.price.map(OrderEvent.normalizedPrice)
     }

@@ -13,9 +13,8 @@ struct ProductsController {
             Answer(["products": try await catalog.list(apps: context.keyApps).map(ProductResponse.init)])
         }
         router.put("/v1/products/:productId") { request, context in
-            let id = try ProductID(pathParameter(context, "productId"))
             // A product no order can name (orders refuse padded ids) is refused, not catalogued.
-            try Identifier.checkUnpadded(id.rawValue, field: "productId")
+            let id = try ProductID(given: pathParameter(context, "productId"))
             let body = try await request.decode(as: SetProduct.self, context: context)
             let statusText = body.status ?? "active"
             guard let status = ProductCatalog.Status(rawValue: statusText) else {

@@ -41,7 +41,7 @@ struct ReceiptsController {
         let body = try LedgerRequestDecoder.decode(
             Proof.self, from: try await LedgerRequestDecoder.body(of: request, context: context, limit: Self.maximumProofBytes))
         // The user a proof claims becomes its transaction's in the pool: one no order can have is refused.
-        if let user = body.userId { try Identifier.checkUnpadded(user.rawValue, field: "userId") }
+        try body.userId?.checkGiven()
         let claimedID = body.transactionId
         let claim = ReceiptLedger.Claim(userId: body.userId, orderId: body.orderId, apps: context.keyApps)
         let metadata = context.eventMetadata

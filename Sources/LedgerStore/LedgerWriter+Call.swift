@@ -61,8 +61,9 @@ extension LedgerWriter {
                     }
                 }
             } catch where commit && round > 1 {
-                // The first round committed: thrown, its writes would be written again and answered
-                // as replays (an order just created answered as none).
+                // What earlier rounds decided stands (stored, or refused for good): thrown, their
+                // writes would be written again and answered as replays (an order just created
+                // answered as none).
                 for index in writes.indices where results[index] == nil {
                     remembered?.forget(writes[index].orderIDs)
                     results[index] = .failure(RoundFailed(error: error))

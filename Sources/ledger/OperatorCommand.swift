@@ -37,8 +37,7 @@ func userOption(_ user: String?) throws -> UserID? {
     try optionValue {
         try user.map { text throws(LedgerInputError) in
             do throws(LedgerInputError) {
-                try Identifier.checkUnpadded(text, field: "--user")
-                return try UserID(text)
+                return try UserID(given: text)
             } catch {
                 throw LedgerInputError(field: "--user", problem: error.problem)
             }

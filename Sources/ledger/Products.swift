@@ -36,11 +36,8 @@ struct Products: AsyncParsableCommand {
                 return productType
             }
             let id = try optionValue {
-                do {
-                    // As `PUT /v1/products` refuses it: no order can name a padded product.
-                    try Identifier.checkUnpadded(product, field: "--product")
-                    return try ProductID(product)
-                } catch let error as LedgerInputError { throw LedgerInputError(field: "--product", problem: error.problem) }
+                // As `PUT /v1/products` refuses it: no order can name a padded product.
+                do { return try ProductID(given: product) } catch let error as LedgerInputError { throw LedgerInputError(field: "--product", problem: error.problem) }
             }
             let app = try optionValue { try bundleId.map(BundleID.option) }
             try optionValue {

@@ -69,7 +69,8 @@ struct HealthTests {
         try await withLiveApplication(migrated: false, migrateAtStart: false) { http, _ in
             let ready = try await http.client.execute(uri: "/readyz", method: .get)
             #expect(ready.status == .serviceUnavailable)
-            #expect((json(ready.body)["reason"] as? String)?.contains("001_baseline.sql") == true)
+            // (Its answer told: once, with the suite on a loaded machine, the reason was another.)
+            #expect((json(ready.body)["reason"] as? String)?.contains("001_baseline.sql") == true, "\(json(ready.body))")
             let health = try await http.client.execute(uri: "/healthz", method: .get)
             #expect(health.status == .ok)
         }

@@ -82,14 +82,9 @@ public struct HistoryRecord: Sendable, Equatable {
         }
 
         // Padded ids are refused as `POST /v1/orders` refuses them: `" u-1"` is no user's.
-        func unpadded(_ name: String) throws(LedgerInputError) -> String? {
-            guard let value = text(name) else { return nil }
-            try Identifier.checkUnpadded(value, field: name)
-            return value
-        }
-        orderId = try unpadded("orderId").map { v throws(LedgerInputError) in try OrderID(v) }
-        userId = try unpadded("userId").map { v throws(LedgerInputError) in try UserID(v) }
-        productId = try unpadded("productId").map { v throws(LedgerInputError) in try ProductID(v) }
+        orderId = try text("orderId").map { v throws(LedgerInputError) in try OrderID(given: v) }
+        userId = try text("userId").map { v throws(LedgerInputError) in try UserID(given: v) }
+        productId = try text("productId").map { v throws(LedgerInputError) in try ProductID(given: v) }
         bundleId = try text("bundleId").map { v throws(LedgerInputError) in try BundleID(v) }
         transactionId = try text("transactionId").map { v throws(LedgerInputError) in
             try TransactionID.checkSpelling(v, field: "transactionId")
